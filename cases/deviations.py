@@ -1,0 +1,283 @@
+"""Known deviations as data: which backend/version/case combinations are expected to misbehave.
+
+Entries live in ``cases/known_deviations.toml`` (its comments document every field).  A run asks
+:meth:`DeviationSet.match` per case; a matched case that behaves correctly is an *unexpected pass*
+(:meth:`Deviation.classify`), and :meth:`DeviationSet.unused` lists entries nothing matched, so a
+session can warn about stale data.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any, Literal
+
+import tomllib
+
+from golden.spec import CaseSpec
+from harness.status import STATUS_CODES
+
+DEFAULT_PATH = Path(__file__).resolve().parent / "known_deviations.toml"
+
+Outcome = Literal["error", "fail"]
+Classification = Literal["expected", "unexpected_pass", "different"]
+
+_PATTERN_SELECTORS = ("dtype", "mask", "kv_layout", "case")
+_BOOL_SELECTORS = ("ragged", "causal_prefix_mod128")
+_FIELDS = ("id", "backend", "versions", "outcome", "error_status", "stage", "status", "reason", "reference",
+           "select")
+
+
+class DeviationError(ValueError):
+    """The deviations file is malformed; names the file, the entry and the field."""
+
+    def __init__(self, source: str, entry: str, field_name: str, message: str) -> None:
+        self.source, self.entry, self.field_name = source, entry, field_name
+        super().__init__(f"{source}: deviation {entry!r}: field {field_name!r}: {message}")
+
+
+# -- CANN-style versions -------------------------------------------------------------------------
+
+#: Rank of a tag segment; anything unknown (e.g. CANN's ``T`` test builds) sorts as alpha.
+_TAG_RANK = {"alpha": 0, "a": 0, "beta": 1, "b": 1, "rc": 2}
+_NUMBER_RANK = 3  # a bare number after a tag (8.2.RC1.1) sorts after the tag itself
+_END = (3, -1)  # terminates the segment list: shorter = earlier than any trailing number
+
+
+def version_key(version: str) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
+    """A sort key for versions such as ``8.2.RC1``, ``8.3.RC1.alpha002``, ``8.2.0``.
+
+    The leading numbers form the release (padded with zeros to three parts, so ``8.2`` is
+    ``8.2.0``); a release candidate belongs *before* its release (``8.2.RC1 < 8.2.0``), and tags
+    after it mark builds before the candidate (``8.3.RC1.alpha002 < 8.3.RC1``).
+    """
+    tokens = re.findall(r"\d+|[A-Za-z]+", version)
+    if not tokens or not tokens[0].isdigit():
+        raise ValueError(f"not a version: {version!r}")
+    release: list[int] = []
+    while tokens and tokens[0].isdigit():
+        release.append(int(tokens.pop(0)))
+    segments: list[tuple[int, int]] = []
+    while tokens:
+        token = tokens.pop(0)
+        if token.isdigit():
+            segments.append((_NUMBER_RANK, int(token)))
+            continue
+        number = int(tokens.pop(0)) if tokens and tokens[0].isdigit() else 0
+        segments.append((_TAG_RANK.get(token.lower(), 0), number))
+    padded = tuple(release + [0] * max(0, 3 - len(release)))
+    return padded, (*segments, _END)
+
+
+_OPERATORS: dict[str, Callable[[Any, Any], bool]] = {
+    ">=": operator.ge, "<=": operator.le, "==": operator.eq,
+    "!=": operator.ne, ">": operator.gt, "<": operator.lt,
+}
+
+
+def compare_versions(a: str, b: str) -> int:
+    """-1, 0 or 1 as version ``a`` sorts before, equal to or after ``b`` (see :func:`version_key`)."""
+    (ra, sa), (rb, sb) = version_key(a), version_key(b)
+    width = max(len(ra), len(rb))  # 8.2.0 == 8.2.0.0
+    left = (ra + (0,) * (width - len(ra)), sa)
+    right = (rb + (0,) * (width - len(rb)), sb)
+    return (left > right) - (left < right)
+
+
+def parse_range(text: str) -> list[tuple[str, str]]:
+    """``">=8.2.RC1,<9"`` -> ``[(">=", "8.2.RC1"), ("<", "9")]``; a bare version means ``==``."""
+    clauses = []
+    for part in text.split(","):
+        part = part.strip()
+        match = re.fullmatch(r"(>=|<=|==|!=|>|<)?\s*(\S+)", part)
+        if not match:
+            raise ValueError(f"bad version clause {part!r} in {text!r}")
+        op, version = match.group(1) or "==", match.group(2)
+        version_key(version)  # validates
+        clauses.append((op, version))
+    return clauses
+
+
+def in_range(version: str, clauses: list[tuple[str, str]]) -> bool:
+    """Whether ``version`` satisfies every clause."""
+    return all(_OPERATORS[op](compare_versions(version, bound), 0) for op, bound in clauses)
+
+
+# -- case selectors ------------------------------------------------------------------------------
+
+
+def is_ragged(spec: CaseSpec) -> bool:
+    """kv lengths differ within the batch (padded layouts then need per-batch offsets)."""
+    return len(set(spec.kv_seqlen)) > 1
+
+
+def has_prefix_not_mod128(spec: CaseSpec) -> bool:
+    """Some batch with query rows has a cached prefix ``kv - q`` that is not a multiple of 128."""
+    return any(q > 0 and (kv - q) % 128 != 0 for q, kv in zip(spec.q_seqlen, spec.kv_seqlen, strict=False))
+
+
+def _case_fields(spec: CaseSpec) -> dict[str, str | bool]:
+    return dict(dtype=spec.dtype, mask=spec.mask_name, kv_layout=spec.kv_layout, case=spec.case_id,
+                ragged=is_ragged(spec), causal_prefix_mod128=has_prefix_not_mod128(spec))
+
+
+@dataclass(frozen=True)
+class Deviation:
+    """One known deviation (see ``known_deviations.toml`` for the meaning of each field)."""
+
+    id: str
+    backend: str
+    versions: str
+    outcome: Outcome
+    error_status: str | None
+    stage: str | None
+    status: str
+    reason: str
+    reference: str
+    select: dict[str, str | bool] = field(default_factory=dict)
+
+    def selects(self, backend: str, version: str | None, spec: CaseSpec) -> bool:
+        if not fnmatchcase(backend, self.backend):
+            return False
+        if self.versions:
+            if version is None:
+                return False  # unknown version: do not excuse, report loudly
+            try:
+                if not in_range(version, parse_range(self.versions)):
+                    return False
+            except ValueError:
+                return False  # an unparsable backend version cannot be placed in the range
+        values = _case_fields(spec)
+        for key, wanted in self.select.items():
+            got = values[key]
+            if isinstance(wanted, bool):
+                if got is not wanted:
+                    return False
+            elif not fnmatchcase(str(got), wanted):
+                return False
+        return True
+
+    def classify(self, error_status: str | None, numeric_passed: bool | None) -> Classification:
+        """Compare what happened with what this entry expects.
+
+        ``error_status``: the status name the backend raised, or None; ``numeric_passed``: the
+        verdict when it returned an output.  A clean pass is ``unexpected_pass`` (the deviation
+        may be fixed); the expected misbehaviour is ``expected``; anything else is ``different``.
+        """
+        if error_status is None and numeric_passed:
+            return "unexpected_pass"
+        if self.outcome == "error":
+            return "expected" if error_status == self.error_status else "different"
+        return "expected" if error_status is None and numeric_passed is False else "different"
+
+    def describe(self) -> str:
+        what = f"error {self.error_status}" if self.outcome == "error" else "numeric failure"
+        return f"{self.id} ({self.status}): {what} expected: {self.reason} [{self.reference}]"
+
+
+@dataclass
+class DeviationSet:
+    """Every deviation of a file; remembers which ones matched a case in this process."""
+
+    source: str
+    entries: list[Deviation]
+    _used: set[str] = field(default_factory=set)
+
+    def match(self, backend: str, version: str | None, spec: CaseSpec) -> Deviation | None:
+        """The first entry (file order) covering this case; every covering entry counts as used."""
+        found = [d for d in self.entries if d.selects(backend, version, spec)]
+        self._used.update(d.id for d in found)
+        return found[0] if found else None
+
+    def unused(self) -> list[Deviation]:
+        """Entries that matched no case so far (stale data, or a suite that no longer covers them)."""
+        return [d for d in self.entries if d.id not in self._used]
+
+
+def _entry(raw: Any, index: int, source: str) -> Deviation:
+    label = str(raw.get("id", f"#{index}")) if isinstance(raw, dict) else f"#{index}"
+
+    def fail(name: str, message: str) -> DeviationError:
+        return DeviationError(source, label, name, message)
+
+    if not isinstance(raw, dict):
+        raise fail("<table>", "must be a table ([[deviation]])")
+    extra = set(raw) - set(_FIELDS)
+    if extra:
+        raise fail(sorted(extra)[0], f"unknown field; known fields: {list(_FIELDS)}")
+    text: dict[str, str] = {}
+    for name in ("id", "backend", "outcome", "status", "reason", "reference"):
+        value = raw.get(name)
+        if not isinstance(value, str) or not value.strip():
+            raise fail(name, "is required (a non-empty string)")
+        text[name] = value.strip()
+    versions = raw.get("versions", "")
+    if not isinstance(versions, str):
+        raise fail("versions", f"must be a string such as '>=8.2.RC1,<9', got {versions!r}")
+    if versions.strip():
+        try:
+            parse_range(versions)
+        except ValueError as exc:
+            raise fail("versions", str(exc)) from exc
+    if text["status"] not in ("unconfirmed", "confirmed"):
+        raise fail("status", f"must be 'unconfirmed' or 'confirmed', got {text['status']!r}")
+    outcome = text["outcome"]
+    error_status, stage = raw.get("error_status"), raw.get("stage")
+    if outcome == "error":
+        if error_status not in STATUS_CODES:
+            raise fail("error_status", f"outcome 'error' needs an ATB status name, got {error_status!r}")
+        if stage not in (None, "create", "setup", "execute"):
+            raise fail("stage", f"must be 'create', 'setup' or 'execute', got {stage!r}")
+    elif outcome == "fail":
+        if error_status is not None or stage is not None:
+            name = "error_status" if error_status is not None else "stage"
+            raise fail(name, "only allowed with outcome 'error'")
+    else:
+        raise fail("outcome", f"must be 'error' or 'fail', got {outcome!r}")
+    select = raw.get("select", {})
+    if not isinstance(select, dict):
+        raise fail("select", "must be a table")
+    for key, value in select.items():
+        if key in _PATTERN_SELECTORS:
+            if not isinstance(value, str):
+                raise fail(f"select.{key}", f"must be a string pattern, got {value!r}")
+        elif key in _BOOL_SELECTORS:
+            if not isinstance(value, bool):
+                raise fail(f"select.{key}", f"must be true or false, got {value!r}")
+        else:
+            raise fail(f"select.{key}", f"unknown selector; known: {[*_PATTERN_SELECTORS, *_BOOL_SELECTORS]}")
+    return Deviation(
+        id=text["id"], backend=text["backend"], versions=versions.strip(),
+        outcome="error" if outcome == "error" else "fail", error_status=error_status, stage=stage,
+        status=text["status"], reason=text["reason"], reference=text["reference"], select=dict(select),
+    )
+
+
+def load_deviations(path: Path | None = None) -> DeviationSet:
+    """Load and validate a deviations file (default: ``cases/known_deviations.toml``)."""
+    path = path or DEFAULT_PATH
+    source = str(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise DeviationError(source, "<file>", "<toml>", f"not valid TOML: {exc}") from exc
+    except OSError as exc:
+        raise DeviationError(source, "<file>", "<file>", f"cannot read: {exc}") from exc
+    unknown = set(data) - {"deviation"}
+    if unknown:
+        raise DeviationError(source, "<file>", sorted(unknown)[0],
+                             "unknown top-level key; expected [[deviation]]")
+    raw_entries = data.get("deviation", [])
+    if not isinstance(raw_entries, list):
+        raise DeviationError(source, "<file>", "deviation", "must be an array of tables ([[deviation]])")
+    entries = [_entry(raw, index, source) for index, raw in enumerate(raw_entries)]
+    seen: set[str] = set()
+    for entry in entries:
+        if entry.id in seen:
+            raise DeviationError(source, entry.id, "id", "duplicate id")
+        seen.add(entry.id)
+    return DeviationSet(source, entries)

@@ -1,0 +1,104 @@
+"""Running a backend on a golden's inputs: numpy -> host torch tensors, timing, output digest."""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+import time
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+import torch
+
+from golden.spec import NOPE_DIM, ROPE_DIM, V_DIM, CaseSpec
+from golden.types import OpInputs
+from harness.backend import Backend, MlaPrefillCall
+
+
+def to_torch(array: np.ndarray) -> torch.Tensor:
+    """A host tensor with the same values; bf16 goes through its bit pattern (numpy has no bf16)."""
+    if array.dtype == np.dtype(ml_dtypes.bfloat16):
+        return torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """Host numpy copy of an output tensor, keeping bf16 values exact."""
+    tensor = tensor.detach().to("cpu").contiguous()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.numpy()
+
+
+def make_call(inputs: OpInputs, spec: CaseSpec) -> MlaPrefillCall:
+    """The C interface's arguments for a case."""
+    return MlaPrefillCall(
+        q=to_torch(inputs.q),
+        q_rope=to_torch(inputs.q_rope),
+        k=to_torch(inputs.k),
+        k_rope=to_torch(inputs.k_rope),
+        v=to_torch(inputs.v),
+        q_seqlen=to_torch(inputs.q_seqlen),
+        kv_seqlen=to_torch(inputs.kv_seqlen),
+        mask=None if inputs.mask is None else to_torch(inputs.mask),
+        head_num=spec.head_num,
+        qk_scale=spec.qk_scale,
+        kv_head_num=spec.kv_head_num,
+        mask_type=spec.mask_type,
+        cache_mode=spec.cache_mode,
+    )
+
+
+def useful_flops(spec: CaseSpec) -> float:
+    """FLOPs of the attention a case asks for: 2 x (192 + 128) per allowed (row, key, head)."""
+    pairs = 0
+    for q_len, kv_len in zip(spec.q_seqlen, spec.kv_seqlen, strict=True):
+        if spec.mask_type in (2, 3):  # row i sees kv - q + i + 1 keys
+            pairs += q_len * (kv_len - q_len) + q_len * (q_len + 1) // 2
+        else:
+            pairs += q_len * kv_len
+    return 2.0 * (NOPE_DIM + ROPE_DIM + V_DIM) * pairs * spec.head_num
+
+
+@dataclass(frozen=True)
+class Execution:
+    """A backend's output for a case, and how long the calls took."""
+
+    out: np.ndarray
+    latencies_ms: list[float]
+    flops: float
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.latencies_ms)
+
+    def timing(self) -> dict[str, float | int]:
+        seconds = self.median_ms / 1e3
+        return {
+            "latency_ms_median": round(self.median_ms, 4),
+            "repeats": len(self.latencies_ms),
+            "tflops": round(self.flops / seconds / 1e12, 6) if seconds > 0 else 0.0,
+        }
+
+
+def execute(backend: Backend, call: MlaPrefillCall, spec: CaseSpec, *, repeats: int = 1, warmup: int = 0) -> Execution:
+    """Run the backend (after ``warmup`` untimed calls) ``repeats`` times; keep the first timed output."""
+    for _ in range(warmup):
+        backend.run(call)
+    latencies: list[float] = []
+    first: torch.Tensor | None = None
+    for _ in range(max(1, repeats)):
+        backend.synchronize()
+        start = time.perf_counter()
+        result = backend.run(call)
+        backend.synchronize()
+        latencies.append((time.perf_counter() - start) * 1e3)
+        first = result if first is None else first
+    assert first is not None
+    return Execution(to_numpy(first), latencies, useful_flops(spec))
+
+
+def output_digest(out: np.ndarray) -> str:
+    """SHA-256 of the output bytes (identical digests = bitwise identical outputs)."""
+    return hashlib.sha256(np.ascontiguousarray(out).tobytes()).hexdigest()

@@ -1,0 +1,402 @@
+"""Tolerance policies as data: load ``cases/tolerances.toml``, resolve overrides, judge metrics.
+
+A policy is a list of rules; each rule turns :class:`~golden.metrics.Metrics` (and, for the
+baseline-relative rules, the emulated same-dtype baseline's Metrics) into :class:`Check` records
+with a measured value, its bound and ``slack = value / bound``.  Every policy also runs the implicit
+``finite`` rule, so a NaN/Inf in the output fails whatever policy is chosen.  A check whose inputs
+are missing (no baseline) fails rather than passes: a verdict must never be vacuous.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from golden.metrics import UNIT_ROUNDOFF, Metrics
+from golden.spec import DTYPES, CaseSpec
+
+DEFAULT_PATH = Path(__file__).resolve().parent / "tolerances.toml"
+
+Param = float | dict[str, float]
+Params = dict[str, dict[str, Param]]
+
+#: Every rule and its parameters (all must be given in ``[rules.<name>]``).
+RULE_PARAMS: dict[str, tuple[str, ...]] = {
+    "atb": ("eps_small", "eps_large", "size_limit"),
+    "benchmark": ("mare", "mere", "rmse", "mare_floor_u", "mere_floor_u", "rmse_floor_u"),
+    "thousandth": ("max_fraction",),
+    "ulp": ("max_ulp",),
+    "relative": ("k", "floor_u"),
+}
+OVERRIDE_SELECTORS = ("policy", "backend", "dtype", "mask", "case")
+
+
+class PolicyError(ValueError):
+    """The tolerance file is malformed; names the file, the table and the field."""
+
+    def __init__(self, source: str, where: str, field_name: str, message: str) -> None:
+        self.source, self.where, self.field_name = source, where, field_name
+        super().__init__(f"{source}: {where}: field {field_name!r}: {message}")
+
+
+@dataclass(frozen=True)
+class VerdictContext:
+    """What a rule needs to know about the case besides the metrics."""
+
+    dtype: str
+    head_num: int
+    max_seq: int
+
+    @classmethod
+    def from_spec(cls, spec: CaseSpec) -> VerdictContext:
+        return cls(dtype=spec.dtype, head_num=spec.head_num, max_seq=spec.max_q)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One measured value against its bound; ``slack`` > 1 means the bound was exceeded."""
+
+    rule: str
+    metric: str
+    value: float
+    bound: float
+    passed: bool
+    note: str = ""
+
+    @property
+    def slack(self) -> float:
+        if self.value == 0.0:
+            return 0.0
+        if self.bound == 0.0 or not math.isfinite(self.value):
+            return math.inf
+        return self.value / self.bound
+
+    def text(self) -> str:
+        note = f" ({self.note})" if self.note else ""
+        return (f"{self.rule}: {self.metric} = {self.value:.4g} vs bound {self.bound:.4g} "
+                f"(slack {self.slack:.3g}){note}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(rule=self.rule, metric=self.metric, value=float(self.value), bound=float(self.bound),
+                    slack=float(self.slack), passed=self.passed, note=self.note)
+
+
+def _check(rule: str, metric: str, value: float, bound: float, note: str = "") -> Check:
+    # ``not value > bound`` would pass NaN; ``value <= bound`` fails it, as it must.
+    return Check(rule, metric, float(value), float(bound), bool(value <= bound), note)
+
+
+@dataclass(frozen=True)
+class AppliedOverride:
+    """An ``[[override]]`` entry that changed a resolved policy, and why."""
+
+    index: int
+    reason: str
+    rules: dict[str, dict[str, Param]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(index=self.index, reason=self.reason, rules=self.rules)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of judging one output under one policy."""
+
+    policy: str
+    passed: bool
+    checks: list[Check]
+    overrides: tuple[AppliedOverride, ...]
+    worst_element: str
+
+    @property
+    def failing(self) -> list[Check]:
+        return [c for c in self.checks if not c.passed]
+
+    @property
+    def worst_slack(self) -> float:
+        return max((c.slack for c in self.checks), default=0.0)
+
+    def worst_check(self) -> Check | None:
+        return max(self.checks, key=lambda c: c.slack, default=None)
+
+    def summary(self) -> str:
+        """One paragraph: the verdict, the failing checks (or the tightest one) and the worst element."""
+        overridden = "".join(f"; override #{o.index}: {o.reason}" for o in self.overrides)
+        head = f"{'PASS' if self.passed else 'FAIL'} under policy {self.policy!r}{overridden}. "
+        if self.failing:
+            body = "Failed " + "; ".join(c.text() for c in self.failing) + ". "
+        else:
+            worst = self.worst_check()
+            body = f"Tightest {worst.text()}. " if worst else ""
+        return f"{head}{body}Worst element: {self.worst_element}."
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(policy=self.policy, passed=self.passed, worst_slack=float(self.worst_slack),
+                    checks=[c.to_dict() for c in self.checks],
+                    overrides=[o.to_dict() for o in self.overrides], worst_element=self.worst_element)
+
+
+# -- rules ---------------------------------------------------------------------------------------
+
+RuleFn = Callable[[Callable[[str], float], Metrics, Metrics | None, VerdictContext], list[Check]]
+
+
+def _finite(m: Metrics) -> list[Check]:
+    """The implicit rule of every policy: no NaN/Inf in the output's valid rows, none in the golden."""
+    golden_bad = m.expected_nan_count + m.expected_inf_count
+    return [
+        _check("finite", "nan_count", m.nan_count, 0),
+        _check("finite", "inf_count", m.inf_count, 0),
+        _check("finite", "golden_nonfinite", golden_bad, 0, "golden has NaN/Inf" if golden_bad else ""),
+    ]
+
+
+def _atb(p: Callable[[str], float], m: Metrics, b: Metrics | None, ctx: VerdictContext) -> list[Check]:
+    size = ctx.head_num * ctx.max_seq + 4
+    small = size < p("size_limit")
+    eps = p("eps_small") if small else p("eps_large")
+    note = f"e for heads*max_seq+4 = {size} {'<' if small else '>='} {p('size_limit'):g}"
+    return [_check("atb", "atb_max_scaled_err", m.atb_max_scaled_err, eps, note)]
+
+
+def _floored(value: float, floor: float) -> float:
+    """The baseline's value, floored; a non-finite baseline stays NaN so its ratio fails."""
+    return max(value, floor) if math.isfinite(value) else math.nan
+
+
+def _ratio(value: float, base: float) -> float:
+    """``value / base`` where an exact value is 0, a broken one inf and a zero base inf."""
+    if value == 0.0:
+        return 0.0
+    if not math.isfinite(value):
+        return math.inf
+    return value / base if base != 0.0 else math.inf
+
+
+def _no_baseline(rule: str, metrics: tuple[str, ...]) -> list[Check]:
+    return [Check(rule, name, math.nan, math.nan, False, "no emulated baseline to compare with")
+            for name in metrics]
+
+
+def _benchmark(p: Callable[[str], float], m: Metrics, b: Metrics | None, ctx: VerdictContext) -> list[Check]:
+    if b is None:
+        return _no_baseline("benchmark", ("mare_ratio", "mere_ratio", "rmse_ratio"))
+    u = UNIT_ROUNDOFF[ctx.dtype]
+    pairs = (
+        ("mare", m.max_rel_err, _floored(b.max_rel_err, p("mare_floor_u") * u)),
+        ("mere", m.mean_rel_err, _floored(b.mean_rel_err, p("mere_floor_u") * u)),
+        ("rmse", m.rmse, _floored(b.rmse, p("rmse_floor_u") * u * m.rms_expected)),
+    )
+    checks = []
+    for name, value, base in pairs:
+        ratio = _ratio(value, base)
+        checks.append(_check("benchmark", f"{name}_ratio", ratio, p(name),
+                             f"{name} {value:.3g} / baseline {base:.3g}"))
+    return checks
+
+
+def _thousandth(p: Callable[[str], float], m: Metrics, b: Metrics | None, ctx: VerdictContext) -> list[Check]:
+    return [_check("thousandth", "frac_beyond_thousandth", m.frac_beyond_thousandth, p("max_fraction"))]
+
+
+def _ulp(p: Callable[[str], float], m: Metrics, b: Metrics | None, ctx: VerdictContext) -> list[Check]:
+    return [_check("ulp", "max_ulp_err", m.max_ulp_err, p("max_ulp"))]
+
+
+def _relative(p: Callable[[str], float], m: Metrics, b: Metrics | None, ctx: VerdictContext) -> list[Check]:
+    if b is None:
+        return _no_baseline("relative", ("max_abs_err",))
+    floor = p("floor_u") * UNIT_ROUNDOFF[ctx.dtype] * m.max_abs_expected
+    bound = p("k") * b.max_abs_err + floor if math.isfinite(b.max_abs_err) else math.nan
+    note = f"{p('k'):g} x baseline {b.max_abs_err:.3g} + floor {floor:.3g}"
+    return [_check("relative", "max_abs_err", m.max_abs_err, bound, note)]
+
+
+RULES: dict[str, RuleFn] = {
+    "atb": _atb, "benchmark": _benchmark, "thousandth": _thousandth, "ulp": _ulp, "relative": _relative,
+}
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A resolved policy: its rules, their parameters and the overrides that shaped them."""
+
+    name: str
+    description: str
+    rules: tuple[str, ...]
+    params: Params
+    overrides: tuple[AppliedOverride, ...] = ()
+
+    def param(self, rule: str, name: str, dtype: str) -> float:
+        value = self.params[rule][name]
+        return float(value[dtype]) if isinstance(value, dict) else float(value)
+
+    def evaluate(self, metrics: Metrics, baseline: Metrics | None, context: VerdictContext) -> Verdict:
+        """Judge ``metrics`` (backend vs golden) given the baseline's metrics (baseline vs golden)."""
+        if context.dtype not in DTYPES:
+            raise ValueError(f"context dtype must be one of {DTYPES}, got {context.dtype!r}")
+        checks = _finite(metrics)
+        for rule in self.rules:
+            def lookup(name: str, rule: str = rule) -> float:
+                return self.param(rule, name, context.dtype)
+            checks += RULES[rule](lookup, metrics, baseline, context)
+        return Verdict(self.name, all(c.passed for c in checks), checks, self.overrides, metrics.worst_text())
+
+
+# -- loading -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Override:
+    index: int
+    selectors: dict[str, str]
+    rules: dict[str, dict[str, Param]]
+    reason: str
+
+
+@dataclass(frozen=True)
+class PolicySet:
+    """Every policy of a tolerance file plus its overrides."""
+
+    source: str
+    policies: dict[str, Policy]
+    overrides: tuple[_Override, ...] = field(default=())
+
+    def resolve(self, policy_name: str, backend: str, dtype: str, mask_name: str, case_id: str) -> Policy:
+        """The named policy with every matching override applied in file order."""
+        if policy_name not in self.policies:
+            raise PolicyError(self.source, "<resolve>", "policy",
+                              f"no policy named {policy_name!r}; have {sorted(self.policies)}")
+        base = self.policies[policy_name]
+        subject = dict(policy=policy_name, backend=backend, dtype=dtype, mask=mask_name, case=case_id)
+        params: Params = {rule: dict(values) for rule, values in base.params.items()}
+        applied = []
+        for ov in self.overrides:
+            if all(fnmatchcase(subject[key], pattern) for key, pattern in ov.selectors.items()):
+                for rule, values in ov.rules.items():
+                    for name, value in values.items():
+                        params[rule][name] = _merge(params[rule][name], value)
+                applied.append(AppliedOverride(ov.index, ov.reason, ov.rules))
+        return Policy(base.name, base.description, base.rules, params, tuple(applied))
+
+
+def _merge(old: Param, new: Param) -> Param:
+    """An override's value; a per-dtype table over a per-dtype table changes only its keys."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return {**old, **new}
+    return new
+
+
+def _number(value: Any, source: str, where: str, name: str) -> float:
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (is_number and value > 0 and math.isfinite(value)):
+        raise PolicyError(source, where, name,
+                          f"must be a positive finite number or a per-dtype table, got {value!r}")
+    return float(value)
+
+
+def _param(value: Any, source: str, where: str, name: str, partial: bool) -> Param:
+    """A positive number, or a ``{fp16, bf16}`` table of them (``partial``: keys may be missing)."""
+    if not isinstance(value, dict):
+        return _number(value, source, where, name)
+    unknown = set(value) - set(DTYPES)
+    if unknown or (not partial and set(value) != set(DTYPES)):
+        raise PolicyError(source, where, name, f"a per-dtype table needs exactly the keys {list(DTYPES)}")
+    return {k: _number(v, source, where, f"{name}.{k}") for k, v in value.items()}
+
+
+def _rule_values(raw: Any, source: str, where: str, partial: bool) -> dict[str, dict[str, Param]]:
+    if not isinstance(raw, dict):
+        raise PolicyError(source, where, "rules", "must be a table of rule -> {parameter = value}")
+    out: dict[str, dict[str, Param]] = {}
+    for rule, values in raw.items():
+        if rule not in RULE_PARAMS:
+            raise PolicyError(source, where, f"rules.{rule}",
+                              f"unknown rule; known rules: {sorted(RULE_PARAMS)}")
+        if not isinstance(values, dict):
+            raise PolicyError(source, where, f"rules.{rule}", "must be a table of parameters")
+        for name in values:
+            if name not in RULE_PARAMS[rule]:
+                raise PolicyError(source, where, f"rules.{rule}.{name}",
+                                  f"unknown parameter; {rule} has {list(RULE_PARAMS[rule])}")
+        if not partial:
+            for name in RULE_PARAMS[rule]:
+                if name not in values:
+                    raise PolicyError(source, where, f"rules.{rule}.{name}", "is required")
+        out[rule] = {n: _param(v, source, where, f"rules.{rule}.{n}", partial) for n, v in values.items()}
+    return out
+
+
+def _strings(raw: Mapping[str, Any], keys: tuple[str, ...], source: str, where: str) -> dict[str, str]:
+    out = {}
+    for key in keys:
+        if key in raw:
+            if not isinstance(raw[key], str) or not raw[key]:
+                raise PolicyError(source, where, key, f"must be a non-empty string, got {raw[key]!r}")
+            out[key] = raw[key]
+    return out
+
+
+def load_policies(path: Path | None = None) -> PolicySet:
+    """Load and validate a tolerance file (default: ``cases/tolerances.toml``)."""
+    path = path or DEFAULT_PATH
+    source = str(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(source, "<file>", "<toml>", f"not valid TOML: {exc}") from exc
+    except OSError as exc:
+        raise PolicyError(source, "<file>", "<file>", f"cannot read: {exc}") from exc
+    unknown = set(data) - {"rules", "policy", "override"}
+    if unknown:
+        raise PolicyError(source, "<file>", sorted(unknown)[0], "unknown top-level table")
+    params = _rule_values(data.get("rules", {}), source, "[rules]", partial=False)
+    policies: dict[str, Policy] = {}
+    raw_policies = data.get("policy", {})
+    if not isinstance(raw_policies, dict) or not raw_policies:
+        raise PolicyError(source, "<file>", "policy", "at least one [policy.<name>] table is required")
+    for name, raw in raw_policies.items():
+        where = f"policy {name!r}"
+        if not isinstance(raw, dict):
+            raise PolicyError(source, where, "<table>", "must be a table")
+        extra = set(raw) - {"description", "rules"}
+        if extra:
+            raise PolicyError(source, where, sorted(extra)[0],
+                              "unknown field; expected 'description', 'rules'")
+        rules = raw.get("rules")
+        if not isinstance(rules, list) or not all(isinstance(r, str) for r in rules):
+            raise PolicyError(source, where, "rules", f"must be a list of rule names, got {rules!r}")
+        for rule in rules:
+            if rule not in params:
+                raise PolicyError(source, where, "rules",
+                                  f"rule {rule!r} has no [rules.{rule}] table; have {sorted(params)}")
+        description = raw.get("description", "")
+        if not isinstance(description, str):
+            raise PolicyError(source, where, "description", "must be a string")
+        all_params = {r: dict(values) for r, values in params.items()}  # so overrides of any rule apply
+        policies[name] = Policy(name, description, tuple(rules), all_params)
+    overrides = []
+    raw_overrides = data.get("override", [])
+    if not isinstance(raw_overrides, list):
+        raise PolicyError(source, "<file>", "override", "must be an array of tables ([[override]])")
+    for index, raw in enumerate(raw_overrides):
+        where = f"override #{index}"
+        extra = set(raw) - {*OVERRIDE_SELECTORS, "rules", "reason"}
+        if extra:
+            raise PolicyError(source, where, sorted(extra)[0],
+                              f"unknown field; expected {[*OVERRIDE_SELECTORS, 'rules', 'reason']}")
+        reason = raw.get("reason")
+        if not isinstance(reason, str) or not reason.strip():
+            raise PolicyError(source, where, "reason", "a written reason is required")
+        selectors = _strings(raw, OVERRIDE_SELECTORS, source, where)
+        if "rules" not in raw:
+            raise PolicyError(source, where, "rules", "is required (the parameters to change)")
+        rules_changed = _rule_values(raw["rules"], source, where, partial=True)
+        overrides.append(_Override(index, selectors, rules_changed, reason.strip()))
+    return PolicySet(source, policies, tuple(overrides))

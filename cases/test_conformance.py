@@ -1,0 +1,52 @@
+"""Numerical conformance: every selected case on every selected backend, judged against its golden.
+
+Run with ``--suite``, ``--backend``, ``--policy``; one test per case x backend.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from cases.conformance import run_case, save_output
+from cases.deviations import DeviationSet
+from cases.policy import PolicySet
+from golden.spec import CaseSpec
+from golden.store import GoldenStore
+from harness.backend import Backend
+
+
+class UnexpectedPassWarning(UserWarning):
+    """A known deviation did not reproduce: confirm it and update cases/known_deviations.toml."""
+
+
+def test_conformance(
+    conformance_case: CaseSpec,
+    backend: Backend,
+    golden_store: GoldenStore,
+    policy_set: PolicySet,
+    deviation_set: DeviationSet,
+    mla_report: object,
+    pytestconfig: pytest.Config,
+) -> None:
+    golden = golden_store.ensure(conformance_case)
+    result = run_case(
+        golden,
+        backend,
+        policy_set=policy_set,
+        policy=pytestconfig.getoption("policy"),
+        deviations=deviation_set,
+        repeats=pytestconfig.getoption("timing_repeats"),
+        warmup=pytestconfig.getoption("warmup"),
+    )
+    mla_report.attach(result.record)  # type: ignore[attr-defined]
+    outputs_dir = getattr(mla_report, "outputs_dir", None)
+    if outputs_dir is not None and result.output is not None:
+        save_output(outputs_dir, conformance_case, backend.name, result.output)
+    if result.outcome == "xfailed":
+        pytest.xfail(result.message)
+    if result.outcome == "xpassed":
+        warnings.warn(UnexpectedPassWarning(result.message), stacklevel=1)
+    if result.outcome == "failed":
+        pytest.fail(result.message, pytrace=False)

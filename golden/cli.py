@@ -1,0 +1,209 @@
+"""``mlaconf regen | verify | show | list``: the golden store from the command line.
+
+Cases are chosen by suite name (positional; ``all`` = every shipped suite but ``errors``) and/or
+``--cases FILE`` (a TOML suite file).  The store is ``--out DIR``, else ``$MLA_GOLDEN_DIR``, else
+``<repo>/.golden``.  ``--builder pkg.mod:func`` (hidden) swaps the golden builder, for tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from golden import regen as rg
+from golden.layout import out_shape
+from golden.spec import NOPE_DIM, CaseSpec, SpecError
+from golden.store import FileMeta, GoldenStore, GoldenStoreError, read_golden, read_meta
+
+
+def _common(parser: argparse.ArgumentParser, *, selects: bool = True) -> None:
+    parser.add_argument("--out", "--golden-dir", dest="out", type=Path, default=None, metavar="DIR",
+                        help="golden store directory (default: $MLA_GOLDEN_DIR or <repo>/.golden)")
+    if selects:
+        parser.add_argument("suites", nargs="*", metavar="SUITE", help="suite names or 'all'")
+        parser.add_argument("--cases", action="append", default=[], metavar="FILE", help="a TOML suite file")
+        parser.add_argument("--shard", type=rg.parse_shard, default=None, metavar="K/N",
+                            help="only cases with int(content_hash) %% N == K-1 (split across hosts)")
+    parser.add_argument("--builder", default=None, help=argparse.SUPPRESS)
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("regen", help="generate missing, stale or corrupt golden files",
+                              description="Generate golden files; only missing, stale or corrupt ones "
+                              "unless --force.  Safe to run in several processes or hosts at once.")
+    _common(p)
+    p.add_argument("--jobs", "-j", type=int, default=1, metavar="N", help="worker processes (default 1)")
+    p.add_argument("--force", action="store_true", help="rebuild even valid files")
+    p.set_defaults(func=cmd_regen)
+
+    p = subparsers.add_parser("verify", help="check golden checksums (and recompute the reference)",
+                              description="Verify golden files of the selected cases, or every file in the "
+                              "store when no case is selected.  Exit 1 on any problem.")
+    _common(p)
+    p.add_argument("--recompute", action="store_true",
+                   help=f"rebuild: inputs bit-exact, golden/out within {rg.RECOMPUTE_RTOL:g} relative")
+    p.set_defaults(func=cmd_verify)
+
+    p = subparsers.add_parser("show", help="describe one golden file")
+    _common(p, selects=False)
+    p.add_argument("case", metavar="CASE", help="case id, case id prefix, or content hash prefix")
+    p.set_defaults(func=cmd_show)
+
+    p = subparsers.add_parser("list", help="list cases and whether a valid golden exists")
+    _common(p)
+    p.set_defaults(func=cmd_list)
+
+
+def _select(args: argparse.Namespace, default_all: bool) -> list[CaseSpec] | None:
+    suites = list(args.suites) or (["all"] if default_all and not args.cases else [])
+    if not suites and not args.cases:
+        return None
+    return rg.select_cases(suites, args.cases, args.shard)
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def cmd_regen(args: argparse.Namespace) -> int:
+    try:
+        specs = _select(args, default_all=True) or []
+    except SpecError as exc:
+        return _fail(str(exc))
+    if args.jobs < 1:
+        return _fail("--jobs must be >= 1")
+    store = GoldenStore(args.out)
+    print(f"regen: {len(specs)} cases -> {store.root} (jobs {args.jobs})", file=sys.stderr)
+    summary = rg.regen(specs, store, jobs=args.jobs, force=args.force, builder=args.builder)
+    print(summary.format())
+    return 1 if summary.count("failed") else 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    try:
+        specs = _select(args, default_all=False)
+    except SpecError as exc:
+        return _fail(str(exc))
+    store = GoldenStore(args.out)
+    report = rg.verify(store, specs, recompute=args.recompute, builder=args.builder)
+    print(report.format())
+    return 1 if report.problems else 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    try:
+        specs = _select(args, default_all=True) or []
+    except SpecError as exc:
+        return _fail(str(exc))
+    store = GoldenStore(args.out)
+    valid = 0
+    for spec in specs:
+        state = "error-case" if spec.expect_error else _state(store, spec)
+        valid += state == "ok"
+        print(f"{spec.case_id}  q{list(out_shape(spec))} kv{list(_kv_shape(spec))}  {state}")
+    print(f"list: {len(specs)} cases, {valid} with a valid golden in {store.root}", file=sys.stderr)
+    return 0
+
+
+def _state(store: GoldenStore, spec: CaseSpec) -> str:
+    try:
+        store.load(spec)
+    except GoldenStoreError as exc:
+        return f"{type(exc).__name__.removeprefix('Golden').removesuffix('Error').lower()}: {exc.reason}"
+    return "ok"
+
+
+def _kv_shape(spec: CaseSpec) -> tuple[int, ...]:
+    hkv = spec.kv_head_num
+    if spec.kv_layout == "padded":
+        return (spec.batch, spec.max_kv, hkv * NOPE_DIM)
+    return (spec.total_kv, hkv, NOPE_DIM)
+
+
+def find_files(store: GoldenStore, query: str) -> list[Path]:
+    """Files whose case id or content hash starts with ``query`` (an exact case id wins)."""
+    matches = []
+    for path in store.files():
+        if path.stem == query:
+            return [path]
+        if path.stem.startswith(query) or path.stem.rsplit("-", 1)[-1].startswith(query):
+            matches.append(path)
+            continue
+        try:
+            if read_meta(path).content_hash.startswith(query):
+                matches.append(path)
+        except GoldenStoreError:
+            continue
+    return matches
+
+
+def _describe(name: str, arr: np.ndarray, spec: CaseSpec) -> str:
+    """One line: name, dtype, shape, finite value range, count of NaN/Inf."""
+    tag = arr.dtype.name if arr.dtype.kind in "biu" or arr.dtype == np.float64 else spec.dtype
+    values = arr.astype(np.float64)
+    finite = values[np.isfinite(values)]
+    span = f"[{finite.min():.6g}, {finite.max():.6g}]" if finite.size else "[]"
+    extra = f"  non-finite {values.size - finite.size}" if finite.size != values.size else ""
+    return f"  {name:18s} {tag:8s} {list(arr.shape)!s:22s} range {span}{extra}"
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    store = GoldenStore(args.out)
+    matches = find_files(store, args.case)
+    if len(matches) != 1:
+        found = ", ".join(p.stem for p in matches) or "none"
+        return _fail(f"{args.case!r} matches {len(matches)} golden files in {store.root}: {found}")
+    path = matches[0]
+    try:
+        golden, meta = read_golden(path)
+    except GoldenStoreError as exc:
+        print(f"CORRUPT {exc}")
+        return 1
+    print(f"file: {path} ({path.stat().st_size / 1e6:.2f} MB, checksums ok)")
+    print(f"case: {golden.spec.case_id} (suite {golden.spec.suite or '-'}, {golden.spec.source or '-'})")
+    print(f"content_hash: {meta.content_hash}")
+    print("spec:\n  " + golden.spec.to_toml().strip().replace("\n", "\n  "))
+    print("datasets:")
+    for name, arr in golden.inputs.arrays().items():
+        print(_describe(f"inputs/{name}", arr, golden.spec))
+    print(_describe("golden/out", golden.out, golden.spec))
+    print(_describe("baseline/out", golden.baseline_out, golden.spec))
+    print(f"row_valid: {int(golden.row_valid.sum())} of {golden.row_valid.size} rows")
+    print("baseline stats:")
+    for key, value in sorted(golden.baseline_stats.items()):
+        print(f"  {key} = {value}")
+    _print_provenance(meta, golden.provenance)
+    return 0
+
+
+def _print_provenance(meta: FileMeta, provenance: dict[str, str]) -> None:
+    print("provenance:")
+    skip = {"spec_json", "checksums_json", "provenance_json", "blas"}
+    for key, value in sorted(meta.attrs.items()):
+        if key not in skip:
+            print(f"  {key} = {value}")
+    blas = json.loads(str(meta.attrs.get("blas", "{}")))
+    for key in ("blas", "lapack"):
+        if isinstance(blas.get(key), dict):
+            print(f"  {key} = {blas[key].get('name', '?')} {blas[key].get('version', '')}".rstrip())
+    for key, value in sorted(provenance.items()):
+        print(f"  builder.{key} = {value}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the golden verbs alone (``python -m golden.cli``), without the other areas' verbs."""
+    parser = argparse.ArgumentParser(prog="golden", description=__doc__)
+    register(parser.add_subparsers(dest="verb", required=True, metavar="VERB"))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Build one case's golden: inputs, float64 reference, emulated baseline and provenance."""
+
+from __future__ import annotations
+
+import platform
+from importlib import metadata
+
+import numpy as np
+
+from golden.baseline import emulate_baseline
+from golden.inputs import generate_inputs
+from golden.reference import reference_attention
+from golden.spec import V_DIM, CaseSpec
+from golden.types import GoldenCase
+
+#: Bump when a change to inputs, reference or baseline alters stored values: every golden written
+#: by another version is stale and gets regenerated.
+GENERATOR_VERSION = "1.0"
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+def provenance() -> dict[str, str]:
+    """Library versions that could change the reference's bits."""
+    return {
+        "generator_version": GENERATOR_VERSION,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "ml_dtypes": _version("ml_dtypes"),
+        "h5py": _version("h5py"),
+        "platform": platform.platform(),
+    }
+
+
+def baseline_stats(
+    spec: CaseSpec, baseline: np.ndarray, golden: np.ndarray, valid: np.ndarray
+) -> dict[str, float | int | bool | str]:
+    """The emulated baseline's error statistics against the golden (benchmark-rule denominators)."""
+    from golden.metrics import compute_metrics
+
+    shape = (spec.total_q, spec.head_num, V_DIM)
+    metrics = compute_metrics(baseline.reshape(shape), golden.reshape(shape), valid, spec.dtype, spec.q_seqlen)
+    return metrics.to_dict()
+
+
+def build_golden(spec: CaseSpec, *, threads: int = 1) -> GoldenCase:
+    """Everything the store keeps for a case; deterministic in (spec, seed)."""
+    inputs = generate_inputs(spec)
+    out, valid = reference_attention(inputs, spec, threads=threads)
+    baseline = emulate_baseline(inputs, spec, threads=threads)
+    return GoldenCase(
+        spec=spec,
+        inputs=inputs,
+        out=out,
+        row_valid=valid,
+        baseline_out=baseline,
+        baseline_stats=baseline_stats(spec, baseline, out, valid),
+        provenance=provenance(),
+    )

@@ -1,0 +1,304 @@
+"""Error metrics of a low-precision output against the float64 golden, on valid rows only.
+
+Everything is computed in float64, vectorised, and in row chunks so that temporaries stay bounded
+for outputs of hundreds of millions of elements.  Definitions (``a`` = actual, ``g`` = golden, both
+over the valid rows; ``u`` = unit roundoff of the output dtype):
+
+* relative error ``|a - g| / max(|g|, floor)`` with the small-value floor of the msprobe/ATB
+  benchmark standard, ``2**-11`` (fp16) and ``2**-8`` (bf16), so near-zero goldens do not blow up;
+* ``eb_rel`` (error balance) ``= Σ(a - g) / max(Σ|g|, n*floor)``: a signed bias relative to the
+  mean magnitude; ``mean_signed_err = Σ(a - g) / n`` is the same bias in output units;
+* ULP error: the distance, counted in representable values of the output dtype, between ``a``
+  rounded to the dtype and ``g`` correctly rounded to the dtype (bit patterns mapped to an ordered
+  integer line, so ``+0 == -0`` and a sign crossing counts the values in between);
+* ``atb_max_scaled_err = max |a - g| / max(1, |g|)``: the quantity ATB's rule bounds by ``e``
+  (shared spec §5); the worst element reported is the one that maximises it.
+
+A non-finite element in ``a`` (or in ``g``) has infinite error, so every error metric becomes
+``inf`` and cosine becomes ``nan``: a NaN/Inf never yields a passing-looking number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+#: Small-value floor of relative errors (msprobe / ATB benchmark standard).
+REL_FLOOR = {"fp16": 2.0**-11, "bf16": 2.0**-8}
+#: Unit roundoff (half the spacing at 1.0) of each output dtype.
+UNIT_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8}
+#: Relative-error threshold of the "thousandth" rules (fp16 0.1%, bf16 0.4%).
+THOUSANDTH = {"fp16": 0.001, "bf16": 0.004}
+#: Elements per chunk; about ten float64 temporaries of this size live at once (~350 MB at most).
+CHUNK_ELEMENTS = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where one element of a ``[T, H, D]`` output lives, in the case's terms."""
+
+    batch: int
+    row_in_batch: int
+    token: int
+    head: int
+    column: int
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Error statistics of one output; every field is a plain float, int, bool or str.
+
+    ``worst_*`` describe the element with the largest ATB-scaled error (-1 / NaN when nothing
+    was checked).
+    """
+
+    dtype: str
+    n_elements: int
+    n_rows: int
+    max_abs_err: float
+    max_rel_err: float
+    mean_rel_err: float
+    rmse: float
+    eb_rel: float
+    mean_signed_err: float
+    cosine: float
+    max_ulp_err: float
+    frac_beyond_thousandth: float
+    atb_max_scaled_err: float
+    max_abs_expected: float
+    rms_expected: float
+    nan_count: int
+    inf_count: int
+    expected_nan_count: int
+    expected_inf_count: int
+    nan_positions_match: bool
+    inf_positions_match: bool
+    worst_batch: int = -1
+    worst_row_in_batch: int = -1
+    worst_token: int = -1
+    worst_head: int = -1
+    worst_column: int = -1
+    worst_expected: float = float("nan")
+    worst_actual: float = float("nan")
+
+    @property
+    def finite(self) -> bool:
+        """No NaN or Inf in the checked actual values."""
+        return self.nan_count == 0 and self.inf_count == 0
+
+    def worst_text(self) -> str:
+        """A one-line description of the worst element, for failure messages."""
+        if self.worst_token < 0:
+            return "no element checked"
+        return (
+            f"batch {self.worst_batch} row {self.worst_row_in_batch} (token {self.worst_token}) "
+            f"head {self.worst_head} col {self.worst_column}: expected {self.worst_expected:.6g}, "
+            f"actual {self.worst_actual:.6g}"
+        )
+
+    def to_dict(self) -> dict[str, float | int | bool | str]:
+        """JSON- and HDF5-attribute-friendly copy (plain Python scalars only)."""
+        return dict(asdict(self))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Metrics:
+        """Inverse of :meth:`to_dict`; accepts numpy scalars (as read back from HDF5 attributes)."""
+        kwargs: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in data:
+                continue
+            value = data[f.name]
+            value = value.item() if isinstance(value, np.generic) else value
+            if isinstance(value, bytes):
+                value = value.decode()
+            kwargs[f.name] = value
+        return cls(**kwargs)
+
+
+def locate(token: int, head: int, column: int, q_seqlen: Sequence[int]) -> Location:
+    """Map a ``[T, H, D]`` index to its batch and row in batch (batch b starts at Σ q_seqlen[:b])."""
+    starts = np.cumsum([0, *q_seqlen])
+    if not 0 <= token < starts[-1]:
+        raise IndexError(f"token row {token} outside [0, {int(starts[-1])})")
+    batch = int(np.searchsorted(starts, token, side="right")) - 1
+    return Location(batch, token - int(starts[batch]), token, head, column)
+
+
+def locate_flat(flat_index: int, shape: tuple[int, int, int], q_seqlen: Sequence[int]) -> Location:
+    """:func:`locate` for a flat (C-order) index into a ``[T, H, D]`` array."""
+    token, head, column = (int(i) for i in np.unravel_index(flat_index, shape))
+    return locate(token, head, column, q_seqlen)
+
+
+def round_to_dtype(values: np.ndarray, dtype: str) -> np.ndarray:
+    """Correctly round float64 values to the output dtype (single rounding).
+
+    numpy rounds float64 -> float16 directly, but ml_dtypes goes float64 -> float32 -> bfloat16
+    and so double-rounds; for bf16 we round to float32 *to odd* first, which makes the second
+    rounding exact (float32 keeps more than two extra bits).
+    """
+    if dtype not in REL_FLOOR:
+        raise ValueError(f"dtype must be 'fp16' or 'bf16', got {dtype!r}")
+    x = np.asarray(values, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):  # out of range -> inf, as intended
+        if dtype == "fp16":
+            return x.astype(np.float16)
+        f32 = x.astype(np.float32)
+        bits = f32.view(np.uint32).copy()
+        inexact = np.isfinite(x) & (f32.astype(np.float64) != x)
+        bits[inexact & (np.abs(f32) > np.abs(x))] -= 1  # truncate toward zero
+    bits[inexact] |= 1  # then mark "inexact" in the last bit: round to odd
+    return bits.view(np.float32).astype(ml_dtypes.bfloat16)
+
+
+def ordered_bits(values: np.ndarray) -> np.ndarray:
+    """Map 16-bit floats to integers that count representable values (``+0`` and ``-0`` -> 0)."""
+    bits = values.view(np.uint16).astype(np.int32)
+    magnitude = bits & 0x7FFF
+    return np.where(bits & 0x8000, -magnitude, magnitude)
+
+
+def ulp_distance(actual: np.ndarray, expected: np.ndarray, dtype: str) -> np.ndarray:
+    """Elementwise distance in dtype ULPs between ``actual`` and ``expected`` rounded to the dtype.
+
+    Returned as float64 with ``inf`` wherever either side is NaN or Inf.
+    """
+    a = round_to_dtype(np.asarray(actual, dtype=np.float64), dtype)
+    e = round_to_dtype(np.asarray(expected, dtype=np.float64), dtype)
+    dist = np.abs(ordered_bits(a) - ordered_bits(e)).astype(np.float64)
+    finite = np.isfinite(a.astype(np.float64)) & np.isfinite(e.astype(np.float64))
+    return np.where(finite, dist, np.inf)
+
+
+class _Accumulator:
+    """Running sums and maxima over chunks of valid rows."""
+
+    def __init__(self, dtype: str) -> None:
+        self.dtype = dtype
+        self.floor = REL_FLOOR[dtype]
+        self.threshold = THOUSANDTH[dtype]
+        self.n = 0
+        self.max_abs = self.max_rel = self.max_ulp = self.max_scaled = self.max_abs_expected = 0.0
+        self.sum_rel = self.sum_sq = self.sum_signed = self.sum_abs_e = 0.0
+        self.sum_sq_e = self.sum_sq_a = self.dot = 0.0
+        self.beyond = self.nan = self.inf = self.e_nan = self.e_inf = 0
+        self.nan_match = self.inf_match = True
+        self.worst: tuple[int, int, int, float, float] | None = None  # token, head, col, g, a
+        self.worst_scaled = -1.0
+
+    def add(self, a: np.ndarray, g: np.ndarray, tokens: np.ndarray) -> None:
+        """Fold in one chunk: ``a`` and ``g`` float64 ``[rows, H, D]``, ``tokens`` their row indices."""
+        a_nan, g_nan = np.isnan(a), np.isnan(g)
+        a_inf, g_inf = np.isinf(a), np.isinf(g)
+        self.nan += int(a_nan.sum())
+        self.inf += int(a_inf.sum())
+        self.e_nan += int(g_nan.sum())
+        self.e_inf += int(g_inf.sum())
+        self.nan_match &= bool(np.array_equal(a_nan, g_nan))
+        self.inf_match &= bool(np.array_equal(np.isposinf(a), np.isposinf(g)))
+        self.inf_match &= bool(np.array_equal(np.isneginf(a), np.isneginf(g)))
+        bad = a_nan | g_nan | a_inf | g_inf
+        with np.errstate(invalid="ignore", over="ignore"):
+            diff = np.where(bad, np.inf, a - g)
+            err = np.abs(diff)
+            abs_g = np.abs(np.where(bad, 0.0, g))
+            rel = err / np.maximum(abs_g, self.floor)
+            scaled = err / np.maximum(abs_g, 1.0)
+            a_clean = np.where(bad, 0.0, a)
+            self.sum_signed += float(diff.sum())
+            self.sum_sq += float(np.square(err).sum())
+            self.dot += float(np.where(bad, np.nan, a * g).sum())
+        self.n += a.size
+        self.max_abs = max(self.max_abs, float(err.max()))
+        self.max_rel = max(self.max_rel, float(rel.max()))
+        self.sum_rel += float(rel.sum())
+        self.beyond += int(np.count_nonzero(rel > self.threshold))
+        self.sum_abs_e += float(abs_g.sum())
+        self.sum_sq_e += float(np.square(abs_g).sum())
+        self.sum_sq_a += float(np.square(a_clean).sum())
+        self.max_abs_expected = max(self.max_abs_expected, float(abs_g.max()))
+        self.max_ulp = max(self.max_ulp, float(ulp_distance(a, g, self.dtype).max()))
+        flat = int(np.argmax(scaled))
+        value = float(scaled.flat[flat])
+        if value > self.worst_scaled:
+            row, head, col = (int(i) for i in np.unravel_index(flat, scaled.shape))
+            self.worst_scaled = value
+            self.worst = (int(tokens[row]), head, col, float(g[row, head, col]), float(a[row, head, col]))
+        self.max_scaled = max(self.max_scaled, value)
+
+    def finish(self, n_rows: int, q_seqlen: Sequence[int]) -> Metrics:
+        n = max(self.n, 1)
+        denom = np.sqrt(self.sum_sq_a) * np.sqrt(self.sum_sq_e)
+        if not np.isfinite(self.dot):
+            cosine = float("nan")
+        elif denom == 0.0:
+            cosine = 1.0 if self.sum_sq_a == self.sum_sq_e else 0.0  # both zero: identical
+        else:
+            cosine = float(self.dot / denom)
+        worst: dict[str, Any] = {}
+        if self.worst is not None:
+            token, head, col, g, a = self.worst
+            loc = locate(token, head, col, q_seqlen)
+            worst = dict(
+                worst_batch=loc.batch, worst_row_in_batch=loc.row_in_batch, worst_token=token,
+                worst_head=head, worst_column=col, worst_expected=g, worst_actual=a,
+            )
+        return Metrics(
+            dtype=self.dtype,
+            n_elements=self.n,
+            n_rows=n_rows,
+            max_abs_err=self.max_abs,
+            max_rel_err=self.max_rel,
+            mean_rel_err=self.sum_rel / n,
+            rmse=float(np.sqrt(self.sum_sq / n)),
+            eb_rel=self.sum_signed / max(self.sum_abs_e, n * self.floor),
+            mean_signed_err=self.sum_signed / n,
+            cosine=cosine,
+            max_ulp_err=self.max_ulp,
+            frac_beyond_thousandth=self.beyond / n,
+            atb_max_scaled_err=self.max_scaled,
+            max_abs_expected=self.max_abs_expected,
+            rms_expected=float(np.sqrt(self.sum_sq_e / n)),
+            nan_count=self.nan,
+            inf_count=self.inf,
+            expected_nan_count=self.e_nan,
+            expected_inf_count=self.e_inf,
+            nan_positions_match=self.nan_match,
+            inf_positions_match=self.inf_match,
+            **worst,
+        )
+
+
+def compute_metrics(
+    actual: np.ndarray,
+    expected: np.ndarray,
+    row_valid: np.ndarray,
+    dtype: str,
+    q_seqlen: Sequence[int],
+) -> Metrics:
+    """Compare ``actual`` (any float dtype, ``[T, H, D]``) with the float64 golden on valid rows.
+
+    ``row_valid`` (bool ``[T]``) drops rows of zero-length batches; ``q_seqlen`` locates the worst
+    element.  Rows are processed in chunks of about :data:`CHUNK_ELEMENTS` elements.
+    """
+    if dtype not in REL_FLOOR:
+        raise ValueError(f"dtype must be 'fp16' or 'bf16', got {dtype!r}")
+    if actual.shape != expected.shape or actual.ndim != 3:
+        raise ValueError(f"actual {actual.shape} and expected {expected.shape} must both be [T, H, D]")
+    row_valid = np.asarray(row_valid, dtype=bool)
+    if row_valid.shape != (actual.shape[0],):
+        raise ValueError(f"row_valid has shape {row_valid.shape}, expected ({actual.shape[0]},)")
+    if sum(q_seqlen) != actual.shape[0]:
+        raise ValueError(f"sum(q_seqlen) = {sum(q_seqlen)} differs from the {actual.shape[0]} output rows")
+    rows = np.flatnonzero(row_valid)
+    per_row = max(actual.shape[1] * actual.shape[2], 1)
+    step = max(CHUNK_ELEMENTS // per_row, 1)
+    acc = _Accumulator(dtype)
+    for start in range(0, rows.size, step):
+        tokens = rows[start : start + step]
+        acc.add(actual[tokens].astype(np.float64), expected[tokens].astype(np.float64), tokens)
+    return acc.finish(int(rows.size), q_seqlen)

@@ -1,0 +1,301 @@
+"""Regenerate and verify golden files: case selection, sharding, worker processes, recompute check.
+
+Workers are ``spawn`` processes (no forked BLAS/thread state); each gets ``cores // jobs`` BLAS and
+builder threads so the machine is not oversubscribed.  Correctness under concurrency comes from the
+store's per-case lock, so several ``regen`` processes (or hosts on a shared filesystem) may run at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import inspect
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+import numpy as np
+
+from golden.progress import Progress
+from golden.spec import CaseSpec, load_suite, load_suites
+from golden.store import Builder, GoldenStore, GoldenStoreError, read_golden
+from golden.types import GoldenCase
+
+DEFAULT_BUILDER = "golden.generate:build_golden"
+RECOMPUTE_RTOL = 1e-12
+THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
+              "NUMEXPR_NUM_THREADS")
+
+BuilderRef = str | Builder | None
+
+
+# -- selection -------------------------------------------------------------------------------------
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"K/N"`` (1-based K) -> (K, N); raises ValueError with the reason."""
+    try:
+        k_text, n_text = text.split("/")
+        k, n = int(k_text), int(n_text)
+    except ValueError:
+        raise ValueError(f"shard must look like K/N (e.g. 2/4), got {text!r}") from None
+    if not 1 <= k <= n:
+        raise ValueError(f"shard {text!r}: need 1 <= K <= N")
+    return k, n
+
+
+def in_shard(spec: CaseSpec, shard: tuple[int, int] | None) -> bool:
+    """Deterministic across hosts: depends only on the spec's content hash."""
+    return shard is None or int(spec.content_hash, 16) % shard[1] == shard[0] - 1
+
+
+def select_cases(
+    suites: Sequence[str], case_files: Sequence[str | Path] = (), shard: tuple[int, int] | None = None
+) -> list[CaseSpec]:
+    """Specs of the named suites and suite files (deduplicated by content hash), in the shard."""
+    specs = load_suites(suites) if suites else []
+    for path in case_files:
+        specs.extend(load_suite(path))
+    unique = {spec.content_hash: spec for spec in reversed(specs)}
+    return [spec for spec in specs if unique.get(spec.content_hash) is spec and in_shard(spec, shard)]
+
+
+# -- builders and threads --------------------------------------------------------------------------
+
+
+def cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def resolve_builder(ref: BuilderRef, threads: int = 1) -> Builder:
+    """A builder from a callable or ``pkg.mod:func``; binds ``threads`` when the builder takes it."""
+    if ref is None or isinstance(ref, str):
+        module_name, _, attr = (ref or DEFAULT_BUILDER).partition(":")
+        if not attr:
+            raise ValueError(f"builder must look like pkg.mod:func, got {ref!r}")
+        fn: Callable[..., GoldenCase] = getattr(importlib.import_module(module_name), attr)
+    else:
+        fn = ref
+    if "threads" in inspect.signature(fn).parameters:
+        return functools.partial(fn, threads=threads)
+    return fn
+
+
+@contextlib.contextmanager
+def thread_env(threads: int) -> Iterator[None]:
+    """Cap BLAS/OpenMP threads for processes started inside the block (spawn copies os.environ)."""
+    saved = {name: os.environ.get(name) for name in THREAD_ENV}
+    os.environ.update({name: str(threads) for name in THREAD_ENV})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+# -- regen -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RegenTask:
+    spec: CaseSpec
+    root: str
+    generator_version: str
+    builder: BuilderRef
+    threads: int
+    force: bool
+
+
+@dataclass(frozen=True)
+class CaseOutcome:
+    case_id: str
+    action: str  # "generated", "up-to-date" or "failed"
+    why: str = ""
+    bytes_written: int = 0
+    seconds: float = 0.0
+
+
+def regen_one(task: RegenTask) -> CaseOutcome:
+    """One case (runs in a worker process); failures are reported, not raised."""
+    start = time.monotonic()
+    store = GoldenStore(task.root, generator_version=task.generator_version)
+    try:
+        builder = resolve_builder(task.builder, task.threads)
+        result = store.ensure_result(task.spec, builder, force=task.force)
+    except Exception as exc:  # one bad case must not stop the others
+        why, action, size = f"{type(exc).__name__}: {exc}", "failed", 0
+    else:
+        why, action, size = result.why, result.action, result.bytes_written
+    return CaseOutcome(task.spec.case_id, action, why, size, time.monotonic() - start)
+
+
+@dataclass
+class RegenSummary:
+    outcomes: list[CaseOutcome] = field(default_factory=list)
+    skipped: int = 0
+    elapsed: float = 0.0
+
+    def count(self, action: str) -> int:
+        return sum(o.action == action for o in self.outcomes)
+
+    @property
+    def bytes_written(self) -> int:
+        return sum(o.bytes_written for o in self.outcomes)
+
+    def format(self) -> str:
+        lines = [f"failed {o.case_id}: {o.why}" for o in self.outcomes if o.action == "failed"]
+        lines.append(
+            f"regen: {self.count('generated')} generated, {self.count('up-to-date')} up-to-date, "
+            f"{self.count('failed')} failed, {self.skipped} skipped (error cases) in {self.elapsed:.1f}s, "
+            f"{self.bytes_written / 1e6:.1f} MB written"
+        )
+        return "\n".join(lines)
+
+
+def regen(
+    specs: Sequence[CaseSpec],
+    store: GoldenStore,
+    *,
+    jobs: int = 1,
+    force: bool = False,
+    builder: BuilderRef = None,
+    stream: TextIO | None = None,
+) -> RegenSummary:
+    """Build missing, stale or corrupt goldens (all with ``force``); ``jobs`` worker processes."""
+    start = time.monotonic()
+    todo = [s for s in specs if s.expect_error is None]  # error cases are rejected, never computed
+    summary = RegenSummary(skipped=len(specs) - len(todo))
+    jobs = max(1, min(jobs, len(todo)))
+    threads = max(1, cpu_count() // jobs)
+    tasks = [RegenTask(s, str(store.root), store.generator_version, builder, threads, force) for s in todo]
+    progress = Progress(len(tasks), "regen", stream)
+
+    def record(outcome: CaseOutcome) -> None:
+        summary.outcomes.append(outcome)
+        progress.advance(f"{outcome.action} {outcome.case_id} ({outcome.seconds:.1f}s)")
+
+    if jobs == 1:
+        for task in tasks:
+            record(regen_one(task))
+    else:
+        context = multiprocessing.get_context("spawn")
+        with thread_env(threads), ProcessPoolExecutor(jobs, mp_context=context) as pool:
+            futures = {pool.submit(regen_one, task): task for task in tasks}
+            for future in as_completed(futures):
+                try:
+                    record(future.result())
+                except Exception as exc:  # a crashed worker fails its case, not the run
+                    record(CaseOutcome(futures[future].spec.case_id, "failed", f"worker died: {exc!r}"))
+    progress.close()
+    summary.elapsed = time.monotonic() - start
+    return summary
+
+
+# -- verify ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Problem:
+    path: Path
+    message: str
+    dataset: str | None = None
+
+    def __str__(self) -> str:
+        where = f"{self.path}: dataset {self.dataset!r}" if self.dataset else str(self.path)
+        return f"{where}: {self.message}"
+
+
+def relative_difference(actual: np.ndarray, expected: np.ndarray) -> float:
+    """max |a - b| / max(max |b|, tiny) over non-NaN entries; inf when NaN positions differ."""
+    nan_a, nan_b = np.isnan(actual), np.isnan(expected)
+    if not np.array_equal(nan_a, nan_b):
+        return float("inf")
+    a, b = actual[~nan_b], expected[~nan_b]
+    if a.size == 0:
+        return 0.0
+    scale = max(float(np.max(np.abs(b))), np.finfo(np.float64).tiny)
+    return float(np.max(np.abs(a - b))) / scale
+
+
+def compare_recomputed(path: Path, stored: GoldenCase, fresh: GoldenCase) -> list[Problem]:
+    """Inputs and row_valid must match bit for bit, golden/out within RECOMPUTE_RTOL."""
+    problems: list[Problem] = []
+    old, new = stored.inputs.arrays(), fresh.inputs.arrays()
+    for name in sorted(set(old) | set(new)):
+        a, b = old.get(name), new.get(name)
+        if a is None or b is None:
+            problems.append(Problem(path, "present in only one of stored / recomputed", f"inputs/{name}"))
+        elif a.dtype != b.dtype or a.shape != b.shape or a.tobytes() != b.tobytes():
+            problems.append(Problem(path, f"recomputed input differs ({b.dtype}{b.shape} vs stored "
+                                    f"{a.dtype}{a.shape})", f"inputs/{name}"))
+    if not np.array_equal(stored.row_valid, fresh.row_valid):
+        problems.append(Problem(path, "recomputed row_valid differs", "golden/row_valid"))
+    if stored.out.shape != fresh.out.shape:
+        message = f"recomputed shape {fresh.out.shape} vs stored {stored.out.shape}"
+        problems.append(Problem(path, message, "golden/out"))
+    else:
+        rel = relative_difference(fresh.out, stored.out)
+        if not rel <= RECOMPUTE_RTOL:
+            message = f"reference drift: relative difference {rel:.3e} > {RECOMPUTE_RTOL:g}"
+            problems.append(Problem(path, message, "golden/out"))
+    return problems
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    checked: int
+    problems: list[Problem]
+
+    def format(self) -> str:
+        files = len({p.path for p in self.problems})
+        lines = [f"PROBLEM {problem}" for problem in self.problems]
+        lines.append(f"verify: {self.checked - files} ok, {files} bad, {len(self.problems)} problems")
+        return "\n".join(lines)
+
+
+def verify(
+    store: GoldenStore,
+    specs: Sequence[CaseSpec] | None = None,
+    *,
+    recompute: bool = False,
+    builder: BuilderRef = None,
+    stream: TextIO | None = None,
+) -> VerifyReport:
+    """Check the selected cases' files (or every ``*.h5`` in the store): checksums, staleness, and
+    with ``recompute`` the reference against a fresh build."""
+    if specs is None:
+        targets: list[tuple[Path, CaseSpec | None]] = [(path, None) for path in store.files()]
+    else:
+        targets = [(store.path_for(s), s) for s in specs if s.expect_error is None]
+    build = resolve_builder(builder, cpu_count()) if recompute else None
+    problems: list[Problem] = []
+    progress = Progress(len(targets), "verify", stream)
+    for path, spec in targets:
+        found = _verify_one(store, path, spec, build)
+        problems.extend(found)
+        progress.advance(f"{'FAIL' if found else 'ok'} {path.name}")
+    progress.close()
+    return VerifyReport(len(targets), problems)
+
+
+def _verify_one(store: GoldenStore,
+                path: Path, spec: CaseSpec | None, build: Builder | None) -> list[Problem]:
+    try:
+        stored, meta = read_golden(path, spec)
+        store.check_stale(meta, stored.spec)
+    except GoldenStoreError as exc:
+        return [Problem(exc.path, f"{type(exc).__name__}: {exc.reason}", exc.dataset)]
+    if path.name != f"{meta.attrs.get('case_id')}.h5":
+        return [Problem(path, f"file name does not match its case_id {meta.attrs.get('case_id')!r}")]
+    if build is None:
+        return []
+    return compare_recomputed(path, stored, build(stored.spec))

@@ -1,0 +1,205 @@
+"""The ATB backend: ``AtbMLAPreFill`` on an Ascend NPU through the native harness (``native/``).
+
+The device-independent part (:func:`describe_tensors`, :func:`launch`) takes any memory the caller
+vouches for, which is how the CPU tests drive the real extension against a test double of libatb;
+:class:`AtbBackend` adds torch_npu: device copies, the workspace, the current stream, synchronization.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import torch
+
+from harness.backend import Availability, BackendError, BackendInfo, MlaPrefillCall
+from native.harness import ACL_BF16, ACL_FLOAT, ACL_FLOAT16, ACL_INT32, TensorDesc
+
+if TYPE_CHECKING:
+    from native._atb_harness import Context, Library
+
+_ACL_DTYPES: dict[torch.dtype, int] = {
+    torch.float16: ACL_FLOAT16,
+    torch.bfloat16: ACL_BF16,
+    torch.int32: ACL_INT32,
+    torch.float32: ACL_FLOAT,
+}
+
+
+def _describe(name: str, tensor: torch.Tensor) -> TensorDesc:
+    if not tensor.is_contiguous():
+        raise ValueError(f"{name} must be contiguous: ATB reads only shape and pointer, never strides")
+    code = _ACL_DTYPES.get(tensor.dtype)
+    if code is None:
+        raise ValueError(f"{name} has dtype {tensor.dtype}, which the ATB harness cannot pass")
+    return TensorDesc(name, tensor.data_ptr(), tuple(tensor.shape), code)
+
+
+def describe_tensors(call: MlaPrefillCall, out: torch.Tensor) -> list[TensorDesc]:
+    """The aclTensor descriptors of q, q_rope, k, k_rope, v, mask (if any) and out, in that order."""
+    named = [("q", call.q), ("q_rope", call.q_rope), ("k", call.k), ("k_rope", call.k_rope), ("v", call.v)]
+    if call.mask is not None:
+        named.append(("mask", call.mask))
+    named.append(("out", out))
+    return [_describe(name, tensor) for name, tensor in named]
+
+
+def host_seqlens(name: str, tensor: torch.Tensor) -> list[int]:
+    """qSeqLen/kvSeqLen values; the C interface reads them from host int32 memory, so no device copy."""
+    if tensor.dtype != torch.int32 or tensor.device.type != "cpu" or tensor.dim() != 1:
+        raise ValueError(f"{name} must be a host int32 [B] tensor, got {tensor.dtype} {tuple(tensor.shape)} "
+                         f"on {tensor.device}")
+    return [int(x) for x in tensor.tolist()]
+
+
+@contextmanager
+def _status_as_backend_error() -> Iterator[None]:
+    """Re-raise the extension's AtbStatusError as the framework's BackendError."""
+    from native import _atb_harness
+
+    try:
+        yield
+    except _atb_harness.AtbStatusError as err:
+        raise BackendError(err.status, err.stage, err.detail) from err
+
+
+def launch(context: Context, call: MlaPrefillCall, out: torch.Tensor, *, stream: int,
+           alloc_workspace: Callable[[int], int], synchronize: Callable[[], None]) -> int:
+    """GetWorkspaceSize + AtbMLAPreFill on memory the caller owns; returns the workspace size.
+
+    ``alloc_workspace(n)`` returns the address of n bytes that stay valid until ``synchronize()``,
+    which the harness calls after AtbMLAPreFill, before it releases the operation. Raises
+    :class:`BackendError` for a non-zero ATB status.
+    """
+    from native import _atb_harness
+
+    with _status_as_backend_error():
+        return _atb_harness.prefill(context, describe_tensors(call, out), host_seqlens("q_seqlen", call.q_seqlen),
+                       host_seqlens("kv_seqlen", call.kv_seqlen), call.head_num, call.qk_scale,
+                       call.kv_head_num, call.mask_type, call.cache_mode, stream, alloc_workspace, synchronize)
+
+
+def _first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What :func:`probe` found: availability, and the handles a run needs when available."""
+
+    availability: Availability
+    torch_npu: ModuleType | None = None
+    library: Library | None = None
+
+
+def probe() -> Probe:
+    """Check, cheapest first, what the ATB backend needs; never raises."""
+    try:
+        torch_npu = importlib.import_module("torch_npu")
+    except Exception as err:  # without CANN torch_npu raises RuntimeError/OSError, not only ImportError
+        return Probe(Availability(False, f"torch_npu is missing or fails to import ({_first_line(err)})"))
+    try:
+        devices = int(torch_npu.npu.device_count()) if torch_npu.npu.is_available() else 0
+    except Exception as err:
+        return Probe(Availability(False, f"no NPU device: the device query failed ({_first_line(err)})"))
+    if devices == 0:
+        return Probe(Availability(False, "no NPU device visible to torch_npu"))
+    try:
+        from native import _atb_harness
+    except Exception as err:
+        return Probe(Availability(False, "the native extension native._atb_harness failed to import "
+                                         f"({_first_line(err)}); build it with `pip install -e .`"))
+    try:
+        library = _atb_harness.Library()
+    except Exception as err:  # AtbLoadError names the paths tried or the missing entry point
+        return Probe(Availability(False, str(err)))
+    return Probe(Availability(True), torch_npu, library)
+
+
+#: One atb::Context per library and process, as ATB expects under torch_npu.
+_CONTEXTS: dict[str, Context] = {}
+
+
+def _context_for(library: Library) -> Context:
+    context = _CONTEXTS.get(library.path)
+    if context is None:
+        from native import _atb_harness
+
+        with _status_as_backend_error():
+            context = _atb_harness.Context(library)
+        if not _CONTEXTS:
+            # Registered after torch_npu's own exit hooks, so it runs before them (LIFO).
+            atexit.register(_CONTEXTS.clear)
+        _CONTEXTS[library.path] = context
+    return context
+
+
+class AtbBackend:
+    """ATB's MLA prefill via its C interface on the current NPU and stream."""
+
+    name = "atb"
+    error_contract = True
+    deterministic = True
+
+    def __init__(self) -> None:
+        self._probe: Probe | None = None
+
+    def _probed(self) -> Probe:
+        if self._probe is None:
+            self._probe = probe()
+        return self._probe
+
+    def available(self) -> Availability:
+        return self._probed().availability
+
+    def _require(self) -> tuple[ModuleType, Library]:
+        found = self._probed()
+        if found.torch_npu is None or found.library is None:
+            raise RuntimeError(f"the ATB backend is unavailable: {found.availability.reason}")
+        return found.torch_npu, found.library
+
+    def info(self) -> BackendInfo:
+        found = self._probed()
+        if found.torch_npu is None or found.library is None:
+            return BackendInfo(self.name, "unavailable", {})
+        npu = found.torch_npu.npu
+        index = int(npu.current_device())
+        versions = {"torch": torch.__version__, "torch_npu": str(getattr(found.torch_npu, "__version__", "?")),
+                    "libatb": found.library.path, "aclCreateTensor": found.library.acl_source}
+        versions |= {var: os.environ[var] for var in ("ATB_HOME_PATH", "ASCEND_HOME_PATH") if var in os.environ}
+        return BackendInfo(self.name, f"npu:{index} ({npu.get_device_name(index)})", versions)
+
+    def synchronize(self) -> None:
+        torch_npu = self._probed().torch_npu
+        if torch_npu is not None:
+            torch_npu.npu.synchronize()
+
+    def run(self, call: MlaPrefillCall) -> torch.Tensor:
+        torch_npu, library = self._require()
+        npu = torch_npu.npu
+        device = torch.device("npu", int(npu.current_device()))
+        on_device = replace(
+            call, q=call.q.to(device), q_rope=call.q_rope.to(device), k=call.k.to(device),
+            k_rope=call.k_rope.to(device), v=call.v.to(device),
+            mask=None if call.mask is None else call.mask.to(device),
+        )
+        out = torch.empty(call.q.shape, dtype=call.q_rope.dtype, device=device)
+        workspaces: list[torch.Tensor] = []
+
+        def alloc_workspace(size: int) -> int:
+            workspaces.append(torch.empty(size, dtype=torch.uint8, device=device))
+            return workspaces[-1].data_ptr()
+
+        context = _context_for(library)
+        npu.synchronize()  # the input copies must have landed before ATB's stream reads them
+        # on_device, out and workspaces stay referenced here until launch's final synchronize.
+        launch(context, on_device, out, stream=int(npu.current_stream().npu_stream),
+               alloc_workspace=alloc_workspace, synchronize=npu.synchronize)
+        return out

@@ -1,0 +1,111 @@
+"""PyTorch ``scaled_dot_product_attention`` backends (CPU and CUDA): devices under test.
+
+They compute in the case dtype, one sequence at a time over ragged batches, and share no numerical
+code with the golden generator: they exist to be checked, not to check.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from harness.backend import Availability, BackendError, BackendInfo, MlaPrefillCall
+
+NOPE, ROPE, VDIM = 128, 64, 128
+
+
+def _kv_rows(call: MlaPrefillCall, tensor: torch.Tensor, head_dim: int, batch: int, start: int) -> torch.Tensor:
+    """Batch ``batch``'s rows of a kv tensor as ``[kv_len, Hkv, D]``, padded or packed layout."""
+    length = int(call.kv_seqlen[batch])
+    hkv = call.kv_head_num
+    if tensor.dim() == 3 and tensor.shape[1] == hkv and tensor.shape[2] == head_dim:
+        return tensor[start : start + length]  # packed [sum(kv), Hkv, D]
+    return tensor[batch, :length].reshape(length, hkv, head_dim)  # padded [B, S, Hkv*D]
+
+
+def _is_packed(call: MlaPrefillCall) -> bool:
+    k = call.k
+    total = int(call.kv_seqlen.sum())
+    return k.dim() == 3 and k.shape[0] == total and k.shape[1] == call.kv_head_num and k.shape[2] == NOPE
+
+
+class TorchSdpaBackend:
+    """MLA prefill via ``F.scaled_dot_product_attention`` on one torch device."""
+
+    error_contract = False
+    deterministic = True
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.name = f"torch-{torch.device(device).type}"
+
+    def available(self) -> Availability:
+        if torch.device(self.device).type == "cuda" and not torch.cuda.is_available():
+            return Availability(False, "no CUDA device visible to torch")
+        return Availability(True)
+
+    def info(self) -> BackendInfo:
+        device = self.device
+        if torch.device(device).type == "cuda" and torch.cuda.is_available():
+            device = f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
+        return BackendInfo(self.name, device, {"torch": torch.__version__}, version=torch.__version__)
+
+    def synchronize(self) -> None:
+        if torch.device(self.device).type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def run(self, call: MlaPrefillCall) -> torch.Tensor:
+        if call.mask_type not in (0, 2, 3):
+            raise BackendError("ERROR_INVALID_PARAM", "create", f"maskType {call.mask_type} is not implemented")
+        dev = torch.device(self.device)
+        h, hkv = call.head_num, call.kv_head_num
+        if hkv < 1 or h % hkv:
+            raise BackendError("ERROR_INVALID_PARAM", "create", f"headNum {h} is not a multiple of kvHeadNum {hkv}")
+        group = h // hkv
+        total_q = call.q.shape[0]
+        q = torch.cat([call.q.reshape(total_q, h, NOPE), call.q_rope.reshape(total_q, h, ROPE)], dim=-1).to(dev)
+        k, k_rope, v = (t.to(dev) for t in (call.k, call.k_rope, call.v))
+        out = torch.zeros(total_q, h, VDIM, dtype=call.q.dtype, device=dev)
+        packed = _is_packed(call)
+        q_start = kv_start = 0
+        for b in range(call.q_seqlen.shape[0]):
+            q_len, kv_len = int(call.q_seqlen[b]), int(call.kv_seqlen[b])
+            if q_len and kv_len:
+                start = kv_start if packed else 0
+                keys = torch.cat([_kv_rows(call, k, NOPE, b, start), _kv_rows(call, k_rope, ROPE, b, start)], -1)
+                values = _kv_rows(call, v, VDIM, b, start)
+                out[q_start : q_start + q_len] = self._attend(
+                    q[q_start : q_start + q_len], keys, values, group, call.qk_scale, call.mask_type
+                )
+            q_start += q_len
+            kv_start += kv_len
+        return out.reshape(total_q, h * VDIM) if call.q.dim() == 2 else out
+
+    @staticmethod
+    def _attend(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
+    ) -> torch.Tensor:
+        """One sequence: q ``[q, H, 192]``, k ``[kv, Hkv, 192]``, v ``[kv, Hkv, 128]``."""
+        qh = q.transpose(0, 1)
+        kh = k.transpose(0, 1).repeat_interleave(group, dim=0)
+        vh = v.transpose(0, 1).repeat_interleave(group, dim=0)
+        mask = None
+        is_causal = mask_type == 2
+        if mask_type == 3:  # bottom-right aligned: key j visible to row i iff j <= i + (kv - q)
+            q_len, kv_len = q.shape[0], k.shape[0]
+            rows = torch.arange(q_len, device=q.device)[:, None]
+            cols = torch.arange(kv_len, device=q.device)[None, :]
+            mask = cols <= rows + (kv_len - q_len)
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=is_causal, scale=scale)
+        return out.transpose(0, 1)
+
+
+def torch_cpu() -> TorchSdpaBackend:
+    return TorchSdpaBackend("cpu")
+
+
+def torch_cuda() -> TorchSdpaBackend:
+    """The CUDA backend on this xdist worker's pinned device."""
+    from harness.devices import worker_device_index
+
+    return TorchSdpaBackend(f"cuda:{worker_device_index(torch.cuda.device_count())}")

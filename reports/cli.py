@@ -1,0 +1,82 @@
+"""``mlaconf report {diff,merge,html}``: work on report directories after (or between) runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from reports import diff, html, merge
+from reports.records import RESULTS_FILE, read_results, read_run, sort_records
+
+
+def _existing_dir(text: str) -> Path:
+    path = Path(text)
+    if not (path / RESULTS_FILE).is_file():
+        raise argparse.ArgumentTypeError(f"{path} has no {RESULTS_FILE}")
+    return path
+
+
+def register(subparsers: Any) -> None:
+    report = subparsers.add_parser("report", help="diff, merge or render conformance report directories")
+    verbs = report.add_subparsers(dest="report_verb", required=True, metavar="SUBVERB")
+
+    p = verbs.add_parser("diff", help="compare two runs (exit 1 when a case regressed)")
+    p.add_argument("base", type=_existing_dir, help="baseline report directory")
+    p.add_argument("cand", type=_existing_dir, help="candidate report directory")
+    p.add_argument("--out", type=Path, default=None, help="output directory (default CAND/diff/)")
+    p.add_argument(
+        "--slack-threshold",
+        type=float,
+        default=1.5,
+        help="a passing case regresses when its worst slack grows beyond this factor and "
+        "exceeds 0.5 (default 1.5)",
+    )
+    p.add_argument(
+        "--latency-threshold",
+        type=float,
+        default=1.2,
+        help="latency ratio cand/base listed as a perf regression (default 1.2)",
+    )
+    p.add_argument("--fail-on-perf", action="store_true", help="perf regressions also fail the exit status")
+    p.set_defaults(func=run_diff)
+
+    p = verbs.add_parser("merge", help="combine --shard K/N report directories into one run")
+    p.add_argument("out", type=Path, help="merged report directory (created)")
+    p.add_argument("dirs", type=_existing_dir, nargs="+", help="shard report directories")
+    p.set_defaults(func=run_merge)
+
+    p = verbs.add_parser("html", help="(re)render report.html from results.jsonl and run.json")
+    p.add_argument("dir", type=_existing_dir, help="report directory")
+    p.set_defaults(func=run_html)
+
+
+def run_diff(args: argparse.Namespace) -> int:
+    result = diff.diff_dirs(
+        args.base, args.cand, slack_threshold=args.slack_threshold, latency_threshold=args.latency_threshold
+    )
+    out = args.out or args.cand / "diff"
+    files = diff.write_outputs(result, out)
+    print(diff.terminal(result))
+    print("wrote " + ", ".join(str(f) for f in files))
+    return result.exit_status(args.fail_on_perf)
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    result = merge.merge_dirs(args.dirs)
+    merge.write_merged(result, args.out)
+    for warning in result.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    for conflict in result.conflicts:
+        print(f"CONFLICT {conflict}", file=sys.stderr)
+    print(f"merged {len(args.dirs)} directories, {len(result.records)} records -> {args.out}")
+    return 1 if result.conflicts else 0
+
+
+def run_html(args: argparse.Namespace) -> int:
+    path = html.write_report(
+        args.dir, sort_records(read_results(args.dir / RESULTS_FILE)), read_run(args.dir)
+    )
+    print(f"wrote {path}")
+    return 0

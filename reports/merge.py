@@ -1,0 +1,111 @@
+"""Merge shard report directories (``--shard K/N`` runs) into one run directory.
+
+A key present in two shards must hold the same record (timing aside); anything else is a
+conflict, reported and fatal, because it means two shards judged one case differently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reports import html
+from reports.records import (
+    RESULTS_FILE,
+    RUN_FILE,
+    VERDICTS,
+    Record,
+    dumps,
+    read_results,
+    read_run,
+    record_key,
+    sort_records,
+    verdict,
+    without_volatile,
+    write_json,
+    write_results,
+)
+
+
+@dataclass
+class MergeResult:
+    records: list[Record]
+    run: dict[str, Any]
+    conflicts: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _shard_warnings(runs: Sequence[dict[str, Any]]) -> list[str]:
+    """Say when the shards do not form exactly one complete K/N set."""
+    shards = [r.get("shard") for r in runs]
+    if any(s is None for s in shards):
+        return ["some inputs are not shard runs (no --shard); merged anyway"]
+    totals = {str(s).split("/")[1] for s in shards}
+    if len(totals) != 1:
+        return [f"inputs come from different shard counts: {sorted(map(str, shards))}"]
+    n = int(totals.pop())
+    have = sorted(int(str(s).split("/")[0]) for s in shards)
+    out = []
+    if missing := sorted(set(range(1, n + 1)) - set(have)):
+        out.append(f"shards missing: {', '.join(f'{k}/{n}' for k in missing)}")
+    if len(have) != len(set(have)):
+        out.append(f"a shard appears twice: {have}")
+    return out
+
+
+def merge_dirs(dirs: Sequence[Path]) -> MergeResult:
+    seen: dict[tuple[str, str], tuple[Path, Record]] = {}
+    conflicts: list[str] = []
+    for directory in dirs:
+        for record in read_results(directory / RESULTS_FILE):
+            key = record_key(record)
+            if key not in seen:
+                seen[key] = (directory, record)
+            elif dumps(without_volatile(seen[key][1])) != dumps(without_volatile(record)):
+                conflicts.append(
+                    f"{key[0]} [{key[1]}]: {seen[key][0]} and {directory} disagree "
+                    f"({verdict(seen[key][1])} vs {verdict(record)})"
+                )
+    merged = sort_records(r for _, r in seen.values())
+    runs = [read_run(d) for d in dirs]
+    run: dict[str, Any] = dict(runs[0]) if runs else {}
+    started = [str(r["started"]) for r in runs if r.get("started")]
+    finished = [str(r["finished"]) for r in runs if r.get("finished")]
+    run.update(
+        {
+            "run_name": run.get("run_name", "merged") + "+merged",
+            "shard": None,
+            "started": min(started, default=None),
+            "finished": max(finished, default=None),
+            "records": len(merged),
+            "counts": {v: sum(verdict(r) == v for r in merged) for v in VERDICTS},
+            "policies": sorted({p for r in runs for p in r.get("policies") or []}),
+            "devices_seen": sorted({d for r in runs for d in r.get("devices_seen") or []}),
+            "shards": [
+                {
+                    "dir": str(d),
+                    "run_name": r.get("run_name"),
+                    "shard": r.get("shard"),
+                    "host": (r.get("environment") or {}).get("host"),
+                    "started": r.get("started"),
+                    "finished": r.get("finished"),
+                    "records": r.get("records"),
+                }
+                for d, r in zip(dirs, runs, strict=True)
+            ],
+        }
+    )
+    if len({dumps(r.get("environment") or {}) for r in runs}) > 1:
+        run["environments"] = [r.get("environment") for r in runs]
+    return MergeResult(merged, run, conflicts, _shard_warnings(runs))
+
+
+def write_merged(result: MergeResult, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    write_results(out / RESULTS_FILE, result.records)
+    write_json(
+        out / RUN_FILE, result.run | {"merge_conflicts": result.conflicts, "merge_warnings": result.warnings}
+    )
+    html.write_report(out, result.records, result.run)

@@ -1,0 +1,225 @@
+"""Result records: the one contract between the conformance suites and everything in ``reports``.
+
+A record is a plain JSON object (see the design brief, "Result record").  This module only reads
+the fields it needs and treats every other key as opaque, so the suites can grow records freely.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+Record = dict[str, Any]
+
+#: Verdicts in display order; ``error`` covers setup/backend errors.
+VERDICTS = ("passed", "failed", "xfailed", "xpassed", "skipped", "error")
+#: Verdicts that count as "the case conforms" when diffing runs.
+PASSING = frozenset({"passed", "xpassed"})
+#: Keys that depend on the machine's speed, never on the computation.
+VOLATILE_KEYS = ("timing",)
+
+RESULTS_FILE = "results.jsonl"
+RUN_FILE = "run.json"
+HTML_FILE = "report.html"
+
+#: user_properties name under which a record travels from xdist workers to the controller.
+PROPERTY_NAME = "mla_result"
+
+
+def record_key(record: Mapping[str, Any]) -> tuple[str, str]:
+    """Identity of a record across runs: one record per case and backend."""
+    return str(record.get("case_id", "")), str(record.get("backend", ""))
+
+
+def sort_records(records: Iterable[Record]) -> list[Record]:
+    """Deterministic order (key, then full content) so runs compare as files."""
+    return sorted(records, key=lambda r: (record_key(r), dumps(r)))
+
+
+def dumps(record: Mapping[str, Any]) -> str:
+    """Canonical one-line JSON (sorted keys; NaN/Inf kept as Python's json writes them)."""
+    return json.dumps(record, sort_keys=True, default=str)
+
+
+def without_volatile(record: Mapping[str, Any]) -> Record:
+    """The record minus timing, for comparing runs made on different schedules."""
+    return {k: v for k, v in record.items() if k not in VOLATILE_KEYS}
+
+
+def write_results(path: Path, records: Iterable[Record]) -> None:
+    """Write sorted records as JSON lines, atomically (temporary name, then rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(dumps(r) + "\n" for r in sort_records(records)), encoding="utf-8")
+    tmp.replace(path)
+
+
+def read_results(path: Path) -> list[Record]:
+    """Read a results.jsonl; a malformed line names the file and line number."""
+    records: list[Record] = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{lineno}: not JSON: {exc}") from exc
+        if not isinstance(value, dict):
+            raise ValueError(f"{path}:{lineno}: a record must be a JSON object")
+        records.append(value)
+    return records
+
+
+def write_json(path: Path, value: Any) -> None:
+    """Pretty JSON, atomically."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def read_run(directory: Path) -> dict[str, Any]:
+    """run.json of a report directory, or {} when absent (records alone are still diffable)."""
+    path = directory / RUN_FILE
+    if not path.exists():
+        return {}
+    value = json.loads(path.read_text(encoding="utf-8"))
+    return value if isinstance(value, dict) else {}
+
+
+def number(value: Any) -> float | None:
+    """A finite-or-not float from a record field, None when absent or not numeric."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def metric(record: Mapping[str, Any], name: str) -> float | None:
+    """``record['metrics'][name]`` as a float, tolerant of missing pieces."""
+    metrics = record.get("metrics")
+    return number(metrics.get(name)) if isinstance(metrics, Mapping) else None
+
+
+def slack(record: Mapping[str, Any]) -> float | None:
+    """Worst slack (measured / allowed; > 1 fails).  NaN counts as infinitely bad."""
+    value = number(record.get("worst_slack"))
+    return math.inf if value is not None and math.isnan(value) else value
+
+
+def verdict(record: Mapping[str, Any]) -> str:
+    value = str(record.get("verdict", "error"))
+    return value if value in VERDICTS else "error"
+
+
+def failing_summary(record: Mapping[str, Any]) -> str:
+    """The failing metric(s) in a few words, else the check closest to its bound."""
+    failing = record.get("failing")
+    if isinstance(failing, list) and failing:
+        return ", ".join(str(f) for f in failing)
+    checks = [c for c in record.get("checks") or [] if isinstance(c, Mapping)]
+    if checks:
+        worst = max(checks, key=lambda c: number(c.get("slack")) or -math.inf)
+        return f"{worst.get('rule', '?')}:{worst.get('metric', '?')}"
+    return str(record.get("message") or "")
+
+
+def seq_bucket(record: Mapping[str, Any]) -> int | None:
+    """Power-of-two bucket of the case's longest kv (or q) sequence, from its spec."""
+    spec = record.get("spec")
+    if not isinstance(spec, Mapping):
+        return None
+    for name in ("kv_seqlen", "q_seqlen"):
+        lengths = [int(x) for x in spec.get(name) or [] if isinstance(x, int)]
+        if lengths and max(lengths) > 0:
+            return 1 << (max(lengths) - 1).bit_length()
+    return None
+
+
+GroupKey = tuple[str, str, str, str]
+GROUP_FIELDS = ("backend", "dtype", "mask", "cache")
+
+
+def group_key(record: Mapping[str, Any]) -> GroupKey:
+    b, d, m, c = (str(record.get(name, "?")) for name in GROUP_FIELDS)
+    return b, d, m, c
+
+
+def finite(values: Iterable[float | None]) -> list[float]:
+    return [v for v in values if v is not None and math.isfinite(v)]
+
+
+def worst(values: Iterable[float | None]) -> float | None:
+    """Largest value where NaN/Inf dominate (a NaN error is the worst possible)."""
+    present = [math.inf if math.isnan(v) else v for v in values if v is not None]
+    return max(present) if present else None
+
+
+@dataclass
+class GroupStats:
+    """Aggregates of one backend x dtype x mask x cache group."""
+
+    key: GroupKey
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(VERDICTS, 0))
+    worst_slack: float | None = None
+    max_rel_err: float | None = None
+    median_rmse: float | None = None
+    median_latency_ms: float | None = None
+    median_tflops: float | None = None
+    records: list[Record] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+def timing_value(record: Mapping[str, Any], name: str) -> float | None:
+    timing = record.get("timing")
+    return number(timing.get(name)) if isinstance(timing, Mapping) else None
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def group_stats(records: Iterable[Record]) -> list[GroupStats]:
+    """Per-group counts and error aggregates, sorted by group key."""
+    groups: dict[GroupKey, GroupStats] = {}
+    for record in records:
+        key = group_key(record)
+        stats = groups.setdefault(key, GroupStats(key))
+        stats.counts[verdict(record)] += 1
+        stats.records.append(record)
+    for stats in groups.values():
+        rs = stats.records
+        stats.worst_slack = worst(slack(r) for r in rs if verdict(r) != "skipped")
+        stats.max_rel_err = worst(metric(r, "max_rel_err") for r in rs)
+        stats.median_rmse = _median(finite(metric(r, "rmse") for r in rs))
+        stats.median_latency_ms = _median(finite(timing_value(r, "latency_ms_median") for r in rs))
+        stats.median_tflops = _median(finite(timing_value(r, "tflops") for r in rs))
+    return [groups[k] for k in sorted(groups)]
+
+
+def worst_cases(records: Iterable[Record], count: int = 10) -> list[Record]:
+    """The ``count`` measured records with the largest worst_slack (skipped ones never rank)."""
+    ranked = [r for r in records if slack(r) is not None and verdict(r) != "skipped"]
+    ranked.sort(key=lambda r: (-(slack(r) or 0.0), record_key(r)))
+    return ranked[:count]
+
+
+def fmt_slack(value: float | None) -> str:
+    """Slack with fixed decimals (1.000 is the bound) unless it is huge."""
+    return fmt(value, ".3f" if value is not None and abs(value) < 1000 else ".2e")
+
+
+def fmt(value: float | None, spec: str = ".3g") -> str:
+    """Number for a table cell; '-' when absent."""
+    if value is None:
+        return "-"
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return format(value, spec)

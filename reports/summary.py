@@ -1,0 +1,193 @@
+"""Terminal summary: group table and worst cases, laid out to fit 80 columns, coloured by markup.
+
+Tables are built as rows of (text, markup) cells so tests can read the plain text while the
+terminal reporter colours it (pytest decides whether the terminal supports colour).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from reports.records import (
+    GROUP_FIELDS,
+    Record,
+    failing_summary,
+    fmt,
+    fmt_slack,
+    group_stats,
+    slack,
+    verdict,
+    worst_cases,
+)
+
+Markup = dict[str, bool]
+Cell = tuple[str, Markup]
+WIDTH = 80
+
+
+@dataclass(frozen=True)
+class Column:
+    header: str
+    right: bool = False  # numbers align right
+    shrink: bool = False  # labels may be truncated to fit the width
+
+
+def _slack_markup(value: float | None) -> Markup:
+    if value is None:
+        return {}
+    if value > 1.0:
+        return {"red": True, "bold": True}
+    return {"yellow": True} if value > 0.5 else {"green": True}
+
+
+def _count(n: int, colour: str) -> Cell:
+    return (str(n), {colour: True} if n else {})
+
+
+_VERDICT_COLOUR = {
+    "passed": "green",
+    "failed": "red",
+    "error": "red",
+    "xpassed": "yellow",
+    "xfailed": "yellow",
+    "skipped": "yellow",
+}
+
+
+def layout(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], width: int = WIDTH) -> list[list[Cell]]:
+    """Pad cells to column widths, truncating shrinkable columns until the line fits ``width``."""
+    widths = [max([len(c.header)] + [len(row[i][0]) for row in rows]) for i, c in enumerate(columns)]
+    floor = [max(len(c.header), 4) for c in columns]
+    while sum(widths) + len(widths) - 1 > width:
+        candidates = [i for i, c in enumerate(columns) if c.shrink and widths[i] > floor[i]]
+        if not candidates:
+            break
+        widths[max(candidates, key=lambda i: widths[i])] -= 1
+
+    def cell(text: str, i: int, markup: Markup) -> Cell:
+        if len(text) > widths[i]:
+            text = text[: widths[i] - 1] + "~"
+        text = text.rjust(widths[i]) if columns[i].right else text.ljust(widths[i])
+        return (text if i == len(columns) - 1 else text + " ", markup)
+
+    header = [cell(c.header, i, {"bold": True}) for i, c in enumerate(columns)]
+    return [header] + [[cell(t, i, m) for i, (t, m) in enumerate(row)] for row in rows]
+
+
+def group_table(records: Sequence[Record], width: int = WIDTH) -> list[list[Cell]]:
+    """backend x dtype x mask x cache: verdict counts, worst slack, max rel err, median RMSE.
+
+    A label shared by every group (prefill has one valid cache mode) is moved to a caption line
+    when the table would otherwise need truncated labels to fit ``width``.
+    """
+    stats = group_stats(records)
+    counts = [
+        ("pass", "passed", "green"),
+        ("fail", "failed", "red"),
+        ("xf", "xfailed", "yellow"),
+        ("xp", "xpassed", "yellow"),
+        ("skip", "skipped", "yellow"),
+        ("err", "error", "red"),
+    ]
+    columns = [Column(name, shrink=True) for name in GROUP_FIELDS]
+    columns += [Column(head, True) for head, _, _ in counts]
+    columns += [Column("slack", True), Column("max_rel", True), Column("rmse~", True)]
+    rows: list[list[Cell]] = [
+        [(label, {}) for label in g.key]
+        + [_count(g.counts[verdict_name], colour) for _, verdict_name, colour in counts]
+        + [
+            (fmt_slack(g.worst_slack), _slack_markup(g.worst_slack)),
+            (fmt(g.max_rel_err, ".1e"), {}),
+            (fmt(g.median_rmse, ".1e"), {}),
+        ]
+        for g in stats
+    ]
+    natural = sum(max([len(c.header)] + [len(r[i][0]) for r in rows]) + 1 for i, c in enumerate(columns))
+    constant = [i for i in range(len(GROUP_FIELDS)) if len({g.key[i] for g in stats}) == 1]
+    if natural - 1 <= width or len(stats) < 2 or not constant:
+        return layout(columns, rows, width)
+    caption: list[Cell] = [
+        ("all groups: " + ", ".join(f"{GROUP_FIELDS[i]}={stats[0].key[i]}" for i in constant), {})
+    ]
+    keep = [i for i in range(len(columns)) if i not in constant]
+    return [caption, *layout([columns[i] for i in keep], [[r[i] for i in keep] for r in rows], width)]
+
+
+def worst_table(records: Sequence[Record], count: int = 10, width: int = WIDTH) -> list[list[Cell]]:
+    """The cases closest to (or furthest past) their bounds, with the failing metric."""
+    columns = [
+        Column("case", shrink=True),
+        Column("backend", shrink=True),
+        Column("verdict"),
+        Column("slack", True),
+        Column("failing / closest check", shrink=True),
+    ]
+    rows = [
+        [
+            (str(r.get("case_id", "?")), {}),
+            (str(r.get("backend", "?")), {}),
+            (verdict(r), {_VERDICT_COLOUR[verdict(r)]: True}),
+            (fmt_slack(slack(r)), _slack_markup(slack(r))),
+            (failing_summary(r), {}),
+        ]
+        for r in worst_cases(records, count)
+    ]
+    return layout(columns, rows, width)
+
+
+def timing_table(records: Sequence[Record], width: int = WIDTH) -> list[list[Cell]]:
+    """Median latency and TFLOP/s per group; informational, never part of a verdict."""
+    columns = [
+        Column("backend", shrink=True),
+        Column("dtype", shrink=True),
+        Column("mask", shrink=True),
+        Column("cache", shrink=True),
+        Column("lat_ms~", True),
+        Column("TFLOP/s~", True),
+    ]
+    rows: list[list[Cell]] = [
+        [
+            (g.key[0], {}),
+            (g.key[1], {}),
+            (g.key[2], {}),
+            (g.key[3], {}),
+            (fmt(g.median_latency_ms), {}),
+            (fmt(g.median_tflops), {}),
+        ]
+        for g in group_stats(records)
+        if g.median_latency_ms is not None
+    ]
+    return layout(columns, rows, width) if rows else []
+
+
+def plain(lines: Sequence[Sequence[Cell]]) -> str:
+    """The table as plain text (no colour)."""
+    return "\n".join("".join(text for text, _ in line).rstrip() for line in lines)
+
+
+def write_terminal(tr: Any, records: Sequence[Record], report_dir: Path) -> None:
+    """Print the summary through pytest's TerminalReporter (which handles colour)."""
+    width = min(WIDTH, getattr(tr._tw, "fullwidth", WIDTH))
+
+    def emit(lines: Sequence[Sequence[Cell]]) -> None:
+        for line in lines:
+            tr.ensure_newline()
+            for text, markup in line:
+                tr.write(text, **markup)
+            tr.write("\n")
+
+    tr.write_sep("=", "MLA conformance: groups (rmse~ = median)")
+    emit(group_table(records, width))
+    tr.write_sep("-", "worst cases by slack (measured / allowed)")
+    emit(worst_table(records, 10, width))
+    timing = timing_table(records, width)
+    if timing:
+        tr.write_sep("-", "timing (median over cases; not part of verdicts)")
+        emit(timing)
+    failed = sum(verdict(r) in ("failed", "error") for r in records)
+    tr.write_line(
+        f"{len(records)} records, {failed} failed; report: {report_dir}", red=bool(failed), green=not failed
+    )

@@ -1,0 +1,180 @@
+"""The golden CLI verbs in-process: regen (incremental, repair, stale), verify (--recompute), show, list."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+from pathlib import Path
+
+import h5py
+import pytest
+
+from golden import cli
+from golden.progress import Progress
+from golden.spec import load_suite
+from golden.store import GoldenStore
+
+SUITE = """
+[suite]
+name = "tiny"
+
+[defaults]
+head_num = 2
+
+[[matrix]]
+dtype = ["fp16", "bf16"]
+mask_type = [0, 2]
+q_seqlen = [[3, 0, 5], [9]]
+
+[[case]]
+q_seqlen = [4]
+kv_seqlen = [9]
+head_num = 4
+kv_head_num = 2
+mask_type = 3
+kv_layout = "padded"
+dtype = "bf16"
+
+[[case]]
+q_seqlen = [4]
+head_num = 2
+cache_mode = 0
+expect_error = "ERROR_INVALID_PARAM"
+"""
+N_CASES = 9  # 8 matrix cases + the causal case; the error case is never computed
+
+
+@pytest.fixture
+def suite(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.toml"
+    path.write_text(SUITE)
+    return path
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str]:
+    rc = cli.main([str(a) for a in argv])
+    return rc, capsys.readouterr().out
+
+
+def test_register_adds_the_four_verbs() -> None:
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers(dest="verb"))
+    for verb, extra in (("regen", []), ("verify", []), ("list", []), ("show", ["abc"])):
+        args = parser.parse_args([verb, *extra])
+        assert callable(args.func) and args.func.__name__ == f"cmd_{verb}"
+
+
+def test_regen_is_incremental(capsys: pytest.CaptureFixture[str], suite: Path, tmp_path: Path) -> None:
+    out = tmp_path / "store"
+    rc, text = run(capsys, "regen", "--cases", suite, "--out", out)
+    assert rc == 0 and f"{N_CASES} generated, 0 up-to-date, 0 failed, 1 skipped" in text
+    assert len(list(out.glob("*.h5"))) == N_CASES
+    rc, text = run(capsys, "regen", "--cases", suite, "--out", out)
+    assert rc == 0 and f"0 generated, {N_CASES} up-to-date" in text
+    rc, text = run(capsys, "regen", "--cases", suite, "--out", out, "--force")
+    assert rc == 0 and f"{N_CASES} generated" in text
+
+
+def test_regen_repairs_corrupt_truncated_and_stale_files(
+    capsys: pytest.CaptureFixture[str], suite: Path, tmp_path: Path
+) -> None:
+    from test_store import flip_byte  # the fast store tests' helper (same directory)
+
+    out = tmp_path / "store"
+    assert run(capsys, "regen", "--cases", suite, "--out", out)[0] == 0
+    files = sorted(out.glob("*.h5"))
+    flip_byte(files[0], "inputs/k")
+    files[1].write_bytes(files[1].read_bytes()[:1000])
+    with h5py.File(files[2], "r+", locking=False) as f:
+        f.attrs["generator_version"] = "0.0-old"
+    rc, text = run(capsys, "verify", "--out", out)
+    assert rc == 1
+    assert f"{files[0]}: dataset 'inputs/k': GoldenCorruptError: SHA-256 mismatch" in text
+    assert f"{files[1]}: GoldenCorruptError: cannot open as HDF5" in text
+    assert f"{files[2]}: GoldenStaleError: generator_version '0.0-old'" in text
+    assert f"verify: {N_CASES - 3} ok, 3 bad" in text
+    rc, text = run(capsys, "regen", "--cases", suite, "--out", out)
+    assert rc == 0 and f"3 generated, {N_CASES - 3} up-to-date" in text
+    rc, text = run(capsys, "verify", "--cases", suite, "--out", out)
+    assert rc == 0 and f"verify: {N_CASES} ok, 0 bad" in text
+
+
+def test_verify_recompute_catches_reference_drift(
+    capsys: pytest.CaptureFixture[str], suite: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "store"
+    assert run(capsys, "regen", "--cases", suite, "--out", out)[0] == 0
+    rc, text = run(capsys, "verify", "--out", out, "--recompute")
+    assert rc == 0 and f"verify: {N_CASES} ok" in text
+    store = GoldenStore(out)
+    spec = next(s for s in load_suite(suite) if s.dtype == "bf16" and s.mask_type == 2)
+    golden = store.load(spec)
+    store.save(dataclasses.replace(golden, out=golden.out * (1.0 + 1e-9)))  # valid checksums
+    rc, text = run(capsys, "verify", "--out", out)
+    assert rc == 0, "checksums alone cannot see the drift"
+    rc, text = run(capsys, "verify", "--cases", suite, "--out", out, "--recompute")
+    assert rc == 1
+    assert f"{store.path_for(spec)}: dataset 'golden/out': reference drift: relative difference 1.0" in text
+    assert f"verify: {N_CASES - 1} ok, 1 bad" in text
+
+
+def test_verify_names_missing_files_of_selected_cases(
+    capsys: pytest.CaptureFixture[str], suite: Path, tmp_path: Path
+) -> None:
+    rc, text = run(capsys, "verify", "--cases", suite, "--out", tmp_path / "empty")
+    assert rc == 1 and text.count("GoldenMissingError: no golden file") == N_CASES
+
+
+def test_show_finds_by_prefix_and_hash(capsys: pytest.CaptureFixture[str], suite: Path, tmp_path: Path) -> None:
+    out = tmp_path / "store"
+    assert run(capsys, "regen", "--cases", suite, "--out", out)[0] == 0
+    spec = next(s for s in load_suite(suite) if s.mask_type == 3)
+    for query in (spec.case_id, spec.case_id[:14], spec.content_hash[:10], spec.short_hash[:5]):
+        rc, text = run(capsys, "show", query, "--out", out)
+        assert rc == 0, query
+        assert f"case: {spec.case_id}" in text and "checksums ok" in text
+        assert "inputs/k           bf16     [1, 9, 256]" in text
+        assert "row_valid: 4 of 4 rows" in text and "max_abs_err = " in text
+        assert "generator_version = " in text and "numpy_version = " in text
+    assert run(capsys, "show", "fp16", "--out", out)[0] == 2  # ambiguous
+    assert run(capsys, "show", "nothing-like-this", "--out", out)[0] == 2
+
+
+def test_list_reports_golden_state(capsys: pytest.CaptureFixture[str], suite: Path, tmp_path: Path) -> None:
+    out = tmp_path / "store"
+    rc, text = run(capsys, "list", "--cases", suite, "--out", out)
+    assert rc == 0 and text.count("  missing: no golden file") == N_CASES and "error-case" in text
+    assert run(capsys, "regen", "--cases", suite, "--out", out)[0] == 0
+    next(out.glob("*.h5")).write_bytes(b"garbage")
+    rc, text = run(capsys, "list", "--cases", suite, "--out", out)
+    assert text.count("  ok\n") == N_CASES - 1 and text.count("  corrupt: cannot open as HDF5") == 1
+    assert "q[4, 4, 128] kv[1, 9, 256]" in text
+
+
+def test_env_var_selects_the_store(
+    capsys: pytest.CaptureFixture[str], suite: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MLA_GOLDEN_DIR", str(tmp_path / "from-env"))
+    assert run(capsys, "regen", "--cases", suite, "--shard", "1/2")[0] == 0
+    written = len(list((tmp_path / "from-env").glob("*.h5")))
+    assert run(capsys, "regen", "--cases", suite, "--shard", "2/2")[0] == 0
+    assert 0 < written < N_CASES and len(list((tmp_path / "from-env").glob("*.h5"))) == N_CASES
+
+
+def test_bad_selection_fails_cleanly(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[suite]\nname = "bad"\n[[case]]\nq_seqlen = [4]\nhead_num = 0\n')
+    rc = cli.main(["regen", "--cases", str(bad), "--out", str(tmp_path)])
+    assert rc == 2 and "'head_num'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("total", "lines"), [(5, 5), (100, 20), (7, 7)])
+def test_progress_prints_per_item_or_per_five_percent(total: int, lines: int) -> None:
+    stream = io.StringIO()
+    progress = Progress(total, "regen", stream)
+    for _ in range(total):
+        progress.advance("case")
+    progress.close()
+    text = stream.getvalue().splitlines()
+    assert len(text) == lines and text[-1].startswith(f"regen {total}/{total} (100%)")

@@ -1,0 +1,308 @@
+"""Golden store: bit-exact HDF5 round trips, corruption/staleness detection and repair, atomic writes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import h5py
+import ml_dtypes
+import numpy as np
+import pytest
+
+from golden import regen as rg
+from golden.generate import GENERATOR_VERSION, build_golden
+from golden.spec import CaseSpec, build_case
+from golden.store import (
+    ENV_DIR,
+    GoldenCorruptError,
+    GoldenMissingError,
+    GoldenStaleError,
+    GoldenStore,
+    GoldenStoreError,
+    read_golden,
+)
+from golden.types import GoldenCase
+
+FP16 = build_case({"q_seqlen": [3, 0, 5], "head_num": 2, "dtype": "fp16"}, source="test")
+BF16 = build_case({"q_seqlen": [4, 6], "head_num": 2, "dtype": "bf16", "mask_type": 2, "q_layout": "2d"},
+                  source="test")
+CAUSAL = build_case({"q_seqlen": [2, 3], "kv_seqlen": [5, 3], "head_num": 4, "kv_head_num": 2, "dtype": "bf16",
+                     "mask_type": 3, "kv_layout": "padded"}, source="test")
+
+
+class CountingBuilder:
+    """The real builder, counting calls (the store must build only when it has to)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def __call__(self, spec: CaseSpec) -> GoldenCase:
+        self.calls.append(spec.case_id)
+        return build_golden(spec)
+
+
+def bits(arr: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(arr).view(np.uint8)
+
+
+def flip_byte(path: Path, dataset: str) -> None:
+    """Invert one byte in the middle of a dataset's raw data (contiguous layout: offset is known)."""
+    with h5py.File(path, "r", locking=False) as f:
+        offset, size = f[dataset].id.get_offset(), f[dataset].id.get_storage_size()
+    assert offset is not None and size > 0
+    with open(path, "r+b") as fh:
+        fh.seek(offset + size // 2)
+        byte = fh.read(1)[0]
+        fh.seek(offset + size // 2)
+        fh.write(bytes([byte ^ 0xFF]))
+
+
+def rewrite_dataset(path: Path, name: str, stored: np.ndarray) -> None:
+    """Replace a dataset's values and fix every checksum, keeping its device_dtype tag."""
+    import hashlib
+
+    sha = hashlib.sha256(np.ascontiguousarray(stored).tobytes()).hexdigest()
+    with h5py.File(path, "r+", locking=False) as f:
+        tag = f[name].attrs["device_dtype"]
+        del f[name]
+        ds = f.create_dataset(name, data=stored)
+        ds.attrs.update({"device_dtype": tag, "sha256": sha})
+        sums = json.loads(f.attrs["checksums_json"])
+        sums[name] = sha
+        f.attrs["checksums_json"] = json.dumps(sums, sort_keys=True)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> GoldenStore:
+    return GoldenStore(tmp_path / "store")
+
+
+@pytest.mark.parametrize("spec", [FP16, BF16, CAUSAL], ids=lambda s: s.case_id)
+def test_round_trip_is_bit_exact(store: GoldenStore, spec: CaseSpec) -> None:
+    golden = build_golden(spec)
+    path = store.save(golden)
+    assert path == store.root / f"{spec.case_id}.h5"
+    loaded = store.load(spec)
+    assert set(loaded.inputs.arrays()) == set(golden.inputs.arrays())
+    for name, arr in golden.inputs.arrays().items():
+        got = getattr(loaded.inputs, name)
+        assert got.dtype == arr.dtype and got.shape == arr.shape, name
+        if arr.dtype.itemsize == 2:
+            assert np.array_equal(got.view(np.uint16), arr.view(np.uint16)), name
+        assert np.array_equal(bits(got), bits(arr)), name
+    assert loaded.baseline_out.dtype == golden.baseline_out.dtype
+    assert np.array_equal(loaded.baseline_out.view(np.uint16), golden.baseline_out.view(np.uint16))
+    assert loaded.out.dtype == np.float64 and np.array_equal(bits(loaded.out), bits(golden.out))
+    assert loaded.row_valid.dtype == np.bool_ and np.array_equal(loaded.row_valid, golden.row_valid)
+    assert loaded.baseline_stats == golden.baseline_stats
+    assert {k: type(v) for k, v in loaded.baseline_stats.items()} == {
+        k: type(v) for k, v in golden.baseline_stats.items()
+    }
+    assert loaded.provenance == golden.provenance
+    assert loaded.spec is spec
+
+
+def test_file_schema_and_attributes(store: GoldenStore) -> None:
+    path = store.save(build_golden(BF16))
+    with h5py.File(path, "r", locking=False) as f:
+        assert f["inputs/q"].dtype == np.float32 and f["inputs/q"].attrs["device_dtype"] == "bf16"
+        assert f["inputs/mask"].attrs["device_dtype"] == "bf16"
+        assert f["inputs/q_seqlen"].dtype == np.int32
+        assert f["golden/out"].dtype == np.float64 and f["golden/row_valid"].dtype == np.bool_
+        assert f["baseline/out"].attrs["device_dtype"] == "bf16"
+        assert "max_abs_err" in f["baseline"].attrs
+        attrs = dict(f.attrs)
+        sums = json.loads(attrs["checksums_json"])
+        datasets: list[str] = []
+        f.visititems(lambda name, obj: datasets.append(name) if isinstance(obj, h5py.Dataset) else None)
+        assert sorted(sums) == sorted(datasets)
+        assert all(f[name].attrs["sha256"] == sha for name, sha in sums.items())
+    assert CaseSpec.from_json(attrs["spec_json"]).content_hash == BF16.content_hash
+    assert attrs["content_hash"] == BF16.content_hash and attrs["case_id"] == BF16.case_id
+    assert attrs["generator_version"] == GENERATOR_VERSION and attrs["seed"] == BF16.seed
+    assert attrs["numpy_version"] == np.__version__ and attrs["h5py_version"] == h5py.__version__
+    assert attrs["ml_dtypes_version"] == ml_dtypes.__version__ and attrs["python_version"]
+    assert isinstance(json.loads(attrs["blas"]), dict) and attrs["created_utc"].endswith("Z")
+    assert not list(store.root.glob("*.tmp")) and not list(store.root.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("dataset", ["inputs/q", "inputs/kv_seqlen", "golden/out", "golden/row_valid", "baseline/out"])
+def test_flipped_byte_is_detected_and_ensure_rebuilds(
+    store: GoldenStore, dataset: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = store.save(build_golden(FP16))
+    flip_byte(path, dataset)
+    with pytest.raises(GoldenCorruptError) as info:
+        store.load(FP16)
+    assert info.value.dataset == dataset and str(path) in str(info.value) and dataset in str(info.value)
+    builder = CountingBuilder()
+    with caplog.at_level(logging.WARNING, logger="golden.store"):
+        repaired = store.ensure(FP16, builder)
+    assert builder.calls == [FP16.case_id]
+    assert str(path) in caplog.text and "GoldenCorruptError" in caplog.text
+    assert np.array_equal(store.load(FP16).out, repaired.out)
+
+
+def test_truncated_file_is_detected_and_rebuilt(store: GoldenStore) -> None:
+    path = store.save(build_golden(BF16))
+    os.truncate(path, path.stat().st_size // 2)
+    with pytest.raises(GoldenCorruptError, match=str(path)):
+        store.load(BF16)
+    builder = CountingBuilder()
+    store.ensure(BF16, builder)
+    assert builder.calls == [BF16.case_id]
+    store.load(BF16)
+
+
+def test_bf16_dataset_must_hold_exact_bf16_values(store: GoldenStore) -> None:
+    golden = build_golden(BF16)
+    path = store.save(golden)
+    exact = golden.inputs.q.astype(np.float32)
+    inexact = exact.copy()
+    inexact.flat[0] = np.float32(1.0 + 2.0**-20)
+    rewrite_dataset(path, "inputs/q", exact)
+    store.load(BF16)  # a rewrite with exact values and fixed checksums is accepted
+    rewrite_dataset(path, "inputs/q", inexact)
+    with pytest.raises(GoldenCorruptError, match="not exactly representable in bf16") as info:
+        store.load(BF16)
+    assert info.value.dataset == "inputs/q"
+
+
+def test_a_missing_dataset_is_corrupt(store: GoldenStore) -> None:
+    path = store.save(build_golden(FP16))
+    with h5py.File(path, "r+", locking=False) as f:
+        del f["golden/row_valid"]
+    with pytest.raises(GoldenCorruptError, match="golden/row_valid"):
+        store.load(FP16)
+
+
+def test_other_generator_version_is_stale_and_ensure_rebuilds(tmp_path: Path) -> None:
+    old = GoldenStore(tmp_path, generator_version="0.9-old")
+    old.save(build_golden(FP16))
+    old.load(FP16)
+    new = GoldenStore(tmp_path, generator_version="1.0-new")
+    with pytest.raises(GoldenStaleError, match="generator_version '0.9-old'"):
+        new.load(FP16)
+    builder = CountingBuilder()
+    result = new.ensure_result(FP16, builder)
+    assert result.action == "generated" and "GoldenStaleError" in result.why
+    assert builder.calls == [FP16.case_id]
+    new.load(FP16)
+    with h5py.File(new.path_for(FP16), "r", locking=False) as f:
+        assert f.attrs["generator_version"] == "1.0-new"
+
+
+def test_file_of_another_spec_is_stale(store: GoldenStore) -> None:
+    other = dataclasses.replace(FP16, seed=FP16.seed + 1)
+    store.save(build_golden(FP16))
+    store.path_for(FP16).rename(store.path_for(other))
+    with pytest.raises(GoldenStaleError, match="content_hash"):
+        store.load(other)
+
+
+def test_ensure_builds_once_then_loads(store: GoldenStore) -> None:
+    builder = CountingBuilder()
+    with pytest.raises(GoldenMissingError):
+        store.load(FP16)
+    first = store.ensure_result(FP16, builder)
+    second = store.ensure_result(FP16, builder)
+    assert builder.calls == [FP16.case_id]
+    assert (first.action, second.action) == ("generated", "up-to-date")
+    assert first.bytes_written == store.path_for(FP16).stat().st_size
+    forced = store.ensure_result(FP16, builder, force=True)
+    assert forced.action == "generated" and builder.calls == [FP16.case_id] * 2
+
+
+def test_failed_write_leaves_nothing(store: GoldenStore) -> None:
+    golden = build_golden(FP16)
+    bad = dataclasses.replace(golden, out=golden.out.astype(np.float32))
+    with pytest.raises(TypeError, match="float64"):
+        store.save(bad)
+    assert not store.path_for(FP16).exists()
+    assert [p.name for p in store.root.iterdir() if p.is_file()] == []
+
+
+def test_leftover_temp_file_of_a_dead_writer_is_removed(store: GoldenStore) -> None:
+    store.root.mkdir(parents=True)
+    leftover = store.root / f".{FP16.case_id}.h5.999999.tmp"
+    leftover.write_bytes(b"partial")
+    store.ensure(FP16, CountingBuilder())
+    assert not leftover.exists()
+    store.load(FP16)
+
+
+def test_root_selection(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_DIR, str(tmp_path / "env"))
+    assert GoldenStore().root == tmp_path / "env"
+    assert GoldenStore(tmp_path / "explicit").root == tmp_path / "explicit"
+    monkeypatch.delenv(ENV_DIR)
+    assert GoldenStore().root.name == ".golden"
+
+
+def test_read_golden_without_spec_uses_the_stored_spec(store: GoldenStore) -> None:
+    path = store.save(build_golden(CAUSAL))
+    golden, meta = read_golden(path)
+    assert golden.spec == CAUSAL and meta.content_hash == CAUSAL.content_hash
+    with pytest.raises(GoldenMissingError):
+        read_golden(store.root / "absent.h5")
+    assert issubclass(GoldenCorruptError, GoldenStoreError) and issubclass(GoldenStaleError, GoldenStoreError)
+
+
+# -- recompute comparison and sharding (golden/regen.py) ------------------------------------------
+
+
+def _perturbed(golden: GoldenCase, rel: float) -> GoldenCase:
+    return dataclasses.replace(golden, out=golden.out * (1.0 + rel))
+
+
+@pytest.mark.parametrize(("rel", "flagged"), [(1e-9, True), (1e-11, True), (1e-14, False), (0.0, False)])
+def test_recompute_comparison_threshold(rel: float, flagged: bool) -> None:
+    golden = build_golden(FP16)
+    problems = rg.compare_recomputed(Path("x.h5"), _perturbed(golden, rel), golden)
+    assert [p.dataset for p in problems] == (["golden/out"] if flagged else [])
+
+
+def test_recompute_comparison_needs_bit_exact_inputs() -> None:
+    golden = build_golden(BF16)
+    q = golden.inputs.q.copy()
+    q.view(np.uint16).flat[7] ^= 1  # one ulp
+    changed = dataclasses.replace(golden, inputs=dataclasses.replace(golden.inputs, q=q))
+    problems = rg.compare_recomputed(Path("x.h5"), changed, golden)
+    assert [p.dataset for p in problems] == ["inputs/q"]
+
+
+def test_relative_difference_treats_nan_positions() -> None:
+    a = np.array([1.0, np.nan, 2.0])
+    assert rg.relative_difference(a, a.copy()) == 0.0
+    assert rg.relative_difference(a, np.array([1.0, 0.0, 2.0])) == float("inf")
+
+
+def test_shards_partition_the_cases() -> None:
+    specs = [dataclasses.replace(FP16, seed=s) for s in range(40)]
+    shards = [[s for s in specs if rg.in_shard(s, (k, 3))] for k in (1, 2, 3)]
+    assert sorted(x.seed for part in shards for x in part) == list(range(40))
+    assert all(shards)
+    for bad in ("0/3", "4/3", "1-3", "a/b"):
+        with pytest.raises(ValueError, match="shard"):
+            rg.parse_shard(bad)
+    assert rg.parse_shard("2/3") == (2, 3)
+
+
+def test_resolve_builder_binds_threads() -> None:
+    calls: list[int] = []
+
+    def with_threads(spec: CaseSpec, *, threads: int = 1) -> GoldenCase:
+        calls.append(threads)
+        return build_golden(spec)
+
+    rg.resolve_builder(with_threads, 3)(FP16)
+    assert calls == [3]
+    builder: Callable[[CaseSpec], GoldenCase] = rg.resolve_builder("golden.generate:build_golden", 2)
+    assert builder(FP16).out.shape == build_golden(FP16).out.shape
+    with pytest.raises(ValueError, match="pkg.mod:func"):
+        rg.resolve_builder("golden.generate", 1)
