@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from fnmatch import fnmatchcase
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,6 +38,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--suite", action="append", default=None, choices=SUITES,
                     help="case suite(s) to run (default smoke; 'all' = every value suite)")
     group.addoption("--cases", default=None, metavar="FILE", help="run the cases of this TOML suite file instead")
+    group.addoption("--seeds", default=None, metavar="S1,S2,...",
+                    help="run every case once per seed (replacing the suite's seed; new goldens)")
     group.addoption("--golden-dir", default=None, metavar="DIR",
                     help="golden store directory (default $MLA_GOLDEN_DIR or <repo>/.golden)")
     group.addoption("--policy", default="default", help="tolerance policy from cases/tolerances.toml")
@@ -75,8 +79,23 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
 def selected_cases(config: pytest.Config) -> list[CaseSpec]:
     cases_file = config.getoption("cases")
     if cases_file:
-        return [c for c in load_suite(cases_file) if c.expect_error is None]
-    return load_suites(config.getoption("suite") or ["smoke"])
+        cases = [c for c in load_suite(cases_file) if c.expect_error is None]
+    else:
+        cases = load_suites(config.getoption("suite") or ["smoke"])
+    seeds = config.getoption("seeds")
+    if not seeds:
+        return cases
+    try:
+        values = [int(s) for s in seeds.split(",") if s.strip()]
+    except ValueError as exc:
+        raise pytest.UsageError(f"--seeds: expected comma-separated integers, got {seeds!r}") from exc
+    return [with_seed(c, seed) for c in cases for seed in values]
+
+
+def with_seed(case: CaseSpec, seed: int) -> CaseSpec:
+    """The same case with another seed (and so another id and golden)."""
+    reseeded = dataclasses.replace(case, seed=seed, name="")
+    return dataclasses.replace(reseeded, name=reseeded.case_id)
 
 
 def error_cases() -> list[CaseSpec]:
@@ -147,3 +166,37 @@ def policy_set(pytestconfig: pytest.Config) -> PolicySet:
 def deviation_set(pytestconfig: pytest.Config) -> DeviationSet:
     path = pytestconfig.getoption("deviations")
     return load_deviations(Path(path) if path else None)
+
+
+# -- known deviations that match nothing ----------------------------------------------------------
+
+
+def unmatched_deviations(config: pytest.Config) -> list[str]:
+    """Entries for a selected backend that no selected case matches, whatever the version."""
+    path = config.getoption("deviations")
+    deviations = load_deviations(Path(path) if path else None)
+    backends = registry.selected_names(config.getoption("backend"))
+    cases = selected_cases(config)
+    stale = []
+    for entry in deviations.entries:
+        if not any(fnmatchcase(b, entry.backend) for b in backends):
+            continue  # about another backend: not this run's business
+        unversioned = dataclasses.replace(entry, versions="")
+        if not any(unversioned.selects(b, None, c) for b in backends for c in cases):
+            stale.append(entry.describe())
+    return stale
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    ran_conformance = any(
+        "test_conformance" in getattr(report, "nodeid", "")
+        for reports in terminalreporter.stats.values()
+        for report in reports
+    )
+    if not ran_conformance or hasattr(config, "workerinput"):
+        return
+    stale = unmatched_deviations(config)
+    if stale:
+        terminalreporter.section("known deviations matching no selected case", yellow=True)
+        for line in stale:
+            terminalreporter.line(f"  {line}")

@@ -53,11 +53,13 @@ def version_key(version: str) -> tuple[tuple[int, ...], tuple[tuple[int, int], .
 
     The leading numbers form the release (padded with zeros to three parts, so ``8.2`` is
     ``8.2.0``); a release candidate belongs *before* its release (``8.2.RC1 < 8.2.0``), and tags
-    after it mark builds before the candidate (``8.3.RC1.alpha002 < 8.3.RC1``).
+    after it mark builds before the candidate (``8.3.RC1.alpha002 < 8.3.RC1``).  Anything before
+    the first digit is ignored, so ``v8.2.RC1`` and ``CANN 8.2.RC1`` read as ``8.2.RC1``.
     """
-    tokens = re.findall(r"\d+|[A-Za-z]+", version)
-    if not tokens or not tokens[0].isdigit():
+    first_digit = re.search(r"\d", version)
+    if first_digit is None:
         raise ValueError(f"not a version: {version!r}")
+    tokens = re.findall(r"\d+|[A-Za-z]+", version[first_digit.start():])
     release: list[int] = []
     while tokens and tokens[0].isdigit():
         release.append(int(tokens.pop(0)))
@@ -93,7 +95,7 @@ def parse_range(text: str) -> list[tuple[str, str]]:
     clauses = []
     for part in text.split(","):
         part = part.strip()
-        match = re.fullmatch(r"(>=|<=|==|!=|>|<)?\s*(\S+)", part)
+        match = re.fullmatch(r"(>=|<=|==|!=|>|<)?\s*(\d[\w.\-]*)", part)
         if not match:
             raise ValueError(f"bad version clause {part!r} in {text!r}")
         op, version = match.group(1) or "==", match.group(2)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
@@ -266,7 +266,7 @@ class PolicySet:
 
     source: str
     policies: dict[str, Policy]
-    overrides: tuple[_Override, ...] = field(default=())
+    overrides: tuple[_Override, ...] = ()
 
     def resolve(self, policy_name: str, backend: str, dtype: str, mask_name: str, case_id: str) -> Policy:
         """The named policy with every matching override applied in file order."""

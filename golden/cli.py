@@ -94,7 +94,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     store = GoldenStore(args.out)
     report = rg.verify(store, specs, recompute=args.recompute, builder=args.builder)
     print(report.format())
-    return 1 if report.problems else 0
+    if not report.checked:
+        print(f"verify: no golden files selected in {store.root}", file=sys.stderr)
+    return 1 if report.problems or not report.checked else 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:

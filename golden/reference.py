@@ -4,15 +4,24 @@ For each batch, kv head and query head, query rows are processed in tiles: one G
 keys the tile may see (keys beyond the last allowed one are never touched, so causal masks halve
 the work), an exact mask on the diagonal part, a max-subtracted softmax in float64, and one GEMM
 with V.  Memory is inputs + output + O(tile x S) per worker, never O(S^2) per head.
+
+Throughput is bounded by float64 GEMM; the softmax is done in place (one max, one subtract, one
+exp, one sum pass) so the elementwise work stays a small fraction.  ``threads`` workers take tiles
+from a bounded queue while BLAS is pinned to one thread each (threadpoolctl, when installed):
+tiles, not heads, are the unit so a single-head case also uses every worker, and the numpy exp
+that BLAS threads cannot parallelise runs on all cores.  Results do not depend on ``threads``.
+
+``device="cuda"`` runs the same tiling in torch float64 on a GPU (see :func:`torch_attention`).
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator
+import contextlib
 from collections import deque
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -20,7 +29,17 @@ from golden.layout import causal_offset, kv_views, offsets, out_shape, q_views, 
 from golden.spec import V_DIM, CaseSpec
 from golden.types import OpInputs
 
+try:  # optional: without it BLAS keeps its own thread count (may oversubscribe with threads > 1)
+    from threadpoolctl import threadpool_limits
+except ImportError:  # pragma: no cover - exercised only where threadpoolctl is absent
+    threadpool_limits = None
+
+#: Query rows per tile; tuned with ``mlaconf bench`` (docs/benchmarks.md).
 DEFAULT_TILE = 256
+#: GPU tiles are larger: a tile of scores is tile x S x 8 bytes of device memory.
+DEFAULT_GPU_TILE = 2048
+#: Environment variable ``build_golden`` reads to pick the reference's device ("cpu" or "cuda").
+DEVICE_ENV = "MLA_GOLDEN_DEVICE"
 
 
 @dataclass(frozen=True)
@@ -48,6 +67,24 @@ def effective_scale(spec: CaseSpec) -> float:
     return float(np.float32(spec.qk_scale))
 
 
+def useful_flops(spec: CaseSpec) -> int:
+    """FLOPs of the attention itself: 2*(192+128) per allowed (query, key) pair per head.
+
+    Masked pairs, the softmax and work the tiling wastes on diagonal blocks are not counted, so
+    FLOPs / seconds is an effective rate comparable across implementations and with a GEMM's.
+    """
+    pairs = 0
+    for q_len, kv_len in zip(spec.q_seqlen, spec.kv_seqlen, strict=True):
+        if q_len == 0 or kv_len == 0:
+            continue
+        if spec.mask_type in (2, 3):  # key j allowed for row i iff j <= i + (kv - q)
+            prefix = kv_len - q_len
+            pairs += q_len * (q_len + 1) // 2 + q_len * prefix
+        else:
+            pairs += q_len * kv_len
+    return 2 * (192 + V_DIM) * pairs * spec.head_num
+
+
 def iter_head_tasks(inputs: OpInputs, spec: CaseSpec, compute_dtype: type[np.floating]) -> Iterator[HeadTask]:
     """Yield per-(batch, head) work with k/v converted once per (batch, kv head)."""
     qn, qr = q_views(inputs, spec)
@@ -67,46 +104,77 @@ def iter_head_tasks(inputs: OpInputs, spec: CaseSpec, compute_dtype: type[np.flo
                 yield HeadTask(b, h, int(starts[b]), q_len, causal_offset(spec, b), q, k, v)
 
 
-def run_tiles(task: HeadTask, kernel: TileKernel, scale: float, tile: int) -> np.ndarray:
-    """Apply ``kernel`` tile by tile over one head's query rows; returns ``[q_len, 128]``."""
-    out = np.empty((task.q_len, V_DIM), dtype=task.q.dtype)
+def tile_bounds(task: HeadTask, tile: int) -> Iterator[tuple[int, int, int, tuple[int, int] | None]]:
+    """``(i0, i1, k_end, diag)`` per query tile: rows i0..i1 see at most keys ``[0, k_end)``."""
     kv_len = task.k.shape[0]
     for i0 in range(0, task.q_len, tile):
         i1 = min(i0 + tile, task.q_len)
         if task.offset is None:
-            k_end, diag = kv_len, None
+            yield i0, i1, kv_len, None
         else:
-            k_end, diag = min(kv_len, i1 + task.offset), (i0, task.offset)
+            yield i0, i1, min(kv_len, i1 + task.offset), (i0, task.offset)
+
+
+def run_tiles(task: HeadTask, kernel: TileKernel, scale: float, tile: int) -> np.ndarray:
+    """Apply ``kernel`` tile by tile over one head's query rows; returns ``[q_len, 128]``."""
+    out = np.empty((task.q_len, V_DIM), dtype=task.q.dtype)
+    for i0, i1, k_end, diag in tile_bounds(task, tile):
         out[i0:i1] = kernel(task.q[i0:i1], task.k[:k_end], task.v[:k_end], scale, diag)
     return out
 
 
-def apply_causal(scores: np.ndarray, diag: tuple[int, int] | None, fill: float) -> None:
-    """Set disallowed keys (j > i + offset) of a tile to ``fill``, in place."""
+def causal_block(diag: tuple[int, int] | None, shape: tuple[int, ...]) -> tuple[int, np.ndarray] | None:
+    """The tile's masked part: first masked key column and a boolean mask of the columns after it.
+
+    Only columns past the first row's last allowed key can be masked, so kernels touch that
+    (at most tile-wide) block instead of the whole tile.  None when nothing is masked.
+    """
     if diag is None:
-        return
+        return None
     row0, offset = diag
-    rows, cols = scores.shape
+    rows, cols = shape
     first_masked = row0 + offset + 1  # first disallowed key of the tile's first row
     if first_masked >= cols:
-        return
+        return None
     i = np.arange(rows)[:, None] + row0
     j = np.arange(first_masked, cols)[None, :]
-    block = scores[:, first_masked:]
-    block[j > i + offset] = fill
+    return first_masked, j > i + offset
 
 
-def float64_tile(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, diag: tuple[int, int] | None) -> np.ndarray:
-    """Exact-as-float64-allows attention for one tile."""
-    scores = q @ k.T
-    scores *= scale
+def apply_causal(scores: np.ndarray, diag: tuple[int, int] | None, fill: float) -> None:
+    """Set disallowed keys (j > i + offset) of a tile to ``fill``, in place."""
+    block = causal_block(diag, scores.shape)
+    if block is not None:
+        first_masked, masked = block
+        scores[:, first_masked:][masked] = fill
+
+
+def float64_tile(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, diag: tuple[int, int] | None
+) -> np.ndarray:
+    """Exact-as-float64-allows attention for one tile, with every elementwise pass in place.
+
+    The scale is folded into q (a tile x 192 pass instead of a tile x S one); for dtype-valued
+    inputs ``q * float32(scale)`` is exact in float64, so only GEMM rounding differs.
+    """
+    scores = (q * scale) @ k.T
     apply_causal(scores, diag, -np.inf)
-    scores -= scores.max(axis=1, keepdims=True)
+    np.subtract(scores, scores.max(axis=1, keepdims=True), out=scores)
     np.exp(scores, out=scores)
     denom = scores.sum(axis=1, keepdims=True)
-    out = scores @ v
+    out: np.ndarray = scores @ v
     out /= denom
     return out
+
+
+@contextlib.contextmanager
+def blas_threads(count: int) -> Iterator[None]:
+    """Pin BLAS to ``count`` threads inside the block (process-wide; a no-op without threadpoolctl)."""
+    if threadpool_limits is None:
+        yield
+        return
+    with threadpool_limits(limits=count, user_api="blas"):
+        yield
 
 
 def attention(
@@ -118,36 +186,88 @@ def attention(
     tile: int = DEFAULT_TILE,
     threads: int = 1,
 ) -> np.ndarray:
-    """Run ``kernel`` over every (batch, head); returns ``[T, H, 128]`` in ``compute_dtype``."""
+    """Run ``kernel`` over every (batch, head); returns ``[T, H, 128]`` in ``compute_dtype``.
+
+    With ``threads > 1`` tiles go to a thread pool through a bounded window (memory stays
+    O(threads) tasks); every tile is computed by the same code with one BLAS thread, so the
+    result is bit-for-bit independent of ``threads``.
+    """
     out = np.zeros((spec.total_q, spec.head_num, V_DIM), dtype=compute_dtype)
     scale = effective_scale(spec)
-
-    def work(task: HeadTask) -> None:
-        out[task.q_start : task.q_start + task.q_len, task.head] = run_tiles(task, kernel, scale, tile)
-
     tasks = iter_head_tasks(inputs, spec, compute_dtype)
-    if threads <= 1:
-        for task in tasks:
-            work(task)
-    else:
+
+    def one_tile(task: HeadTask, i0: int, i1: int, k_end: int, diag: tuple[int, int] | None) -> None:
+        rows = slice(task.q_start + i0, task.q_start + i1)
+        out[rows, task.head] = kernel(task.q[i0:i1], task.k[:k_end], task.v[:k_end], scale, diag)
+
+    with blas_threads(1):
+        if threads <= 1:
+            for task in tasks:
+                rows = slice(task.q_start, task.q_start + task.q_len)
+                out[rows, task.head] = run_tiles(task, kernel, scale, tile)
+            return out
         with ThreadPoolExecutor(max_workers=threads) as pool:
             pending: deque[Future[None]] = deque()
-            for task in tasks:  # a bounded window keeps memory at O(threads) tasks
-                pending.append(pool.submit(work, task))
-                if len(pending) >= 2 * threads:
-                    pending.popleft().result()
+            for task in tasks:
+                for bounds in tile_bounds(task, tile):
+                    pending.append(pool.submit(one_tile, task, *bounds))
+                    if len(pending) >= 4 * threads:
+                        pending.popleft().result()
             for future in pending:
                 future.result()
     return out
 
 
-def default_threads() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+def torch_attention(
+    inputs: OpInputs, spec: CaseSpec, *, device: str = "cuda", tile: int = DEFAULT_GPU_TILE
+) -> np.ndarray:
+    """The same tiled float64 computation in torch on ``device``; returns ``[T, H, 128]`` float64.
+
+    Off by default: GPUs make float64 goldens for production shapes cheap.  It shares the task and
+    tile decomposition with the numpy path and is tested against it on CPU (``device="cpu"``).
+    """
+    import torch  # deferred: the numpy path must not pay for importing torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError(f"{DEVICE_ENV}={device!r} but torch sees no CUDA device")
+    dev = torch.device(device)
+    out = torch.zeros((spec.total_q, spec.head_num, V_DIM), dtype=torch.float64, device=dev)
+    scale = effective_scale(spec)
+    kv_cache: tuple[Any, Any, Any] | None = None  # the current kv head's k, v on the device
+    for task in iter_head_tasks(inputs, spec, np.float64):
+        if kv_cache is None or kv_cache[0] is not task.k:
+            kv_cache = (task.k, torch.from_numpy(task.k).to(dev), torch.from_numpy(task.v).to(dev))
+        _, k, v = kv_cache
+        q = torch.from_numpy(task.q).to(dev) * scale
+        for i0, i1, k_end, diag in tile_bounds(task, tile):
+            scores = q[i0:i1] @ k[:k_end].T
+            if diag is not None:
+                i = torch.arange(i0, i1, device=dev)[:, None]
+                j = torch.arange(k_end, device=dev)[None, :]
+                scores.masked_fill_(j > i + diag[1], float("-inf"))
+            scores -= scores.amax(dim=1, keepdim=True)
+            scores.exp_()
+            rows = slice(task.q_start + i0, task.q_start + i1)
+            out[rows, task.head] = (scores @ v[:k_end]) / scores.sum(dim=1, keepdim=True)
+    result: np.ndarray = out.cpu().numpy()
+    return result
 
 
 def reference_attention(
-    inputs: OpInputs, spec: CaseSpec, *, tile: int = DEFAULT_TILE, threads: int = 1
+    inputs: OpInputs,
+    spec: CaseSpec,
+    *,
+    tile: int | None = None,
+    threads: int = 1,
+    device: str = "cpu",
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The float64 golden in attenOut's layout, and the per-row validity mask."""
-    out = attention(inputs, spec, float64_tile, np.float64, tile=tile, threads=threads)
+    """The float64 golden in attenOut's layout, and the per-row validity mask.
+
+    ``device="cpu"`` is the numpy/BLAS path; anything else (``"cuda"``, ``"cuda:1"``) runs
+    :func:`torch_attention` there.  ``tile`` defaults per path.
+    """
+    if device == "cpu":
+        out = attention(inputs, spec, float64_tile, np.float64, tile=tile or DEFAULT_TILE, threads=threads)
+    else:
+        out = torch_attention(inputs, spec, device=device, tile=tile or DEFAULT_GPU_TILE)
     return out.reshape(out_shape(spec)), row_valid(spec)

@@ -85,13 +85,9 @@ class GoldenStaleError(GoldenStoreError):
 
 
 def current_generator_version() -> str:
-    """The generator's version; ``unversioned`` until golden.generate exists."""
-    try:
-        from golden.generate import GENERATOR_VERSION
-    except ModuleNotFoundError as exc:
-        if exc.name != "golden.generate":
-            raise
-        return "unversioned"
+    """Imported lazily: reading a store must not pull in the generator (or import it in a cycle)."""
+    from golden.generate import GENERATOR_VERSION
+
     return str(GENERATOR_VERSION)
 
 

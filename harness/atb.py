@@ -80,9 +80,11 @@ def launch(context: Context, call: MlaPrefillCall, out: torch.Tensor, *, stream:
     from native import _atb_harness
 
     with _status_as_backend_error():
-        return _atb_harness.prefill(context, describe_tensors(call, out), host_seqlens("q_seqlen", call.q_seqlen),
-                       host_seqlens("kv_seqlen", call.kv_seqlen), call.head_num, call.qk_scale,
-                       call.kv_head_num, call.mask_type, call.cache_mode, stream, alloc_workspace, synchronize)
+        return _atb_harness.prefill(
+            context, describe_tensors(call, out), host_seqlens("q_seqlen", call.q_seqlen),
+            host_seqlens("kv_seqlen", call.kv_seqlen), call.head_num, call.qk_scale, call.kv_head_num,
+            call.mask_type, call.cache_mode, stream, alloc_workspace, synchronize,
+        )
 
 
 def _first_line(err: BaseException) -> str:
@@ -127,6 +129,11 @@ def probe() -> Probe:
 _CONTEXTS: dict[str, Context] = {}
 
 
+def _release_contexts() -> None:
+    """Destroy the contexts at exit while the NPU runtime is still up."""
+    _CONTEXTS.clear()
+
+
 def _context_for(library: Library) -> Context:
     context = _CONTEXTS.get(library.path)
     if context is None:
@@ -134,10 +141,10 @@ def _context_for(library: Library) -> Context:
 
         with _status_as_backend_error():
             context = _atb_harness.Context(library)
-        if not _CONTEXTS:
-            # Registered after torch_npu's own exit hooks, so it runs before them (LIFO).
-            atexit.register(_CONTEXTS.clear)
         _CONTEXTS[library.path] = context
+        # (Re-)registered after torch_npu's exit hooks, so it runs before them (atexit is LIFO).
+        atexit.unregister(_release_contexts)
+        atexit.register(_release_contexts)
     return context
 
 
@@ -147,6 +154,8 @@ class AtbBackend:
     name = "atb"
     error_contract = True
     deterministic = True
+    #: torch device type of torch_npu's devices (the CPU tests run the same path with "cpu").
+    device_type = "npu"
 
     def __init__(self) -> None:
         self._probe: Probe | None = None
@@ -171,9 +180,15 @@ class AtbBackend:
             return BackendInfo(self.name, "unavailable", {})
         npu = found.torch_npu.npu
         index = int(npu.current_device())
-        versions = {"torch": torch.__version__, "torch_npu": str(getattr(found.torch_npu, "__version__", "?")),
-                    "libatb": found.library.path, "aclCreateTensor": found.library.acl_source}
-        versions |= {var: os.environ[var] for var in ("ATB_HOME_PATH", "ASCEND_HOME_PATH") if var in os.environ}
+        versions = {
+            "torch": torch.__version__,
+            "torch_npu": str(getattr(found.torch_npu, "__version__", "?")),
+            "libatb": found.library.path,
+            "aclCreateTensor": found.library.acl_source,
+        }
+        for var in ("ATB_HOME_PATH", "ASCEND_HOME_PATH"):
+            if var in os.environ:
+                versions[var] = os.environ[var]
         return BackendInfo(self.name, f"npu:{index} ({npu.get_device_name(index)})", versions)
 
     def synchronize(self) -> None:
@@ -184,7 +199,7 @@ class AtbBackend:
     def run(self, call: MlaPrefillCall) -> torch.Tensor:
         torch_npu, library = self._require()
         npu = torch_npu.npu
-        device = torch.device("npu", int(npu.current_device()))
+        device = torch.device(self.device_type, int(npu.current_device()))
         on_device = replace(
             call, q=call.q.to(device), q_rope=call.q_rope.to(device), k=call.k.to(device),
             k_rope=call.k_rope.to(device), v=call.v.to(device),

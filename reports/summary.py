@@ -6,6 +6,7 @@ terminal reporter colours it (pytest decides whether the terminal supports colou
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,7 +95,7 @@ def group_table(records: Sequence[Record], width: int = WIDTH) -> list[list[Cell
     ]
     columns = [Column(name, shrink=True) for name in GROUP_FIELDS]
     columns += [Column(head, True) for head, _, _ in counts]
-    columns += [Column("slack", True), Column("max_rel", True), Column("rmse~", True)]
+    columns += [Column("slack", True), Column("max_rel", True), Column("med_rmse", True)]
     rows: list[list[Cell]] = [
         [(label, {}) for label in g.key]
         + [_count(g.counts[verdict_name], colour) for _, verdict_name, colour in counts]
@@ -109,11 +110,12 @@ def group_table(records: Sequence[Record], width: int = WIDTH) -> list[list[Cell
     constant = [i for i in range(len(GROUP_FIELDS)) if len({g.key[i] for g in stats}) == 1]
     if natural - 1 <= width or len(stats) < 2 or not constant:
         return layout(columns, rows, width)
-    caption: list[Cell] = [
-        ("all groups: " + ", ".join(f"{GROUP_FIELDS[i]}={stats[0].key[i]}" for i in constant), {})
+    shared = "all groups: " + ", ".join(f"{GROUP_FIELDS[i]}={stats[0].key[i]}" for i in constant)
+    caption: list[list[Cell]] = [
+        [(line, {})] for line in textwrap.wrap(shared, width, subsequent_indent="  ")
     ]
     keep = [i for i in range(len(columns)) if i not in constant]
-    return [caption, *layout([columns[i] for i in keep], [[r[i] for i in keep] for r in rows], width)]
+    return caption + layout([columns[i] for i in keep], [[r[i] for i in keep] for r in rows], width)
 
 
 def worst_table(records: Sequence[Record], count: int = 10, width: int = WIDTH) -> list[list[Cell]]:
@@ -145,8 +147,8 @@ def timing_table(records: Sequence[Record], width: int = WIDTH) -> list[list[Cel
         Column("dtype", shrink=True),
         Column("mask", shrink=True),
         Column("cache", shrink=True),
-        Column("lat_ms~", True),
-        Column("TFLOP/s~", True),
+        Column("med_ms", True),
+        Column("med_TFLOP/s", True),
     ]
     rows: list[list[Cell]] = [
         [
@@ -179,7 +181,7 @@ def write_terminal(tr: Any, records: Sequence[Record], report_dir: Path) -> None
                 tr.write(text, **markup)
             tr.write("\n")
 
-    tr.write_sep("=", "MLA conformance: groups (rmse~ = median)")
+    tr.write_sep("=", "MLA conformance: groups")
     emit(group_table(records, width))
     tr.write_sep("-", "worst cases by slack (measured / allowed)")
     emit(worst_table(records, 10, width))

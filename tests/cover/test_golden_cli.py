@@ -52,6 +52,17 @@ def suite(tmp_path: Path) -> Path:
     return path
 
 
+def flip_byte(path: Path, dataset: str) -> None:
+    """Invert one byte of a dataset's raw data in place (contiguous layout: the offset is known)."""
+    with h5py.File(path, "r", locking=False) as f:
+        offset = f[dataset].id.get_offset() + f[dataset].id.get_storage_size() // 2
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        byte = fh.read(1)[0]
+        fh.seek(offset)
+        fh.write(bytes([byte ^ 0xFF]))
+
+
 def run(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str]:
     rc = cli.main([str(a) for a in argv])
     return rc, capsys.readouterr().out
@@ -79,8 +90,6 @@ def test_regen_is_incremental(capsys: pytest.CaptureFixture[str], suite: Path, t
 def test_regen_repairs_corrupt_truncated_and_stale_files(
     capsys: pytest.CaptureFixture[str], suite: Path, tmp_path: Path
 ) -> None:
-    from test_store import flip_byte  # the fast store tests' helper (same directory)
-
     out = tmp_path / "store"
     assert run(capsys, "regen", "--cases", suite, "--out", out)[0] == 0
     files = sorted(out.glob("*.h5"))
@@ -124,9 +133,12 @@ def test_verify_names_missing_files_of_selected_cases(
 ) -> None:
     rc, text = run(capsys, "verify", "--cases", suite, "--out", tmp_path / "empty")
     assert rc == 1 and text.count("GoldenMissingError: no golden file") == N_CASES
+    assert run(capsys, "verify", "--out", tmp_path / "empty")[0] == 1, "an empty store is not a pass"
 
 
-def test_show_finds_by_prefix_and_hash(capsys: pytest.CaptureFixture[str], suite: Path, tmp_path: Path) -> None:
+def test_show_finds_by_prefix_and_hash(
+    capsys: pytest.CaptureFixture[str], suite: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "store"
     assert run(capsys, "regen", "--cases", suite, "--out", out)[0] == 0
     spec = next(s for s in load_suite(suite) if s.mask_type == 3)

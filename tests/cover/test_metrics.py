@@ -191,3 +191,12 @@ def test_bad_arguments(shape: tuple[int, ...], row_valid: list[bool], dtype: str
                        message: str) -> None:
     with pytest.raises(ValueError, match=message):
         compute_metrics(np.zeros(shape, np.float16), np.zeros(shape), np.array(row_valid), dtype, q_seqlen)
+
+
+def test_worst_is_first_of_equal_violations_across_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    expected = np.ones((4, 1, 2))
+    actual = expected.astype(np.float16)
+    actual[1, 0, 1] = actual[3, 0, 0] = np.nan
+    monkeypatch.setattr(gm, "CHUNK_ELEMENTS", 2)  # one row per chunk
+    m = compute_metrics(actual, expected, np.ones(4, bool), "fp16", [2, 2])
+    assert _worst(m) == (0, 1, 1, 0, 1)

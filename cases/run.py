@@ -1,0 +1,52 @@
+"""``mlaconf run``: the main job, a conformance run of the selected suites on the best backend."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def pytest_command(args: argparse.Namespace) -> list[str]:
+    """The pytest invocation ``run`` stands for (printed, so it can be rerun or adapted)."""
+    command = [sys.executable, "-m", "pytest", "cases", "-p", "no:cacheprovider", "-n", str(args.jobs)]
+    for suite in args.suite or ["smoke"]:
+        command += ["--suite", suite]
+    for backend in args.backend or ["auto"]:
+        command += ["--backend", backend]
+    if args.policy:
+        command += ["--policy", args.policy]
+    if args.golden_dir:
+        command += ["--golden-dir", args.golden_dir]
+    if args.run_name:
+        command += ["--run-name", args.run_name]
+    if args.report_dir:
+        command += ["--report-dir", args.report_dir]
+    return command + [a for a in args.pytest_args if a != "--"]
+
+
+def run(args: argparse.Namespace) -> int:
+    command = pytest_command(args)
+    print("+ " + " ".join(command[2:]).replace(sys.executable, "python"), flush=True)
+    return subprocess.call(command, cwd=REPO)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="conformance run (default: smoke suite on the best available backend, -n auto)",
+        description="Runs the conformance suites under pytest; goldens missing from the store are "
+        "generated on demand. Arguments after '--' go to pytest unchanged.",
+    )
+    parser.add_argument("--suite", action="append", help="smoke (default), standard, deepseek, edge, all")
+    parser.add_argument("--backend", action="append", help="auto (default), atb, torch-cuda, torch-cpu, pkg.mod:factory")
+    parser.add_argument("--policy", default=None, help="tolerance policy (default: 'default')")
+    parser.add_argument("--golden-dir", default=None, help="golden store (default $MLA_GOLDEN_DIR or .golden/)")
+    parser.add_argument("--run-name", default=None, help="report folder name under reports/out/")
+    parser.add_argument("--report-dir", default=None, help="report folder (overrides --run-name)")
+    parser.add_argument("-n", "--jobs", default="auto", help="xdist workers (default auto: one per accelerator)")
+    parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="extra pytest arguments after --")
+    parser.set_defaults(func=run)

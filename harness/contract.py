@@ -1,0 +1,270 @@
+"""A pure-Python model of AtbMLAPreFill's documented error contract, and a backend built on it.
+
+The model validates an :class:`MlaPrefillCall` the way shared spec sections 1-3 describe, in the
+order ATB runs its checks (read from ascend-transformer-boost at ddcc8b622):
+
+* **create** (``CreateOperation``: ``ParamRangeCheck`` then ``ParamPrefillCheck`` in
+  ``multi_latent_attention_operation.cpp``): every scalar problem is ``ERROR_INVALID_PARAM``;
+* **setup** (``OperationBase::SetupCheck``): attached tensors must have 1..8 dims
+  (``TensorCheck::CheckTensorShape`` -> ``ERROR_INVALID_TENSOR_DIM``), the dtype combination must
+  be one the op's IR lists (``CheckIniMatch`` -> ``ERROR_INVALID_TENSOR_INI_MATCH``), then
+  ``InTensorDimCheckPrefill`` (ranks -> ``ERROR_INVALID_TENSOR_DIM_NUM``, sizes ->
+  ``ERROR_INVALID_TENSOR_DIM``); the prefill runner's ``ModifyKernelGraph``, still inside Setup,
+  rejects unequal q/kv lengths without CAUSAL with ``ERROR_INVALID_PARAM``.
+
+Where ATB is known to disagree with its documentation the model follows the documentation: a NaN
+qkScale is rejected (ATB's ``qkScale <= 0 || qkScale > 1`` lets NaN through) and CAUSAL without a
+mask is accepted (ATB's C interface miscounts its input slots).  Those disagreements are data in
+``cases/known_deviations.toml``, so the error-contract suite must pass against this model.
+
+:func:`strict_torch_cpu` is the model in front of the torch CPU backend: a device under test that
+declares an error contract, so the error-contract suite can run (and be shown to fail) without an
+NPU.  ``skip`` removes named checks, which is how tests plant a forgetful validator.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from harness.backend import Availability, Backend, BackendError, BackendInfo, MlaPrefillCall, Stage
+from harness.torch_backend import TorchSdpaBackend
+
+MAX_BATCH = 8192
+MAX_HEADS = 128
+NOPE, ROPE = 128, 64
+MASK_SIZE = 512
+MAX_DIMS = 8  # atb::MAX_DIM
+MASK_FREE, CAUSAL, SWA_NORM = 2, 3, 4
+KROPE_CTKV = 1
+DEVICE_DTYPES = (torch.float16, torch.bfloat16)
+
+#: A check returns what is wrong with a call, or None when the call passes it.
+CheckFn = Callable[[MlaPrefillCall], "str | None"]
+
+
+@dataclass(frozen=True)
+class ContractCheck:
+    """One documented rejection: its name, the stage it happens at and the status it returns."""
+
+    name: str
+    stage: Stage
+    status: str
+    check: CheckFn
+
+
+def _shape(tensor: torch.Tensor | None) -> tuple[int, ...]:
+    return () if tensor is None else tuple(tensor.shape)
+
+
+def _attached(call: MlaPrefillCall) -> dict[str, torch.Tensor | None]:
+    """The tensors the C interface hands to Setup (the mask only for MASK_FREE)."""
+    named: dict[str, torch.Tensor | None] = {
+        "q": call.q, "q_rope": call.q_rope, "k": call.k, "k_rope": call.k_rope, "v": call.v,
+        "q_seqlen": call.q_seqlen, "kv_seqlen": call.kv_seqlen,
+    }
+    if call.mask_type == MASK_FREE:
+        named["mask"] = call.mask
+    return named
+
+
+# -- create: parameters --------------------------------------------------------------------------
+
+
+def _qk_scale(call: MlaPrefillCall) -> str | None:
+    scale = call.qk_scale
+    if math.isnan(scale) or not 0.0 < scale <= 1.0:
+        return f"qkScale {scale} outside (0, 1] (spec §3)"
+    return None
+
+
+def _mask_type(call: MlaPrefillCall) -> str | None:
+    if call.mask_type not in (0, MASK_FREE, CAUSAL, SWA_NORM):
+        return f"maskType {call.mask_type} is not UNDEFINED, MASK_FREE, CAUSAL or SWA_NORM (spec §3)"
+    return None
+
+
+def _cache_mode(call: MlaPrefillCall) -> str | None:
+    if call.cache_mode != KROPE_CTKV:
+        return f"cacheMode {call.cache_mode}: prefill accepts only KROPE_CTKV (1) (spec §3)"
+    return None
+
+
+def _head_num(call: MlaPrefillCall) -> str | None:
+    if not 1 <= call.head_num <= MAX_HEADS:
+        return f"headNum {call.head_num} outside [1, {MAX_HEADS}] (spec §2)"
+    return None
+
+
+def _kv_head_num(call: MlaPrefillCall) -> str | None:
+    h, hkv = call.head_num, call.kv_head_num
+    if call.mask_type != CAUSAL and hkv != h:
+        return f"kvHeadNum {hkv} must equal headNum {h} unless maskType is CAUSAL (spec §2)"
+    if call.mask_type == CAUSAL and (hkv < 1 or h % hkv):
+        return f"CAUSAL needs headNum {h} to be a multiple of kvHeadNum {hkv} (spec §2)"
+    return None
+
+
+def _swa_window(call: MlaPrefillCall) -> str | None:
+    if call.mask_type == SWA_NORM:
+        return "SWA_NORM needs windowSize > 0, which the C interface cannot pass (spec §3)"
+    return None
+
+
+# -- setup: tensors ------------------------------------------------------------------------------
+
+
+def _tensor_dims(call: MlaPrefillCall) -> str | None:
+    for name, tensor in _attached(call).items():
+        dims = len(_shape(tensor))
+        if not 1 <= dims <= MAX_DIMS:
+            what = "missing" if tensor is None else f"{dims}-D"
+            return f"{name} is {what}; every attached tensor needs 1..{MAX_DIMS} dims (spec §1-2)"
+    return None
+
+
+def _dtypes(call: MlaPrefillCall) -> str | None:
+    attached = {name: t for name, t in _attached(call).items() if t is not None}
+    floats = {name: t.dtype for name, t in attached.items() if not name.endswith("seqlen")}
+    kinds = set(floats.values())
+    if len(kinds) != 1 or next(iter(kinds)) not in DEVICE_DTYPES:
+        return f"dtypes {floats}: all must be fp16 or all bf16 (spec §2)"
+    ints = {name: t.dtype for name, t in attached.items() if name.endswith("seqlen")}
+    if any(dtype != torch.int32 for dtype in ints.values()):
+        return f"qSeqLen/kvSeqLen dtypes {ints}: must be int32 (spec §2)"
+    return None
+
+
+def _ranks(call: MlaPrefillCall) -> str | None:
+    ranks = {name: len(_shape(t)) for name, t in _attached(call).items()}
+    wanted = {"q_rope": ranks["q"], "k": 3, "k_rope": 3, "v": 3, "q_seqlen": 1, "kv_seqlen": 1}
+    if call.mask_type == MASK_FREE:
+        wanted["mask"] = 2
+    bad = {name: ranks[name] for name, rank in wanted.items() if ranks[name] != rank}
+    if ranks["q"] not in (2, 3) or bad:
+        return f"ranks {ranks}: q 2-D or 3-D, qRope like q, k/kRope/v 3-D, seqlens 1-D, mask 2-D (spec §2)"
+    return None
+
+
+def _batch_limit(call: MlaPrefillCall) -> str | None:
+    batch = call.q_seqlen.shape[0]
+    if batch > MAX_BATCH:
+        return f"batch {batch} > {MAX_BATCH} (spec §2)"
+    return None
+
+
+def _seqlen_lengths(call: MlaPrefillCall) -> str | None:
+    if call.q_seqlen.shape[0] != call.kv_seqlen.shape[0]:
+        return f"qSeqLen has {call.q_seqlen.shape[0]} entries, kvSeqLen {call.kv_seqlen.shape[0]} (spec §2)"
+    return None
+
+
+def _q_dims(call: MlaPrefillCall) -> str | None:
+    h = call.head_num
+    q, qr = _shape(call.q), _shape(call.q_rope)
+    want_q = (q[0], h * NOPE) if len(q) == 2 else (q[0], h, NOPE)
+    want_qr = (q[0], h * ROPE) if len(q) == 2 else (q[0], h, ROPE)
+    if q != want_q or qr != want_qr:
+        return f"q {q} / qRope {qr}: expected {want_q} / {want_qr} for headNum {h} (spec §2)"
+    return None
+
+
+def _kv_dims(call: MlaPrefillCall) -> str | None:
+    k, kr, v = _shape(call.k), _shape(call.k_rope), _shape(call.v)
+    hkv, batch = call.kv_head_num, call.q_seqlen.shape[0]
+    padded = k[0] == batch and k[2] == hkv * NOPE
+    packed = k[1:] == (hkv, NOPE)
+    if not (padded or (packed and call.mask_type != CAUSAL)):
+        forms = "[B, S, Hkv*128]" if call.mask_type == CAUSAL else "[B, S, Hkv*128] or [Tk, Hkv, 128]"
+        return f"k {k}: expected {forms} with B {batch}, Hkv {hkv} (spec §2)"
+    if kr != (k[0], k[1], k[2] // 2) or v != k:
+        return f"kRope {kr} / v {v}: expected k's first dims with last dim / 2, and exactly k's shape {k} (spec §2)"
+    return None
+
+
+def _mask_dims(call: MlaPrefillCall) -> str | None:
+    if call.mask_type == MASK_FREE and _shape(call.mask) != (MASK_SIZE, MASK_SIZE):
+        return f"mask {_shape(call.mask)}: MASK_FREE needs [{MASK_SIZE}, {MASK_SIZE}] (spec §2)"
+    return None
+
+
+def _seqlen_values(call: MlaPrefillCall) -> str | None:
+    if call.mask_type != CAUSAL and not torch.equal(call.q_seqlen, call.kv_seqlen):
+        return "qSeqLen must equal kvSeqLen element-wise unless maskType is CAUSAL (spec §4)"
+    return None
+
+
+_PARAM = "ERROR_INVALID_PARAM"
+_DIM = "ERROR_INVALID_TENSOR_DIM"
+
+#: The documented rejections in ATB's order; the first failing one decides status and stage.
+CHECKS: tuple[ContractCheck, ...] = (
+    ContractCheck("qk_scale", "create", _PARAM, _qk_scale),
+    ContractCheck("mask_type", "create", _PARAM, _mask_type),
+    ContractCheck("cache_mode", "create", _PARAM, _cache_mode),
+    ContractCheck("head_num", "create", _PARAM, _head_num),
+    ContractCheck("kv_head_num", "create", _PARAM, _kv_head_num),
+    ContractCheck("swa_window", "create", _PARAM, _swa_window),
+    ContractCheck("tensor_dims", "setup", _DIM, _tensor_dims),
+    ContractCheck("dtypes", "setup", "ERROR_INVALID_TENSOR_INI_MATCH", _dtypes),
+    ContractCheck("ranks", "setup", "ERROR_INVALID_TENSOR_DIM_NUM", _ranks),
+    ContractCheck("batch_limit", "setup", _DIM, _batch_limit),
+    ContractCheck("seqlen_lengths", "setup", _DIM, _seqlen_lengths),
+    ContractCheck("q_dims", "setup", _DIM, _q_dims),
+    ContractCheck("kv_dims", "setup", _DIM, _kv_dims),
+    ContractCheck("mask_dims", "setup", _DIM, _mask_dims),
+    ContractCheck("seqlen_values", "setup", _PARAM, _seqlen_values),
+)
+CHECK_NAMES = tuple(c.name for c in CHECKS)
+
+
+def _require_known(skip: frozenset[str]) -> None:
+    unknown = skip - set(CHECK_NAMES)
+    if unknown:
+        raise ValueError(f"unknown contract checks {sorted(unknown)}; known: {list(CHECK_NAMES)}")
+
+
+def validate(call: MlaPrefillCall, skip: frozenset[str] = frozenset()) -> None:
+    """Raise :class:`BackendError` with the documented status and stage for an invalid call."""
+    _require_known(skip)
+    for entry in CHECKS:
+        if entry.name in skip:
+            continue
+        problem = entry.check(call)
+        if problem is not None:
+            raise BackendError(entry.status, entry.stage, f"{entry.name}: {problem}")
+
+
+class ContractBackend:
+    """The documented error contract in front of another backend's computation."""
+
+    error_contract = True
+
+    def __init__(self, inner: Backend, name: str, skip: frozenset[str] = frozenset()) -> None:
+        self.inner = inner
+        self.name = name
+        self.skip = skip
+        self.deterministic = inner.deterministic
+        _require_known(skip)
+
+    def available(self) -> Availability:
+        return self.inner.available()
+
+    def info(self) -> BackendInfo:
+        inner = self.inner.info()
+        return BackendInfo(self.name, inner.device, dict(inner.versions), inner.version)
+
+    def synchronize(self) -> None:
+        self.inner.synchronize()
+
+    def run(self, call: MlaPrefillCall) -> torch.Tensor:
+        validate(call, self.skip)
+        return self.inner.run(call)
+
+
+def strict_torch_cpu() -> ContractBackend:
+    """``torch-cpu-strict``: contract validation, then the torch CPU computation."""
+    return ContractBackend(TorchSdpaBackend("cpu"), "torch-cpu-strict")

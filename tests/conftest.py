@@ -1,0 +1,85 @@
+"""Fixtures shared by the framework's own tests: the CPU test double of libatb, built per run."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOUBLE_SOURCE = ROOT / "native" / "testing" / "libatb_double.cpp"
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+
+
+def _build_shared(source: Path, output: Path) -> Path:
+    compiler = _compiler()
+    if compiler is None:
+        pytest.skip("no C++ compiler (g++/c++ or $CXX) to build the libatb test double")
+    command = [compiler, "-std=c++17", "-shared", "-fPIC", "-O0", "-Wall", "-Wextra", "-Werror",
+               f"-I{ROOT / 'native' / 'src'}", str(source), "-o", str(output)]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        pytest.fail(f"building {output.name} failed:\n{' '.join(command)}\n{result.stderr}")
+    return output
+
+
+class AtbDouble:
+    """ctypes view of native/testing/libatb_double.cpp: its call record and its knobs."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+        lib = ctypes.CDLL(self.path)  # the same loaded image the extension dlopens by this path
+        lib.atb_double_record.restype = ctypes.c_char_p
+        lib.atb_double_inject.argtypes = [ctypes.c_char_p, ctypes.c_int32]
+        lib.atb_double_set_workspace_size.argtypes = [ctypes.c_uint64]
+        lib.atb_double_fail_create_tensor.argtypes = [ctypes.c_long]
+        self._lib = lib
+
+    def reset(self) -> None:
+        self._lib.atb_double_reset()
+
+    def inject(self, stage: str, status: int) -> None:
+        self._lib.atb_double_inject(stage.encode(), status)
+
+    def set_workspace_size(self, size: int) -> None:
+        self._lib.atb_double_set_workspace_size(size)
+
+    def fail_create_tensor(self, index: int) -> None:
+        self._lib.atb_double_fail_create_tensor(index)
+
+    def record(self) -> dict[str, Any]:
+        raw: bytes = self._lib.atb_double_record()
+        result: dict[str, Any] = json.loads(raw.decode())
+        return result
+
+
+@pytest.fixture(scope="session")
+def atb_double_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """libatb_double.so compiled from source with the system compiler."""
+    return _build_shared(DOUBLE_SOURCE, tmp_path_factory.mktemp("atb_double") / "libatb_double.so")
+
+
+@pytest.fixture(scope="session")
+def symbolless_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A loadable shared library that exports none of ATB's symbols (an ATB older than 8.2.RC1)."""
+    directory = tmp_path_factory.mktemp("symbolless")
+    source = directory / "empty.cpp"
+    source.write_text("int mla_conformance_unrelated_symbol = 0;\n")
+    return _build_shared(source, directory / "libempty.so")
+
+
+@pytest.fixture
+def atb_double(atb_double_path: Path) -> AtbDouble:
+    """The double with its record and injections cleared."""
+    double = AtbDouble(atb_double_path)
+    double.reset()
+    return double

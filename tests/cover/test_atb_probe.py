@@ -1,0 +1,229 @@
+"""AtbBackend: the availability probe's reasons and order, and run() over the libatb double on CPU."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+import harness.atb
+import native
+from harness.atb import AtbBackend
+from harness.backend import Backend, BackendError, MlaPrefillCall
+
+FAKE_STREAM = 0x7E57_0000_4560
+
+
+class FakeNpu:
+    """The slice of ``torch_npu.npu`` the backend uses; counts synchronizes."""
+
+    def __init__(self, available: bool = True, count: int = 1) -> None:
+        self.available, self.count, self.syncs = available, count, 0
+        self.on_sync: list[Any] = []
+
+    def is_available(self) -> bool:
+        return self.available
+
+    def device_count(self) -> int:
+        return self.count
+
+    def current_device(self) -> int:
+        return 0
+
+    def get_device_name(self, index: int) -> str:
+        return f"FakeNPU{index}"
+
+    def current_stream(self) -> SimpleNamespace:
+        return SimpleNamespace(npu_stream=FAKE_STREAM)
+
+    def synchronize(self) -> None:
+        self.syncs += 1
+        for hook in self.on_sync:
+            hook()
+
+
+def install_torch_npu(monkeypatch: pytest.MonkeyPatch, npu: FakeNpu) -> ModuleType:
+    module = ModuleType("torch_npu")
+    module.npu = npu  # type: ignore[attr-defined]
+    module.__version__ = "0.0-fake"  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch_npu", module)
+    return module
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MLA_ATB_LIB", raising=False)
+    monkeypatch.delenv("ATB_HOME_PATH", raising=False)
+    monkeypatch.setattr(harness.atb, "_CONTEXTS", {})
+
+
+def reason() -> str:
+    availability = AtbBackend().available()
+    assert not availability
+    return availability.reason
+
+
+def test_torch_npu_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch_npu", None)
+    monkeypatch.setenv("MLA_ATB_LIB", "/nonexistent/libatb.so")
+    assert reason().startswith("torch_npu is missing or fails to import (ModuleNotFoundError: ")
+
+
+def test_torch_npu_raising_runtime_error_is_caught(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    package = tmp_path / "torch_npu"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise RuntimeError('libhccl.so: cannot open\\nsecond line')\n")
+    monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    text = reason()
+    assert "(RuntimeError: libhccl.so: cannot open)" in text
+    assert "second line" not in text
+
+
+@pytest.mark.parametrize("npu", [FakeNpu(available=False), FakeNpu(count=0)])
+def test_no_npu_device(monkeypatch: pytest.MonkeyPatch, npu: FakeNpu) -> None:
+    install_torch_npu(monkeypatch, npu)
+    monkeypatch.setenv("MLA_ATB_LIB", "/nonexistent/libatb.so")
+    assert reason() == "no NPU device visible to torch_npu"
+
+
+def test_device_query_that_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    npu = FakeNpu()
+    install_torch_npu(monkeypatch, npu)
+
+    def broken() -> bool:
+        raise RuntimeError("drvGetDevNum failed\ndetails")
+
+    monkeypatch.setattr(npu, "is_available", broken)
+    assert reason() == "no NPU device: the device query failed (RuntimeError: drvGetDevNum failed)"
+
+
+def test_native_extension_import_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    install_torch_npu(monkeypatch, FakeNpu())
+    monkeypatch.delattr(native, "_atb_harness", raising=False)
+    monkeypatch.setitem(sys.modules, "native._atb_harness", None)
+    text = reason()
+    assert text.startswith("the native extension native._atb_harness failed to import (")
+    assert "pip install -e ." in text
+
+
+def test_libatb_not_found_names_the_paths_tried(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    install_torch_npu(monkeypatch, FakeNpu())
+    monkeypatch.setenv("MLA_ATB_LIB", str(tmp_path / "libatb.so"))
+    assert reason().startswith(f"libatb not found; tried {tmp_path}/libatb.so (")
+
+
+def test_missing_entry_symbol_needs_newer_cann(monkeypatch: pytest.MonkeyPatch, symbolless_lib: Path) -> None:
+    install_torch_npu(monkeypatch, FakeNpu())
+    monkeypatch.setenv("MLA_ATB_LIB", str(symbolless_lib))
+    text = reason()
+    assert text.startswith(f"{symbolless_lib} lacks AtbMLAPreFillGetWorkspaceSize")
+    assert text.endswith("needs CANN/NNAL >= 8.2.RC1")
+
+
+def test_available_with_everything_present_and_probed_once(monkeypatch: pytest.MonkeyPatch,
+                                                           atb_double: Any) -> None:
+    npu = FakeNpu()
+    install_torch_npu(monkeypatch, npu)
+    monkeypatch.setenv("MLA_ATB_LIB", atb_double.path)
+    backend = AtbBackend()
+    assert backend.available().ok
+    monkeypatch.setenv("MLA_ATB_LIB", "/nonexistent/libatb.so")
+    assert backend.available().ok  # cached: the probe ran once
+    info = backend.info()
+    assert (info.name, info.device) == ("atb", "npu:0 (FakeNPU0)")
+    assert info.versions["libatb"] == atb_double.path
+    assert info.versions["torch_npu"] == "0.0-fake"
+
+
+def test_unavailable_backend_keeps_the_protocol_and_refuses_to_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch_npu", None)
+    backend = AtbBackend()
+    assert isinstance(backend, Backend)
+    assert (backend.name, backend.error_contract, backend.deterministic) == ("atb", True, True)
+    assert backend.info().device == "unavailable"
+    backend.synchronize()  # a no-op, not an error
+    with pytest.raises(RuntimeError, match="the ATB backend is unavailable: torch_npu is missing"):
+        backend.run(small_call(torch.float16))
+
+
+def small_call(dtype: torch.dtype, rope_dtype: torch.dtype | None = None) -> MlaPrefillCall:
+    return MlaPrefillCall(
+        q=torch.zeros(3, 128, dtype=dtype), q_rope=torch.zeros(3, 64, dtype=rope_dtype or dtype),
+        k=torch.zeros(1, 3, 128, dtype=dtype), k_rope=torch.zeros(1, 3, 64, dtype=dtype),
+        v=torch.zeros(1, 3, 128, dtype=dtype), q_seqlen=torch.tensor([3], dtype=torch.int32),
+        kv_seqlen=torch.tensor([3], dtype=torch.int32), mask=None, head_num=1, qk_scale=0.5,
+        kv_head_num=1, mask_type=0, cache_mode=1,
+    )
+
+
+class CpuAtbBackend(AtbBackend):
+    device_type = "cpu"
+
+
+def test_run_drives_the_harness_on_the_current_stream(monkeypatch: pytest.MonkeyPatch, atb_double: Any) -> None:
+    npu = FakeNpu()
+    install_torch_npu(monkeypatch, npu)
+    monkeypatch.setenv("MLA_ATB_LIB", atb_double.path)
+    snapshots: list[dict[str, Any]] = []
+    npu.on_sync.append(lambda: snapshots.append(atb_double.record()))
+    atb_double.set_workspace_size(256)
+    backend = CpuAtbBackend()
+    call = small_call(torch.float16, rope_dtype=torch.bfloat16)
+    out = backend.run(call)
+    assert (out.shape, out.dtype) == (call.q.shape, torch.bfloat16)  # q's shape, qRope's dtype
+    before, after = snapshots
+    assert before["workspace_calls"] == []  # synchronized before the call
+    assert after["live"]["operations"] == 1  # ... and after it, before the op is destroyed
+    record = atb_double.record()
+    (setup,) = record["workspace_calls"]
+    (execute,) = record["execute_calls"]
+    assert setup["atten_out"]["data"] == out.data_ptr()
+    assert setup["atten_out"]["dtype"] == 27
+    assert setup["q_seqlen_read"] == setup["kv_seqlen_read"] == [3]
+    assert setup["stream"] == execute["stream"] == FAKE_STREAM
+    assert execute["workspace_size"] == 256 and execute["workspace"] != 0
+    backend.run(call)
+    contexts = {c["context"] for c in atb_double.record()["workspace_calls"]}
+    assert len(contexts) == 1  # one atb::Context per process and library
+
+
+def test_run_maps_atb_status_to_backend_error(monkeypatch: pytest.MonkeyPatch, atb_double: Any) -> None:
+    install_torch_npu(monkeypatch, FakeNpu())
+    monkeypatch.setenv("MLA_ATB_LIB", atb_double.path)
+    atb_double.inject("create", 1)
+    with pytest.raises(BackendError) as caught:
+        CpuAtbBackend().run(small_call(torch.bfloat16))
+    assert (caught.value.status, caught.value.status_name, caught.value.stage) == (
+        1, "ERROR_INVALID_PARAM", "create")
+
+
+@pytest.mark.npu
+def test_atb_on_a_real_npu_matches_a_float32_reference() -> None:
+    backend = AtbBackend()
+    if not backend.available():
+        pytest.skip(backend.available().reason)
+    torch.manual_seed(0)
+    seq, heads = 129, 2  # a tail block past 128 rows
+    call = MlaPrefillCall(
+        q=torch.randn(seq, heads, 128).half(), q_rope=torch.randn(seq, heads, 64).half(),
+        k=torch.randn(1, seq, heads * 128).half(), k_rope=torch.randn(1, seq, heads * 64).half(),
+        v=torch.randn(1, seq, heads * 128).half(), q_seqlen=torch.tensor([seq], dtype=torch.int32),
+        kv_seqlen=torch.tensor([seq], dtype=torch.int32), mask=None, head_num=heads, qk_scale=192**-0.5,
+        kv_head_num=heads, mask_type=0, cache_mode=1,
+    )
+    out = backend.run(call).cpu().float()
+    q = torch.cat([call.q, call.q_rope], -1).float().transpose(0, 1)
+    k = torch.cat([call.k.view(seq, heads, 128), call.k_rope.view(seq, heads, 64)], -1).float().transpose(0, 1)
+    v = call.v.view(seq, heads, 128).float().transpose(0, 1)
+    expected = torch.softmax(q @ k.transpose(1, 2) * call.qk_scale, -1) @ v
+    golden = expected.transpose(0, 1)
+    assert ((out - golden).abs() <= golden.abs().clamp(min=1) * 2**-8).all()  # ATB's own fp16 rule
+    with pytest.raises(BackendError) as caught:  # Prefill accepts cacheMode 1 only
+        backend.run(replace(call, cache_mode=0))
+    assert caught.value.status_name == "ERROR_INVALID_PARAM"

@@ -1,0 +1,208 @@
+"""cases.deviations: the seeded ATB entries, each selector, CANN version ordering, load errors."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+
+from cases.deviations import (
+    DEFAULT_PATH,
+    DeviationError,
+    compare_versions,
+    in_range,
+    load_deviations,
+    parse_range,
+)
+from golden.spec import CaseSpec
+
+
+def _spec(q: tuple[int, ...], kv: tuple[int, ...] | None = None, **kw: object) -> CaseSpec:
+    fields: dict[str, object] = dict(q_seqlen=q, kv_seqlen=kv or q, head_num=4, kv_head_num=4)
+    fields.update(kw)
+    return CaseSpec(**fields)  # type: ignore[arg-type]
+
+
+CAUSAL_PREFIX_100 = _spec((28, 28), (128, 128), mask_type=3, kv_layout="padded")
+SWA = _spec((16,), mask_type=4, expect_error="ERROR_INVALID_PARAM")
+PADDED_RAGGED = _spec((16, 32), mask_type=0, kv_layout="padded")
+PLAIN = _spec((16, 16), mask_type=0, kv_layout="packed")
+
+
+def test_seeded_entries() -> None:
+    devs = load_deviations()
+    assert [d.id for d in devs.entries] == [
+        "atb-c-causal-in-tensor-num", "atb-c-swa-norm-window-size", "atb-padded-kv-ragged",
+        "atb-causal-prefix-not-128",
+    ]
+    assert all(d.backend == "atb" and d.status == "unconfirmed" and d.reference for d in devs.entries)
+    outcomes = [(d.outcome, d.error_status) for d in devs.entries]
+    assert outcomes == [("error", "ERROR_INVALID_IN_TENSOR_NUM"), ("error", "ERROR_INVALID_PARAM"),
+                        ("fail", None), ("fail", None)]
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        (CAUSAL_PREFIX_100, "atb-c-causal-in-tensor-num"),
+        (SWA, "atb-c-swa-norm-window-size"),
+        (PADDED_RAGGED, "atb-padded-kv-ragged"),
+        (_spec((16, 32), mask_type=0, kv_layout="packed"), None),  # ragged, but packed
+        (_spec((32, 32), mask_type=0, kv_layout="padded"), None),  # padded, not ragged
+        (PLAIN, None),
+    ],
+)
+def test_seeded_matching(spec: CaseSpec, expected: str | None) -> None:
+    found = load_deviations().match("atb", "8.2.RC1", spec)
+    assert (found.id if found else None) == expected
+
+
+def test_backend_and_version_gate() -> None:
+    devs = load_deviations()
+    assert devs.match("torch-cpu", "8.2.RC1", PADDED_RAGGED) is None
+    assert devs.match("atb", "8.1.RC1", PADDED_RAGGED) is None  # before the C interface shipped
+    assert devs.match("atb", "8.3.RC1.alpha002", PADDED_RAGGED) is not None
+    assert devs.match("atb", None, PADDED_RAGGED) is None  # unknown version: never excused
+    assert devs.match("atb", "not-a-version", PADDED_RAGGED) is None
+
+
+def test_unused_lists_entries_nothing_matched() -> None:
+    devs = load_deviations()
+    assert len(devs.unused()) == 4
+    devs.match("atb", "8.2.RC1", CAUSAL_PREFIX_100)  # covered by the causal C entry and the prefix entry
+    assert [d.id for d in devs.unused()] == ["atb-c-swa-norm-window-size", "atb-padded-kv-ragged"]
+    devs.match("torch-cpu", "8.2.RC1", SWA)
+    assert len(devs.unused()) == 2
+    devs.match("atb", "8.2.RC1", SWA)
+    assert [d.id for d in devs.unused()] == ["atb-padded-kv-ragged"]
+
+
+SELECTOR_FILE = """
+[[deviation]]
+id = "{id}"
+backend = "{backend}"
+outcome = "fail"
+status = "confirmed"
+reason = "r"
+reference = "spec"
+[deviation.select]
+{select}
+"""
+
+
+def _one(tmp_path: Path, select: str, backend: str = "*") -> Path:
+    path = tmp_path / "devs.toml"
+    path.write_text(SELECTOR_FILE.format(id="d", backend=backend, select=select))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("select", "hit", "miss"),
+    [
+        ('dtype = "bf16"', _spec((4,), dtype="bf16"), _spec((4,), dtype="fp16")),
+        ('mask = "mask_*"', _spec((4,), mask_type=2), _spec((4,), mask_type=0)),
+        ('kv_layout = "padded"', _spec((4,), kv_layout="padded"), _spec((4,), kv_layout="packed")),
+        ("ragged = true", _spec((4, 5)), _spec((4, 4))),
+        ("ragged = false", _spec((4, 4)), _spec((4, 5))),
+        ("causal_prefix_mod128 = true", _spec((4,), (104,), mask_type=3), _spec((4,), (132,), mask_type=3)),
+        ("causal_prefix_mod128 = false", _spec((4, 0), (260, 7)), _spec((4,), (5,))),  # q=0 batch ignored
+        ('case = "*-h8-*"', _spec((4,), head_num=8, kv_head_num=8), _spec((4,))),
+    ],
+)
+def test_each_selector(tmp_path: Path, select: str, hit: CaseSpec, miss: CaseSpec) -> None:
+    devs = load_deviations(_one(tmp_path, select))
+    assert devs.match("anything", "1.0", hit) is not None
+    assert devs.match("anything", "1.0", miss) is None
+
+
+def test_backend_glob_and_no_version_range(tmp_path: Path) -> None:
+    devs = load_deviations(_one(tmp_path, "", backend="torch-*"))
+    assert devs.match("torch-cuda", None, PLAIN) is not None  # no range: version not needed
+    assert devs.match("atb", None, PLAIN) is None
+
+
+VERSIONS_IN_ORDER = [
+    "8.0.RC3", "8.0.0", "8.1.RC1", "8.2.RC1", "8.2.RC2", "8.2.0", "8.2.1", "8.3.RC1.alpha001",
+    "8.3.RC1.alpha002", "8.3.RC1", "8.3.RC2", "8.3.0", "9",
+]
+
+
+def test_version_ordering() -> None:
+    shuffled = list(reversed(VERSIONS_IN_ORDER))
+    assert sorted(shuffled, key=functools.cmp_to_key(compare_versions)) == VERSIONS_IN_ORDER
+    assert compare_versions("8.2", "8.2.0") == 0 and compare_versions("8.2.0", "8.2.0.0") == 0
+    assert compare_versions("8.2.rc1", "8.2.RC1") == 0
+    assert compare_versions("8.2.RC10", "8.2.RC9") == 1
+    assert compare_versions("v8.2.RC1", "CANN 8.2.RC1") == 0
+    with pytest.raises(ValueError):
+        compare_versions("unknown", "8.2.0")
+
+
+def test_ranges() -> None:
+    clauses = parse_range(">=8.2.RC1, <9")
+    assert clauses == [(">=", "8.2.RC1"), ("<", "9")]
+    got = [in_range(v, clauses) for v in ("8.1.0", "8.2.RC1", "8.5.0", "9.0.0")]
+    assert got == [False, True, True, False]
+    assert in_range("8.2.0", parse_range("8.2.0")) and not in_range("8.2.1", parse_range("8.2.0"))
+    assert in_range("8.2.1", parse_range("!=8.2.0,>8.2.RC2,<=8.2.1"))
+    for bad in (">=", "~8.2", ">=RC1"):
+        with pytest.raises(ValueError):
+            parse_range(bad)
+
+
+def test_classify() -> None:
+    devs = load_deviations()
+    error_dev, numeric_dev = devs.entries[0], devs.entries[2]
+    assert error_dev.classify("ERROR_INVALID_IN_TENSOR_NUM", None) == "expected"
+    assert error_dev.classify("ERROR_INVALID_PARAM", None) == "different"
+    assert error_dev.classify(None, True) == "unexpected_pass"
+    assert error_dev.classify(None, False) == "different"
+    assert numeric_dev.classify(None, False) == "expected"
+    assert numeric_dev.classify(None, True) == "unexpected_pass"
+    assert numeric_dev.classify("ERROR_RT_FAIL", None) == "different"
+    assert "ERROR_INVALID_IN_TENSOR_NUM" in error_dev.describe() and "unconfirmed" in error_dev.describe()
+
+
+BASE_ENTRY = (
+    'id = "x"\nbackend = "atb"\noutcome = "fail"\nstatus = "unconfirmed"\nreason = "r"\nreference = "s"\n'
+)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (BASE_ENTRY.replace('reason = "r"\n', ""), "reason"),
+        (BASE_ENTRY.replace('"fail"', '"error"'), "error_status"),
+        (BASE_ENTRY.replace('"fail"', '"error"') + 'error_status = "ERROR_NOPE"\n', "error_status"),
+        (BASE_ENTRY + 'error_status = "ERROR_INVALID_PARAM"\n', "error_status"),
+        (BASE_ENTRY.replace('"fail"', '"crash"'), "outcome"),
+        (BASE_ENTRY.replace('"unconfirmed"', '"maybe"'), "status"),
+        (BASE_ENTRY + 'versions = ">=eight"\n', "versions"),
+        (BASE_ENTRY + "colour = 1\n", "colour"),
+        (BASE_ENTRY + "[deviation.select]\nheads = 4\n", "select.heads"),
+        (BASE_ENTRY + "[deviation.select]\nragged = 1\n", "select.ragged"),
+        (BASE_ENTRY + "[deviation.select]\ndtype = 16\n", "select.dtype"),
+    ],
+)
+def test_load_errors_name_file_entry_and_field(tmp_path: Path, body: str, field: str) -> None:
+    path = tmp_path / "devs.toml"
+    path.write_text("[[deviation]]\n" + body)
+    with pytest.raises(DeviationError) as info:
+        load_deviations(path)
+    assert info.value.field_name == field
+    assert str(path) in str(info.value) and "'x'" in str(info.value)
+
+
+def test_duplicate_ids_and_bad_toml(tmp_path: Path) -> None:
+    path = tmp_path / "devs.toml"
+    path.write_text(("[[deviation]]\n" + BASE_ENTRY) * 2)
+    with pytest.raises(DeviationError, match="duplicate id"):
+        load_deviations(path)
+    path.write_text("[[deviation]\n")
+    with pytest.raises(DeviationError, match="not valid TOML"):
+        load_deviations(path)
+
+
+def test_default_path_is_shipped_file() -> None:
+    assert load_deviations().source == str(DEFAULT_PATH) and DEFAULT_PATH.name == "known_deviations.toml"

@@ -1,0 +1,332 @@
+"""The real native extension against the CPU test double of libatb.
+
+Host CPU tensors stand in for device memory and an arbitrary integer for the stream; the double
+records what reached "ATB" and counts the handles still alive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import native.harness as pyside
+from harness.atb import describe_tensors, host_seqlens, launch
+from harness.backend import BackendError, MlaPrefillCall
+from harness.status import STATUS_NAMES, status_name
+from native import _atb_harness as ext
+
+FAKE_STREAM = 0x5EED_0000_1230
+TENSOR_ORDER = ("q", "q_rope", "k", "k_rope", "v", "mask", "out")
+
+
+def make_call(dtype: torch.dtype = torch.float16, *, q_rank: int = 3, mask: bool = False) -> MlaPrefillCall:
+    """B=2 (q 2+3 rows), H=4, Hkv=2, padded kv [B, S=3, Hkv*D]: k and v have the same shape."""
+    total, heads, kv_heads = 5, 4, 2
+    q_shape = (total, heads, 128) if q_rank == 3 else (total, heads * 128)
+    rope_shape = (total, heads, 64) if q_rank == 3 else (total, heads * 64)
+    return MlaPrefillCall(
+        q=torch.zeros(q_shape, dtype=dtype),
+        q_rope=torch.zeros(rope_shape, dtype=dtype),
+        k=torch.zeros(2, 3, kv_heads * 128, dtype=dtype),
+        k_rope=torch.zeros(2, 3, kv_heads * 64, dtype=dtype),
+        v=torch.zeros(2, 3, kv_heads * 128, dtype=dtype),
+        q_seqlen=torch.tensor([2, 3], dtype=torch.int32),
+        kv_seqlen=torch.tensor([3, 1], dtype=torch.int32),
+        mask=torch.zeros(512, 512, dtype=dtype) if mask else None,
+        head_num=heads,
+        qk_scale=0.125,
+        kv_head_num=kv_heads,
+        mask_type=2 if mask else 0,
+        cache_mode=1,
+    )
+
+
+class Launch:
+    """One launch through harness.atb.launch with CPU workspace and a recording synchronize."""
+
+    def __init__(self, double: Any, context: ext.Context, call: MlaPrefillCall, workspace: int = 0) -> None:
+        double.set_workspace_size(workspace)
+        self.call = call
+        self.out = torch.empty(call.q.shape, dtype=call.q_rope.dtype)
+        self.workspaces: list[torch.Tensor] = []
+        self.at_sync: list[dict[str, Any]] = []
+        self._double = double
+        self._context = context
+
+    def alloc(self, size: int) -> int:
+        self.workspaces.append(torch.empty(size, dtype=torch.uint8))
+        return self.workspaces[-1].data_ptr()
+
+    def sync(self) -> None:
+        self.at_sync.append(self._double.record())
+
+    def __call__(self, alloc: Callable[[int], int] | None = None) -> int:
+        return launch(self._context, self.call, self.out, stream=FAKE_STREAM,
+                      alloc_workspace=alloc or self.alloc, synchronize=self.sync)
+
+
+@pytest.fixture
+def context(atb_double: Any) -> ext.Context:
+    return ext.Context(ext.Library(atb_double.path))
+
+
+def assert_released(record: dict[str, Any]) -> None:
+    """Every aclTensor and operation created was destroyed, each exactly once."""
+    assert record["live"]["tensors"] == 0
+    assert record["live"]["operations"] == 0
+    assert record["tensors_created"] == record["tensors_destroyed"]
+    assert len(record["destroyed_operations"]) == record["operations_created"]
+    assert record["bad_destroys"] == 0
+
+
+def test_native_tables_match_the_python_ones() -> None:
+    assert ext.STATUS_COUNT == len(STATUS_NAMES)
+    for code in range(-2, len(STATUS_NAMES) + 2):
+        assert ext.status_name(code) == status_name(code)
+    assert (ext.ACL_FLOAT, ext.ACL_FLOAT16, ext.ACL_INT32, ext.ACL_BF16, ext.ACL_FORMAT_ND) == (
+        pyside.ACL_FLOAT, pyside.ACL_FLOAT16, pyside.ACL_INT32, pyside.ACL_BF16, pyside.ACL_FORMAT_ND)
+
+
+@pytest.mark.parametrize(("dtype", "code"), [(torch.float16, 1), (torch.bfloat16, 27)])
+@pytest.mark.parametrize("mask", [False, True])
+def test_describe_tensors_is_ordered_and_typed(dtype: torch.dtype, code: int, mask: bool) -> None:
+    call = make_call(dtype, mask=mask)
+    out = torch.empty(call.q.shape, dtype=dtype)
+    descs = describe_tensors(call, out)
+    tensors = {"q": call.q, "q_rope": call.q_rope, "k": call.k, "k_rope": call.k_rope, "v": call.v,
+               "mask": call.mask, "out": out}
+    assert [d.name for d in descs] == [n for n in TENSOR_ORDER if mask or n != "mask"]
+    for desc in descs:
+        tensor = tensors[desc.name]
+        assert tensor is not None
+        assert (desc.ptr, desc.shape, desc.dtype) == (tensor.data_ptr(), tuple(tensor.shape), code)
+
+
+def test_describe_tensors_rejects_what_atb_cannot_read() -> None:
+    call = make_call()
+    out = torch.empty(call.q.shape, dtype=torch.float16)
+    with pytest.raises(ValueError, match="k must be contiguous"):
+        describe_tensors(replace(call, k=call.k.transpose(0, 1)), out)
+    with pytest.raises(ValueError, match="v has dtype torch.float64"):
+        describe_tensors(replace(call, v=call.v.double()), out)
+    with pytest.raises(ValueError, match="q_seqlen must be a host int32"):
+        host_seqlens("q_seqlen", call.q_seqlen.long())
+
+
+def test_arguments_reach_atb_in_declared_order(atb_double: Any, context: ext.Context) -> None:
+    run = Launch(atb_double, context, make_call(mask=True), workspace=4096)
+    assert run() == 4096
+    record = atb_double.record()
+    (setup,) = record["workspace_calls"]
+    (execute,) = record["execute_calls"]
+    call = run.call
+    expected = {"q": call.q, "q_rope": call.q_rope, "k": call.k, "k_rope": call.k_rope, "v": call.v,
+                "mask": call.mask, "atten_out": run.out}
+    assert call.k.shape == call.v.shape
+    for name, tensor in expected.items():
+        assert tensor is not None
+        assert setup[name]["data"] == tensor.data_ptr(), name
+        assert setup[name]["dims"] == list(tensor.shape), name
+    assert (setup["head_num"], setup["qk_scale"], setup["kv_head_num"]) == (4, 0.125, 2)
+    assert (setup["mask_type"], setup["cache_mode"]) == (2, 1)
+    assert setup["stream"] == execute["stream"] == FAKE_STREAM
+    assert setup["context"] == execute["context"] != 0
+    assert execute["workspace"] == run.workspaces[0].data_ptr()
+    assert execute["workspace_size"] == 4096 == run.workspaces[0].numel()
+    assert record["events"] == ["create_context", *["create_tensor"] * 9, "set_stream", "get_workspace_size",
+                                "prefill", "destroy_operation", *["destroy_tensor"] * 9]
+
+
+@pytest.mark.parametrize(("dtype", "code"), [(torch.float16, 1), (torch.bfloat16, 27)])
+@pytest.mark.parametrize("q_rank", [2, 3])
+def test_dtype_format_and_contiguous_strides(atb_double: Any, context: ext.Context, dtype: torch.dtype,
+                                             code: int, q_rank: int) -> None:
+    run = Launch(atb_double, context, make_call(dtype, q_rank=q_rank, mask=True))
+    run()
+    (setup,) = atb_double.record()["workspace_calls"]
+    shapes = {"q": run.call.q, "q_rope": run.call.q_rope, "k": run.call.k, "k_rope": run.call.k_rope,
+              "v": run.call.v, "mask": run.call.mask, "atten_out": run.out,
+              "q_seqlen": run.call.q_seqlen, "kv_seqlen": run.call.kv_seqlen}
+    for name, tensor in shapes.items():
+        assert tensor is not None
+        recorded = setup[name]
+        assert recorded["dtype"] == (3 if "seqlen" in name else code), name
+        assert recorded["format"] == 2, name
+        assert recorded["strides"] == list(tensor.contiguous().stride()), name
+        assert recorded["storage_dims"] == recorded["dims"] == list(tensor.shape), name
+        assert recorded["offset"] == 0, name
+
+
+def test_mask_none_is_passed_as_null(atb_double: Any, context: ext.Context) -> None:
+    Launch(atb_double, context, make_call(mask=False))()
+    record = atb_double.record()
+    assert record["workspace_calls"][0]["mask"] is None
+    assert record["tensors_created"] == 8
+
+
+def test_host_seqlens_are_correct_at_setup_and_alive_through_execute(atb_double: Any,
+                                                                      context: ext.Context) -> None:
+    run = Launch(atb_double, context, make_call())
+    run()
+    record = atb_double.record()
+    setup, execute = record["workspace_calls"][0], record["execute_calls"][0]
+    assert setup["q_seqlen_read"] == [2, 3]
+    assert setup["kv_seqlen_read"] == [3, 1]
+    assert execute["q_seqlen_read"] == [2, 3]
+    assert execute["kv_seqlen_read"] == [3, 1]
+    assert setup["q_seqlen"]["data"] != run.call.q_seqlen.data_ptr()  # a buffer the harness owns
+    assert execute["live_tensors"] == 8
+
+
+def test_every_call_gets_a_fresh_operation_destroyed_after_the_final_sync(atb_double: Any,
+                                                                         context: ext.Context) -> None:
+    first, second = Launch(atb_double, context, make_call()), Launch(atb_double, context, make_call())
+    first()
+    second()
+    record = atb_double.record()
+    assert [c["op_in"] for c in record["workspace_calls"]] == [0, 0]
+    ops = [int(c["op_out"]) for c in record["workspace_calls"]]
+    assert all(ops)
+    assert [c["op"] for c in record["execute_calls"]] == ops
+    assert all(c["op_live"] for c in record["execute_calls"])
+    assert [int(op) for op in record["destroyed_operations"]] == ops
+    for run in (first, second):  # the op and tensors outlive the synchronize after AtbMLAPreFill
+        (snapshot,) = run.at_sync
+        assert snapshot["live"]["operations"] == 1
+        assert snapshot["live"]["tensors"] == 8
+        assert snapshot["events"][-1] == "prefill"
+    assert_released(record)
+    assert record["operations_created"] == 2
+
+
+@pytest.mark.parametrize(("stage", "status"), [("create", 1), ("setup", 5), ("execute", 4)])
+def test_failure_at_each_stage_raises_and_releases(atb_double: Any, context: ext.Context, stage: str,
+                                                    status: int) -> None:
+    atb_double.inject(stage, status)
+    run = Launch(atb_double, context, make_call(), workspace=64)
+    with pytest.raises(BackendError) as caught:
+        run()
+    err = caught.value
+    assert (err.status, err.status_name, err.stage) == (status, STATUS_NAMES[status], stage)
+    assert isinstance(err.__cause__, ext.AtbStatusError)
+    assert (err.__cause__.status, err.__cause__.stage) == (status, stage)
+    record = atb_double.record()
+    assert_released(record)
+    assert record["operations_created"] == (0 if stage == "create" else 1)
+    assert len(record["execute_calls"]) == (1 if stage == "execute" else 0)
+    assert len(run.workspaces) == len(run.at_sync) == (1 if stage == "execute" else 0)
+
+
+@pytest.mark.parametrize("status", [*range(1, len(STATUS_NAMES)), 77])
+def test_every_status_code_is_named(atb_double: Any, context: ext.Context, status: int) -> None:
+    atb_double.inject("setup", status)
+    with pytest.raises(BackendError) as caught:
+        Launch(atb_double, context, make_call())()
+    name = STATUS_NAMES.get(status, f"UNKNOWN_STATUS_{status}")
+    assert (caught.value.status, caught.value.status_name, caught.value.stage) == (status, name, "setup")
+    assert f"{name} ({status}) at setup" in str(caught.value)
+
+
+def test_stream_failure_is_reported_before_any_operation(atb_double: Any, context: ext.Context) -> None:
+    atb_double.inject("stream", 21)
+    with pytest.raises(BackendError, match="ERROR_INVALID_STREAM") as caught:
+        Launch(atb_double, context, make_call())()
+    assert caught.value.stage == "setup"
+    record = atb_double.record()
+    assert record["workspace_calls"] == []
+    assert_released(record)
+
+
+def test_workspace_allocation_failure_releases_everything(atb_double: Any, context: ext.Context) -> None:
+    def refuse(size: int) -> int:
+        raise MemoryError(f"no {size} bytes")
+
+    with pytest.raises(MemoryError, match="no 128 bytes"):
+        Launch(atb_double, context, make_call(), workspace=128)(alloc=refuse)
+    record = atb_double.record()
+    assert record["execute_calls"] == []
+    assert record["operations_created"] == 1
+    assert_released(record)
+
+
+@pytest.mark.parametrize(("index", "name"), [(0, "q"), (3, "k_rope"), (6, "q_seqlen"), (7, "kv_seqlen")])
+def test_acl_create_tensor_failure_releases_the_tensors_made_so_far(atb_double: Any, context: ext.Context,
+                                                                     index: int, name: str) -> None:
+    atb_double.fail_create_tensor(index)
+    with pytest.raises(RuntimeError, match=f"aclCreateTensor returned null for {name}$"):
+        Launch(atb_double, context, make_call())()
+    record = atb_double.record()
+    assert record["tensors_created"] == index
+    assert record["workspace_calls"] == []
+    assert_released(record)
+
+
+def test_malformed_descriptor_lists_are_rejected_without_leaks(atb_double: Any, context: ext.Context) -> None:
+    call = make_call()
+    descs = describe_tensors(call, torch.empty(call.q.shape, dtype=torch.float16))
+    args = ([2, 3], [3, 1], 4, 0.125, 2, 0, 1, FAKE_STREAM, lambda n: 0, lambda: None)
+    bad = {
+        "missing tensor: out": descs[:-1],
+        "tensor given twice: q": [descs[0], *descs],
+        "unknown tensor name: query": [descs[0]._replace(name="query"), *descs[1:]],
+    }
+    for message, tensors in bad.items():
+        with pytest.raises(ValueError, match=message):
+            ext.prefill(context, tensors, *args)
+    with pytest.raises(ValueError, match="cacheMode must fit in uint8"):
+        ext.prefill(context, descs, *args[:6], 256, *args[7:])
+    record = atb_double.record()
+    assert record["workspace_calls"] == []
+    assert_released(record)
+
+
+def test_context_lifecycle(atb_double: Any) -> None:
+    library = ext.Library(atb_double.path)
+    before = atb_double.record()["live"]["contexts"]
+    created = ext.Context(library)
+    assert atb_double.record()["live"]["contexts"] == before + 1
+    del created
+    record = atb_double.record()
+    assert record["live"]["contexts"] == before
+    assert record["events"][-1] == "destroy_context"
+    atb_double.inject("context", 27)
+    with pytest.raises(ext.AtbStatusError) as caught:
+        ext.Context(library)
+    assert (caught.value.status, caught.value.status_name, caught.value.stage) == (
+        27, "ERROR_OUT_OF_HOST_MEMORY", "create")
+    assert atb_double.record()["live"]["contexts"] == before
+
+
+def test_library_search_order_and_messages(monkeypatch: pytest.MonkeyPatch, atb_double: Any, tmp_path: Path,
+                                           symbolless_lib: Path) -> None:
+    monkeypatch.setenv("ATB_HOME_PATH", str(tmp_path))
+    missing = tmp_path / "nowhere" / "libatb.so"
+    monkeypatch.setenv("MLA_ATB_LIB", str(missing))
+    with pytest.raises(ext.AtbLoadError, match="libatb not found") as caught:
+        ext.Library()
+    assert str(missing) in str(caught.value)
+    assert f"{tmp_path}/lib/libatb.so" not in str(caught.value)  # an explicit choice is not second-guessed
+
+    monkeypatch.setenv("MLA_ATB_LIB", atb_double.path)
+    found = ext.Library()
+    assert found.path == found.acl_source == atb_double.path
+
+    monkeypatch.setenv("MLA_ATB_LIB", str(symbolless_lib))
+    with pytest.raises(ext.AtbLoadError, match=r"AtbMLAPreFillGetWorkspaceSize.*needs CANN/NNAL >= 8\.2\.RC1"):
+        ext.Library()
+
+    monkeypatch.delenv("MLA_ATB_LIB")
+    try:
+        ext.Library("libatb.so")
+    except ext.AtbLoadError:
+        with pytest.raises(ext.AtbLoadError) as caught:
+            ext.Library()
+        assert f"tried {tmp_path}/lib/libatb.so (" in str(caught.value)
+        assert "; libatb.so (" in str(caught.value)
+    else:
+        pytest.skip("a real libatb.so is on the loader path; the not-found message cannot be provoked")

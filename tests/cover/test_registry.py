@@ -1,0 +1,73 @@
+"""Backend selection: built-ins, auto, environment, and external backends by import path."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from harness import registry
+from harness.backend import Backend
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: The README's ten-line external backend, verbatim in spirit: torch-cpu under another name.
+EXTERNAL = textwrap.dedent("""
+    from harness.torch_backend import TorchSdpaBackend
+
+    class MyKernel(TorchSdpaBackend):
+        def __init__(self):
+            super().__init__("cpu")
+            self.name = "my-kernel"
+
+    def factory():
+        return MyKernel()
+""")
+
+
+def test_builtin_and_auto() -> None:
+    backend = registry.create("torch-cpu")
+    assert isinstance(backend, Backend) and backend.name == "torch-cpu" and backend.available()
+    assert registry.resolve_auto() in registry.AUTO_ORDER
+
+
+def test_selection_from_option_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(registry.ENV_VAR, "torch-cpu, pkg.mod:make")
+    assert registry.selected_names(None) == ["torch-cpu", "pkg.mod:make"]
+    assert registry.selected_names(["torch-cuda,torch-cpu", "torch-cpu"]) == ["torch-cuda", "torch-cpu"]
+
+
+@pytest.mark.parametrize(("name", "fragment"), [("nonsense", "built-in name or 'pkg.module:factory'"),
+                                                ("no_such_module_xyz:f", "cannot import"),
+                                                ("harness.registry:missing", "has no 'missing'"),
+                                                ("harness.registry:resolve_auto", "lacks the Backend protocol")])
+def test_bad_selection_is_explained(name: str, fragment: str) -> None:
+    with pytest.raises(registry.BackendSelectionError, match=fragment):
+        registry.create(name)
+
+
+def run_pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env_path = f"{tmp_path}:{REPO}"
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "cases/test_conformance.py", "-p", "no:cacheprovider", "-q", "-rs",
+         "--golden-dir", str(tmp_path / "golden"), "--report-dir", str(tmp_path / "report"), *args],
+        cwd=REPO, capture_output=True, text=True, env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"},
+        timeout=300,
+    )
+
+
+def test_external_backend_runs_the_suite(tmp_path: Path) -> None:
+    (tmp_path / "my_kernels.py").write_text(EXTERNAL)
+    result = run_pytest(tmp_path, "--backend", "my_kernels:factory", "-k", "fp16-undefined and q2d")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "2 passed" in result.stdout and "my-kernel" in (tmp_path / "report" / "results.jsonl").read_text()
+
+
+def test_atb_skips_with_the_probe_reason(tmp_path: Path) -> None:
+    result = run_pytest(tmp_path, "--backend", "atb", "-k", "fp16-undefined and q2d")
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "2 skipped" in result.stdout
+    assert "backend atb unavailable: torch_npu" in result.stdout

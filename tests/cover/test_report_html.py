@@ -1,0 +1,122 @@
+"""report.html and its inline SVG: self-contained, escaped, complete; group aggregates correct."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+from reports import cli, html, summary, svg
+from reports.records import group_stats, write_json, write_results
+
+
+def rec(i: int, backend: str = "npu", verdict: str = "passed", **extra: Any) -> dict[str, Any]:
+    slack = 0.1 * (i % 12)
+    r = {
+        "case_id": f"case{i:03d}",
+        "backend": backend,
+        "dtype": ("fp16", "bf16")[i % 2],
+        "mask": ("causal", "mask_free")[i % 2],
+        "cache": "krope_ctkv",
+        "verdict": verdict,
+        "worst_slack": slack,
+        "policy": "atb",
+        "spec": {"q_seqlen": [8 << (i % 5)], "kv_seqlen": [8 << (i % 5)]},
+        "metrics": {"max_rel_err": 1e-4 * (1 + i), "rmse": 1e-5 * (1 + i)},
+        "checks": [
+            {
+                "rule": "atb",
+                "metric": "max_rel_err",
+                "value": 1e-4,
+                "bound": 1e-3,
+                "slack": slack,
+                "passed": slack <= 1,
+            }
+        ],
+        "failing": [],
+        "message": "",
+        "output_sha256": f"{i:064x}",
+        "timing": {"latency_ms_median": 0.5 + i, "repeats": 3, "tflops": 2.0},
+    }
+    return r | extra
+
+
+def records() -> list[dict[str, Any]]:
+    out = [rec(i) for i in range(40)] + [rec(i, backend="cpu") for i in range(10)]
+    out.append(
+        rec(
+            99,
+            verdict="failed",
+            worst_slack=float("nan"),
+            failing=["atb:max_rel_err"],
+            metrics={"max_rel_err": float("nan"), "rmse": float("inf")},
+            message="NaN in <output> & friends",
+        )
+    )
+    out.append(
+        rec(98, case_id="<script>alert(1)</script>", verdict="failed", worst_slack=3.0, failing=["atb:rmse"])
+    )
+    return out
+
+
+class Counter(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: dict[str, int] = {}
+        self.open: list[str] = []
+        self.external: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags[tag] = self.tags.get(tag, 0) + 1
+        self.external += [v for k, v in attrs if k in ("src", "href") and v]
+
+
+def test_report_is_self_contained_and_complete() -> None:
+    text = html.render(records(), {"run_name": "r1", "policies": ["atb"], "environment": {"host": "h"}})
+    parser = Counter()
+    parser.feed(text)
+    assert parser.external == [] and "script" not in parser.tags  # the injected case id is escaped
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+    assert parser.tags["table"] >= 6
+    assert parser.tags["svg"] == 3 * 4  # three plots per group; groups: npu x2, cpu x2
+    assert parser.tags["rect"] > 20 and parser.tags["circle"] > 20
+    assert "NaN in &lt;output&gt; &amp; friends" in text and "1 non-finite" in text
+    assert "environment.host" in text and "median TFLOP/s" in text
+
+
+def test_group_aggregates() -> None:
+    groups = {g.key: g for g in group_stats(records())}
+    npu_bf16 = groups[("npu", "bf16", "mask_free", "krope_ctkv")]
+    assert npu_bf16.counts["passed"] == 20 and npu_bf16.counts["failed"] == 1  # case099 is odd: bf16
+    assert math.isinf(npu_bf16.worst_slack or 0) and math.isinf(npu_bf16.max_rel_err or 0)  # NaN is worst
+    assert npu_bf16.median_rmse is not None and npu_bf16.median_rmse < 1e-3  # inf excluded from median
+    cpu_fp16 = groups[("cpu", "fp16", "causal", "krope_ctkv")]
+    assert cpu_fp16.worst_slack == 0.8 and cpu_fp16.median_latency_ms == 4.5
+
+
+def test_terminal_tables_fit_80_columns() -> None:
+    long = [
+        rec(i, backend="a_really_long_backend_name_for_testing", mask="bottom_right_causal_prefix")
+        for i in range(4)
+    ]
+    lines = summary.group_table(long) + summary.worst_table(long) + summary.timing_table(long)
+    assert all(len(line) <= 80 for line in summary.plain(lines).splitlines())
+    assert "a_really" in summary.plain(lines)
+
+
+def test_histogram_counts_dropped_values() -> None:
+    out = svg.histogram([1e-3, 2e-3, 0.0, float("nan")], "t", "x", log10=True)
+    assert "(2 non-finite or zero)" in out and out.count("<rect") >= 1
+    assert "no data" in svg.histogram([], "t", "x") and "no data" in svg.strip([], "t", "x")
+
+
+def test_html_verb_rerenders(tmp_path: Path) -> None:
+    write_results(tmp_path / "results.jsonl", records())
+    write_json(tmp_path / "run.json", {"run_name": "again"})
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers(dest="verb", required=True))
+    args = parser.parse_args(["report", "html", str(tmp_path)])
+    assert args.func(args) == 0
+    assert "MLA prefill conformance: again" in (tmp_path / "report.html").read_text()
