@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from fnmatch import fnmatchcase
 from collections.abc import Iterator
+from fnmatch import fnmatchcase
 from pathlib import Path
 
 import pytest

@@ -57,7 +57,8 @@ def _outcome(passed: bool, error: BackendError | None, deviation: Deviation | No
     if deviation is None:
         return "passed" if passed and error is None else "failed"
     kind = deviation.classify(error.status_name if error else None, None if error else passed)
-    return {"expected": "xfailed", "unexpected_pass": "xpassed", "different": "failed"}[kind]
+    outcomes: dict[str, Outcome] = {"expected": "xfailed", "unexpected_pass": "xpassed", "different": "failed"}
+    return outcomes[kind]
 
 
 def run_case(

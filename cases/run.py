@@ -42,7 +42,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "generated on demand. Arguments after '--' go to pytest unchanged.",
     )
     parser.add_argument("--suite", action="append", help="smoke (default), standard, deepseek, edge, all")
-    parser.add_argument("--backend", action="append", help="auto (default), atb, torch-cuda, torch-cpu, pkg.mod:factory")
+    parser.add_argument("--backend", action="append",
+                        help="auto (default), atb, torch-cuda, torch-cpu, pkg.mod:factory")
     parser.add_argument("--policy", default=None, help="tolerance policy (default: 'default')")
     parser.add_argument("--golden-dir", default=None, help="golden store (default $MLA_GOLDEN_DIR or .golden/)")
     parser.add_argument("--run-name", default=None, help="report folder name under reports/out/")

@@ -9,6 +9,7 @@ reads them gets visibly wrong answers instead of accidentally right ones (zeros 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -30,18 +31,20 @@ V_OUTLIER_MAGNITUDE = 64.0
 NEAR_TIE_NOISE = 0.01
 
 
-def numpy_dtype(dtype: str) -> np.dtype:
+def numpy_dtype(dtype: str) -> np.dtype[Any]:
     """The numpy dtype holding a case dtype's values exactly."""
     if dtype == "fp16":
         return np.dtype(np.float16)
     if dtype == "bf16":
-        return np.dtype(ml_dtypes.bfloat16)
+        bf16: np.dtype[Any] = np.dtype(ml_dtypes.bfloat16)
+        return bf16
     raise ValueError(f"unknown dtype {dtype!r}")
 
 
 def round_to(values: np.ndarray, dtype: str) -> np.ndarray:
     """Round float64 values to the case dtype (round-to-nearest-even)."""
-    return np.ascontiguousarray(values).astype(numpy_dtype(dtype))
+    rounded: np.ndarray = np.ascontiguousarray(values).astype(numpy_dtype(dtype))
+    return rounded
 
 
 def case_rng(spec: CaseSpec) -> np.random.Generator:
@@ -87,7 +90,8 @@ def _padded(packed: np.ndarray, spec: CaseSpec, rng: np.random.Generator) -> np.
     """Scatter packed rows ``[sum(kv), N, D]`` into ``[B, S, N*D]`` with garbage in the padding."""
     n, d = packed.shape[1], packed.shape[2]
     s = spec.max_kv
-    garbage = rng.uniform(2.0, 4.0, (spec.batch, s, n * d)) * rng.choice([-1.0, 1.0], (spec.batch, s, n * d))
+    shape = (spec.batch, s, n * d)
+    garbage: np.ndarray = rng.uniform(2.0, 4.0, shape) * rng.choice([-1.0, 1.0], shape)
     offset = 0
     for b, length in enumerate(spec.kv_seqlen):
         garbage[b, :length] = packed[offset : offset + length].reshape(length, n * d)

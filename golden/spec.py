@@ -14,11 +14,12 @@ import hashlib
 import itertools
 import json
 import math
-import tomllib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 MAX_BATCH = 8192
 MAX_HEADS = 128
@@ -223,7 +224,7 @@ def build_case(
     kwargs["mask_type"] = _coerce_enum(raw.get("mask_type", 0), MASK_CODES, source, label, "mask_type")
     kwargs["cache_mode"] = _coerce_enum(raw.get("cache_mode", 1), CACHE_CODES, source, label, "cache_mode")
     for int_field in ("head_num", "kv_head_num", "seed"):
-        value = kwargs[int_field] if int_field in kwargs else 0
+        value = kwargs.get(int_field, 0)
         if not isinstance(value, int) or isinstance(value, bool):
             raise SpecError(source, label, int_field, f"must be an integer, got {value!r}")
     scale = kwargs.get("qk_scale", DEFAULT_QK_SCALE)

@@ -181,7 +181,7 @@ def _kv_dims(call: MlaPrefillCall) -> str | None:
         forms = "[B, S, Hkv*128]" if call.mask_type == CAUSAL else "[B, S, Hkv*128] or [Tk, Hkv, 128]"
         return f"k {k}: expected {forms} with B {batch}, Hkv {hkv} (spec §2)"
     if kr != (k[0], k[1], k[2] // 2) or v != k:
-        return f"kRope {kr} / v {v}: expected k's first dims with last dim / 2, and exactly k's shape {k} (spec §2)"
+        return f"kRope {kr} / v {v}: expected k's dims with the last halved / exactly k's {k} (spec §2)"
     return None
 
 

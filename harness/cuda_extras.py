@@ -91,6 +91,7 @@ class FlashAttnBackend(_CudaLibraryBackend):
             q, k, v_padded, cu_q, cu_k, int(call.q_seqlen.max()), int(call.kv_seqlen.max()),
             softmax_scale=call.qk_scale, causal=causal,
         )[..., :VDIM]
+        assert isinstance(out, torch.Tensor)
         return out.reshape(call.q.shape[0], -1) if call.q.dim() == 2 else out
 
 
@@ -108,4 +109,5 @@ class FlashInferBackend(_CudaLibraryBackend):
         wrapper.plan(cu_q, cu_k, call.head_num, call.kv_head_num, NOPE + ROPE, head_dim_vo=VDIM,
                      causal=causal, sm_scale=call.qk_scale, q_data_type=q.dtype)
         out = wrapper.run(q, k, v)
+        assert isinstance(out, torch.Tensor)
         return out.reshape(call.q.shape[0], -1) if call.q.dim() == 2 else out

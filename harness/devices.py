@@ -20,10 +20,10 @@ def worker_device_index(device_count: int, worker_id: str | None = None) -> int:
 def npu_count() -> int:
     """Visible Ascend NPUs; 0 when torch_npu is absent or fails to import (it raises without CANN)."""
     try:
-        import torch_npu  # noqa: F401
         import torch
+        import torch_npu  # noqa: F401
 
-        return int(torch.npu.device_count())
+        return int(torch.npu.device_count())  # type: ignore[attr-defined]
     except Exception:  # torch_npu raises RuntimeError and more on machines without CANN
         return 0
 

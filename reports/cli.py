@@ -30,8 +30,7 @@ def register(subparsers: Any) -> None:
         "--slack-threshold",
         type=float,
         default=1.5,
-        help="a passing case regresses when its worst slack grows beyond this factor and "
-        "exceeds 0.5 (default 1.5)",
+        help="a passing case regresses when its worst slack grows beyond this factor and exceeds 0.5 (default 1.5)",
     )
     p.add_argument(
         "--latency-threshold",
@@ -75,8 +74,6 @@ def run_merge(args: argparse.Namespace) -> int:
 
 
 def run_html(args: argparse.Namespace) -> int:
-    path = html.write_report(
-        args.dir, sort_records(read_results(args.dir / RESULTS_FILE)), read_run(args.dir)
-    )
+    path = html.write_report(args.dir, sort_records(read_results(args.dir / RESULTS_FILE)), read_run(args.dir))
     print(f"wrote {path}")
     return 0

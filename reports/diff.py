@@ -102,9 +102,7 @@ def _metrics(record: Record) -> dict[str, float]:
 def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
     """One matched case: regressed / fixed / identical / changed, with the reasons."""
     bs, cs = slack(base), slack(cand)
-    d = CaseDiff(
-        str(base.get("case_id")), str(base.get("backend")), "changed", verdict(base), verdict(cand), bs, cs
-    )
+    d = CaseDiff(str(base.get("case_id")), str(base.get("backend")), "changed", verdict(base), verdict(cand), bs, cs)
     b_state, c_state = _state(base), _state(cand)
     if base.get("policy") != cand.get("policy"):
         d.reasons.append(f"policy {base.get('policy')} -> {cand.get('policy')}")
@@ -120,12 +118,7 @@ def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
         d.reasons.append(f"{verdict(base)} -> {verdict(cand)} (not comparable)")
     elif same_output or (b_state == c_state == "skip"):
         d.category = "identical"
-    elif (
-        b_state == "pass"
-        and cs is not None
-        and cs > 0.5
-        and (bs is None or bs <= 0 or cs > slack_threshold * bs)
-    ):
+    elif b_state == "pass" and cs is not None and cs > 0.5 and (bs is None or bs <= 0 or cs > slack_threshold * bs):
         d.category = "regressed"
         d.reasons.append(f"slack {fmt_slack(bs)} -> {fmt_slack(cs)} (threshold {slack_threshold:g}x)")
     if d.category in ("changed", "regressed", "fixed"):
@@ -170,9 +163,7 @@ def diff_records(
     return cases, perf
 
 
-def _run_notes(
-    base_run: Mapping[str, Any], cand_run: Mapping[str, Any], cases: Sequence[CaseDiff]
-) -> list[str]:
+def _run_notes(base_run: Mapping[str, Any], cand_run: Mapping[str, Any], cases: Sequence[CaseDiff]) -> list[str]:
     notes: list[str] = []
     added = sum(c.category == "added" for c in cases)
     missing = sum(c.category == "missing" for c in cases)
@@ -190,9 +181,7 @@ def _env_changes(base_run: Mapping[str, Any], cand_run: Mapping[str, Any]) -> li
     return [(k, b.get(k, "-"), c.get(k, "-")) for k in ENV_KEYS if b.get(k) != c.get(k)]
 
 
-def diff_dirs(
-    base: Path, cand: Path, *, slack_threshold: float = 1.5, latency_threshold: float = 1.2
-) -> DiffResult:
+def diff_dirs(base: Path, cand: Path, *, slack_threshold: float = 1.5, latency_threshold: float = 1.2) -> DiffResult:
     cases, perf = diff_records(
         read_results(base / RESULTS_FILE),
         read_results(cand / RESULTS_FILE),
@@ -279,23 +268,17 @@ def _md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 def markdown(result: DiffResult) -> str:
     parts = [
         f"# Run diff\n\nbase `{result.base}` → candidate `{result.cand}`\n",
-        _md_table(
-            [*result.counts(), "perf"], [[str(v) for v in result.counts().values()] + [str(len(result.perf))]]
-        ),
+        _md_table([*result.counts(), "perf"], [[str(v) for v in result.counts().values()] + [str(len(result.perf))]]),
     ]
     parts += [f"\n> **Note:** {n}" for n in result.notes]
     if result.env_changes:
-        parts.append(
-            "\n## Environment changes\n\n" + _md_table(["key", "base", "candidate"], result.env_changes)
-        )
+        parts.append("\n## Environment changes\n\n" + _md_table(["key", "base", "candidate"], result.env_changes))
     for category in ("regressed", "fixed", "changed", "added", "missing"):
         rows = _rows(result, category)
         if rows:
             parts.append(f"\n## {category.capitalize()} ({len(rows)})\n\n" + _md_table(HEADERS, rows))
     if result.perf:
-        parts.append(
-            f"\n## Perf regressions ({len(result.perf)})\n\n" + _md_table(PERF_HEADERS, _perf_rows(result))
-        )
+        parts.append(f"\n## Perf regressions ({len(result.perf)})\n\n" + _md_table(PERF_HEADERS, _perf_rows(result)))
     return "\n".join(parts) + "\n"
 
 
@@ -310,15 +293,12 @@ def render_html(result: DiffResult) -> str:
     ]
     sections += [f'<p class="note">Note: {escape(n)}</p>' for n in result.notes]
     if result.env_changes:
-        sections.append(
-            "<h2>Environment changes</h2>" + html.table(["key", "base", "candidate"], result.env_changes)
-        )
+        sections.append("<h2>Environment changes</h2>" + html.table(["key", "base", "candidate"], result.env_changes))
     for category in ("regressed", "fixed", "changed", "added", "missing"):
         rows = _rows(result, category)
         if rows:
             sections.append(
-                f'<h2 class="{category}">{category.capitalize()} ({len(rows)})</h2>'
-                + html.table(HEADERS, rows)
+                f'<h2 class="{category}">{category.capitalize()} ({len(rows)})</h2>' + html.table(HEADERS, rows)
             )
     if result.perf:
         sections.append(

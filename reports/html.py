@@ -32,7 +32,8 @@ from reports.records import (
 CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
 h1{font-size:1.4em}h2{font-size:1.2em;border-bottom:1px solid #ccc;margin-top:1.6em}
-table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}
+table{border-collapse:collapse;margin:.5em 0}
+td,th{border:1px solid #ccc;padding:2px 6px;text-align:left;white-space:nowrap}
 th{background:#f0f0f0}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .passed{color:#176b1d}.failed,.error,.regressed{color:#b00020;font-weight:bold}
 .xfailed,.xpassed,.skipped,.missing,.added{color:#8a6100}.fixed{color:#176b1d;font-weight:bold}
@@ -139,7 +140,7 @@ def _plots_section(records: Sequence[Record]) -> str:
         ]
         parts.append(
             f'<h3>{escape(" / ".join(g.key))}</h3><div class="plots">'
-            + svg.histogram(rel, "max rel err", "log10 max_rel_err", log10=True)
+            + svg.histogram(rel, "max rel err", "max_rel_err (log scale)", log10=True)
             + svg.histogram(slacks, "worst slack", "measured / allowed (line: bound)", marker=1.0)
             + svg.strip(by_len, "max rel err by sequence length", "max kv length bucket")
             + "</div>"

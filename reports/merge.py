@@ -105,7 +105,5 @@ def merge_dirs(dirs: Sequence[Path]) -> MergeResult:
 def write_merged(result: MergeResult, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     write_results(out / RESULTS_FILE, result.records)
-    write_json(
-        out / RUN_FILE, result.run | {"merge_conflicts": result.conflicts, "merge_warnings": result.warnings}
-    )
+    write_json(out / RUN_FILE, result.run | {"merge_conflicts": result.conflicts, "merge_warnings": result.warnings})
     html.write_report(out, result.records, result.run)

@@ -242,9 +242,7 @@ class Collector:
         from reports import summary
 
         if self.state.records:
-            summary.write_terminal(
-                terminalreporter, records.sort_records(self.state.records), self.state.report_dir
-            )
+            summary.write_terminal(terminalreporter, records.sort_records(self.state.records), self.state.report_dir)
 
     def run_document(self, finished: float) -> dict[str, Any]:
         """run.json: the lead's run info, then run facts and the environment (these win)."""

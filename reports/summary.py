@@ -71,7 +71,10 @@ def layout(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], width: int
     def cell(text: str, i: int, markup: Markup) -> Cell:
         if len(text) > widths[i]:
             text = text[: widths[i] - 1] + "~"
-        text = text.rjust(widths[i]) if columns[i].right else text.ljust(widths[i])
+        if columns[i].right:
+            text = text.rjust(widths[i])
+        elif i < len(columns) - 1:
+            text = text.ljust(widths[i])
         return (text if i == len(columns) - 1 else text + " ", markup)
 
     header = [cell(c.header, i, {"bold": True}) for i, c in enumerate(columns)]
@@ -111,33 +114,42 @@ def group_table(records: Sequence[Record], width: int = WIDTH) -> list[list[Cell
     if natural - 1 <= width or len(stats) < 2 or not constant:
         return layout(columns, rows, width)
     shared = "all groups: " + ", ".join(f"{GROUP_FIELDS[i]}={stats[0].key[i]}" for i in constant)
-    caption: list[list[Cell]] = [
-        [(line, {})] for line in textwrap.wrap(shared, width, subsequent_indent="  ")
-    ]
+    caption: list[list[Cell]] = [[(line, {})] for line in textwrap.wrap(shared, width, subsequent_indent="  ")]
     keep = [i for i in range(len(columns)) if i not in constant]
     return caption + layout([columns[i] for i in keep], [[r[i] for i in keep] for r in rows], width)
 
 
 def worst_table(records: Sequence[Record], count: int = 10, width: int = WIDTH) -> list[list[Cell]]:
-    """The cases closest to (or furthest past) their bounds, with the failing metric."""
+    """The cases closest to (or furthest past) their bounds, with the failing metric.
+
+    Case ids are long (readable name + hash), so each gets its own line under its row rather
+    than a truncated column.
+    """
     columns = [
-        Column("case", shrink=True),
-        Column("backend", shrink=True),
-        Column("verdict"),
+        Column("#", True),
         Column("slack", True),
+        Column("verdict"),
+        Column("backend", shrink=True),
         Column("failing / closest check", shrink=True),
     ]
-    rows = [
+    ranked = worst_cases(records, count)
+    rows: list[list[Cell]] = [
         [
-            (str(r.get("case_id", "?")), {}),
-            (str(r.get("backend", "?")), {}),
-            (verdict(r), {_VERDICT_COLOUR[verdict(r)]: True}),
+            (str(n), {}),
             (fmt_slack(slack(r)), _slack_markup(slack(r))),
+            (verdict(r), {_VERDICT_COLOUR[verdict(r)]: True}),
+            (str(r.get("backend", "?")), {}),
             (failing_summary(r), {}),
         ]
-        for r in worst_cases(records, count)
+        for n, r in enumerate(ranked, 1)
     ]
-    return layout(columns, rows, width)
+    header, *body = layout(columns, rows, width)
+    indent = " " * (len(header[0][0]) + 1)
+    out = [header]
+    for row, r in zip(body, ranked, strict=True):
+        case = indent + str(r.get("case_id", "?"))
+        out += [row, [(case if len(case) <= width else case[: width - 1] + "~", {})]]
+    return out
 
 
 def timing_table(records: Sequence[Record], width: int = WIDTH) -> list[list[Cell]]:
@@ -190,6 +202,4 @@ def write_terminal(tr: Any, records: Sequence[Record], report_dir: Path) -> None
         tr.write_sep("-", "timing (median over cases; not part of verdicts)")
         emit(timing)
     failed = sum(verdict(r) in ("failed", "error") for r in records)
-    tr.write_line(
-        f"{len(records)} records, {failed} failed; report: {report_dir}", red=bool(failed), green=not failed
-    )
+    tr.write_line(f"{len(records)} records, {failed} failed; report: {report_dir}", red=bool(failed), green=not failed)

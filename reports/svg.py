@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from html import escape
 
 W, H = 320, 180
-LEFT, RIGHT, TOP, BOTTOM = 40, 10, 22, 34
+LEFT, RIGHT, TOP, BOTTOM = 44, 10, 22, 34
 
 
 def _frame(title: str, xlabel: str, body: list[str]) -> str:
@@ -22,12 +22,17 @@ def _frame(title: str, xlabel: str, body: list[str]) -> str:
     )
 
 
-def _tick(x: float, label: str) -> str:
+def _tick(x: float, label: str, anchor: str = "middle") -> str:
     y = H - BOTTOM
     return (
         f'<line x1="{x:.1f}" y1="{y}" x2="{x:.1f}" y2="{y + 4}" class="axis"/>'
-        f'<text x="{x:.1f}" y="{y + 14}" text-anchor="middle" class="l">{escape(label)}</text>'
+        f'<text x="{x:.1f}" y="{y + 14}" text-anchor="{anchor}" class="l">{escape(label)}</text>'
     )
+
+
+def _label(v: float, log10: bool) -> str:
+    """Axis value; log axes show the value itself, not its exponent."""
+    return f"{10**v:.3g}" if log10 else f"{v:.3g}"
 
 
 def _ytick(y: float, label: str) -> str:
@@ -77,9 +82,9 @@ def histogram(
                 f'<rect x="{LEFT + pw * i / bins:.1f}" y="{H - BOTTOM - h:.1f}" '
                 f'width="{max(pw / bins - 1, 1):.1f}" height="{h:.1f}" class="bar"><title>{n}</title></rect>'
             )
-    for frac in (0.0, 0.5, 1.0):
+    for frac, anchor in ((0.0, "start"), (0.5, "middle"), (1.0, "end")):
         v = lo + (hi - lo) * frac
-        body.append(_tick(LEFT + pw * frac, f"1e{v:.1f}" if log10 else f"{v:.3g}"))
+        body.append(_tick(LEFT + pw * frac, _label(v, log10), anchor))
     body.append(_ytick(TOP, str(top)))
     if marker is not None:
         x = LEFT + pw * (marker - lo) / (hi - lo)
@@ -101,7 +106,7 @@ def strip(points: Sequence[tuple[str, float]], title: str, xlabel: str) -> str:
     pw, ph = W - LEFT - RIGHT, H - TOP - BOTTOM
     step = pw / len(cats)
     body = [_tick(LEFT + step * (i + 0.5), c) for i, c in enumerate(cats)]
-    body += [_ytick(TOP, f"1e{hi:.1f}"), _ytick(H - BOTTOM, f"1e{lo:.1f}")]
+    body += [_ytick(TOP, _label(hi, True)), _ytick(H - BOTTOM, _label(lo, True))]
     for c, v in usable:
         x = LEFT + step * (cats.index(c) + 0.5)
         y = H - BOTTOM - ph * (v - lo) / (hi - lo)

@@ -10,6 +10,7 @@ from golden.baseline import baseline_kernel, emulate_baseline, fp16_score_path, 
 from golden.inputs import generate_inputs, numpy_dtype
 from golden.reference import reference_attention
 from golden.spec import CaseSpec, build_case
+from golden.types import OpInputs
 
 
 def case(**fields: object) -> CaseSpec:
@@ -37,6 +38,24 @@ def test_fp16_score_storage_changes_the_result_where_it_should() -> None:
     np.testing.assert_allclose(fp32_path, (1 - e) / (1 + e), rtol=1e-3)
 
 
+def test_fp16_path_matches_a_scalar_emulation_of_spec_section_4() -> None:
+    """Integer q, k make every fp32 dot product exact, so each rounding point shows alone."""
+    rng = np.random.default_rng(1)
+    q = rng.integers(-2, 3, (1, 192)).astype(np.float32)
+    k = rng.integers(-2, 3, (8, 192)).astype(np.float32)
+    v = rng.uniform(-1, 1, (8, 128)).astype(np.float16).astype(np.float32)
+    half, f32 = np.float16, np.float32
+    scores = [half(f32(half(f32(q[0] @ k[j]))) * f32(half(0.1))) for j in range(8)]  # fp16 x fp16(scale)
+    top = max(scores)
+    e = [np.exp(f32(s) - f32(top), dtype=f32) for s in scores]
+    total = f32(0)
+    for x in e:
+        total = f32(total + x)
+    expected = sum(f32(half(x)) * v[j] for j, x in enumerate(e)) / total
+    got = fp16_score_path(0.1)(q, k, v, 0.1, None)
+    np.testing.assert_allclose(got[0], expected, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize(("dtype", "mask_type", "fp16_scores"),
                          [("fp16", 0, True), ("fp16", 2, True), ("fp16", 3, False), ("bf16", 0, False),
                           ("bf16", 2, False), ("bf16", 3, False)])
@@ -60,17 +79,23 @@ def test_a_row_that_sees_one_key_returns_that_value_exactly(dtype: str, mask_typ
     inputs = generate_inputs(spec)
     out = emulate_baseline(inputs, spec)
     assert out.dtype == numpy_dtype(dtype)
-    v = inputs.v.reshape(-1, spec.kv_seqlen[1], 2, 128) if inputs.v.ndim == 3 and mask_type == 3 else None
-    first_value = v[0, 0] if v is not None else inputs.v[0]
-    assert out[0].tobytes() == np.ascontiguousarray(first_value).tobytes()
+    assert out[0].tobytes() == first_value(inputs, spec, 0).tobytes()
     if mask_type in (2, 3):  # batch 1's first row is causal: it too sees only its first key
-        second = v[1, 0] if v is not None else inputs.v[1]
-        assert out[1].tobytes() == np.ascontiguousarray(second).tobytes()
+        assert out[1].tobytes() == first_value(inputs, spec, 1).tobytes()
+
+
+def first_value(inputs: OpInputs, spec: CaseSpec, b: int) -> np.ndarray:
+    """v of batch b's first key, ``[Hkv, 128]`` (spec section 2 layouts)."""
+    if spec.kv_layout == "padded":
+        return np.ascontiguousarray(inputs.v[b, 0].reshape(spec.kv_head_num, 128))
+    return np.ascontiguousarray(inputs.v[sum(spec.kv_seqlen[:b])])
 
 
 @pytest.mark.parametrize(("dtype", "mask_type", "bound"),
                          [("fp16", 0, 2e-3), ("fp16", 2, 2e-3), ("fp16", 3, 2e-3), ("bf16", 2, 1.6e-2)])
-def test_baseline_error_against_golden_is_small_but_not_zero(dtype: str, mask_type: int, bound: float) -> None:
+def test_baseline_error_against_golden_is_small_but_not_zero(
+    dtype: str, mask_type: int, bound: float
+) -> None:
     fields: dict[str, object] = {"q_seqlen": [40, 90], "head_num": 2, "dtype": dtype, "mask_type": mask_type}
     if mask_type == 3:
         fields.update(kv_layout="padded", kv_seqlen=[40, 218])
@@ -93,7 +118,7 @@ def test_threads_do_not_change_the_baseline() -> None:
 def test_bf16_rounding_matches_ml_dtypes_bit_for_bit() -> None:
     rng = np.random.default_rng(0)
     bits = rng.integers(0, 0x7F800000, 200_000, dtype=np.uint32)
-    ties = (np.arange(0x3F800000, 0x3F800000 + 1 << 17, 0x8000, dtype=np.uint32) | 0x8000)  # exact halves
+    ties = (np.arange(0x3F800000, 0x3F800000 + (1 << 17), 0x8000, dtype=np.uint32) | 0x8000)  # exact halves
     values = np.concatenate([bits, ties, bits | 0x80000000]).view(np.float32)
     values = np.concatenate([values, np.float32([0.0, 1.0, np.finfo(np.float32).max, 1e-45])])
     expected = values.astype(ml_dtypes.bfloat16).astype(np.float32)

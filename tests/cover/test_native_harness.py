@@ -85,7 +85,7 @@ def assert_released(record: dict[str, Any]) -> None:
 
 
 def test_native_tables_match_the_python_ones() -> None:
-    assert ext.STATUS_COUNT == len(STATUS_NAMES)
+    assert len(STATUS_NAMES) == ext.STATUS_COUNT
     for code in range(-2, len(STATUS_NAMES) + 2):
         assert ext.status_name(code) == status_name(code)
     assert (ext.ACL_FLOAT, ext.ACL_FLOAT16, ext.ACL_INT32, ext.ACL_BF16, ext.ACL_FORMAT_ND) == (
@@ -112,7 +112,7 @@ def test_describe_tensors_rejects_what_atb_cannot_read() -> None:
     out = torch.empty(call.q.shape, dtype=torch.float16)
     with pytest.raises(ValueError, match="k must be contiguous"):
         describe_tensors(replace(call, k=call.k.transpose(0, 1)), out)
-    with pytest.raises(ValueError, match="v has dtype torch.float64"):
+    with pytest.raises(ValueError, match=r"v has dtype torch\.float64"):
         describe_tensors(replace(call, v=call.v.double()), out)
     with pytest.raises(ValueError, match="q_seqlen must be a host int32"):
         host_seqlens("q_seqlen", call.q_seqlen.long())

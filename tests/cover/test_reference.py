@@ -137,8 +137,9 @@ def test_against_mpmath_at_40_digits() -> None:
             q, k, v = head_rows(inputs, spec, b, h)
             for i in range(spec.q_seqlen[b]):
                 n = allowed_keys(3, i, spec.q_seqlen[b], spec.kv_seqlen[b])
-                s = [scale * mpmath.fsum(mpmath.mpf(a) * mpmath.mpf(c) for a, c in zip(q[i], k[j], strict=True))
-                     for j in range(n)]
+                dots = [mpmath.fsum(mpmath.mpf(a) * mpmath.mpf(c) for a, c in zip(q[i], k[j], strict=True))
+                        for j in range(n)]
+                s = [scale * dot for dot in dots]
                 top = max(s)
                 p = [mpmath.exp(x - top) for x in s]
                 total = mpmath.fsum(p)

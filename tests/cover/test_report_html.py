@@ -55,9 +55,7 @@ def records() -> list[dict[str, Any]]:
             message="NaN in <output> & friends",
         )
     )
-    out.append(
-        rec(98, case_id="<script>alert(1)</script>", verdict="failed", worst_slack=3.0, failing=["atb:rmse"])
-    )
+    out.append(rec(98, case_id="<script>alert(1)</script>", verdict="failed", worst_slack=3.0, failing=["atb:rmse"]))
     return out
 
 
@@ -98,8 +96,7 @@ def test_group_aggregates() -> None:
 
 def test_terminal_tables_fit_80_columns() -> None:
     long = [
-        rec(i, backend="a_really_long_backend_name_for_testing", mask="bottom_right_causal_prefix")
-        for i in range(4)
+        rec(i, backend="a_really_long_backend_name_for_testing", mask="bottom_right_causal_prefix") for i in range(4)
     ]
     lines = summary.group_table(long) + summary.worst_table(long) + summary.timing_table(long)
     assert all(len(line) <= 80 for line in summary.plain(lines).splitlines())

@@ -35,7 +35,7 @@ def test_standard_covers_tails_heads_prefixes_and_batch_limit() -> None:
     lengths = {n for c in cases for n in c.q_seqlen}
     assert {1, 15, 16, 127, 128, 129, 513, 4097} <= lengths
     assert {1, 128} <= {c.head_num for c in cases}
-    prefixes = {kv - q for c in cases if c.mask_type == 3 for q, kv in zip(c.q_seqlen, c.kv_seqlen)}
+    prefixes = {kv - q for c in cases if c.mask_type == 3 for q, kv in zip(c.q_seqlen, c.kv_seqlen, strict=True)}
     assert {128, 256} <= prefixes and any(p % 128 for p in prefixes)
     assert max(c.batch for c in cases) == 8192
     ragged = [c for c in cases if len(set(c.kv_seqlen)) > 1]

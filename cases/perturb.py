@@ -1,0 +1,164 @@
+"""Error-contract cases: build the invalid call a case describes, run it, judge the rejection.
+
+An error case (``cases/errors.toml``) is a spec whose scalars may be invalid plus an optional
+``perturb`` naming a transformation of the call's tensors.  Inputs come from the *nearest valid*
+spec (head count clamped, scale and mask type made legal), so every tensor is well formed except
+for what the case is about; the call then carries the case's own scalars and the perturbation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from cases.deviations import Deviation, DeviationSet
+from cases.execution import make_call
+from golden.inputs import generate_inputs
+from golden.spec import DEFAULT_QK_SCALE, MAX_HEADS, SUPPORTED_MASKS, CaseSpec
+from harness.backend import Backend, BackendError, MlaPrefillCall
+
+Perturbation = Callable[[MlaPrefillCall], MlaPrefillCall]
+Outcome = Literal["passed", "failed", "xfailed", "xpassed"]
+
+_OTHER_DTYPE = {torch.float16: torch.bfloat16, torch.bfloat16: torch.float16}
+
+
+def _other_dtype(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to(_OTHER_DTYPE[tensor.dtype])
+
+
+def _need_mask(call: MlaPrefillCall) -> torch.Tensor:
+    if call.mask is None:
+        raise ValueError("this perturbation needs a MASK_FREE case (a mask to change)")
+    return call.mask
+
+
+def _all_fp32(call: MlaPrefillCall) -> MlaPrefillCall:
+    mask = None if call.mask is None else call.mask.float()
+    return dataclasses.replace(call, q=call.q.float(), q_rope=call.q_rope.float(), k=call.k.float(),
+                               k_rope=call.k_rope.float(), v=call.v.float(), mask=mask)
+
+
+def _q_rope_flat(call: MlaPrefillCall) -> MlaPrefillCall:
+    if call.q_rope.dim() != 3:
+        raise ValueError("q_rope_flat needs a 3-D q layout")
+    return dataclasses.replace(call, q_rope=call.q_rope.reshape(call.q_rope.shape[0], -1))
+
+
+def _k_rank2(call: MlaPrefillCall) -> MlaPrefillCall:
+    return dataclasses.replace(call, k=call.k.reshape(call.k.shape[0], -1))
+
+
+def _q_rank4(call: MlaPrefillCall) -> MlaPrefillCall:
+    t = call.q.shape[0]
+    return dataclasses.replace(call, q=call.q.reshape(t, call.head_num, 2, -1))
+
+
+#: name -> (what it does, the transformation).  Names appear in case ids (``err-<name>``).
+PERTURBATIONS: dict[str, tuple[str, Perturbation]] = {
+    "nan_qk_scale": ("qkScale = NaN", lambda c: dataclasses.replace(c, qk_scale=math.nan)),
+    "drop_mask": ("MASK_FREE with a null mask", lambda c: dataclasses.replace(c, mask=None)),
+    "mask_256": ("a 256x256 mask instead of 512x512",
+                 lambda c: dataclasses.replace(c, mask=_need_mask(c)[:256, :256].contiguous())),
+    "mask_rank3": ("a [1, 512, 512] mask", lambda c: dataclasses.replace(c, mask=_need_mask(c)[None])),
+    "kv_seqlen_short": ("kvSeqLen with one entry fewer than qSeqLen",
+                        lambda c: dataclasses.replace(c, kv_seqlen=c.kv_seqlen[:-1].contiguous())),
+    "q_rope_other_dtype": ("qRope in the other 16-bit float type",
+                           lambda c: dataclasses.replace(c, q_rope=_other_dtype(c.q_rope))),
+    "v_other_dtype": ("v in the other 16-bit float type", lambda c: dataclasses.replace(c, v=_other_dtype(c.v))),
+    "all_fp32": ("every float tensor in fp32", _all_fp32),
+    "q_rank4": ("q as [T, H, 2, 64]", _q_rank4),
+    "q_rope_flat": ("qRope 2-D while q is 3-D", _q_rope_flat),
+    "k_rank2": ("k flattened to 2-D", _k_rank2),
+    "q_head_dim_64": ("q's head dim 64 instead of 128",
+                      lambda c: dataclasses.replace(c, q=c.q[..., :64].contiguous())),
+    "q_rope_short": ("qRope with one token row fewer than q",
+                     lambda c: dataclasses.replace(c, q_rope=c.q_rope[:-1].contiguous())),
+    "k_rope_half": ("kRope's last dim halved again",
+                    lambda c: dataclasses.replace(c, k_rope=c.k_rope[..., : c.k_rope.shape[-1] // 2].contiguous())),
+    "v_short": ("v with one row fewer than k", lambda c: dataclasses.replace(c, v=c.v[:-1].contiguous())),
+}
+
+
+def nearest_valid(spec: CaseSpec) -> CaseSpec:
+    """The spec whose inputs an error case perturbs: scalars made legal, shapes otherwise kept."""
+    scale_ok = math.isfinite(spec.qk_scale) and 0.0 < spec.qk_scale <= 1.0
+    return dataclasses.replace(
+        spec,
+        head_num=min(max(spec.head_num, 1), MAX_HEADS),
+        kv_head_num=min(max(spec.kv_head_num, 1), MAX_HEADS),
+        qk_scale=spec.qk_scale if scale_ok else DEFAULT_QK_SCALE,
+        mask_type=spec.mask_type if spec.mask_type in SUPPORTED_MASKS else 0,
+        cache_mode=1,
+        expect_error=None,
+        expect_stage=None,
+        perturb=None,
+    )
+
+
+def error_call(spec: CaseSpec) -> MlaPrefillCall:
+    """The invalid call of an error case: nearest-valid inputs, the case's scalars, its perturbation."""
+    if spec.perturb is not None and spec.perturb not in PERTURBATIONS:
+        raise ValueError(f"{spec.name}: unknown perturb {spec.perturb!r}; known: {sorted(PERTURBATIONS)}")
+    valid = nearest_valid(spec)
+    call = dataclasses.replace(
+        make_call(generate_inputs(valid), valid),
+        head_num=spec.head_num, qk_scale=spec.qk_scale, kv_head_num=spec.kv_head_num,
+        mask_type=spec.mask_type, cache_mode=spec.cache_mode,
+    )
+    return call if spec.perturb is None else PERTURBATIONS[spec.perturb][1](call)
+
+
+@dataclass(frozen=True)
+class ErrorVerdict:
+    """How a backend treated an error case."""
+
+    outcome: Outcome
+    message: str
+    got: tuple[str, str] | None  # (status name, stage) raised, None when the call was accepted
+
+
+def _deviation(spec: CaseSpec, backend: Backend, deviations: DeviationSet) -> Deviation | None:
+    """A known deviation that predicts something other than the contract for this case."""
+    found = deviations.match(backend.name, backend.info().version, spec)
+    if found is not None and found.outcome == "error" and found.error_status == spec.expect_error:
+        return None  # it predicts exactly the documented rejection: nothing deviates here
+    return found
+
+
+def judge_error_case(spec: CaseSpec, backend: Backend, deviations: DeviationSet) -> ErrorVerdict:
+    """Run an error case; the contract is met when the backend raises the expected status at the stage."""
+    if spec.expect_error is None:
+        raise ValueError(f"{spec.name}: an error case needs expect_error")
+    call = error_call(spec)
+    try:
+        backend.run(call)
+        backend.synchronize()
+        got: tuple[str, str] | None = None
+    except BackendError as exc:
+        got = (exc.status_name, exc.stage)
+    stage_ok = spec.expect_stage is None or (got is not None and got[1] == spec.expect_stage)
+    met = got is not None and got[0] == spec.expect_error and stage_ok
+    expected = f"{spec.expect_error} at {spec.expect_stage or 'any stage'}"
+    seen = "the call was accepted" if got is None else f"got {got[0]} at {got[1]}"
+    perturb = f", perturb {spec.perturb}: {PERTURBATIONS[spec.perturb][0]}" if spec.perturb else ""
+    text = (f"{spec.case_id} [backend {backend.name}, mask {spec.mask_name}, cache {spec.cache_name}, "
+            f"headNum {spec.head_num}, kvHeadNum {spec.kv_head_num}, qkScale {spec.qk_scale}{perturb}]: "
+            f"expected {expected}, {seen}")
+    deviation = _deviation(spec, backend, deviations)
+    if deviation is None:
+        return ErrorVerdict("passed" if met else "failed", text, got)
+    if met:
+        kind = deviation.classify(None, True)  # the documented behaviour: an unexpected pass
+    elif got is None:
+        kind = deviation.classify(None, False)  # accepted: what an outcome "fail" entry predicts
+    else:
+        kind = deviation.classify(got[0], None)
+    outcome: Outcome = {"expected": "xfailed", "unexpected_pass": "xpassed", "different": "failed"}[kind]
+    prefix = {"xfailed": "known deviation: ", "xpassed": "UNEXPECTED PASS of known deviation: "}.get(outcome, "")
+    return ErrorVerdict(outcome, f"{prefix}{text} [{deviation.describe()}]", got)
