@@ -24,6 +24,7 @@ from harness.backend import Backend, BackendError, MlaPrefillCall
 
 Perturbation = Callable[[MlaPrefillCall], MlaPrefillCall]
 Outcome = Literal["passed", "failed", "xfailed", "xpassed"]
+_OUTCOMES: dict[str, Outcome] = {"expected": "xfailed", "unexpected_pass": "xpassed", "different": "failed"}
 
 _OTHER_DTYPE = {torch.float16: torch.bfloat16, torch.bfloat16: torch.float16}
 
@@ -147,7 +148,7 @@ def judge_error_case(spec: CaseSpec, backend: Backend, deviations: DeviationSet)
     expected = f"{spec.expect_error} at {spec.expect_stage or 'any stage'}"
     seen = "the call was accepted" if got is None else f"got {got[0]} at {got[1]}"
     perturb = f", perturb {spec.perturb}: {PERTURBATIONS[spec.perturb][0]}" if spec.perturb else ""
-    text = (f"{spec.case_id} [backend {backend.name}, mask {spec.mask_name}, cache {spec.cache_name}, "
+    text = (f"{spec.name} ({spec.case_id}) [backend {backend.name}, mask {spec.mask_name}, cache {spec.cache_name}, "
             f"headNum {spec.head_num}, kvHeadNum {spec.kv_head_num}, qkScale {spec.qk_scale}{perturb}]: "
             f"expected {expected}, {seen}")
     deviation = _deviation(spec, backend, deviations)
@@ -159,6 +160,6 @@ def judge_error_case(spec: CaseSpec, backend: Backend, deviations: DeviationSet)
         kind = deviation.classify(None, False)  # accepted: what an outcome "fail" entry predicts
     else:
         kind = deviation.classify(got[0], None)
-    outcome: Outcome = {"expected": "xfailed", "unexpected_pass": "xpassed", "different": "failed"}[kind]
+    outcome = _OUTCOMES[kind]
     prefix = {"xfailed": "known deviation: ", "xpassed": "UNEXPECTED PASS of known deviation: "}.get(outcome, "")
     return ErrorVerdict(outcome, f"{prefix}{text} [{deviation.describe()}]", got)

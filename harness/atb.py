@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from harness.backend import Availability, BackendError, BackendInfo, MlaPrefillCall
+from harness.devices import worker_device_index
 from native.harness import ACL_BF16, ACL_FLOAT, ACL_FLOAT16, ACL_INT32, TensorDesc
 
 if TYPE_CHECKING:
@@ -113,6 +114,10 @@ def probe() -> Probe:
         return Probe(Availability(False, f"no NPU device: the device query failed ({_first_line(err)})"))
     if devices == 0:
         return Probe(Availability(False, "no NPU device visible to torch_npu"))
+    try:  # pin this xdist worker to its NPU (gwN -> N mod K) before anything touches a device
+        torch_npu.npu.set_device(worker_device_index(devices))
+    except Exception as err:
+        return Probe(Availability(False, f"cannot select an NPU: {_first_line(err)}"))
     try:
         from native import _atb_harness
     except Exception as err:
@@ -123,6 +128,26 @@ def probe() -> Probe:
     except Exception as err:  # AtbLoadError names the paths tried or the missing entry point
         return Probe(Availability(False, str(err)))
     return Probe(Availability(True), torch_npu, library)
+
+
+def installed_atb_version(library_path: str) -> str | None:
+    """The NNAL/ATB release next to libatb (``version=...`` in a ``version.info`` up to 4 levels up).
+
+    Known-deviation version ranges are compared with it; ``MLA_ATB_VERSION`` overrides it.
+    """
+    if os.environ.get("MLA_ATB_VERSION"):
+        return os.environ["MLA_ATB_VERSION"]
+    folder = os.path.dirname(os.path.abspath(library_path))
+    for _ in range(4):
+        info = os.path.join(folder, "version.info")
+        if os.path.isfile(info):
+            with open(info, encoding="utf-8", errors="replace") as handle:
+                for line in handle:
+                    key, sep, value = line.partition("=")
+                    if sep and key.strip().lower() in ("version", "atb_version"):
+                        return value.strip()
+        folder = os.path.dirname(folder)
+    return None
 
 
 #: One atb::Context per library and process, as ATB expects under torch_npu.
@@ -189,7 +214,10 @@ class AtbBackend:
         for var in ("ATB_HOME_PATH", "ASCEND_HOME_PATH"):
             if var in os.environ:
                 versions[var] = os.environ[var]
-        return BackendInfo(self.name, f"npu:{index} ({npu.get_device_name(index)})", versions)
+        version = installed_atb_version(found.library.path)
+        if version:
+            versions["atb"] = version
+        return BackendInfo(self.name, f"npu:{index} ({npu.get_device_name(index)})", versions, version)
 
     def synchronize(self) -> None:
         torch_npu = self._probed().torch_npu

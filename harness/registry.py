@@ -15,6 +15,7 @@ BUILTIN: dict[str, str] = {
     "atb": "harness.atb:AtbBackend",
     "torch-cuda": "harness.torch_backend:torch_cuda",
     "torch-cpu": "harness.torch_backend:torch_cpu",
+    "torch-cpu-strict": "harness.contract:strict_torch_cpu",
     "flash-attn": "harness.cuda_extras:FlashAttnBackend",
     "flashinfer": "harness.cuda_extras:FlashInferBackend",
 }

@@ -25,6 +25,7 @@ class FakeNpu:
     def __init__(self, available: bool = True, count: int = 1) -> None:
         self.available, self.count, self.syncs = available, count, 0
         self.on_sync: list[Any] = []
+        self.pinned: int | None = None
 
     def is_available(self) -> bool:
         return self.available
@@ -32,8 +33,11 @@ class FakeNpu:
     def device_count(self) -> int:
         return self.count
 
+    def set_device(self, index: int) -> None:
+        self.pinned = index
+
     def current_device(self) -> int:
-        return 0
+        return self.pinned or 0
 
     def get_device_name(self, index: int) -> str:
         return f"FakeNPU{index}"
@@ -227,3 +231,12 @@ def test_atb_on_a_real_npu_matches_a_float32_reference() -> None:
     with pytest.raises(BackendError) as caught:  # Prefill accepts cacheMode 1 only
         backend.run(replace(call, cache_mode=0))
     assert caught.value.status_name == "ERROR_INVALID_PARAM"
+
+
+def test_probe_pins_the_xdist_worker_to_its_npu(monkeypatch: pytest.MonkeyPatch) -> None:
+    npu = FakeNpu(count=4)
+    install_torch_npu(monkeypatch, npu)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw6")
+    monkeypatch.setitem(sys.modules, "native._atb_harness", None)  # stop right after pinning
+    AtbBackend().available()
+    assert npu.pinned == 2

@@ -34,12 +34,12 @@ def test_seeded_entries() -> None:
     devs = load_deviations()
     assert [d.id for d in devs.entries] == [
         "atb-c-causal-in-tensor-num", "atb-c-swa-norm-window-size", "atb-padded-kv-ragged",
-        "atb-causal-prefix-not-128",
+        "atb-causal-prefix-not-128", "atb-nan-qk-scale-accepted",
     ]
     assert all(d.backend == "atb" and d.status == "unconfirmed" and d.reference for d in devs.entries)
     outcomes = [(d.outcome, d.error_status) for d in devs.entries]
     assert outcomes == [("error", "ERROR_INVALID_IN_TENSOR_NUM"), ("error", "ERROR_INVALID_PARAM"),
-                        ("fail", None), ("fail", None)]
+                        ("fail", None), ("fail", None), ("fail", None)]
 
 
 @pytest.mark.parametrize(
@@ -69,13 +69,14 @@ def test_backend_and_version_gate() -> None:
 
 def test_unused_lists_entries_nothing_matched() -> None:
     devs = load_deviations()
-    assert len(devs.unused()) == 4
+    assert len(devs.unused()) == 5
     devs.match("atb", "8.2.RC1", CAUSAL_PREFIX_100)  # covered by the causal C entry and the prefix entry
-    assert [d.id for d in devs.unused()] == ["atb-c-swa-norm-window-size", "atb-padded-kv-ragged"]
+    assert [d.id for d in devs.unused()] == [
+        "atb-c-swa-norm-window-size", "atb-padded-kv-ragged", "atb-nan-qk-scale-accepted"]
     devs.match("torch-cpu", "8.2.RC1", SWA)
-    assert len(devs.unused()) == 2
+    assert len(devs.unused()) == 3
     devs.match("atb", "8.2.RC1", SWA)
-    assert [d.id for d in devs.unused()] == ["atb-padded-kv-ragged"]
+    assert [d.id for d in devs.unused()] == ["atb-padded-kv-ragged", "atb-nan-qk-scale-accepted"]
 
 
 SELECTOR_FILE = """

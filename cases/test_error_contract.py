@@ -1,0 +1,37 @@
+"""Error contract: every case of ``cases/errors.toml`` must be rejected with its documented status
+at its documented stage (shared spec §1-3), by backends that declare an error contract.
+
+Known deviations (``cases/known_deviations.toml``) turn a predicted misbehaviour into an xfail and
+a documented rejection despite a deviation into an unexpected-pass warning; an entry that predicts
+exactly the documented rejection does not count as a deviation here.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from cases.deviations import DeviationSet
+from cases.perturb import judge_error_case
+from golden.spec import CaseSpec
+from harness.backend import Backend
+
+pytestmark = pytest.mark.error_contract
+
+
+class UnexpectedPassWarning(UserWarning):
+    """A known deviation of the error contract did not reproduce: confirm it and update the data."""
+
+
+def test_error_contract(error_case: CaseSpec, backend: Backend, deviation_set: DeviationSet) -> None:
+    if not backend.error_contract:
+        pytest.skip(f"backend {backend.name} declares no error contract (error_contract = False); "
+                    "only backends promising ATB's status codes are checked")
+    verdict = judge_error_case(error_case, backend, deviation_set)
+    if verdict.outcome == "xfailed":
+        pytest.xfail(verdict.message)
+    if verdict.outcome == "xpassed":
+        warnings.warn(UnexpectedPassWarning(verdict.message), stacklevel=1)
+    if verdict.outcome == "failed":
+        pytest.fail(verdict.message, pytrace=False)

@@ -1,0 +1,271 @@
+"""``mlaconf bench``: the golden generator's speed against float64 GEMM and PyTorch SDPA.
+
+Why: production goldens cost TFLOPs in float64, so the reference must run near the machine's
+float64 GEMM rate and beat what a user would otherwise reach for (torch SDPA in float64).
+
+Definitions (also in docs/benchmarks.md):
+
+- GEMM GF/s: ``2 n^3 / t`` for a square float64 ``a @ b`` with BLAS on ``--threads`` threads;
+  the median over all samples, taken before and after the attention measurements.
+- useful FLOPs: :func:`golden.reference.useful_flops`, ``2 * (192 + 128) * pairs * H`` where
+  ``pairs`` counts the (query, key) pairs the mask allows (``S (S + 1) / 2`` causal, ``S^2``
+  bidirectional).  Effective GF/s = useful FLOPs / median seconds, for any implementation.
+- generator: :func:`golden.reference.reference_attention` (the float64 golden) with
+  ``threads=--threads``; the emulated baseline is timed separately (``build_golden`` runs both).
+- SDPA: ``torch.nn.functional.scaled_dot_product_attention`` in float64 with ``is_causal`` for
+  causal cases, the same scale and ``torch.set_num_threads(--threads)``.  Its CPU float64 path
+  materialises ``H x S x S`` scores, so when they exceed 2 GiB it runs on as many heads as fit and
+  the time is scaled by ``H / heads`` (marked ``~`` in the table).
+- peak MB: every measurement runs in a fresh interpreter; peak is its ``VmHWM`` (which, unlike
+  tracemalloc, sees BLAS and torch buffers) minus its ``VmRSS`` right after imports.  "ref MB" is
+  the same over the reference call alone (peak reset through ``/proc/self/clear_refs``), with the
+  inputs already resident; "all MB" also covers generating the inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from golden.inputs import generate_inputs
+from golden.reference import DEFAULT_TILE, blas_threads, effective_scale, reference_attention, useful_flops
+from golden.spec import CaseSpec, build_case
+
+#: The benchmark's cases: name -> spec fields (one batch, 16 heads, bf16 inputs).
+CASES: dict[str, dict[str, Any]] = {
+    "causal-4096": {"q_seqlen": [4096], "head_num": 16, "mask_type": "mask_free"},
+    "bidir-4096": {"q_seqlen": [4096], "head_num": 16, "mask_type": "undefined"},
+    "causal-16384": {"q_seqlen": [16384], "head_num": 16, "mask_type": "mask_free"},
+}
+SDPA_SCORE_BUDGET = 2 << 30  # bytes of float64 scores one SDPA call may materialise
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def bench_spec(name: str) -> CaseSpec:
+    return build_case({**CASES[name], "dtype": "bf16", "kv_layout": "padded", "seed": 11}, source="bench")
+
+
+def cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+# -- measurements, each run in a fresh interpreter by _worker ---------------------------------------
+
+
+def _proc_status_mb(field: str) -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _reset_peak() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0); False where the kernel refuses."""
+    try:
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _timed(fn: Callable[[], object], repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _measure_gemm(job: dict[str, Any]) -> dict[str, Any]:
+    n, threads = job["n"], job["threads"]
+    rng = np.random.default_rng(0)
+    a, b = rng.random((n, n)), rng.random((n, n))
+    with blas_threads(threads):
+        a @ b  # warm-up: BLAS buffers, thread start
+        return {"times": _timed(lambda: a @ b, job["repeats"])}
+
+
+def _measure_reference(job: dict[str, Any]) -> dict[str, Any]:
+    from golden.baseline import emulate_baseline
+
+    idle = _proc_status_mb("VmRSS")
+    spec = bench_spec(job["case"])
+    inputs = generate_inputs(spec)
+    input_peak = _proc_status_mb("VmHWM")
+    resettable = _reset_peak()
+    times = _timed(lambda: reference_attention(inputs, spec, tile=job["tile"], threads=job["threads"]),
+                   job["repeats"])
+    ref_peak = _proc_status_mb("VmHWM")
+    baseline = _timed(lambda: emulate_baseline(inputs, spec, tile=job["tile"], threads=job["threads"]),
+                      job["repeats"]) if job["baseline"] else []
+    return {"times": times, "baseline_times": baseline, "ref_mb": ref_peak - idle if resettable else None,
+            "all_mb": max(input_peak, ref_peak) - idle}
+
+
+def _measure_sdpa(job: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    import torch.nn.functional as functional
+
+    torch.set_num_threads(job["threads"])
+    idle = _proc_status_mb("VmRSS")
+    spec = bench_spec(job["case"])
+    inputs = generate_inputs(spec)
+    heads, t = job["heads"], spec.total_q
+
+    def tensor(a: np.ndarray, b: np.ndarray | None) -> Any:
+        x = a.reshape(t, spec.head_num, -1)[:, :heads].astype(np.float64)
+        if b is not None:
+            x = np.concatenate([x, b.reshape(t, spec.head_num, -1)[:, :heads].astype(np.float64)], axis=2)
+        return torch.from_numpy(np.ascontiguousarray(x.transpose(1, 0, 2)))[None]
+
+    q, k, v = tensor(inputs.q, inputs.q_rope), tensor(inputs.k, inputs.k_rope), tensor(inputs.v, None)
+    causal, scale = spec.mask_type in (2, 3), effective_scale(spec)
+    times = _timed(lambda: functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale),
+                   job["repeats"])
+    return {"times": times, "all_mb": _proc_status_mb("VmHWM") - idle}
+
+
+def _worker(payload: str) -> int:
+    job = json.loads(payload)
+    measure = {"gemm": _measure_gemm, "reference": _measure_reference, "sdpa": _measure_sdpa}[job["kind"]]
+    print(json.dumps(measure(job)))
+    return 0
+
+
+def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    """Run one measurement in a fresh interpreter (its own peak memory, no warm caches)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-m", "golden.bench", json.dumps(job)], env=env,
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench worker {job} failed:\n{proc.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+# -- the report -------------------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers depend on: cores, CPU, numpy and its BLAS (and the kernel it picked)."""
+    model = "unknown"
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")),
+                         model)
+    except OSError:
+        pass
+    info: dict[str, Any] = {"nproc": cpu_count(), "cpu": model, "python": platform.python_version(),
+                            "numpy": np.__version__, "blas": "unknown (threadpoolctl not installed)",
+                            "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
+                            "OPENBLAS_L2_SIZE": os.environ.get("OPENBLAS_L2_SIZE")}
+    try:
+        from threadpoolctl import threadpool_info
+
+        blas = [p for p in threadpool_info() if p.get("user_api") == "blas"]
+        info["blas"] = ", ".join(f"{p.get('internal_api')} {p.get('version')} ({p.get('architecture')})"
+                                 for p in blas)
+    except ImportError:
+        pass
+    return info
+
+
+def run_bench(cases: list[str], *, repeats: int, threads: int, tile: int, gemm_n: int,
+              baseline: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """All measurements; returns the JSON-able report."""
+    gemm_job = {"kind": "gemm", "n": gemm_n, "threads": threads, "repeats": repeats}
+    log(f"float64 GEMM {gemm_n}^3 on {threads} threads ...")
+    gemm_times = run_job(gemm_job)["times"]
+    rows = []
+    for name in cases:
+        spec = bench_spec(name)
+        flops = useful_flops(spec)
+        log(f"{name}: generator ...")
+        ref = run_job({"kind": "reference", "case": name, "threads": threads, "repeats": repeats,
+                       "tile": tile, "baseline": baseline})
+        heads = max(1, min(spec.head_num, SDPA_SCORE_BUDGET // (8 * spec.max_q * spec.max_kv)))
+        log(f"{name}: torch SDPA on {heads} of {spec.head_num} heads ...")
+        sdpa = run_job({"kind": "sdpa", "case": name, "threads": threads, "repeats": repeats, "heads": heads})
+        rows.append({"case": name, "heads": spec.head_num, "seq": spec.max_q, "mask": spec.mask_name,
+                     "useful_gflop": flops / 1e9, "reference": ref, "sdpa": sdpa, "sdpa_heads": heads,
+                     "reference_s": statistics.median(ref["times"]),
+                     "baseline_s": statistics.median(ref["baseline_times"]) if ref["baseline_times"] else None,
+                     "sdpa_s": statistics.median(sdpa["times"]) * spec.head_num / heads})
+    log("float64 GEMM again ...")
+    gemm_times += run_job(gemm_job)["times"]
+    gemm_gflops = 2 * gemm_n**3 / statistics.median(gemm_times) / 1e9
+    for row in rows:
+        row["reference_gflops"] = row["useful_gflop"] / row["reference_s"]
+        row["ratio_to_gemm"] = row["reference_gflops"] / gemm_gflops
+        row["sdpa_gflops"] = row["useful_gflop"] / row["sdpa_s"]
+        row["speedup_vs_sdpa"] = row["sdpa_s"] / row["reference_s"]
+    return {"machine": machine(), "threads": threads, "tile": tile, "repeats": repeats,
+            "gemm": {"n": gemm_n, "times": gemm_times, "gflops": gemm_gflops}, "cases": rows}
+
+
+def format_table(report: dict[str, Any]) -> str:
+    m = report["machine"]
+    lines = [f"machine: {m['nproc']} cores, {m['cpu']}; numpy {m['numpy']}; BLAS {m['blas']}",
+             f"threads {report['threads']}, tile {report['tile']}, median of {report['repeats']} "
+             f"(GEMM: {len(report['gemm']['times'])} samples)",
+             f"float64 GEMM {report['gemm']['n']}^3: {report['gemm']['gflops']:.1f} GF/s", ""]
+    head = ("case", "H", "S", "mask", "GFLOP", "gen s", "GF/s", "/GEMM", "SDPA s", "SDPA GF/s", "speed-up",
+            "base s", "ref MB", "all MB")
+    table = [head]
+    for r in report["cases"]:
+        approx = "~" if r["sdpa_heads"] < r["heads"] else ""
+        ref_mb = r["reference"]["ref_mb"]
+        table.append((r["case"], str(r["heads"]), str(r["seq"]), r["mask"], f"{r['useful_gflop']:.1f}",
+                      f"{r['reference_s']:.2f}", f"{r['reference_gflops']:.1f}", f"{r['ratio_to_gemm']:.2f}",
+                      f"{approx}{r['sdpa_s']:.1f}", f"{approx}{r['sdpa_gflops']:.1f}",
+                      f"{approx}{r['speedup_vs_sdpa']:.1f}x",
+                      "-" if r["baseline_s"] is None else f"{r['baseline_s']:.2f}",
+                      "n/a" if ref_mb is None else f"{ref_mb:.0f}", f"{r['reference']['all_mb']:.0f}"))
+    widths = [max(len(row[i]) for row in table) for i in range(len(head))]
+    for row in table:
+        lines.append("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
+    return "\n".join(lines)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    report = run_bench(args.cases, repeats=args.repeats, threads=args.threads, tile=args.tile,
+                       gemm_n=args.gemm_size, baseline=not args.no_baseline,
+                       log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print(format_table(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "bench", help="measure the float64 golden generator against GEMM and torch SDPA",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES),
+                        help="cases to run (default: all)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (median)")
+    parser.add_argument("--threads", type=int, default=cpu_count(), help="threads for every implementation")
+    parser.add_argument("--tile", type=int, default=DEFAULT_TILE, help="reference query tile")
+    parser.add_argument("--gemm-size", type=int, default=4096, help="n of the square GEMM")
+    parser.add_argument("--no-baseline", action="store_true", help="skip timing the emulated baseline")
+    parser.add_argument("--json", metavar="OUT", help="also write the full report as JSON")
+    parser.set_defaults(func=cmd_bench)
+
+
+if __name__ == "__main__":
+    sys.exit(_worker(sys.argv[1]))

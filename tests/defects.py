@@ -1,0 +1,308 @@
+"""Planted defects: the torch CPU backend with one bug each, to prove the suites can fail.
+
+Each defect is a zero-argument factory usable as ``--backend tests.defects:<name>``;
+:data:`DEFECTS` lists them with what they get wrong.  ``control_math`` is the defects' own float32
+attention path without a bug: it must pass, so failures of ``p_fp8`` and ``padding_nan_unsafe``
+come from their bug, not from the path.  Zero-length batches' rows are "don't care", so writing
+garbage there would not be a defect and none of these does only that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+
+from harness.backend import MlaPrefillCall
+from harness.torch_backend import NOPE, ROPE, VDIM, TorchSdpaBackend, _is_packed
+
+LONG_ROW_KEYS = 128  # nan_long_rows: rows that may see more keys than this get NaN
+
+
+def _replace(call: MlaPrefillCall, **changes: object) -> MlaPrefillCall:
+    return dataclasses.replace(call, **changes)  # type: ignore[arg-type]
+
+
+def allowed_keys(q_len: int, kv_len: int, width: int, mask_type: int) -> torch.Tensor:
+    """``[q_len, width]``: key j is visible to row i (keys at or beyond ``kv_len`` never are)."""
+    rows = torch.arange(q_len)[:, None]
+    cols = torch.arange(width)[None, :]
+    allowed = cols < kv_len
+    if mask_type == 2:
+        allowed &= cols <= rows
+    elif mask_type == 3:
+        allowed &= cols <= rows + (kv_len - q_len)
+    return allowed
+
+
+def round_significand(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Round to ``bits`` significant bits (4 = fp8 e4m3's precision), exponent unbounded."""
+    mantissa, exponent = torch.frexp(x)
+    return torch.ldexp(torch.round(mantissa * 2.0**bits) / 2.0**bits, exponent)
+
+
+def math_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int,
+                kv_len: int | None = None, p_round: Callable[[torch.Tensor], torch.Tensor] | None = None
+                ) -> torch.Tensor:
+    """Plain float32 attention for one sequence: q ``[q, H, 192]``, k ``[S, Hkv, 192]``, v ``[S, Hkv, 128]``.
+
+    Keys at or beyond ``kv_len`` (default: all of k) are masked with -inf *after* Q.K, which is
+    how ``padding_nan_unsafe`` can still be hurt by NaN values there.
+    """
+    kv_len = k.shape[0] if kv_len is None else kv_len
+    qh = q.transpose(0, 1).float()
+    kh = k.transpose(0, 1).float().repeat_interleave(group, dim=0)
+    vh = v.transpose(0, 1).float().repeat_interleave(group, dim=0)
+    scores = (qh @ kh.transpose(1, 2)) * scale
+    scores = scores.masked_fill(~allowed_keys(q.shape[0], kv_len, k.shape[0], mask_type), float("-inf"))
+    p = torch.softmax(scores, dim=-1)
+    if p_round is not None:
+        p = p_round(p)
+    return (p @ vh).transpose(0, 1).to(q.dtype)
+
+
+class Defect(TorchSdpaBackend):
+    """The torch CPU backend with hooks before the call, inside attention and after the output."""
+
+    description = "no defect"
+
+    def __init__(self, name: str) -> None:
+        super().__init__("cpu")
+        self.name = f"torch-cpu-defect-{name}"
+
+    def before(self, call: MlaPrefillCall) -> MlaPrefillCall:
+        return call
+
+    def after(self, call: MlaPrefillCall, out: torch.Tensor) -> torch.Tensor:
+        return out
+
+    def run(self, call: MlaPrefillCall) -> torch.Tensor:
+        return self.after(call, super().run(self.before(call)))
+
+
+class ControlMath(Defect):
+    description = "control: the float32 math path of the defects below, without a bug (must pass)"
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float,
+                mask_type: int) -> torch.Tensor:
+        return math_attend(q, k, v, group, scale, mask_type)
+
+
+class ScaleIgnored(Defect):
+    description = "qkScale ignored (1.0 used)"
+
+    def before(self, call: MlaPrefillCall) -> MlaPrefillCall:
+        return _replace(call, qk_scale=1.0)
+
+
+class ScaleTwice(Defect):
+    description = "qkScale applied twice"
+
+    def before(self, call: MlaPrefillCall) -> MlaPrefillCall:
+        return _replace(call, qk_scale=call.qk_scale**2)
+
+
+class RopeDropped(Defect):
+    description = "the rope term qRope.kRope dropped from the scores"
+
+    def before(self, call: MlaPrefillCall) -> MlaPrefillCall:
+        return _replace(call, q_rope=torch.zeros_like(call.q_rope))
+
+
+class MaskFreeIgnored(Defect):
+    description = "MASK_FREE computed without its causal mask"
+
+    def before(self, call: MlaPrefillCall) -> MlaPrefillCall:
+        return _replace(call, mask_type=0, mask=None) if call.mask_type == 2 else call
+
+
+class CausalTopLeft(Defect):
+    description = "CAUSAL aligned top-left (j <= i) instead of bottom-right (j <= i + kv - q)"
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float,
+                mask_type: int) -> torch.Tensor:
+        return super()._attend(q, k, v, group, scale, 2 if mask_type == 3 else mask_type)
+
+
+class GqaModulo(Defect):
+    description = "GQA head mapping h % Hkv instead of h // (H / Hkv)"
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float,
+                mask_type: int) -> torch.Tensor:
+        order = torch.arange(k.shape[1] * group) % k.shape[1]  # query head h reads kv head h % Hkv
+        return super()._attend(q, k[:, order], v[:, order], 1, scale, mask_type)
+
+
+class OneKeyShort(Defect):
+    description = "the last key of every sequence is dropped"
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float,
+                mask_type: int) -> torch.Tensor:
+        if k.shape[0] > 1:
+            k, v = k[:-1], v[:-1]
+        return super()._attend(q, k, v, group, scale, mask_type)
+
+
+class PaddedAsPacked(Defect):
+    description = "padded kv read at packed offsets sum(kvSeqLen[:b]) (ATB's [derived] addressing)"
+
+    def before(self, call: MlaPrefillCall) -> MlaPrefillCall:
+        if _is_packed(call):
+            return call
+        total, hkv = int(call.kv_seqlen.sum()), call.kv_head_num
+        flat = [t.reshape(-1, hkv, d)[:total] for t, d in ((call.k, NOPE), (call.k_rope, ROPE), (call.v, VDIM))]
+        return _replace(call, k=flat[0], k_rope=flat[1], v=flat[2])
+
+
+def _padded_s(call: MlaPrefillCall) -> int | None:
+    """S of a padded kv layout, None when packed."""
+    return None if _is_packed(call) else int(call.k.shape[1])
+
+
+class PaddingRowsRead(Defect):
+    description = "padded kv: all S rows read, kvSeqLen ignored"
+
+    def before(self, call: MlaPrefillCall) -> MlaPrefillCall:
+        s = _padded_s(call)
+        return call if s is None else _replace(call, kv_seqlen=torch.full_like(call.kv_seqlen, s))
+
+
+class PaddingNanUnsafe(Defect):
+    description = "padded kv: padding masked with -inf after Q.K and multiplied by P = 0 (NaN leaks)"
+
+    def before(self, call: MlaPrefillCall) -> MlaPrefillCall:
+        self._true_kv = [int(kv) for q, kv in zip(call.q_seqlen, call.kv_seqlen, strict=True) if q > 0]
+        s = _padded_s(call)
+        return call if s is None else _replace(call, kv_seqlen=torch.full_like(call.kv_seqlen, s))
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float,
+                mask_type: int) -> torch.Tensor:
+        kv_len = self._true_kv.pop(0)  # batches arrive in order, those with query rows only
+        return math_attend(q, k, v, group, scale, mask_type, kv_len=kv_len)
+
+
+class PFp8(Defect):
+    description = "P rounded to 4 significant bits (fp8 e4m3) before P.V"
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float,
+                mask_type: int) -> torch.Tensor:
+        return math_attend(q, k, v, group, scale, mask_type, p_round=lambda p: round_significand(p, 4))
+
+
+class BatchSwap(Defect):
+    description = "outputs of batches 0 and 1 swapped (their first min(q0, q1) rows)"
+
+    def after(self, call: MlaPrefillCall, out: torch.Tensor) -> torch.Tensor:
+        lengths = [int(n) for n in call.q_seqlen]
+        if len(lengths) < 2 or min(lengths[:2]) == 0:
+            return out
+        n, start = min(lengths[:2]), lengths[0]
+        first = out[:n].clone()
+        out[:n] = out[start : start + n]
+        out[start : start + n] = first
+        return out
+
+
+class Nondeterministic(Defect):
+    description = "one element nudged by one ulp, a different one on every call (reruns differ)"
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.calls = 0
+
+    def after(self, call: MlaPrefillCall, out: torch.Tensor) -> torch.Tensor:
+        bits = out.reshape(-1).view(torch.int16)
+        bits[self.calls % min(64, bits.numel())] += 1
+        self.calls += 1
+        return out
+
+
+class NanLongRows(Defect):
+    description = f"rows that may see more than {LONG_ROW_KEYS} keys come out NaN"
+
+    def after(self, call: MlaPrefillCall, out: torch.Tensor) -> torch.Tensor:
+        start = 0
+        for q_len, kv_len in zip(call.q_seqlen.tolist(), call.kv_seqlen.tolist(), strict=True):
+            visible = allowed_keys(q_len, kv_len, kv_len, call.mask_type).sum(dim=1)
+            out[start : start + q_len][visible > LONG_ROW_KEYS] = float("nan")
+            start += q_len
+        return out
+
+
+DEFECTS: dict[str, type[Defect]] = {
+    "scale_ignored": ScaleIgnored,
+    "scale_twice": ScaleTwice,
+    "rope_dropped": RopeDropped,
+    "mask_free_ignored": MaskFreeIgnored,
+    "causal_top_left": CausalTopLeft,
+    "gqa_modulo": GqaModulo,
+    "one_key_short": OneKeyShort,
+    "padded_as_packed": PaddedAsPacked,
+    "padding_rows_read": PaddingRowsRead,
+    "padding_nan_unsafe": PaddingNanUnsafe,
+    "p_fp8": PFp8,
+    "batch_swap": BatchSwap,
+    "nondeterministic": Nondeterministic,
+    "nan_long_rows": NanLongRows,
+}
+
+
+def control_math() -> Defect:
+    return ControlMath("control_math")
+
+
+def scale_ignored() -> Defect:
+    return ScaleIgnored("scale_ignored")
+
+
+def scale_twice() -> Defect:
+    return ScaleTwice("scale_twice")
+
+
+def rope_dropped() -> Defect:
+    return RopeDropped("rope_dropped")
+
+
+def mask_free_ignored() -> Defect:
+    return MaskFreeIgnored("mask_free_ignored")
+
+
+def causal_top_left() -> Defect:
+    return CausalTopLeft("causal_top_left")
+
+
+def gqa_modulo() -> Defect:
+    return GqaModulo("gqa_modulo")
+
+
+def one_key_short() -> Defect:
+    return OneKeyShort("one_key_short")
+
+
+def padded_as_packed() -> Defect:
+    return PaddedAsPacked("padded_as_packed")
+
+
+def padding_rows_read() -> Defect:
+    return PaddingRowsRead("padding_rows_read")
+
+
+def padding_nan_unsafe() -> Defect:
+    return PaddingNanUnsafe("padding_nan_unsafe")
+
+
+def p_fp8() -> Defect:
+    return PFp8("p_fp8")
+
+
+def batch_swap() -> Defect:
+    return BatchSwap("batch_swap")
+
+
+def nondeterministic() -> Defect:
+    return Nondeterministic("nondeterministic")
+
+
+def nan_long_rows() -> Defect:
+    return NanLongRows("nan_long_rows")
