@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import cases.hypothesis_profiles  # noqa: F401  (profiles must exist before --hypothesis-profile is read)
 from cases.deviations import DeviationSet, load_deviations
 from cases.policy import PolicySet, load_policies
 from golden.spec import CACHE_NAMES, MASK_NAMES, CaseSpec, load_suite, load_suites

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 from importlib import metadata
 
@@ -9,7 +10,7 @@ import numpy as np
 
 from golden.baseline import emulate_baseline
 from golden.inputs import generate_inputs
-from golden.reference import reference_attention
+from golden.reference import DEVICE_ENV, reference_attention
 from golden.spec import V_DIM, CaseSpec
 from golden.types import GoldenCase
 
@@ -34,6 +35,8 @@ def provenance() -> dict[str, str]:
         "ml_dtypes": _version("ml_dtypes"),
         "h5py": _version("h5py"),
         "platform": platform.platform(),
+        "torch": _version("torch"),  # the reference's softmax uses torch's exp when installed
+        "reference_device": os.environ.get(DEVICE_ENV, "cpu"),
     }
 
 
@@ -51,7 +54,8 @@ def baseline_stats(
 def build_golden(spec: CaseSpec, *, threads: int = 1) -> GoldenCase:
     """Everything the store keeps for a case; deterministic in (spec, seed)."""
     inputs = generate_inputs(spec)
-    out, valid = reference_attention(inputs, spec, threads=threads)
+    device = os.environ.get(DEVICE_ENV, "cpu")  # MLA_GOLDEN_DEVICE=cuda: float64 reference on a GPU
+    out, valid = reference_attention(inputs, spec, threads=threads, device=device)
     baseline = emulate_baseline(inputs, spec, threads=threads)
     return GoldenCase(
         spec=spec,

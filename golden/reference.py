@@ -17,6 +17,7 @@ that BLAS threads cannot parallelise runs on all cores.  Results do not depend o
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -160,11 +161,35 @@ def float64_tile(
     scores = (q * scale) @ k.T
     apply_causal(scores, diag, -np.inf)
     np.subtract(scores, scores.max(axis=1, keepdims=True), out=scores)
-    np.exp(scores, out=scores)
+    exp_inplace(scores)
     denom = scores.sum(axis=1, keepdims=True)
     out: np.ndarray = scores @ v
     out /= denom
     return out
+
+
+@functools.cache
+def _torch() -> Any:
+    """The torch module when installed (for its vectorised exp), else None."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency; the fallback is tested directly
+        return None
+    return torch
+
+
+def exp_inplace(values: np.ndarray) -> None:
+    """``values = e^values`` for a C-contiguous float64 array.
+
+    numpy's float64 exp is scalar libm on AVX2 machines (~5 ns per element, a fifth of a tile's
+    time); torch's is vectorised (~2 ns).  Both are within 1 ulp, so the choice moves results by
+    rounding only.  Call it inside :func:`pinned_threads`, or torch forks its own threads.
+    """
+    torch = _torch()
+    if torch is None:
+        np.exp(values, out=values)
+    else:
+        torch.from_numpy(values).exp_()
 
 
 @contextlib.contextmanager
@@ -175,6 +200,26 @@ def blas_threads(count: int) -> Iterator[None]:
         return
     with threadpool_limits(limits=count, user_api="blas"):
         yield
+
+
+@contextlib.contextmanager
+def pinned_threads() -> Iterator[None]:
+    """One BLAS thread and one torch (OpenMP) thread per calling thread inside the block.
+
+    Process-wide settings, restored on exit: our workers are the parallelism, and a BLAS or torch
+    call that forked its own threads would oversubscribe the cores ``threads`` promised to use.
+    Threads started inside the block read torch's setting when they first call into it.
+    """
+    torch = _torch()
+    previous = torch.get_num_threads() if torch is not None else 0
+    if torch is not None:
+        torch.set_num_threads(1)
+    try:
+        with blas_threads(1):
+            yield
+    finally:
+        if torch is not None:
+            torch.set_num_threads(previous)
 
 
 def attention(
@@ -200,7 +245,7 @@ def attention(
         rows = slice(task.q_start + i0, task.q_start + i1)
         out[rows, task.head] = kernel(task.q[i0:i1], task.k[:k_end], task.v[:k_end], scale, diag)
 
-    with blas_threads(1):
+    with pinned_threads():
         if threads <= 1:
             for task in tasks:
                 rows = slice(task.q_start, task.q_start + task.q_len)

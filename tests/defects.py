@@ -5,6 +5,8 @@ Each defect is a zero-argument factory usable as ``--backend tests.defects:<name
 attention path without a bug: it must pass, so failures of ``p_fp8`` and ``padding_nan_unsafe``
 come from their bug, not from the path.  Zero-length batches' rows are "don't care", so writing
 garbage there would not be a defect and none of these does only that.
+``strict_forgets_seqlen_values`` plants a defect in the error-contract model instead
+(``torch-cpu-strict`` minus one check).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Callable
 import torch
 
 from harness.backend import MlaPrefillCall
+from harness.contract import ContractBackend
 from harness.torch_backend import NOPE, ROPE, VDIM, TorchSdpaBackend, _is_packed
 
 LONG_ROW_KEYS = 128  # nan_long_rows: rows that may see more keys than this get NaN
@@ -28,11 +31,11 @@ def allowed_keys(q_len: int, kv_len: int, width: int, mask_type: int) -> torch.T
     """``[q_len, width]``: key j is visible to row i (keys at or beyond ``kv_len`` never are)."""
     rows = torch.arange(q_len)[:, None]
     cols = torch.arange(width)[None, :]
-    allowed = cols < kv_len
+    allowed = (cols < kv_len).expand(q_len, width)
     if mask_type == 2:
-        allowed &= cols <= rows
+        allowed = allowed & (cols <= rows)
     elif mask_type == 3:
-        allowed &= cols <= rows + (kv_len - q_len)
+        allowed = allowed & (cols <= rows + (kv_len - q_len))
     return allowed
 
 
@@ -306,3 +309,9 @@ def nondeterministic() -> Defect:
 
 def nan_long_rows() -> Defect:
     return NanLongRows("nan_long_rows")
+
+
+def strict_forgets_seqlen_values() -> ContractBackend:
+    """``torch-cpu-strict`` whose validator forgets the qSeqLen == kvSeqLen check (error-contract defect)."""
+    return ContractBackend(TorchSdpaBackend("cpu"), "torch-cpu-strict-forgets-seqlen_values",
+                           frozenset({"seqlen_values"}))

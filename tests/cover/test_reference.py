@@ -10,6 +10,7 @@ import mpmath
 import numpy as np
 import pytest
 
+from golden import reference
 from golden.inputs import generate_inputs
 from golden.reference import (
     DEFAULT_TILE,
@@ -121,6 +122,16 @@ def test_tiles_only_read_keys_they_may_see() -> None:
 
     attention(generate_inputs(spec), spec, recording, np.float64, tile=4)
     assert seen == [(4, 7), (4, 11), (2, 13)]  # rows 0-3 see keys < 3+3+1, ...
+
+
+def test_numpy_exp_fallback_gives_the_same_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where torch is absent the softmax uses numpy's exp; both must give the golden."""
+    spec = case(q_seqlen=[30, 11], head_num=2, mask_type=2, dtype="bf16")
+    inputs = generate_inputs(spec)
+    expected = simple_attention(inputs, spec)
+    monkeypatch.setattr(reference, "_torch", lambda: None)
+    out = attention(inputs, spec, float64_tile, np.float64, tile=8)
+    assert np.abs(out - expected).max() <= 1e-13 * np.abs(expected).max()
 
 
 def test_against_mpmath_at_40_digits() -> None:

@@ -1,0 +1,195 @@
+"""harness.contract and cases.perturb: the contract model, the error suite and how it is judged."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import pytest
+import torch
+
+from cases.deviations import Deviation, DeviationSet
+from cases.execution import make_call
+from cases.perturb import PERTURBATIONS, error_call, judge_error_case, nearest_valid
+from golden.inputs import generate_inputs
+from golden.spec import CaseSpec, load_suites
+from harness.backend import Availability, BackendError, BackendInfo, MlaPrefillCall
+from harness.contract import CHECK_NAMES, ContractBackend, strict_torch_cpu, validate
+from harness.status import STATUS_CODES
+
+
+@functools.cache
+def error_cases() -> tuple[CaseSpec, ...]:
+    return tuple(load_suites(["errors"]))
+
+
+@functools.cache
+def valid_cases() -> tuple[CaseSpec, ...]:
+    return tuple(load_suites(["smoke", "edge"]))
+
+
+class Zeros:
+    """A backend stand-in that accepts anything: the contract model alone decides."""
+
+    name = "zeros"
+    error_contract = False
+    deterministic = True
+
+    def available(self) -> Availability:
+        return Availability(True)
+
+    def info(self) -> BackendInfo:
+        return BackendInfo(self.name, "cpu")
+
+    def synchronize(self) -> None:
+        pass
+
+    def run(self, call: MlaPrefillCall) -> torch.Tensor:
+        return torch.zeros(call.q.shape, dtype=call.q_rope.dtype)
+
+
+def model(name: str = "model", skip: frozenset[str] = frozenset()) -> ContractBackend:
+    return ContractBackend(Zeros(), name, skip)
+
+
+def no_deviations() -> DeviationSet:
+    return DeviationSet("<none>", [])
+
+
+def deviation(**fields: object) -> DeviationSet:
+    base: dict[str, object] = dict(id="d", backend="model", versions="", outcome="fail", error_status=None,
+                                   stage=None, status="unconfirmed", reason="r", reference="ref",
+                                   select={"case": "*-err-nan_qk_scale-*"})
+    base.update(fields)
+    return DeviationSet("<test>", [Deviation(**base)])  # type: ignore[arg-type]
+
+
+def case_named(name: str) -> CaseSpec:
+    return next(c for c in error_cases() if c.name == name)
+
+
+# -- the error suite -----------------------------------------------------------------------------
+
+
+def test_error_suite_is_well_formed() -> None:
+    cases = error_cases()
+    assert len(cases) >= 30
+    assert len({c.name for c in cases}) == len(cases)
+    for case in cases:
+        assert case.suite == "errors"
+        assert case.expect_error in STATUS_CODES, case.name
+        assert case.expect_stage in ("create", "setup"), case.name
+        assert case.perturb is None or case.perturb in PERTURBATIONS, case.name
+    used = {c.perturb for c in cases} - {None}
+    assert used == set(PERTURBATIONS), f"perturbations no case uses: {set(PERTURBATIONS) - used}"
+
+
+@pytest.mark.parametrize("case", error_cases(), ids=lambda c: c.name)
+def test_model_rejects_each_error_case_as_documented(case: CaseSpec) -> None:
+    with pytest.raises(BackendError) as info:
+        validate(error_call(case))
+    assert (info.value.status_name, info.value.stage) == (case.expect_error, case.expect_stage), str(info.value)
+
+
+@pytest.mark.parametrize("case", valid_cases(), ids=lambda c: c.case_id)
+def test_model_accepts_every_valid_case(case: CaseSpec) -> None:
+    validate(make_call(generate_inputs(case), case))
+
+
+@pytest.mark.parametrize("check", CHECK_NAMES)
+def test_every_check_is_needed_by_some_error_case(check: str) -> None:
+    """A validator that forgets any one check fails at least one case: the suite can fail."""
+    forgetful = model(skip=frozenset({check}))
+    missed = []
+    for case in error_cases():
+        try:
+            outcome = judge_error_case(case, forgetful, no_deviations()).outcome
+        except Exception:  # a later check tripping over what the skipped one should have caught
+            outcome = "failed"
+        if outcome == "failed":
+            missed.append(case.name)
+    assert missed, f"no error case needs the {check!r} check"
+
+
+# -- inputs of error cases -----------------------------------------------------------------------
+
+
+def test_nearest_valid_keeps_shapes_and_clears_error_fields() -> None:
+    spec = nearest_valid(case_named("head-num-129"))
+    assert (spec.head_num, spec.kv_head_num, spec.expect_error, spec.perturb) == (128, 128, None, None)
+    scale = nearest_valid(case_named("qk-scale-1.5"))
+    assert 0 < scale.qk_scale <= 1 and scale.q_seqlen == case_named("qk-scale-1.5").q_seqlen
+    assert nearest_valid(case_named("mask-type-spec")).mask_type == 0
+
+
+def test_error_call_carries_the_case_scalars_and_perturbation() -> None:
+    call = error_call(case_named("head-num-129"))
+    assert (call.head_num, call.q.shape[1]) == (129, 128)
+    assert math.isnan(error_call(case_named("qk-scale-nan")).qk_scale)
+    assert error_call(case_named("mask-free-without-mask")).mask is None
+    assert error_call(case_named("mask-free-mask-256")).mask.shape == (256, 256)  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="unknown perturb"):
+        error_call(dataclasses.replace(case_named("qk-scale-nan"), perturb="no-such"))
+
+
+# -- judging -------------------------------------------------------------------------------------
+
+
+def test_wrong_status_wrong_stage_and_acceptance_all_fail() -> None:
+    nan_case = case_named("qk-scale-nan")
+    accepted = judge_error_case(nan_case, model(skip=frozenset({"qk_scale"})), no_deviations())
+    assert accepted.outcome == "failed" and accepted.got is None
+    assert "the call was accepted" in accepted.message and "qk-scale-nan" in accepted.message
+    wrong_stage = dataclasses.replace(nan_case, expect_stage="setup")
+    assert judge_error_case(wrong_stage, model(), no_deviations()).outcome == "failed"
+    wrong_status = dataclasses.replace(nan_case, expect_error="ERROR_INVALID_TENSOR_DIM")
+    verdict = judge_error_case(wrong_status, model(), no_deviations())
+    assert verdict.outcome == "failed" and verdict.got == ("ERROR_INVALID_PARAM", "create")
+
+
+def test_known_deviation_turns_acceptance_into_xfail_and_rejection_into_xpass() -> None:
+    nan_case = case_named("qk-scale-nan")
+    predicted = deviation()
+    assert judge_error_case(nan_case, model(skip=frozenset({"qk_scale"})), predicted).outcome == "xfailed"
+    assert judge_error_case(nan_case, model(), predicted).outcome == "xpassed"
+    other_error = deviation(outcome="error", error_status="ERROR_INVALID_TENSOR_DIM")
+    assert judge_error_case(nan_case, model(), other_error).outcome == "xpassed"
+    assert judge_error_case(nan_case, model(skip=frozenset({"qk_scale"})), other_error).outcome == "failed"
+
+
+def test_deviation_predicting_the_documented_rejection_is_not_a_deviation() -> None:
+    agrees = deviation(outcome="error", error_status="ERROR_INVALID_PARAM")
+    assert judge_error_case(case_named("qk-scale-nan"), model(), agrees).outcome == "passed"
+
+
+def test_shipped_atb_deviation_covers_the_nan_case() -> None:
+    from cases.deviations import load_deviations
+
+    found = load_deviations().match("atb", "8.2.RC1", case_named("qk-scale-nan"))
+    assert found is not None and found.id == "atb-nan-qk-scale-accepted"
+
+
+# -- the backend ---------------------------------------------------------------------------------
+
+
+def test_model_follows_documentation_where_atb_deviates() -> None:
+    causal = next(c for c in valid_cases() if c.mask_type == 3)
+    validate(make_call(generate_inputs(causal), causal))  # CAUSAL without a mask is documented as fine
+    with pytest.raises(BackendError, match="qkScale nan"):
+        validate(dataclasses.replace(make_call(generate_inputs(causal), causal), qk_scale=math.nan))
+
+
+def test_unknown_check_names_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown contract checks"):
+        model(skip=frozenset({"no_such_check"}))
+
+
+def test_strict_backend_computes_like_torch_cpu() -> None:
+    from harness.torch_backend import torch_cpu
+
+    strict = strict_torch_cpu()
+    assert (strict.name, strict.error_contract, strict.deterministic) == ("torch-cpu-strict", True, True)
+    case = valid_cases()[0]
+    call = make_call(generate_inputs(case), case)
+    assert torch.equal(strict.run(call), torch_cpu().run(call))
