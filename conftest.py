@@ -52,6 +52,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    share_cpu_threads(config)
     markers = [
         "mla_case(case_id, content_hash): a conformance item's case (used for sharding)",
         "metamorphic: invariance tests (batch order, padding, heads, layouts, determinism)",
@@ -67,6 +68,17 @@ def pytest_configure(config: pytest.Config) -> None:
     markers += [f"{marker_name(n)}: backend {n}" for n in sorted(names)]
     for line in markers:
         config.addinivalue_line("markers", line)
+
+
+def share_cpu_threads(config: pytest.Config) -> None:
+    """xdist workers split the cores between them instead of each using all of them."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None:
+        return
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(max(1, cores // int(workerinput.get("workercount", 1))))
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:

@@ -11,7 +11,8 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from golden.spec import NOPE_DIM, ROPE_DIM, V_DIM, CaseSpec
+from golden.reference import useful_flops
+from golden.spec import CaseSpec
 from golden.types import OpInputs
 from harness.backend import Backend, MlaPrefillCall
 
@@ -50,24 +51,13 @@ def make_call(inputs: OpInputs, spec: CaseSpec) -> MlaPrefillCall:
     )
 
 
-def useful_flops(spec: CaseSpec) -> float:
-    """FLOPs of the attention a case asks for: 2 x (192 + 128) per allowed (row, key, head)."""
-    pairs = 0
-    for q_len, kv_len in zip(spec.q_seqlen, spec.kv_seqlen, strict=True):
-        if spec.mask_type in (2, 3):  # row i sees kv - q + i + 1 keys
-            pairs += q_len * (kv_len - q_len) + q_len * (q_len + 1) // 2
-        else:
-            pairs += q_len * kv_len
-    return 2.0 * (NOPE_DIM + ROPE_DIM + V_DIM) * pairs * spec.head_num
-
-
 @dataclass(frozen=True)
 class Execution:
     """A backend's output for a case, and how long the calls took."""
 
     out: np.ndarray
     latencies_ms: list[float]
-    flops: float
+    flops: int
 
     @property
     def median_ms(self) -> float:

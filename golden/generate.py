@@ -16,7 +16,7 @@ from golden.types import GoldenCase
 
 #: Bump when a change to inputs, reference or baseline alters stored values: every golden written
 #: by another version is stale and gets regenerated.
-GENERATOR_VERSION = "1.0"
+GENERATOR_VERSION = "1.1"
 
 
 def _version(package: str) -> str:

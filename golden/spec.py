@@ -14,6 +14,7 @@ import hashlib
 import itertools
 import json
 import math
+import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,13 @@ NOPE_DIM = 128
 ROPE_DIM = 64
 V_DIM = 128
 SCORE_DIM = NOPE_DIM + ROPE_DIM
-DEFAULT_QK_SCALE = 1.0 / math.sqrt(SCORE_DIM)
+def as_c_float(value: float) -> float:
+    """The value a C ``float`` parameter holds: qkScale reaches the operator as fp32."""
+    return float(struct.unpack("f", struct.pack("f", value))[0]) if math.isfinite(value) else value
+
+
+#: 1/sqrt(192) as the operator receives it (fp32).
+DEFAULT_QK_SCALE = as_c_float(1.0 / math.sqrt(SCORE_DIM))
 
 DTYPES = ("fp16", "bf16")
 MASK_NAMES = {0: "undefined", 1: "spec", 2: "mask_free", 3: "causal", 4: "swa_norm"}
@@ -230,7 +237,10 @@ def build_case(
     scale = kwargs.get("qk_scale", DEFAULT_QK_SCALE)
     if not isinstance(scale, (int, float)) or isinstance(scale, bool):
         raise SpecError(source, label, "qk_scale", f"must be a number, got {scale!r}")
-    kwargs["qk_scale"] = float(scale)
+    try:  # the spec holds the fp32 value the operator receives, so every reference agrees on it
+        kwargs["qk_scale"] = as_c_float(float(scale))
+    except OverflowError:  # beyond fp32's range: only meaningful for error cases
+        kwargs["qk_scale"] = float(scale)
     spec = CaseSpec(**kwargs)
     if not spec.name:
         spec = dataclasses.replace(spec, name=spec.case_id)

@@ -163,3 +163,11 @@ def test_toml_snippet_round_trips(tmp_path: Path) -> None:
     path = write_suite(tmp_path, spec.to_toml())
     (loaded,) = load_suite(path)
     assert loaded.content_hash == spec.content_hash
+
+
+def test_qk_scale_is_held_as_the_fp32_the_operator_receives() -> None:
+    import numpy as np
+
+    spec = build_case({"head_num": 1, "q_seqlen": [3], "qk_scale": 0.01}, source="x")
+    assert spec.qk_scale == float(np.float32(0.01)) and spec.qk_scale != 0.01
+    assert DEFAULT_QK_SCALE == float(np.float32(192**-0.5))

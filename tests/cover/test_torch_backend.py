@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cases.execution import execute, make_call, useful_flops
+from cases.execution import execute, make_call
 from golden.inputs import generate_inputs
-from golden.reference import reference_attention
+from golden.reference import reference_attention, useful_flops
 from golden.spec import CaseSpec, build_case
 from harness.torch_backend import torch_cpu
 
@@ -37,3 +37,6 @@ def test_useful_flops_counts_allowed_pairs() -> None:
                          "kv_layout": "padded"}, source="t")
     assert useful_flops(bidir) == 2 * 320 * 16 * 2
     assert useful_flops(causal) == 2 * 320 * (3 + 4 + 5 + 6) * 2
+    empty_kv = build_case({"head_num": 1, "q_seqlen": [0, 4], "kv_seqlen": [5, 4], "mask_type": 3,
+                           "kv_layout": "padded"}, source="t")
+    assert useful_flops(empty_kv) == 2 * 320 * 10

@@ -1,0 +1,28 @@
+"""The emulated ATB-precision baseline passes the default policy on every shipped small case.
+
+If it did not, the policy (or an input distribution) would be stricter than ATB's own rounding
+path and would fail a correct kernel: the suites' "never fail a correct implementation" promise.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from cases.policy import VerdictContext, load_policies
+from golden.generate import build_golden
+from golden.metrics import Metrics
+from golden.spec import CaseSpec, load_suites
+
+pytestmark = pytest.mark.slow
+
+CASES = [c for c in load_suites(["smoke", "edge"])]
+
+
+@pytest.mark.parametrize("spec", CASES, ids=[c.case_id for c in CASES])
+def test_emulated_baseline_meets_the_default_policy(spec: CaseSpec) -> None:
+    golden = build_golden(spec)
+    baseline = Metrics.from_dict(golden.baseline_stats)
+    policy = load_policies().resolve("default", "emulated-baseline", spec.dtype, spec.mask_name, spec.case_id)
+    verdict = policy.evaluate(baseline, baseline, VerdictContext.from_spec(spec))
+    assert verdict.passed, f"{spec.case_id}: ATB's own precision path fails: {verdict.summary()}"
+    assert verdict.worst_slack < 0.95, f"{spec.case_id}: less than 5% headroom: {verdict.summary()}"
