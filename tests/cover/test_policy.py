@@ -15,6 +15,7 @@ from golden.metrics import Metrics, compute_metrics, round_to_dtype
 from golden.spec import CaseSpec
 
 POLICIES = load_policies()
+SHIPPED = len(POLICIES.overrides)  # overrides appended by a test come after the shipped ones
 CTX16 = VerdictContext(dtype="fp16", head_num=4, max_seq=64)
 
 
@@ -202,7 +203,7 @@ def test_override_applies_and_records_reason(tmp_path: Path) -> None:
     assert policy.param("benchmark", "mere", "bf16") == 3
     assert policy.param("thousandth", "max_fraction", "bf16") == 0.01
     assert policy.param("thousandth", "max_fraction", "fp16") == 0.001  # table merged, not replaced
-    assert [(o.index, o.reason) for o in policy.overrides] == [(0, "torch CPU bf16 rounds P differently")]
+    assert [(o.index, o.reason) for o in policy.overrides] == [(SHIPPED, "torch CPU bf16 rounds P differently")]
     ctx = VerdictContext(dtype="bf16", head_num=4, max_seq=64)
     m = _base_metrics(dtype="bf16", mean_rel_err=2.5 * 2**-9)  # ratio 2.5 vs the MERE floor u/2
     verdict = policy.evaluate(m, _base_metrics(dtype="bf16", mean_rel_err=0.0), ctx)
@@ -214,7 +215,8 @@ def test_override_applies_and_records_reason(tmp_path: Path) -> None:
     assert not untouched.evaluate(m, _base_metrics(dtype="bf16", mean_rel_err=0.0), ctx).passed
     assert policies.resolve("default", "torch-cpu", "fp16", "causal", "x").overrides == ()
     both = policies.resolve("atb", "torch-cpu", "bf16", "causal", "bf16-causal-s4097-h1")
-    assert [o.index for o in both.overrides] == [0, 1] and both.param("atb", "eps_large", "bf16") == 0.5
+    assert [o.index for o in both.overrides] == [SHIPPED, SHIPPED + 1]
+    assert both.param("atb", "eps_large", "bf16") == 0.5
 
 
 def test_unknown_policy_is_named() -> None:
@@ -241,6 +243,7 @@ def test_load_errors_name_file_and_field(tmp_path: Path, extra: str, where: str,
     path = _with(tmp_path, extra)
     with pytest.raises(PolicyError) as info:
         load_policies(path)
+    where = where.replace("override #0", f"override #{SHIPPED}")
     assert str(path) in str(info.value) and where in str(info.value)
     assert info.value.field_name == field
 
@@ -257,3 +260,12 @@ def test_rule_tables_need_every_parameter_and_both_dtypes(tmp_path: Path) -> Non
 
 def test_policy_set_is_plain_data() -> None:
     assert isinstance(POLICIES, PolicySet) and POLICIES.source == str(DEFAULT_PATH)
+
+
+def test_shipped_override_widens_atb_only_for_v_outliers() -> None:
+    case = "bf16-mask_free-krope_ctkv-b2-s256-h4-q3d-packed"
+    outliers = POLICIES.resolve("default", "atb", "bf16", "mask_free", f"{case}-v_outliers-1234abcd")
+    plain = POLICIES.resolve("default", "atb", "bf16", "mask_free", f"{case}-1234abcd")
+    assert outliers.param("atb", "eps_small", "bf16") == 8 * plain.param("atb", "eps_small", "bf16")
+    assert outliers.param("benchmark", "rmse", "bf16") == plain.param("benchmark", "rmse", "bf16")
+    assert plain.overrides == () and "outliers" in outliers.overrides[0].reason

@@ -61,13 +61,13 @@ def run_pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_external_backend_runs_the_suite(tmp_path: Path) -> None:
     (tmp_path / "my_kernels.py").write_text(EXTERNAL)
-    result = run_pytest(tmp_path, "--backend", "my_kernels:factory", "-k", "fp16-undefined and q2d")
+    result = run_pytest(tmp_path, "--backend", "my_kernels:factory", "-k", "fp16-undefined and b3 and q2d")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "2 passed" in result.stdout and "my-kernel" in (tmp_path / "report" / "results.jsonl").read_text()
 
 
 def test_atb_skips_with_the_probe_reason(tmp_path: Path) -> None:
-    result = run_pytest(tmp_path, "--backend", "atb", "-k", "fp16-undefined and q2d")
+    result = run_pytest(tmp_path, "--backend", "atb", "-k", "fp16-undefined and b3 and q2d")
     assert result.returncode == 0, result.stdout[-3000:]
     assert "2 skipped" in result.stdout
     assert "backend atb unavailable: torch_npu" in result.stdout

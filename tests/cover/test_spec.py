@@ -170,4 +170,4 @@ def test_qk_scale_is_held_as_the_fp32_the_operator_receives() -> None:
 
     spec = build_case({"head_num": 1, "q_seqlen": [3], "qk_scale": 0.01}, source="x")
     assert spec.qk_scale == float(np.float32(0.01)) and spec.qk_scale != 0.01
-    assert DEFAULT_QK_SCALE == float(np.float32(192**-0.5))
+    assert float(np.float32(192**-0.5)) == DEFAULT_QK_SCALE
