@@ -6,12 +6,14 @@ deviations) and produces the result record the reports plugin consumes.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import h5py
 import numpy as np
+import pytest
 
 from cases.deviations import Deviation, DeviationSet
 from cases.execution import Execution, execute, make_call, output_digest
@@ -22,6 +24,8 @@ from golden.types import GoldenCase
 from harness.backend import Backend, BackendError
 
 Outcome = Literal["passed", "failed", "xfailed", "xpassed"]
+#: How a known deviation's classification of what happened becomes a test outcome.
+DEVIATION_OUTCOMES: dict[str, Outcome] = {"expected": "xfailed", "unexpected_pass": "xpassed", "different": "failed"}
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,20 @@ class CaseResult:
     message: str
     record: dict[str, Any]
     output: np.ndarray | None
+
+
+class UnexpectedPassWarning(UserWarning):
+    """A known deviation did not reproduce: confirm it and update cases/known_deviations.toml."""
+
+
+def conclude(outcome: Outcome, message: str) -> None:
+    """Turn an outcome into pytest's: xfail, a loud warning for an unexpected pass, or a failure."""
+    if outcome == "xfailed":
+        pytest.xfail(message)
+    if outcome == "xpassed":
+        warnings.warn(UnexpectedPassWarning(message), stacklevel=2)
+    if outcome == "failed":
+        pytest.fail(message, pytrace=False)
 
 
 def mode_text(spec: CaseSpec, backend: str) -> str:
@@ -56,9 +74,7 @@ def judge_output(golden: GoldenCase, out: np.ndarray, policy_set: PolicySet, pol
 def _outcome(passed: bool, error: BackendError | None, deviation: Deviation | None) -> Outcome:
     if deviation is None:
         return "passed" if passed and error is None else "failed"
-    kind = deviation.classify(error.status_name if error else None, None if error else passed)
-    outcomes: dict[str, Outcome] = {"expected": "xfailed", "unexpected_pass": "xpassed", "different": "failed"}
-    return outcomes[kind]
+    return DEVIATION_OUTCOMES[deviation.classify(error.status_name if error else None, None if error else passed)]
 
 
 def run_case(

@@ -16,9 +16,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Literal
 
-import tomllib
-
-from golden.spec import CaseSpec
+from golden.spec import CaseSpec, read_toml
 from harness.status import STATUS_CODES
 
 DEFAULT_PATH = Path(__file__).resolve().parent / "known_deviations.toml"
@@ -263,12 +261,7 @@ def load_deviations(path: Path | None = None) -> DeviationSet:
     """Load and validate a deviations file (default: ``cases/known_deviations.toml``)."""
     path = path or DEFAULT_PATH
     source = str(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise DeviationError(source, "<file>", "<toml>", f"not valid TOML: {exc}") from exc
-    except OSError as exc:
-        raise DeviationError(source, "<file>", "<file>", f"cannot read: {exc}") from exc
+    data = read_toml(path, lambda name, message: DeviationError(source, "<file>", name, message))
     unknown = set(data) - {"deviation"}
     if unknown:
         raise DeviationError(source, "<file>", sorted(unknown)[0],

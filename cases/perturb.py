@@ -12,10 +12,10 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
+from cases.conformance import DEVIATION_OUTCOMES, Outcome
 from cases.deviations import Deviation, DeviationSet
 from cases.execution import make_call
 from golden.inputs import generate_inputs
@@ -23,8 +23,6 @@ from golden.spec import DEFAULT_QK_SCALE, MAX_HEADS, SUPPORTED_MASKS, CaseSpec
 from harness.backend import Backend, BackendError, MlaPrefillCall
 
 Perturbation = Callable[[MlaPrefillCall], MlaPrefillCall]
-Outcome = Literal["passed", "failed", "xfailed", "xpassed"]
-_OUTCOMES: dict[str, Outcome] = {"expected": "xfailed", "unexpected_pass": "xpassed", "different": "failed"}
 
 _OTHER_DTYPE = {torch.float16: torch.bfloat16, torch.bfloat16: torch.float16}
 
@@ -160,6 +158,6 @@ def judge_error_case(spec: CaseSpec, backend: Backend, deviations: DeviationSet)
         kind = deviation.classify(None, False)  # accepted: what an outcome "fail" entry predicts
     else:
         kind = deviation.classify(got[0], None)
-    outcome = _OUTCOMES[kind]
+    outcome = DEVIATION_OUTCOMES[kind]
     prefix = {"xfailed": "known deviation: ", "xpassed": "UNEXPECTED PASS of known deviation: "}.get(outcome, "")
     return ErrorVerdict(outcome, f"{prefix}{text} [{deviation.describe()}]", got)

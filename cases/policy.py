@@ -16,10 +16,8 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-import tomllib
-
 from golden.metrics import UNIT_ROUNDOFF, Metrics
-from golden.spec import DTYPES, CaseSpec
+from golden.spec import DTYPES, CaseSpec, read_toml
 
 DEFAULT_PATH = Path(__file__).resolve().parent / "tolerances.toml"
 
@@ -347,12 +345,7 @@ def load_policies(path: Path | None = None) -> PolicySet:
     """Load and validate a tolerance file (default: ``cases/tolerances.toml``)."""
     path = path or DEFAULT_PATH
     source = str(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise PolicyError(source, "<file>", "<toml>", f"not valid TOML: {exc}") from exc
-    except OSError as exc:
-        raise PolicyError(source, "<file>", "<file>", f"cannot read: {exc}") from exc
+    data = read_toml(path, lambda name, message: PolicyError(source, "<file>", name, message))
     unknown = set(data) - {"rules", "policy", "override"}
     if unknown:
         raise PolicyError(source, "<file>", sorted(unknown)[0], "unknown top-level table")

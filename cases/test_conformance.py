@@ -5,20 +5,14 @@ Run with ``--suite``, ``--backend``, ``--policy``; one test per case x backend.
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 
-from cases.conformance import run_case, save_output
+from cases.conformance import conclude, run_case, save_output
 from cases.deviations import DeviationSet
 from cases.policy import PolicySet
 from golden.spec import CaseSpec
 from golden.store import GoldenStore
 from harness.backend import Backend
-
-
-class UnexpectedPassWarning(UserWarning):
-    """A known deviation did not reproduce: confirm it and update cases/known_deviations.toml."""
 
 
 def test_conformance(
@@ -44,9 +38,4 @@ def test_conformance(
     outputs_dir = getattr(mla_report, "outputs_dir", None)
     if outputs_dir is not None and result.output is not None:
         save_output(outputs_dir, conformance_case, backend.name, result.output)
-    if result.outcome == "xfailed":
-        pytest.xfail(result.message)
-    if result.outcome == "xpassed":
-        warnings.warn(UnexpectedPassWarning(result.message), stacklevel=1)
-    if result.outcome == "failed":
-        pytest.fail(result.message, pytrace=False)
+    conclude(result.outcome, result.message)

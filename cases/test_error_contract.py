@@ -8,10 +8,9 @@ exactly the documented rejection does not count as a deviation here.
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 
+from cases.conformance import conclude
 from cases.deviations import DeviationSet
 from cases.perturb import judge_error_case
 from golden.spec import CaseSpec
@@ -20,18 +19,9 @@ from harness.backend import Backend
 pytestmark = pytest.mark.error_contract
 
 
-class UnexpectedPassWarning(UserWarning):
-    """A known deviation of the error contract did not reproduce: confirm it and update the data."""
-
-
 def test_error_contract(error_case: CaseSpec, backend: Backend, deviation_set: DeviationSet) -> None:
     if not backend.error_contract:
         pytest.skip(f"backend {backend.name} declares no error contract (error_contract = False); "
                     "only backends promising ATB's status codes are checked")
     verdict = judge_error_case(error_case, backend, deviation_set)
-    if verdict.outcome == "xfailed":
-        pytest.xfail(verdict.message)
-    if verdict.outcome == "xpassed":
-        warnings.warn(UnexpectedPassWarning(verdict.message), stacklevel=1)
-    if verdict.outcome == "failed":
-        pytest.fail(verdict.message, pytrace=False)
+    conclude(verdict.outcome, verdict.message)

@@ -15,7 +15,7 @@ import itertools
 import json
 import math
 import struct
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -309,6 +309,16 @@ def validate_case(spec: CaseSpec) -> None:
 # -- suites ----------------------------------------------------------------------------------
 
 
+def read_toml(path: Path, fail: Callable[[str, str], Exception]) -> dict[str, Any]:
+    """Parse a TOML file; ``fail(field, message)`` builds the caller's error (which names the file)."""
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise fail("<toml>", f"not valid TOML: {exc}") from exc
+    except OSError as exc:
+        raise fail("<file>", f"cannot read: {exc}") from exc
+
+
 def _matrix_rows(matrix: Mapping[str, Any], source: str, index: int) -> Iterator[dict[str, Any]]:
     """Expand the product of a matrix table's axes into field dictionaries."""
     axes: list[list[dict[str, Any]]] = []
@@ -335,12 +345,7 @@ def load_suite(path: str | Path, *, validate: bool = True) -> list[CaseSpec]:
     """Load one suite file; duplicate cases (same content hash) are an error naming both."""
     path = Path(path)
     source = str(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise SpecError(source, "<file>", "<toml>", f"not valid TOML: {exc}") from exc
-    except OSError as exc:
-        raise SpecError(source, "<file>", "<file>", f"cannot read: {exc}") from exc
+    data = read_toml(path, lambda name, message: SpecError(source, "<file>", name, message))
     unknown = set(data) - {"suite", "defaults", "case", "matrix"}
     if unknown:
         raise SpecError(source, "<file>", sorted(unknown)[0], "unknown top-level table")
