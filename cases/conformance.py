@@ -18,6 +18,7 @@ import pytest
 from cases.deviations import Deviation, DeviationSet
 from cases.execution import Execution, execute, make_call, output_digest
 from cases.policy import PolicySet, Verdict, VerdictContext
+from golden.inputs import numpy_dtype
 from golden.metrics import Metrics, compute_metrics
 from golden.spec import V_DIM, CaseSpec
 from golden.types import GoldenCase
@@ -71,6 +72,24 @@ def judge_output(golden: GoldenCase, out: np.ndarray, policy_set: PolicySet, pol
     return metrics, resolved.evaluate(metrics, baseline, VerdictContext.from_spec(spec))
 
 
+def input_digests(golden: GoldenCase) -> dict[str, str]:
+    """SHA-256 of every input array, to notice a backend that writes into its inputs."""
+    return {name: output_digest(array) for name, array in golden.inputs.arrays().items()}
+
+
+def contract_violations(golden: GoldenCase, out: np.ndarray, before: dict[str, str]) -> list[str]:
+    """What the output or the inputs say about the interface contract, whatever the numbers."""
+    spec = golden.spec
+    problems = []
+    if out.dtype != numpy_dtype(spec.dtype):
+        problems.append(f"attenOut dtype is {out.dtype}, expected {spec.dtype} (qRope's dtype)")
+    if out.shape != golden.out.shape:
+        problems.append(f"attenOut shape is {list(out.shape)}, expected {list(golden.out.shape)} (q's layout)")
+    after = input_digests(golden)
+    problems += [f"the backend modified its input {name}" for name in before if after[name] != before[name]]
+    return problems
+
+
 def _outcome(passed: bool, error: BackendError | None, deviation: Deviation | None) -> Outcome:
     if deviation is None:
         return "passed" if passed and error is None else "failed"
@@ -93,6 +112,7 @@ def run_case(
     deviation = deviations.match(backend.name, info.version, spec)
     error: BackendError | None = None
     execution: Execution | None = None
+    digests = input_digests(golden)
     try:
         execution = execute(backend, make_call(golden.inputs, spec), spec, repeats=repeats, warmup=warmup)
     except BackendError as exc:
@@ -114,10 +134,17 @@ def run_case(
         assert error is not None
         outcome = _outcome(False, error, deviation)
         detail = f"backend raised {error}"
+        message = _message(spec, backend.name, outcome, detail, deviation)
         record.update(verdict=outcome, checks=[], worst_slack=None, metrics={}, failing=[f"error: {error}"],
-                      timing=None, output_sha256=None, error={"status": error.status, "name": error.status_name,
-                                                             "stage": error.stage})
-        return CaseResult(outcome, _message(spec, backend.name, outcome, detail, deviation), record, None)
+                      timing=None, output_sha256=None, message=message,
+                      error={"status": error.status, "name": error.status_name, "stage": error.stage})
+        return CaseResult(outcome, message, record, None)
+    violations = contract_violations(golden, execution.out, digests)
+    if violations:  # no known deviation excuses a broken interface
+        message = _message(spec, backend.name, "failed", "interface contract broken: " + "; ".join(violations), None)
+        record.update(verdict="failed", checks=[], worst_slack=None, metrics={}, failing=violations,
+                      timing=execution.timing(), output_sha256=output_digest(execution.out), message=message)
+        return CaseResult("failed", message, record, execution.out)
     metrics, verdict = judge_output(golden, execution.out, policy_set, policy, backend.name)
     outcome = _outcome(verdict.passed, None, deviation)
     record.update(
