@@ -1,0 +1,44 @@
+"""The real smoke suite on torch-cpu: -n 0, -n 2 and three merged shards write the same records."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from golden.spec import load_suites
+from reports.records import read_results, without_volatile
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def conformance(tmp_path: Path, name: str, *args: str) -> Path:
+    out = tmp_path / name
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "cases/test_conformance.py", "-p", "no:cacheprovider", "-q",
+         "--backend", "torch-cpu", "--golden-dir", str(tmp_path / "golden"), "--report-dir", str(out), *args],
+        cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    return out
+
+
+def records(directory: Path) -> list[dict[str, object]]:
+    return [without_volatile(r) for r in read_results(directory / "results.jsonl")]
+
+
+def test_serial_parallel_and_sharded_runs_agree(tmp_path: Path) -> None:
+    serial = records(conformance(tmp_path, "serial", "-n", "0"))
+    assert len(serial) == len(load_suites(["smoke"])) and all(r["verdict"] == "passed" for r in serial)
+    assert records(conformance(tmp_path, "parallel", "-n", "2")) == serial
+    shards = [conformance(tmp_path, f"shard{k}", "-n", "0", "--shard", f"{k}/3") for k in (1, 2, 3)]
+    assert all(0 < len(records(s)) < len(serial) for s in shards)
+    merged = tmp_path / "merged"
+    done = subprocess.run([sys.executable, "-m", "cases.cli", "report", "merge", str(merged), *map(str, shards)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert records(merged) == serial
