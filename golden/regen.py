@@ -11,10 +11,11 @@ import contextlib
 import functools
 import importlib
 import inspect
+import math
 import multiprocessing
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,8 @@ from golden.types import GoldenCase
 
 DEFAULT_BUILDER = "golden.generate:build_golden"
 RECOMPUTE_RTOL = 1e-12
+#: The emulated baseline runs in float32 through BLAS: allow its statistics BLAS-level noise only.
+BASELINE_RTOL = 1e-6
 THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
               "NUMEXPR_NUM_THREADS")
 
@@ -247,7 +250,25 @@ def compare_recomputed(path: Path, stored: GoldenCase, fresh: GoldenCase) -> lis
         if not rel <= RECOMPUTE_RTOL:
             message = f"reference drift: relative difference {rel:.3e} > {RECOMPUTE_RTOL:g}"
             problems.append(Problem(path, message, "golden/out"))
+    drifted = baseline_drift(stored.baseline_stats, fresh.baseline_stats)
+    if drifted:
+        problems.append(Problem(path, f"baseline statistics drift: {drifted}", "baseline (attributes)"))
     return problems
+
+
+def _same_stat(a: object, b: object) -> bool:
+    numbers = (int, float)
+    if isinstance(a, bool) or isinstance(b, bool) or not isinstance(a, numbers) or not isinstance(b, numbers):
+        return a == b
+    return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=BASELINE_RTOL)
+
+
+def baseline_drift(stored: Mapping[str, object], fresh: Mapping[str, object]) -> str:
+    """The baseline statistics that differ beyond BASELINE_RTOL (they are the benchmark rule's
+    denominators, so a stale or altered value would loosen or tighten every verdict)."""
+    changed = [f"{key} {stored.get(key)!r} -> {fresh.get(key)!r}" for key in sorted(set(stored) | set(fresh))
+               if not _same_stat(stored.get(key), fresh.get(key))]
+    return ", ".join(changed[:4]) + (f" (+{len(changed) - 4} more)" if len(changed) > 4 else "")
 
 
 @dataclass(frozen=True)

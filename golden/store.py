@@ -15,6 +15,8 @@ the spec's content)::
       blas                    JSON: numpy.show_config(mode="dicts") BLAS/LAPACK (+ threadpoolctl if present)
       provenance_json         JSON of the builder's provenance dict
       checksums_json          JSON {dataset path: sha256 hex}, the same values as each dataset's attribute
+      baseline_stats_sha256   SHA-256 of the baseline statistics as sorted JSON (the benchmark rule's
+                              denominators are checked like data)
     /inputs/{q,q_rope,k,k_rope,v,q_seqlen,kv_seqlen[,mask]}
                               exact device values: fp16 as float16 (device_dtype="fp16"); bf16 as float32
                               values that are exactly bf16 (device_dtype="bf16"); seqlens int32
@@ -55,7 +57,7 @@ from filelock import FileLock
 from golden.spec import CaseSpec
 from golden.types import INPUT_NAMES, GoldenCase, OpInputs
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 ENV_DIR = "MLA_GOLDEN_DIR"
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent / ".golden"
 
@@ -130,6 +132,11 @@ def library_versions() -> dict[str, str]:
 
 def _sha256(arr: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()
+
+
+def stats_sha256(stats: dict[str, Any]) -> str:
+    """Checksum of the baseline statistics (sorted JSON of plain Python scalars)."""
+    return hashlib.sha256(json.dumps(stats, sort_keys=True).encode()).hexdigest()
 
 
 def _encode(arr: np.ndarray) -> tuple[np.ndarray, str]:
@@ -209,6 +216,7 @@ def write_golden(golden: GoldenCase, path: Path, generator_version: str) -> int:
                     "blas": blas_info(),
                     "provenance_json": json.dumps(golden.provenance, sort_keys=True),
                     "checksums_json": json.dumps(checksums, sort_keys=True),
+                    "baseline_stats_sha256": stats_sha256(dict(golden.baseline_stats)),
                     **library_versions(),
                 }
             )
@@ -309,6 +317,9 @@ def read_golden(path: Path, spec: CaseSpec | None = None) -> tuple[GoldenCase, F
             provenance = {str(k): str(v) for k, v in json.loads(meta.attrs["provenance_json"]).items()}
         except (KeyError, OSError, ValueError, TypeError) as exc:
             raise GoldenCorruptError(path, f"baseline/provenance attributes unusable: {exc}") from exc
+    if stats_sha256(stats) != meta.attrs.get("baseline_stats_sha256"):
+        raise GoldenCorruptError(path, "baseline statistics do not match baseline_stats_sha256",
+                                 "baseline (attributes)")
     try:
         inputs = OpInputs(**{n: arrays.get(f"inputs/{n}") for n in INPUT_NAMES})  # type: ignore[arg-type]
         golden = GoldenCase(

@@ -39,6 +39,8 @@ def register(subparsers: Any) -> None:
         help="latency ratio cand/base listed as a perf regression (default 1.2)",
     )
     p.add_argument("--fail-on-perf", action="store_true", help="perf regressions also fail the exit status")
+    p.add_argument("--allow-missing", action="store_true",
+                   help="cases missing from the candidate, or skipped there, do not fail the exit status")
     p.set_defaults(func=run_diff)
 
     p = verbs.add_parser("merge", help="combine --shard K/N report directories into one run")
@@ -59,7 +61,7 @@ def run_diff(args: argparse.Namespace) -> int:
     files = diff.write_outputs(result, out)
     print(diff.terminal(result))
     print("wrote " + ", ".join(str(f) for f in files))
-    return result.exit_status(args.fail_on_perf)
+    return result.exit_status(args.fail_on_perf, args.allow_missing)
 
 
 def run_merge(args: argparse.Namespace) -> int:

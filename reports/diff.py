@@ -82,8 +82,11 @@ class DiffResult:
     def counts(self) -> dict[str, int]:
         return {c: len(self.by_category(c)) for c in CATEGORIES}
 
-    def exit_status(self, fail_on_perf: bool) -> int:
-        return 1 if self.by_category("regressed") or (fail_on_perf and self.perf) else 0
+    def exit_status(self, fail_on_perf: bool, allow_missing: bool = False) -> int:
+        """1 when anything regressed, when a compared case is missing or no longer runs (a backend
+        that became unavailable must not pass an upgrade gate) unless allowed, or on perf if asked."""
+        missing = bool(self.by_category("missing")) and not allow_missing
+        return 1 if self.by_category("regressed") or missing or (fail_on_perf and self.perf) else 0
 
 
 def _state(record: Record) -> str:
@@ -107,8 +110,8 @@ def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
     if base.get("policy") != cand.get("policy"):
         d.reasons.append(f"policy {base.get('policy')} -> {cand.get('policy')}")
     same_output = bool(base.get("output_sha256")) and base.get("output_sha256") == cand.get("output_sha256")
-    if b_state == "pass" and c_state == "fail":
-        d.category = "regressed"
+    if (b_state == "pass" and c_state == "fail") or (verdict(base) == "xfailed" and verdict(cand) == "failed"):
+        d.category = "regressed"  # incl. a known deviation that now misbehaves differently
         d.reasons.append(f"{verdict(base)} -> {verdict(cand)}")
     elif b_state == "fail" and c_state == "pass":
         d.category = "fixed"

@@ -184,6 +184,20 @@ def test_a_missing_dataset_is_corrupt(store: GoldenStore) -> None:
         store.load(FP16)
 
 
+def test_tampered_baseline_statistics_are_corrupt_and_drift_is_reported(store: GoldenStore) -> None:
+    golden = build_golden(FP16)
+    path = store.save(golden)
+    with h5py.File(path, "r+", locking=False) as f:
+        f["baseline"].attrs["rmse"] = float(f["baseline"].attrs["rmse"]) * 1000  # loosens the benchmark rule
+    with pytest.raises(GoldenCorruptError) as info:
+        store.load(FP16)
+    assert info.value.dataset == "baseline (attributes)" and str(path) in str(info.value)
+    stats = dict(golden.baseline_stats, rmse=float(golden.baseline_stats["rmse"]) * 1.001)
+    problems = rg.compare_recomputed(path, dataclasses.replace(golden, baseline_stats=stats), golden)
+    assert [p.dataset for p in problems] == ["baseline (attributes)"] and "rmse" in problems[0].message
+    assert rg.compare_recomputed(path, golden, build_golden(FP16)) == []
+
+
 def test_other_generator_version_is_stale_and_ensure_rebuilds(tmp_path: Path) -> None:
     old = GoldenStore(tmp_path, generator_version="0.9-old")
     old.save(build_golden(FP16))
