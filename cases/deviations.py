@@ -25,7 +25,7 @@ Outcome = Literal["error", "fail"]
 Classification = Literal["expected", "unexpected_pass", "different"]
 
 _PATTERN_SELECTORS = ("dtype", "mask", "kv_layout", "case")
-_BOOL_SELECTORS = ("ragged", "causal_prefix_mod128")
+_BOOL_SELECTORS = ("ragged", "causal_prefix_mod128", "over_capacity")
 _FIELDS = ("id", "backend", "versions", "outcome", "error_status", "stage", "status", "reason", "reference",
            "select")
 
@@ -122,7 +122,8 @@ def has_prefix_not_mod128(spec: CaseSpec) -> bool:
 
 def _case_fields(spec: CaseSpec) -> dict[str, str | bool]:
     return dict(dtype=spec.dtype, mask=spec.mask_name, kv_layout=spec.kv_layout, case=spec.case_id,
-                ragged=is_ragged(spec), causal_prefix_mod128=has_prefix_not_mod128(spec))
+                ragged=is_ragged(spec), causal_prefix_mod128=has_prefix_not_mod128(spec),
+                over_capacity=spec.kv_layout == "padded" and spec.padded_rows > spec.max_kv)
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,7 @@ SPECS: dict[str, dict[str, object]] = {
     "bf16-mask_free-uniform-padded": dict(q_seqlen=[48, 48, 48], head_num=2, dtype="bf16", mask_type=2,
                                           q_layout="2d", kv_layout="padded", seed=29),
 }
+PADDING_EXTRA_ROWS = 37
 CORE = ("fp16-undefined", "bf16-mask_free", "fp16-causal-gqa", "bf16-causal-mqa")
 #: test function -> the SPECS it runs on.
 RELATION_SPECS: dict[str, tuple[str, ...]] = {
@@ -231,6 +232,18 @@ def permute_heads(inputs: OpInputs, spec: CaseSpec) -> tuple[OpInputs, np.ndarra
     return new, q_heads
 
 
+def widen_padding(inputs: OpInputs, spec: CaseSpec, extra: int) -> OpInputs:
+    """Padded kv with ``extra`` more rows of garbage per batch: S larger than max(kvSeqLen)."""
+    rng = case_rng(spec)
+    changed = {}
+    for name in ("k", "k_rope", "v"):
+        array = getattr(inputs, name)
+        shape = (array.shape[0], extra, array.shape[2])
+        fill = round_to(rng.uniform(2.0, 4.0, shape) * rng.choice([-1.0, 1.0], shape), spec.dtype)
+        changed[name] = np.ascontiguousarray(np.concatenate([array, fill], axis=1))
+    return dataclasses.replace(inputs, **changed)
+
+
 def poison_padding(inputs: OpInputs, spec: CaseSpec, kind: str) -> OpInputs:
     """Padded kv with every row at or beyond kvSeqLen replaced by ``kind``: 'garbage' or 'nan'."""
     rng = case_rng(spec)
@@ -305,7 +318,8 @@ def test_q_layout(meta_spec: CaseSpec, backend: Backend, deviation_set: Deviatio
 
 def test_padding_contents(meta_spec: CaseSpec, backend: Backend, deviation_set: DeviationSet) -> None:
     """Exact: padded kv rows at or beyond kvSeqLen are never read, so other finite garbage or NaN
-    there leaves every valid output bit unchanged."""
+    there, or 37 more padding rows (S beyond max kvSeqLen: a stride bug), leave every valid output
+    bit unchanged."""
     problems = Problems("padding contents", "exact", meta_spec, backend, deviation_set)
     inputs = generate_inputs(meta_spec)
     base = attempt(problems, lambda: run(backend, inputs, meta_spec), "original")
@@ -315,6 +329,11 @@ def test_padding_contents(meta_spec: CaseSpec, backend: Backend, deviation_set: 
         if base is not None and out is not None:
             found = difference(base, out, meta_spec, exact=True)
             problems.add(f"{kind} padding: {found}" if found else None)
+    wider = widen_padding(inputs, meta_spec, PADDING_EXTRA_ROWS)
+    out = attempt(problems, lambda: run(backend, wider, meta_spec), f"S + {PADDING_EXTRA_ROWS} padding rows")
+    if base is not None and out is not None:
+        found = difference(base, out, meta_spec, exact=True)
+        problems.add(f"S + {PADDING_EXTRA_ROWS} padding rows: {found}" if found else None)
     problems.finish()
 
 

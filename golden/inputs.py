@@ -89,7 +89,7 @@ def _near_tie_keys(rng: np.random.Generator, spec: CaseSpec, shape: tuple[int, .
 def _padded(packed: np.ndarray, spec: CaseSpec, rng: np.random.Generator) -> np.ndarray:
     """Scatter packed rows ``[sum(kv), N, D]`` into ``[B, S, N*D]`` with garbage in the padding."""
     n, d = packed.shape[1], packed.shape[2]
-    s = spec.max_kv
+    s = spec.padded_rows
     shape = (spec.batch, s, n * d)
     garbage: np.ndarray = rng.uniform(2.0, 4.0, shape) * rng.choice([-1.0, 1.0], shape)
     offset = 0

@@ -71,6 +71,8 @@ class CaseSpec:
     qk_scale: float = DEFAULT_QK_SCALE
     q_layout: str = "3d"
     kv_layout: str = "packed"
+    #: Padded layout only: rows per batch S of ``[B, S, Hkv*D]`` (None: max kvSeqLen).
+    kv_capacity: int | None = None
     distribution: str = "uniform"
     seed: int = 0
     expect_error: str | None = None
@@ -100,6 +102,11 @@ class CaseSpec:
     @property
     def max_kv(self) -> int:
         return max(self.kv_seqlen, default=0)
+
+    @property
+    def padded_rows(self) -> int:
+        """S of the padded kv layout ``[B, S, Hkv*D]``."""
+        return self.kv_capacity if self.kv_capacity is not None else self.max_kv
 
     @property
     def mask_name(self) -> str:
@@ -137,6 +144,8 @@ class CaseSpec:
         if self.kv_head_num != self.head_num:
             parts.append(f"g{self.kv_head_num}")
         parts += [f"q{self.q_layout}", self.kv_layout]
+        if self.kv_capacity is not None:
+            parts.append(f"cap{self.kv_capacity}")
         if self.distribution != "uniform":
             parts.append(self.distribution)
         if self.expect_error:
@@ -230,6 +239,9 @@ def build_case(
     kwargs.setdefault("kv_head_num", raw["head_num"])
     kwargs["mask_type"] = _coerce_enum(raw.get("mask_type", 0), MASK_CODES, source, label, "mask_type")
     kwargs["cache_mode"] = _coerce_enum(raw.get("cache_mode", 1), CACHE_CODES, source, label, "cache_mode")
+    capacity = kwargs.get("kv_capacity")
+    if capacity is not None and (not isinstance(capacity, int) or isinstance(capacity, bool)):
+        raise SpecError(source, label, "kv_capacity", f"must be an integer, got {capacity!r}")
     for int_field in ("head_num", "kv_head_num", "seed"):
         value = kwargs.get(int_field, 0)
         if not isinstance(value, int) or isinstance(value, bool):
@@ -281,6 +293,11 @@ def validate_case(spec: CaseSpec) -> None:
         fail("kv_seqlen", "lengths must be >= 0")
     if not any(qn > 0 and kn > 0 for qn, kn in zip(spec.q_seqlen, spec.kv_seqlen, strict=True)):
         fail("q_seqlen", "at least one batch needs q_seqlen > 0 and kv_seqlen > 0 (nothing would be checked)")
+    if spec.kv_capacity is not None:
+        if spec.kv_layout != "padded":
+            fail("kv_capacity", "only the padded kv layout has a capacity")
+        if spec.kv_capacity < spec.max_kv:
+            fail("kv_capacity", f"must be >= max kv_seqlen ({spec.max_kv}), got {spec.kv_capacity}")
     if not 1 <= spec.head_num <= MAX_HEADS:
         fail("head_num", f"must be in [1, {MAX_HEADS}], got {spec.head_num}")
     if spec.kv_head_num < 1:

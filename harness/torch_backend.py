@@ -14,13 +14,13 @@ from harness.backend import Availability, BackendError, BackendInfo, MlaPrefillC
 NOPE, ROPE, VDIM = 128, 64, 128
 
 
-def _kv_rows(call: MlaPrefillCall, tensor: torch.Tensor, head_dim: int, batch: int, start: int) -> torch.Tensor:
-    """Batch ``batch``'s rows of a kv tensor as ``[kv_len, Hkv, D]``, padded or packed layout."""
+def _kv_rows(call: MlaPrefillCall, tensor: torch.Tensor, head_dim: int, batch: int, start: int | None) -> torch.Tensor:
+    """Batch ``batch``'s rows of a kv tensor as ``[kv_len, Hkv, D]``: packed from row ``start``,
+    padded (``start`` None) from ``tensor[batch]``."""
     length = int(call.kv_seqlen[batch])
-    hkv = call.kv_head_num
-    if tensor.dim() == 3 and tensor.shape[1] == hkv and tensor.shape[2] == head_dim:
+    if start is not None:
         return tensor[start : start + length]  # packed [sum(kv), Hkv, D]
-    return tensor[batch, :length].reshape(length, hkv, head_dim)  # padded [B, S, Hkv*D]
+    return tensor[batch, :length].reshape(length, call.kv_head_num, head_dim)  # padded [B, S, Hkv*D]
 
 
 def _is_packed(call: MlaPrefillCall) -> bool:
@@ -71,7 +71,7 @@ class TorchSdpaBackend:
         for b in range(call.q_seqlen.shape[0]):
             q_len, kv_len = int(call.q_seqlen[b]), int(call.kv_seqlen[b])
             if q_len and kv_len:
-                start = kv_start if packed else 0
+                start = kv_start if packed else None
                 keys = torch.cat([_kv_rows(call, k, NOPE, b, start), _kv_rows(call, k_rope, ROPE, b, start)], -1)
                 values = _kv_rows(call, v, VDIM, b, start)
                 out[q_start : q_start + q_len] = self._attend(

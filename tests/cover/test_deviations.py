@@ -34,12 +34,12 @@ def test_seeded_entries() -> None:
     devs = load_deviations()
     assert [d.id for d in devs.entries] == [
         "atb-c-causal-in-tensor-num", "atb-c-swa-norm-window-size", "atb-padded-kv-ragged",
-        "atb-causal-prefix-not-128", "atb-nan-qk-scale-accepted",
+        "atb-causal-prefix-not-128", "atb-nan-qk-scale-accepted", "atb-padded-kv-capacity",
     ]
     assert all(d.backend == "atb" and d.status == "unconfirmed" and d.reference for d in devs.entries)
     outcomes = [(d.outcome, d.error_status) for d in devs.entries]
     assert outcomes == [("error", "ERROR_INVALID_IN_TENSOR_NUM"), ("error", "ERROR_INVALID_PARAM"),
-                        ("fail", None), ("fail", None), ("fail", None)]
+                        ("fail", None), ("fail", None), ("fail", None), ("fail", None)]
 
 
 @pytest.mark.parametrize(
@@ -50,6 +50,8 @@ def test_seeded_entries() -> None:
         (PADDED_RAGGED, "atb-padded-kv-ragged"),
         (_spec((16, 32), mask_type=0, kv_layout="packed"), None),  # ragged, but packed
         (_spec((32, 32), mask_type=0, kv_layout="padded"), None),  # padded, not ragged
+        (_spec((32, 32), mask_type=0, kv_layout="padded", kv_capacity=40), "atb-padded-kv-capacity"),
+        (_spec((32, 32), mask_type=0, kv_layout="padded", kv_capacity=32), None),  # S == max kv
         (PLAIN, None),
     ],
 )
@@ -69,14 +71,15 @@ def test_backend_and_version_gate() -> None:
 
 def test_unused_lists_entries_nothing_matched() -> None:
     devs = load_deviations()
-    assert len(devs.unused()) == 5
+    assert len(devs.unused()) == 6
     devs.match("atb", "8.2.RC1", CAUSAL_PREFIX_100)  # covered by the causal C entry and the prefix entry
     assert [d.id for d in devs.unused()] == [
-        "atb-c-swa-norm-window-size", "atb-padded-kv-ragged", "atb-nan-qk-scale-accepted"]
+        "atb-c-swa-norm-window-size", "atb-padded-kv-ragged", "atb-nan-qk-scale-accepted", "atb-padded-kv-capacity"]
     devs.match("torch-cpu", "8.2.RC1", SWA)
-    assert len(devs.unused()) == 3
+    assert len(devs.unused()) == 4
     devs.match("atb", "8.2.RC1", SWA)
-    assert [d.id for d in devs.unused()] == ["atb-padded-kv-ragged", "atb-nan-qk-scale-accepted"]
+    assert [d.id for d in devs.unused()] == [
+        "atb-padded-kv-ragged", "atb-nan-qk-scale-accepted", "atb-padded-kv-capacity"]
 
 
 SELECTOR_FILE = """

@@ -43,6 +43,13 @@ def test_layout_shapes() -> None:
     assert padded.mask is None
 
 
+def test_kv_capacity_sets_padded_rows() -> None:
+    spec = spec_of(kv_layout="padded", kv_capacity=12)
+    inputs = generate_inputs(spec)
+    assert inputs.k.shape == (2, 12, 256) and inputs.v.shape == (2, 12, 256) and "cap12" in spec.case_id
+    assert (np.abs(inputs.k[1, 9:].astype(np.float64)) >= 2.0).all()
+
+
 def test_padding_holds_large_finite_garbage() -> None:
     spec = spec_of(kv_layout="padded", mask_type=3, q_seqlen=[2, 9], kv_seqlen=[3, 9])
     inputs = generate_inputs(spec)

@@ -97,6 +97,8 @@ q_seqlen = { pattern = [1, 2], times = 3 }
         ({"q_seqlen": [0, 0]}, "q_seqlen", "at least one"),
         ({"heads": 4}, "heads", "unknown field"),
         ({"perturb": "no_mask"}, "perturb", "only allowed with expect_error"),
+        ({"kv_capacity": 8}, "kv_capacity", "padded"),
+        ({"kv_capacity": 3, "kv_layout": "padded"}, "kv_capacity", ">= max kv_seqlen"),
     ],
 )
 def test_validation_names_file_case_and_field(tmp_path: Path, fields: dict[str, object], field_name: str,

@@ -40,3 +40,12 @@ def test_useful_flops_counts_allowed_pairs() -> None:
     empty_kv = build_case({"head_num": 1, "q_seqlen": [0, 4], "kv_seqlen": [5, 4], "mask_type": 3,
                            "kv_layout": "padded"}, source="t")
     assert useful_flops(empty_kv) == 2 * 320 * 10
+
+
+def test_padded_layout_that_looks_packed() -> None:
+    """[B=2, S=1, 1*128] padded is also a valid packed shape [2, 1, 128]: the lengths decide."""
+    spec = build_case({"head_num": 1, "q_seqlen": [0, 1], "kv_layout": "padded", "q_layout": "2d"}, source="t")
+    inputs = generate_inputs(spec)
+    expected, valid = reference_attention(inputs, spec)
+    out = execute(torch_cpu(), make_call(inputs, spec), spec).out.astype(np.float64)
+    assert np.abs(out - expected)[valid].max() < 2.0**-8
