@@ -13,7 +13,7 @@ import pytest
 import cases.hypothesis_profiles  # noqa: F401  (profiles must exist before --hypothesis-profile is read)
 from cases.deviations import DeviationSet, load_deviations
 from cases.policy import PolicySet, load_policies
-from golden.spec import CACHE_NAMES, MASK_NAMES, CaseSpec, load_suite, load_suites
+from golden.spec import CACHE_NAMES, MASK_NAMES, CaseSpec, SpecError, load_suite, load_suites
 from golden.store import GoldenStore
 from harness import registry
 from harness.backend import Backend
@@ -91,10 +91,13 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
 
 def selected_cases(config: pytest.Config) -> list[CaseSpec]:
     cases_file = config.getoption("cases")
-    if cases_file:
-        cases = [c for c in load_suite(cases_file) if c.expect_error is None]
-    else:
-        cases = load_suites(config.getoption("suite") or ["smoke"])
+    try:
+        if cases_file:
+            cases = [c for c in load_suite(cases_file) if c.expect_error is None]
+        else:
+            cases = load_suites(config.getoption("suite") or ["smoke"])
+    except SpecError as exc:  # a bad suite file is the user's input: say what and where, no traceback
+        raise pytest.UsageError(str(exc)) from exc
     seeds = config.getoption("seeds")
     if not seeds:
         return cases

@@ -12,7 +12,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 def pytest_command(args: argparse.Namespace) -> list[str]:
     """The pytest invocation ``run`` stands for (printed, so it can be rerun or adapted)."""
-    command = [sys.executable, "-m", "pytest", "cases", "-p", "no:cacheprovider", "-n", str(args.jobs)]
+    command = [sys.executable, "-m", "pytest", str(REPO / "cases"), "--rootdir", str(REPO),
+               "-c", str(REPO / "pyproject.toml"), "-p", "no:cacheprovider", "-n", str(args.jobs)]
     for suite in args.suite or ["smoke"]:
         command += ["--suite", suite]
     for backend in args.backend or ["auto"]:
@@ -30,8 +31,8 @@ def pytest_command(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     command = pytest_command(args)
-    print("+ " + " ".join(command[2:]).replace(sys.executable, "python"), flush=True)
-    return subprocess.call(command, cwd=REPO)
+    print("+ python " + " ".join(command[1:]), flush=True)
+    return subprocess.call(command)  # from the caller's directory: relative paths mean what they say
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
