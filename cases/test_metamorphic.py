@@ -28,12 +28,10 @@ from cases.conformance import judge_output, mode_text
 from cases.deviations import Deviation, DeviationSet
 from cases.execution import execute, make_call
 from cases.policy import PolicySet
-from golden.baseline import emulate_baseline
-from golden.generate import baseline_stats
+from golden.generate import build_golden
 from golden.inputs import case_rng, generate_inputs, round_to
 from golden.layout import offsets, row_valid
 from golden.metrics import locate
-from golden.reference import reference_attention
 from golden.spec import V_DIM, CaseSpec, build_case
 from golden.types import GoldenCase, OpInputs
 from harness.backend import Backend, BackendError
@@ -131,9 +129,7 @@ def run(backend: Backend, inputs: OpInputs, spec: CaseSpec) -> np.ndarray:
 
 def golden_of(inputs: OpInputs, spec: CaseSpec) -> GoldenCase:
     """A float64 golden (and emulated baseline) for inputs that are not the spec's generated ones."""
-    out, valid = reference_attention(inputs, spec)
-    baseline = emulate_baseline(inputs, spec)
-    return GoldenCase(spec, inputs, out, valid, baseline, baseline_stats(spec, baseline, out, valid))
+    return build_golden(spec, inputs=inputs)
 
 
 def judged(label: str, out: np.ndarray, inputs: OpInputs, spec: CaseSpec, backend: Backend,

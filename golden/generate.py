@@ -12,7 +12,7 @@ from golden.baseline import emulate_baseline
 from golden.inputs import generate_inputs
 from golden.reference import DEVICE_ENV, reference_attention
 from golden.spec import V_DIM, CaseSpec
-from golden.types import GoldenCase
+from golden.types import GoldenCase, OpInputs
 
 #: Bump when a change to inputs, reference or baseline alters stored values: every golden written
 #: by another version is stale and gets regenerated.
@@ -51,9 +51,12 @@ def baseline_stats(
     return metrics.to_dict()
 
 
-def build_golden(spec: CaseSpec, *, threads: int = 1) -> GoldenCase:
-    """Everything the store keeps for a case; deterministic in (spec, seed)."""
-    inputs = generate_inputs(spec)
+def build_golden(spec: CaseSpec, *, threads: int = 1, inputs: OpInputs | None = None) -> GoldenCase:
+    """Everything the store keeps for a case; deterministic in (spec, seed).
+
+    ``inputs`` replaces the generated ones (metamorphic tests judge transformed inputs).
+    """
+    inputs = generate_inputs(spec) if inputs is None else inputs
     device = os.environ.get(DEVICE_ENV, "cpu")  # MLA_GOLDEN_DEVICE=cuda: float64 reference on a GPU
     out, valid = reference_attention(inputs, spec, threads=threads, device=device)
     baseline = emulate_baseline(inputs, spec, threads=threads)
