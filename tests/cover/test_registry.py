@@ -14,14 +14,26 @@ from harness.backend import Backend
 
 REPO = Path(__file__).resolve().parents[2]
 
-#: The README's ten-line external backend, verbatim in spirit: torch-cpu under another name.
-EXTERNAL = textwrap.dedent("""
-    from harness.torch_backend import TorchSdpaBackend
+#: The README's ten-line external backend; ``my_lib.mla_prefill`` stands in as torch-cpu.
+MY_LIB = textwrap.dedent("""
+    from harness.backend import MlaPrefillCall
+    from harness.torch_backend import torch_cpu
 
-    class MyKernel(TorchSdpaBackend):
-        def __init__(self):
-            super().__init__("cpu")
-            self.name = "my-kernel"
+    _kernel = torch_cpu()
+
+    def mla_prefill(**arguments):
+        return _kernel.run(MlaPrefillCall(**arguments))
+""")
+EXTERNAL = textwrap.dedent("""
+    from harness.backend import Availability, BackendInfo
+    from my_lib import mla_prefill
+
+    class MyKernel:
+        name, error_contract, deterministic = "my-kernel", False, True
+        def available(self): return Availability(True)
+        def info(self): return BackendInfo(self.name, "cpu", {"my_lib": "1.0"}, version="1.0")
+        def synchronize(self): pass
+        def run(self, call): return mla_prefill(**vars(call))
 
     def factory():
         return MyKernel()
@@ -61,6 +73,7 @@ def run_pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_external_backend_runs_the_suite(tmp_path: Path) -> None:
     (tmp_path / "my_kernels.py").write_text(EXTERNAL)
+    (tmp_path / "my_lib.py").write_text(MY_LIB)
     result = run_pytest(tmp_path, "--backend", "my_kernels:factory", "-k", "fp16-undefined and b3 and q2d")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "2 passed" in result.stdout and "my-kernel" in (tmp_path / "report" / "results.jsonl").read_text()
