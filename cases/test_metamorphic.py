@@ -259,22 +259,32 @@ def poison_padding(inputs: OpInputs, spec: CaseSpec, kind: str) -> OpInputs:
 
 # -- the relations ---------------------------------------------------------------------------------
 
+Side = tuple[str, OpInputs, CaseSpec]  # label, inputs, spec of one side of a relation
+
+
+def tolerance_pair(problems: Problems, backend: Backend, policy_set: PolicySet, policy: str, first: Side,
+                   second: Side, align: Callable[[np.ndarray], np.ndarray]) -> None:
+    """Run both sides, judge each against its own golden; on failure also describe how the outputs
+    differ (``align`` maps the first output onto the second's rows and heads)."""
+    outs = [attempt(problems, lambda s=side: run(backend, s[1], s[2]), side[0]) for side in (first, second)]
+    if outs[0] is None or outs[1] is None:
+        return
+    for (label, inputs, spec), out in zip((first, second), outs, strict=True):
+        problems.add(judged(label, out, inputs, spec, backend, policy_set, policy))
+    if problems.items:
+        problems.add(difference(align(outs[0]), outs[1], second[2], exact=False))
+
 
 def test_batch_order(meta_spec: CaseSpec, backend: Backend, policy_set: PolicySet, deviation_set: DeviationSet,
                      pytestconfig: pytest.Config) -> None:
     """Tolerance: rotating the batch order permutes the output rows; both outputs pass the policy."""
     problems = Problems("batch order", "tolerance", meta_spec, backend, deviation_set)
-    policy = pytestconfig.getoption("policy")
     inputs = generate_inputs(meta_spec)
     order = rotation(meta_spec.batch)
     new_inputs, new_spec = select_batches(inputs, meta_spec, order, trim=False)
-    base = attempt(problems, lambda: run(backend, inputs, meta_spec), "original")
-    moved = attempt(problems, lambda: run(backend, new_inputs, new_spec), f"batch order {order}")
-    if base is not None and moved is not None:
-        problems.add(judged("original", base, inputs, meta_spec, backend, policy_set, policy))
-        problems.add(judged(f"batch order {order}", moved, new_inputs, new_spec, backend, policy_set, policy))
-        if problems.items:
-            problems.add(difference(base[token_map(meta_spec, order)], moved, new_spec, exact=False))
+    tolerance_pair(problems, backend, policy_set, pytestconfig.getoption("policy"),
+                   ("original", inputs, meta_spec), (f"batch order {order}", new_inputs, new_spec),
+                   lambda out: out[token_map(meta_spec, order)])
     problems.finish()
 
 
@@ -283,16 +293,11 @@ def test_head_order(meta_spec: CaseSpec, backend: Backend, policy_set: PolicySet
     """Tolerance: permuting kv heads, and query heads consistently within their GQA groups, permutes
     the output heads; both outputs pass the policy."""
     problems = Problems("head order", "tolerance", meta_spec, backend, deviation_set)
-    policy = pytestconfig.getoption("policy")
     inputs = generate_inputs(meta_spec)
     new_inputs, q_heads = permute_heads(inputs, meta_spec)
-    base = attempt(problems, lambda: run(backend, inputs, meta_spec), "original")
-    moved = attempt(problems, lambda: run(backend, new_inputs, meta_spec), f"heads {q_heads.tolist()}")
-    if base is not None and moved is not None:
-        problems.add(judged("original", base, inputs, meta_spec, backend, policy_set, policy))
-        problems.add(judged(f"heads {q_heads.tolist()}", moved, new_inputs, meta_spec, backend, policy_set, policy))
-        if problems.items:
-            problems.add(difference(base[:, q_heads], moved, meta_spec, exact=False))
+    tolerance_pair(problems, backend, policy_set, pytestconfig.getoption("policy"),
+                   ("original", inputs, meta_spec), (f"heads {q_heads.tolist()}", new_inputs, meta_spec),
+                   lambda out: out[:, q_heads])
     problems.finish()
 
 
@@ -338,19 +343,13 @@ def test_padded_vs_packed(meta_spec: CaseSpec, backend: Backend, policy_set: Pol
     """Tolerance: with uniform kv lengths ``[B, S, N*D]`` and ``[B*S, N, D]`` hold the same keys in
     the same bytes; both layouts' outputs pass the policy (kernels may take different paths)."""
     problems = Problems("padded vs packed kv", "tolerance", meta_spec, backend, deviation_set)
-    policy = pytestconfig.getoption("policy")
     inputs = generate_inputs(meta_spec)
     n = meta_spec.kv_head_num
     packed = dataclasses.replace(inputs, **{name: getattr(inputs, name).reshape(meta_spec.total_kv, n, -1)
                                            for name in ("k", "k_rope", "v")})
     packed_spec = dataclasses.replace(meta_spec, kv_layout="packed")
-    base = attempt(problems, lambda: run(backend, inputs, meta_spec), "padded")
-    other = attempt(problems, lambda: run(backend, packed, packed_spec), "packed")
-    if base is not None and other is not None:
-        problems.add(judged("padded", base, inputs, meta_spec, backend, policy_set, policy))
-        problems.add(judged("packed", other, packed, packed_spec, backend, policy_set, policy))
-        if problems.items:
-            problems.add(difference(base, other, meta_spec, exact=False))
+    tolerance_pair(problems, backend, policy_set, pytestconfig.getoption("policy"),
+                   ("padded", inputs, meta_spec), ("packed", packed, packed_spec), lambda out: out)
     problems.finish()
 
 
