@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from cases.conformance import conclude, run_case, save_output
-from cases.deviations import DeviationSet
-from cases.policy import PolicySet
 from golden.spec import CaseSpec
 from golden.store import GoldenStore
 from harness.backend import Backend
+from judge.deviations import DeviationSet
+from judge.policy import PolicySet
+from runner.conformance import conclude, run_case, save_output
 
 
 def test_conformance(

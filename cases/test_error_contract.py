@@ -1,7 +1,7 @@
 """Error contract: every case of ``cases/errors.toml`` must be rejected with its documented status
 at its documented stage (shared spec §1-3), by backends that declare an error contract.
 
-Known deviations (``cases/known_deviations.toml``) turn a predicted misbehaviour into an xfail and
+Known deviations (``judge/known_deviations.toml``) turn a predicted misbehaviour into an xfail and
 a documented rejection despite a deviation into an unexpected-pass warning; an entry that predicts
 exactly the documented rejection does not count as a deviation here.
 """
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 
-from cases.conformance import conclude
-from cases.deviations import DeviationSet
-from cases.perturb import judge_error_case
 from golden.spec import CaseSpec
 from harness.backend import Backend
+from judge.deviations import DeviationSet
+from runner.conformance import conclude
+from runner.perturb import judge_error_case
 
 pytestmark = pytest.mark.error_contract
 

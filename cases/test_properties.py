@@ -20,13 +20,14 @@ from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 
 from cases import hypothesis_profiles  # noqa: F401  (registers and selects the profiles)
-from cases.conformance import judge_output, mode_text
-from cases.deviations import DeviationSet
-from cases.execution import execute, make_call
-from cases.policy import PolicySet
+from facts.operator import DEFAULT_QK_SCALE, DTYPES, KV_LAYOUTS, Q_LAYOUTS
 from golden.generate import build_golden
-from golden.spec import DEFAULT_QK_SCALE, DISTRIBUTIONS, DTYPES, KV_LAYOUTS, Q_LAYOUTS, CaseSpec, build_case
+from golden.spec import DISTRIBUTIONS, CaseSpec, build_case
 from harness.backend import Backend, BackendError
+from judge.deviations import DeviationSet
+from judge.policy import PolicySet
+from judge.verdict import judge_output, mode_text
+from runner.execution import execute, make_call
 
 pytestmark = pytest.mark.property
 

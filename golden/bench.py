@@ -7,7 +7,7 @@ Definitions (also in docs/benchmarks.md):
 
 - GEMM GF/s: ``2 n^3 / t`` for a square float64 ``a @ b`` with BLAS on ``--threads`` threads;
   the median over all samples, taken before and after the attention measurements.
-- useful FLOPs: :func:`golden.reference.useful_flops`, ``2 * (192 + 128) * pairs * H`` where
+- useful FLOPs: :func:`facts.operator.useful_flops`, ``2 * (192 + 128) * pairs * H`` where
   ``pairs`` counts the (query, key) pairs the mask allows (``S (S + 1) / 2`` causal, ``S^2``
   bidirectional).  Effective GF/s = useful FLOPs / median seconds, for any implementation.
 - generator: :func:`golden.reference.reference_attention` (the float64 golden) with
@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from golden.inputs import generate_inputs
-from golden.reference import DEFAULT_TILE, blas_threads, effective_scale, reference_attention, useful_flops
+from golden.reference import DEFAULT_TILE, blas_threads, effective_scale, reference_attention
 from golden.spec import CaseSpec, build_case
 
 #: The benchmark's cases: name -> spec fields (one batch, 16 heads, bf16 inputs).
@@ -194,7 +194,7 @@ def run_bench(cases: list[str], *, repeats: int, threads: int, tile: int, gemm_n
     rows = []
     for name in cases:
         spec = bench_spec(name)
-        flops = useful_flops(spec)
+        flops = spec.useful_flops
         log(f"{name}: generator ...")
         ref = run_job({"kind": "reference", "case": name, "threads": threads, "repeats": repeats,
                        "tile": tile, "baseline": baseline})

@@ -16,11 +16,20 @@ from typing import Any
 
 import numpy as np
 
+from facts.operator import NOPE_DIM
+from facts.shard import parse_shard
 from golden import regen as rg
 from golden.layout import out_shape
-from golden.spec import NOPE_DIM, CaseSpec, SpecError
+from golden.spec import CaseSpec, SpecError
 from golden.store import FileMeta, GoldenStore, GoldenStoreError, read_golden, read_meta
 
+
+def shard_argument(text: str) -> tuple[int, int]:
+    """``--shard K/N`` for argparse: the reason in the usage error, not 'invalid value'."""
+    try:
+        return parse_shard(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 def _common(parser: argparse.ArgumentParser, *, selects: bool = True) -> None:
     parser.add_argument("--out", "--golden-dir", dest="out", type=Path, default=None, metavar="DIR",
@@ -28,7 +37,7 @@ def _common(parser: argparse.ArgumentParser, *, selects: bool = True) -> None:
     if selects:
         parser.add_argument("suites", nargs="*", metavar="SUITE", help="suite names or 'all'")
         parser.add_argument("--cases", action="append", default=[], metavar="FILE", help="a TOML suite file")
-        parser.add_argument("--shard", type=rg.parse_shard, default=None, metavar="K/N",
+        parser.add_argument("--shard", type=shard_argument, default=None, metavar="K/N",
                             help="only cases with int(content_hash) %% N == K-1 (split across hosts)")
     parser.add_argument("--builder", default=None, help=argparse.SUPPRESS)
 

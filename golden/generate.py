@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import os
 import platform
-from importlib import metadata
 
 import numpy as np
 
+from facts.operator import V_DIM
+from facts.versions import package_version
 from golden.baseline import emulate_baseline
 from golden.inputs import generate_inputs
 from golden.reference import DEVICE_ENV, reference_attention
-from golden.spec import V_DIM, CaseSpec
+from golden.spec import CaseSpec
 from golden.types import GoldenCase, OpInputs
 
 #: Bump when a change to inputs, reference or baseline alters stored values: every golden written
@@ -20,10 +21,7 @@ GENERATOR_VERSION = "1.1"
 
 
 def _version(package: str) -> str:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return "absent"
+    return package_version(package) or "absent"
 
 
 def provenance() -> dict[str, str]:

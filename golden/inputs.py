@@ -14,7 +14,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from golden.spec import NOPE_DIM, ROPE_DIM, SCORE_DIM, V_DIM, CaseSpec
+from facts.operator import NOPE_DIM, ROPE_DIM, SCORE_DIM, V_DIM
+from golden.spec import CaseSpec
 from golden.types import OpInputs
 
 MASK_SIZE = 512

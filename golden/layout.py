@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from golden.spec import NOPE_DIM, ROPE_DIM, V_DIM, CaseSpec
+from facts import operator
+from facts.operator import NOPE_DIM, ROPE_DIM, V_DIM
+from golden.spec import CaseSpec
 from golden.types import OpInputs
 
 
@@ -38,11 +40,7 @@ def kv_views(inputs: OpInputs, spec: CaseSpec, batch: int) -> tuple[np.ndarray, 
 
 def causal_offset(spec: CaseSpec, batch: int) -> int | None:
     """Key j is allowed for query row i iff j <= i + offset; None means every key is allowed."""
-    if spec.mask_type == 2:
-        return 0
-    if spec.mask_type == 3:
-        return spec.kv_seqlen[batch] - spec.q_seqlen[batch]
-    return None
+    return operator.causal_offset(spec.mask_type, spec.q_seqlen[batch], spec.kv_seqlen[batch])
 
 
 def row_valid(spec: CaseSpec) -> np.ndarray:

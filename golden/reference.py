@@ -26,8 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from facts.operator import V_DIM
 from golden.layout import causal_offset, kv_views, offsets, out_shape, q_views, row_valid
-from golden.spec import V_DIM, CaseSpec
+from golden.spec import CaseSpec
 from golden.types import OpInputs
 
 try:  # optional: without it BLAS keeps its own thread count (may oversubscribe with threads > 1)
@@ -66,24 +67,6 @@ TileKernel = Callable[[np.ndarray, np.ndarray, np.ndarray, float, "tuple[int, in
 def effective_scale(spec: CaseSpec) -> float:
     """qkScale as the operator receives it: a C ``float``."""
     return float(np.float32(spec.qk_scale))
-
-
-def useful_flops(spec: CaseSpec) -> int:
-    """FLOPs of the attention itself: 2*(192+128) per allowed (query, key) pair per head.
-
-    Masked pairs, the softmax and work the tiling wastes on diagonal blocks are not counted, so
-    FLOPs / seconds is an effective rate comparable across implementations and with a GEMM's.
-    """
-    pairs = 0
-    for q_len, kv_len in zip(spec.q_seqlen, spec.kv_seqlen, strict=True):
-        if q_len == 0 or kv_len == 0:
-            continue
-        if spec.mask_type in (2, 3):  # key j allowed for row i iff j <= i + (kv - q)
-            prefix = kv_len - q_len
-            pairs += q_len * (q_len + 1) // 2 + q_len * prefix
-        else:
-            pairs += q_len * kv_len
-    return 2 * (192 + V_DIM) * pairs * spec.head_num
 
 
 def iter_head_tasks(inputs: OpInputs, spec: CaseSpec, compute_dtype: type[np.floating]) -> Iterator[HeadTask]:

@@ -23,6 +23,7 @@ from typing import TextIO
 
 import numpy as np
 
+from facts.shard import in_shard
 from golden.progress import Progress
 from golden.spec import CaseSpec, load_suite, load_suites
 from golden.store import Builder, GoldenStore, GoldenStoreError, read_golden
@@ -41,23 +42,6 @@ BuilderRef = str | Builder | None
 # -- selection -------------------------------------------------------------------------------------
 
 
-def parse_shard(text: str) -> tuple[int, int]:
-    """``"K/N"`` (1-based K) -> (K, N); raises ValueError with the reason."""
-    try:
-        k_text, n_text = text.split("/")
-        k, n = int(k_text), int(n_text)
-    except ValueError:
-        raise ValueError(f"shard must look like K/N (e.g. 2/4), got {text!r}") from None
-    if not 1 <= k <= n:
-        raise ValueError(f"shard {text!r}: need 1 <= K <= N")
-    return k, n
-
-
-def in_shard(spec: CaseSpec, shard: tuple[int, int] | None) -> bool:
-    """Deterministic across hosts: depends only on the spec's content hash."""
-    return shard is None or int(spec.content_hash, 16) % shard[1] == shard[0] - 1
-
-
 def select_cases(
     suites: Sequence[str], case_files: Sequence[str | Path] = (), shard: tuple[int, int] | None = None
 ) -> list[CaseSpec]:
@@ -66,7 +50,7 @@ def select_cases(
     for path in case_files:
         specs.extend(load_suite(path))
     unique = {spec.content_hash: spec for spec in reversed(specs)}
-    return [spec for spec in specs if unique.get(spec.content_hash) is spec and in_shard(spec, shard)]
+    return [spec for spec in specs if unique.get(spec.content_hash) is spec and in_shard(spec.content_hash, shard)]
 
 
 # -- builders and threads --------------------------------------------------------------------------

@@ -11,42 +11,46 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.resources
 import itertools
 import json
 import math
-import struct
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tomllib
+from facts.operator import (
+    CACHE_CODES,
+    CACHE_NAMES,
+    DEFAULT_QK_SCALE,
+    DTYPES,
+    KV_LAYOUTS,
+    MASK_CODES,
+    MASK_NAMES,
+    MAX_BATCH,
+    MAX_HEADS,
+    Q_LAYOUTS,
+    SUPPORTED_MASKS,
+    as_c_float,
+    useful_flops,
+)
 
-MAX_BATCH = 8192
-MAX_HEADS = 128
-NOPE_DIM = 128
-ROPE_DIM = 64
-V_DIM = 128
-SCORE_DIM = NOPE_DIM + ROPE_DIM
-def as_c_float(value: float) -> float:
-    """The value a C ``float`` parameter holds: qkScale reaches the operator as fp32."""
-    return float(struct.unpack("f", struct.pack("f", value))[0]) if math.isfinite(value) else value
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, from PyPI
+    import tomli as tomllib
 
-
-#: 1/sqrt(192) as the operator receives it (fp32).
-DEFAULT_QK_SCALE = as_c_float(1.0 / math.sqrt(SCORE_DIM))
-
-DTYPES = ("fp16", "bf16")
-MASK_NAMES = {0: "undefined", 1: "spec", 2: "mask_free", 3: "causal", 4: "swa_norm"}
-MASK_CODES = {name: code for code, name in MASK_NAMES.items()}
-CACHE_NAMES = {0: "kvcache", 1: "krope_ctkv", 2: "int8_nzcache", 3: "nzcache"}
-CACHE_CODES = {name: code for code, name in CACHE_NAMES.items()}
-Q_LAYOUTS = ("2d", "3d")
-KV_LAYOUTS = ("padded", "packed")
 DISTRIBUTIONS = ("uniform", "normal", "large_logits", "near_tie", "v_outliers")
-SUPPORTED_MASKS = (0, 2, 3)
 
-CASES_DIR = Path(__file__).resolve().parent.parent / "cases"
+#: The package whose ``*.toml`` files are the shipped suites (package data, so installs carry them).
+SUITES_PACKAGE = "cases"
+
+
+def suites_dir() -> Path:
+    """Where the shipped suite files live, in a checkout or an installed package alike."""
+    return Path(str(importlib.resources.files(SUITES_PACKAGE)))
 
 
 class SpecError(ValueError):
@@ -107,6 +111,11 @@ class CaseSpec:
     def padded_rows(self) -> int:
         """S of the padded kv layout ``[B, S, Hkv*D]``."""
         return self.kv_capacity if self.kv_capacity is not None else self.max_kv
+
+    @property
+    def useful_flops(self) -> int:
+        """FLOPs of the attention itself (facts.operator.useful_flops)."""
+        return useful_flops(self.mask_type, self.q_seqlen, self.kv_seqlen, self.head_num)
 
     @property
     def mask_name(self) -> str:
@@ -384,13 +393,13 @@ def load_suite(path: str | Path, *, validate: bool = True) -> list[CaseSpec]:
 
 
 def suite_path(name: str) -> Path:
-    return CASES_DIR / f"{name}.toml"
+    return suites_dir() / f"{name}.toml"
 
 
 def available_suites() -> list[str]:
     """Suites shipped in ``cases/`` (every TOML file that has a ``[suite]`` table)."""
     names = []
-    for path in sorted(CASES_DIR.glob("*.toml")):
+    for path in sorted(suites_dir().glob("*.toml")):
         if "suite" in tomllib.loads(path.read_text()):
             names.append(path.stem)
     return names

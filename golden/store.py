@@ -59,7 +59,8 @@ from golden.types import INPUT_NAMES, GoldenCase, OpInputs
 
 SCHEMA_VERSION = 2
 ENV_DIR = "MLA_GOLDEN_DIR"
-DEFAULT_ROOT = Path(__file__).resolve().parent.parent / ".golden"
+#: The store when neither an argument nor $MLA_GOLDEN_DIR names one: ``.golden`` in the working directory.
+DEFAULT_DIR_NAME = ".golden"
 
 Builder = Callable[[CaseSpec], GoldenCase]
 log = logging.getLogger(__name__)
@@ -351,10 +352,10 @@ class EnsureResult:
 
 
 class GoldenStore:
-    """Golden files under ``root`` (argument, else ``$MLA_GOLDEN_DIR``, else ``<repo>/.golden``)."""
+    """Golden files under ``root`` (argument, else ``$MLA_GOLDEN_DIR``, else ``./.golden``)."""
 
     def __init__(self, root: Path | str | None = None, *, generator_version: str | None = None) -> None:
-        chosen = root if root is not None else os.environ.get(ENV_DIR) or DEFAULT_ROOT
+        chosen = root if root is not None else os.environ.get(ENV_DIR) or Path.cwd() / DEFAULT_DIR_NAME
         self.root = Path(chosen).expanduser().resolve()
         self._generator_version = generator_version
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from facts.versions import atb_version_near
 from harness.backend import Availability, BackendError, BackendInfo, MlaPrefillCall
 from harness.devices import worker_device_index
 from native.harness import ACL_BF16, ACL_FLOAT, ACL_FLOAT16, ACL_INT32, TensorDesc
@@ -130,26 +131,6 @@ def probe() -> Probe:
     return Probe(Availability(True), torch_npu, library)
 
 
-def installed_atb_version(library_path: str) -> str | None:
-    """The NNAL/ATB release next to libatb (``version=...`` in a ``version.info`` up to 4 levels up).
-
-    Known-deviation version ranges are compared with it; ``MLA_ATB_VERSION`` overrides it.
-    """
-    if os.environ.get("MLA_ATB_VERSION"):
-        return os.environ["MLA_ATB_VERSION"]
-    folder = os.path.dirname(os.path.abspath(library_path))
-    for _ in range(4):
-        info = os.path.join(folder, "version.info")
-        if os.path.isfile(info):
-            with open(info, encoding="utf-8", errors="replace") as handle:
-                for line in handle:
-                    key, sep, value = line.partition("=")
-                    if sep and key.strip().lower() in ("version", "atb_version"):
-                        return value.strip()
-        folder = os.path.dirname(folder)
-    return None
-
-
 #: One atb::Context per library and process, as ATB expects under torch_npu.
 _CONTEXTS: dict[str, Context] = {}
 
@@ -214,7 +195,7 @@ class AtbBackend:
         for var in ("ATB_HOME_PATH", "ASCEND_HOME_PATH"):
             if var in os.environ:
                 versions[var] = os.environ[var]
-        version = installed_atb_version(found.library.path)
+        version = atb_version_near(found.library.path)
         if version:
             versions["atb"] = version
         return BackendInfo(self.name, f"npu:{index} ({npu.get_device_name(index)})", versions, version)

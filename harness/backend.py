@@ -8,11 +8,12 @@ in q's layout and the case dtype, or raises :class:`BackendError` with the ATB s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
-import torch
+from facts.status import STATUS_CODES, status_name
 
-from harness.status import STATUS_CODES, status_name
+if TYPE_CHECKING:  # the registry imports this module; importing torch waits until a backend runs
+    import torch
 
 Stage = Literal["create", "setup", "execute"]
 

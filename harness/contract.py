@@ -15,7 +15,7 @@ order ATB runs its checks (read from ascend-transformer-boost at ddcc8b622):
 Where ATB is known to disagree with its documentation the model follows the documentation: a NaN
 qkScale is rejected (ATB's ``qkScale <= 0 || qkScale > 1`` lets NaN through) and CAUSAL without a
 mask is accepted (ATB's C interface miscounts its input slots).  Those disagreements are data in
-``cases/known_deviations.toml``, so the error-contract suite must pass against this model.
+``judge/known_deviations.toml``, so the error-contract suite must pass against this model.
 
 :func:`strict_torch_cpu` is the model in front of the torch CPU backend: a device under test that
 declares an error contract, so the error-contract suite can run (and be shown to fail) without an
@@ -30,16 +30,13 @@ from dataclasses import dataclass
 
 import torch
 
+from facts.operator import CAUSAL, KROPE_CTKV, MASK_FREE, MASK_SIZE, MAX_BATCH, MAX_HEADS, NOPE_DIM, ROPE_DIM
 from harness.backend import Availability, Backend, BackendError, BackendInfo, MlaPrefillCall, Stage
 from harness.torch_backend import TorchSdpaBackend
 
-MAX_BATCH = 8192
-MAX_HEADS = 128
-NOPE, ROPE = 128, 64
-MASK_SIZE = 512
+NOPE, ROPE = NOPE_DIM, ROPE_DIM
 MAX_DIMS = 8  # atb::MAX_DIM
-MASK_FREE, CAUSAL, SWA_NORM = 2, 3, 4
-KROPE_CTKV = 1
+SWA_NORM = 4
 DEVICE_DTYPES = (torch.float16, torch.bfloat16)
 
 #: A check returns what is wrong with a call, or None when the call passes it.

@@ -12,10 +12,11 @@ from typing import Any
 
 import torch
 
+from facts.operator import NOPE_DIM, ROPE_DIM, V_DIM, kv_layout_of
 from harness.backend import Availability, BackendError, BackendInfo, MlaPrefillCall
 from harness.devices import worker_device_index
 
-NOPE, ROPE, VDIM = 128, 64, 128
+NOPE, ROPE, VDIM = NOPE_DIM, ROPE_DIM, V_DIM
 
 
 def _probe(module: str) -> tuple[Any, str]:
@@ -33,7 +34,7 @@ def packed_inputs(call: MlaPrefillCall, device: torch.device) -> tuple[torch.Ten
     total_q = call.q.shape[0]
     q = torch.cat([call.q.reshape(total_q, h, NOPE), call.q_rope.reshape(total_q, h, ROPE)], -1)
     lengths = [int(n) for n in call.kv_seqlen]
-    if call.k.dim() == 3 and call.k.shape[1] == hkv and call.k.shape[2] == NOPE and call.k.shape[0] == sum(lengths):
+    if kv_layout_of(call.k.shape, lengths, hkv) == "packed":
         k = torch.cat([call.k, call.k_rope], -1)
         v = call.v
     else:  # padded [B, S, Hkv*D]: keep each batch's first kv_b rows

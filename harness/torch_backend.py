@@ -9,9 +9,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from facts.operator import NOPE_DIM, ROPE_DIM, V_DIM, kv_layout_of
 from harness.backend import Availability, BackendError, BackendInfo, MlaPrefillCall
 
-NOPE, ROPE, VDIM = 128, 64, 128
+NOPE, ROPE, VDIM = NOPE_DIM, ROPE_DIM, V_DIM
 
 
 def _kv_rows(call: MlaPrefillCall, tensor: torch.Tensor, head_dim: int, batch: int, start: int | None) -> torch.Tensor:
@@ -21,12 +22,6 @@ def _kv_rows(call: MlaPrefillCall, tensor: torch.Tensor, head_dim: int, batch: i
     if start is not None:
         return tensor[start : start + length]  # packed [sum(kv), Hkv, D]
     return tensor[batch, :length].reshape(length, call.kv_head_num, head_dim)  # padded [B, S, Hkv*D]
-
-
-def _is_packed(call: MlaPrefillCall) -> bool:
-    k = call.k
-    total = int(call.kv_seqlen.sum())
-    return k.dim() == 3 and k.shape[0] == total and k.shape[1] == call.kv_head_num and k.shape[2] == NOPE
 
 
 class TorchSdpaBackend:
@@ -66,7 +61,7 @@ class TorchSdpaBackend:
         q = torch.cat([call.q.reshape(total_q, h, NOPE), call.q_rope.reshape(total_q, h, ROPE)], dim=-1).to(dev)
         k, k_rope, v = (t.to(dev) for t in (call.k, call.k_rope, call.v))
         out = torch.zeros(total_q, h, VDIM, dtype=call.q.dtype, device=dev)
-        packed = _is_packed(call)
+        packed = kv_layout_of(call.k.shape, call.kv_seqlen.tolist(), hkv) == "packed"
         q_start = kv_start = 0
         for b in range(call.q_seqlen.shape[0]):
             q_len, kv_len = int(call.q_seqlen[b]), int(call.kv_seqlen[b])

@@ -6,87 +6,22 @@ raised, because a conformance run must not fail for want of provenance.
 
 from __future__ import annotations
 
-import glob
 import importlib
-import importlib.metadata
 import importlib.util
-import os
 import platform
-import re
 import socket
 import subprocess
 from pathlib import Path
 from typing import Any
 
-ASCEND_ROOT = Path("/usr/local/Ascend")
+from facts.versions import ascend_versions, package_version
+
 PACKAGES = ("torch", "torch_npu", "numpy", "h5py", "ml_dtypes", "pytest", "pytest-xdist")
-_LINE = re.compile(r"^\s*([^=:]+?)\s*[=:]\s*(.*?)\s*$")
-
-
-def parse_info(text: str) -> dict[str, str]:
-    """Parse Ascend ``*.info``/``version.cfg`` files: ``key=value`` or ``key : value`` lines."""
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        match = _LINE.match(line)
-        if match and match.group(1) and not line.lstrip().startswith("#"):
-            out.setdefault(match.group(1), match.group(2))
-    return out
-
-
-def _version_of(info: dict[str, str]) -> str | None:
-    """The entry that names the version ('version', 'Version', 'Ascend-cann-atb Version', ...)."""
-    for key in sorted(info, key=len):
-        if key.lower().endswith("version"):
-            return info[key]
-    return None
-
-
-def _read_first(candidates: list[str]) -> dict[str, Any] | None:
-    for pattern in candidates:
-        for name in sorted(glob.glob(pattern)):
-            try:
-                info = parse_info(Path(name).read_text(encoding="utf-8", errors="replace"))
-            except OSError:
-                continue
-            if info:
-                return {"file": name, "version": _version_of(info), "info": info}
-    return None
-
-
-def ascend_versions(root: Path = ASCEND_ROOT, environ: dict[str, str] | None = None) -> dict[str, Any]:
-    """CANN toolkit, ATB (NNAL) and driver versions from their install files, when present."""
-    env = dict(os.environ) if environ is None else environ
-    toolkit_homes = [env.get("ASCEND_TOOLKIT_HOME", ""), f"{root}/ascend-toolkit/latest", f"{root}/cann*"]
-    toolkit = [f"{h}/*/ascend_toolkit_install.info" for h in toolkit_homes if h]
-    toolkit += [f"{h}/ascend_toolkit_install.info" for h in toolkit_homes if h]
-    toolkit += [f"{h}/version.cfg" for h in toolkit_homes if h]
-    atb: list[str] = []
-    if env.get("ATB_HOME_PATH"):
-        # ATB_HOME_PATH is .../nnal/atb/<ver>/atb/cxx_abi_N; version.info sits two levels up.
-        home = Path(env["ATB_HOME_PATH"])
-        atb += [
-            str(home / "version.info"),
-            str(home.parent / "version.info"),
-            str(home.parent.parent / "version.info"),
-        ]
-    atb.append(f"{root}/nnal/atb/latest/version.info")
-    driver = [f"{root}/driver/version.info"]
-    return {
-        "cann_toolkit": _read_first(toolkit),
-        "atb": _read_first(atb),
-        "driver": _read_first(driver),
-    }
 
 
 def package_versions() -> dict[str, str | None]:
     """Installed versions from package metadata (never imports the packages)."""
-    out: dict[str, str | None] = {}
-    for name in PACKAGES:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+    return {name: package_version(name) for name in PACKAGES}
 
 
 def devices() -> dict[str, Any]:

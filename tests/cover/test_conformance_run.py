@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from cases.conformance import run_case
-from cases.deviations import load_deviations
-from cases.policy import load_policies
 from golden.generate import build_golden
 from golden.spec import build_case
 from golden.types import GoldenCase
 from harness.backend import BackendError, MlaPrefillCall
 from harness.torch_backend import TorchSdpaBackend
+from judge.deviations import load_deviations
+from judge.policy import load_policies
+from runner.conformance import run_case
 
 POLICIES = load_policies()
 

@@ -1,4 +1,4 @@
-"""harness.contract and cases.perturb: the contract model, the error suite and how it is judged."""
+"""harness.contract and runner.perturb: the contract model, the error suite and how it is judged."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import math
 import pytest
 import torch
 
-from cases.deviations import Deviation, DeviationSet
-from cases.execution import make_call
-from cases.perturb import PERTURBATIONS, error_call, judge_error_case, nearest_valid
+from facts.status import STATUS_CODES
 from golden.inputs import generate_inputs
 from golden.spec import CaseSpec, load_suites
 from harness.backend import Availability, BackendError, BackendInfo, MlaPrefillCall
 from harness.contract import CHECK_NAMES, ContractBackend, strict_torch_cpu, validate
-from harness.status import STATUS_CODES
+from judge.deviations import Deviation, DeviationSet
+from runner.execution import make_call
+from runner.perturb import PERTURBATIONS, error_call, judge_error_case, nearest_valid
 
 
 @functools.cache
@@ -164,7 +164,7 @@ def test_deviation_predicting_the_documented_rejection_is_not_a_deviation() -> N
 
 
 def test_shipped_atb_deviation_covers_the_nan_case() -> None:
-    from cases.deviations import load_deviations
+    from judge.deviations import load_deviations
 
     found = load_deviations().match("atb", "8.2.RC1", case_named("qk-scale-nan"))
     assert found is not None and found.id == "atb-nan-qk-scale-accepted"

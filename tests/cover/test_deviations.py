@@ -1,4 +1,4 @@
-"""cases.deviations: the seeded ATB entries, each selector, CANN version ordering, load errors."""
+"""judge.deviations: the seeded ATB entries, each selector, CANN version ordering, load errors."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cases.deviations import (
+from golden.spec import CaseSpec
+from judge.deviations import (
     DEFAULT_PATH,
     DeviationError,
     compare_versions,
@@ -15,7 +16,6 @@ from cases.deviations import (
     load_deviations,
     parse_range,
 )
-from golden.spec import CaseSpec
 
 
 def _spec(q: tuple[int, ...], kv: tuple[int, ...] | None = None, **kw: object) -> CaseSpec:

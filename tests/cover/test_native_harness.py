@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import native.harness as pyside
+from facts.status import STATUS_NAMES, status_name
 from harness.atb import describe_tensors, host_seqlens, launch
 from harness.backend import BackendError, MlaPrefillCall
-from harness.status import STATUS_NAMES, status_name
 from native import _atb_harness as ext
 
 FAKE_STREAM = 0x5EED_0000_1230

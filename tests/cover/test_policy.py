@@ -1,4 +1,4 @@
-"""cases.policy: the shipped policies, every rule, overrides and load errors."""
+"""judge.policy: the shipped policies, every rule, overrides and load errors."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cases.policy import DEFAULT_PATH, Check, PolicyError, PolicySet, VerdictContext, load_policies
 from golden.metrics import Metrics, compute_metrics, round_to_dtype
 from golden.spec import CaseSpec
+from judge.policy import DEFAULT_PATH, Check, PolicyError, PolicySet, VerdictContext, load_policies
 
 POLICIES = load_policies()
 SHIPPED = len(POLICIES.overrides)  # overrides appended by a test come after the shipped ones

@@ -18,7 +18,6 @@ from golden.reference import (
     float64_tile,
     reference_attention,
     torch_attention,
-    useful_flops,
 )
 from golden.spec import CaseSpec, build_case
 from golden.types import OpInputs
@@ -181,9 +180,9 @@ def test_useful_flops_counts_allowed_pairs() -> None:
                 kv_layout="padded")
     pairs = sum(allowed_keys(3, i, q, kv) for q, kv in zip(spec.q_seqlen, spec.kv_seqlen, strict=True)
                 for i in range(q) if kv)
-    assert useful_flops(spec) == 2 * (192 + 128) * pairs * 4
+    assert spec.useful_flops == 2 * (192 + 128) * pairs * 4
     square = case(q_seqlen=[6], head_num=1)
-    assert useful_flops(square) == 640 * 36
+    assert square.useful_flops == 640 * 36
 
 
 def test_torch_path_matches_numpy_path_on_cpu() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from reports import cli, env, plugin
+from reports import cli
 from reports.records import read_results, without_volatile
 
 pytest_plugins = ["pytester"]
@@ -85,15 +85,13 @@ N_RECORDS = 24
 
 @pytest.fixture
 def suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
-    monkeypatch.setenv("PYTHONPATH", str(REPO))  # xdist workers import reports.plugin
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the fake suite imports this checkout
     pytester.makepyfile(test_fake_suite=FAKE_SUITE)
     return pytester
 
 
 def run(pytester: pytest.Pytester, out: Path, *args: str) -> pytest.RunResult:
     return pytester.runpytest(
-        "-p",
-        "reports.plugin",
         "-p",
         "no:cacheprovider",
         "-W",
@@ -229,41 +227,6 @@ def test_attach_rejects_records_without_identity(pytester: pytest.Pytester, tmp_
     result = run(pytester, tmp_path / "bad")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*record lacks 'case_id'*"])
-
-
-@pytest.mark.parametrize("text", ["0/3", "4/3", "a/b", "1"])
-def test_bad_shard_spec(text: str) -> None:
-    with pytest.raises(pytest.UsageError):
-        plugin.parse_shard(text)
-
-
-def test_shard_index_is_stable_and_spreads() -> None:
-    hashes = [f"{i:016x}" + "f" * 48 for i in range(30)]  # the leading 64 bits decide
-    assert [plugin.shard_index(h, 3) for h in hashes] == [i % 3 for i in range(30)]
-    assert plugin.shard_index("not-hex", 4) == plugin.shard_index("not-hex", 4)
-
-
-def test_ascend_versions_from_install_files(tmp_path: Path) -> None:
-    (tmp_path / "ascend-toolkit/latest/x86_64-linux").mkdir(parents=True)
-    (tmp_path / "ascend-toolkit/latest/x86_64-linux/ascend_toolkit_install.info").write_text(
-        "package_name=Ascend-cann-toolkit\nversion=8.2.RC1\ninnerversion=V100R001C22\n"
-    )
-    (tmp_path / "nnal/atb/latest/atb/cxx_abi_0").mkdir(parents=True)
-    (tmp_path / "nnal/atb/latest/version.info").write_text(
-        "    Ascend-cann-atb : 8.2.RC1\n    Ascend-cann-atb Version : 8.2.RC1.B030\n    Platform : aarch64\n"
-    )
-    (tmp_path / "driver").mkdir()
-    (tmp_path / "driver/version.info").write_text("Version=24.1.rc2\nascendhal_version=7.35.23\n")
-    atb_home = {"ATB_HOME_PATH": str(tmp_path / "nnal/atb/latest/atb/cxx_abi_0")}
-    found = env.ascend_versions(tmp_path, atb_home)
-    assert found["cann_toolkit"]["version"] == "8.2.RC1"
-    assert found["atb"]["version"] == "8.2.RC1.B030"
-    assert found["driver"]["version"] == "24.1.rc2"
-    assert env.ascend_versions(tmp_path / "nowhere", {}) == {
-        "cann_toolkit": None,
-        "atb": None,
-        "driver": None,
-    }
 
 
 def test_record_attached_in_a_skipping_setup_is_kept(pytester: pytest.Pytester, tmp_path: Path) -> None:

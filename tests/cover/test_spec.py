@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from golden.spec import DEFAULT_QK_SCALE, SpecError, build_case, load_suite, load_suites
+from facts.operator import DEFAULT_QK_SCALE
+from golden.spec import SpecError, build_case, load_suite, load_suites
 
 
 def write_suite(tmp_path: Path, body: str) -> Path:

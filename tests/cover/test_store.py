@@ -15,6 +15,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from facts.shard import in_shard, parse_shard
 from golden import regen as rg
 from golden.generate import GENERATOR_VERSION, build_golden
 from golden.spec import CaseSpec, build_case
@@ -301,13 +302,13 @@ def test_relative_difference_treats_nan_positions() -> None:
 
 def test_shards_partition_the_cases() -> None:
     specs = [dataclasses.replace(FP16, seed=s) for s in range(40)]
-    shards = [[s for s in specs if rg.in_shard(s, (k, 3))] for k in (1, 2, 3)]
+    shards = [[s for s in specs if in_shard(s.content_hash, (k, 3))] for k in (1, 2, 3)]
     assert sorted(x.seed for part in shards for x in part) == list(range(40))
     assert all(shards)
     for bad in ("0/3", "4/3", "1-3", "a/b"):
         with pytest.raises(ValueError, match="shard"):
-            rg.parse_shard(bad)
-    assert rg.parse_shard("2/3") == (2, 3)
+            parse_shard(bad)
+    assert parse_shard("2/3") == (2, 3)
 
 
 def test_resolve_builder_binds_threads() -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cases.execution import execute, make_call
 from golden.inputs import generate_inputs
-from golden.reference import reference_attention, useful_flops
+from golden.reference import reference_attention
 from golden.spec import CaseSpec, build_case
 from harness.torch_backend import torch_cpu
+from runner.execution import execute, make_call
 
 CASES = [
     {"mask_type": 0, "q_layout": "2d", "kv_layout": "padded", "q_seqlen": [7, 20]},
@@ -35,11 +35,11 @@ def test_useful_flops_counts_allowed_pairs() -> None:
     bidir = build_case({"head_num": 2, "q_seqlen": [4]}, source="t")
     causal = build_case({"head_num": 2, "q_seqlen": [4], "kv_seqlen": [6], "mask_type": 3,
                          "kv_layout": "padded"}, source="t")
-    assert useful_flops(bidir) == 2 * 320 * 16 * 2
-    assert useful_flops(causal) == 2 * 320 * (3 + 4 + 5 + 6) * 2
+    assert bidir.useful_flops == 2 * 320 * 16 * 2
+    assert causal.useful_flops == 2 * 320 * (3 + 4 + 5 + 6) * 2
     empty_kv = build_case({"head_num": 1, "q_seqlen": [0, 4], "kv_seqlen": [5, 4], "mask_type": 3,
                            "kv_layout": "padded"}, source="t")
-    assert useful_flops(empty_kv) == 2 * 320 * 10
+    assert empty_kv.useful_flops == 2 * 320 * 10
 
 
 def test_padded_layout_that_looks_packed() -> None:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from cases.policy import VerdictContext, load_policies
 from golden.generate import build_golden
 from golden.metrics import Metrics
 from golden.spec import CaseSpec, load_suites
+from judge.policy import VerdictContext, load_policies
 
 pytestmark = pytest.mark.slow
 

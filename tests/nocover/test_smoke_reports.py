@@ -38,7 +38,7 @@ def test_serial_parallel_and_sharded_runs_agree(tmp_path: Path) -> None:
     shards = [conformance(tmp_path, f"shard{k}", "-n", "0", "--shard", f"{k}/3") for k in (1, 2, 3)]
     assert all(0 < len(records(s)) < len(serial) for s in shards)
     merged = tmp_path / "merged"
-    done = subprocess.run([sys.executable, "-m", "cases.cli", "report", "merge", str(merged), *map(str, shards)],
+    done = subprocess.run([sys.executable, "-m", "mlaconf", "report", "merge", str(merged), *map(str, shards)],
                           cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     assert records(merged) == serial

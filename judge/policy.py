@@ -1,4 +1,4 @@
-"""Tolerance policies as data: load ``cases/tolerances.toml``, resolve overrides, judge metrics.
+"""Tolerance policies as data: load ``judge/tolerances.toml``, resolve overrides, judge metrics.
 
 A policy is a list of rules; each rule turns :class:`~golden.metrics.Metrics` (and, for the
 baseline-relative rules, the emulated same-dtype baseline's Metrics) into :class:`Check` records
@@ -16,8 +16,9 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+from facts.operator import DTYPES
 from golden.metrics import UNIT_ROUNDOFF, Metrics
-from golden.spec import DTYPES, CaseSpec, read_toml
+from golden.spec import CaseSpec, read_toml
 
 DEFAULT_PATH = Path(__file__).resolve().parent / "tolerances.toml"
 
@@ -342,7 +343,7 @@ def _strings(raw: Mapping[str, Any], keys: tuple[str, ...], source: str, where: 
 
 
 def load_policies(path: Path | None = None) -> PolicySet:
-    """Load and validate a tolerance file (default: ``cases/tolerances.toml``)."""
+    """Load and validate a tolerance file (default: ``judge/tolerances.toml``)."""
     path = path or DEFAULT_PATH
     source = str(path)
     data = read_toml(path, lambda name, message: PolicyError(source, "<file>", name, message))

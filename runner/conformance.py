@@ -1,32 +1,24 @@
-"""One conformance check: run a backend on a golden, judge it, and describe the outcome.
-
-Ties the pieces together (the golden store, a backend, the tolerance policy and the known
-deviations) and produces the result record the reports plugin consumes.
-"""
+"""One conformance case on one backend: run it, check the interface, judge it, classify it."""
 
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import h5py
 import numpy as np
 import pytest
 
-from cases.deviations import Deviation, DeviationSet
-from cases.execution import Execution, execute, make_call, output_digest
-from cases.policy import PolicySet, Verdict, VerdictContext
 from golden.inputs import numpy_dtype
-from golden.metrics import Metrics, compute_metrics
-from golden.spec import V_DIM, CaseSpec
+from golden.spec import CaseSpec
 from golden.types import GoldenCase
 from harness.backend import Backend, BackendError
-
-Outcome = Literal["passed", "failed", "xfailed", "xpassed"]
-#: How a known deviation's classification of what happened becomes a test outcome.
-DEVIATION_OUTCOMES: dict[str, Outcome] = {"expected": "xfailed", "unexpected_pass": "xpassed", "different": "failed"}
+from judge.deviations import DeviationSet
+from judge.policy import PolicySet
+from judge.verdict import Outcome, judge_output, outcome_message, outcome_of
+from runner.execution import Execution, execute, make_call, output_digest
 
 
 @dataclass(frozen=True)
@@ -40,7 +32,7 @@ class CaseResult:
 
 
 class UnexpectedPassWarning(UserWarning):
-    """A known deviation did not reproduce: confirm it and update cases/known_deviations.toml."""
+    """A known deviation did not reproduce: confirm it and update judge/known_deviations.toml."""
 
 
 def conclude(outcome: Outcome, message: str) -> None:
@@ -51,25 +43,6 @@ def conclude(outcome: Outcome, message: str) -> None:
         warnings.warn(UnexpectedPassWarning(message), stacklevel=2)
     if outcome == "failed":
         pytest.fail(message, pytrace=False)
-
-
-def mode_text(spec: CaseSpec, backend: str) -> str:
-    return f"{spec.case_id} [backend {backend}, dtype {spec.dtype}, mask {spec.mask_name}, cache {spec.cache_name}]"
-
-
-def judge_output(golden: GoldenCase, out: np.ndarray, policy_set: PolicySet, policy: str, backend: str) -> tuple[
-    Metrics, Verdict
-]:
-    """Metrics of ``out`` against the golden and the verdict under the resolved policy."""
-    spec = golden.spec
-    shape = (spec.total_q, spec.head_num, V_DIM)
-    if out.size != int(np.prod(shape)):
-        raise ValueError(f"{spec.case_id}: backend output has shape {out.shape}, expected {golden.out.shape}")
-    metrics = compute_metrics(out.reshape(shape), golden.out.reshape(shape), golden.row_valid, spec.dtype,
-                              spec.q_seqlen)
-    baseline = Metrics.from_dict(golden.baseline_stats) if golden.baseline_stats else None
-    resolved = policy_set.resolve(policy, backend, spec.dtype, spec.mask_name, spec.case_id)
-    return metrics, resolved.evaluate(metrics, baseline, VerdictContext.from_spec(spec))
 
 
 def input_digests(golden: GoldenCase) -> dict[str, str]:
@@ -88,12 +61,6 @@ def contract_violations(golden: GoldenCase, out: np.ndarray, before: dict[str, s
     after = input_digests(golden)
     problems += [f"the backend modified its input {name}" for name in before if after[name] != before[name]]
     return problems
-
-
-def _outcome(passed: bool, error: BackendError | None, deviation: Deviation | None) -> Outcome:
-    if deviation is None:
-        return "passed" if passed and error is None else "failed"
-    return DEVIATION_OUTCOMES[deviation.classify(error.status_name if error else None, None if error else passed)]
 
 
 def run_case(
@@ -132,21 +99,22 @@ def run_case(
     }
     if execution is None:
         assert error is not None
-        outcome = _outcome(False, error, deviation)
+        outcome = outcome_of(False, error.status_name, deviation)
         detail = f"backend raised {error}"
-        message = _message(spec, backend.name, outcome, detail, deviation)
+        message = outcome_message(spec, backend.name, outcome, detail, deviation)
         record.update(verdict=outcome, checks=[], worst_slack=None, metrics={}, failing=[f"error: {error}"],
                       timing=None, output_sha256=None, message=message,
                       error={"status": error.status, "name": error.status_name, "stage": error.stage})
         return CaseResult(outcome, message, record, None)
     violations = contract_violations(golden, execution.out, digests)
     if violations:  # no known deviation excuses a broken interface
-        message = _message(spec, backend.name, "failed", "interface contract broken: " + "; ".join(violations), None)
+        broken = "interface contract broken: " + "; ".join(violations)
+        message = outcome_message(spec, backend.name, "failed", broken, None)
         record.update(verdict="failed", checks=[], worst_slack=None, metrics={}, failing=violations,
                       timing=execution.timing(), output_sha256=output_digest(execution.out), message=message)
         return CaseResult("failed", message, record, execution.out)
     metrics, verdict = judge_output(golden, execution.out, policy_set, policy, backend.name)
-    outcome = _outcome(verdict.passed, None, deviation)
+    outcome = outcome_of(verdict.passed, None, deviation)
     record.update(
         verdict=outcome,
         checks=[c.to_dict() for c in verdict.checks],
@@ -157,16 +125,9 @@ def run_case(
         timing=execution.timing(),
         output_sha256=output_digest(execution.out),
     )
-    message = _message(spec, backend.name, outcome, verdict.summary(), deviation)
+    message = outcome_message(spec, backend.name, outcome, verdict.summary(), deviation)
     record["message"] = message
     return CaseResult(outcome, message, record, execution.out)
-
-
-def _message(spec: CaseSpec, backend: str, outcome: Outcome, detail: str, deviation: Deviation | None) -> str:
-    prefix = {"passed": "", "failed": "", "xfailed": "known deviation: ",
-              "xpassed": "UNEXPECTED PASS of known deviation: "}[outcome]
-    known = f" [{deviation.describe()}]" if deviation else ""
-    return f"{prefix}{mode_text(spec, backend)}: {detail}{known}"
 
 
 def save_output(directory: Path, spec: CaseSpec, backend: str, out: np.ndarray) -> Path:

@@ -11,7 +11,6 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from golden.reference import useful_flops
 from golden.spec import CaseSpec
 from golden.types import OpInputs
 from harness.backend import Backend, MlaPrefillCall
@@ -86,7 +85,7 @@ def execute(backend: Backend, call: MlaPrefillCall, spec: CaseSpec, *, repeats: 
         latencies.append((time.perf_counter() - start) * 1e3)
         first = result if first is None else first
     assert first is not None
-    return Execution(to_numpy(first), latencies, useful_flops(spec))
+    return Execution(to_numpy(first), latencies, spec.useful_flops)
 
 
 def output_digest(out: np.ndarray) -> str:

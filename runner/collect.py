@@ -1,16 +1,14 @@
-"""pytest plugin: collect one result record per case and backend, write the run's report.
+"""Result records on their way to the report: attached in tests, gathered on the controller.
 
-Records are attached by the conformance tests through the ``mla_report`` fixture.  They travel
-inside ``TestReport.user_properties`` (the one channel xdist already ships from workers to the
+Records are attached by the suites through the ``mla_report`` fixture.  They travel inside
+``TestReport.user_properties`` (the one channel xdist already ships from workers to the
 controller), so the controller alone gathers them and writes ``results.jsonl``, ``run.json``
 and ``report.html`` into the report directory, then prints the summary.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,8 +23,6 @@ from reports.records import PROPERTY_NAME, Record
 #: Scalar record fields also attached as plain properties, so ``--junitxml`` shows them.
 JUNIT_FIELDS = ("verdict", "worst_slack", "policy", "backend")
 JUNIT_METRICS = ("max_rel_err", "rmse")
-MARKER = "mla_case"
-_SHARD = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 
 
 @dataclass
@@ -53,102 +49,6 @@ def set_run_info(config: pytest.Config, key: str, value: Any) -> None:
     JSON-serialisable (anything else is written with ``str``).
     """
     config.stash[STATE].run_info[key] = value
-
-
-def parse_shard(text: str) -> tuple[int, int]:
-    """``"K/N"`` with 1 <= K <= N, else a usage error."""
-    match = _SHARD.match(text)
-    if not match or not 1 <= int(match.group(1)) <= int(match.group(2)):
-        raise pytest.UsageError(f"--shard expects K/N with 1 <= K <= N, got {text!r}")
-    return int(match.group(1)), int(match.group(2))
-
-
-def shard_index(content_hash: str, count: int) -> int:
-    """Zero-based shard of a case: its content hash modulo the shard count (stable across hosts)."""
-    try:
-        value = int(content_hash[:16], 16)
-    except ValueError:
-        value = int(hashlib.sha256(content_hash.encode()).hexdigest()[:16], 16)
-    return value % count
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("mla-report", "MLA conformance report")
-    group.addoption(
-        "--report-dir",
-        default=None,
-        metavar="DIR",
-        help="where results.jsonl, run.json and report.html go (default reports/out/<run-name>/"
-        " under the rootdir); nothing is written when no test attached a record",
-    )
-    group.addoption(
-        "--run-name",
-        default=None,
-        metavar="NAME",
-        help="name of this run (default: timestamp + short host name)",
-    )
-    group.addoption(
-        "--shard",
-        default=None,
-        metavar="K/N",
-        help="run only shard K of N: cases (mla_case marker) are split by their content hash;"
-        " tests without the marker run on shard 1 only, so merged shards hold each once",
-    )
-    group.addoption(
-        "--save-outputs",
-        action="store_true",
-        default=False,
-        help="let tests save each backend output (HDF5) under <report-dir>/outputs/",
-    )
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", f"{MARKER}(case_id, content_hash): a conformance case; --shard splits by content_hash"
-    )
-    workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
-    run_name = config.getoption("run_name") or (time.strftime("%Y%m%d-%H%M%S") + "-" + env.short_host())
-    if workerinput is not None and "mla_report_dir" in workerinput:
-        report_dir = Path(workerinput["mla_report_dir"])
-    elif config.getoption("report_dir"):
-        report_dir = Path(config.getoption("report_dir")).resolve()
-    else:
-        report_dir = config.rootpath / "reports" / "out" / run_name
-    shard_opt = config.getoption("shard")
-    config.stash[STATE] = ReportState(
-        report_dir=report_dir,
-        run_name=run_name,
-        save_outputs=bool(config.getoption("save_outputs")),
-        shard=parse_shard(shard_opt) if shard_opt else None,
-    )
-    if workerinput is None:
-        config.pluginmanager.register(Collector(config, config.stash[STATE]), "mla-report-collector")
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node: Any) -> None:
-    """xdist controller: give every worker the controller's report directory."""
-    node.workerinput["mla_report_dir"] = str(node.config.stash[STATE].report_dir)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    shard = config.stash[STATE].shard
-    if shard is None:
-        return
-    k, n = shard
-    keep: list[pytest.Item] = []
-    drop: list[pytest.Item] = []
-    for item in items:
-        marker = item.get_closest_marker(MARKER)
-        if marker is None:
-            selected = k == 1
-        else:
-            key = str(marker.kwargs.get("content_hash") or marker.kwargs.get("case_id") or item.nodeid)
-            selected = shard_index(key, n) == k - 1
-        (keep if selected else drop).append(item)
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-        items[:] = keep
 
 
 class MlaReport:
@@ -182,14 +82,6 @@ class MlaReport:
         metrics = data.get("metrics")
         if isinstance(metrics, Mapping):
             props.extend((name, metrics[name]) for name in JUNIT_METRICS if name in metrics)
-
-
-@pytest.fixture
-def mla_report(request: pytest.FixtureRequest) -> MlaReport:
-    """Attach result records; see :class:`MlaReport`."""
-    node = request.node
-    assert isinstance(node, pytest.Item)
-    return MlaReport(node, request.config.stash[STATE])
 
 
 def _outcome(report: pytest.TestReport) -> str:
@@ -263,7 +155,7 @@ class Collector:
                 "counts": counts,
                 "policies": sorted({str(r["policy"]) for r in state.records if "policy" in r}),
                 "devices_seen": sorted({f"{r.get('backend')}:{r.get('device')}" for r in state.records}),
-                "environment": env.collect(config.rootpath),
+                "environment": env.collect(Path(__file__).resolve().parent.parent),
             }
         )
         return doc

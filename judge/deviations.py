@@ -1,6 +1,6 @@
 """Known deviations as data: which backend/version/case combinations are expected to misbehave.
 
-Entries live in ``cases/known_deviations.toml`` (its comments document every field).  A run asks
+Entries live in ``judge/known_deviations.toml`` (its comments document every field).  A run asks
 :meth:`DeviationSet.match` per case; a matched case that behaves correctly is an *unexpected pass*
 (:meth:`Deviation.classify`), and :meth:`DeviationSet.unused` lists entries nothing matched, so a
 session can warn about stale data.
@@ -16,8 +16,8 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Literal
 
+from facts.status import STATUS_CODES
 from golden.spec import CaseSpec, read_toml
-from harness.status import STATUS_CODES
 
 DEFAULT_PATH = Path(__file__).resolve().parent / "known_deviations.toml"
 
@@ -259,7 +259,7 @@ def _entry(raw: Any, index: int, source: str) -> Deviation:
 
 
 def load_deviations(path: Path | None = None) -> DeviationSet:
-    """Load and validate a deviations file (default: ``cases/known_deviations.toml``)."""
+    """Load and validate a deviations file (default: ``judge/known_deviations.toml``)."""
     path = path or DEFAULT_PATH
     source = str(path)
     data = read_toml(path, lambda name, message: DeviationError(source, "<file>", name, message))

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import importlib.resources
 import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from golden.spec import SUITES_PACKAGE
 
 
 def pytest_command(args: argparse.Namespace) -> list[str]:
     """The pytest invocation ``run`` stands for (printed, so it can be rerun or adapted)."""
-    command = [sys.executable, "-m", "pytest", str(REPO / "cases"), "--rootdir", str(REPO),
-               "-c", str(REPO / "pyproject.toml"), "-p", "no:cacheprovider", "-n", str(args.jobs)]
+    suites = str(importlib.resources.files(SUITES_PACKAGE))  # the installed suites, from any directory
+    command = [sys.executable, "-m", "pytest", suites, "-p", "no:cacheprovider", "-n", str(args.jobs)]
     for suite in args.suite or ["smoke"]:
         command += ["--suite", suite]
     for backend in args.backend or ["auto"]:
@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="auto (default), atb, torch-cuda, torch-cpu, pkg.mod:factory")
     parser.add_argument("--policy", default=None, help="tolerance policy (default: 'default')")
     parser.add_argument("--golden-dir", default=None, help="golden store (default $MLA_GOLDEN_DIR or .golden/)")
-    parser.add_argument("--run-name", default=None, help="report folder name under reports/out/")
+    parser.add_argument("--run-name", default=None, help="report folder name under reports/out/ in the working directory")
     parser.add_argument("--report-dir", default=None, help="report folder (overrides --run-name)")
     parser.add_argument("-n", "--jobs", default="auto", help="xdist workers (default auto: one per accelerator)")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="extra pytest arguments after --")

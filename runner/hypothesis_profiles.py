@@ -20,7 +20,8 @@ from pathlib import Path
 from hypothesis import settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-DATABASE_DIR = Path(__file__).resolve().parent.parent / ".hypothesis" / "examples"
+#: Relative: examples found in one working directory are replayed there (hypothesis's own default place).
+DATABASE_DIR = Path(".hypothesis") / "examples"
 PROFILES = ("ci", "dev", "thorough")
 
 

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 #: Modules exposing ``register(subparsers)``; each verb sets ``func(args) -> int`` as its default.
-VERB_MODULES = ("golden.cli", "golden.bench", "reports.cli", "cases.run")
+VERB_MODULES = ("golden.cli", "golden.bench", "reports.cli", "runner.run")
 
 
 def build_parser() -> argparse.ArgumentParser:

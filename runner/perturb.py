@@ -15,12 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
-from cases.conformance import DEVIATION_OUTCOMES, Outcome
-from cases.deviations import Deviation, DeviationSet
-from cases.execution import make_call
+from facts.operator import DEFAULT_QK_SCALE, MAX_HEADS, SUPPORTED_MASKS
 from golden.inputs import generate_inputs
-from golden.spec import DEFAULT_QK_SCALE, MAX_HEADS, SUPPORTED_MASKS, CaseSpec
+from golden.spec import CaseSpec
 from harness.backend import Backend, BackendError, MlaPrefillCall
+from judge.deviations import Deviation, DeviationSet
+from judge.verdict import DEVIATION_OUTCOMES, Outcome
+from runner.execution import make_call
 
 Perturbation = Callable[[MlaPrefillCall], MlaPrefillCall]
 

@@ -1,4 +1,4 @@
-"""ATB status codes (``atb::ErrorType`` in ``include/atb/types.h``, in declaration order)."""
+"""ATB status codes (``atb::ErrorType`` in ATB's ``include/atb/types.h``, in declaration order)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,8 @@ STATUS_NAMES: dict[int, str] = {
     29: "ERROR_COPY_HOST_MEMORY_FAIL",
 }
 STATUS_CODES: dict[str, int] = {name: code for code, name in STATUS_NAMES.items()}
+#: Where an error surfaces: CreateOperation, Setup (inside GetWorkspaceSize), or Execute.
+STAGES = ("create", "setup", "execute")
 
 
 def status_name(code: int) -> str:

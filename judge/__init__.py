@@ -1,0 +1,1 @@
+"""Judging: from a backend's output and its golden to a verdict (metrics, policies, deviations)."""

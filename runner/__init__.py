@@ -1,0 +1,1 @@
+"""Running the suites: the pytest plugin, backend calls, perturbations and metamorphic transforms."""

@@ -1,0 +1,265 @@
+"""The MLA conformance pytest plugin (entry point ``pytest11: mla``): every option, marker,
+fixture, parametrization, shard selection and output saving of the suites in ``cases/``.
+
+Installed with the package, so ``pytest --pyargs cases`` and ``mlaconf run`` work from any
+directory.  It stays inert in runs that use none of its fixtures: no backend is probed and no
+report is written unless a test asks for one.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+import runner.hypothesis_profiles  # noqa: F401  (profiles must exist before --hypothesis-profile is read)
+from facts.operator import CACHE_NAMES, MASK_NAMES
+from facts.shard import in_shard, parse_shard
+from harness import registry
+from reports import env
+from runner.collect import STATE, Collector, MlaReport, ReportState
+from runner.selection import (
+    SUITES,
+    case_param,
+    error_cases,
+    mark,
+    marker_name,
+    selected_cases,
+    unmatched_deviations,
+)
+
+if TYPE_CHECKING:
+    from golden.store import GoldenStore
+    from harness.backend import Backend
+    from judge.deviations import DeviationSet
+    from judge.policy import PolicySet
+
+MARKER = "mla_case"
+#: Where reports go when neither --report-dir nor --run-name's default is overridden (working directory).
+REPORTS_DIR = Path("reports") / "out"
+BACKENDS = pytest.StashKey[list[str]]()
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("mla", "MLA prefill conformance")
+    group.addoption("--backend", action="append", default=None, metavar="NAME",
+                    help="backend under test: a built-in name (" + ", ".join(registry.BUILTIN) + "), 'auto' "
+                    "(ATB, else CUDA, else CPU), or 'pkg.module:factory'; repeatable or comma-separated. "
+                    f"Default: ${registry.ENV_VAR} or auto.")
+    group.addoption("--suite", action="append", default=None, choices=SUITES,
+                    help="case suite(s) to run (default smoke; 'all' = every value suite)")
+    group.addoption("--cases", default=None, metavar="FILE",
+                    help="run the cases of this TOML suite file instead (its expect_error cases go to the "
+                    "error-contract suite)")
+    group.addoption("--seeds", default=None, metavar="S1,S2,...",
+                    help="run every case once per seed (replacing the suite's seed; new goldens)")
+    group.addoption("--golden-dir", default=None, metavar="DIR",
+                    help="golden store directory (default $MLA_GOLDEN_DIR, else .golden in the working directory)")
+    group.addoption("--policy", default="default", help="tolerance policy from judge/tolerances.toml")
+    group.addoption("--tolerances", default=None, metavar="FILE", help="tolerance policy file")
+    group.addoption("--deviations", default=None, metavar="FILE", help="known-deviations file")
+    group.addoption("--timing-repeats", type=int, default=1, metavar="N",
+                    help="timed backend calls per case (median reported; never part of the verdict)")
+    group.addoption("--warmup", type=int, default=0, metavar="N", help="untimed backend calls before timing")
+
+    report = parser.getgroup("mla-report", "MLA conformance report")
+    report.addoption("--report-dir", default=None, metavar="DIR",
+                     help="where results.jsonl, run.json and report.html go (default reports/out/<run-name>/ in "
+                     "the working directory); nothing is written when no test attached a record")
+    report.addoption("--run-name", default=None, metavar="NAME",
+                     help="name of this run (default: timestamp + short host name)")
+    report.addoption("--shard", default=None, metavar="K/N",
+                     help="run only shard K of N: cases (mla_case marker) are split by their content hash, by "
+                     "the rule `mlaconf regen --shard` uses; tests without the marker run on shard 1 only")
+    report.addoption("--save-outputs", action="store_true", default=False,
+                     help="save each backend output (HDF5) under <report-dir>/outputs/")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    share_cpu_threads(config)
+    markers = [
+        f"{MARKER}(case_id, content_hash): a conformance case; --shard splits by content_hash",
+        "metamorphic: invariance tests (batch order, padding, heads, layouts, determinism)",
+        "property: hypothesis-driven tests against an on-the-fly float64 golden",
+        "error_contract: invalid inputs must be rejected with the documented status",
+        "errors: the error-contract suite",
+    ]
+    markers += [f"{d}: dtype {d}" for d in ("fp16", "bf16")]
+    markers += [f"{name}: maskType {code}" for code, name in MASK_NAMES.items()]
+    markers += [f"{name}: cacheMode {code}" for code, name in CACHE_NAMES.items()]
+    markers += [f"{s}: the {s} suite" for s in SUITES if s != "all"]
+    markers += [f"{marker_name(n)}: backend {n}" for n in registry.BUILTIN]
+    for line in markers:
+        config.addinivalue_line("markers", line)
+    config.stash[STATE] = report_state(config)
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(Collector(config, config.stash[STATE]), "mla-report-collector")
+
+
+def report_state(config: pytest.Config) -> ReportState:
+    workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
+    run_name = config.getoption("run_name") or (time.strftime("%Y%m%d-%H%M%S") + "-" + env.short_host())
+    if workerinput is not None and "mla_report_dir" in workerinput:
+        report_dir = Path(workerinput["mla_report_dir"])
+    elif config.getoption("report_dir"):
+        report_dir = Path(config.getoption("report_dir")).resolve()
+    else:
+        report_dir = (REPORTS_DIR / run_name).resolve()
+    shard_text = config.getoption("shard")
+    try:
+        shard = parse_shard(shard_text) if shard_text else None
+    except ValueError as exc:
+        raise pytest.UsageError(f"--shard: {exc}") from exc
+    return ReportState(report_dir=report_dir, run_name=run_name, save_outputs=bool(config.getoption("save_outputs")),
+                       shard=shard)
+
+
+def share_cpu_threads(config: pytest.Config) -> None:
+    """xdist workers split the cores between them instead of each using all of them."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = max(1, cores // int(workerinput.get("workercount", 1)))
+    for name in _THREAD_VARS:  # read by BLAS and torch when they load
+        os.environ.setdefault(name, str(threads))
+    if "torch" in sys.modules:  # already loaded: tell it directly
+        sys.modules["torch"].set_num_threads(threads)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto``: one worker per NPU or GPU; xdist's default on a CPU-only host."""
+    from harness.devices import accelerator_count, auto_workers
+
+    return auto_workers(accelerator_count())
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller: give every worker the controller's report directory."""
+    node.workerinput["mla_report_dir"] = str(node.config.stash[STATE].report_dir)
+
+
+# -- parametrization and selection --------------------------------------------------------------
+
+
+def backend_names(config: pytest.Config) -> list[str]:
+    """The run's backends, ``auto`` resolved once per process."""
+    if BACKENDS not in config.stash:
+        try:
+            config.stash[BACKENDS] = registry.selected_names(config.getoption("backend"))
+        except registry.BackendSelectionError as exc:
+            raise pytest.UsageError(str(exc)) from exc
+    return config.stash[BACKENDS]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    config = metafunc.config
+    if "conformance_case" in metafunc.fixturenames:
+        metafunc.parametrize("conformance_case", [case_param(config, c) for c in selected_cases(config)])
+    if "error_case" in metafunc.fixturenames:
+        metafunc.parametrize("error_case", [case_param(config, c) for c in error_cases(config)])
+    if "backend_name" in metafunc.fixturenames:
+        params = [pytest.param(name, id=name, marks=mark(config, name, f"backend {name}"))
+                  for name in backend_names(config)]
+        metafunc.parametrize("backend_name", params)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``--shard K/N``: keep the cases whose content hash falls in shard K (unmarked tests: shard 1)."""
+    shard = config.stash[STATE].shard
+    if shard is None:
+        return
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    for item in items:
+        marker = item.get_closest_marker(MARKER)
+        if marker is None:
+            selected = shard[0] == 1
+        else:
+            key = str(marker.kwargs.get("content_hash") or marker.kwargs.get("case_id") or item.nodeid)
+            selected = in_shard(key, shard)
+        (keep if selected else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+# -- fixtures -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def backend_cache() -> Iterator[dict[str, Backend]]:
+    yield {}
+
+
+@pytest.fixture
+def backend(backend_name: str, backend_cache: dict[str, Backend]) -> Backend:
+    """The backend under test, created once per worker; skipped with its own reason if unavailable."""
+    if backend_name not in backend_cache:
+        try:
+            backend_cache[backend_name] = registry.create(backend_name)
+        except registry.BackendSelectionError as exc:
+            raise pytest.UsageError(str(exc)) from exc
+    instance = backend_cache[backend_name]
+    availability = instance.available()
+    if not availability:
+        pytest.skip(f"backend {backend_name} unavailable: {availability.reason}")
+    return instance
+
+
+@pytest.fixture(scope="session")
+def golden_store(pytestconfig: pytest.Config) -> GoldenStore:
+    from golden.store import GoldenStore
+
+    root = pytestconfig.getoption("golden_dir") or os.environ.get("MLA_GOLDEN_DIR")
+    return GoldenStore(Path(root) if root else None)
+
+
+@pytest.fixture(scope="session")
+def policy_set(pytestconfig: pytest.Config) -> PolicySet:
+    from judge.policy import load_policies
+
+    path = pytestconfig.getoption("tolerances")
+    return load_policies(Path(path) if path else None)
+
+
+@pytest.fixture(scope="session")
+def deviation_set(pytestconfig: pytest.Config) -> DeviationSet:
+    from judge.deviations import load_deviations
+
+    path = pytestconfig.getoption("deviations")
+    return load_deviations(Path(path) if path else None)
+
+
+@pytest.fixture
+def mla_report(request: pytest.FixtureRequest) -> MlaReport:
+    """Attach result records and find the saved-outputs folder; see :class:`runner.collect.MlaReport`."""
+    node = request.node
+    assert isinstance(node, pytest.Item)
+    return MlaReport(node, request.config.stash[STATE])
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """Known deviations for a selected backend that no selected case matched (controller only)."""
+    from judge.deviations import load_deviations
+
+    ran_conformance = any(
+        "test_conformance" in getattr(report, "nodeid", "")
+        for reports in terminalreporter.stats.values()
+        for report in reports
+    )
+    if not ran_conformance or hasattr(config, "workerinput"):
+        return
+    path = config.getoption("deviations")
+    stale = unmatched_deviations(config, load_deviations(Path(path) if path else None), backend_names(config))
+    if stale:
+        terminalreporter.section("known deviations matching no selected case", yellow=True)
+        for line in stale:
+            terminalreporter.line(f"  {line}")

@@ -1,0 +1,97 @@
+"""Which cases and backends a run selects, and how each becomes a pytest parameter."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from fnmatch import fnmatchcase
+
+import pytest
+
+from golden.spec import CaseSpec, SpecError, load_suite, load_suites
+from judge.deviations import DeviationSet
+
+SUITES = ("smoke", "standard", "deepseek", "edge", "all")
+ERROR_SUITE = "errors"
+_NOT_IDENTIFIER = re.compile(r"[^0-9A-Za-z_]")
+
+
+def marker_name(name: str) -> str:
+    """Any name as a marker name (``torch-cpu`` -> ``torch_cpu``, ``my.mod:f`` -> ``my_mod_f``)."""
+    cleaned = _NOT_IDENTIFIER.sub("_", name)
+    return cleaned if cleaned[:1].isalpha() or cleaned[:1] == "_" else f"_{cleaned}"
+
+
+def mark(config: pytest.Config, name: str, description: str) -> pytest.MarkDecorator:
+    """A marker registered on first use, so ``--strict-markers`` accepts names only a run knows."""
+    marker = marker_name(name)
+    if not any(line.split(":")[0].split("(")[0].strip() == marker for line in config.getini("markers")):
+        config.addinivalue_line("markers", f"{marker}: {description}")
+    decorator: pytest.MarkDecorator = getattr(pytest.mark, marker)
+    return decorator
+
+
+def _load(config: pytest.Config) -> list[CaseSpec]:
+    """Every case the run's suite options name, error cases included."""
+    cases_file = config.getoption("cases")
+    try:
+        if cases_file:
+            return load_suite(cases_file)
+        return load_suites(config.getoption("suite") or ["smoke"])
+    except SpecError as exc:  # a bad suite file is the user's input: say what and where, no traceback
+        raise pytest.UsageError(str(exc)) from exc
+
+
+def _reseeded(config: pytest.Config, cases: list[CaseSpec]) -> list[CaseSpec]:
+    seeds = config.getoption("seeds")
+    if not seeds:
+        return cases
+    try:
+        values = [int(s) for s in seeds.split(",") if s.strip()]
+    except ValueError as exc:
+        raise pytest.UsageError(f"--seeds: expected comma-separated integers, got {seeds!r}") from exc
+    return [with_seed(c, seed) for c in cases for seed in values]
+
+
+def selected_cases(config: pytest.Config) -> list[CaseSpec]:
+    """The value cases (no ``expect_error``) of the selected suites or ``--cases`` file."""
+    return _reseeded(config, [c for c in _load(config) if c.expect_error is None])
+
+
+def error_cases(config: pytest.Config) -> list[CaseSpec]:
+    """The error-contract cases: a ``--cases`` file's ``expect_error`` cases, else the shipped suite."""
+    if config.getoption("cases"):
+        return [c for c in _load(config) if c.expect_error is not None]
+    return load_suites([ERROR_SUITE])
+
+
+def with_seed(case: CaseSpec, seed: int) -> CaseSpec:
+    """The same case with another seed (and so another id and golden)."""
+    reseeded = dataclasses.replace(case, seed=seed, name="")
+    return dataclasses.replace(reseeded, name=reseeded.case_id)
+
+
+def case_param(config: pytest.Config, case: CaseSpec) -> object:
+    """A case as a parameter: its id, and markers for dtype, mask, cache, suite and shard."""
+    marks = [
+        mark(config, case.dtype, f"dtype {case.dtype}"),
+        mark(config, case.mask_name, f"maskType {case.mask_type}"),
+        mark(config, case.cache_name, f"cacheMode {case.cache_mode}"),
+        pytest.mark.mla_case(case_id=case.case_id, content_hash=case.content_hash),
+    ]
+    if case.suite:
+        marks.append(mark(config, case.suite, f"the {case.suite} suite"))
+    return pytest.param(case, id=case.case_id, marks=marks)
+
+
+def unmatched_deviations(config: pytest.Config, deviations: DeviationSet, backends: list[str]) -> list[str]:
+    """Known-deviation entries for a selected backend that no selected case matches, whatever the version."""
+    cases = selected_cases(config)
+    stale = []
+    for entry in deviations.entries:
+        if not any(fnmatchcase(b, entry.backend) for b in backends):
+            continue  # about another backend: not this run's business
+        unversioned = dataclasses.replace(entry, versions="")
+        if not any(unversioned.selects(b, None, c) for b in backends for c in cases):
+            stale.append(entry.describe())
+    return stale
