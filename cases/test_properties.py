@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 
-from cases import hypothesis_profiles  # noqa: F401  (registers and selects the profiles)
+from runner import hypothesis_profiles  # noqa: F401  (registers and selects the profiles)
 from facts.operator import DEFAULT_QK_SCALE, DTYPES, KV_LAYOUTS, Q_LAYOUTS
 from golden.generate import build_golden
 from golden.spec import DISTRIBUTIONS, CaseSpec, build_case
