@@ -3,7 +3,7 @@
 A suite file holds ``[suite]`` (name, description), optional ``[defaults]``, any number of
 ``[[case]]`` tables and ``[[matrix]]`` tables.  A matrix expands the product of its list-valued
 fields; an axis whose alternatives are tables sets several fields at once (e.g. a batch's q and kv
-lengths together).  Validation follows the operator contract (shared spec sections 2-3); a case
+lengths together).  Validation follows the operator contract (docs/operator.md §2-3); a case
 flagged ``expect_error`` skips value validation because it exists to be rejected.
 """
 

@@ -1,6 +1,6 @@
 """A pure-Python model of AtbMLAPreFill's documented error contract, and a backend built on it.
 
-The model validates an :class:`MlaPrefillCall` the way shared spec sections 1-3 describe, in the
+The model validates an :class:`MlaPrefillCall` the way docs/operator.md §1-3 describe, in the
 order ATB runs its checks (read from ascend-transformer-boost at ddcc8b622):
 
 * **create** (``CreateOperation``: ``ParamRangeCheck`` then ``ParamPrefillCheck`` in
@@ -74,40 +74,40 @@ def _attached(call: MlaPrefillCall) -> dict[str, torch.Tensor | None]:
 def _qk_scale(call: MlaPrefillCall) -> str | None:
     scale = call.qk_scale
     if math.isnan(scale) or not 0.0 < scale <= 1.0:
-        return f"qkScale {scale} outside (0, 1] (spec §3)"
+        return f"qkScale {scale} outside (0, 1] (docs/operator.md §3)"
     return None
 
 
 def _mask_type(call: MlaPrefillCall) -> str | None:
     if call.mask_type not in (0, MASK_FREE, CAUSAL, SWA_NORM):
-        return f"maskType {call.mask_type} is not UNDEFINED, MASK_FREE, CAUSAL or SWA_NORM (spec §3)"
+        return f"maskType {call.mask_type} is not UNDEFINED, MASK_FREE, CAUSAL or SWA_NORM (docs/operator.md §3)"
     return None
 
 
 def _cache_mode(call: MlaPrefillCall) -> str | None:
     if call.cache_mode != KROPE_CTKV:
-        return f"cacheMode {call.cache_mode}: prefill accepts only KROPE_CTKV (1) (spec §3)"
+        return f"cacheMode {call.cache_mode}: prefill accepts only KROPE_CTKV (1) (docs/operator.md §3)"
     return None
 
 
 def _head_num(call: MlaPrefillCall) -> str | None:
     if not 1 <= call.head_num <= MAX_HEADS:
-        return f"headNum {call.head_num} outside [1, {MAX_HEADS}] (spec §2)"
+        return f"headNum {call.head_num} outside [1, {MAX_HEADS}] (docs/operator.md §2)"
     return None
 
 
 def _kv_head_num(call: MlaPrefillCall) -> str | None:
     h, hkv = call.head_num, call.kv_head_num
     if call.mask_type != CAUSAL and hkv != h:
-        return f"kvHeadNum {hkv} must equal headNum {h} unless maskType is CAUSAL (spec §2)"
+        return f"kvHeadNum {hkv} must equal headNum {h} unless maskType is CAUSAL (docs/operator.md §2)"
     if call.mask_type == CAUSAL and (hkv < 1 or h % hkv):
-        return f"CAUSAL needs headNum {h} to be a multiple of kvHeadNum {hkv} (spec §2)"
+        return f"CAUSAL needs headNum {h} to be a multiple of kvHeadNum {hkv} (docs/operator.md §2)"
     return None
 
 
 def _swa_window(call: MlaPrefillCall) -> str | None:
     if call.mask_type == SWA_NORM:
-        return "SWA_NORM needs windowSize > 0, which the C interface cannot pass (spec §3)"
+        return "SWA_NORM needs windowSize > 0, which the C interface cannot pass (docs/operator.md §3)"
     return None
 
 
@@ -119,7 +119,7 @@ def _tensor_dims(call: MlaPrefillCall) -> str | None:
         dims = len(_shape(tensor))
         if not 1 <= dims <= MAX_DIMS:
             what = "missing" if tensor is None else f"{dims}-D"
-            return f"{name} is {what}; every attached tensor needs 1..{MAX_DIMS} dims (spec §1-2)"
+            return f"{name} is {what}; every attached tensor needs 1..{MAX_DIMS} dims (docs/operator.md §1-2)"
     return None
 
 
@@ -128,10 +128,10 @@ def _dtypes(call: MlaPrefillCall) -> str | None:
     floats = {name: t.dtype for name, t in attached.items() if not name.endswith("seqlen")}
     kinds = set(floats.values())
     if len(kinds) != 1 or next(iter(kinds)) not in DEVICE_DTYPES:
-        return f"dtypes {floats}: all must be fp16 or all bf16 (spec §2)"
+        return f"dtypes {floats}: all must be fp16 or all bf16 (docs/operator.md §2)"
     ints = {name: t.dtype for name, t in attached.items() if name.endswith("seqlen")}
     if any(dtype != torch.int32 for dtype in ints.values()):
-        return f"qSeqLen/kvSeqLen dtypes {ints}: must be int32 (spec §2)"
+        return f"qSeqLen/kvSeqLen dtypes {ints}: must be int32 (docs/operator.md §2)"
     return None
 
 
@@ -142,20 +142,20 @@ def _ranks(call: MlaPrefillCall) -> str | None:
         wanted["mask"] = 2
     bad = {name: ranks[name] for name, rank in wanted.items() if ranks[name] != rank}
     if ranks["q"] not in (2, 3) or bad:
-        return f"ranks {ranks}: q 2-D or 3-D, qRope like q, k/kRope/v 3-D, seqlens 1-D, mask 2-D (spec §2)"
+        return f"ranks {ranks}: q 2-D or 3-D, qRope like q, k/kRope/v 3-D, seqlens 1-D, mask 2-D (docs/operator.md §2)"
     return None
 
 
 def _batch_limit(call: MlaPrefillCall) -> str | None:
     batch = call.q_seqlen.shape[0]
     if batch > MAX_BATCH:
-        return f"batch {batch} > {MAX_BATCH} (spec §2)"
+        return f"batch {batch} > {MAX_BATCH} (docs/operator.md §2)"
     return None
 
 
 def _seqlen_lengths(call: MlaPrefillCall) -> str | None:
     if call.q_seqlen.shape[0] != call.kv_seqlen.shape[0]:
-        return f"qSeqLen has {call.q_seqlen.shape[0]} entries, kvSeqLen {call.kv_seqlen.shape[0]} (spec §2)"
+        return f"qSeqLen has {call.q_seqlen.shape[0]} entries, kvSeqLen {call.kv_seqlen.shape[0]} (docs/operator.md §2)"
     return None
 
 
@@ -165,7 +165,7 @@ def _q_dims(call: MlaPrefillCall) -> str | None:
     want_q = (q[0], h * NOPE) if len(q) == 2 else (q[0], h, NOPE)
     want_qr = (q[0], h * ROPE) if len(q) == 2 else (q[0], h, ROPE)
     if q != want_q or qr != want_qr:
-        return f"q {q} / qRope {qr}: expected {want_q} / {want_qr} for headNum {h} (spec §2)"
+        return f"q {q} / qRope {qr}: expected {want_q} / {want_qr} for headNum {h} (docs/operator.md §2)"
     return None
 
 
@@ -176,21 +176,21 @@ def _kv_dims(call: MlaPrefillCall) -> str | None:
     packed = k[1:] == (hkv, NOPE)
     if not (padded or (packed and call.mask_type != CAUSAL)):
         forms = "[B, S, Hkv*128]" if call.mask_type == CAUSAL else "[B, S, Hkv*128] or [Tk, Hkv, 128]"
-        return f"k {k}: expected {forms} with B {batch}, Hkv {hkv} (spec §2)"
+        return f"k {k}: expected {forms} with B {batch}, Hkv {hkv} (docs/operator.md §2)"
     if kr != (k[0], k[1], k[2] // 2) or v != k:
-        return f"kRope {kr} / v {v}: expected k's dims with the last halved / exactly k's {k} (spec §2)"
+        return f"kRope {kr} / v {v}: expected k's dims with the last halved / exactly k's {k} (docs/operator.md §2)"
     return None
 
 
 def _mask_dims(call: MlaPrefillCall) -> str | None:
     if call.mask_type == MASK_FREE and _shape(call.mask) != (MASK_SIZE, MASK_SIZE):
-        return f"mask {_shape(call.mask)}: MASK_FREE needs [{MASK_SIZE}, {MASK_SIZE}] (spec §2)"
+        return f"mask {_shape(call.mask)}: MASK_FREE needs [{MASK_SIZE}, {MASK_SIZE}] (docs/operator.md §2)"
     return None
 
 
 def _seqlen_values(call: MlaPrefillCall) -> str | None:
     if call.mask_type != CAUSAL and not torch.equal(call.q_seqlen, call.kv_seqlen):
-        return "qSeqLen must equal kvSeqLen element-wise unless maskType is CAUSAL (spec §4)"
+        return "qSeqLen must equal kvSeqLen element-wise unless maskType is CAUSAL (docs/operator.md §4)"
     return None
 
 

@@ -1,6 +1,6 @@
 """Result records: the one contract between the conformance suites and everything in ``reports``.
 
-A record is a plain JSON object (see the design brief, "Result record").  This module only reads
+A record is a plain JSON object (fields in the README, "Reports and CANN upgrade validation").  This module only reads
 the fields it needs and treats every other key as opaque, so the suites can grow records freely.
 """
 
