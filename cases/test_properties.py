@@ -19,7 +19,6 @@ import pytest
 from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 
-from runner import hypothesis_profiles  # noqa: F401  (registers and selects the profiles)
 from facts.operator import DEFAULT_QK_SCALE, DTYPES, KV_LAYOUTS, Q_LAYOUTS
 from golden.generate import build_golden
 from golden.spec import DISTRIBUTIONS, CaseSpec, build_case
@@ -27,6 +26,7 @@ from harness.backend import Backend, BackendError
 from judge.deviations import DeviationSet
 from judge.policy import PolicySet
 from judge.verdict import judge_output, mode_text
+from runner import hypothesis_profiles  # noqa: F401  (registers and selects the profiles)
 from runner.execution import execute, make_call
 
 pytestmark = pytest.mark.property
