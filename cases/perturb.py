@@ -21,6 +21,7 @@ from cases.execution import make_call
 from golden.inputs import generate_inputs
 from golden.spec import DEFAULT_QK_SCALE, MAX_HEADS, SUPPORTED_MASKS, CaseSpec
 from harness.backend import Backend, BackendError, MlaPrefillCall
+from native.harness import ACL_FORMAT_FRACTAL_NZ, ACL_FORMAT_NCHW
 
 Perturbation = Callable[[MlaPrefillCall], MlaPrefillCall]
 
@@ -82,10 +83,6 @@ def _null(name: str) -> Perturbation:
         return dataclasses.replace(call, null_args=call.null_args | {name})
     return perturb
 
-
-#: aclFormat codes (acl/acl_base.h) of the non-ND formats the format cases pass.
-ACL_FORMAT_NCHW = 0
-ACL_FORMAT_FRACTAL_NZ = 29
 
 
 #: name -> (what it does, the transformation).  Names appear in case ids (``err-<name>``).

@@ -14,13 +14,12 @@ from typing import Literal, Protocol, runtime_checkable
 import torch
 
 from harness.status import STATUS_CODES, status_name
+from native.harness import ACL_FORMAT_ND
 
 Stage = Literal["create", "setup", "execute"]
 
 #: The C interface's tensor arguments, in its order (``out`` is attenOut).
 TENSOR_ARGS = ("q", "q_rope", "k", "k_rope", "v", "q_seqlen", "kv_seqlen", "mask", "out")
-#: aclFormat ACL_FORMAT_ND, the only format the operator accepts (shared spec §1).
-FORMAT_ND = 2
 
 
 @dataclass(frozen=True)
@@ -33,7 +32,8 @@ class MlaPrefillCall:
     The optional fields describe how a caller may get the rest of the interface wrong; their defaults
     are a correct call.  ``out_shape``/``out_dtype``: the attenOut the caller allocates (default q's
     shape and qRope's dtype).  ``formats``: an aclFormat per argument named in :data:`TENSOR_ARGS`
-    (default ND).  ``null_args``: arguments passed as a null ``aclTensor*``.
+    (default ``ACL_FORMAT_ND``, the only one the operator accepts).  ``null_args``: arguments passed
+    as a null ``aclTensor*``.
     """
 
     q: torch.Tensor
@@ -61,7 +61,7 @@ class MlaPrefillCall:
 
     def format_of(self, name: str) -> int:
         """The aclFormat argument ``name`` is passed with."""
-        return self.formats.get(name, FORMAT_ND)
+        return self.formats.get(name, ACL_FORMAT_ND)
 
     @property
     def atten_out_shape(self) -> tuple[int, ...]:

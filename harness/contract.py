@@ -38,8 +38,9 @@ from dataclasses import dataclass
 
 import torch
 
-from harness.backend import FORMAT_ND, Availability, Backend, BackendError, BackendInfo, MlaPrefillCall, Stage
+from harness.backend import Availability, Backend, BackendError, BackendInfo, MlaPrefillCall, Stage
 from harness.torch_backend import TorchSdpaBackend
+from native.harness import ACL_FORMAT_ND
 
 MAX_BATCH = 8192
 MAX_HEADS = 128
@@ -165,9 +166,9 @@ def _formats(call: MlaPrefillCall) -> str | None:
     passed = [name for name, t in _attached(call).items() if t is not None]
     if _out_shape(call) is not None:
         passed.append("out")
-    odd = {name: call.format_of(name) for name in passed if call.format_of(name) != FORMAT_ND}
+    odd = {name: call.format_of(name) for name in passed if call.format_of(name) != ACL_FORMAT_ND}
     if odd:
-        return f"aclFormat {odd}: every tensor must be ND ({FORMAT_ND}) (spec §1)"
+        return f"aclFormat {odd}: every tensor must be ND ({ACL_FORMAT_ND}) (spec §1)"
     return None
 
 
