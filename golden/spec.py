@@ -85,6 +85,8 @@ class CaseSpec:
     name: str = field(default="", compare=False)
     suite: str = field(default="", compare=False)
     source: str = field(default="", compare=False)
+    #: The upstream (ATB) commit an error case's expectation was read at; provenance, not content.
+    source_commit: str = field(default="", compare=False)
 
     # -- derived properties -------------------------------------------------------------
     @property
@@ -132,7 +134,7 @@ class CaseSpec:
 
     def content(self) -> dict[str, Any]:
         """The fields that determine inputs and outputs (what the hash covers)."""
-        skip = {"name", "suite", "source"}
+        skip = {"name", "suite", "source", "source_commit"}
         return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in skip}
 
     @property
@@ -169,6 +171,8 @@ class CaseSpec:
     def to_json(self) -> str:
         data = self.content()
         data.update(name=self.name, suite=self.suite, source=self.source)
+        if self.source_commit:
+            data["source_commit"] = self.source_commit
         return json.dumps(data, sort_keys=True)
 
     def to_toml(self) -> str:
@@ -229,6 +233,10 @@ def _coerce_enum(value: Any, codes: Mapping[str, int], source: str, case: str, n
     raise SpecError(source, case, name, f"must be an integer or a name, got {value!r}")
 
 
+def _is_commit(text: str) -> bool:
+    return len(text) == 40 and all(c in "0123456789abcdef" for c in text)
+
+
 def build_case(
     raw: Mapping[str, Any], *, source: str, suite: str = "", index: int = 0, validate: bool = True
 ) -> CaseSpec:
@@ -248,6 +256,9 @@ def build_case(
     kwargs.setdefault("kv_head_num", raw["head_num"])
     kwargs["mask_type"] = _coerce_enum(raw.get("mask_type", 0), MASK_CODES, source, label, "mask_type")
     kwargs["cache_mode"] = _coerce_enum(raw.get("cache_mode", 1), CACHE_CODES, source, label, "cache_mode")
+    commit = kwargs.get("source_commit", "")
+    if not isinstance(commit, str) or (commit and not _is_commit(commit)):
+        raise SpecError(source, label, "source_commit", f"must be a full 40-hex-digit commit, got {commit!r}")
     capacity = kwargs.get("kv_capacity")
     if capacity is not None and (not isinstance(capacity, int) or isinstance(capacity, bool)):
         raise SpecError(source, label, "kv_capacity", f"must be an integer, got {capacity!r}")
