@@ -210,7 +210,7 @@ def test_model_accepts_the_nulls_and_extras_the_interface_allows() -> None:
 
 
 def test_rank3_mask_passes_the_operation_check_and_fails_in_the_kernel() -> None:
-    """Shared spec §2: InTensorDimCheckPrefill lets a rank-3 mask through; the kernel's InferShape
+    """docs/operator.md §2: InTensorDimCheckPrefill lets a rank-3 mask through; the kernel's InferShape
     rejects it, which ATB's OpsRunner::PlanKernel reports as ERROR_RT_FAIL inside Setup."""
     with pytest.raises(BackendError, match="kernel_mask") as info:
         validate(error_call(case_named("mask-free-mask-rank3")))
