@@ -19,10 +19,13 @@ from cases.deviations import Deviation, DeviationSet
 from cases.execution import Execution, execute, make_call, output_digest
 from cases.policy import PolicySet, Verdict, VerdictContext
 from golden.inputs import numpy_dtype
-from golden.metrics import Metrics, compute_metrics
+from golden.metrics import CHUNK_ELEMENTS, Metrics, compute_metrics
 from golden.spec import V_DIM, CaseSpec
 from golden.types import GoldenCase
 from harness.backend import Backend, BackendError
+
+#: An error map has at most this many token rows x heads (each cell the largest error it covers).
+MAP_ROWS, MAP_HEADS = 256, 128
 
 Outcome = Literal["passed", "failed", "xfailed", "xpassed"]
 #: How a known deviation's classification of what happened becomes a test outcome.
@@ -70,6 +73,33 @@ def judge_output(golden: GoldenCase, out: np.ndarray, policy_set: PolicySet, pol
     baseline = Metrics.from_dict(golden.baseline_stats) if golden.baseline_stats else None
     resolved = policy_set.resolve(policy, backend, spec.dtype, spec.mask_name, spec.case_id)
     return metrics, resolved.evaluate(metrics, baseline, VerdictContext.from_spec(spec))
+
+
+def error_map(golden: GoldenCase, out: np.ndarray, bound: float | None) -> dict[str, Any]:
+    """Where the error sits, for the report: ``max_v |out - g| / max(1, |g|)`` per (token row, head)
+    divided by ``bound`` (the atb rule's e, so a cell above 1 fails; without it, by the largest
+    value), max-pooled to at most MAP_ROWS x MAP_HEADS cells.  NaN/Inf outputs are inf, rows of
+    zero-length batches None.  Values keep 3 significant digits: the record stays small."""
+    spec = golden.spec
+    rows, heads = spec.total_q, spec.head_num
+    a, g = out.reshape(rows, heads, V_DIM), golden.out.reshape(rows, heads, V_DIM)
+    row_stride, head_stride = -(-rows // MAP_ROWS), -(-heads // MAP_HEADS)
+    grid = np.full((-(-rows // row_stride) * row_stride, -(-heads // head_stride) * head_stride), np.nan)
+    step = max(CHUNK_ELEMENTS // (heads * V_DIM) // row_stride, 1) * row_stride
+    for start in range(0, rows, step):
+        stop = min(start + step, rows)
+        got, want = a[start:stop].astype(np.float64), g[start:stop]
+        with np.errstate(invalid="ignore", over="ignore"):
+            err = np.abs(got - want) / np.maximum(np.abs(want), 1.0)
+        err = np.where(np.isfinite(err), err, np.inf).max(axis=2)
+        grid[start:stop, :heads] = np.where(golden.row_valid[start:stop, None], err, np.nan)
+    pooled = np.fmax.reduce(grid.reshape(grid.shape[0] // row_stride, row_stride, -1, head_stride), axis=(1, 3))
+    finite = pooled[np.isfinite(pooled)]
+    scale = bound if bound else float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+    values = [[None if np.isnan(v) else float(f"{v / scale:.3g}") for v in row] for row in pooled]
+    return {"values": values, "row_stride": row_stride, "head_stride": head_stride,
+            "q_seqlen": list(spec.q_seqlen), "bound": bound,
+            "quantity": "max_v |out - g| / max(1, |g|) / " + ("the atb bound e" if bound else "its largest value")}
 
 
 def input_digests(golden: GoldenCase) -> dict[str, str]:
@@ -157,6 +187,9 @@ def run_case(
         timing=execution.timing(),
         output_sha256=output_digest(execution.out),
     )
+    if outcome == "failed":  # only failing records carry a map: records stay small
+        atb = next((c.bound for c in verdict.checks if c.rule == "atb"), None)
+        record["error_map"] = error_map(golden, execution.out, atb)
     message = _message(spec, backend.name, outcome, verdict.summary(), deviation)
     record["message"] = message
     return CaseResult(outcome, message, record, execution.out)

@@ -301,12 +301,13 @@ def error_map_chart(r: Record) -> str:
     if not isinstance(emap, Mapping) or not isinstance(emap.get("values"), list):
         return ""
     values = [[_num(v) for v in row] for row in emap["values"] if isinstance(row, list)]
-    stride = emap.get("row_stride")
+    stride, head_stride = emap.get("row_stride"), emap.get("head_stride")
     q_seqlen = [n for n in emap.get("q_seqlen") or [] if isinstance(n, int)]
     title = f"where the error sits: {r.get('case_id', '?')}"
     bound = _num(emap.get("bound"))
     return svg.error_map(values, title, row_stride=stride if isinstance(stride, int) and stride > 0 else 1,
-                         q_seqlen=q_seqlen, bound=bound)
+                         q_seqlen=q_seqlen, bound=bound,
+                         head_stride=head_stride if isinstance(head_stride, int) and head_stride > 0 else 1)
 
 
 def case_details(r: Record, open_: bool = False) -> str:

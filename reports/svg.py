@@ -340,8 +340,9 @@ def error_map(
     row_stride: int,
     q_seqlen: Sequence[int],
     bound: float | None,
+    head_stride: int = 1,
 ) -> str:
-    """Error over token rows (x, downsampled by ``row_stride``) and heads (y), one colour level per
+    """Error over token rows (x, pooled by ``row_stride``) and heads (y, by ``head_stride``), one colour level per
     slack band; batch starts are solid lines, tile boundaries (every 128 rows of a sequence)
     dashed, so layout, masking and tail bugs show as stripes and blocks."""
     rows, heads = len(values), max((len(r) for r in values), default=0)
@@ -360,7 +361,8 @@ def error_map(
             while end < rows and map_colour(values[end][h] if h < len(values[end]) else None) == colour:
                 end += 1
             worst = [v for v in (values[k][h] for k in range(r, end) if h < len(values[k])) if v is not None]
-            hover = f"tokens {r * row_stride}-{end * row_stride - 1}, head {h}: " + (
+            heads_text = f"head {h}" if head_stride == 1 else f"heads {h * head_stride}-{(h + 1) * head_stride - 1}"
+            hover = f"tokens {r * row_stride}-{end * row_stride - 1}, {heads_text}: " + (
                 f"max {max(worst):.3g}" if worst else "not checked")
             body.append(f'<rect x="{LEFT + r * cell_w:.1f}" y="{TOP + h * cell_h:.1f}" '
                         f'width="{(end - r) * cell_w:.1f}" height="{cell_h:.1f}" fill="{colour}">'
@@ -382,7 +384,7 @@ def error_map(
     for token in labelled[::every]:
         body.append(_xtick(LEFT + token / row_stride * cell_w, str(token), height))
     for h in sorted({0, heads // 2, heads - 1}):
-        body.append(_ytick(TOP + (h + 0.5) * cell_h, f"h{h}"))
+        body.append(_ytick(TOP + (h + 0.5) * cell_h, f"h{h * head_stride}"))
     legend = "slack (error / bound)" if bound is not None else "error / largest error"
     body.append(f'<text x="{width - 104}" y="{TOP + 6}" class="l">{escape(legend)}</text>')
     edges = [edge for edge, _ in MAP_LEVELS]
