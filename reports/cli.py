@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -59,7 +60,7 @@ def run_diff(args: argparse.Namespace) -> int:
     )
     out = args.out or args.cand / "diff"
     files = diff.write_outputs(result, out)
-    print(diff.terminal(result))
+    print(diff.terminal(result, shutil.get_terminal_size().columns if sys.stdout.isatty() else None))
     print("wrote " + ", ".join(str(f) for f in files))
     return result.exit_status(args.fail_on_perf, args.allow_missing)
 

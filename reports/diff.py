@@ -244,8 +244,9 @@ def _perf_rows(result: DiffResult) -> list[list[str]]:
     return [[p.case_id, p.backend, fmt(p.base_ms), fmt(p.cand_ms), f"{p.ratio:.2f}x"] for p in result.perf]
 
 
-def terminal(result: DiffResult, width: int = 100) -> str:
-    """Plain text: counts, notes, then every non-identical case on one line."""
+def terminal(result: DiffResult, width: int | None = None) -> str:
+    """Plain text: counts, notes, then every non-identical case on one line, cut to ``width``
+    (a terminal's) when given; full lines otherwise (piped output, CI logs)."""
     counts = result.counts()
     lines = [
         f"diff {result.base} -> {result.cand}",
@@ -260,7 +261,7 @@ def terminal(result: DiffResult, width: int = 100) -> str:
                 f"{category.upper():9} {d.case_id} [{d.backend}] {d.base_verdict or '-'}->"
                 f"{d.cand_verdict or '-'} slack {fmt_slack(d.base_slack)}->{fmt_slack(d.cand_slack)} {why}"
             )
-            lines.append(line if len(line) <= width else line[: width - 1] + "~")
+            lines.append(line if width is None or len(line) <= width else line[: width - 1] + "~")
     lines += [
         f"PERF      {p.case_id} [{p.backend}] {fmt(p.base_ms)} ms -> {fmt(p.cand_ms)} ms ({p.ratio:.2f}x)"
         for p in result.perf

@@ -202,37 +202,36 @@ def _measured(records: Sequence[Record]) -> list[Record]:
     return [r for r in records if verdict(r) != "skipped"]
 
 
-def _series_name(record: Record, backends: int) -> str:
-    parts = [str(record.get("dtype", "?")), str(record.get("mask", "?"))]
-    return " ".join(([str(record.get("backend", "?"))] if backends > 1 else []) + parts)
-
-
 def _by_length(records: Sequence[Record], value: Callable[[Record], float | None]) -> dict[str, list[svg.Point]]:
-    """One series per dtype x mask (and backend, when several): value against kv length."""
-    backends = len({r.get("backend") for r in records})
+    """One series per dtype x mask: value against kv length."""
     series: dict[str, list[svg.Point]] = {}
-    for r in sorted(records, key=lambda r: _series_name(r, backends)):
+    for r in sorted(records, key=lambda r: (str(r.get("dtype")), str(r.get("mask")))):
         length, v = kv_length(r), value(r)
         if length is not None and v is not None:
             label = f"{r.get('case_id', '?')} [{r.get('backend', '?')}] kv {length}: {v:.4g}"
-            series.setdefault(_series_name(r, backends), []).append(
+            series.setdefault(f"{r.get('dtype', '?')} {r.get('mask', '?')}", []).append(
                 svg.Point(float(length), v, label, verdict(r) in ("failed", "error")))
     return series
 
 
 def _overview_section(records: Sequence[Record]) -> str:
-    """Charts across all groups: error against sequence length, and breakdowns by case property."""
+    """Charts across groups (per backend): error against sequence length, and breakdowns by case property."""
     measured = _measured(records)
     charts = []
-    slack_series = _by_length(measured, slack)
-    if slack_series:
-        charts.append(svg.scatter(slack_series, "worst slack against kv length (line: worst per length)",
-                                  "longest kv sequence of the case", "worst slack (line: bound)",
-                                  xlog=True, lines=True, marker=1.0))
-    rmse_series = _by_length(measured, lambda r: metric(r, "rmse"))
-    if rmse_series:
-        charts.append(svg.scatter(rmse_series, "RMSE against kv length (line: worst per length)",
-                                  "longest kv sequence of the case", "RMSE", xlog=True, lines=True))
+    backends = sorted({str(r.get("backend", "?")) for r in measured})
+    for backend in backends:
+        mine = [r for r in measured if str(r.get("backend", "?")) == backend]
+        suffix = f": {backend}" if len(backends) > 1 else ""
+        slack_series = _by_length(mine, slack)
+        if slack_series:
+            charts.append(svg.scatter(slack_series, f"worst slack against kv length{suffix}",
+                                      "longest kv sequence of the case (line: worst per length; ringed: failed)",
+                                      "worst slack (dashed: bound)", xlog=True, lines=True, marker=1.0))
+        rmse_series = _by_length(mine, lambda r: metric(r, "rmse"))
+        if rmse_series:
+            charts.append(svg.scatter(rmse_series, f"RMSE against kv length{suffix}",
+                                      "longest kv sequence of the case (line: worst per length; ringed: failed)",
+                                      "RMSE", xlog=True, lines=True))
     breakdowns = []
     for title, xlabel, key in BREAKDOWNS:
         points = [(k, v) for r in measured if (k := key(r)) is not None and (v := slack(r)) is not None]
@@ -243,7 +242,7 @@ def _overview_section(records: Sequence[Record]) -> str:
     return (
         "<h2>Across groups</h2>"
         + (f'<div class="plots">{"".join(charts)}</div>' if charts else "")
-        + (f'<h3>Breakdowns by case property</h3><div class="plots">{"".join(breakdowns)}</div>'
+        + (f'<h3>Breakdowns by case property (all backends)</h3><div class="plots">{"".join(breakdowns)}</div>'
            if breakdowns else "")
     )
 

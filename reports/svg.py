@@ -9,14 +9,16 @@ title rather than dropped silently.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 
-W, H = 340, 200
+W, H = 380, 200
 LEFT, RIGHT, TOP, BOTTOM = 62, 26, 24, 36
-LEGEND = 240  # width of a scatter's legend column
+LEGEND = 150  # width of a scatter's legend column
+EDGE = 14  # band at a chart's far edge for NaN/inf points
 #: Series colours (colour-blind safe, Okabe-Ito).
 PALETTE = ("#0072b2", "#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00", "#f0e442", "#000000")
 #: Error-map colour levels: upper edges of slack (error / bound) and their fills; > 1 is red.
@@ -60,9 +62,13 @@ def tick_labels(values: Sequence[float], log: bool = False) -> list[str]:
     """Labels for tick ``values`` with the fewest decimals that keep them distinct: one exponent for
     a linear axis, each value's own on a log axis (its ticks span decades)."""
     exponents = [_exponent([v]) for v in values] if log else [_exponent(values)] * len(values)
+    ordered = sorted(values)
+    gaps = [b - a for a, b in itertools.pairwise(ordered) if b > a]
+    tolerance = 1e-3 * min(gaps, default=max(map(abs, values), default=1.0) or 1.0)
     for decimals in range(0, 12):
         labels = [eng(v, decimals, e) for v, e in zip(values, exponents, strict=True)]
-        if len(set(labels)) == len(labels):
+        faithful = all(abs(float(t) - v) <= tolerance for t, v in zip(labels, values, strict=True)) or log
+        if faithful and len(set(labels)) == len(labels):
             return labels
     return [repr(v) for v in values]
 
@@ -94,7 +100,10 @@ class Axis:
         return cls(lo, hi, log)
 
     def where(self, value: float) -> float:
-        """Fraction 0..1 of the way along the axis (outside values clamp)."""
+        """Fraction 0..1 of the way along the axis (outside values clamp; NaN and +inf, the worst
+        errors, sit on the far end)."""
+        if not math.isfinite(value):
+            return 0.0 if value < 0 else 1.0
         v = math.log10(value) if self.log else value
         return min(max((v - self.lo) / (self.hi - self.lo), 0.0), 1.0)
 
@@ -172,6 +181,16 @@ def _dropped(title: str, count: int, what: str) -> str:
     return f"{title} ({count} {what})" if count else title
 
 
+def _placeable(value: float, log: bool) -> bool:
+    """Drawable on a scatter or strip axis: NaN/Inf are (on the far edge), <= 0 is not on a log axis."""
+    return not math.isfinite(value) or value > 0 or not log
+
+
+def _notes(title: str, pinned: int, dropped: int) -> str:
+    title = _dropped(title, pinned, "NaN/inf: far edge")
+    return _dropped(title, dropped, "zero, off the log axis")
+
+
 def histogram(
     values: Sequence[float],
     title: str,
@@ -220,23 +239,24 @@ def strip(points: Sequence[tuple[str, float]], title: str, xlabel: str, *, ylabe
     """Dots per category (x) with hover text, e.g. worst slack by kv layout.  ``log10=None``
     chooses a log y axis when the values span more than two decades."""
     log = _log_wanted([v for _, v in points]) if log10 is None else log10
-    usable = [(c, v) for c, v in points if math.isfinite(v) and (v > 0 or not log)]
-    title = _dropped(title, len(points) - len(usable), "non-finite or zero" if log else "non-finite")
+    usable = [(c, v) for c, v in points if _placeable(v, log)]
+    title = _notes(title, sum(not math.isfinite(v) for _, v in usable), len(points) - len(usable))
     if not usable:
         return _no_data(title, xlabel)
     cats = sorted({c for c, _ in usable}, key=lambda c: (len(c), c))
     axis = Axis.fit([v for _, v in usable], log=log, include=() if marker is None else (marker,))
-    pw, ph = W - LEFT - RIGHT, H - TOP - BOTTOM
+    pinned = any(not math.isfinite(v) for _, v in usable)
+    pw, ph = W - LEFT - RIGHT, H - TOP - BOTTOM - (EDGE if pinned else 0)
     step = pw / len(cats)
     body = [_xtick(LEFT + step * (i + 0.5), c) for i, c in enumerate(cats)]
-    body += _y_ticks(axis, ph)
+    body += _y_ticks(axis, ph) + ([_ytick(TOP + 3, "NaN/inf")] if pinned else [])
     if marker is not None:
         y = H - BOTTOM - ph * axis.where(marker)
         body.append(f'<line x1="{LEFT}" y1="{y:.1f}" x2="{W - RIGHT}" y2="{y:.1f}" class="bound"/>')
     for n, (c, v) in enumerate(usable):
         jitter = ((n * 7919) % 11 - 5) / 5 * min(step * 0.3, 12)
         x = LEFT + step * (cats.index(c) + 0.5) + jitter
-        y = H - BOTTOM - ph * axis.where(v)
+        y = H - BOTTOM - ph * axis.where(v) if math.isfinite(v) else TOP + 3
         over = " over" if marker is not None and v > marker else ""
         body.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" class="dot{over}"><title>{escape(c)}: '
                     f"{v:.4g}</title></circle>")
@@ -265,7 +285,7 @@ def scatter(
     marker: float | None = None,
     diagonal: bool = False,
     colours: Mapping[str, str] | None = None,
-    width: int = 2 * W + 60,
+    width: int = 660,
 ) -> str:
     """Points per series (own colour, legend), optionally joined through each x's largest y
     (``lines``: e.g. worst slack against kv length).  ``marker`` draws the horizontal (and, with
@@ -277,25 +297,31 @@ def scatter(
     log = (_log_wanted(ys) or (diagonal and _log_wanted([p.x for pts in series.values() for p in pts]))) \
         if ylog is None else ylog
     xlog = xlog or (diagonal and log)
-    usable = {name: [p for p in pts if all(math.isfinite(v) and (v > 0 or not lg) for v, lg in
-                                          ((p.x, xlog), (p.y, log)))] for name, pts in series.items()}
-    dropped = sum(len(p) for p in series.values()) - sum(len(p) for p in usable.values())
-    title = _dropped(title, dropped, "not drawable: non-finite or zero")
+    usable = {name: [p for p in pts if _placeable(p.x, xlog) and _placeable(p.y, log)]
+              for name, pts in series.items()}
     points = [p for pts in usable.values() for p in pts]
+    title = _notes(title, sum(not (math.isfinite(p.x) and math.isfinite(p.y)) for p in points),
+                   sum(len(p) for p in series.values()) - len(points))
     if not points:
         return _no_data(title, xlabel)
     extra = () if marker is None else (marker,)
     xaxis = Axis.fit([p.x for p in points] + ([p.y for p in points] if diagonal else []), log=xlog,
                      include=extra if diagonal else ())
     yaxis = xaxis if diagonal else Axis.fit([p.y for p in points], log=log, include=extra)
+    x_pinned = any(not math.isfinite(p.x) for p in points)
+    y_pinned = any(not math.isfinite(p.y) for p in points)
     plot_bottom = height - BOTTOM
-    pw, ph = width - LEFT - RIGHT - LEGEND, plot_bottom - TOP
+    full_w, full_h = width - LEFT - RIGHT - LEGEND, plot_bottom - TOP
+    pw, ph = full_w - (EDGE if x_pinned else 0), full_h - (EDGE if y_pinned else 0)
 
     def at(p: Point) -> tuple[float, float]:
-        return LEFT + pw * xaxis.where(p.x), plot_bottom - ph * yaxis.where(p.y)
+        x = LEFT + pw * xaxis.where(p.x) if math.isfinite(p.x) else LEFT + full_w - 3
+        return x, plot_bottom - ph * yaxis.where(p.y) if math.isfinite(p.y) else TOP + 3
 
     body = [_xtick(LEFT + pw * xaxis.where(v), label, height) for v, label in _labelled(xaxis, 6)]
     body += [_ytick(plot_bottom - ph * yaxis.where(v), label) for v, label in _labelled(yaxis)]
+    body += [_xtick(LEFT + full_w - 3, "NaN/inf", height)] if x_pinned else []
+    body += [_ytick(TOP + 3, "NaN/inf")] if y_pinned else []
     if diagonal:
         body.append(f'<line x1="{LEFT}" y1="{plot_bottom}" x2="{LEFT + pw}" y2="{TOP}" class="diag"/>')
     if marker is not None:
@@ -309,7 +335,7 @@ def scatter(
         if lines and pts:
             top: dict[float, Point] = {}
             for p in pts:
-                if p.x not in top or p.y > top[p.x].y:
+                if p.x not in top or math.isnan(p.y) or p.y > top[p.x].y:
                     top[p.x] = p
             path = " ".join(f"{x:.1f},{y:.1f}" for x, y in (at(top[k]) for k in sorted(top)))
             body.append(f'<polyline points="{path}" fill="none" stroke="{colour}" stroke-width="1.5"/>')
@@ -394,4 +420,5 @@ def error_map(
         body.append(f'<rect x="{width - 104}" y="{y}" width="10" height="10" fill="{fill}" stroke="#999"/>'
                     f'<text x="{width - 90}" y="{y + 9}" class="l">{escape(text)}</text>')
     xlabel = f"token row (1 column = {row_stride} rows; solid: batch start, dashed: every {TILE} rows)"
-    return _frame(title, xlabel, body, width=width, height=height, cls="plot errmap", ylabel="head")
+    return _frame(title, xlabel, body, width=width, height=height, cls="plot errmap", ylabel="head",
+                  right=int(width - LEFT - pw))

@@ -78,8 +78,10 @@ def test_report_is_self_contained_and_complete() -> None:
     assert parser.external == [] and "script" not in parser.tags  # the injected case id is escaped
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
     assert parser.tags["table"] >= 6
-    # two charts across groups (the specs give no layouts to break down by), two per group: npu x2, cpu x2
-    assert parser.tags["svg"] == 2 + 2 * 4
+    # two charts across groups per backend (the specs give no layouts to break down by), two per group:
+    # npu x2, cpu x2
+    assert parser.tags["svg"] == 2 * 2 + 2 * 4
+    assert "worst slack against kv length: npu (1 NaN/inf: far edge)" in text  # the NaN case is drawn
     assert parser.tags["rect"] > 20 and parser.tags["circle"] > 20
     assert "NaN in &lt;output&gt; &amp; friends" in text and "1 non-finite" in text
     assert "environment.host" in text and "median TFLOP/s" in text
@@ -203,3 +205,24 @@ def test_failing_case_shows_its_error_map() -> None:
     assert 'class="batch"' in page and 'class="tile"' in page  # batch 2 starts at row 150; a tile at 128
     assert "head 1: max 5" in page and "not checked" in page
     assert html.render([rec(1, verdict="failed", error_map={"values": "garbage"})], {}).count("plot errmap") == 0
+
+
+def test_worst_case_row_names_the_check_its_slack_comes_from() -> None:
+    checks = [
+        {"rule": "atb", "metric": "atb_max_scaled_err", "value": 1.2, "bound": 1.0, "slack": 1.2, "passed": False},
+        {"rule": "benchmark", "metric": "mere_ratio", "value": 6.8, "bound": 2.0, "slack": 3.4, "passed": False},
+        {"rule": "benchmark", "metric": "rmse_ratio", "value": 0.2, "bound": 2.0, "slack": 0.1, "passed": True},
+    ]
+    failing = rec(1, verdict="failed", worst_slack=3.4, checks=checks,
+                  failing=["atb: atb_max_scaled_err = 1.2 vs bound 1 (slack 1.2)", "benchmark: ..."])
+    row = summary.plain(summary.worst_table([failing])).splitlines()[1].split()
+    assert row[:4] == ["1", "3.400", "failed", "npu"]
+    assert " ".join(row[4:]) == "benchmark:mere_ratio (+1 more failing)"
+
+
+def test_piped_terminal_tables_keep_full_labels() -> None:
+    long = [rec(i, backend="a_really_long_backend_name_for_testing_" * 2, case_id="c" * 90) for i in range(4)]
+    piped = summary.plain(summary.group_table(long, truncate=False) + summary.worst_table(long, truncate=False))
+    assert "~" not in piped and "a_really_long_backend_name_for_testing_" * 2 in piped and "c" * 90 in piped
+    tty = summary.plain(summary.group_table(long) + summary.worst_table(long))
+    assert "~" in tty and all(len(line) <= 80 for line in tty.splitlines())
