@@ -240,8 +240,13 @@ HEADERS = ["case", "backend", "verdict", "slack", "why", "metric deltas (base->c
 PERF_HEADERS = ["case", "backend", "base ms", "cand ms", "ratio"]
 
 
+def _ms(value: float) -> str:
+    """A latency: 3 significant digits, whole milliseconds from 1000 on (never 1e+03)."""
+    return f"{value:.0f}" if value >= 1000 else fmt(value)
+
+
 def _perf_rows(result: DiffResult) -> list[list[str]]:
-    return [[p.case_id, p.backend, fmt(p.base_ms), fmt(p.cand_ms), f"{p.ratio:.2f}x"] for p in result.perf]
+    return [[p.case_id, p.backend, _ms(p.base_ms), _ms(p.cand_ms), f"{p.ratio:.2f}x"] for p in result.perf]
 
 
 def terminal(result: DiffResult, width: int | None = None) -> str:
@@ -263,7 +268,7 @@ def terminal(result: DiffResult, width: int | None = None) -> str:
             )
             lines.append(line if width is None or len(line) <= width else line[: width - 1] + "~")
     lines += [
-        f"PERF      {p.case_id} [{p.backend}] {fmt(p.base_ms)} ms -> {fmt(p.cand_ms)} ms ({p.ratio:.2f}x)"
+        f"PERF      {p.case_id} [{p.backend}] {_ms(p.base_ms)} ms -> {_ms(p.cand_ms)} ms ({p.ratio:.2f}x)"
         for p in result.perf
     ]
     return "\n".join(lines)

@@ -198,3 +198,5 @@ def test_integer_metric_deltas_print_as_integers() -> None:
     cases, _ = diff.diff_records([b], [c])
     text = diff.markdown(diff.DiffResult("a", "b", cases, [], [], []))
     assert "n_rows 129->130 (+1)" in text and "rmse 1.00e-04->2.00e-04 (+1.00e-04)" in text
+    slow = diff.DiffResult("a", "b", [], [diff.PerfDiff("x", "npu", 625.0, 1250.0)], [], [])
+    assert "625 ms -> 1250 ms (2.00x)" in diff.terminal(slow)
