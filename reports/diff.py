@@ -7,13 +7,14 @@ separately and gates only when asked (``--fail-on-perf``), since timing is noisy
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from html import escape
 from pathlib import Path
 from typing import Any
 
-from reports import html
+from reports import html, svg
 from reports.records import (
     PASSING,
     RESULTS_FILE,
@@ -29,6 +30,7 @@ from reports.records import (
 )
 
 CATEGORIES = ("regressed", "fixed", "changed", "identical", "added", "missing")
+CATEGORY_COLOURS = {"regressed": "#b00020", "fixed": "#176b1d", "changed": "#0072b2", "identical": "#999999"}
 #: Environment entries worth naming when they differ between the runs.
 ENV_KEYS = (
     "environment.ascend.cann_toolkit.version",
@@ -205,11 +207,18 @@ def diff_dirs(base: Path, cand: Path, *, slack_threshold: float = 1.5, latency_t
 # ---- rendering -------------------------------------------------------------------------------
 
 
+def _value(value: float | None, spec: str) -> str:
+    """A metric as its own type: counts (integral values) as integers, the rest by ``spec``."""
+    if value is not None and math.isfinite(value) and value.is_integer() and abs(value) < 1e15:
+        return format(int(value), "+d" if spec.startswith("+") else "d")
+    return fmt(value, spec)
+
+
 def _deltas(d: CaseDiff, limit: int = 4) -> str:
     parts = []
     for name, (b, c) in list(d.metric_deltas.items())[:limit]:
-        delta = fmt(c - b, "+.2e") if b is not None and c is not None else "n/a"
-        parts.append(f"{name} {fmt(b, '.2e')}->{fmt(c, '.2e')} ({delta})")
+        delta = _value(c - b, "+.2e") if b is not None and c is not None else "n/a"
+        parts.append(f"{name} {_value(b, '.2e')}->{_value(c, '.2e')} ({delta})")
     return "; ".join(parts)
 
 
@@ -231,12 +240,18 @@ HEADERS = ["case", "backend", "verdict", "slack", "why", "metric deltas (base->c
 PERF_HEADERS = ["case", "backend", "base ms", "cand ms", "ratio"]
 
 
+def _ms(value: float) -> str:
+    """A latency: 3 significant digits, whole milliseconds from 1000 on (never 1e+03)."""
+    return f"{value:.0f}" if value >= 1000 else fmt(value)
+
+
 def _perf_rows(result: DiffResult) -> list[list[str]]:
-    return [[p.case_id, p.backend, fmt(p.base_ms), fmt(p.cand_ms), f"{p.ratio:.2f}x"] for p in result.perf]
+    return [[p.case_id, p.backend, _ms(p.base_ms), _ms(p.cand_ms), f"{p.ratio:.2f}x"] for p in result.perf]
 
 
-def terminal(result: DiffResult, width: int = 100) -> str:
-    """Plain text: counts, notes, then every non-identical case on one line."""
+def terminal(result: DiffResult, width: int | None = None) -> str:
+    """Plain text: counts, notes, then every non-identical case on one line, cut to ``width``
+    (a terminal's) when given; full lines otherwise (piped output, CI logs)."""
     counts = result.counts()
     lines = [
         f"diff {result.base} -> {result.cand}",
@@ -251,9 +266,9 @@ def terminal(result: DiffResult, width: int = 100) -> str:
                 f"{category.upper():9} {d.case_id} [{d.backend}] {d.base_verdict or '-'}->"
                 f"{d.cand_verdict or '-'} slack {fmt_slack(d.base_slack)}->{fmt_slack(d.cand_slack)} {why}"
             )
-            lines.append(line if len(line) <= width else line[: width - 1] + "~")
+            lines.append(line if width is None or len(line) <= width else line[: width - 1] + "~")
     lines += [
-        f"PERF      {p.case_id} [{p.backend}] {fmt(p.base_ms)} ms -> {fmt(p.cand_ms)} ms ({p.ratio:.2f}x)"
+        f"PERF      {p.case_id} [{p.backend}] {_ms(p.base_ms)} ms -> {_ms(p.cand_ms)} ms ({p.ratio:.2f}x)"
         for p in result.perf
     ]
     return "\n".join(lines)
@@ -285,6 +300,25 @@ def markdown(result: DiffResult) -> str:
     return "\n".join(parts) + "\n"
 
 
+def slack_chart(result: DiffResult) -> str:
+    """Worst slack before (x) against after (y), one point per case measured in both runs; points
+    above the diagonal got worse, beyond the dashed lines fail; regressions are ringed."""
+    series: dict[str, list[svg.Point]] = {}
+    for d in result.cases:
+        if d.base_slack is None or d.cand_slack is None:
+            continue
+        label = (f"{d.case_id} [{d.backend}] {d.category}: slack {fmt_slack(d.base_slack)} -> "
+                 f"{fmt_slack(d.cand_slack)}")
+        series.setdefault(d.category, []).append(
+            svg.Point(d.base_slack, d.cand_slack, label, d.category == "regressed"))
+    if not series:
+        return ""
+    ordered = {c: series[c] for c in CATEGORIES if c in series}
+    return svg.scatter(ordered, "worst slack: base against candidate (ringed: regressed)",
+                       "base worst slack", "candidate worst slack", marker=1.0, diagonal=True,
+                       colours=CATEGORY_COLOURS)
+
+
 def render_html(result: DiffResult) -> str:
     counts = result.counts()
     sections = [
@@ -295,6 +329,9 @@ def render_html(result: DiffResult) -> str:
         f"<p>base <code>{escape(result.base)}</code> → candidate <code>{escape(result.cand)}</code></p>",
     ]
     sections += [f'<p class="note">Note: {escape(n)}</p>' for n in result.notes]
+    chart = slack_chart(result)
+    if chart:
+        sections.append(f'<h2>Base and candidate side by side</h2><div class="plots">{chart}</div>')
     if result.env_changes:
         sections.append("<h2>Environment changes</h2>" + html.table(["key", "base", "candidate"], result.env_changes))
     for category in ("regressed", "fixed", "changed", "added", "missing"):

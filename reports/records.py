@@ -126,18 +126,6 @@ def failing_summary(record: Mapping[str, Any]) -> str:
     return str(record.get("message") or "")
 
 
-def seq_bucket(record: Mapping[str, Any]) -> int | None:
-    """Power-of-two bucket of the case's longest kv (or q) sequence, from its spec."""
-    spec = record.get("spec")
-    if not isinstance(spec, Mapping):
-        return None
-    for name in ("kv_seqlen", "q_seqlen"):
-        lengths = [int(x) for x in spec.get(name) or [] if isinstance(x, int)]
-        if lengths and max(lengths) > 0:
-            return 1 << (max(lengths) - 1).bit_length()
-    return None
-
-
 GroupKey = tuple[str, str, str, str]
 GROUP_FIELDS = ("backend", "dtype", "mask", "cache")
 

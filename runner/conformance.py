@@ -17,7 +17,7 @@ from golden.types import GoldenCase
 from harness.backend import Backend, BackendError
 from judge.deviations import DeviationSet
 from judge.policy import PolicySet
-from judge.verdict import Outcome, judge_output, outcome_message, outcome_of
+from judge.verdict import Outcome, error_map, judge_output, outcome_message, outcome_of
 from runner.execution import Execution, execute, make_call, output_digest
 
 
@@ -125,6 +125,9 @@ def run_case(
         timing=execution.timing(),
         output_sha256=output_digest(execution.out),
     )
+    if outcome == "failed":  # only failing records carry a map: records stay small
+        atb = next((c.bound for c in verdict.checks if c.rule == "atb"), None)
+        record["error_map"] = error_map(golden, execution.out, atb)
     message = outcome_message(spec, backend.name, outcome, verdict.summary(), deviation)
     record["message"] = message
     return CaseResult(outcome, message, record, execution.out)

@@ -16,9 +16,10 @@ from collections.abc import Callable
 
 import torch
 
+from facts.operator import kv_layout_of
 from harness.backend import MlaPrefillCall
 from harness.contract import ContractBackend
-from harness.torch_backend import NOPE, ROPE, VDIM, TorchSdpaBackend, _is_packed
+from harness.torch_backend import NOPE, ROPE, VDIM, TorchSdpaBackend
 
 LONG_ROW_KEYS = 128  # nan_long_rows: rows that may see more keys than this get NaN
 
@@ -315,3 +316,7 @@ def strict_forgets_seqlen_values() -> ContractBackend:
     """``torch-cpu-strict`` whose validator forgets the qSeqLen == kvSeqLen check (error-contract defect)."""
     return ContractBackend(TorchSdpaBackend("cpu"), "torch-cpu-strict-forgets-seqlen_values",
                            frozenset({"seqlen_values"}))
+
+
+def _is_packed(call: MlaPrefillCall) -> bool:
+    return kv_layout_of(call.k.shape, call.kv_seqlen.tolist(), call.kv_head_num) == "packed"
