@@ -296,8 +296,8 @@ def _check_fields(raw: Mapping[str, Any], fail: Fail) -> None:
     if not isinstance(raw.get("source", ""), str):
         raise fail("source", f"must be a string, got {_show(raw['source'])}")
     scale = raw.get("qk_scale", DEFAULT_QK_SCALE)
-    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or abs(scale) > 2.0**1023:
-        raise fail("qk_scale", f"must be a number, got {_show(scale)}")
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or (_is_int(scale) and abs(scale) > 2**1023):
+        raise fail("qk_scale", f"must be a number within float64 range, got {_show(scale)}")
 
 
 def build_case(
