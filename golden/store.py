@@ -435,13 +435,17 @@ def _open(path: Path) -> Iterator[h5py.File]:
             yield f
 
 
+def _meta(f: h5py.File, path: Path) -> FileMeta:
+    try:
+        attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in f.attrs.items()}
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise GoldenCorruptError(path, f"root attributes unreadable: {exc}") from exc
+    return FileMeta(path, attrs)
+
+
 def read_meta(path: Path) -> FileMeta:
     with _open(path) as f:
-        try:
-            attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in f.attrs.items()}
-        except (OSError, RuntimeError, ValueError) as exc:
-            raise GoldenCorruptError(path, f"root attributes unreadable: {exc}") from exc
-    return FileMeta(path, attrs)
+        return _meta(f, path)
 
 
 def _read_verified(f: h5py.File, path: Path) -> dict[str, np.ndarray]:
@@ -472,14 +476,14 @@ def _read_verified(f: h5py.File, path: Path) -> dict[str, np.ndarray]:
 
 def read_golden(path: Path, spec: CaseSpec | None = None) -> tuple[GoldenCase, FileMeta]:
     """Read and verify every checksum; ``spec`` (else the file's spec_json) labels the result."""
-    meta = read_meta(path)
-    try:
-        stored_spec = meta.spec()
-    except (KeyError, ValueError, TypeError) as exc:
-        raise GoldenCorruptError(path, f"root attribute 'spec_json' unusable: {exc}") from exc
-    if stored_spec.content_hash != meta.content_hash:
-        raise GoldenCorruptError(path, "spec_json does not hash to the recorded content_hash")
     with _open(path) as f:
+        meta = _meta(f, path)
+        try:
+            stored_spec = meta.spec()
+        except (KeyError, ValueError, TypeError) as exc:
+            raise GoldenCorruptError(path, f"root attribute 'spec_json' unusable: {exc}") from exc
+        if stored_spec.content_hash != meta.content_hash:
+            raise GoldenCorruptError(path, "spec_json does not hash to the recorded content_hash")
         arrays = _read_verified(f, path)
         try:
             stats = {k: _scalar(v) for k, v in f["baseline"].attrs.items()}
