@@ -7,10 +7,7 @@ import errno
 import hashlib
 import os
 import re
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import h5py
@@ -23,9 +20,8 @@ from golden.spec import CaseSpec, build_case
 from golden.store import GoldenCorruptError, GoldenStaleError, GoldenStore, GoldenWriteError
 from golden.types import GoldenCase
 
-REPO = Path(__file__).resolve().parents[2]
 SMALL = build_case({"q_seqlen": [3, 0, 5], "head_num": 2, "dtype": "fp16"}, source="test")
-BIG = build_case({"q_seqlen": [2048], "head_num": 2, "dtype": "fp16", "name": "big"}, source="test")  # ~9 MB
+BIG = build_case({"q_seqlen": [1024], "head_num": 2, "dtype": "fp16", "name": "big"}, source="test")  # 4.5 MB
 
 
 class Builds:
@@ -81,7 +77,7 @@ def test_every_header_byte_is_protected(store: GoldenStore) -> None:
     pristine = path.read_bytes()
     size, header = header_of(path)
     text_end = len(header.rstrip(b"\0"))
-    offsets = [*range(text_end + 1), *range(text_end + 1, size, 7)]
+    offsets = [*range(text_end + 1), *range(text_end + 1, size, 61)]
     for offset in offsets:
         path.write_bytes(pristine)
         flip(path, offset, 0x01)
@@ -194,25 +190,8 @@ def test_a_store_that_cannot_be_created_is_a_write_error(tmp_path: Path) -> None
         GoldenStore(blocker).ensure(SMALL, Builds())
 
 
-@pytest.fixture
-def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MiB tmpfs (needs the right to mount: root outside a restricted container)."""
-    mount_point = tmp_path / "tiny"
-    mount_point.mkdir()
-    try:
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)],
-                              capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        pytest.skip(f"cannot mount a tmpfs here: {exc}")
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip() or done.returncode}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True, timeout=30)
-
-
-def test_a_full_disk_is_a_clear_error_with_no_partial_file(tiny_tmpfs: Path, tmp_path: Path) -> None:
+def test_a_full_disk_is_a_clear_error_with_no_partial_file(tiny_tmpfs: Path) -> None:
+    """In process (a crash would end the run); the CLI's exit status: tests/nocover/test_store_faults.py."""
     store = GoldenStore(tiny_tmpfs)
     small = store.save(build_golden(SMALL))
     with pytest.raises(GoldenWriteError) as info:
@@ -222,13 +201,3 @@ def test_a_full_disk_is_a_clear_error_with_no_partial_file(tiny_tmpfs: Path, tmp
     files = [p for p in tiny_tmpfs.rglob("*") if p.is_file() and ".locks" not in p.parts]
     assert files == [small] and not store.path_for(BIG).exists()
     np.testing.assert_array_equal(store.load(SMALL).out, build_golden(SMALL).out)
-    # the CLI in its own process: a message and exit status 1, no crash, no traceback
-    suite = tmp_path / "big.toml"
-    suite.write_text('[[case]]\nname = "big"\nq_seqlen = [2048]\nhead_num = 2\n')
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, "-m", "golden.cli", "regen", "--cases", str(suite), "--out",
-                           str(tiny_tmpfs)], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
-    assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
-    assert f"failed {BIG.case_id}: GoldenWriteError: " in done.stdout and "No space left on device" in done.stdout
-    assert "Traceback" not in done.stderr
-    assert [p for p in tiny_tmpfs.rglob("*") if p.is_file() and ".locks" not in p.parts] == [small]
