@@ -325,6 +325,8 @@ def build_case(
     q = _expand_lengths(raw["q_seqlen"], limit, fail, "q_seqlen")
     kv = _expand_lengths(raw.get("kv_seqlen", raw["q_seqlen"]), limit, fail, "kv_seqlen")
     _check_fields(raw, fail)
+    if suite and not SAFE_NAME.fullmatch(suite):
+        raise fail("suite", f"must match {SAFE_NAME.pattern}, got {_show(suite)}")
     kwargs: dict[str, Any] = dict(raw)
     kwargs.update(q_seqlen=q, kv_seqlen=kv, source=source, suite=suite or raw.get("suite") or "")
     kwargs.setdefault("kv_head_num", raw["head_num"])
@@ -484,7 +486,10 @@ def load_suite(path: str | Path, *, validate: bool = True) -> list[CaseSpec]:
         raise file_fail("suite.name", f"must match {SAFE_NAME.pattern} (default: the file name), got {_show(suite)}")
     if not isinstance(meta.get("description", ""), str):
         raise file_fail("suite.description", f"must be a string, got {_show(meta['description'])}")
-    raws: list[dict[str, Any]] = [{**defaults, **case} for case in _tables(data.get("case", []), file_fail, "case")]
+    tables = _tables(data.get("case", []), file_fail, "case")
+    if len(tables) > MAX_CASES:
+        raise file_fail("case", f"the file defines {len(tables)} cases; at most {MAX_CASES}")
+    raws: list[dict[str, Any]] = [{**defaults, **case} for case in tables]
     planned = len(raws)
     matrices = []
     for m_index, matrix in enumerate(_tables(data.get("matrix", []), file_fail, "matrix")):

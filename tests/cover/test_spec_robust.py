@@ -94,6 +94,7 @@ def write(tmp_path: Path, body: str, name: str = "suite.toml") -> Path:
         ("[[matrix]]\nhead_num = 1\nq_seqlen = [[1]]\ndtype = []", "matrix #0", "dtype", "at least one value"),
         ("[[matrix]]\nq_seqlen = [[1]]\n" + "\n".join(f"k{i} = [{{seed = 1}}, {{seed = 2}}]" for i in range(30)),
          "matrix #0", "<matrix>", "at most 10000"),
+        ("[[case]]\n" * 10_001, "<file>", "case", "at most 10000"),
     ],
 )
 def test_hostile_content_is_a_spec_error_naming_file_case_and_field(
