@@ -6,6 +6,7 @@ deviations) and produces the result record the reports plugin consumes.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 from cases.deviations import Deviation, DeviationSet
 from cases.execution import Execution, execute, make_call, output_digest
 from cases.policy import PolicySet, Verdict, VerdictContext
+from golden.error_model import ModelResult, model_ratio
 from golden.inputs import numpy_dtype
 from golden.metrics import Metrics, compute_metrics
 from golden.spec import V_DIM, CaseSpec
@@ -69,7 +71,22 @@ def judge_output(golden: GoldenCase, out: np.ndarray, policy_set: PolicySet, pol
                               spec.q_seqlen)
     baseline = Metrics.from_dict(golden.baseline_stats) if golden.baseline_stats else None
     resolved = policy_set.resolve(policy, backend, spec.dtype, spec.mask_name, spec.case_id)
-    return metrics, resolved.evaluate(metrics, baseline, VerdictContext.from_spec(spec))
+    return metrics, resolved.evaluate(metrics, baseline, verdict_context(golden, out))
+
+
+def verdict_context(golden: GoldenCase, out: np.ndarray) -> VerdictContext:
+    """The case's context, with the error-model rule bound to ``out`` and the golden's magnitudes
+    (no model when the golden carries none: that rule then fails rather than pass vacuously)."""
+    spec = golden.spec
+    if not golden.magnitudes:
+        return VerdictContext.from_spec(spec)
+
+    @functools.cache
+    def model(false_alarm: float, safety: float) -> ModelResult:
+        return model_ratio(out, golden.out, golden.row_valid, golden.magnitudes, spec,
+                           false_alarm=false_alarm, safety=safety)
+
+    return VerdictContext.from_spec(spec, model)
 
 
 def input_digests(golden: GoldenCase) -> dict[str, str]:
