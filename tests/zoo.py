@@ -59,8 +59,8 @@ class ZooMember(TorchSdpaBackend):
         super().__init__("cpu")
         self.name = f"zoo-{name}"
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float,
-                mask_type: int) -> torch.Tensor:
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int,  # type: ignore[override]
+                scale: float, mask_type: int) -> torch.Tensor:
         dtype = q.dtype
         qh, kh, vh = _heads(q, k, v, group)
         out = self.attend32(qh, kh, vh, scale, _allowed(q.shape[0], k.shape[0], mask_type), dtype, mask_type)
@@ -119,9 +119,12 @@ class Flash(ZooMember):
 
 
 def blockwise(qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor, scale: float, allowed: torch.Tensor | None,
-              dtype: torch.dtype, block: int, starts: range | list[int]
+              dtype: torch.dtype, block: int, starts: range | list[int], acc_dtype: torch.dtype = torch.float32
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Unnormalised accumulator, running max and running sum over the key blocks at ``starts``."""
+    """Unnormalised accumulator, running max and running sum over the key blocks at ``starts``.
+
+    ``acc_dtype`` other than fp32 rounds the accumulator after every block (a planted defect uses it).
+    """
     h, q_len, _ = qh.shape
     acc = torch.zeros(h, q_len, vh.shape[2])
     m = torch.full((h, q_len, 1), float("-inf"))
@@ -137,6 +140,8 @@ def blockwise(qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor, scale: float
         alpha = torch.exp(m - safe)
         total = total * alpha + p.sum(dim=-1, keepdim=True)
         acc = acc * alpha + p.to(dtype).float() @ vh[:, j0:j1]
+        if acc_dtype != torch.float32:
+            acc = acc.to(acc_dtype).float()
         m = m_new
     return acc, m, total
 
