@@ -1,0 +1,82 @@
+"""Largest slack per backend, dtype and mask mode from run records: the tables of docs/conformance.md.
+
+    python -m tests.slack_table REPORT_DIR_OR_RESULTS_JSONL... [--by-rule]
+
+Reads every ``results.jsonl`` given (or found under a directory) and prints one markdown row per
+(backend, dtype, mask): the number of cases, how many failed, the largest slack of the deciding
+checks with its check and case, and the largest slack of the model rule and of ATB's rule (which
+the default policy records as evidence).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Group:
+    cases: int = 0
+    failed: int = 0
+    worst: float = 0.0
+    worst_check: str = ""
+    worst_case: str = ""
+    by_rule: dict[str, float] = field(default_factory=dict)
+
+    def add(self, record: dict[str, Any]) -> None:
+        self.cases += 1
+        self.failed += record.get("verdict") == "failed"
+        for check in record.get("checks") or []:
+            slack = float(check.get("slack", 0.0))
+            slack = math.inf if math.isnan(slack) else slack
+            name = f"{check['rule']}:{check['metric']}"
+            self.by_rule[name] = max(self.by_rule.get(name, 0.0), slack)
+            if check.get("decisive", True) and slack > self.worst:
+                self.worst, self.worst_check, self.worst_case = slack, name, str(record.get("case_id"))
+
+
+def records(paths: Iterable[Path]) -> Iterator[dict[str, Any]]:
+    for path in paths:
+        files = sorted(path.rglob("results.jsonl")) if path.is_dir() else [path]
+        for file in files:
+            for line in file.read_text().splitlines():
+                if line.strip():
+                    yield json.loads(line)
+
+
+def groups(paths: Iterable[Path]) -> dict[tuple[str, str, str], Group]:
+    out: dict[tuple[str, str, str], Group] = {}
+    for record in records(paths):
+        if record.get("verdict") in ("skipped", None) or not record.get("checks"):
+            if record.get("verdict") == "failed":
+                out.setdefault((record["backend"], record["dtype"], record["mask"]), Group()).add(record)
+            continue
+        out.setdefault((str(record["backend"]), str(record["dtype"]), str(record["mask"])), Group()).add(record)
+    return out
+
+
+def table(found: dict[tuple[str, str, str], Group]) -> str:
+    lines = ["| backend | dtype | mask | cases | failed | largest slack | check | model | atb (evidence) | case |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for (backend, dtype, mask), g in sorted(found.items()):
+        model = g.by_rule.get("model:max_err_over_bound", math.nan)
+        atb = g.by_rule.get("atb:atb_max_scaled_err", math.nan)
+        lines.append(f"| {backend} | {dtype} | {mask} | {g.cases} | {g.failed} | {g.worst:.3g} | {g.worst_check} | "
+                     f"{model:.3g} | {atb:.3g} | {g.worst_case} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+    print(table(groups(args.paths)))
+
+
+if __name__ == "__main__":
+    main()
