@@ -5,16 +5,17 @@ of a case with N checked elements, u the unit roundoff of the case dtype, u32 = 
 n_i the keys row i attends to and the float64 magnitudes of :mod:`golden.magnitudes`
 (A, R, S, T per element; M, C, rho per row):
 
-    bound_e = F * ( u |g|                                     output rounded to the dtype
-                  + lam * u (R + rho |g|)                     P rounded to the input dtype
-                  + lam * u_s S                               score roundings, each <= u_s w_ij
-                  + lam * (lam sqrt(192) u32 C) (R + rho |g|) fp32 Q.K accumulation
-                  + |eps| |T|                                 qkScale rounded to fp16 (systematic)
-                  + lam sqrt(n_i) u32 (A + |g|) + u32 |g| )   fp32 sums of P.V and of the row, divide
+    bound_e = F * ( u |g|                                          output rounded to the dtype
+                  + u min(lam (R + rho |g|), A + |g|)              P rounded to the input dtype
+                  + u_s min(lam S, 4 M (A + |g|))                  score roundings, each <= u_s w_ij
+                  + lam sqrt(192) u32 C min(lam (R + rho |g|), A + |g|)   fp32 Q.K accumulation
+                  + |eps| |T|                                      qkScale rounded to fp16 (systematic)
+                  + min(lam sqrt(n_i), n_i) u32 (A + |g|) + u32 |g| )     fp32 P.V and row sums, divide
 
 with u_s = u16 and eps = fp16(qkScale)/qkScale - 1 on the fp16 maskType 0/2 path (scores stored
 and scaled in fp16), else u_s = u32 and eps = 0.  The random terms are Hoeffding bounds of sums of
-independent bounded rounding errors; lam = sqrt(2 ln(2 K N / alpha)) makes the chance that any
+independent bounded rounding errors, each capped by the term's worst case (every rounding aligned,
+which short rows reach first); lam = sqrt(2 ln(2 K N / alpha)) makes the chance that any
 of the K = 4 random terms of any of the N elements exceeds its bound at most alpha (the
 ``false_alarm`` parameter).  F (``safety``) covers what the first-order model leaves out.
 
@@ -115,16 +116,20 @@ def model_ratio(
         g = g_all[tok].astype(np.float64)
         ag = np.abs(g)
         rho = rows["p_rss"][tok].astype(np.float64)[:, :, None]
-        spread = elem["pv_rss"][tok].astype(np.float64) + rho * ag
+        absmax = rows["score_absmax"][tok].astype(np.float64)[:, :, None]
+        spread = elem["pv_rss"][tok].astype(np.float64) + rho * ag  # >= ||P o (V - g)||_2
+        total = elem["pv_abs"][tok].astype(np.float64) + ag  # >= sum_j P |V - g|: the worst case
+        # a random term never exceeds its worst case (all roundings aligned): min(lam * 2-norm, 1-norm)
+        p_terms = np.minimum(lam * spread, total)
         dot = (lam * math.sqrt(SCORE_DIM) * U32) * rows["score_dot"][tok].astype(np.float64)[:, :, None]
-        root_n = np.sqrt(keys[tok].astype(np.float64))[:, None, None]
+        n = keys[tok].astype(np.float64)[:, None, None]
         terms = {
             "output": u * ag,
-            "p_round": (lam * u) * spread,
-            "score_round": (lam * u_s) * elem["pvs_rss"][tok].astype(np.float64),
-            "qk_accum": lam * dot * spread,
+            "p_round": u * p_terms,
+            "score_round": u_s * np.minimum(lam * elem["pvs_rss"][tok].astype(np.float64), 4.0 * absmax * total),
+            "qk_accum": dot * p_terms,
             "scale_cast": eps * np.abs(elem["pv_scale"][tok].astype(np.float64)),
-            "pv_accum": (lam * U32) * root_n * (elem["pv_abs"][tok].astype(np.float64) + ag) + U32 * ag,
+            "pv_accum": U32 * np.minimum(lam * np.sqrt(n), n) * total + U32 * ag,
         }
         bound: np.ndarray = safety * np.sum(list(terms.values()), axis=0)
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
