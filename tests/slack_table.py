@@ -1,6 +1,6 @@
 """Largest slack per backend, dtype and mask mode from run records: the tables of docs/conformance.md.
 
-    python -m tests.slack_table REPORT_DIR_OR_RESULTS_JSONL... [--by-rule]
+    python -m tests.slack_table REPORT_DIR_OR_RESULTS_JSONL... [--defects]
 
 Reads every ``results.jsonl`` given (or found under a directory) and prints one markdown row per
 (backend, dtype, mask): the number of cases, how many failed, the largest slack of the deciding
@@ -71,11 +71,42 @@ def table(found: dict[tuple[str, str, str], Group]) -> str:
     return "\n".join(lines)
 
 
+def defect_table(paths: Iterable[Path]) -> str:
+    """Per backend: failing cases, the largest and smallest deciding slack among them, which rules
+    failed, and how many cases ATB's rule (evidence) alone would have failed."""
+    rows: dict[str, dict[str, Any]] = {}
+    for record in records(paths):
+        row = rows.setdefault(str(record["backend"]), dict(cases=0, failed=0, slacks=[], rules={}, atb=0))
+        row["cases"] += 1
+        checks = record.get("checks") or []
+        if any(c["rule"] == "atb" and not c["passed"] for c in checks):
+            row["atb"] += 1
+        if record.get("verdict") != "failed":
+            continue
+        row["failed"] += 1
+        slack = record.get("worst_slack")
+        row["slacks"].append(math.inf if slack is None else float(slack))
+        for c in checks:
+            if c.get("decisive", True) and not c["passed"]:
+                row["rules"][c["rule"]] = row["rules"].get(c["rule"], 0) + 1
+    lines = ["| backend | failed / cases | largest slack | smallest failing slack | failing rule (cases) "
+             "| atb alone fails |",
+             "|---|---|---|---|---|---|"]
+    for name, row in sorted(rows.items()):
+        slacks = row["slacks"]
+        rules = ", ".join(f"{k} {v}" for k, v in sorted(row["rules"].items()))
+        largest = f"{max(slacks):.3g}" if slacks else "-"
+        smallest = f"{min(slacks):.3g}" if slacks else "-"
+        lines.append(f"| {name} | {row['failed']}/{row['cases']} | {largest} | {smallest} | {rules} | {row['atb']} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", type=Path)
+    parser.add_argument("--defects", action="store_true", help="per-backend failure summary instead")
     args = parser.parse_args(argv)
-    print(table(groups(args.paths)))
+    print(defect_table(args.paths) if args.defects else table(groups(args.paths)))
 
 
 if __name__ == "__main__":
