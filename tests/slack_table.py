@@ -41,12 +41,16 @@ class Group:
 
 
 def records(paths: Iterable[Path]) -> Iterator[dict[str, Any]]:
+    """Every record, once per (backend, case id): a case run again later replaces the earlier record."""
+    seen: dict[tuple[str, str], dict[str, Any]] = {}
     for path in paths:
         files = sorted(path.rglob("results.jsonl")) if path.is_dir() else [path]
         for file in files:
             for line in file.read_text().splitlines():
                 if line.strip():
-                    yield json.loads(line)
+                    record = json.loads(line)
+                    seen[(str(record.get("backend")), str(record.get("case_id")))] = record
+    yield from seen.values()
 
 
 def groups(paths: Iterable[Path]) -> dict[tuple[str, str, str], Group]:
