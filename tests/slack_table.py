@@ -75,6 +75,26 @@ def table(found: dict[tuple[str, str, str], Group]) -> str:
     return "\n".join(lines)
 
 
+def matrix(found: dict[tuple[str, str, str], Group]) -> str:
+    """One row per backend, one column per dtype x mask: "default / model / atb" largest slacks."""
+    columns = sorted({(dtype, mask) for _, dtype, mask in found})
+    lines = ["| backend | " + " | ".join(f"{d} {m}" for d, m in columns) + " | cases | failed |",
+             "|---|" + "---|" * (len(columns) + 2)]
+    for backend in sorted({b for b, _, _ in found}):
+        cells, cases, failed = [], 0, 0
+        for dtype, mask in columns:
+            g = found.get((backend, dtype, mask))
+            if g is None:
+                cells.append("-")
+                continue
+            cases, failed = cases + g.cases, failed + g.failed
+            model = g.by_rule.get("model:max_err_over_bound", math.nan)
+            atb = g.by_rule.get("atb:atb_max_scaled_err", math.nan)
+            cells.append(f"{g.worst:.2f} / {model:.2f} / {atb:.2f}")
+        lines.append(f"| {backend} | " + " | ".join(cells) + f" | {cases} | {failed} |")
+    return "\n".join(lines)
+
+
 def defect_table(paths: Iterable[Path]) -> str:
     """Per backend: failing cases, the largest and smallest deciding slack among them, which rules
     failed, and how many cases ATB's rule (evidence) alone would have failed."""
@@ -109,8 +129,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", type=Path)
     parser.add_argument("--defects", action="store_true", help="per-backend failure summary instead")
+    parser.add_argument("--matrix", action="store_true", help="backend x (dtype, mask) grid of largest slacks")
     args = parser.parse_args(argv)
-    print(defect_table(args.paths) if args.defects else table(groups(args.paths)))
+    if args.defects:
+        print(defect_table(args.paths))
+    else:
+        print(matrix(groups(args.paths)) if args.matrix else table(groups(args.paths)))
 
 
 if __name__ == "__main__":
