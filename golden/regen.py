@@ -38,6 +38,8 @@ from golden.types import GoldenCase
 
 DEFAULT_BUILDER = "golden.generate:build_golden"
 RECOMPUTE_RTOL = 1e-12
+#: Magnitudes are stored as float32: a recomputation may differ in their last bit.
+MAGNITUDE_RTOL = 1e-6
 #: The emulated baseline runs in float32 through BLAS: allow its statistics BLAS-level noise only.
 BASELINE_RTOL = 1e-6
 THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
@@ -261,6 +263,13 @@ def compare_recomputed(path: Path, stored: GoldenCase, fresh: GoldenCase) -> lis
         if not rel <= RECOMPUTE_RTOL:
             message = f"reference drift: relative difference {rel:.3e} > {RECOMPUTE_RTOL:g}"
             problems.append(Problem(path, message, "golden/out"))
+    for name in sorted(set(stored.magnitudes) | set(fresh.magnitudes)):
+        a, b = stored.magnitudes.get(name), fresh.magnitudes.get(name)
+        if a is None or b is None or a.shape != b.shape:
+            problems.append(Problem(path, "magnitude missing or reshaped in stored / recomputed", f"golden/{name}"))
+        elif not relative_difference(b.astype(np.float64), a.astype(np.float64)) <= MAGNITUDE_RTOL:
+            problems.append(Problem(path, f"magnitude drift beyond {MAGNITUDE_RTOL:g} (float32 storage)",
+                                    f"golden/{name}"))
     drifted = baseline_drift(stored.baseline_stats, fresh.baseline_stats)
     if drifted:
         problems.append(Problem(path, f"baseline statistics drift: {drifted}", "baseline (attributes)"))

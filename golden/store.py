@@ -22,6 +22,10 @@ the spec's content)::
                               values that are exactly bf16 (device_dtype="bf16"); seqlens int32
     /golden/out               float64 reference in the op's output layout (q's layout)
     /golden/row_valid         bool [T]: False for rows of zero-length batches ("don't care")
+    /golden/{pv_abs,pv_rss,pvs_rss,pv_scale}
+                              float32 magnitudes per output element (golden.magnitudes; schema 3)
+    /golden/{score_absmax,score_dot,p_rss}
+                              float32 magnitudes per row and head [T, H] (schema 3)
     /baseline/out             emulated same-dtype baseline, stored like the inputs
     /baseline (group attrs)   baseline error statistics (float / int / bool / str)
 
@@ -79,6 +83,7 @@ import ml_dtypes
 import numpy as np
 from filelock import FileLock
 
+from golden.magnitudes import MAGNITUDES
 from golden.spec import CaseSpec
 from golden.types import INPUT_NAMES, GoldenCase, OpInputs
 
@@ -226,6 +231,10 @@ def _datasets(golden: GoldenCase) -> dict[str, np.ndarray]:
         raise TypeError(f"{golden.spec.case_id}: row_valid must be bool, got {golden.row_valid.dtype}")
     out = {f"inputs/{name}": arr for name, arr in golden.inputs.arrays().items()}
     out["golden/out"], out["golden/row_valid"] = golden.out, golden.row_valid
+    missing = [name for name in MAGNITUDES if name not in golden.magnitudes]
+    if missing:
+        raise TypeError(f"{golden.spec.case_id}: golden lacks the magnitudes {missing}")
+    out.update({f"golden/{name}": golden.magnitudes[name] for name in MAGNITUDES})
     out["baseline/out"] = golden.baseline_out
     return out
 
@@ -504,6 +513,7 @@ def read_golden(path: Path, spec: CaseSpec | None = None) -> tuple[GoldenCase, F
             baseline_out=arrays["baseline/out"],
             baseline_stats=stats,
             provenance=provenance,
+            magnitudes={name: arrays[f"golden/{name}"] for name in MAGNITUDES},
         )
     except (KeyError, TypeError) as exc:
         raise GoldenCorruptError(path, f"required dataset missing: {exc}") from exc

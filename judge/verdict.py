@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Literal
 
 import numpy as np
 
 from facts.operator import V_DIM
+from golden.error_model import ModelResult, model_ratio
 from golden.metrics import CHUNK_ELEMENTS, Metrics, compute_metrics
 from golden.spec import CaseSpec
 from golden.types import GoldenCase
@@ -37,7 +39,7 @@ def judge_output(golden: GoldenCase, out: np.ndarray, policy_set: PolicySet, pol
                               spec.q_seqlen)
     baseline = Metrics.from_dict(golden.baseline_stats) if golden.baseline_stats else None
     resolved = policy_set.resolve(policy, backend, spec.dtype, spec.mask_name, spec.case_id)
-    return metrics, resolved.evaluate(metrics, baseline, VerdictContext.from_spec(spec))
+    return metrics, resolved.evaluate(metrics, baseline, verdict_context(golden, out))
 
 
 def outcome_of(passed: bool, error_status: str | None, deviation: Deviation | None) -> Outcome:
@@ -79,3 +81,18 @@ def error_map(golden: GoldenCase, out: np.ndarray, bound: float | None) -> dict[
     return {"values": values, "row_stride": row_stride, "head_stride": head_stride,
             "q_seqlen": list(spec.q_seqlen), "bound": bound,
             "quantity": "max_v |out - g| / max(1, |g|) / " + ("the atb bound e" if bound else "its largest value")}
+
+
+def verdict_context(golden: GoldenCase, out: np.ndarray) -> VerdictContext:
+    """The case's context, with the error-model rule bound to ``out`` and the golden's magnitudes
+    (no model when the golden carries none: that rule then fails rather than pass vacuously)."""
+    spec = golden.spec
+    if not golden.magnitudes:
+        return VerdictContext.from_spec(spec)
+
+    @functools.cache
+    def model(false_alarm: float, safety: float) -> ModelResult:
+        return model_ratio(out, golden.out, golden.row_valid, golden.magnitudes, spec,
+                           false_alarm=false_alarm, safety=safety)
+
+    return VerdictContext.from_spec(spec, model)

@@ -119,8 +119,8 @@ def failing_summary(record: Mapping[str, Any]) -> str:
     failing = record.get("failing")
     if isinstance(failing, list) and failing:
         return ", ".join(str(f) for f in failing)
-    checks = [c for c in record.get("checks") or [] if isinstance(c, Mapping)]
-    if checks:
+    checks = [c for c in record.get("checks") or [] if isinstance(c, Mapping) and c.get("decisive", True)]
+    if checks:  # evidence-only checks (decisive false) never stand for the verdict
         worst = max(checks, key=lambda c: number(c.get("slack")) or -math.inf)
         return f"{worst.get('rule', '?')}:{worst.get('metric', '?')}"
     return str(record.get("message") or "")

@@ -16,8 +16,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from facts.operator import MAX_BATCH
 from golden import cli
-from golden.spec import MAX_BATCH, CaseSpec, SpecError, build_case, load_suite, validate_case
+from golden.spec import CaseSpec, SpecError, build_case, load_suite, validate_case
 
 FIELDS = ["q_seqlen", "kv_seqlen", "head_num", "kv_head_num", "dtype", "mask_type", "cache_mode", "qk_scale",
           "q_layout", "kv_layout", "kv_capacity", "distribution", "seed", "expect_error", "expect_stage",
