@@ -7,7 +7,6 @@ import datetime
 import json
 import math
 import re
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -224,13 +223,15 @@ def suite_documents(draw: st.DrawFn) -> str | bytes:
                          tables)
 
 
-FUZZ_DIR = Path(tempfile.mkdtemp(prefix="spec-fuzz-"))
+@pytest.fixture(scope="module")
+def fuzz_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("spec-fuzz")
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(suite_documents())
-def test_any_suite_file_gives_a_valid_suite_or_a_spec_error(document: str | bytes) -> None:
-    path = FUZZ_DIR / "fuzz.toml"
+@given(document=suite_documents())
+def test_any_suite_file_gives_a_valid_suite_or_a_spec_error(fuzz_dir: Path, document: str | bytes) -> None:
+    path = fuzz_dir / "fuzz.toml"
     if isinstance(document, bytes):
         path.write_bytes(document)
     else:
