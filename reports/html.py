@@ -204,7 +204,7 @@ def case_details(r: Record) -> str:
     return (
         f"<details><summary>{escape(summary)}</summary>"
         f"<p>policy {escape(str(r.get('policy', '-')))}, "
-        f"node <code>{escape(str(r.get('nodeid', '')))}</code></p>"
+        f"node <code>{escape(str(r.get('test') or r.get('nodeid') or ''))}</code></p>"
         f"<pre>{escape(str(r.get('message') or ''))}</pre>"
         + table(["rule", "metric", "value", "bound", "slack", ""], check_rows, "checks")
         + table(["metric", "value"], [[k, Raw(fmt(_num(v), ".4e"))] for k, v in sorted(metrics.items())])

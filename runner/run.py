@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="auto (default), atb, torch-cuda, torch-cpu, pkg.mod:factory")
     parser.add_argument("--policy", default=None, help="tolerance policy (default: 'default')")
     parser.add_argument("--golden-dir", default=None, help="golden store (default $MLA_GOLDEN_DIR or .golden/)")
-    parser.add_argument("--run-name", default=None, help="report folder name under reports/out/ in the working directory")
+    parser.add_argument("--run-name", default=None, help="report folder name under reports/out/ (working directory)")
     parser.add_argument("--report-dir", default=None, help="report folder (overrides --run-name)")
     parser.add_argument("-n", "--jobs", default="auto", help="xdist workers (default auto: one per accelerator)")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="extra pytest arguments after --")

@@ -48,7 +48,7 @@ class Wrapped(TorchSdpaBackend):
 def run(golden: GoldenCase, change: str, deviations: Path | None = None) -> tuple[str, str]:
     result = run_case(golden, Wrapped(change), policy_set=POLICIES, policy="default",
                       deviations=load_deviations(deviations))
-    assert result.record["verdict"] == result.outcome and result.record["message"] == result.message
+    assert result.record.verdict == result.outcome and result.record.message == result.message
     return result.outcome, result.message
 
 
