@@ -128,6 +128,8 @@ def identity(item: pytest.Item) -> dict[str, Any]:
             break
     if suite in ("metamorphic", "property"):
         ident["relation"] = function.removeprefix("test_").replace("_", " ")
+    if suite in ("conformance", "property"):  # judged under the run's policy
+        ident["policy"] = item.config.getoption("policy", None)
     if not ident.get("case_id") and not ident.get("relation"):
         ident["case_id"] = getattr(getattr(item, "callspec", None), "id", "") or item.name
     return ident
