@@ -151,7 +151,8 @@ def record(case: str, backend: str, verdict: str = "passed", **extra: object) ->
                         **extra).to_dict()  # type: ignore[arg-type]
 
 
-def test_two_backends_case_by_case_with_every_failing_metric(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_two_backends_case_by_case_with_every_failing_metric(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
     names = ["a_metric", "b_metric", "c_metric", "d_metric", "e_metric", "z_metric"]
     run = tmp_path / "run"
     run.mkdir()
