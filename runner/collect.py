@@ -407,8 +407,12 @@ class Collector:
         """Write the report files, only if some test attached a record; fail a run that cannot pass."""
         from reports import html
 
-        state = self.state
-        if state.problems and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        state, config = self.state, self.config
+        if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and any(
+            config.getoption(name, None) for name in ("cases", "suite", "backend")
+        ):  # pytest exits 5 'no tests ran': say why that is no pass
+            state.problems.append("empty selection: no MLA test was selected (a -k or -m that matches nothing?)")
+        if state.problems and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if not state.records:
             return

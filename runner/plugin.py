@@ -36,6 +36,7 @@ from runner.selection import (
     SUITES,
     case_param,
     error_cases,
+    load_cases,
     mark,
     marker_name,
     selected_cases,
@@ -179,7 +180,12 @@ def check_front_door(config: pytest.Config) -> None:
     set_run_info(config, "policy", policy)
     set_run_info(config, "suites", config.getoption("suite") or ([] if config.getoption("cases") else ["smoke"]))
     if config.getoption("cases"):
-        set_run_info(config, "cases_file", str(Path(config.getoption("cases")).resolve()))
+        cases = config.getoption("cases")
+        if not Path(cases).is_file():
+            raise pytest.UsageError(f"--cases {cases}: no such file")
+        if not load_cases(config):
+            raise pytest.UsageError(f"--cases {cases}: the file holds no case; an empty selection is not a pass")
+        set_run_info(config, "cases_file", str(Path(cases).resolve()))
 
 
 def golden_dir_problem(path: Path) -> str | None:
@@ -316,16 +322,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if is_mla_item(item):
         complete_report(item, call, report)
     return report
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """An empty MLA selection is not a pass: say so (pytest already exits 5, 'no tests ran')."""
-    config = session.config
-    if hasattr(config, "workerinput") or exitstatus != pytest.ExitCode.NO_TESTS_COLLECTED:
-        return
-    if any(config.getoption(name) for name in ("cases", "suite", "backend")):
-        config.stash[STATE].problems.append(
-            "empty selection: no MLA test was selected (an empty --cases file, a -k or -m matching nothing?)")
 
 
 # -- fixtures -------------------------------------------------------------------------------------
