@@ -202,4 +202,8 @@ def write_terminal(tr: Any, records: Sequence[Record], report_dir: Path) -> None
         tr.write_sep("-", "timing (median over cases; not part of verdicts)")
         emit(timing)
     failed = sum(verdict(r) in ("failed", "error") for r in records)
-    tr.write_line(f"{len(records)} records, {failed} failed; report: {report_dir}", red=bool(failed), green=not failed)
+    suites = sorted({str(r.get("suite") or "conformance") for r in records})
+    per_suite = (" (" + ", ".join(f"{s} {sum(str(r.get('suite') or 'conformance') == s for r in records)}"
+                                  for s in suites) + ")") if len(suites) > 1 else ""
+    tr.write_line(f"{len(records)} records{per_suite}, {failed} failed; report: {report_dir}", red=bool(failed),
+                  green=not failed)
