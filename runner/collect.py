@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -386,8 +387,7 @@ class Collector:
             ident = ident or identity_from_nodeid(report.nodeid)
             seen = state.setup_seen.get(report.nodeid)
             made = crash_record(ident, report, None if seen is None else time.time() - seen, self._timeout(),
-                                str(self.config.getini("timeout_method") or "signal")
-                                if self._has_timeout_plugin() else "")
+                                self._timeout_method())
         elif ident is not None:  # an MLA test whose record got lost on the way: never silently
             failure = Failure("exception", "", _short(str(report.longrepr or "")), "")
             made = ResultRecord(verdict=outcome, message=failure.text(), failure=failure if outcome in
@@ -396,12 +396,29 @@ class Collector:
             return
         state.records.append(made.to_dict() | {"outcome": outcome})
 
-    def _has_timeout_plugin(self) -> bool:
-        return self.config.pluginmanager.hasplugin("timeout")
+    def _timeout_method(self) -> str:
+        """pytest-timeout's method of this run ('' without the plugin)."""
+        if not self.config.pluginmanager.hasplugin("timeout"):
+            return ""
+        method = self.config.getoption("timeout_method", None) or self._ini("timeout_method")
+        return str(method or os.environ.get("PYTEST_TIMEOUT_METHOD") or "signal")
 
     def _timeout(self) -> float | None:
-        value = self.config.getoption("mla_timeout", None)
-        return float(value) if value else None
+        """The run's per-test timeout: --timeout or the ini value if given, else --mla-timeout."""
+        for value in (self.config.getoption("timeout", None), self._ini("timeout"),
+                      self.config.getoption("mla_timeout", None)):
+            try:
+                if value:
+                    return float(value)
+            except (TypeError, ValueError):
+                continue
+        return None
+
+    def _ini(self, name: str) -> Any:
+        try:
+            return self.config.getini(name)
+        except ValueError:  # pytest-timeout not installed
+            return None
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         """Write the report files, only if some test attached a record; fail a run that cannot pass."""

@@ -90,17 +90,8 @@ def pytest_counts(stdout: str) -> Counter[str]:
 
 @pytest.mark.timeout(300)
 def test_report_counts_equal_pytests_whatever_the_backend_does(tmp_path: Path) -> None:
-    (tmp_path / "misbehaving.py").write_text(BACKEND)
-    cases = tmp_path / "outcomes.toml"
-    cases.write_text(CASES)
+    result = run_misbehaving(tmp_path, "-n", "2", "--mla-timeout", str(TIMEOUT_S))
     report = tmp_path / "report"
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "cases/test_conformance.py", "-p", "no:cacheprovider", "-n", "2",
-         "--cases", str(cases), "--backend", "misbehaving:factory", "--golden-dir", str(tmp_path / "golden"),
-         "--report-dir", str(report), "--mla-timeout", str(TIMEOUT_S)],
-        cwd=REPO, capture_output=True, text=True, timeout=280,
-        env={"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin"},
-    )
     out = result.stdout + result.stderr
     assert result.returncode == 1, out[-4000:]
     expected = Counter({"failed": 6, "passed": 2})
@@ -127,3 +118,79 @@ def test_report_counts_equal_pytests_whatever_the_backend_does(tmp_path: Path) -
     assert crash.failure is not None and crash.failure.kind == "crash", crash
     assert "crashed" in crash.message and crash.case_id.startswith("fp16-undefined-krope_ctkv-b2-s8-h6")
     assert all(by_heads[h].verdict == "passed" for h in (7, 8))
+
+
+def run_misbehaving(tmp_path: Path, *args: str, paths: tuple[str, ...] = ("cases/test_conformance.py",)
+                    ) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "misbehaving.py").write_text(BACKEND)
+    (tmp_path / "outcomes.toml").write_text(CASES)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", *paths, "-p", "no:cacheprovider", "--cases", str(tmp_path / "outcomes.toml"),
+         "--backend", "misbehaving:factory", "--golden-dir", str(tmp_path / "golden"),
+         "--report-dir", str(tmp_path / "report"), *args],
+        cwd=REPO, capture_output=True, text=True, timeout=280,
+        env={"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin"},
+    )
+
+
+@pytest.mark.timeout(300)
+def test_thread_method_timeout_kills_the_worker_and_says_so(tmp_path: Path) -> None:
+    """A hang inside C code needs pytest-timeout's thread method, which kills the xdist worker:
+    the record still says the test timed out, and the run goes on with a new worker."""
+    result = run_misbehaving(tmp_path, "-n", "1", "--timeout-method", "thread", "--mla-timeout", "5",
+                             "-k", "h5 or h7")
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert pytest_counts(result.stdout) == Counter({"failed": 1, "passed": 1}), result.stdout[-3000:]
+    records = {r["spec"]["head_num"]: r for r in read_results(tmp_path / "report" / "results.jsonl")}
+    hung = ResultRecord.from_dict(records[5])
+    assert hung.failure is not None and hung.failure.kind == "timeout" and hung.failure.timeout_s == 5
+    assert "timed out after 5 s" in hung.message and "thread method killed the worker" in hung.message
+    assert records[7]["verdict"] == "passed"
+
+
+#: Fails every bf16 case by a wide margin (fp16 is computed right): hypothesis must shrink to bf16.
+BF16_BROKEN = textwrap.dedent("""
+    from harness.torch_backend import torch_cpu
+
+    class Bf16Broken:
+        name, error_contract, deterministic = "bf16-broken", False, True
+
+        def __init__(self):
+            self.cpu = torch_cpu()
+
+        def available(self):
+            return self.cpu.available()
+
+        def info(self):
+            return self.cpu.info()
+
+        def synchronize(self):
+            pass
+
+        def run(self, call):
+            out = self.cpu.run(call)
+            return out * 2 + 1 if str(out.dtype) == "torch.bfloat16" else out
+
+    def factory():
+        return Bf16Broken()
+""")
+
+
+@pytest.mark.timeout(300)
+def test_property_failure_records_the_shrunk_spec(tmp_path: Path) -> None:
+    (tmp_path / "bf16_broken.py").write_text(BF16_BROKEN)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "cases/test_properties.py", "-p", "no:cacheprovider", "-n", "0",
+         "--backend", "bf16_broken:factory", "--report-dir", str(tmp_path / "report"),
+         "--hypothesis-profile", "ci", "--hypothesis-seed", "1"],
+        cwd=REPO, capture_output=True, text=True, timeout=280,
+        env={"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 1, result.stdout[-3000:]
+    (raw,) = read_results(tmp_path / "report" / "results.jsonl")
+    record = ResultRecord.from_dict(raw)
+    assert record.suite == "property" and record.verdict == "failed"
+    assert record.relation == "random case matches float64 golden" and record.backend == "bf16-broken"
+    assert record.shrunk is not None and record.shrunk["spec"]["dtype"] == "bf16"
+    assert 'dtype = "bf16"' in record.shrunk["toml"] and record.case_id.startswith("bf16-")
+    assert record.checks and record.worst_slack is not None and record.worst_slack > 1
