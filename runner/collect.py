@@ -157,6 +157,12 @@ def outcome_of_report(report: pytest.TestReport) -> str:
     return report.outcome
 
 
+def agreed_verdict(attached: str, outcome: str) -> str:
+    """pytest's outcome, except that a known deviation's unexpected pass stays ``xpassed`` (pytest
+    counts it as passed and warns: both are passes)."""
+    return "xpassed" if attached == "xpassed" and outcome == "passed" else outcome
+
+
 def counts_for_pytest(report: pytest.TestReport) -> bool:
     """Whether pytest counts this report in its summary line (the call, a setup that did not
     pass, a teardown that failed, an xdist crash report)."""
@@ -246,7 +252,7 @@ def complete_report(item: pytest.Item, call: pytest.CallInfo[None], report: pyte
     else:
         record, index = _from_outcome(ident, outcome, report, item, excinfo), -1
     changes: dict[str, Any] = {}
-    if record.verdict != outcome:
+    if record.verdict != agreed_verdict(record.verdict, outcome):
         changes["verdict"] = outcome
         if outcome in ("failed", "error") and record.failure is None and excinfo is not None:
             failure = failure_of(item, excinfo)
@@ -376,7 +382,7 @@ class Collector:
         for name, value in report.user_properties:
             if name == PROPERTY_NAME:
                 record: Record = json.loads(str(value))
-                record["verdict"] = outcome  # the report's counts are pytest's
+                record["verdict"] = agreed_verdict(str(record.get("verdict")), outcome)  # pytest's counts
                 record["outcome"] = outcome
                 state.records.append(record)
                 found = True
@@ -460,6 +466,13 @@ class Collector:
             per_suite = suites.setdefault(str(record.get("suite", "?")), dict.fromkeys(records.VERDICTS, 0))
             per_suite[records.verdict(record)] += 1
         doc: dict[str, Any] = dict(state.run_info)
+        if "backends" not in doc:  # none named (auto): what ran, and whether anything could run on it
+            seen: dict[str, bool] = {}
+            for record in state.records:
+                label = str(record.get("backend"))
+                seen[label] = seen.get(label, False) or records.verdict(record) != "skipped"
+            doc["backends"] = [{"name": label, "label": label, "explicit": False, "ran": ran}
+                               for label, ran in sorted(seen.items())]
         doc.update(
             {
                 "schema_version": records.SCHEMA_VERSION,

@@ -165,8 +165,8 @@ def check_front_door(config: pytest.Config) -> None:
         if problem:
             raise pytest.UsageError(f"--golden-dir {golden}: {problem}")
         set_run_info(config, "golden_store", str(Path(golden).resolve()))
-    elif os.environ.get("MLA_GOLDEN_DIR"):
-        set_run_info(config, "golden_store", str(Path(os.environ["MLA_GOLDEN_DIR"]).resolve()))
+    else:  # what the golden_store fixture will open (golden.store's rule)
+        set_run_info(config, "golden_store", str(Path(os.environ.get("MLA_GOLDEN_DIR") or ".golden").resolve()))
     policy, tolerances = config.getoption("policy"), config.getoption("tolerances")
     if policy != "default" or tolerances:
         from judge.policy import load_policies
