@@ -15,6 +15,8 @@ import pytest
 
 from reports.records import ResultRecord, read_results
 
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 10
 
