@@ -278,8 +278,8 @@ def _run_notes(base_run: Mapping[str, Any], cand_run: Mapping[str, Any], cases: 
     missing = sum(c.category == "missing" for c in cases)
     if added or missing:
         notes.append(f"case sets differ: {added} added, {missing} missing (or skipped on one side)")
-    bp = base_run.get("policy", base_run.get("policies"))
-    cp = cand_run.get("policy", cand_run.get("policies"))
+    bp = base_run.get("policies") or base_run.get("policy")  # policies: what the records were judged by
+    cp = cand_run.get("policies") or cand_run.get("policy")
     if bp != cp:
         notes.append(f"policies differ: base {bp}, candidate {cp}; verdicts were judged by different rules")
     return notes

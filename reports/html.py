@@ -17,6 +17,7 @@ from reports.records import (
     HTML_FILE,
     VERDICTS,
     Record,
+    case_records,
     failing_summary,
     fmt,
     fmt_slack,
@@ -24,6 +25,7 @@ from reports.records import (
     metric,
     seq_bucket,
     slack,
+    suite_counts,
     timing_value,
     verdict,
     worst_cases,
@@ -235,8 +237,10 @@ def render(records: Sequence[Record], run: Mapping[str, Any]) -> str:
     bad = [r for r in records if verdict(r) in ("failed", "error", "xpassed")]
     sections = [
         head,
-        _group_section(records),
-        _plots_section(records),
+        "<h2>Suites</h2>" + table(["suite", "backend", *VERDICTS],
+                                  [[s, b, *(c[v] for v in VERDICTS)] for s, b, c in suite_counts(records)], "suites"),
+        _group_section(case_records(records) or list(records)),
+        _plots_section(case_records(records) or list(records)),
         "<h2>Worst cases by slack</h2>" + table(CASE_HEADERS, [_case_row(r) for r in worst_cases(records)]),
         f"<h2>Failing and unexpected cases ({len(bad)})</h2>"
         + ("".join(case_details(r) for r in bad) or "<p>None.</p>"),

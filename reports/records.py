@@ -477,6 +477,22 @@ def group_stats(records: Iterable[Record]) -> list[GroupStats]:
     return [groups[k] for k in sorted(groups)]
 
 
+def case_records(records: Iterable[Record]) -> list[Record]:
+    """The conformance records (what the backend x dtype x mask x cache tables are about)."""
+    return [r for r in records if str(r.get("suite") or "conformance") not in SUITES[1:]]
+
+
+def suite_counts(records: Iterable[Record]) -> list[tuple[str, str, dict[str, int]]]:
+    """Verdict counts per suite and backend, in :data:`SUITES` order."""
+    counts: dict[tuple[str, str], dict[str, int]] = {}
+    for record in records:
+        suite = str(record.get("suite") or "conformance")
+        key = (suite, str(record.get("backend", "?")))
+        counts.setdefault(key, dict.fromkeys(VERDICTS, 0))[verdict(record)] += 1
+    order = {name: i for i, name in enumerate(SUITES)}
+    return [(s, b, c) for (s, b), c in sorted(counts.items(), key=lambda kv: (order.get(kv[0][0], 9), kv[0]))]
+
+
 def worst_cases(records: Iterable[Record], count: int = 10) -> list[Record]:
     """The ``count`` measured records with the largest worst_slack (skipped ones never rank)."""
     ranked = [r for r in records if slack(r) is not None and verdict(r) != "skipped"]

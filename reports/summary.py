@@ -15,11 +15,13 @@ from typing import Any
 from reports.records import (
     GROUP_FIELDS,
     Record,
+    case_records,
     failing_summary,
     fmt,
     fmt_slack,
     group_stats,
     slack,
+    suite_counts,
     verdict,
     worst_cases,
 )
@@ -177,6 +179,19 @@ def timing_table(records: Sequence[Record], width: int = WIDTH) -> list[list[Cel
     return layout(columns, rows, width) if rows else []
 
 
+def suite_table(records: Sequence[Record], width: int = WIDTH) -> list[list[Cell]]:
+    """Verdict counts per suite and backend (the group table holds the conformance cases)."""
+    heads = [("pass", "passed", "green"), ("fail", "failed", "red"), ("xf", "xfailed", "yellow"),
+             ("xp", "xpassed", "yellow"), ("skip", "skipped", "yellow"), ("err", "error", "red")]
+    columns = [Column("suite", shrink=True), Column("backend", shrink=True)]
+    columns += [Column(head, True) for head, _, _ in heads]
+    rows: list[list[Cell]] = [
+        [(suite, {}), (backend, {})] + [_count(counts[name], colour) for _, name, colour in heads]
+        for suite, backend, counts in suite_counts(records)
+    ]
+    return layout(columns, rows, width)
+
+
 def plain(lines: Sequence[Sequence[Cell]]) -> str:
     """The table as plain text (no colour)."""
     return "\n".join("".join(text for text, _ in line).rstrip() for line in lines)
@@ -193,11 +208,15 @@ def write_terminal(tr: Any, records: Sequence[Record], report_dir: Path) -> None
                 tr.write(text, **markup)
             tr.write("\n")
 
+    cases = case_records(records) or list(records)
     tr.write_sep("=", "MLA conformance: groups")
-    emit(group_table(records, width))
+    emit(group_table(cases, width))
+    if len({str(r.get("suite") or "conformance") for r in records}) > 1:
+        tr.write_sep("-", "suites")
+        emit(suite_table(records, width))
     tr.write_sep("-", "worst cases by slack (measured / allowed)")
     emit(worst_table(records, 10, width))
-    timing = timing_table(records, width)
+    timing = timing_table(cases, width)
     if timing:
         tr.write_sep("-", "timing (median over cases; not part of verdicts)")
         emit(timing)
