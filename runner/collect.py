@@ -136,13 +136,21 @@ def identity(item: pytest.Item) -> dict[str, Any]:
     return ident
 
 
-def identity_from_nodeid(nodeid: str) -> dict[str, Any]:
-    """A best guess for a test whose worker died before its setup was reported."""
+def identity_from_nodeid(nodeid: str, backends: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A best guess for a test whose worker died before its setup was reported: the suite from the
+    module, the backend from the end of the parameter id (``backends``: selection name -> label),
+    the case from the rest."""
     path, _, rest = nodeid.partition("::")
     module = path.rsplit("/", 1)[-1].removesuffix(".py")
     function, _, params = rest.partition("[")
+    params = params.removesuffix("]")
     suite = SUITE_OF_MODULE.get(module, "conformance")
-    ident: dict[str, Any] = {"suite": suite, "test": nodeid, "backend": "?", "case_id": params.rstrip("]") or rest}
+    backend, case = "?", params
+    for name in sorted(backends or {}, key=len, reverse=True):
+        if params == name or params.endswith(f"-{name}"):
+            backend, case = (backends or {})[name], params[: -len(name)].rstrip("-")
+            break
+    ident: dict[str, Any] = {"suite": suite, "test": nodeid, "backend": backend, "case_id": case or rest}
     if suite in ("metamorphic", "property"):
         ident["relation"] = function.removeprefix("test_").replace("_", " ")
     return ident
@@ -390,7 +398,7 @@ class Collector:
             return
         ident = state.identities.get(report.nodeid)
         if str(report.when) == "???":  # xdist: the worker died while running this test
-            ident = ident or identity_from_nodeid(report.nodeid)
+            ident = ident or identity_from_nodeid(report.nodeid, self._backend_labels())
             seen = state.setup_seen.get(report.nodeid)
             made = crash_record(ident, report, None if seen is None else time.time() - seen, self._timeout(),
                                 self._timeout_method())
@@ -401,6 +409,21 @@ class Collector:
         else:
             return
         state.records.append(made.to_dict() | {"outcome": outcome})
+
+    def _backend_labels(self) -> dict[str, str]:
+        """Selection name -> record label of the run's backends (as far as the controller knows)."""
+        labels = {name: label for name, label in BACKEND_LABELS.items()}
+        for entry in self.state.run_info.get("backends") or []:
+            if isinstance(entry, Mapping) and entry.get("name"):
+                labels.setdefault(str(entry["name"]), str(entry.get("label") or entry["name"]))
+                if entry.get("resolved"):
+                    labels.setdefault(str(entry["resolved"]), str(entry["resolved"]))
+        for ident in self.state.identities.values():  # names seen in other tests' ids
+            test = str(ident.get("test", ""))
+            for name in list(labels):
+                if test.endswith(f"-{name}]"):
+                    labels[name] = str(ident.get("backend") or labels[name])
+        return labels
 
     def _timeout_method(self) -> str:
         """pytest-timeout's method of this run ('' without the plugin)."""

@@ -78,3 +78,14 @@ def test_schema_1_records_are_read_as_conformance(tmp_path: Path) -> None:
     write_results(path, [record])
     assert read_results(path) == [record]
     assert record_key(record) == record_key(old) == ("c", "atb")  # old and new runs still pair up
+
+
+def test_a_test_that_crashed_before_its_setup_report_is_still_named() -> None:
+    from runner.collect import identity_from_nodeid
+
+    nodeid = ("cases/test_metamorphic.py::test_batch_order"
+              "[fp16-undefined-krope_ctkv-b3-s64-h4-q3d-packed-33abb953-my.mod:f]")
+    ident = identity_from_nodeid(nodeid, {"my.mod:f": "my-kernel", "f": "other"})
+    assert ident == {"suite": "metamorphic", "test": nodeid, "backend": "my-kernel", "relation": "batch order",
+                     "case_id": "fp16-undefined-krope_ctkv-b3-s64-h4-q3d-packed-33abb953"}
+    assert identity_from_nodeid("cases/test_conformance.py::test_conformance[c1-x]")["backend"] == "?"
