@@ -210,8 +210,19 @@ def case_details(r: Record) -> str:
         f"<pre>{escape(str(r.get('message') or ''))}</pre>"
         + table(["rule", "metric", "value", "bound", "slack", ""], check_rows, "checks")
         + table(["metric", "value"], [[k, Raw(fmt(_num(v), ".4e"))] for k, v in sorted(metrics.items())])
+        + _evidence(r)
         + f"<pre>{escape(json.dumps(r.get('spec'), indent=1, sort_keys=True, default=str))}</pre></details>"
     )
+
+
+#: Record fields shown as evidence when present: error contract, relation, property, failure.
+EVIDENCE_FIELDS = ("error", "difference", "shrunk", "failure")
+
+
+def _evidence(r: Record) -> str:
+    rows = [[name, Raw(f"<pre>{escape(json.dumps(r[name], indent=1, sort_keys=True, default=str))}</pre>")]
+            for name in EVIDENCE_FIELDS if r.get(name)]
+    return table(["evidence", "value"], rows, "evidence") if rows else ""
 
 
 def _num(value: Any) -> float | None:
