@@ -1,5 +1,5 @@
 """Error contract: every case of ``cases/errors.toml`` must be rejected with its documented status
-at its documented stage (shared spec §1-3), by backends that declare an error contract.
+at its documented stage (docs/operator.md §1-3), by backends that declare an error contract.
 
 Known deviations (``judge/known_deviations.toml``) turn a predicted misbehaviour into an xfail and
 a documented rejection despite a deviation into an unexpected-pass warning; an entry that predicts

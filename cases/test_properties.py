@@ -13,7 +13,7 @@ deviation of the backend covers are not drawn for it (they would fail by design)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 from hypothesis import HealthCheck, assume, given, note, settings
@@ -84,21 +84,26 @@ def test_random_case_matches_float64_golden(spec: CaseSpec, backend: Backend, po
     evidence: dict[str, Any] = {"case_id": spec.case_id, "case_suite": "property", "spec": spec.content(),
                                 "dtype": spec.dtype, "mask": spec.mask_name, "cache": spec.cache_name,
                                 "policy": policy, "shrunk": shrunk, "device": backend.info().device}
+
+    def fail(message: str) -> NoReturn:
+        """Record the failure, then fail without a traceback: pytest would print every fixture's
+        repr (the policy set's ~300 lines) around the verdict and the shrunk TOML."""
+        mla_report.pending(mla_report.record(verdict="failed", message=message.split("\n")[0], **evidence))
+        pytest.fail(message, pytrace=False)
+
     try:
         golden = build_golden(spec)
         try:
             out = execute(backend, make_call(golden.inputs, spec), spec).out
-        except BackendError as exc:  # an AssertionError, so hypothesis shrinks it like any failure
+        except BackendError as exc:  # a failure like any other, so hypothesis shrinks it
             evidence["error"] = ErrorEvidence(observed_status=exc.status_name, observed_stage=exc.stage)
-            raise AssertionError(f"{mode_text(spec, backend.name)}: backend rejected a valid case: {exc}{paste}") \
-                from exc
+            fail(f"{mode_text(spec, backend.name)}: backend rejected a valid case: {exc}{paste}")
         metrics, verdict = judge_output(golden, out, policy_set, policy, backend.name)
         evidence.update(checks=[c.to_dict() for c in verdict.checks], worst_slack=float(verdict.worst_slack),
                         metrics=metrics.to_dict(), failing=[c.text() for c in verdict.failing])
-        if not verdict.passed:  # raised, not asserted: pytest would append the whole Verdict's repr
-            raise AssertionError(f"{mode_text(spec, backend.name)}: {verdict.summary()}{paste}")
-    except Exception as exc:
-        if not isinstance(exc, AssertionError):  # outside the verdict path: keep what was raised
-            evidence["failure"] = failure_of(mla_report.node, pytest.ExceptionInfo.from_exception(exc))
+        if not verdict.passed:
+            fail(f"{mode_text(spec, backend.name)}: {verdict.summary()}{paste}")
+    except Exception as exc:  # outside the verdict path (pytest.fail's exception is no Exception)
+        evidence["failure"] = failure_of(mla_report.node, pytest.ExceptionInfo.from_exception(exc))
         mla_report.pending(mla_report.record(verdict="failed", message=str(exc).split("\n")[0], **evidence))
         raise

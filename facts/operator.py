@@ -15,8 +15,8 @@ SCORE_DIM = NOPE_DIM + ROPE_DIM
 #: qSeqLen / kvSeqLen hold at most this many batches; headNum lies in [1, MAX_HEADS].
 MAX_BATCH = 8192
 MAX_HEADS = 128
-#: Sequence lengths travel as host int32.
-MAX_SEQLEN = 2**31 - 1
+#: headNum, kvHeadNum and the sequence lengths travel as C int32.
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 #: MASK_FREE's compressed causal mask is MASK_SIZE x MASK_SIZE.
 MASK_SIZE = 512
 

@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -252,10 +253,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def help_text(doc: str | None) -> str:
+    """A docstring as --help prose: reST roles (``:func:`x```) and literals (````x````) as plain text."""
+    return re.sub(r":\w+:`~?([^`]+)`", r"\1", doc or "").replace("``", "")
+
+
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "bench", help="measure the float64 golden generator against GEMM and torch SDPA",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=help_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES),
                         help="cases to run (default: all)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (median)")

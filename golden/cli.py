@@ -59,12 +59,18 @@ def register(subparsers: Any) -> None:
                    help=f"rebuild: inputs bit-exact, golden/out within {rg.RECOMPUTE_RTOL:g} relative")
     p.set_defaults(func=cmd_verify)
 
-    p = subparsers.add_parser("show", help="describe one golden file")
+    p = subparsers.add_parser("show", help="describe one golden file",
+                              description="Describe one golden file: its spec, every dataset's dtype, shape "
+                              "and value range, the emulated baseline's error against the golden, and "
+                              "where and how it was built.  Exit 1 if the file is corrupt.")
     _common(p, selects=False)
     p.add_argument("case", metavar="CASE", help="case id, case id prefix, or content hash prefix")
     p.set_defaults(func=cmd_show)
 
-    p = subparsers.add_parser("list", help="list cases and whether a valid golden exists")
+    p = subparsers.add_parser("list", help="list cases and whether a valid golden exists",
+                              description="List the selected cases (default: every suite but 'errors'), "
+                              "one per line: case id, q and kv shapes, and the state of its golden file "
+                              "(ok, missing, stale, corrupt, or error-case for cases that expect an error).")
     _common(p)
     p.set_defaults(func=cmd_list)
 

@@ -11,13 +11,14 @@ from facts.operator import V_DIM
 from facts.versions import package_version
 from golden.baseline import emulate_baseline
 from golden.inputs import generate_inputs
+from golden.magnitudes import compute_magnitudes
 from golden.reference import DEVICE_ENV, reference_attention
 from golden.spec import CaseSpec
 from golden.types import GoldenCase, OpInputs
 
 #: Bump when a change to inputs, reference or baseline alters stored values: every golden written
 #: by another version is stale and gets regenerated.
-GENERATOR_VERSION = "1.1"
+GENERATOR_VERSION = "1.2"
 
 
 def _version(package: str) -> str:
@@ -58,6 +59,7 @@ def build_golden(spec: CaseSpec, *, threads: int = 1, inputs: OpInputs | None = 
     device = os.environ.get(DEVICE_ENV, "cpu")  # MLA_GOLDEN_DEVICE=cuda: float64 reference on a GPU
     out, valid = reference_attention(inputs, spec, threads=threads, device=device)
     baseline = emulate_baseline(inputs, spec, threads=threads)
+    magnitudes = compute_magnitudes(inputs, spec, device=device)
     return GoldenCase(
         spec=spec,
         inputs=inputs,
@@ -66,4 +68,5 @@ def build_golden(spec: CaseSpec, *, threads: int = 1, inputs: OpInputs | None = 
         baseline_out=baseline,
         baseline_stats=baseline_stats(spec, baseline, out, valid),
         provenance=provenance(),
+        magnitudes=magnitudes,
     )

@@ -12,7 +12,7 @@ over the valid rows; ``u`` = unit roundoff of the output dtype):
   rounded to the dtype and ``g`` correctly rounded to the dtype (bit patterns mapped to an ordered
   integer line, so ``+0 == -0`` and a sign crossing counts the values in between);
 * ``atb_max_scaled_err = max |a - g| / max(1, |g|)``: the quantity ATB's rule bounds by ``e``
-  (shared spec §5); the worst element reported is the one that maximises it.
+  (docs/operator.md §5); the worst element reported is the one that maximises it.
 
 A non-finite element in ``a`` (or in ``g``) has infinite error, so every error metric becomes
 ``inf`` and cosine becomes ``nan``: a NaN/Inf never yields a passing-looking number.

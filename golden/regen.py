@@ -1,19 +1,26 @@
 """Regenerate and verify golden files: case selection, sharding, worker processes, recompute check.
 
 Workers are ``spawn`` processes (no forked BLAS/thread state); each gets ``cores // jobs`` BLAS and
-builder threads so the machine is not oversubscribed.  Correctness under concurrency comes from the
-store's per-case lock, so several ``regen`` processes (or hosts on a shared filesystem) may run at once.
+builder threads so the machine is not oversubscribed.  Workers die with the regen process that started
+them, even when it is SIGKILLed: on Linux the kernel kills them (``prctl(PR_SET_PDEATHSIG)``), and
+everywhere a thread in each worker exits it once its parent is gone.  Correctness under concurrency
+comes from the store's per-case lock, so several ``regen`` processes (or hosts on a shared filesystem)
+may run at once.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import importlib
 import inspect
 import math
 import multiprocessing
 import os
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -31,12 +38,17 @@ from golden.types import GoldenCase
 
 DEFAULT_BUILDER = "golden.generate:build_golden"
 RECOMPUTE_RTOL = 1e-12
+#: Magnitudes are stored as float32: a recomputation may differ in their last bit.
+MAGNITUDE_RTOL = 1e-6
 #: The emulated baseline runs in float32 through BLAS: allow its statistics BLAS-level noise only.
 BASELINE_RTOL = 1e-6
 THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
               "NUMEXPR_NUM_THREADS")
 
 BuilderRef = str | Builder | None
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+#: How often a worker checks that the regen process that started it is still alive.
+PARENT_POLL_S = 0.5
 
 
 # -- selection -------------------------------------------------------------------------------------
@@ -90,6 +102,22 @@ def thread_env(threads: int) -> Iterator[None]:
 
 
 # -- regen -----------------------------------------------------------------------------------------
+
+
+def watch_parent(parent_pid: int, interval: float) -> None:
+    """Exit this process at once when its parent is no longer ``parent_pid`` (it died: re-parented)."""
+    while os.getppid() == parent_pid:
+        time.sleep(interval)
+    os._exit(1)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Worker initializer: the worker must not outlive (and keep writing goldens for) a killed regen."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a failure leaves the watcher below in charge
+    threading.Thread(target=watch_parent, args=(parent_pid, PARENT_POLL_S), name="watch-parent",
+                     daemon=True).start()
 
 
 @dataclass(frozen=True)
@@ -175,7 +203,8 @@ def regen(
             record(regen_one(task))
     else:
         context = multiprocessing.get_context("spawn")
-        with thread_env(threads), ProcessPoolExecutor(jobs, mp_context=context) as pool:
+        pool = ProcessPoolExecutor(jobs, context, initializer=die_with_parent, initargs=(os.getpid(),))
+        with thread_env(threads), pool:
             futures = {pool.submit(regen_one, task): task for task in tasks}
             for future in as_completed(futures):
                 try:
@@ -234,6 +263,13 @@ def compare_recomputed(path: Path, stored: GoldenCase, fresh: GoldenCase) -> lis
         if not rel <= RECOMPUTE_RTOL:
             message = f"reference drift: relative difference {rel:.3e} > {RECOMPUTE_RTOL:g}"
             problems.append(Problem(path, message, "golden/out"))
+    for name in sorted(set(stored.magnitudes) | set(fresh.magnitudes)):
+        a, b = stored.magnitudes.get(name), fresh.magnitudes.get(name)
+        if a is None or b is None or a.shape != b.shape:
+            problems.append(Problem(path, "magnitude missing or reshaped in stored / recomputed", f"golden/{name}"))
+        elif not relative_difference(b.astype(np.float64), a.astype(np.float64)) <= MAGNITUDE_RTOL:
+            problems.append(Problem(path, f"magnitude drift beyond {MAGNITUDE_RTOL:g} (float32 storage)",
+                                    f"golden/{name}"))
     drifted = baseline_drift(stored.baseline_stats, fresh.baseline_stats)
     if drifted:
         problems.append(Problem(path, f"baseline statistics drift: {drifted}", "baseline (attributes)"))

@@ -3,7 +3,7 @@
 A suite file holds ``[suite]`` (name, description), optional ``[defaults]``, any number of
 ``[[case]]`` tables and ``[[matrix]]`` tables.  A matrix expands the product of its list-valued
 fields; an axis whose alternatives are tables sets several fields at once (e.g. a batch's q and kv
-lengths together).  Validation follows the operator contract (shared spec sections 2-3); a case
+lengths together).  Validation follows the operator contract (docs/operator.md §2-3); a case
 flagged ``expect_error`` skips value validation because it exists to be rejected.
 """
 
@@ -15,17 +15,20 @@ import importlib.resources
 import itertools
 import json
 import math
+import re
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from facts.operator import (
     CACHE_CODES,
     CACHE_NAMES,
     DEFAULT_QK_SCALE,
     DTYPES,
+    INT32_MAX,
+    INT32_MIN,
     KV_LAYOUTS,
     MASK_CODES,
     MASK_NAMES,
@@ -36,11 +39,26 @@ from facts.operator import (
     as_c_float,
     useful_flops,
 )
+from facts.status import STAGES
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # Python 3.10: the same parser, from PyPI
     import tomli as tomllib
+
+#: Seeds are in [0, SEED_LIMIT): stored as an int64 attribute; numpy's SeedSequence needs them >= 0.
+SEED_LIMIT = 2**63
+#: Most entries of a length list in any case: error cases may exceed B <= MAX_BATCH to test it.
+MAX_LIST = 2 * MAX_BATCH
+#: Most cases one suite file may define (matrix products are counted before they are expanded) and
+#: most sequence-length entries in all its cases together.
+MAX_CASES = 10_000
+MAX_FILE_ENTRIES = 1 << 21
+MAX_SUITE_BYTES = 16 << 20
+#: Names (case, suite) and perturbation names: no path separators, no leading dot, bounded length.
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
+SAFE_PERTURB = re.compile(r"[a-z0-9_]{1,64}")
+SAFE_STATUS = re.compile(r"ERROR_[A-Z0-9_]{1,64}")
 
 DISTRIBUTIONS = ("uniform", "normal", "large_logits", "near_tie", "v_outliers")
 
@@ -85,6 +103,8 @@ class CaseSpec:
     name: str = field(default="", compare=False)
     suite: str = field(default="", compare=False)
     source: str = field(default="", compare=False)
+    #: The upstream (ATB) commit an error case's expectation was read at; provenance, not content.
+    source_commit: str = field(default="", compare=False)
 
     # -- derived properties -------------------------------------------------------------
     @property
@@ -132,7 +152,7 @@ class CaseSpec:
 
     def content(self) -> dict[str, Any]:
         """The fields that determine inputs and outputs (what the hash covers)."""
-        skip = {"name", "suite", "source"}
+        skip = {"name", "suite", "source", "source_commit"}
         return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in skip}
 
     @property
@@ -169,6 +189,8 @@ class CaseSpec:
     def to_json(self) -> str:
         data = self.content()
         data.update(name=self.name, suite=self.suite, source=self.source)
+        if self.source_commit:
+            data["source_commit"] = self.source_commit
         return json.dumps(data, sort_keys=True)
 
     def to_toml(self) -> str:
@@ -182,8 +204,14 @@ class CaseSpec:
 
     @classmethod
     def from_json(cls, text: str) -> CaseSpec:
-        data = json.loads(text)
-        return build_case(data, source=data.get("source", "<json>"), validate=False)
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise SpecError("<json>", "<spec>", "<json>", f"not valid JSON: {exc}") from exc
+        if not isinstance(data, dict):
+            raise SpecError("<json>", "<spec>", "<json>", f"must be a JSON object, got {_show(data)}")
+        source = data.get("source", "<json>")
+        return build_case(data, source=source if isinstance(source, str) else "<json>", validate=False)
 
 
 def _jsonable(value: Any) -> Any:
@@ -197,71 +225,138 @@ def _jsonable(value: Any) -> Any:
 _FIELD_NAMES = {f.name for f in dataclasses.fields(CaseSpec)}
 
 
-def _expand_lengths(value: Any, source: str, case: str, name: str) -> tuple[int, ...]:
-    """Accept ``[1, 2, 3]`` or the compact ``{pattern = [1, 2], times = 4096}``."""
+def _show(value: Any) -> str:
+    """A value for an error message: one line, bounded."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+Fail = Callable[[str, str], SpecError]
+
+
+def _expand_lengths(value: Any, limit: int, fail: Fail, name: str) -> tuple[int, ...]:
+    """Accept ``[1, 2, 3]`` or the compact ``{pattern = [1, 2], times = 4096}``; the length is checked
+    against ``limit`` before anything is expanded, every entry against int32."""
+
+    def too_long(count: int) -> SpecError:
+        if limit == MAX_BATCH:
+            return fail(name, f"batch size must be in [1, {MAX_BATCH}], got {count}")
+        return fail(name, f"at most {limit} entries (error cases may exceed B <= {MAX_BATCH}), got {count}")
+
     if isinstance(value, Mapping):
         unknown = set(value) - {"pattern", "times"}
         if unknown or "pattern" not in value:
-            raise SpecError(source, case, name, "a compact length table needs 'pattern' (list) and 'times'")
-        pattern = value["pattern"]
-        times = value.get("times", 1)
-        if not isinstance(times, int) or isinstance(times, bool) or times < 1:
-            raise SpecError(source, case, name, f"'times' must be a positive integer, got {times!r}")
+            raise fail(name, "a compact length table needs 'pattern' (list) and 'times'")
+        pattern, times = value["pattern"], value.get("times", 1)
+        if not isinstance(pattern, (list, tuple)):
+            raise fail(name, f"'pattern' must be a list of integers, got {_show(pattern)}")
+        if not _is_int(times) or times < 1:
+            raise fail(name, f"'times' must be a positive integer, got {_show(times)}")
+        if len(pattern) * times > limit:
+            raise too_long(len(pattern) * times)
         value = list(pattern) * times
-    if not isinstance(value, Sequence) or isinstance(value, str):
-        raise SpecError(source, case, name, f"must be a list of integers, got {value!r}")
-    out = []
+    if not isinstance(value, (list, tuple)):
+        raise fail(name, f"must be a list of integers, got {_show(value)}")
+    if len(value) > limit:
+        raise too_long(len(value))
     for item in value:
-        if not isinstance(item, int) or isinstance(item, bool):
-            raise SpecError(source, case, name, f"must hold integers, got {item!r}")
-        out.append(int(item))
-    return tuple(out)
+        if not _is_int(item):
+            raise fail(name, f"must hold integers, got {_show(item)}")
+        if not INT32_MIN <= item <= INT32_MAX:
+            raise fail(name, f"lengths must fit int32, got {item}")
+    return tuple(int(item) for item in value)
 
 
-def _coerce_enum(value: Any, codes: Mapping[str, int], source: str, case: str, name: str) -> int:
+def _coerce_enum(value: Any, codes: Mapping[str, int], fail: Fail, name: str) -> int:
     if isinstance(value, str):
         key = value.lower()
         if key not in codes:
-            raise SpecError(source, case, name, f"unknown name {value!r}; expected one of {sorted(codes)}")
+            raise fail(name, f"unknown name {_show(value)}; expected one of {sorted(codes)}")
         return codes[key]
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    raise SpecError(source, case, name, f"must be an integer or a name, got {value!r}")
+    if _is_int(value) and INT32_MIN <= value <= INT32_MAX:
+        return int(value)
+    raise fail(name, f"must be an int32 or a name, got {_show(value)}")
+
+
+def _check_fields(raw: Mapping[str, Any], fail: Fail) -> None:
+    """Type and range of every field but the lengths and enums (whatever the case, valid or not)."""
+    ints = {"head_num": (INT32_MIN, INT32_MAX), "kv_head_num": (INT32_MIN, INT32_MAX),
+            "kv_capacity": (INT32_MIN, INT32_MAX), "seed": (0, SEED_LIMIT - 1)}
+    for name, (low, high) in ints.items():
+        value = raw.get(name)
+        if name not in raw or (value is None and name == "kv_capacity"):
+            continue
+        if not _is_int(value) or not low <= value <= high:
+            raise fail(name, f"must be an integer in [{low}, {high}], got {_show(value)}")
+    choices = {"dtype": DTYPES, "q_layout": Q_LAYOUTS, "kv_layout": KV_LAYOUTS, "distribution": DISTRIBUTIONS,
+               "expect_stage": STAGES}
+    for name, allowed in choices.items():
+        if name in raw and not (raw[name] is None and name == "expect_stage") and raw[name] not in allowed:
+            raise fail(name, f"must be one of {list(allowed)}, got {_show(raw[name])}")
+    patterns = {"name": SAFE_NAME, "suite": SAFE_NAME, "perturb": SAFE_PERTURB, "expect_error": SAFE_STATUS}
+    for name, pattern in patterns.items():
+        value = raw.get(name)
+        if value is None or (value == "" and name in ("name", "suite")):
+            continue
+        if not isinstance(value, str) or not pattern.fullmatch(value):
+            what = "an ATB status such as 'ERROR_INVALID_PARAM'" if name == "expect_error" else (
+                f"a string matching {pattern.pattern} (no path separators, at most 128 characters)")
+            raise fail(name, f"must be {what}, got {_show(value)}")
+    if not isinstance(raw.get("source", ""), str):
+        raise fail("source", f"must be a string, got {_show(raw['source'])}")
+    scale = raw.get("qk_scale", DEFAULT_QK_SCALE)
+    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or (_is_int(scale) and abs(scale) > 2**1023):
+        raise fail("qk_scale", f"must be a number within float64 range, got {_show(scale)}")
+
+
+def _is_commit(text: str) -> bool:
+    return len(text) == 40 and all(c in "0123456789abcdef" for c in text)
 
 
 def build_case(
     raw: Mapping[str, Any], *, source: str, suite: str = "", index: int = 0, validate: bool = True
 ) -> CaseSpec:
-    """Turn one table of fields into a validated :class:`CaseSpec`."""
-    label = str(raw.get("name") or f"#{index}")
+    """Turn one table of fields into a :class:`CaseSpec`; any problem is a :class:`SpecError`.
+
+    Types, ranges and names are always checked (so a case id, which names a file, is always safe);
+    ``validate`` adds the operator contract (:func:`validate_case`)."""
+    if not isinstance(raw, Mapping):
+        raise SpecError(source, f"#{index}", "<case>", f"must be a table of fields, got {_show(raw)}")
+    name = raw.get("name")
+    label = name if isinstance(name, str) and SAFE_NAME.fullmatch(name) else f"#{index}"
+
+    def fail(field_name: str, message: str) -> SpecError:
+        return SpecError(source, label, field_name, message)
+
     unknown = set(raw) - _FIELD_NAMES
     if unknown:
-        bad = sorted(unknown)[0]
-        raise SpecError(source, label, bad, f"unknown field; known fields: {sorted(_FIELD_NAMES)}")
+        raise fail(sorted(unknown)[0], f"unknown field; known fields: {sorted(_FIELD_NAMES)}")
     for required in ("q_seqlen", "head_num"):
         if required not in raw:
-            raise SpecError(source, label, required, "is required")
-    q = _expand_lengths(raw["q_seqlen"], source, label, "q_seqlen")
-    kv = _expand_lengths(raw.get("kv_seqlen", raw["q_seqlen"]), source, label, "kv_seqlen")
+            raise fail(required, "is required")
+    limit = MAX_BATCH if validate and raw.get("expect_error") is None else MAX_LIST
+    q = _expand_lengths(raw["q_seqlen"], limit, fail, "q_seqlen")
+    kv = _expand_lengths(raw.get("kv_seqlen", raw["q_seqlen"]), limit, fail, "kv_seqlen")
+    _check_fields(raw, fail)
+    if suite and not SAFE_NAME.fullmatch(suite):
+        raise fail("suite", f"must match {SAFE_NAME.pattern}, got {_show(suite)}")
     kwargs: dict[str, Any] = dict(raw)
-    kwargs.update(q_seqlen=q, kv_seqlen=kv, source=source, suite=suite or str(raw.get("suite", "")))
+    kwargs.update(q_seqlen=q, kv_seqlen=kv, source=source, suite=suite or raw.get("suite") or "")
     kwargs.setdefault("kv_head_num", raw["head_num"])
-    kwargs["mask_type"] = _coerce_enum(raw.get("mask_type", 0), MASK_CODES, source, label, "mask_type")
-    kwargs["cache_mode"] = _coerce_enum(raw.get("cache_mode", 1), CACHE_CODES, source, label, "cache_mode")
-    capacity = kwargs.get("kv_capacity")
-    if capacity is not None and (not isinstance(capacity, int) or isinstance(capacity, bool)):
-        raise SpecError(source, label, "kv_capacity", f"must be an integer, got {capacity!r}")
-    for int_field in ("head_num", "kv_head_num", "seed"):
-        value = kwargs.get(int_field, 0)
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise SpecError(source, label, int_field, f"must be an integer, got {value!r}")
-    scale = kwargs.get("qk_scale", DEFAULT_QK_SCALE)
-    if not isinstance(scale, (int, float)) or isinstance(scale, bool):
-        raise SpecError(source, label, "qk_scale", f"must be a number, got {scale!r}")
+    kwargs["mask_type"] = _coerce_enum(raw.get("mask_type", 0), MASK_CODES, fail, "mask_type")
+    kwargs["cache_mode"] = _coerce_enum(raw.get("cache_mode", 1), CACHE_CODES, fail, "cache_mode")
+    scale = float(kwargs.get("qk_scale", DEFAULT_QK_SCALE))
+    commit = kwargs.get("source_commit", "")
+    if not isinstance(commit, str) or (commit and not _is_commit(commit)):
+        raise fail("source_commit", f"must be a full 40-hex-digit commit, got {commit!r}")
     try:  # the spec holds the fp32 value the operator receives, so every reference agrees on it
-        kwargs["qk_scale"] = as_c_float(float(scale))
+        kwargs["qk_scale"] = as_c_float(scale)
     except OverflowError:  # beyond fp32's range: only meaningful for error cases
-        kwargs["qk_scale"] = float(scale)
+        kwargs["qk_scale"] = scale
     spec = CaseSpec(**kwargs)
     if not spec.name:
         spec = dataclasses.replace(spec, name=spec.case_id)
@@ -338,28 +433,40 @@ def validate_case(spec: CaseSpec) -> None:
 def read_toml(path: Path, fail: Callable[[str, str], Exception]) -> dict[str, Any]:
     """Parse a TOML file; ``fail(field, message)`` builds the caller's error (which names the file)."""
     try:
-        return tomllib.loads(path.read_text())
+        size = path.stat().st_size
+        if size > MAX_SUITE_BYTES:
+            raise fail("<file>", f"{size} bytes; at most {MAX_SUITE_BYTES} are read")
+        return tomllib.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise fail("<file>", f"not UTF-8 text: {exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise fail("<toml>", f"not valid TOML: {exc}") from exc
+    except RecursionError as exc:
+        raise fail("<toml>", "nested too deeply") from exc
     except OSError as exc:
         raise fail("<file>", f"cannot read: {exc}") from exc
 
 
-def _matrix_rows(matrix: Mapping[str, Any], source: str, index: int) -> Iterator[dict[str, Any]]:
-    """Expand the product of a matrix table's axes into field dictionaries."""
+def _matrix_axes(matrix: Mapping[str, Any], fail: Fail) -> list[list[dict[str, Any]]]:
+    """A matrix table's axes: each a list of alternatives (field dictionaries), none empty."""
     axes: list[list[dict[str, Any]]] = []
     for key, value in matrix.items():
         if key in ("q_seqlen", "kv_seqlen"):
             is_axis = isinstance(value, list) and value and all(isinstance(v, (list, dict)) for v in value)
-            alternatives = value if is_axis else [value]
-            axes.append([{key: alt} for alt in alternatives])
+            axes.append([{key: alt} for alt in (value if is_axis else [value])])
         elif key in _FIELD_NAMES:
-            alternatives = value if isinstance(value, list) else [value]
-            axes.append([{key: alt} for alt in alternatives])
-        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            axes.append([{key: alt} for alt in (value if isinstance(value, list) else [value])])
+        elif isinstance(value, list) and all(isinstance(v, dict) for v in value):
             axes.append([dict(v) for v in value])  # a zipped axis: each table sets several fields
         else:
-            raise SpecError(source, f"matrix #{index}", key, "unknown field (a zipped axis needs a list of tables)")
+            raise fail(key, "unknown field (a zipped axis needs a list of tables)")
+        if not axes[-1]:
+            raise fail(key, "an axis needs at least one value")
+    return axes
+
+
+def _matrix_rows(axes: list[list[dict[str, Any]]]) -> Iterator[dict[str, Any]]:
+    """Expand the product of a matrix's axes into field dictionaries."""
     for combo in itertools.product(*axes):
         row: dict[str, Any] = {}
         for part in combo:
@@ -367,24 +474,65 @@ def _matrix_rows(matrix: Mapping[str, Any], source: str, index: int) -> Iterator
         yield row
 
 
+def _tables(value: Any, fail: Fail, what: str) -> list[Mapping[str, Any]]:
+    """``[[case]]`` / ``[[matrix]]``: an array of tables."""
+    if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
+        raise fail(what, f"must be an array of tables ([[{what}]]), got {_show(value)}")
+    return value
+
+
 def load_suite(path: str | Path, *, validate: bool = True) -> list[CaseSpec]:
-    """Load one suite file; duplicate cases (same content hash) are an error naming both."""
+    """Load one suite file; duplicate cases (same content hash) are an error naming both.
+
+    Any problem with the file, whatever its content, is a :class:`SpecError` naming file, case and
+    field; sizes are checked before anything is expanded (at most MAX_CASES cases, MAX_FILE_ENTRIES
+    sequence lengths in all)."""
     path = Path(path)
     source = str(path)
-    data = read_toml(path, lambda name, message: SpecError(source, "<file>", name, message))
+
+    def file_fail(field_name: str, message: str) -> SpecError:
+        return SpecError(source, "<file>", field_name, message)
+
+    data = read_toml(path, file_fail)
     unknown = set(data) - {"suite", "defaults", "case", "matrix"}
     if unknown:
-        raise SpecError(source, "<file>", sorted(unknown)[0], "unknown top-level table")
-    meta = data.get("suite", {})
-    suite = str(meta.get("name", path.stem))
-    defaults = dict(data.get("defaults", {}))
-    raws: list[dict[str, Any]] = [{**defaults, **case} for case in data.get("case", [])]
-    for m_index, matrix in enumerate(data.get("matrix", [])):
-        raws.extend({**defaults, **row} for row in _matrix_rows(matrix, source, m_index))
+        raise file_fail(sorted(unknown)[0], "unknown top-level table")
+    meta, defaults = data.get("suite", {}), data.get("defaults", {})
+    for what, table in (("suite", meta), ("defaults", defaults)):
+        if not isinstance(table, Mapping):
+            raise file_fail(what, f"must be a table ([{what}]), got {_show(table)}")
+    suite = meta.get("name", path.stem)
+    if not isinstance(suite, str) or not SAFE_NAME.fullmatch(suite):
+        raise file_fail("suite.name", f"must match {SAFE_NAME.pattern} (default: the file name), got {_show(suite)}")
+    if not isinstance(meta.get("description", ""), str):
+        raise file_fail("suite.description", f"must be a string, got {_show(meta['description'])}")
+    tables = _tables(data.get("case", []), file_fail, "case")
+    if len(tables) > MAX_CASES:
+        raise file_fail("case", f"the file defines {len(tables)} cases; at most {MAX_CASES}")
+    raws: list[dict[str, Any]] = [{**defaults, **case} for case in tables]
+    planned = len(raws)
+    matrices = []
+    for m_index, matrix in enumerate(_tables(data.get("matrix", []), file_fail, "matrix")):
+
+        def matrix_fail(field_name: str, message: str, label: str = f"matrix #{m_index}") -> SpecError:
+            return SpecError(source, label, field_name, message)
+
+        axes = _matrix_axes(matrix, matrix_fail)
+        planned += math.prod(len(axis) for axis in axes)
+        if planned > MAX_CASES:
+            raise matrix_fail("<matrix>", f"the file would define {planned}+ cases; at most {MAX_CASES}")
+        matrices.append(axes)
+    for axes in matrices:
+        raws.extend({**defaults, **row} for row in _matrix_rows(axes))
     cases: list[CaseSpec] = []
     seen: dict[str, str] = {}
+    entries = 0
     for index, raw in enumerate(raws):
         spec = build_case(raw, source=source, suite=suite, index=index, validate=validate)
+        entries += spec.batch + len(spec.kv_seqlen)
+        if entries > MAX_FILE_ENTRIES:
+            raise SpecError(source, spec.name, "q_seqlen", f"the file's cases hold more than {MAX_FILE_ENTRIES} "
+                            "sequence lengths in all")
         if spec.content_hash in seen:
             raise SpecError(source, spec.name, "<case>", f"duplicates case {seen[spec.content_hash]!r}")
         seen[spec.content_hash] = spec.name
@@ -416,7 +564,7 @@ def load_suites(names: Iterable[str]) -> list[CaseSpec]:
     cases: list[CaseSpec] = []
     for name in dict.fromkeys(wanted):
         path = suite_path(name)
-        if not path.exists():
+        if not SAFE_NAME.fullmatch(name) or not path.exists():
             raise SpecError(str(path), "<file>", "<suite>", f"no suite named {name!r}; have {available_suites()}")
         cases.extend(load_suite(path))
     return cases

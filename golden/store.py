@@ -22,15 +22,42 @@ the spec's content)::
                               values that are exactly bf16 (device_dtype="bf16"); seqlens int32
     /golden/out               float64 reference in the op's output layout (q's layout)
     /golden/row_valid         bool [T]: False for rows of zero-length batches ("don't care")
+    /golden/{pv_abs,pv_rss,pvs_rss,pv_scale}
+                              float32 magnitudes per output element (golden.magnitudes; schema 3)
+    /golden/{score_absmax,score_dot,p_rss}
+                              float32 magnitudes per row and head [T, H] (schema 3)
     /baseline/out             emulated same-dtype baseline, stored like the inputs
     /baseline (group attrs)   baseline error statistics (float / int / bool / str)
 
 Every dataset carries ``sha256`` (of its raw stored bytes, C order, little-endian) and
 ``device_dtype``.  Datasets are contiguous and uncompressed so ``h5dump`` shows them and a byte's
-file offset is known.  Files are written to ``.<name>.<pid>.tmp`` in the same directory, fsynced and
-renamed with ``os.replace``: a killed writer never leaves a partial file under a final name.  Reads
-use ``locking=False`` (read-only, safe under pytest-xdist) and verify every checksum; problems raise
-:class:`GoldenCorruptError` or :class:`GoldenStaleError` naming the file and dataset.
+file offset is known.
+
+Whole-file integrity (schema 3).  HDF5 parses object headers and attributes before any checksum of
+ours could be looked at, and a damaged header can crash or hang it; so every file starts with an
+HDF5 *user block* (HDF5 skips it; ``h5dump`` and h5py read the file as usual) holding a text header::
+
+    MLA-GOLDEN-HDF5 schema 3 header 4096
+    size <file size in bytes>
+    dataset <path> <file offset> <bytes> <sha256 of those bytes>     (one line per dataset)
+    sha256 <SHA-256 of the lines above + every byte after the header>
+    NUL padding to the header size
+
+Reads check it with plain Python I/O before HDF5 sees a byte: any change anywhere (header, HDF5
+metadata, attributes such as provenance, raw data, truncation or extension) is a
+:class:`GoldenCorruptError` naming the file (and the dataset when the damage lies in raw data); a file
+without the header (schema < 3) is stale.  HDF5 then reads the very file object that was hashed, so a
+rename between check and parse cannot substitute another file.  A verified file's
+(device, inode, size, mtime_ns, ctime_ns) is remembered for the life of the process so that it is not
+re-hashed on every read; an in-place change updates ctime, which misses the cache.
+
+Writes build the whole file in memory (h5py on a ``BytesIO``), seal it, and write the bytes with plain
+Python I/O to ``.<name>.<pid>.tmp`` in the same directory, fsynced and renamed with ``os.replace``: a
+killed writer never leaves a partial file under a final name, and a full disk or any other OS error
+surfaces as :class:`GoldenWriteError` naming the store and the case (the temp file is removed; HDF5
+never writes to disk, so it cannot crash while cleaning up).  After the header, reads verify every
+dataset's checksum (defence in depth); problems raise :class:`GoldenCorruptError` or
+:class:`GoldenStaleError` naming the file and dataset.
 """
 
 from __future__ import annotations
@@ -38,26 +65,42 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import io
 import json
 import logging
 import os
 import platform
+import re
 import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import h5py
 import ml_dtypes
 import numpy as np
 from filelock import FileLock
 
+from golden.magnitudes import MAGNITUDES
 from golden.spec import CaseSpec
 from golden.types import INPUT_NAMES, GoldenCase, OpInputs
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+#: Largest integrity header (HDF5 user block) a reader accepts.
+MAX_HEADER = 1 << 20
+#: A verified file enters the process's digest cache only once its ctime is this old, so that a
+#: change within the same clock tick as the check (ctime unchanged) cannot hide behind the cache.
+CACHE_SETTLE_NS = 1_000_000_000
+_CHUNK = 1 << 20
+_FIRST_LINE = re.compile(rb"MLA-GOLDEN-HDF5 schema ([0-9]{1,6}) header ([0-9]{3,8})\n")
+_SEALED = re.compile(rb"((?:[^\n\x00]*\n)*?)sha256 ([0-9a-f]{64})\n\x00*")
+_SIZE_LINE = re.compile(rb"size ([0-9]{1,20})")
+_DATASET_LINE = re.compile(rb"dataset ([A-Za-z0-9_/]{1,200}) ([0-9]{1,20}) ([0-9]{1,20}) ([0-9a-f]{64})")
+#: (st_dev, st_ino) -> (size, mtime_ns, ctime_ns) of files whose whole-file digest matched.
+_VERIFIED: dict[tuple[int, int], tuple[int, int, int]] = {}
 ENV_DIR = "MLA_GOLDEN_DIR"
 #: The store when neither an argument nor $MLA_GOLDEN_DIR names one: ``.golden`` in the working directory.
 DEFAULT_DIR_NAME = ".golden"
@@ -84,7 +127,11 @@ class GoldenCorruptError(GoldenStoreError):
 
 
 class GoldenStaleError(GoldenStoreError):
-    """Readable and intact but written for another spec content or generator version."""
+    """Readable and intact but written for another spec content, generator or schema version."""
+
+
+class GoldenWriteError(GoldenStoreError):
+    """A golden file could not be written (disk full, permissions, ...); no partial file is left."""
 
 
 def current_generator_version() -> str:
@@ -184,61 +231,132 @@ def _datasets(golden: GoldenCase) -> dict[str, np.ndarray]:
         raise TypeError(f"{golden.spec.case_id}: row_valid must be bool, got {golden.row_valid.dtype}")
     out = {f"inputs/{name}": arr for name, arr in golden.inputs.arrays().items()}
     out["golden/out"], out["golden/row_valid"] = golden.out, golden.row_valid
+    missing = [name for name in MAGNITUDES if name not in golden.magnitudes]
+    if missing:
+        raise TypeError(f"{golden.spec.case_id}: golden lacks the magnitudes {missing}")
+    out.update({f"golden/{name}": golden.magnitudes[name] for name in MAGNITUDES})
     out["baseline/out"] = golden.baseline_out
     return out
 
 
-def write_golden(golden: GoldenCase, path: Path, generator_version: str) -> int:
-    """Write atomically (temp name, fsync, rename, fsync dir); returns the bytes written."""
+def _header_size(names: list[str]) -> int:
+    """User block size (a power of two >= 512, as HDF5 requires) that fits the header for ``names``."""
+    need = 160 + sum(len(name) + 130 for name in names)  # first, size and seal lines; one line per dataset
+    return max(512, 1 << (need - 1).bit_length())
+
+
+def _image(golden: GoldenCase, generator_version: str) -> io.BytesIO:
+    """The whole HDF5 file, built in memory with an empty user block for the integrity header."""
     spec = golden.spec
+    arrays = _datasets(golden)
+    buf = io.BytesIO()
+    with h5py.File(buf, "w", userblock_size=_header_size(list(arrays))) as f:
+        checksums: dict[str, str] = {}
+        for name, arr in arrays.items():
+            stored, tag = _encode(np.ascontiguousarray(arr))
+            ds = f.create_dataset(name, data=stored)
+            ds.attrs["device_dtype"] = tag
+            ds.attrs["sha256"] = checksums[name] = _sha256(stored)
+        for key, value in golden.baseline_stats.items():
+            f["baseline"].attrs[key] = value
+        f.attrs.update(
+            {
+                "schema_version": SCHEMA_VERSION,
+                "spec_json": spec.to_json(),
+                "content_hash": spec.content_hash,
+                "case_id": spec.case_id,
+                "seed": spec.seed,
+                "generator_version": generator_version,
+                "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "created_pid": os.getpid(),
+                "hostname": socket.gethostname(),
+                "blas": blas_info(),
+                "provenance_json": json.dumps(golden.provenance, sort_keys=True),
+                "checksums_json": json.dumps(checksums, sort_keys=True),
+                "baseline_stats_sha256": stats_sha256(dict(golden.baseline_stats)),
+                **library_versions(),
+            }
+        )
+    return buf
+
+
+def _dataset_ranges(f: h5py.File) -> list[tuple[str, int, int]]:
+    """(path, file offset, bytes) of every dataset with stored data (contiguous layout)."""
+    found: list[tuple[str, int, int]] = []
+
+    def visit(name: str, obj: object) -> None:
+        if isinstance(obj, h5py.Dataset) and obj.id.get_storage_size() > 0:
+            found.append((name, int(obj.id.get_offset()), int(obj.id.get_storage_size())))
+
+    f.visititems(visit)
+    return sorted(found)
+
+
+def _hash_range(fh: IO[bytes], offset: int, size: int) -> str:
+    digest = hashlib.sha256()
+    fh.seek(offset)
+    while size > 0 and (chunk := fh.read(min(size, _CHUNK))):
+        digest.update(chunk)
+        size -= len(chunk)
+    return digest.hexdigest()
+
+
+def seal(buf: io.BytesIO) -> memoryview:
+    """Write the integrity header into the user block of the HDF5 file held in ``buf``; returns the
+    sealed bytes.  The store seals every file it writes (a test that edits a file on purpose, to reach
+    the per-dataset checks behind the header, reseals it with this)."""
+    with h5py.File(buf, "r") as f:
+        header_size = int(f.userblock_size)
+        ranges = _dataset_ranges(f)
+    image = buf.getbuffer()
+    lines = [f"MLA-GOLDEN-HDF5 schema {SCHEMA_VERSION} header {header_size}", f"size {len(image)}"]
+    lines += [f"dataset {name} {offset} {size} {hashlib.sha256(image[offset:offset + size]).hexdigest()}"
+              for name, offset, size in ranges]
+    body = ("\n".join(lines) + "\n").encode()
+    digest = hashlib.sha256(body)
+    digest.update(image[header_size:])
+    header = body + b"sha256 " + digest.hexdigest().encode() + b"\n"
+    if len(header) > header_size:
+        raise ValueError(f"integrity header needs {len(header)} bytes, the user block has {header_size}")
+    image[:header_size] = header.ljust(header_size, b"\0")
+    return image
+
+
+def write_golden(golden: GoldenCase, path: Path, generator_version: str) -> int:
+    """Write atomically (temp name, fsync, rename, fsync dir); returns the bytes written.
+
+    Every OS error (a full disk, a read-only store, ...) raises :class:`GoldenWriteError` naming the
+    store and the case, after removing the temp file; HDF5 itself never touches the disk."""
+    image = seal(_image(golden, generator_version))
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with h5py.File(tmp, "w", locking=False) as f:
-            checksums: dict[str, str] = {}
-            for name, arr in _datasets(golden).items():
-                stored, tag = _encode(np.ascontiguousarray(arr))
-                ds = f.create_dataset(name, data=stored)
-                ds.attrs["device_dtype"] = tag
-                ds.attrs["sha256"] = checksums[name] = _sha256(stored)
-            for key, value in golden.baseline_stats.items():
-                f["baseline"].attrs[key] = value
-            f.attrs.update(
-                {
-                    "schema_version": SCHEMA_VERSION,
-                    "spec_json": spec.to_json(),
-                    "content_hash": spec.content_hash,
-                    "case_id": spec.case_id,
-                    "seed": spec.seed,
-                    "generator_version": generator_version,
-                    "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "created_pid": os.getpid(),
-                    "hostname": socket.gethostname(),
-                    "blas": blas_info(),
-                    "provenance_json": json.dumps(golden.provenance, sort_keys=True),
-                    "checksums_json": json.dumps(checksums, sort_keys=True),
-                    "baseline_stats_sha256": stats_sha256(dict(golden.baseline_stats)),
-                    **library_versions(),
-                }
-            )
-        with open(tmp, "rb") as fh:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as fh:
+            fh.write(image)
+            fh.flush()
             os.fsync(fh.fileno())
-        size = tmp.stat().st_size
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise _write_error(path, golden.spec, exc) from exc
         raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return size
+    return len(image)
+
+
+def _write_error(path: Path, spec: CaseSpec, exc: OSError) -> GoldenWriteError:
+    return GoldenWriteError(path, f"cannot write case {spec.case_id!r} into store {path.parent}: {exc}")
 
 
 @dataclass(frozen=True)
 class FileMeta:
-    """Root attributes of a golden file (cheap to read, not checksum-verified)."""
+    """Root attributes of a golden file (covered by the whole-file digest, like everything in it)."""
 
     path: Path
     attrs: dict[str, Any]
@@ -255,25 +373,89 @@ class FileMeta:
         return CaseSpec.from_json(str(self.attrs["spec_json"]))
 
 
+def _check_whole_file(fh: IO[bytes], path: Path) -> None:
+    """The integrity header and whole-file digest, read with plain Python I/O before HDF5 parses a byte."""
+    st = os.fstat(fh.fileno())
+    settled = time.time_ns() - st.st_ctime_ns > CACHE_SETTLE_NS
+    identity, state = (st.st_dev, st.st_ino), (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    if _VERIFIED.get(identity) == state:
+        return
+    first = fh.read(64)
+    if first.startswith(HDF5_SIGNATURE):
+        raise GoldenStaleError(path, f"no integrity header: written before schema_version {SCHEMA_VERSION}")
+    match = _FIRST_LINE.match(first)
+    if match is None:
+        raise GoldenCorruptError(path, "integrity header damaged or absent (not a golden file of this store)")
+    header_size = int(match[2])
+    if header_size < 512 or header_size & (header_size - 1) or header_size > MAX_HEADER:
+        raise GoldenCorruptError(path, f"integrity header damaged: header size {header_size}")
+    if header_size > st.st_size:
+        raise GoldenCorruptError(path, f"truncated: {st.st_size} bytes, less than the {header_size}-byte header")
+    fh.seek(0)
+    sealed = _SEALED.fullmatch(fh.read(header_size))
+    if sealed is None:
+        raise GoldenCorruptError(path, "integrity header damaged: no well-formed sha256 line")
+    digest = hashlib.sha256(sealed[1])
+    while chunk := fh.read(_CHUNK):
+        digest.update(chunk)
+    if digest.hexdigest() != sealed[2].decode():
+        raise _locate_damage(fh, path, sealed[1], st.st_size)
+    if int(match[1]) != SCHEMA_VERSION:
+        raise GoldenStaleError(path, f"schema_version {int(match[1])}, store reads {SCHEMA_VERSION}")
+    if settled:
+        _VERIFIED[identity] = state
+
+
+def _locate_damage(fh: IO[bytes], path: Path, body: bytes, size: int) -> GoldenCorruptError:
+    """Name what a whole-file digest mismatch damaged, from the header's size and dataset lines."""
+    lines = body.split(b"\n")
+    recorded = [int(m[1]) for line in lines if (m := _SIZE_LINE.fullmatch(line))]
+    if recorded and recorded[0] != size:
+        return GoldenCorruptError(path, f"file is {size} bytes, its header records {recorded[0]} "
+                                  "(truncated, extended or header damaged)")
+    for line in lines:
+        m = _DATASET_LINE.fullmatch(line)
+        if m and int(m[2]) + int(m[3]) <= size and _hash_range(fh, int(m[2]), int(m[3])) != m[4].decode():
+            return GoldenCorruptError(path, "raw data changed (whole-file and dataset SHA-256 mismatch)",
+                                      m[1].decode())
+    return GoldenCorruptError(path, "whole-file SHA-256 mismatch: HDF5 metadata, attributes or the integrity "
+                              "header changed")
+
+
 @contextlib.contextmanager
 def _open(path: Path) -> Iterator[h5py.File]:
-    if not path.exists():
-        raise GoldenMissingError(path, "no golden file")
+    """Open for reading after the whole-file check; HDF5 reads the same file object that was hashed."""
     try:
-        f = h5py.File(path, "r", locking=False)
+        fh = open(path, "rb")  # noqa: SIM115 (closed by the with block below)
+    except FileNotFoundError:
+        raise GoldenMissingError(path, "no golden file") from None
     except OSError as exc:
-        raise GoldenCorruptError(path, f"cannot open as HDF5 (truncated or damaged): {exc}") from exc
-    with f:
-        yield f
+        raise GoldenCorruptError(path, f"cannot open: {exc}") from exc
+    with fh:
+        try:
+            _check_whole_file(fh, path)
+        except OSError as exc:
+            raise GoldenCorruptError(path, f"cannot read: {exc}") from exc
+        fh.seek(0)
+        try:
+            f = h5py.File(fh, "r", locking=False)
+        except OSError as exc:
+            raise GoldenCorruptError(path, f"cannot open as HDF5: {exc}") from exc
+        with f:
+            yield f
+
+
+def _meta(f: h5py.File, path: Path) -> FileMeta:
+    try:
+        attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in f.attrs.items()}
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise GoldenCorruptError(path, f"root attributes unreadable: {exc}") from exc
+    return FileMeta(path, attrs)
 
 
 def read_meta(path: Path) -> FileMeta:
     with _open(path) as f:
-        try:
-            attrs = {k: v.decode() if isinstance(v, bytes) else v for k, v in f.attrs.items()}
-        except (OSError, RuntimeError, ValueError) as exc:
-            raise GoldenCorruptError(path, f"root attributes unreadable: {exc}") from exc
-    return FileMeta(path, attrs)
+        return _meta(f, path)
 
 
 def _read_verified(f: h5py.File, path: Path) -> dict[str, np.ndarray]:
@@ -304,14 +486,14 @@ def _read_verified(f: h5py.File, path: Path) -> dict[str, np.ndarray]:
 
 def read_golden(path: Path, spec: CaseSpec | None = None) -> tuple[GoldenCase, FileMeta]:
     """Read and verify every checksum; ``spec`` (else the file's spec_json) labels the result."""
-    meta = read_meta(path)
-    try:
-        stored_spec = meta.spec()
-    except (KeyError, ValueError, TypeError) as exc:
-        raise GoldenCorruptError(path, f"root attribute 'spec_json' unusable: {exc}") from exc
-    if stored_spec.content_hash != meta.content_hash:
-        raise GoldenCorruptError(path, "spec_json does not hash to the recorded content_hash")
     with _open(path) as f:
+        meta = _meta(f, path)
+        try:
+            stored_spec = meta.spec()
+        except (KeyError, ValueError, TypeError) as exc:
+            raise GoldenCorruptError(path, f"root attribute 'spec_json' unusable: {exc}") from exc
+        if stored_spec.content_hash != meta.content_hash:
+            raise GoldenCorruptError(path, "spec_json does not hash to the recorded content_hash")
         arrays = _read_verified(f, path)
         try:
             stats = {k: _scalar(v) for k, v in f["baseline"].attrs.items()}
@@ -331,6 +513,7 @@ def read_golden(path: Path, spec: CaseSpec | None = None) -> tuple[GoldenCase, F
             baseline_out=arrays["baseline/out"],
             baseline_stats=stats,
             provenance=provenance,
+            magnitudes={name: arrays[f"golden/{name}"] for name in MAGNITUDES},
         )
     except (KeyError, TypeError) as exc:
         raise GoldenCorruptError(path, f"required dataset missing: {exc}") from exc
@@ -394,9 +577,22 @@ class GoldenStore:
         self.check_stale(meta, spec)
         return read_golden(path, spec)[0]
 
+    @contextlib.contextmanager
+    def _locked(self, spec: CaseSpec) -> Iterator[None]:
+        """Hold the case lock; failing to create or take it is a :class:`GoldenWriteError`."""
+        try:
+            lock = self.lock_for(spec)
+            lock.acquire()
+        except OSError as exc:
+            raise _write_error(self.path_for(spec), spec, exc) from exc
+        try:
+            yield
+        finally:
+            lock.release()
+
     def save(self, golden: GoldenCase) -> Path:
         """Write under the case lock, so concurrent savers never interleave."""
-        with self.lock_for(golden.spec):
+        with self._locked(golden.spec):
             self._write(golden)
         return self.path_for(golden.spec)
 
@@ -411,7 +607,7 @@ class GoldenStore:
         if not force and path.exists():
             with contextlib.suppress(GoldenStoreError):
                 return EnsureResult(self.load(spec), path, "up-to-date")
-        with self.lock_for(spec):
+        with self._locked(spec):
             why = "forced"
             if not force:
                 try:
@@ -429,5 +625,6 @@ class GoldenStore:
         """Caller holds the case lock: any temp file for this case is a dead writer's leftover."""
         path = self.path_for(golden.spec)
         for leftover in self.root.glob(f".{path.name}.*.tmp"):
-            leftover.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                leftover.unlink(missing_ok=True)
         return write_golden(golden, path, self.generator_version)

@@ -47,3 +47,6 @@ class GoldenCase:
     baseline_out: np.ndarray  # case dtype, q's layout: emulated ATB precision path
     baseline_stats: dict[str, float | int | bool | str] = field(default_factory=dict)
     provenance: dict[str, str] = field(default_factory=dict)
+    #: float64-computed magnitudes of the attention sums (golden.magnitudes), name -> float32 array:
+    #: element ones in attenOut's layout, row ones [T, H].  The error-model rule needs them.
+    magnitudes: dict[str, np.ndarray] = field(default_factory=dict)

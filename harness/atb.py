@@ -21,7 +21,7 @@ import torch
 from facts.versions import atb_version_near
 from harness.backend import Availability, BackendError, BackendInfo, MlaPrefillCall
 from harness.devices import worker_device_index
-from native.harness import ACL_BF16, ACL_FLOAT, ACL_FLOAT16, ACL_INT32, TensorDesc
+from native.harness import ACL_BF16, ACL_FLOAT, ACL_FLOAT16, ACL_INT32, ACL_INT64, HostTensorDesc, TensorDesc
 
 if TYPE_CHECKING:
     from native._atb_harness import Context, Library
@@ -30,34 +30,53 @@ _ACL_DTYPES: dict[torch.dtype, int] = {
     torch.float16: ACL_FLOAT16,
     torch.bfloat16: ACL_BF16,
     torch.int32: ACL_INT32,
+    torch.int64: ACL_INT64,
     torch.float32: ACL_FLOAT,
 }
 
 
-def _describe(name: str, tensor: torch.Tensor) -> TensorDesc:
-    if not tensor.is_contiguous():
-        raise ValueError(f"{name} must be contiguous: ATB reads only shape and pointer, never strides")
+def _dtype_code(name: str, tensor: torch.Tensor) -> int:
     code = _ACL_DTYPES.get(tensor.dtype)
     if code is None:
         raise ValueError(f"{name} has dtype {tensor.dtype}, which the ATB harness cannot pass")
-    return TensorDesc(name, tensor.data_ptr(), tuple(tensor.shape), code)
+    return code
+
+
+def _describe(call: MlaPrefillCall, name: str, tensor: torch.Tensor) -> TensorDesc:
+    if not tensor.is_contiguous():
+        raise ValueError(f"{name} must be contiguous: ATB reads only shape and pointer, never strides")
+    return TensorDesc(name, tensor.data_ptr(), tuple(tensor.shape), _dtype_code(name, tensor), call.format_of(name))
 
 
 def describe_tensors(call: MlaPrefillCall, out: torch.Tensor) -> list[TensorDesc]:
-    """The aclTensor descriptors of q, q_rope, k, k_rope, v, mask (if any) and out, in that order."""
-    named = [("q", call.q), ("q_rope", call.q_rope), ("k", call.k), ("k_rope", call.k_rope), ("v", call.v)]
-    if call.mask is not None:
-        named.append(("mask", call.mask))
-    named.append(("out", out))
-    return [_describe(name, tensor) for name, tensor in named]
+    """The aclTensor descriptors of q, q_rope, k, k_rope, v, mask (if any) and out, in that order.
+
+    An argument in ``call.null_args`` (and a ``None`` mask) gets no descriptor: the harness passes a
+    null ``aclTensor*`` for it.
+    """
+    named = [("q", call.q), ("q_rope", call.q_rope), ("k", call.k), ("k_rope", call.k_rope), ("v", call.v),
+             ("mask", call.mask), ("out", out)]
+    return [_describe(call, name, tensor) for name, tensor in named
+            if tensor is not None and name not in call.null_args]
 
 
-def host_seqlens(name: str, tensor: torch.Tensor) -> list[int]:
-    """qSeqLen/kvSeqLen values; the C interface reads them from host int32 memory, so no device copy."""
-    if tensor.dtype != torch.int32 or tensor.device.type != "cpu" or tensor.dim() != 1:
-        raise ValueError(f"{name} must be a host int32 [B] tensor, got {tensor.dtype} {tuple(tensor.shape)} "
-                         f"on {tensor.device}")
-    return [int(x) for x in tensor.tolist()]
+def describe_host_tensors(call: MlaPrefillCall) -> list[HostTensorDesc]:
+    """qSeqLen and kvSeqLen as the C interface reads them, from host memory: their bytes, shape, dtype.
+
+    The harness copies the bytes into buffers it owns for the whole call, so no device copy and no
+    pointer into Python memory.  Arguments in ``call.null_args`` are passed as null.
+    """
+    descs = []
+    for name, tensor in (("q_seqlen", call.q_seqlen), ("kv_seqlen", call.kv_seqlen)):
+        if name in call.null_args:
+            continue
+        if tensor.device.type != "cpu":
+            raise ValueError(f"{name} must be a host tensor: the C interface reads it from host memory, "
+                             f"got one on {tensor.device}")
+        code = _dtype_code(name, tensor)
+        data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        descs.append(HostTensorDesc(name, data, tuple(tensor.shape), code, call.format_of(name)))
+    return descs
 
 
 @contextmanager
@@ -83,9 +102,8 @@ def launch(context: Context, call: MlaPrefillCall, out: torch.Tensor, *, stream:
 
     with _status_as_backend_error():
         return _atb_harness.prefill(
-            context, describe_tensors(call, out), host_seqlens("q_seqlen", call.q_seqlen),
-            host_seqlens("kv_seqlen", call.kv_seqlen), call.head_num, call.qk_scale, call.kv_head_num,
-            call.mask_type, call.cache_mode, stream, alloc_workspace, synchronize,
+            context, describe_tensors(call, out), describe_host_tensors(call), call.head_num, call.qk_scale,
+            call.kv_head_num, call.mask_type, call.cache_mode, stream, alloc_workspace, synchronize,
         )
 
 
@@ -214,7 +232,7 @@ class AtbBackend:
             k_rope=call.k_rope.to(device), v=call.v.to(device),
             mask=None if call.mask is None else call.mask.to(device),
         )
-        out = torch.empty(call.q.shape, dtype=call.q_rope.dtype, device=device)
+        out = torch.empty(call.atten_out_shape, dtype=call.atten_out_dtype, device=device)
         workspaces: list[torch.Tensor] = []
 
         def alloc_workspace(size: int) -> int:

@@ -7,23 +7,34 @@ in q's layout and the case dtype, or raises :class:`BackendError` with the ATB s
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from facts.status import STATUS_CODES, status_name
+from native.harness import ACL_FORMAT_ND
 
 if TYPE_CHECKING:  # the registry imports this module; importing torch waits until a backend runs
     import torch
 
 Stage = Literal["create", "setup", "execute"]
 
+#: The C interface's tensor arguments, in its order (``out`` is attenOut).
+TENSOR_ARGS = ("q", "q_rope", "k", "k_rope", "v", "q_seqlen", "kv_seqlen", "mask", "out")
+
 
 @dataclass(frozen=True)
 class MlaPrefillCall:
     """The C interface's arguments; tensors live on the host, contiguous, in the case's layout.
 
-    ``q_seqlen`` and ``kv_seqlen`` are host int32 tensors of shape ``[B]``.  ``mask`` is the 512x512
-    MASK_FREE mask in the case dtype, or ``None``.
+    ``q_seqlen`` and ``kv_seqlen`` are host tensors, int32 of shape ``[B]`` in a valid call.  ``mask``
+    is the 512x512 MASK_FREE mask in the case dtype, or ``None`` (a null pointer).
+
+    The optional fields describe how a caller may get the rest of the interface wrong; their defaults
+    are a correct call.  ``out_shape``/``out_dtype``: the attenOut the caller allocates (default q's
+    shape and qRope's dtype).  ``formats``: an aclFormat per argument named in :data:`TENSOR_ARGS`
+    (default ``ACL_FORMAT_ND``, the only one the operator accepts).  ``null_args``: arguments passed
+    as a null ``aclTensor*``.
     """
 
     q: torch.Tensor
@@ -39,6 +50,29 @@ class MlaPrefillCall:
     kv_head_num: int
     mask_type: int
     cache_mode: int
+    out_shape: tuple[int, ...] | None = None
+    out_dtype: torch.dtype | None = None
+    formats: Mapping[str, int] = field(default_factory=dict)
+    null_args: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        unknown = (set(self.formats) | self.null_args) - set(TENSOR_ARGS)
+        if unknown:
+            raise ValueError(f"unknown tensor arguments {sorted(unknown)}; known: {list(TENSOR_ARGS)}")
+
+    def format_of(self, name: str) -> int:
+        """The aclFormat argument ``name`` is passed with."""
+        return self.formats.get(name, ACL_FORMAT_ND)
+
+    @property
+    def atten_out_shape(self) -> tuple[int, ...]:
+        """The shape of the attenOut the caller passes."""
+        return tuple(self.q.shape) if self.out_shape is None else self.out_shape
+
+    @property
+    def atten_out_dtype(self) -> torch.dtype:
+        """The dtype of the attenOut the caller passes."""
+        return self.q_rope.dtype if self.out_dtype is None else self.out_dtype
 
 
 class BackendError(RuntimeError):

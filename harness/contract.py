@@ -1,16 +1,24 @@
 """A pure-Python model of AtbMLAPreFill's documented error contract, and a backend built on it.
 
-The model validates an :class:`MlaPrefillCall` the way shared spec sections 1-3 describe, in the
-order ATB runs its checks (read from ascend-transformer-boost at ddcc8b622):
+The model validates an :class:`MlaPrefillCall` the way docs/operator.md §1-3 describe, in the
+order ATB runs its checks (read from hicann/ascend-transformer-boost at
+ddcc8b6225b8b7d4703c69c319244bdea0f0c9a1; paths relative to src/):
 
 * **create** (``CreateOperation``: ``ParamRangeCheck`` then ``ParamPrefillCheck`` in
-  ``multi_latent_attention_operation.cpp``): every scalar problem is ``ERROR_INVALID_PARAM``;
-* **setup** (``OperationBase::SetupCheck``): attached tensors must have 1..8 dims
-  (``TensorCheck::CheckTensorShape`` -> ``ERROR_INVALID_TENSOR_DIM``), the dtype combination must
-  be one the op's IR lists (``CheckIniMatch`` -> ``ERROR_INVALID_TENSOR_INI_MATCH``), then
-  ``InTensorDimCheckPrefill`` (ranks -> ``ERROR_INVALID_TENSOR_DIM_NUM``, sizes ->
-  ``ERROR_INVALID_TENSOR_DIM``); the prefill runner's ``ModifyKernelGraph``, still inside Setup,
-  rejects unequal q/kv lengths without CAUSAL with ``ERROR_INVALID_PARAM``.
+  ``ops/ops_infer/multi_latent_attention/multi_latent_attention_operation.cpp``): every scalar
+  problem is ``ERROR_INVALID_PARAM``;
+* **setup** (``atb/operation/operation_base.cpp``, ``OperationBase::SetupCheck`` ->
+  ``CheckVariantPack``): every input tensor, then attenOut, must have 1..8 dims (a null
+  ``aclTensor*`` has 0; ``TensorCheck::CheckTensorShape`` -> ``ERROR_INVALID_TENSOR_DIM``); dtypes
+  *and formats* of inputs and attenOut must be one combination the op's IR lists (all fp16 or all
+  bf16, seqlens int32, every format ND: ``CheckIniMatch`` -> ``ERROR_INVALID_TENSOR_INI_MATCH``);
+  then ``SetupCheckImpl``: ``InTensorDimCheckPrefill`` (ranks -> ``ERROR_INVALID_TENSOR_DIM_NUM``,
+  sizes -> ``ERROR_INVALID_TENSOR_DIM``; a rank-3 mask passes), attenOut against q
+  (``TensorCheck::TensorDescsEqual``: rank -> ``ERROR_INVALID_TENSOR_DIM_NUM``, dims ->
+  ``ERROR_INVALID_TENSOR_DIM``); then the runner, still inside Setup: the prefill runner's
+  ``ModifyKernelGraph`` rejects unequal q/kv lengths without CAUSAL (``ERROR_INVALID_PARAM``), and
+  ``OpsRunner::PlanKernel`` turns the kernel's failed InferShape (``MLAOperation::CheckNdMask``
+  wants a 2-D mask) into ``ERROR_RT_FAIL``.
 
 Where ATB is known to disagree with its documentation the model follows the documentation: a NaN
 qkScale is rejected (ATB's ``qkScale <= 0 || qkScale > 1`` lets NaN through) and CAUSAL without a
@@ -33,6 +41,7 @@ import torch
 from facts.operator import CAUSAL, KROPE_CTKV, MASK_FREE, MASK_SIZE, MAX_BATCH, MAX_HEADS, NOPE_DIM, ROPE_DIM
 from harness.backend import Availability, Backend, BackendError, BackendInfo, MlaPrefillCall, Stage
 from harness.torch_backend import TorchSdpaBackend
+from native.harness import ACL_FORMAT_ND
 
 NOPE, ROPE = NOPE_DIM, ROPE_DIM
 MAX_DIMS = 8  # atb::MAX_DIM
@@ -58,14 +67,19 @@ def _shape(tensor: torch.Tensor | None) -> tuple[int, ...]:
 
 
 def _attached(call: MlaPrefillCall) -> dict[str, torch.Tensor | None]:
-    """The tensors the C interface hands to Setup (the mask only for MASK_FREE)."""
+    """The input tensors the C interface hands to Setup (the mask only for MASK_FREE); None: null."""
     named: dict[str, torch.Tensor | None] = {
         "q": call.q, "q_rope": call.q_rope, "k": call.k, "k_rope": call.k_rope, "v": call.v,
         "q_seqlen": call.q_seqlen, "kv_seqlen": call.kv_seqlen,
     }
     if call.mask_type == MASK_FREE:
         named["mask"] = call.mask
-    return named
+    return {name: None if name in call.null_args else tensor for name, tensor in named.items()}
+
+
+def _out_shape(call: MlaPrefillCall) -> tuple[int, ...] | None:
+    """attenOut's shape as the caller passes it; None when it is a null pointer."""
+    return None if "out" in call.null_args else call.atten_out_shape
 
 
 # -- create: parameters --------------------------------------------------------------------------
@@ -74,40 +88,40 @@ def _attached(call: MlaPrefillCall) -> dict[str, torch.Tensor | None]:
 def _qk_scale(call: MlaPrefillCall) -> str | None:
     scale = call.qk_scale
     if math.isnan(scale) or not 0.0 < scale <= 1.0:
-        return f"qkScale {scale} outside (0, 1] (spec §3)"
+        return f"qkScale {scale} outside (0, 1] (docs/operator.md §3)"
     return None
 
 
 def _mask_type(call: MlaPrefillCall) -> str | None:
     if call.mask_type not in (0, MASK_FREE, CAUSAL, SWA_NORM):
-        return f"maskType {call.mask_type} is not UNDEFINED, MASK_FREE, CAUSAL or SWA_NORM (spec §3)"
+        return f"maskType {call.mask_type} is not UNDEFINED, MASK_FREE, CAUSAL or SWA_NORM (docs/operator.md §3)"
     return None
 
 
 def _cache_mode(call: MlaPrefillCall) -> str | None:
     if call.cache_mode != KROPE_CTKV:
-        return f"cacheMode {call.cache_mode}: prefill accepts only KROPE_CTKV (1) (spec §3)"
+        return f"cacheMode {call.cache_mode}: prefill accepts only KROPE_CTKV (1) (docs/operator.md §3)"
     return None
 
 
 def _head_num(call: MlaPrefillCall) -> str | None:
     if not 1 <= call.head_num <= MAX_HEADS:
-        return f"headNum {call.head_num} outside [1, {MAX_HEADS}] (spec §2)"
+        return f"headNum {call.head_num} outside [1, {MAX_HEADS}] (docs/operator.md §2)"
     return None
 
 
 def _kv_head_num(call: MlaPrefillCall) -> str | None:
     h, hkv = call.head_num, call.kv_head_num
     if call.mask_type != CAUSAL and hkv != h:
-        return f"kvHeadNum {hkv} must equal headNum {h} unless maskType is CAUSAL (spec §2)"
+        return f"kvHeadNum {hkv} must equal headNum {h} unless maskType is CAUSAL (docs/operator.md §2)"
     if call.mask_type == CAUSAL and (hkv < 1 or h % hkv):
-        return f"CAUSAL needs headNum {h} to be a multiple of kvHeadNum {hkv} (spec §2)"
+        return f"CAUSAL needs headNum {h} to be a multiple of kvHeadNum {hkv} (docs/operator.md §2)"
     return None
 
 
 def _swa_window(call: MlaPrefillCall) -> str | None:
     if call.mask_type == SWA_NORM:
-        return "SWA_NORM needs windowSize > 0, which the C interface cannot pass (spec §3)"
+        return "SWA_NORM needs windowSize > 0, which the C interface cannot pass (docs/operator.md §3)"
     return None
 
 
@@ -119,43 +133,63 @@ def _tensor_dims(call: MlaPrefillCall) -> str | None:
         dims = len(_shape(tensor))
         if not 1 <= dims <= MAX_DIMS:
             what = "missing" if tensor is None else f"{dims}-D"
-            return f"{name} is {what}; every attached tensor needs 1..{MAX_DIMS} dims (spec §1-2)"
+            return f"{name} is {what}; every attached tensor needs 1..{MAX_DIMS} dims (docs/operator.md §1-2)"
+    return None
+
+
+def _out_tensor_dims(call: MlaPrefillCall) -> str | None:
+    shape = _out_shape(call)
+    if shape is None or not 1 <= len(shape) <= MAX_DIMS:
+        what = "missing" if shape is None else f"{len(shape)}-D"
+        return f"attenOut is {what}; it needs 1..{MAX_DIMS} dims (docs/operator.md §1-2)"
     return None
 
 
 def _dtypes(call: MlaPrefillCall) -> str | None:
     attached = {name: t for name, t in _attached(call).items() if t is not None}
     floats = {name: t.dtype for name, t in attached.items() if not name.endswith("seqlen")}
+    if _out_shape(call) is not None:
+        floats["out"] = call.atten_out_dtype
     kinds = set(floats.values())
     if len(kinds) != 1 or next(iter(kinds)) not in DEVICE_DTYPES:
-        return f"dtypes {floats}: all must be fp16 or all bf16 (spec §2)"
+        return f"dtypes {floats}: all must be fp16 or all bf16 (docs/operator.md §2)"
     ints = {name: t.dtype for name, t in attached.items() if name.endswith("seqlen")}
     if any(dtype != torch.int32 for dtype in ints.values()):
-        return f"qSeqLen/kvSeqLen dtypes {ints}: must be int32 (spec §2)"
+        return f"qSeqLen/kvSeqLen dtypes {ints}: must be int32 (docs/operator.md §2)"
+    return None
+
+
+def _formats(call: MlaPrefillCall) -> str | None:
+    passed = [name for name, t in _attached(call).items() if t is not None]
+    if _out_shape(call) is not None:
+        passed.append("out")
+    odd = {name: call.format_of(name) for name in passed if call.format_of(name) != ACL_FORMAT_ND}
+    if odd:
+        return f"aclFormat {odd}: every tensor must be ND ({ACL_FORMAT_ND}) (docs/operator.md §1)"
     return None
 
 
 def _ranks(call: MlaPrefillCall) -> str | None:
     ranks = {name: len(_shape(t)) for name, t in _attached(call).items()}
     wanted = {"q_rope": ranks["q"], "k": 3, "k_rope": 3, "v": 3, "q_seqlen": 1, "kv_seqlen": 1}
-    if call.mask_type == MASK_FREE:
-        wanted["mask"] = 2
     bad = {name: ranks[name] for name, rank in wanted.items() if ranks[name] != rank}
-    if ranks["q"] not in (2, 3) or bad:
-        return f"ranks {ranks}: q 2-D or 3-D, qRope like q, k/kRope/v 3-D, seqlens 1-D, mask 2-D (spec §2)"
+    mask_bad = call.mask_type == MASK_FREE and ranks["mask"] not in (2, 3)
+    if ranks["q"] not in (2, 3) or bad or mask_bad:
+        return (f"ranks {ranks}: q 2-D or 3-D, qRope like q, k/kRope/v 3-D, seqlens 1-D, mask 2-D or 3-D "
+                "(docs/operator.md §2)")
     return None
 
 
 def _batch_limit(call: MlaPrefillCall) -> str | None:
     batch = call.q_seqlen.shape[0]
     if batch > MAX_BATCH:
-        return f"batch {batch} > {MAX_BATCH} (spec §2)"
+        return f"batch {batch} > {MAX_BATCH} (docs/operator.md §2)"
     return None
 
 
 def _seqlen_lengths(call: MlaPrefillCall) -> str | None:
     if call.q_seqlen.shape[0] != call.kv_seqlen.shape[0]:
-        return f"qSeqLen has {call.q_seqlen.shape[0]} entries, kvSeqLen {call.kv_seqlen.shape[0]} (spec §2)"
+        return f"qSeqLen has {call.q_seqlen.shape[0]} entries, kvSeqLen {call.kv_seqlen.shape[0]} (docs/operator.md §2)"
     return None
 
 
@@ -165,7 +199,7 @@ def _q_dims(call: MlaPrefillCall) -> str | None:
     want_q = (q[0], h * NOPE) if len(q) == 2 else (q[0], h, NOPE)
     want_qr = (q[0], h * ROPE) if len(q) == 2 else (q[0], h, ROPE)
     if q != want_q or qr != want_qr:
-        return f"q {q} / qRope {qr}: expected {want_q} / {want_qr} for headNum {h} (spec §2)"
+        return f"q {q} / qRope {qr}: expected {want_q} / {want_qr} for headNum {h} (docs/operator.md §2)"
     return None
 
 
@@ -176,26 +210,50 @@ def _kv_dims(call: MlaPrefillCall) -> str | None:
     packed = k[1:] == (hkv, NOPE)
     if not (padded or (packed and call.mask_type != CAUSAL)):
         forms = "[B, S, Hkv*128]" if call.mask_type == CAUSAL else "[B, S, Hkv*128] or [Tk, Hkv, 128]"
-        return f"k {k}: expected {forms} with B {batch}, Hkv {hkv} (spec §2)"
+        return f"k {k}: expected {forms} with B {batch}, Hkv {hkv} (docs/operator.md §2)"
     if kr != (k[0], k[1], k[2] // 2) or v != k:
-        return f"kRope {kr} / v {v}: expected k's dims with the last halved / exactly k's {k} (spec §2)"
+        return f"kRope {kr} / v {v}: expected k's dims with the last halved / exactly k's {k} (docs/operator.md §2)"
     return None
 
 
 def _mask_dims(call: MlaPrefillCall) -> str | None:
-    if call.mask_type == MASK_FREE and _shape(call.mask) != (MASK_SIZE, MASK_SIZE):
-        return f"mask {_shape(call.mask)}: MASK_FREE needs [{MASK_SIZE}, {MASK_SIZE}] (spec §2)"
+    shape = _shape(call.mask)
+    if call.mask_type == MASK_FREE and len(shape) == 2 and shape != (MASK_SIZE, MASK_SIZE):
+        return f"mask {shape}: MASK_FREE needs [{MASK_SIZE}, {MASK_SIZE}] (docs/operator.md §2)"
+    return None
+
+
+def _out_rank(call: MlaPrefillCall) -> str | None:
+    out, q = call.atten_out_shape, _shape(call.q)
+    if len(out) != len(q):
+        return (f"attenOut {out} has {len(out)} dims, q {q} has {len(q)}: attenOut is exactly q's shape "
+                "(docs/operator.md §2)")
+    return None
+
+
+def _out_dims(call: MlaPrefillCall) -> str | None:
+    out, q = call.atten_out_shape, _shape(call.q)
+    if out != q:
+        return f"attenOut {out}: must be exactly q's shape {q} (docs/operator.md §2)"
     return None
 
 
 def _seqlen_values(call: MlaPrefillCall) -> str | None:
     if call.mask_type != CAUSAL and not torch.equal(call.q_seqlen, call.kv_seqlen):
-        return "qSeqLen must equal kvSeqLen element-wise unless maskType is CAUSAL (spec §4)"
+        return "qSeqLen must equal kvSeqLen element-wise unless maskType is CAUSAL (docs/operator.md §4)"
+    return None
+
+
+def _kernel_mask(call: MlaPrefillCall) -> str | None:
+    if call.mask_type == MASK_FREE and len(_shape(call.mask)) != 2:
+        return f"mask {_shape(call.mask)}: the kernel takes only a 2-D mask (docs/operator.md §2)"
     return None
 
 
 _PARAM = "ERROR_INVALID_PARAM"
 _DIM = "ERROR_INVALID_TENSOR_DIM"
+_DIM_NUM = "ERROR_INVALID_TENSOR_DIM_NUM"
+_INI_MATCH = "ERROR_INVALID_TENSOR_INI_MATCH"
 
 #: The documented rejections in ATB's order; the first failing one decides status and stage.
 CHECKS: tuple[ContractCheck, ...] = (
@@ -206,14 +264,19 @@ CHECKS: tuple[ContractCheck, ...] = (
     ContractCheck("kv_head_num", "create", _PARAM, _kv_head_num),
     ContractCheck("swa_window", "create", _PARAM, _swa_window),
     ContractCheck("tensor_dims", "setup", _DIM, _tensor_dims),
-    ContractCheck("dtypes", "setup", "ERROR_INVALID_TENSOR_INI_MATCH", _dtypes),
-    ContractCheck("ranks", "setup", "ERROR_INVALID_TENSOR_DIM_NUM", _ranks),
+    ContractCheck("out_tensor_dims", "setup", _DIM, _out_tensor_dims),
+    ContractCheck("dtypes", "setup", _INI_MATCH, _dtypes),
+    ContractCheck("formats", "setup", _INI_MATCH, _formats),
+    ContractCheck("ranks", "setup", _DIM_NUM, _ranks),
     ContractCheck("batch_limit", "setup", _DIM, _batch_limit),
     ContractCheck("seqlen_lengths", "setup", _DIM, _seqlen_lengths),
     ContractCheck("q_dims", "setup", _DIM, _q_dims),
     ContractCheck("kv_dims", "setup", _DIM, _kv_dims),
     ContractCheck("mask_dims", "setup", _DIM, _mask_dims),
+    ContractCheck("out_rank", "setup", _DIM_NUM, _out_rank),
+    ContractCheck("out_dims", "setup", _DIM, _out_dims),
     ContractCheck("seqlen_values", "setup", _PARAM, _seqlen_values),
+    ContractCheck("kernel_mask", "setup", "ERROR_RT_FAIL", _kernel_mask),
 )
 CHECK_NAMES = tuple(c.name for c in CHECKS)
 

@@ -27,7 +27,7 @@ Classification = Literal["expected", "unexpected_pass", "different"]
 _PATTERN_SELECTORS = ("dtype", "mask", "kv_layout", "case")
 _BOOL_SELECTORS = ("ragged", "causal_prefix_mod128", "over_capacity")
 _FIELDS = ("id", "backend", "versions", "outcome", "error_status", "stage", "status", "reason", "reference",
-           "select")
+           "source_commit", "select")
 
 
 class DeviationError(ValueError):
@@ -140,6 +140,8 @@ class Deviation:
     reason: str
     reference: str
     select: dict[str, str | bool] = field(default_factory=dict)
+    #: The upstream commit whose source the entry was reviewed against ("" if never reviewed).
+    source_commit: str = ""
 
     def selects(self, backend: str, version: str | None, spec: CaseSpec) -> bool:
         if not fnmatchcase(backend, self.backend):
@@ -177,7 +179,8 @@ class Deviation:
 
     def describe(self) -> str:
         what = f"error {self.error_status}" if self.outcome == "error" else "numeric failure"
-        return f"{self.id} ({self.status}): {what} expected: {self.reason} [{self.reference}]"
+        at = f" @ {self.source_commit[:12]}" if self.source_commit else ""
+        return f"{self.id} ({self.status}): {what} expected: {self.reason} [{self.reference}{at}]"
 
 
 @dataclass
@@ -224,6 +227,9 @@ def _entry(raw: Any, index: int, source: str) -> Deviation:
             parse_range(versions)
         except ValueError as exc:
             raise fail("versions", str(exc)) from exc
+    commit = raw.get("source_commit", "")
+    if not isinstance(commit, str) or (commit and not re.fullmatch(r"[0-9a-f]{40}", commit)):
+        raise fail("source_commit", f"must be a full 40-hex-digit commit, got {commit!r}")
     if text["status"] not in ("unconfirmed", "confirmed"):
         raise fail("status", f"must be 'unconfirmed' or 'confirmed', got {text['status']!r}")
     outcome = text["outcome"]
@@ -255,6 +261,7 @@ def _entry(raw: Any, index: int, source: str) -> Deviation:
         id=text["id"], backend=text["backend"], versions=versions.strip(),
         outcome="error" if outcome == "error" else "fail", error_status=error_status, stage=stage,
         status=text["status"], reason=text["reason"], reference=text["reference"], select=dict(select),
+        source_commit=commit,
     )
 
 

@@ -9,6 +9,7 @@ are missing (no baseline) fails rather than passes: a verdict must never be vacu
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from facts.operator import DTYPES
+from golden.error_model import ModelResult
 from golden.metrics import UNIT_ROUNDOFF, Metrics
 from golden.spec import CaseSpec, read_toml
 
@@ -27,8 +29,9 @@ Params = dict[str, dict[str, Param]]
 
 #: Every rule and its parameters (all must be given in ``[rules.<name>]``).
 RULE_PARAMS: dict[str, tuple[str, ...]] = {
+    "model": ("false_alarm", "safety"),
     "atb": ("eps_small", "eps_large", "size_limit"),
-    "benchmark": ("mare", "mere", "rmse", "mare_floor_u", "mere_floor_u", "rmse_floor_u"),
+    "benchmark": ("mare", "mere", "rmse", "mare_floor_u", "mere_floor_u", "rmse_floor_u", "min_elements"),
     "thousandth": ("max_fraction",),
     "ulp": ("max_ulp",),
     "relative": ("k", "floor_u"),
@@ -44,6 +47,11 @@ class PolicyError(ValueError):
         super().__init__(f"{source}: {where}: field {field_name!r}: {message}")
 
 
+#: The error-model rule's evaluation for given ``(false_alarm, safety)``: needs the output, the
+#: golden and its stored magnitudes, so the caller that has them supplies it.
+ModelFn = Callable[[float, float], ModelResult]
+
+
 @dataclass(frozen=True)
 class VerdictContext:
     """What a rule needs to know about the case besides the metrics."""
@@ -51,10 +59,11 @@ class VerdictContext:
     dtype: str
     head_num: int
     max_seq: int
+    model: ModelFn | None = None
 
     @classmethod
-    def from_spec(cls, spec: CaseSpec) -> VerdictContext:
-        return cls(dtype=spec.dtype, head_num=spec.head_num, max_seq=spec.max_q)
+    def from_spec(cls, spec: CaseSpec, model: ModelFn | None = None) -> VerdictContext:
+        return cls(dtype=spec.dtype, head_num=spec.head_num, max_seq=spec.max_q, model=model)
 
 
 @dataclass(frozen=True)
@@ -67,6 +76,8 @@ class Check:
     bound: float
     passed: bool
     note: str = ""
+    #: False for evidence only: recorded and reported, but not part of the verdict.
+    decisive: bool = True
 
     @property
     def slack(self) -> float:
@@ -78,12 +89,13 @@ class Check:
 
     def text(self) -> str:
         note = f" ({self.note})" if self.note else ""
+        evidence = "" if self.decisive else " [evidence, not deciding]"
         return (f"{self.rule}: {self.metric} = {self.value:.4g} vs bound {self.bound:.4g} "
-                f"(slack {self.slack:.3g}){note}")
+                f"(slack {self.slack:.3g}){note}{evidence}")
 
     def to_dict(self) -> dict[str, Any]:
         return dict(rule=self.rule, metric=self.metric, value=float(self.value), bound=float(self.bound),
-                    slack=float(self.slack), passed=self.passed, note=self.note)
+                    slack=float(self.slack), passed=self.passed, note=self.note, decisive=self.decisive)
 
 
 def _check(rule: str, metric: str, value: float, bound: float, note: str = "") -> Check:
@@ -115,14 +127,21 @@ class Verdict:
 
     @property
     def failing(self) -> list[Check]:
-        return [c for c in self.checks if not c.passed]
+        """Deciding checks over their bound (evidence-only checks never fail a verdict)."""
+        return [c for c in self.checks if c.decisive and not c.passed]
+
+    @property
+    def evidence_over(self) -> list[Check]:
+        """Evidence-only checks over their bound (reported, not deciding)."""
+        return [c for c in self.checks if not c.decisive and not c.passed]
 
     @property
     def worst_slack(self) -> float:
-        return max((c.slack for c in self.checks), default=0.0)
+        """The largest slack among the deciding checks."""
+        return max((c.slack for c in self.checks if c.decisive), default=0.0)
 
     def worst_check(self) -> Check | None:
-        return max(self.checks, key=lambda c: c.slack, default=None)
+        return max((c for c in self.checks if c.decisive), key=lambda c: c.slack, default=None)
 
     def summary(self) -> str:
         """One paragraph: the verdict, the failing checks (or the tightest one) and the worst element."""
@@ -133,6 +152,8 @@ class Verdict:
         else:
             worst = self.worst_check()
             body = f"Tightest {worst.text()}. " if worst else ""
+        if self.evidence_over:
+            body += "Evidence over its bound: " + "; ".join(c.text() for c in self.evidence_over) + ". "
         return f"{head}{body}Worst element: {self.worst_element}."
 
     def to_dict(self) -> dict[str, Any]:
@@ -154,6 +175,14 @@ def _finite(m: Metrics) -> list[Check]:
         _check("finite", "inf_count", m.inf_count, 0),
         _check("finite", "golden_nonfinite", golden_bad, 0, "golden has NaN/Inf" if golden_bad else ""),
     ]
+
+
+def _model(p: Callable[[str], float], m: Metrics, b: Metrics | None, ctx: VerdictContext) -> list[Check]:
+    """Every element within the error bound of the documented precision path (golden.error_model)."""
+    if ctx.model is None:
+        return [Check("model", "max_err_over_bound", math.nan, 1.0, False, "no stored magnitudes to bound with")]
+    result = ctx.model(p("false_alarm"), p("safety"))
+    return [_check("model", "max_err_over_bound", result.max_ratio, 1.0, result.text())]
 
 
 def _atb(p: Callable[[str], float], m: Metrics, b: Metrics | None, ctx: VerdictContext) -> list[Check]:
@@ -187,6 +216,7 @@ def _benchmark(p: Callable[[str], float], m: Metrics, b: Metrics | None, ctx: Ve
     if b is None:
         return _no_baseline("benchmark", ("mare_ratio", "mere_ratio", "rmse_ratio"))
     u = UNIT_ROUNDOFF[ctx.dtype]
+    small = m.n_elements < p("min_elements")
     pairs = (
         ("mare", m.max_rel_err, _floored(b.max_rel_err, p("mare_floor_u") * u)),
         ("mere", m.mean_rel_err, _floored(b.mean_rel_err, p("mere_floor_u") * u)),
@@ -195,8 +225,11 @@ def _benchmark(p: Callable[[str], float], m: Metrics, b: Metrics | None, ctx: Ve
     checks = []
     for name, value, base in pairs:
         ratio = _ratio(value, base)
-        checks.append(_check("benchmark", f"{name}_ratio", ratio, p(name),
-                             f"{name} {value:.3g} / baseline {base:.3g}"))
+        note = f"{name} {value:.3g} / baseline {base:.3g}"
+        if small:  # reported, but a ratio of two means over so few elements decides nothing
+            note += f"; {m.n_elements} elements < min_elements {p('min_elements'):g}: not deciding"
+        check = _check("benchmark", f"{name}_ratio", ratio, p(name), note)
+        checks.append(dataclasses.replace(check, decisive=not small))
     return checks
 
 
@@ -218,7 +251,8 @@ def _relative(p: Callable[[str], float], m: Metrics, b: Metrics | None, ctx: Ver
 
 
 RULES: dict[str, RuleFn] = {
-    "atb": _atb, "benchmark": _benchmark, "thousandth": _thousandth, "ulp": _ulp, "relative": _relative,
+    "model": _model, "atb": _atb, "benchmark": _benchmark, "thousandth": _thousandth, "ulp": _ulp,
+    "relative": _relative,
 }
 
 
@@ -231,6 +265,8 @@ class Policy:
     rules: tuple[str, ...]
     params: Params
     overrides: tuple[AppliedOverride, ...] = ()
+    #: Rules measured and recorded on every verdict without deciding it.
+    evidence: tuple[str, ...] = ()
 
     def param(self, rule: str, name: str, dtype: str) -> float:
         value = self.params[rule][name]
@@ -241,11 +277,15 @@ class Policy:
         if context.dtype not in DTYPES:
             raise ValueError(f"context dtype must be one of {DTYPES}, got {context.dtype!r}")
         checks = _finite(metrics)
-        for rule in self.rules:
+        for rule in (*self.rules, *self.evidence):
             def lookup(name: str, rule: str = rule) -> float:
                 return self.param(rule, name, context.dtype)
-            checks += RULES[rule](lookup, metrics, baseline, context)
-        return Verdict(self.name, all(c.passed for c in checks), checks, self.overrides, metrics.worst_text())
+            found = RULES[rule](lookup, metrics, baseline, context)
+            if rule not in self.rules:
+                found = [dataclasses.replace(c, decisive=False) for c in found]
+            checks += found
+        passed = all(c.passed for c in checks if c.decisive)
+        return Verdict(self.name, passed, checks, self.overrides, metrics.worst_text())
 
 
 # -- loading -------------------------------------------------------------------------------------
@@ -282,7 +322,7 @@ class PolicySet:
                     for name, value in values.items():
                         params[rule][name] = _merge(params[rule][name], value)
                 applied.append(AppliedOverride(ov.index, ov.reason, ov.rules))
-        return Policy(base.name, base.description, base.rules, params, tuple(applied))
+        return Policy(base.name, base.description, base.rules, params, tuple(applied), base.evidence)
 
 
 def _merge(old: Param, new: Param) -> Param:
@@ -359,22 +399,28 @@ def load_policies(path: Path | None = None) -> PolicySet:
         where = f"policy {name!r}"
         if not isinstance(raw, dict):
             raise PolicyError(source, where, "<table>", "must be a table")
-        extra = set(raw) - {"description", "rules"}
+        extra = set(raw) - {"description", "rules", "evidence"}
         if extra:
             raise PolicyError(source, where, sorted(extra)[0],
-                              "unknown field; expected 'description', 'rules'")
+                              "unknown field; expected 'description', 'rules', 'evidence'")
         rules = raw.get("rules")
         if not isinstance(rules, list) or not all(isinstance(r, str) for r in rules):
             raise PolicyError(source, where, "rules", f"must be a list of rule names, got {rules!r}")
-        for rule in rules:
-            if rule not in params:
-                raise PolicyError(source, where, "rules",
-                                  f"rule {rule!r} has no [rules.{rule}] table; have {sorted(params)}")
+        evidence = raw.get("evidence", [])
+        if not isinstance(evidence, list) or not all(isinstance(r, str) for r in evidence):
+            raise PolicyError(source, where, "evidence", f"must be a list of rule names, got {evidence!r}")
+        for field_name, names in (("rules", rules), ("evidence", evidence)):
+            for rule in names:
+                if rule not in params:
+                    raise PolicyError(source, where, field_name,
+                                      f"rule {rule!r} has no [rules.{rule}] table; have {sorted(params)}")
+        if set(rules) & set(evidence):
+            raise PolicyError(source, where, "evidence", "a rule either decides or is evidence, not both")
         description = raw.get("description", "")
         if not isinstance(description, str):
             raise PolicyError(source, where, "description", "must be a string")
         all_params = {r: dict(values) for r, values in params.items()}  # so overrides of any rule apply
-        policies[name] = Policy(name, description, tuple(rules), all_params)
+        policies[name] = Policy(name, description, tuple(rules), all_params, evidence=tuple(evidence))
     overrides = []
     raw_overrides = data.get("override", [])
     if not isinstance(raw_overrides, list):

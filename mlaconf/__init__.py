@@ -4,19 +4,33 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 from collections.abc import Sequence
 
+DISTRIBUTION = "mla-prefill-conformance"
+DESCRIPTION = """\
+Conformance and golden-data testing of the ATB MLA prefill operator: build and check the float64
+golden files, run the conformance suites on a backend, and compare, merge or render their reports.
+'mlaconf VERB --help' describes each verb."""
 #: Modules exposing ``register(subparsers)``; each verb sets ``func(args) -> int`` as its default.
 VERB_MODULES = ("golden.cli", "golden.bench", "reports.cli", "runner.run")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mlaconf", description=__doc__)
+    parser = argparse.ArgumentParser(prog="mlaconf", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     subparsers = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     for module_name in VERB_MODULES:
         importlib.import_module(module_name).register(subparsers)
     return parser
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,8 +7,11 @@ STATUS_COUNT: int
 ACL_FLOAT: int
 ACL_FLOAT16: int
 ACL_INT32: int
+ACL_INT64: int
 ACL_BF16: int
+ACL_FORMAT_NCHW: int
 ACL_FORMAT_ND: int
+ACL_FORMAT_FRACTAL_NZ: int
 
 class AtbLoadError(OSError): ...
 
@@ -31,9 +34,8 @@ class Context:
 def status_name(status: int) -> str: ...
 def prefill(
     context: Context,
-    tensors: Sequence[tuple[str, int, Sequence[int], int]],
-    q_seqlen: Sequence[int],
-    kv_seqlen: Sequence[int],
+    tensors: Sequence[tuple[str, int, Sequence[int], int, int]],
+    host_tensors: Sequence[tuple[str, bytes, Sequence[int], int, int]],
     head_num: int,
     qk_scale: float,
     kv_head_num: int,

@@ -18,12 +18,7 @@ python -m pip install -e . --no-deps --no-build-isolation --quiet
 python -c "import native._atb_harness"
 
 echo "== 2/4 compat check: native/src/atb_abi.h against the installed headers"
-workdir="$(mktemp -d)"
-trap 'rm -rf "$workdir"' EXIT
-"$cxx" -std=c++17 -Wall -Wextra \
-    -I"$ATB_HOME_PATH/include" -I"$ascend_home/include" -I"$ascend_home/include/aclnn" -Inative/src \
-    native/src/compat_check.cpp -o "$workdir/compat_check"
-"$workdir/compat_check"
+CXX="$cxx" native/check_headers.sh "$ATB_HOME_PATH/include" "$ascend_home/include" "$ascend_home/include/aclnn"
 
 echo "== 3/4 availability probe, then the NPU-marked tests (harness on the real libatb)"
 python - <<'PY'

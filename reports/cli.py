@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,10 +20,18 @@ def _existing_dir(text: str) -> Path:
 
 
 def register(subparsers: Any) -> None:
-    report = subparsers.add_parser("report", help="diff, merge or render conformance report directories")
+    report = subparsers.add_parser(
+        "report", help="diff, merge or render conformance report directories",
+        description="Work on report directories (results.jsonl + run.json) after or between runs: compare "
+        "two runs as an upgrade gate, join sharded runs, or render a run's report.html again.")
     verbs = report.add_subparsers(dest="report_verb", required=True, metavar="SUBVERB")
 
-    p = verbs.add_parser("diff", help="compare two runs (exit 1 when a case regressed)")
+    p = verbs.add_parser(
+        "diff", help="compare two runs (exit 1 when a case regressed)",
+        description="Compare a candidate run with a baseline case by case: identical, changed within "
+        "tolerance, regressed, fixed, added or missing, plus latency changes.  Prints one line per "
+        "changed case (full lines unless on a terminal) and writes diff.md, diff.html (with a slack "
+        "before/after chart) and diff.json.  Exit 1 when a case regressed or is missing.")
     p.add_argument("base", type=_existing_dir, help="baseline report directory")
     p.add_argument("cand", type=_existing_dir, help="candidate report directory")
     p.add_argument("--out", type=Path, default=None, help="output directory (default CAND/diff/)")
@@ -47,14 +56,20 @@ def register(subparsers: Any) -> None:
     p.add_argument("--cand-backend", default=None, metavar="NAME", help="compare only this backend's records of CAND")
     p.set_defaults(func=run_diff)
 
-    p = verbs.add_parser("merge", help="combine --shard K/N report directories into one run")
+    p = verbs.add_parser(
+        "merge", help="combine --shard K/N report directories into one run",
+        description="Join the report directories of a run split with --shard K/N into one, equal to "
+        "an unsharded run.  Exit 1 when two shards disagree about a record.")
     p.add_argument("out", type=Path, help="merged report directory (created)")
     p.add_argument("dirs", type=_existing_dir, nargs="+", help="shard report directories")
     p.add_argument("--allow-partial", action="store_true",
                    help="merge even when shards of the K/N set are missing or repeated (exit 0)")
     p.set_defaults(func=run_merge)
 
-    p = verbs.add_parser("html", help="(re)render report.html from results.jsonl and run.json")
+    p = verbs.add_parser(
+        "html", help="(re)render report.html from results.jsonl and run.json",
+        description="Write DIR/report.html again from DIR/results.jsonl and DIR/run.json, e.g. after a "
+        "merge or with a newer version of the report.")
     p.add_argument("dir", type=_existing_dir, help="report directory")
     p.set_defaults(func=run_html)
 
@@ -82,7 +97,7 @@ def run_diff(args: argparse.Namespace) -> int:
     )
     out = args.out or args.cand / "diff"
     files = diff.write_outputs(result, out)
-    print(diff.terminal(result))
+    print(diff.terminal(result, shutil.get_terminal_size().columns if sys.stdout.isatty() else None))
     print("wrote " + ", ".join(str(f) for f in files))
     return result.exit_status(args.fail_on_perf, args.allow_missing)
 

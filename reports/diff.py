@@ -28,7 +28,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from reports import html
+from reports import html, svg
 from reports.records import (
     PASSING,
     RESULTS_FILE,
@@ -64,6 +64,9 @@ HEADINGS = {
     "missing": "Missing",
 }
 LISTED = tuple(HEADINGS)
+#: Series colours of the diff scatter: every class that fails the gate is drawn red.
+CATEGORY_COLOURS = {**dict.fromkeys(REGRESSIONS, "#b00020"), "fixed": "#176b1d", "changed": "#0072b2",
+                    "identical": "#999999"}
 #: Environment entries worth naming when they differ between the runs.
 ENV_KEYS = (
     "environment.ascend.cann_toolkit.version",
@@ -141,7 +144,9 @@ def _metrics(record: Record) -> dict[str, float]:
     m = record.get("metrics")
     if not isinstance(m, Mapping):
         return {}
-    return {k: float(v) for k, v in m.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    # integers (counts) stay integers, so they print as such; an integral float stays a float
+    return {k: v if isinstance(v, int) else float(v) for k, v in m.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
 def _failure_kind(record: Record) -> str | None:
@@ -323,6 +328,13 @@ def diff_dirs(base: Path, cand: Path, *, slack_threshold: float = 1.5, latency_t
 # ---- rendering -------------------------------------------------------------------------------
 
 
+def _value(value: float | None, spec: str) -> str:
+    """A metric as its own type: counts (ints in the record) as integers, the rest by ``spec``."""
+    if isinstance(value, int):
+        return format(value, "+d" if spec.startswith("+") else "d")
+    return fmt(value, spec)
+
+
 def _deltas(d: CaseDiff, only_failing: bool = False) -> str:
     """Metric deltas, failing metrics first; every failing metric always, the rest unless asked."""
     names = [*d.failing_metrics, *(n for n in d.metric_deltas if n not in d.failing_metrics)]
@@ -336,8 +348,8 @@ def _deltas(d: CaseDiff, only_failing: bool = False) -> str:
         mark = " FAILING" if name in d.failing_metrics else ""
         if b == c and not mark:
             continue  # unchanged: nothing to say
-        delta = fmt(c - b, "+.2e") if b is not None and c is not None else "n/a"
-        parts.append(f"{name}{mark} {fmt(b, '.2e')}->{fmt(c, '.2e')} ({delta})")
+        delta = _value(c - b, "+.2e") if b is not None and c is not None else "n/a"
+        parts.append(f"{name}{mark} {_value(b, '.2e')}->{_value(c, '.2e')} ({delta})")
     return "; ".join(parts)
 
 
@@ -359,8 +371,13 @@ HEADERS = ["case", "backend", "verdict", "slack", "why", "metric deltas (base->c
 PERF_HEADERS = ["case", "backend", "base ms", "cand ms", "ratio"]
 
 
+def _ms(value: float) -> str:
+    """A latency: 3 significant digits, whole milliseconds from 1000 on (never 1e+03)."""
+    return f"{value:.0f}" if value >= 1000 else fmt(value)
+
+
 def _perf_rows(result: DiffResult) -> list[list[str]]:
-    return [[p.case_id, p.backend, fmt(p.base_ms), fmt(p.cand_ms), f"{p.ratio:.2f}x"] for p in result.perf]
+    return [[p.case_id, p.backend, _ms(p.base_ms), _ms(p.cand_ms), f"{p.ratio:.2f}x"] for p in result.perf]
 
 
 def _heading(category: str, count: int) -> str:
@@ -368,9 +385,10 @@ def _heading(category: str, count: int) -> str:
     return f"{HEADINGS[category]} ({count}){gate}"
 
 
-def terminal(result: DiffResult) -> str:
-    """Plain text: counts, notes, then every non-identical case on one whole line, under its
-    class's heading (lines are never cut: piped output is meant for logs and grep)."""
+def terminal(result: DiffResult, width: int | None = None) -> str:
+    """Plain text: counts, notes, then every non-identical case on one line, under its class's
+    heading, cut to ``width`` (a terminal's) when given; whole lines otherwise (piped output is
+    meant for CI logs and grep)."""
     counts = result.counts()
     lines = [
         f"diff {result.base} -> {result.cand}",
@@ -388,14 +406,15 @@ def terminal(result: DiffResult) -> str:
             failing = _deltas(d, only_failing=True) or ("" if why else _deltas(d))
             slacks = (f" slack {fmt_slack(d.base_slack)}->{fmt_slack(d.cand_slack)}"
                       if d.base_slack is not None or d.cand_slack is not None else "")
-            lines.append(
+            line = (
                 f"{category.upper():9} {d.case_id} [{d.backend}] {d.base_verdict or '-'}->{d.cand_verdict or '-'}"
                 + slacks + (f" {why}" if why else "") + (f" | {failing}" if failing else "")
             )
+            lines.append(line if width is None or len(line) <= width else line[: width - 1] + "~")
     if result.perf:
         lines.append(f"-- Perf regressions ({len(result.perf)})")
     lines += [
-        f"PERF      {p.case_id} [{p.backend}] {fmt(p.base_ms)} ms -> {fmt(p.cand_ms)} ms ({p.ratio:.2f}x)"
+        f"PERF      {p.case_id} [{p.backend}] {_ms(p.base_ms)} ms -> {_ms(p.cand_ms)} ms ({p.ratio:.2f}x)"
         for p in result.perf
     ]
     return "\n".join(lines)
@@ -427,6 +446,25 @@ def markdown(result: DiffResult) -> str:
     return "\n".join(parts) + "\n"
 
 
+def slack_chart(result: DiffResult) -> str:
+    """Worst slack before (x) against after (y), one point per case measured in both runs; points
+    above the diagonal got worse, beyond the dashed lines fail; regressions are ringed."""
+    series: dict[str, list[svg.Point]] = {}
+    for d in result.cases:
+        if d.base_slack is None or d.cand_slack is None:
+            continue
+        label = (f"{d.case_id} [{d.backend}] {d.category}: slack {fmt_slack(d.base_slack)} -> "
+                 f"{fmt_slack(d.cand_slack)}")
+        series.setdefault(d.category, []).append(
+            svg.Point(d.base_slack, d.cand_slack, label, d.category in REGRESSIONS))
+    if not series:
+        return ""
+    ordered = {c: series[c] for c in CATEGORIES if c in series}
+    return svg.scatter(ordered, "worst slack: base against candidate (ringed: fails the gate)",
+                       "base worst slack", "candidate worst slack", marker=1.0, diagonal=True,
+                       colours=CATEGORY_COLOURS)
+
+
 def render_html(result: DiffResult) -> str:
     counts = result.counts()
     sections = [
@@ -437,6 +475,9 @@ def render_html(result: DiffResult) -> str:
         f"<p>base <code>{escape(result.base)}</code> → candidate <code>{escape(result.cand)}</code></p>",
     ]
     sections += [f'<p class="note">Note: {escape(n)}</p>' for n in result.notes]
+    chart = slack_chart(result)
+    if chart:
+        sections.append(f'<h2>Base and candidate side by side</h2><div class="plots">{chart}</div>')
     if result.env_changes:
         sections.append("<h2>Environment changes</h2>" + html.table(["key", "base", "candidate"], result.env_changes))
     for category in LISTED:

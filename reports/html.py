@@ -7,7 +7,7 @@ and in a CI artifact viewer.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,6 @@ from reports.records import (
     fmt_slack,
     group_stats,
     metric,
-    seq_bucket,
     slack,
     suite_counts,
     timing_value,
@@ -32,25 +31,42 @@ from reports.records import (
 )
 
 CSS = """
-body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222}
-h1{font-size:1.4em}h2{font-size:1.2em;border-bottom:1px solid #ccc;margin-top:1.6em}
+body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222;max-width:100%}
+h1{font-size:1.4em}h2{font-size:1.2em;border-bottom:1px solid #ccc;margin-top:1.6em}h3{font-size:1.05em}
+.scroll{overflow-x:auto;max-width:100%}
 table{border-collapse:collapse;margin:.5em 0}
-td,th{border:1px solid #ccc;padding:2px 6px;text-align:left;white-space:nowrap}
-th{background:#f0f0f0}td.n{text-align:right;font-variant-numeric:tabular-nums}
+td,th{border:1px solid #ccc;padding:2px 6px;text-align:left;vertical-align:top}
+td{overflow-wrap:break-word}table.env td,table.run td{overflow-wrap:anywhere}
+td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+th{background:#f0f0f0}abbr{text-decoration:underline dotted;white-space:nowrap}
 .passed{color:#176b1d}.failed,.error,.regressed{color:#b00020;font-weight:bold}
 .xfailed,.xpassed,.skipped,.missing,.added{color:#8a6100}.fixed{color:#176b1d;font-weight:bold}
-.plots{display:flex;flex-wrap:wrap;gap:8px}.plot{border:1px solid #ddd;background:#fff}
+.plots{display:flex;flex-wrap:wrap;gap:8px}.plot{border:1px solid #ddd;background:#fff;max-width:100%}
 .plot .t{font-size:11px;font-weight:bold}.plot .l{font-size:9px}.axis{stroke:#555}
-.bar{fill:#4a7ab5}.dot{fill:#b5534a;fill-opacity:.7}.bound{stroke:#b00020;stroke-dasharray:3 2}
-pre{background:#f7f7f7;padding:4px;overflow-x:auto}details{margin:4px 0}.note{color:#8a6100}
+.bar{fill:#4a7ab5}.dot{fill:#4a7ab5;fill-opacity:.7}.dot.over{fill:#b00020}
+.bound{stroke:#b00020;stroke-dasharray:3 2}.diag{stroke:#888}
+.errmap .tile{stroke:#000;stroke-dasharray:2 2;stroke-opacity:.6}.errmap .batch{stroke:#000;stroke-width:1.5}
+pre{background:#f7f7f7;padding:4px;white-space:pre-wrap;overflow-wrap:anywhere}details{margin:4px 0}
+.note{color:#8a6100}
 """
+
+#: Failing cases shown expanded (error map visible) before the rest collapse.
+OPEN_DETAILS = 20
+#: Digest characters shown in tables; the full value is the cell's hover text.
+DIGEST_CHARS = 12
 
 
 class Raw(str):
     """Cell content that is already HTML (everything else is escaped)."""
 
 
+class Num(str):
+    """A number already formatted for its cell (right-aligned, never wrapped)."""
+
+
 def cell(value: Any) -> str:
+    if isinstance(value, Num):
+        return f'<td class="n">{escape(value)}</td>'
     if isinstance(value, Raw):
         return f"<td>{value}</td>"
     if isinstance(value, int | float) and not isinstance(value, bool):
@@ -59,9 +75,24 @@ def cell(value: Any) -> str:
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], cls: str = "") -> str:
+    """A table in its own horizontally scrolling box, so a wide one never widens the page."""
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(cell(v) for v in row) + "</tr>" for row in rows)
-    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    return f'<div class="scroll"><table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
+def abbreviated(text: str, keep: int = DIGEST_CHARS) -> Raw:
+    """A long value (a digest) cut to ``keep`` characters, the full value on hover."""
+    if len(text) <= keep:
+        return Raw(escape(text))
+    return Raw(f'<abbr title="{escape(text)}">{escape(text[:keep])}…</abbr>')
+
+
+def stat(value: Any, spec: str = ".4e") -> Num:
+    """A statistic in its own type: integers (counts) as integers, booleans as words, floats by ``spec``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return Num(str(value))
+    return Num(str(value) if isinstance(value, int) else fmt(float(value), spec))
 
 
 def tag(name: str, text: str, cls: str = "") -> Raw:
@@ -103,11 +134,11 @@ def _group_section(records: Sequence[Record]) -> str:
                 *g.key,
                 g.total,
                 *(g.counts[v] for v in VERDICTS),
-                Raw(fmt_slack(g.worst_slack)),
-                Raw(fmt(g.max_rel_err, ".2e")),
-                Raw(fmt(g.median_rmse, ".2e")),
-                Raw(fmt(g.median_latency_ms)),
-                Raw(fmt(g.median_tflops)),
+                Num(fmt_slack(g.worst_slack)),
+                Num(fmt(g.max_rel_err, ".2e")),
+                Num(fmt(g.median_rmse, ".2e")),
+                Num(fmt(g.median_latency_ms)),
+                Num(fmt(g.median_tflops)),
             ]
         )
     headers = [
@@ -130,21 +161,103 @@ def _group_section(records: Sequence[Record]) -> str:
     )
 
 
+def _spec(record: Record) -> Mapping[str, Any]:
+    spec = record.get("spec")
+    return spec if isinstance(spec, Mapping) else {}
+
+
+def kv_length(record: Record) -> int | None:
+    """The case's longest kv sequence (its q sequence when kv is not given), from its spec."""
+    for name in ("kv_seqlen", "q_seqlen"):
+        lengths = [x for x in _spec(record).get(name) or [] if isinstance(x, int) and not isinstance(x, bool)]
+        if lengths and max(lengths) > 0:
+            return max(lengths)
+    return None
+
+
+def gqa_ratio(record: Record) -> str | None:
+    """Query heads per kv head, e.g. '4' for 8 query heads sharing 2 kv heads."""
+    heads, kv_heads = _spec(record).get("head_num"), _spec(record).get("kv_head_num")
+    if isinstance(heads, int) and isinstance(kv_heads, int) and kv_heads > 0:
+        return str(heads // kv_heads)
+    return None
+
+
+def _spec_field(name: str) -> Callable[[Record], str | None]:
+    def get(record: Record) -> str | None:
+        value = _spec(record).get(name)
+        return None if value is None else str(value)
+
+    return get
+
+
+#: Case properties along which layout, addressing and data-dependent bugs separate.
+BREAKDOWNS: tuple[tuple[str, str, Callable[[Record], str | None]], ...] = (
+    ("worst slack by q layout", "q layout", _spec_field("q_layout")),
+    ("worst slack by kv layout", "kv layout", _spec_field("kv_layout")),
+    ("worst slack by GQA ratio", "query heads per kv head", gqa_ratio),
+    ("worst slack by input distribution", "input distribution", _spec_field("distribution")),
+)
+
+
+def _measured(records: Sequence[Record]) -> list[Record]:
+    return [r for r in records if verdict(r) != "skipped"]
+
+
+def _by_length(records: Sequence[Record], value: Callable[[Record], float | None]) -> dict[str, list[svg.Point]]:
+    """One series per dtype x mask: value against kv length."""
+    series: dict[str, list[svg.Point]] = {}
+    for r in sorted(records, key=lambda r: (str(r.get("dtype")), str(r.get("mask")))):
+        length, v = kv_length(r), value(r)
+        if length is not None and v is not None:
+            label = f"{r.get('case_id', '?')} [{r.get('backend', '?')}] kv {length}: {v:.4g}"
+            series.setdefault(f"{r.get('dtype', '?')} {r.get('mask', '?')}", []).append(
+                svg.Point(float(length), v, label, verdict(r) in ("failed", "error")))
+    return series
+
+
+def _overview_section(records: Sequence[Record]) -> str:
+    """Charts across groups (per backend): error against sequence length, and breakdowns by case property."""
+    measured = _measured(records)
+    charts = []
+    backends = sorted({str(r.get("backend", "?")) for r in measured})
+    for backend in backends:
+        mine = [r for r in measured if str(r.get("backend", "?")) == backend]
+        suffix = f": {backend}" if len(backends) > 1 else ""
+        slack_series = _by_length(mine, slack)
+        if slack_series:
+            charts.append(svg.scatter(slack_series, f"worst slack against kv length{suffix}",
+                                      "longest kv sequence of the case (line: worst per length; ringed: failed)",
+                                      "worst slack (dashed: bound)", xlog=True, lines=True, marker=1.0))
+        rmse_series = _by_length(mine, lambda r: metric(r, "rmse"))
+        if rmse_series:
+            charts.append(svg.scatter(rmse_series, f"RMSE against kv length{suffix}",
+                                      "longest kv sequence of the case (line: worst per length; ringed: failed)",
+                                      "RMSE", xlog=True, lines=True))
+    breakdowns = []
+    for title, xlabel, key in BREAKDOWNS:
+        points = [(k, v) for r in measured if (k := key(r)) is not None and (v := slack(r)) is not None]
+        if points:
+            breakdowns.append(svg.strip(points, title, xlabel, ylabel="worst slack", marker=1.0))
+    if not charts and not breakdowns:
+        return ""
+    return (
+        "<h2>Across groups</h2>"
+        + (f'<div class="plots">{"".join(charts)}</div>' if charts else "")
+        + (f'<h3>Breakdowns by case property (all backends)</h3><div class="plots">{"".join(breakdowns)}</div>'
+           if breakdowns else "")
+    )
+
+
 def _plots_section(records: Sequence[Record]) -> str:
-    parts = ["<h2>Error distributions</h2>"]
+    parts = ["<h2>Distributions per group</h2>"]
     for g in group_stats(records):
-        rel = [v for v in (metric(r, "max_rel_err") for r in g.records) if v is not None]
-        slacks = [v for v in (slack(r) for r in g.records) if v is not None]
-        by_len = [
-            (str(b), v)
-            for r in g.records
-            if (b := seq_bucket(r)) is not None and (v := metric(r, "max_rel_err")) is not None
-        ]
+        slacks = [v for v in (slack(r) for r in _measured(g.records)) if v is not None]
+        rmse = [v for v in (metric(r, "rmse") for r in g.records) if v is not None]
         parts.append(
             f'<h3>{escape(" / ".join(g.key))}</h3><div class="plots">'
-            + svg.histogram(rel, "max rel err", "max_rel_err (log scale)", log10=True)
             + svg.histogram(slacks, "worst slack", "measured / allowed (line: bound)", marker=1.0)
-            + svg.strip(by_len, "max rel err by sequence length", "max kv length bucket")
+            + svg.histogram(rmse, "RMSE", "root mean square error (log scale)", log10=True)
             + "</div>"
         )
     return "".join(parts)
@@ -158,12 +271,12 @@ def _case_row(r: Record) -> list[Any]:
         r.get("mask", "?"),
         r.get("cache", "?"),
         _verdict_cell(r),
-        Raw(fmt_slack(slack(r))),
-        Raw(fmt(metric(r, "max_rel_err"), ".2e")),
-        Raw(fmt(metric(r, "rmse"), ".2e")),
-        Raw(fmt(timing_value(r, "latency_ms_median"))),
-        Raw(fmt(timing_value(r, "tflops"))),
-        str(r.get("output_sha256") or "")[:12],
+        Num(fmt_slack(slack(r))),
+        Num(fmt(metric(r, "max_rel_err"), ".2e")),
+        Num(fmt(metric(r, "rmse"), ".2e")),
+        Num(fmt(timing_value(r, "latency_ms_median"))),
+        Num(fmt(timing_value(r, "tflops"))),
+        abbreviated(str(r.get("output_sha256") or "")),
     ]
 
 
@@ -183,16 +296,31 @@ CASE_HEADERS = [
 ]
 
 
-def case_details(r: Record) -> str:
-    """One failing case: message, checks against bounds, metrics, spec."""
+def error_map_chart(r: Record) -> str:
+    """The failing case's error over (token row x head), when its record carries one."""
+    emap = r.get("error_map")
+    if not isinstance(emap, Mapping) or not isinstance(emap.get("values"), list):
+        return ""
+    values = [[_num(v) for v in row] for row in emap["values"] if isinstance(row, list)]
+    stride, head_stride = emap.get("row_stride"), emap.get("head_stride")
+    q_seqlen = [n for n in emap.get("q_seqlen") or [] if isinstance(n, int)]
+    title = f"where the error sits: {r.get('case_id', '?')}"
+    bound = _num(emap.get("bound"))
+    return svg.error_map(values, title, row_stride=stride if isinstance(stride, int) and stride > 0 else 1,
+                         q_seqlen=q_seqlen, bound=bound,
+                         head_stride=head_stride if isinstance(head_stride, int) and head_stride > 0 else 1)
+
+
+def case_details(r: Record, open_: bool = False) -> str:
+    """One failing case: its error map, message, checks against bounds, metrics, spec."""
     checks = [c for c in r.get("checks") or [] if isinstance(c, Mapping)]
     check_rows = [
         [
             c.get("rule", ""),
             c.get("metric", ""),
-            Raw(fmt(_num(c.get("value")), ".3e")),
-            Raw(fmt(_num(c.get("bound")), ".3e")),
-            Raw(fmt(_num(c.get("slack")))),
+            Num(fmt(_num(c.get("value")), ".3e")),
+            Num(fmt(_num(c.get("bound")), ".3e")),
+            Num(fmt(_num(c.get("slack")))),
             tag("span", "pass" if c.get("passed") else "FAIL", "passed" if c.get("passed") else "failed"),
         ]
         for c in checks
@@ -204,12 +332,13 @@ def case_details(r: Record) -> str:
         f"{failing_summary(r)}"
     )
     return (
-        f"<details><summary>{escape(summary)}</summary>"
-        f"<p>policy {escape(str(r.get('policy', '-')))}, "
+        f"<details{' open' if open_ else ''}><summary>{escape(summary)}</summary>"
+        + error_map_chart(r)
+        + f"<p>policy {escape(str(r.get('policy', '-')))}, "
         f"node <code>{escape(str(r.get('test') or r.get('nodeid') or ''))}</code></p>"
         f"<pre>{escape(str(r.get('message') or ''))}</pre>"
         + table(["rule", "metric", "value", "bound", "slack", ""], check_rows, "checks")
-        + table(["metric", "value"], [[k, Raw(fmt(_num(v), ".4e"))] for k, v in sorted(metrics.items())])
+        + table(["metric", "value"], [[k, stat(v)] for k, v in sorted(metrics.items())])
         + _evidence(r)
         + f"<pre>{escape(json.dumps(r.get('spec'), indent=1, sort_keys=True, default=str))}</pre></details>"
     )
@@ -246,15 +375,17 @@ def render(records: Sequence[Record], run: Mapping[str, Any]) -> str:
         "run",
     )
     bad = [r for r in records if verdict(r) in ("failed", "error", "xpassed")]
+    cases = case_records(records) or list(records)
     sections = [
         head,
         "<h2>Suites</h2>" + table(["suite", "backend", *VERDICTS],
                                   [[s, b, *(c[v] for v in VERDICTS)] for s, b, c in suite_counts(records)], "suites"),
-        _group_section(case_records(records) or list(records)),
-        _plots_section(case_records(records) or list(records)),
+        _group_section(cases),
+        _overview_section(cases),
+        _plots_section(cases),
         "<h2>Worst cases by slack</h2>" + table(CASE_HEADERS, [_case_row(r) for r in worst_cases(records)]),
         f"<h2>Failing and unexpected cases ({len(bad)})</h2>"
-        + ("".join(case_details(r) for r in bad) or "<p>None.</p>"),
+        + ("".join(case_details(r, n < OPEN_DETAILS) for n, r in enumerate(bad)) or "<p>None.</p>"),
         f"<h2>All cases ({len(records)})</h2><details><summary>show</summary>"
         + table(CASE_HEADERS, [_case_row(r) for r in records], "cases")
         + "</details>",

@@ -35,6 +35,12 @@ Fields (``schema_version`` 2), field by field:
 ``worst_slack``        the largest slack of ``checks`` (null without a numeric verdict)
 ``failing``            the failing checks or contract violations, as short texts
 ``overrides``          ``[[override]]`` tables of the policy that applied, with their reasons
+``error_map``          failing conformance records (numeric verdict) only: where the error sits,
+                       ``{values, row_stride, head_stride, q_seqlen, bound, quantity}``; ``values``
+                       is ``max_v |out - g| / max(1, |g|)`` per (token row, head) divided by the
+                       atb rule's bound e (above 1 fails; without that rule, by the largest
+                       value), max-pooled to at most 256 x 128 cells (inf = NaN/inf output,
+                       null = a row of an empty batch); the HTML report draws it; else null
 ``error``              error evidence ``{expected_status, expected_stage, observed_status,
                        observed_stage}``: the error contract's expectation and what the backend
                        did (observed null = the call was accepted); conformance records carry the
@@ -180,6 +186,7 @@ class ResultRecord:
     worst_slack: float | None = None
     failing: tuple[str, ...] = ()
     overrides: tuple[Mapping[str, Any], ...] = ()
+    error_map: Mapping[str, Any] | None = None
     error: ErrorEvidence | None = None
     difference: RelationEvidence | None = None
     shrunk: Mapping[str, Any] | None = None
@@ -394,23 +401,11 @@ def failing_summary(record: Mapping[str, Any]) -> str:
     failing = record.get("failing")
     if isinstance(failing, list) and failing:
         return ", ".join(str(f) for f in failing)
-    checks = [c for c in record.get("checks") or [] if isinstance(c, Mapping)]
-    if checks:
+    checks = [c for c in record.get("checks") or [] if isinstance(c, Mapping) and c.get("decisive", True)]
+    if checks:  # evidence-only checks (decisive false) never stand for the verdict
         worst = max(checks, key=lambda c: number(c.get("slack")) or -math.inf)
         return f"{worst.get('rule', '?')}:{worst.get('metric', '?')}"
     return str(record.get("message") or "")
-
-
-def seq_bucket(record: Mapping[str, Any]) -> int | None:
-    """Power-of-two bucket of the case's longest kv (or q) sequence, from its spec."""
-    spec = record.get("spec")
-    if not isinstance(spec, Mapping):
-        return None
-    for name in ("kv_seqlen", "q_seqlen"):
-        lengths = [int(x) for x in spec.get(name) or [] if isinstance(x, int)]
-        if lengths and max(lengths) > 0:
-            return 1 << (max(lengths) - 1).bit_length()
-    return None
 
 
 GroupKey = tuple[str, str, str, str]

@@ -1,13 +1,17 @@
 """Terminal summary: group table and worst cases, laid out to fit 80 columns, coloured by markup.
 
+On a terminal, labels that still do not fit are cut (``~``); piped or redirected output keeps
+full lines, since nothing cuts it there and a truncated case id or check is useless in a log.
+
 Tables are built as rows of (text, markup) cells so tests can read the plain text while the
 terminal reporter colours it (pytest decides whether the terminal supports colour).
 """
 
 from __future__ import annotations
 
+import math
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +24,7 @@ from reports.records import (
     fmt,
     fmt_slack,
     group_stats,
+    number,
     slack,
     suite_counts,
     verdict,
@@ -60,11 +65,13 @@ _VERDICT_COLOUR = {
 }
 
 
-def layout(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], width: int = WIDTH) -> list[list[Cell]]:
-    """Pad cells to column widths, truncating shrinkable columns until the line fits ``width``."""
+def layout(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], width: int = WIDTH,
+           truncate: bool = True) -> list[list[Cell]]:
+    """Pad cells to column widths, truncating shrinkable columns until the line fits ``width``
+    (only if ``truncate``: otherwise lines keep every character)."""
     widths = [max([len(c.header)] + [len(row[i][0]) for row in rows]) for i, c in enumerate(columns)]
     floor = [max(len(c.header), 4) for c in columns]
-    while sum(widths) + len(widths) - 1 > width:
+    while truncate and sum(widths) + len(widths) - 1 > width:
         candidates = [i for i, c in enumerate(columns) if c.shrink and widths[i] > floor[i]]
         if not candidates:
             break
@@ -83,7 +90,7 @@ def layout(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], width: int
     return [header] + [[cell(t, i, m) for i, (t, m) in enumerate(row)] for row in rows]
 
 
-def group_table(records: Sequence[Record], width: int = WIDTH) -> list[list[Cell]]:
+def group_table(records: Sequence[Record], width: int = WIDTH, truncate: bool = True) -> list[list[Cell]]:
     """backend x dtype x mask x cache: verdict counts, worst slack, max rel err, median RMSE.
 
     A label shared by every group (prefill has one valid cache mode) is moved to a caption line
@@ -114,15 +121,32 @@ def group_table(records: Sequence[Record], width: int = WIDTH) -> list[list[Cell
     natural = sum(max([len(c.header)] + [len(r[i][0]) for r in rows]) + 1 for i, c in enumerate(columns))
     constant = [i for i in range(len(GROUP_FIELDS)) if len({g.key[i] for g in stats}) == 1]
     if natural - 1 <= width or len(stats) < 2 or not constant:
-        return layout(columns, rows, width)
+        return layout(columns, rows, width, truncate)
     shared = "all groups: " + ", ".join(f"{GROUP_FIELDS[i]}={stats[0].key[i]}" for i in constant)
     caption: list[list[Cell]] = [[(line, {})] for line in textwrap.wrap(shared, width, subsequent_indent="  ")]
     keep = [i for i in range(len(columns)) if i not in constant]
-    return caption + layout([columns[i] for i in keep], [[r[i] for i in keep] for r in rows], width)
+    return caption + layout([columns[i] for i in keep], [[r[i] for i in keep] for r in rows], width, truncate)
 
 
-def worst_table(records: Sequence[Record], count: int = 10, width: int = WIDTH) -> list[list[Cell]]:
-    """The cases closest to (or furthest past) their bounds, with the failing metric.
+def _check_slack(check: Mapping[str, Any]) -> float:
+    value = number(check.get("slack"))
+    return math.inf if value is None or math.isnan(value) else value
+
+
+def worst_check(record: Record) -> str:
+    """The check the record's worst slack comes from ('rule:metric'), and how many others failed;
+    without checks (a backend error, a broken contract) the failure itself."""
+    checks = [c for c in record.get("checks") or [] if isinstance(c, Mapping)]
+    if not checks:
+        return failing_summary(record)
+    worst = max(checks, key=_check_slack)
+    others = sum(not c.get("passed") for c in checks if c is not worst)
+    return f"{worst.get('rule', '?')}:{worst.get('metric', '?')}" + (f" (+{others} more failing)" if others else "")
+
+
+def worst_table(records: Sequence[Record], count: int = 10, width: int = WIDTH,
+                truncate: bool = True) -> list[list[Cell]]:
+    """The cases closest to (or furthest past) their bounds, with the check their slack comes from.
 
     Case ids are long (readable name + hash), so each gets its own line under its row rather
     than a truncated column.
@@ -141,20 +165,20 @@ def worst_table(records: Sequence[Record], count: int = 10, width: int = WIDTH) 
             (fmt_slack(slack(r)), _slack_markup(slack(r))),
             (verdict(r), {_VERDICT_COLOUR[verdict(r)]: True}),
             (str(r.get("backend", "?")), {}),
-            (failing_summary(r), {}),
+            (worst_check(r), {}),
         ]
         for n, r in enumerate(ranked, 1)
     ]
-    header, *body = layout(columns, rows, width)
+    header, *body = layout(columns, rows, width, truncate)
     indent = " " * (len(header[0][0]) + 1)
     out = [header]
     for row, r in zip(body, ranked, strict=True):
         case = indent + str(r.get("case_id", "?"))
-        out += [row, [(case if len(case) <= width else case[: width - 1] + "~", {})]]
+        out += [row, [(case if len(case) <= width or not truncate else case[: width - 1] + "~", {})]]
     return out
 
 
-def timing_table(records: Sequence[Record], width: int = WIDTH) -> list[list[Cell]]:
+def timing_table(records: Sequence[Record], width: int = WIDTH, truncate: bool = True) -> list[list[Cell]]:
     """Median latency and TFLOP/s per group; informational, never part of a verdict."""
     columns = [
         Column("backend", shrink=True),
@@ -176,10 +200,10 @@ def timing_table(records: Sequence[Record], width: int = WIDTH) -> list[list[Cel
         for g in group_stats(records)
         if g.median_latency_ms is not None
     ]
-    return layout(columns, rows, width) if rows else []
+    return layout(columns, rows, width, truncate) if rows else []
 
 
-def suite_table(records: Sequence[Record], width: int = WIDTH) -> list[list[Cell]]:
+def suite_table(records: Sequence[Record], width: int = WIDTH, truncate: bool = True) -> list[list[Cell]]:
     """Verdict counts per suite and backend (the group table holds the conformance cases)."""
     heads = [("pass", "passed", "green"), ("fail", "failed", "red"), ("xf", "xfailed", "yellow"),
              ("xp", "xpassed", "yellow"), ("skip", "skipped", "yellow"), ("err", "error", "red")]
@@ -189,7 +213,7 @@ def suite_table(records: Sequence[Record], width: int = WIDTH) -> list[list[Cell
         [(suite, {}), (backend, {})] + [_count(counts[name], colour) for _, name, colour in heads]
         for suite, backend, counts in suite_counts(records)
     ]
-    return layout(columns, rows, width)
+    return layout(columns, rows, width, truncate)
 
 
 def plain(lines: Sequence[Sequence[Cell]]) -> str:
@@ -198,8 +222,10 @@ def plain(lines: Sequence[Sequence[Cell]]) -> str:
 
 
 def write_terminal(tr: Any, records: Sequence[Record], report_dir: Path) -> None:
-    """Print the summary through pytest's TerminalReporter (which handles colour)."""
+    """Print the summary through pytest's TerminalReporter (which handles colour); lines are cut
+    to fit only on a terminal."""
     width = min(WIDTH, getattr(tr._tw, "fullwidth", WIDTH))
+    truncate = bool(getattr(tr, "isatty", False))
 
     def emit(lines: Sequence[Sequence[Cell]]) -> None:
         for line in lines:
@@ -210,13 +236,13 @@ def write_terminal(tr: Any, records: Sequence[Record], report_dir: Path) -> None
 
     cases = case_records(records) or list(records)
     tr.write_sep("=", "MLA conformance: groups")
-    emit(group_table(cases, width))
+    emit(group_table(cases, width, truncate))
     if len({str(r.get("suite") or "conformance") for r in records}) > 1:
         tr.write_sep("-", "suites")
-        emit(suite_table(records, width))
+        emit(suite_table(records, width, truncate))
     tr.write_sep("-", "worst cases by slack (measured / allowed)")
-    emit(worst_table(records, 10, width))
-    timing = timing_table(cases, width)
+    emit(worst_table(records, 10, width, truncate))
+    timing = timing_table(cases, width, truncate)
     if timing:
         tr.write_sep("-", "timing (median over cases; not part of verdicts)")
         emit(timing)

@@ -17,7 +17,7 @@ from golden.types import GoldenCase
 from harness.backend import Backend, BackendError
 from judge.deviations import DeviationSet
 from judge.policy import PolicySet
-from judge.verdict import Outcome, judge_output, outcome_message, outcome_of
+from judge.verdict import Outcome, error_map, judge_output, outcome_message, outcome_of
 from reports.records import ErrorEvidence, ResultRecord
 from runner.execution import BackendOutputError, Execution, execute, make_call, output_digest
 
@@ -126,6 +126,10 @@ def run_case(
     metrics, verdict = judge_output(golden, execution.out, policy_set, policy, backend.name)
     outcome = outcome_of(verdict.passed, None, deviation)
     message = outcome_message(spec, backend.name, outcome, verdict.summary(), deviation)
+    emap = None
+    if outcome == "failed":  # only failing records carry a map: records stay small
+        atb = next((c.bound for c in verdict.checks if c.rule == "atb"), None)
+        emap = error_map(golden, execution.out, atb)
     record = ResultRecord(
         verdict=outcome,
         checks=tuple(c.to_dict() for c in verdict.checks),
@@ -136,6 +140,7 @@ def run_case(
         timing=execution.timing(),
         output_sha256=output_digest(execution.out),
         message=message,
+        error_map=emap,
         **base,
     )
     return CaseResult(outcome, message, record, execution.out)

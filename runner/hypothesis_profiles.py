@@ -10,6 +10,8 @@ loads a ``--hypothesis-profile`` in ``pytest_configure`` and refuses names not y
 * ``dev``: random, more examples, failures saved in ``.hypothesis/examples`` (git-ignored) and
   replayed first next time.
 * ``thorough``: many more examples, same database; for a soak run before a release.
+* ``soak``: 2,000 derandomized examples, no database: the zoo of correct implementations
+  (``tests/zoo.py``) must pass all of them (docs/conformance.md records the run).
 """
 
 from __future__ import annotations
@@ -22,17 +24,19 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 
 #: Relative: examples found in one working directory are replayed there (hypothesis's own default place).
 DATABASE_DIR = Path(".hypothesis") / "examples"
-PROFILES = ("ci", "dev", "thorough")
+PROFILES = ("ci", "dev", "thorough", "soak")
 
 
 def register() -> None:
-    """Register the three profiles (idempotent)."""
+    """Register the profiles (idempotent)."""
     database = DirectoryBasedExampleDatabase(str(DATABASE_DIR))
     settings.register_profile("ci", max_examples=25, derandomize=True, deadline=None, database=None,
                               print_blob=True)
     settings.register_profile("dev", max_examples=60, deadline=None, database=database,
                               print_blob=True)
     settings.register_profile("thorough", max_examples=600, deadline=None, database=database,
+                              print_blob=True)
+    settings.register_profile("soak", max_examples=2000, derandomize=True, deadline=None, database=None,
                               print_blob=True)
 
 

@@ -21,6 +21,7 @@ from golden.spec import CaseSpec
 from harness.backend import Backend, BackendError, MlaPrefillCall
 from judge.deviations import Deviation, DeviationSet
 from judge.verdict import DEVIATION_OUTCOMES, Outcome
+from native.harness import ACL_FORMAT_FRACTAL_NZ, ACL_FORMAT_NCHW
 from runner.execution import make_call
 
 Perturbation = Callable[[MlaPrefillCall], MlaPrefillCall]
@@ -59,6 +60,32 @@ def _q_rank4(call: MlaPrefillCall) -> MlaPrefillCall:
     return dataclasses.replace(call, q=call.q.reshape(t, call.head_num, 2, -1))
 
 
+def _out_flat(call: MlaPrefillCall) -> MlaPrefillCall:
+    if call.q.dim() != 3:
+        raise ValueError("out_flat needs a 3-D q layout")
+    return dataclasses.replace(call, out_shape=(call.q.shape[0], call.q.shape[1] * call.q.shape[2]))
+
+
+def _out_rows_short(call: MlaPrefillCall) -> MlaPrefillCall:
+    rows, *rest = call.q.shape
+    return dataclasses.replace(call, out_shape=(rows - 1, *rest))
+
+
+def _formatted(name: str, code: int) -> Perturbation:
+    def perturb(call: MlaPrefillCall) -> MlaPrefillCall:
+        if name == "mask":
+            _need_mask(call)
+        return dataclasses.replace(call, formats={**call.formats, name: code})
+    return perturb
+
+
+def _null(name: str) -> Perturbation:
+    def perturb(call: MlaPrefillCall) -> MlaPrefillCall:
+        return dataclasses.replace(call, null_args=call.null_args | {name})
+    return perturb
+
+
+
 #: name -> (what it does, the transformation).  Names appear in case ids (``err-<name>``).
 PERTURBATIONS: dict[str, tuple[str, Perturbation]] = {
     "nan_qk_scale": ("qkScale = NaN", lambda c: dataclasses.replace(c, qk_scale=math.nan)),
@@ -82,6 +109,29 @@ PERTURBATIONS: dict[str, tuple[str, Perturbation]] = {
     "k_rope_half": ("kRope's last dim halved again",
                     lambda c: dataclasses.replace(c, k_rope=c.k_rope[..., : c.k_rope.shape[-1] // 2].contiguous())),
     "v_short": ("v with one row fewer than k", lambda c: dataclasses.replace(c, v=c.v[:-1].contiguous())),
+    # attenOut as the caller allocates it
+    "out_other_dtype": ("attenOut in the other 16-bit float type",
+                        lambda c: dataclasses.replace(c, out_dtype=_OTHER_DTYPE[c.q_rope.dtype])),
+    "out_fp32": ("attenOut in fp32", lambda c: dataclasses.replace(c, out_dtype=torch.float32)),
+    "out_flat": ("attenOut 2-D [T, H*128] while q is 3-D", _out_flat),
+    "out_rows_short": ("attenOut with one token row fewer than q", _out_rows_short),
+    # aclFormat other than ND
+    "q_format_nz": ("q passed as FRACTAL_NZ", _formatted("q", ACL_FORMAT_FRACTAL_NZ)),
+    "v_format_nchw": ("v passed as NCHW", _formatted("v", ACL_FORMAT_NCHW)),
+    "mask_format_nz": ("the mask passed as FRACTAL_NZ", _formatted("mask", ACL_FORMAT_FRACTAL_NZ)),
+    "kv_seqlen_format_nchw": ("kvSeqLen passed as NCHW", _formatted("kv_seqlen", ACL_FORMAT_NCHW)),
+    "out_format_nz": ("attenOut passed as FRACTAL_NZ", _formatted("out", ACL_FORMAT_FRACTAL_NZ)),
+    # qSeqLen / kvSeqLen dtype and rank
+    "q_seqlen_int64": ("qSeqLen as int64", lambda c: dataclasses.replace(c, q_seqlen=c.q_seqlen.long())),
+    "kv_seqlen_fp32": ("kvSeqLen as fp32", lambda c: dataclasses.replace(c, kv_seqlen=c.kv_seqlen.float())),
+    "kv_seqlen_rank2": ("kvSeqLen as [B, 1]", lambda c: dataclasses.replace(c, kv_seqlen=c.kv_seqlen[:, None])),
+    "q_seqlen_scalar": ("qSeqLen as a 0-dim tensor (its first length)",
+                        lambda c: dataclasses.replace(c, q_seqlen=c.q_seqlen[0].clone())),
+    # null aclTensor* arguments
+    "null_q": ("q passed as a null aclTensor*", _null("q")),
+    "null_k_rope": ("kRope passed as a null aclTensor*", _null("k_rope")),
+    "null_kv_seqlen": ("kvSeqLen passed as a null aclTensor*", _null("kv_seqlen")),
+    "null_out": ("attenOut passed as a null aclTensor*", _null("out")),
 }
 
 

@@ -16,11 +16,14 @@ from collections.abc import Callable
 
 import torch
 
+from facts.operator import kv_layout_of
 from harness.backend import MlaPrefillCall
 from harness.contract import ContractBackend
-from harness.torch_backend import NOPE, ROPE, VDIM, TorchSdpaBackend, _is_packed
+from harness.torch_backend import NOPE, ROPE, VDIM, TorchSdpaBackend
 
 LONG_ROW_KEYS = 128  # nan_long_rows: rows that may see more keys than this get NaN
+ACC_FLUSH_KEYS = 64  # bf16_acc_64: the accumulator is rounded to bf16 after every block of this many keys
+LONG_SEQUENCE = 1000  # last_key_long: sequences with more keys than this never read their last key
 
 
 def _replace(call: MlaPrefillCall, **changes: object) -> MlaPrefillCall:
@@ -233,6 +236,39 @@ class NanLongRows(Defect):
         return out
 
 
+class Bf16Acc64(Defect):
+    description = (f"blockwise softmax whose P.V accumulator is rounded to bf16 every {ACC_FLUSH_KEYS} keys "
+                   "(instead of staying fp32)")
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int,  # type: ignore[override]
+                scale: float, mask_type: int) -> torch.Tensor:
+        from tests.zoo import _allowed, _heads, blockwise
+
+        qh, kh, vh = _heads(q, k, v, group)
+        allowed = _allowed(q.shape[0], k.shape[0], mask_type)
+        acc, _, total = blockwise(qh, kh, vh, scale, allowed, q.dtype, ACC_FLUSH_KEYS,
+                                  range(0, kh.shape[1], ACC_FLUSH_KEYS), acc_dtype=torch.bfloat16)
+        return (acc / total).transpose(0, 1).to(q.dtype)
+
+
+class LastKeyLong(Defect):
+    description = f"sequences of more than {LONG_SEQUENCE} keys never read their last key (an off-by-one tail loop)"
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int,  # type: ignore[override]
+                scale: float, mask_type: int) -> torch.Tensor:
+        kv_len = k.shape[0]
+        if kv_len <= LONG_SEQUENCE:
+            return math_attend(q, k, v, group, scale, mask_type)
+        qh = q.transpose(0, 1).float()
+        kh = k.transpose(0, 1).float().repeat_interleave(group, dim=0)
+        vh = v.transpose(0, 1).float().repeat_interleave(group, dim=0)
+        allowed = allowed_keys(q.shape[0], kv_len, kv_len, mask_type).clone()
+        allowed[:, kv_len - 1] = False
+        allowed[allowed.sum(dim=1) == 0, 0] = True  # a row left without keys still reads key 0 (not NaN)
+        scores = ((qh @ kh.transpose(1, 2)) * scale).masked_fill(~allowed, float("-inf"))
+        return (torch.softmax(scores, dim=-1) @ vh).transpose(0, 1).to(q.dtype)
+
+
 DEFECTS: dict[str, type[Defect]] = {
     "scale_ignored": ScaleIgnored,
     "scale_twice": ScaleTwice,
@@ -248,6 +284,8 @@ DEFECTS: dict[str, type[Defect]] = {
     "batch_swap": BatchSwap,
     "nondeterministic": Nondeterministic,
     "nan_long_rows": NanLongRows,
+    "bf16_acc_64": Bf16Acc64,
+    "last_key_long": LastKeyLong,
 }
 
 
@@ -311,7 +349,19 @@ def nan_long_rows() -> Defect:
     return NanLongRows("nan_long_rows")
 
 
+def bf16_acc_64() -> Defect:
+    return Bf16Acc64("bf16_acc_64")
+
+
+def last_key_long() -> Defect:
+    return LastKeyLong("last_key_long")
+
+
 def strict_forgets_seqlen_values() -> ContractBackend:
     """``torch-cpu-strict`` whose validator forgets the qSeqLen == kvSeqLen check (error-contract defect)."""
     return ContractBackend(TorchSdpaBackend("cpu"), "torch-cpu-strict-forgets-seqlen_values",
                            frozenset({"seqlen_values"}))
+
+
+def _is_packed(call: MlaPrefillCall) -> bool:
+    return kv_layout_of(call.k.shape, call.kv_seqlen.tolist(), call.kv_head_num) == "packed"

@@ -19,12 +19,15 @@ namespace mla_abi {
 using Status = std::int32_t;  // atb::Status
 using Stream = void *;        // aclrtStream
 
-// aclDataType / aclFormat values we pass (acl/acl_base.h). Both enums are int-sized.
+// aclDataType / aclFormat values we pass or name (acl/acl_base.h). Both enums are int-sized.
 constexpr std::int32_t kAclFloat = 0;
 constexpr std::int32_t kAclFloat16 = 1;
 constexpr std::int32_t kAclInt32 = 3;
+constexpr std::int32_t kAclInt64 = 9;
 constexpr std::int32_t kAclBf16 = 27;
+constexpr std::int32_t kAclFormatNchw = 0;
 constexpr std::int32_t kAclFormatNd = 2;
+constexpr std::int32_t kAclFormatFractalNz = 29;
 
 // atb::ErrorType in declaration order (include/atb/types.h); compat_check asserts each value.
 #define MLA_ABI_STATUS_LIST(X)                                                                       \

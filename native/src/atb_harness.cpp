@@ -8,6 +8,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -224,11 +225,14 @@ private:
     atb::Operation *op_ = nullptr;
 };
 
-// (name, data pointer, shape, aclDataType code), as built by harness.atb.describe_tensors.
-using TensorDesc = std::tuple<std::string, std::uintptr_t, std::vector<std::int64_t>, std::int32_t>;
+// (name, data pointer, shape, aclDataType code, aclFormat code), as built by harness.atb.describe_tensors.
+using TensorDesc = std::tuple<std::string, std::uintptr_t, std::vector<std::int64_t>, std::int32_t, std::int32_t>;
+// (name, bytes, shape, aclDataType code, aclFormat code): a host tensor (qSeqLen, kvSeqLen) whose bytes
+// the harness copies into a buffer it owns, as built by harness.atb.describe_host_tensors.
+using HostTensorDesc = std::tuple<std::string, py::bytes, std::vector<std::int64_t>, std::int32_t, std::int32_t>;
 
 TensorPtr make_tensor(const Api &api, const std::string &name, void *data, const std::vector<std::int64_t> &dims,
-                      std::int32_t dtype) {
+                      std::int32_t dtype, std::int32_t format) {
     std::vector<std::int64_t> strides(dims.size());
     std::int64_t stride = 1;
     for (std::size_t i = dims.size(); i-- > 0;) {
@@ -238,16 +242,30 @@ TensorPtr make_tensor(const Api &api, const std::string &name, void *data, const
         strides[i] = stride;
         stride *= dims[i];
     }
-    aclTensor *tensor = api.create_tensor(dims.data(), dims.size(), dtype, strides.data(), 0,
-                                          mla_abi::kAclFormatNd, dims.data(), dims.size(), data);
+    aclTensor *tensor = api.create_tensor(dims.data(), dims.size(), dtype, strides.data(), 0, format, dims.data(),
+                                          dims.size(), data);
     if (tensor == nullptr) {
         throw std::runtime_error("aclCreateTensor returned null for " + name);
     }
     return TensorPtr(tensor, TensorDeleter{api.destroy_tensor});
 }
 
-std::uint64_t prefill(Context &context, const std::vector<TensorDesc> &tensors, const std::vector<std::int32_t> &q_seqlen,
-                      const std::vector<std::int32_t> &kv_seqlen, std::int32_t head_num, float qk_scale,
+// The C interface's tensor arguments; one that no descriptor names is passed as a null aclTensor*.
+constexpr const char *kDeviceArgs[] = {"q", "q_rope", "k", "k_rope", "v", "mask", "out"};
+constexpr const char *kHostArgs[] = {"q_seqlen", "kv_seqlen"};
+
+template <std::size_t N>
+bool known(const std::string &name, const char *const (&names)[N]) {
+    for (const char *candidate : names) {
+        if (name == candidate) {
+            return true;
+        }
+    }
+    return false;
+}
+
+std::uint64_t prefill(Context &context, const std::vector<TensorDesc> &tensors,
+                      const std::vector<HostTensorDesc> &host_tensors, std::int32_t head_num, float qk_scale,
                       std::int32_t kv_head_num, int mask_type, int cache_mode, std::uintptr_t stream,
                       const std::function<std::uintptr_t(std::uint64_t)> &alloc_workspace,
                       const std::function<void()> &synchronize) {
@@ -255,41 +273,37 @@ std::uint64_t prefill(Context &context, const std::vector<TensorDesc> &tensors, 
         throw py::value_error("cacheMode must fit in uint8");
     }
     const Api &api = context.api();
-    // Host seqlen buffers: ATB reads them as int32* during GetWorkspaceSize; owned by this frame and
-    // declared before the tensors that point into them, so they outlive both calls and the final sync.
-    std::vector<std::int32_t> q_host(q_seqlen);
-    std::vector<std::int32_t> kv_host(kv_seqlen);
-
+    // Host buffers (qSeqLen, kvSeqLen): ATB reads them during GetWorkspaceSize and keeps the pointers;
+    // owned by this frame (8-byte aligned) and declared before the tensors that point into them, so
+    // they outlive both calls and the final synchronize.
+    std::map<std::string, std::vector<std::int64_t>> host_buffers;
     std::map<std::string, TensorPtr> by_name;
-    for (const auto &[name, ptr, shape, dtype] : tensors) {
-        if (name != "q" && name != "q_rope" && name != "k" && name != "k_rope" && name != "v" &&
-            name != "mask" && name != "out") {
+    for (const auto &[name, ptr, shape, dtype, format] : tensors) {
+        if (!known(name, kDeviceArgs)) {
             throw py::value_error("unknown tensor name: " + name);
         }
         if (by_name.count(name) != 0) {
             throw py::value_error("tensor given twice: " + name);
         }
-        by_name.emplace(name, make_tensor(api, name, reinterpret_cast<void *>(ptr), shape, dtype));
+        by_name.emplace(name, make_tensor(api, name, reinterpret_cast<void *>(ptr), shape, dtype, format));
     }
-    auto required = [&by_name](const char *name) {
-        auto it = by_name.find(name);
-        if (it == by_name.end()) {
-            throw py::value_error(std::string("missing tensor: ") + name);
+    for (const auto &[name, data, shape, dtype, format] : host_tensors) {
+        if (!known(name, kHostArgs)) {
+            throw py::value_error("unknown host tensor name: " + name);
         }
-        return it->second.get();
+        if (by_name.count(name) != 0) {
+            throw py::value_error("tensor given twice: " + name);
+        }
+        const std::string bytes = data;
+        std::vector<std::int64_t> &buffer = host_buffers[name];
+        buffer.assign((bytes.size() + sizeof(std::int64_t) - 1) / sizeof(std::int64_t), 0);
+        std::copy(bytes.begin(), bytes.end(), reinterpret_cast<char *>(buffer.data()));
+        by_name.emplace(name, make_tensor(api, name, buffer.data(), shape, dtype, format));
+    }
+    auto get = [&by_name](const char *name) -> aclTensor * {
+        auto it = by_name.find(name);
+        return it == by_name.end() ? nullptr : it->second.get();
     };
-    aclTensor *q = required("q");
-    aclTensor *q_rope = required("q_rope");
-    aclTensor *k = required("k");
-    aclTensor *k_rope = required("k_rope");
-    aclTensor *v = required("v");
-    aclTensor *out = required("out");
-    auto mask_it = by_name.find("mask");
-    aclTensor *mask = mask_it == by_name.end() ? nullptr : mask_it->second.get();
-    TensorPtr q_len = make_tensor(api, "q_seqlen", q_host.data(), {static_cast<std::int64_t>(q_host.size())},
-                                  mla_abi::kAclInt32);
-    TensorPtr kv_len = make_tensor(api, "kv_seqlen", kv_host.data(), {static_cast<std::int64_t>(kv_host.size())},
-                                   mla_abi::kAclInt32);
 
     atb::Context *ctx = context.get();
     mla_abi::Status status = ctx->SetExecuteStream(reinterpret_cast<mla_abi::Stream>(stream));
@@ -301,9 +315,10 @@ std::uint64_t prefill(Context &context, const std::vector<TensorDesc> &tensors, 
     std::uint64_t workspace_size = 0;
     {
         py::gil_scoped_release release;
-        status = api.get_workspace_size(q, q_rope, k, k_rope, v, q_len.get(), kv_len.get(), mask, head_num,
-                                        qk_scale, kv_head_num, mask_type, static_cast<std::uint8_t>(cache_mode),
-                                        out, &workspace_size, op.slot(), ctx);
+        status = api.get_workspace_size(get("q"), get("q_rope"), get("k"), get("k_rope"), get("v"),
+                                        get("q_seqlen"), get("kv_seqlen"), get("mask"), head_num, qk_scale,
+                                        kv_head_num, mask_type, static_cast<std::uint8_t>(cache_mode), get("out"),
+                                        &workspace_size, op.slot(), ctx);
     }
     if (status != 0) {
         // GetWorkspaceSize runs CreateOperation then Setup: no op yet means creation failed.
@@ -356,8 +371,11 @@ PYBIND11_MODULE(_atb_harness, m) {
     m.attr("ACL_FLOAT") = mla_abi::kAclFloat;
     m.attr("ACL_FLOAT16") = mla_abi::kAclFloat16;
     m.attr("ACL_INT32") = mla_abi::kAclInt32;
+    m.attr("ACL_INT64") = mla_abi::kAclInt64;
     m.attr("ACL_BF16") = mla_abi::kAclBf16;
+    m.attr("ACL_FORMAT_NCHW") = mla_abi::kAclFormatNchw;
     m.attr("ACL_FORMAT_ND") = mla_abi::kAclFormatNd;
+    m.attr("ACL_FORMAT_FRACTAL_NZ") = mla_abi::kAclFormatFractalNz;
 
     py::class_<Library, std::shared_ptr<Library>>(m, "Library")
         .def(py::init<const std::optional<std::string> &>(), py::arg("path") = py::none())
@@ -367,8 +385,8 @@ PYBIND11_MODULE(_atb_harness, m) {
     py::class_<Context>(m, "Context")
         .def(py::init<std::shared_ptr<Library>>(), py::arg("library"));
 
-    m.def("prefill", &prefill, py::arg("context"), py::arg("tensors"), py::arg("q_seqlen"), py::arg("kv_seqlen"),
-          py::arg("head_num"), py::arg("qk_scale"), py::arg("kv_head_num"), py::arg("mask_type"),
+    m.def("prefill", &prefill, py::arg("context"), py::arg("tensors"), py::arg("host_tensors"), py::arg("head_num"), py::arg("qk_scale"), py::arg("kv_head_num"), py::arg("mask_type"),
           py::arg("cache_mode"), py::arg("stream"), py::arg("alloc_workspace"), py::arg("synchronize"),
-          "Run GetWorkspaceSize then AtbMLAPreFill with a fresh operation; returns the workspace size.");
+          "Run GetWorkspaceSize then AtbMLAPreFill with a fresh operation; returns the workspace size.\n"
+          "A tensor argument that no descriptor names is passed as a null aclTensor*.");
 }

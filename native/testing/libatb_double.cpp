@@ -1,10 +1,12 @@
 // CPU test double of libatb for the harness tests: same exported symbols, no behaviour of ATB.
 //
-// It records every call (tensor descriptors, scalars, stream, the host seqlens as read), counts live
-// aclTensors / operations / contexts, and returns a status injected per stage. It validates nothing and
-// computes nothing. The tests drive it through the extra extern "C" atb_double_* functions (ctypes).
+// It records every call (tensor descriptors with dtype and format codes, null arguments as null,
+// scalars, stream, the int32 host seqlens as read), counts live aclTensors / operations / contexts,
+// and returns a status injected per stage, so any ATB status at any stage can come back through the
+// real extension. It validates nothing and computes nothing. The tests drive it through the extra extern "C" atb_double_* functions (ctypes).
 //
 // Build: g++ -std=c++17 -shared -fPIC -I native/src native/testing/libatb_double.cpp -o libatb_double.so
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <map>
@@ -104,15 +106,25 @@ std::string tensor_json(const aclTensor *t) {
     return os.str();
 }
 
-// The host int32 values behind a rank-1 tensor, read the way ATB reads qSeqLen/kvSeqLen.
+// The host int32 values behind a tensor, read the way ATB reads qSeqLen/kvSeqLen (all elements).
 std::vector<std::int32_t> read_host(const std::int32_t *data, std::int64_t n) {
     return data == nullptr ? std::vector<std::int32_t>{} : std::vector<std::int32_t>(data, data + n);
 }
 
-std::int64_t first_dim(const aclTensor *t) { return t == nullptr || t->dims.empty() ? 0 : t->dims[0]; }
+// Element count of an int32 tensor; 0 for null and for other dtypes, whose bytes are not read.
+std::int64_t int32_count(const aclTensor *t) {
+    if (t == nullptr || t->dtype != mla_abi::kAclInt32) {
+        return 0;
+    }
+    std::int64_t n = 1;
+    for (std::int64_t d : t->dims) {
+        n *= d;
+    }
+    return n;
+}
 
 const std::int32_t *host_ints(const aclTensor *t) {
-    return t == nullptr ? nullptr : static_cast<const std::int32_t *>(t->data);
+    return int32_count(t) == 0 ? nullptr : static_cast<const std::int32_t *>(t->data);
 }
 
 }  // namespace
@@ -164,14 +176,15 @@ mla_abi::Status AtbMLAPreFillGetWorkspaceSize(const aclTensor *q, const aclTenso
     const atb::Operation *op_in = op == nullptr ? nullptr : *op;
     auto *fake_context = static_cast<FakeContext *>(context);
     char scale[32];
-    std::snprintf(scale, sizeof scale, "%.9g", static_cast<double>(qkScale));
+    // JSON has no NaN/Inf: a non-finite qkScale is recorded as a string ("nan", "inf", "-inf").
+    std::snprintf(scale, sizeof scale, std::isfinite(qkScale) ? "%.9g" : "\"%.9g\"", static_cast<double>(qkScale));
     std::ostringstream os;
     os << "{\"q\":" << tensor_json(q) << ",\"q_rope\":" << tensor_json(qRope) << ",\"k\":" << tensor_json(k)
        << ",\"k_rope\":" << tensor_json(kRope) << ",\"v\":" << tensor_json(v)
        << ",\"q_seqlen\":" << tensor_json(qSeqLen) << ",\"kv_seqlen\":" << tensor_json(kvSeqLen)
        << ",\"mask\":" << tensor_json(mask) << ",\"atten_out\":" << tensor_json(attenOut)
-       << ",\"q_seqlen_read\":" << list_json(read_host(host_ints(qSeqLen), first_dim(qSeqLen)))
-       << ",\"kv_seqlen_read\":" << list_json(read_host(host_ints(kvSeqLen), first_dim(kvSeqLen)))
+       << ",\"q_seqlen_read\":" << list_json(read_host(host_ints(qSeqLen), int32_count(qSeqLen)))
+       << ",\"kv_seqlen_read\":" << list_json(read_host(host_ints(kvSeqLen), int32_count(kvSeqLen)))
        << ",\"head_num\":" << headNum << ",\"qk_scale\":" << scale << ",\"kv_head_num\":" << kvHeadNum
        << ",\"mask_type\":" << maskType << ",\"cache_mode\":" << static_cast<int>(cacheMode)
        << ",\"op_in\":" << ptr_json(op_in) << ",\"context\":" << ptr_json(context)
@@ -179,8 +192,8 @@ mla_abi::Status AtbMLAPreFillGetWorkspaceSize(const aclTensor *q, const aclTenso
 
     mla_abi::Status status = s.injected_for("create");
     if (status == 0 && op != nullptr && *op == nullptr) {
-        auto *created = new atb::Operation{host_ints(qSeqLen), host_ints(kvSeqLen), first_dim(qSeqLen),
-                                           first_dim(kvSeqLen)};
+        auto *created = new atb::Operation{host_ints(qSeqLen), host_ints(kvSeqLen), int32_count(qSeqLen),
+                                           int32_count(kvSeqLen)};
         s.operations.insert(created);
         ++s.operations_created;
         *op = created;

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -13,8 +14,11 @@ import torch
 
 import harness.atb
 import native
+from facts.status import STATUS_CODES
+from golden.spec import CaseSpec, as_c_float, load_suites
 from harness.atb import AtbBackend
-from harness.backend import Backend, BackendError, MlaPrefillCall
+from harness.backend import TENSOR_ARGS, Backend, BackendError, MlaPrefillCall
+from runner.perturb import error_call
 
 FAKE_STREAM = 0x7E57_0000_4560
 
@@ -195,6 +199,50 @@ def test_run_drives_the_harness_on_the_current_stream(monkeypatch: pytest.Monkey
     backend.run(call)
     contexts = {c["context"] for c in atb_double.record()["workspace_calls"]}
     assert len(contexts) == 1  # one atb::Context per process and library
+
+
+ACL_CODES = {torch.float16: 1, torch.bfloat16: 27, torch.float32: 0, torch.int32: 3, torch.int64: 9}
+
+
+def passed_as(call: MlaPrefillCall, name: str) -> dict[str, Any] | None:
+    """What the double should record for argument ``name`` of ``call``: None for a null pointer."""
+    if name in call.null_args:
+        return None
+    if name == "out":
+        shape, dtype = call.atten_out_shape, call.atten_out_dtype
+    else:
+        tensor = getattr(call, name)
+        if tensor is None:
+            return None
+        shape, dtype = tuple(tensor.shape), tensor.dtype
+    return {"dims": list(shape), "dtype": ACL_CODES[dtype], "format": call.format_of(name)}
+
+
+@pytest.mark.parametrize("case", load_suites(["errors"]), ids=lambda c: c.name)
+def test_every_error_case_reaches_atb_as_built_and_its_status_comes_back(
+        monkeypatch: pytest.MonkeyPatch, atb_double: Any, case: CaseSpec) -> None:
+    """Each invalid call of the error suite arrives at "libatb" exactly as the case builds it (wrong
+    attenOut, formats, seqlen dtype/rank, null arguments included), and the status ATB's source says it
+    returns comes back at its stage through the real extension and AtbBackend."""
+    install_torch_npu(monkeypatch, FakeNpu())
+    monkeypatch.setenv("MLA_ATB_LIB", atb_double.path)
+    assert case.expect_error is not None and case.expect_stage is not None
+    atb_double.inject(case.expect_stage, STATUS_CODES[case.expect_error])
+    call = error_call(case)
+    with pytest.raises(BackendError) as caught:
+        CpuAtbBackend().run(call)
+    assert (caught.value.status_name, caught.value.stage) == (case.expect_error, case.expect_stage)
+    (setup,) = atb_double.record()["workspace_calls"]
+    for name in TENSOR_ARGS:
+        recorded = setup["atten_out" if name == "out" else name]
+        got = None if recorded is None else {key: recorded[key] for key in ("dims", "dtype", "format")}
+        assert got == passed_as(call, name), name
+    assert (setup["head_num"], setup["kv_head_num"]) == (call.head_num, call.kv_head_num)
+    assert (setup["mask_type"], setup["cache_mode"]) == (call.mask_type, call.cache_mode)
+    if math.isnan(call.qk_scale):
+        assert setup["qk_scale"] == "nan"
+    else:  # recorded with 9 significant digits: exact once rounded to the float ATB receives
+        assert as_c_float(setup["qk_scale"]) == as_c_float(call.qk_scale)
 
 
 def test_run_maps_atb_status_to_backend_error(monkeypatch: pytest.MonkeyPatch, atb_double: Any) -> None:

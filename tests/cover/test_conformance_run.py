@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,6 +16,7 @@ from harness.backend import BackendError, MlaPrefillCall
 from harness.torch_backend import TorchSdpaBackend
 from judge.deviations import load_deviations
 from judge.policy import load_policies
+from judge.verdict import MAP_ROWS, error_map
 from runner.conformance import run_case
 
 POLICIES = load_policies()
@@ -42,14 +45,45 @@ class Wrapped(TorchSdpaBackend):
             return out.float()
         if self.change == "3d_output":
             return out.reshape(out.shape[0], -1, 128)
+        if self.change == "corrupt_row_10_head_1":
+            out = out.clone()
+            out[10, 128:] += 1.0
         return out
 
 
-def run(golden: GoldenCase, change: str, deviations: Path | None = None) -> tuple[str, str]:
+def run_record(golden: GoldenCase, change: str, deviations: Path | None = None) -> dict[str, Any]:
     result = run_case(golden, Wrapped(change), policy_set=POLICIES, policy="default",
                       deviations=load_deviations(deviations))
     assert result.record.verdict == result.outcome and result.record.message == result.message
-    return result.outcome, result.message
+    return result.record.to_dict()
+
+
+def run(golden: GoldenCase, change: str, deviations: Path | None = None) -> tuple[str, str]:
+    record = run_record(golden, change, deviations)
+    return record["verdict"], record["message"]
+
+
+def test_a_failing_record_carries_its_error_map(golden: GoldenCase) -> None:
+    assert run_record(golden, "none")["error_map"] is None  # passing records stay small
+    record = run_record(golden, "corrupt_row_10_head_1")
+    assert record["verdict"] == "failed"
+    emap = record["error_map"]
+    assert emap["row_stride"] == 1 and emap["q_seqlen"] == [9, 4] and emap["bound"] > 0
+    values = np.array(emap["values"])
+    assert values.shape == (13, 2) and values[10, 1] > 1  # only the corrupted (token, head) fails
+    values[10, 1] = 0
+    assert values.max() <= 1
+
+
+def test_error_map_is_pooled_to_a_bounded_grid() -> None:
+    big = build_golden(build_case({"head_num": 1, "q_seqlen": [300, 60], "dtype": "fp16", "mask_type": 2},
+                                  source="test"))
+    out = big.out.astype(np.float16)
+    out.reshape(360, -1)[299] = np.nan  # the last row of batch 1
+    emap = error_map(big, out, bound=None)
+    assert emap["row_stride"] == 2 and len(emap["values"]) == 180 <= MAP_ROWS
+    assert emap["values"][149] == [float("inf")]  # rows 298-299 hold the NaN
+    assert max(v[0] for v in emap["values"] if v[0] != float("inf")) <= 1.0
 
 
 def test_correct_backend_passes(golden: GoldenCase) -> None:

@@ -11,7 +11,7 @@ import torch
 
 from facts.status import STATUS_CODES
 from golden.inputs import generate_inputs
-from golden.spec import CaseSpec, load_suites
+from golden.spec import CaseSpec, SpecError, build_case, load_suites
 from harness.backend import Availability, BackendError, BackendInfo, MlaPrefillCall
 from harness.contract import CHECK_NAMES, ContractBackend, strict_torch_cpu, validate
 from judge.deviations import Deviation, DeviationSet
@@ -83,6 +83,32 @@ def test_error_suite_is_well_formed() -> None:
         assert case.perturb is None or case.perturb in PERTURBATIONS, case.name
     used = {c.perturb for c in cases} - {None}
     assert used == set(PERTURBATIONS), f"perturbations no case uses: {set(PERTURBATIONS) - used}"
+    # every expectation was read from ATB's source at one pinned commit
+    assert {c.source_commit for c in cases} == {"ddcc8b6225b8b7d4703c69c319244bdea0f0c9a1"}
+
+
+def test_source_commit_is_provenance_not_content() -> None:
+    case = case_named("null-q")
+    assert dataclasses.replace(case, source_commit="").case_id == case.case_id
+    assert CaseSpec.from_json(case.to_json()).source_commit == case.source_commit
+    with pytest.raises(SpecError, match=r"source_commit.*40-hex-digit"):
+        build_case({"q_seqlen": [4], "head_num": 1, "source_commit": "ddcc8b622"}, source="<test>")
+
+
+@pytest.mark.parametrize(("family", "names"), [
+    ("attenOut", ("out-other-dtype", "out-fp32", "out-rank-differs", "out-rows-short")),
+    ("format", ("q-format-nz", "v-format-nchw", "mask-format-nz", "kv-seqlen-format-nchw", "out-format-nz")),
+    ("seqlen dtype/rank", ("q-seqlen-int64", "kv-seqlen-fp32", "kv-seqlen-rank2", "q-seqlen-scalar")),
+    ("null argument", ("null-q", "null-k-rope", "null-kv-seqlen", "null-out")),
+])
+def test_each_interface_failure_family_has_cases(family: str, names: tuple[str, ...]) -> None:
+    """Each family's cases build calls that only the new MlaPrefillCall fields (or odd seqlens) express."""
+    for name in names:
+        call = error_call(case_named(name))
+        extras = (call.out_shape is not None or call.out_dtype is not None or bool(call.formats)
+                  or bool(call.null_args))
+        odd_seqlens = any(t.dtype != torch.int32 or t.dim() != 1 for t in (call.q_seqlen, call.kv_seqlen))
+        assert extras or odd_seqlens, f"{family}: {name} is a call the old fields already expressed"
 
 
 @pytest.mark.parametrize("case", error_cases(), ids=lambda c: c.name)
@@ -171,6 +197,27 @@ def test_shipped_atb_deviation_covers_the_nan_case() -> None:
 
 
 # -- the backend ---------------------------------------------------------------------------------
+
+
+def test_model_accepts_the_nulls_and_extras_the_interface_allows() -> None:
+    """A null mask is fine except for MASK_FREE; a mask given with UNDEFINED is not attached."""
+    undefined = next(c for c in valid_cases() if c.mask_type == 0)
+    call = make_call(generate_inputs(undefined), undefined)
+    validate(dataclasses.replace(call, mask=None))
+    validate(dataclasses.replace(call, null_args=frozenset({"mask"})))
+    validate(dataclasses.replace(call, mask=torch.zeros(3, dtype=torch.float64), formats={"mask": 29}))
+    validate(dataclasses.replace(call, formats={"q": 2, "out": 2}, out_shape=tuple(call.q.shape)))
+
+
+def test_rank3_mask_passes_the_operation_check_and_fails_in_the_kernel() -> None:
+    """docs/operator.md §2: InTensorDimCheckPrefill lets a rank-3 mask through; the kernel's InferShape
+    rejects it, which ATB's OpsRunner::PlanKernel reports as ERROR_RT_FAIL inside Setup."""
+    with pytest.raises(BackendError, match="kernel_mask") as info:
+        validate(error_call(case_named("mask-free-mask-rank3")))
+    assert (info.value.status_name, info.value.stage) == ("ERROR_RT_FAIL", "setup")
+    with pytest.raises(BackendError, match="ranks"):  # rank 4 is refused by the operation itself
+        validate(dataclasses.replace(error_call(case_named("mask-free-mask-rank3")),
+                                     mask=torch.zeros(1, 1, 512, 512, dtype=torch.float16)))
 
 
 def test_model_follows_documentation_where_atb_deviates() -> None:

@@ -24,6 +24,9 @@ def _spec(q: tuple[int, ...], kv: tuple[int, ...] | None = None, **kw: object) -
     return CaseSpec(**fields)  # type: ignore[arg-type]
 
 
+#: The hicann/ascend-transformer-boost commit the shipped entries were reviewed against.
+ATB_REVIEW_COMMIT = "ddcc8b6225b8b7d4703c69c319244bdea0f0c9a1"
+
 CAUSAL_PREFIX_100 = _spec((28, 28), (128, 128), mask_type=3, kv_layout="padded")
 SWA = _spec((16,), mask_type=4, expect_error="ERROR_INVALID_PARAM")
 PADDED_RAGGED = _spec((16, 32), mask_type=0, kv_layout="padded")
@@ -40,6 +43,10 @@ def test_seeded_entries() -> None:
     outcomes = [(d.outcome, d.error_status) for d in devs.entries]
     assert outcomes == [("error", "ERROR_INVALID_IN_TENSOR_NUM"), ("error", "ERROR_INVALID_PARAM"),
                         ("fail", None), ("fail", None), ("fail", None), ("fail", None)]
+    assert [d.stage for d in devs.entries[:2]] == ["setup", "create"]
+    # every entry was reviewed against ATB's source at one pinned commit
+    assert {d.source_commit for d in devs.entries} == {ATB_REVIEW_COMMIT}
+    assert f"@ {ATB_REVIEW_COMMIT[:12]}]" in devs.entries[0].describe()
 
 
 @pytest.mark.parametrize(
@@ -187,6 +194,8 @@ BASE_ENTRY = (
         (BASE_ENTRY + "[deviation.select]\nheads = 4\n", "select.heads"),
         (BASE_ENTRY + "[deviation.select]\nragged = 1\n", "select.ragged"),
         (BASE_ENTRY + "[deviation.select]\ndtype = 16\n", "select.dtype"),
+        (BASE_ENTRY + 'source_commit = "ddcc8b622"\n', "source_commit"),
+        (BASE_ENTRY + f'source_commit = "{ATB_REVIEW_COMMIT.upper()}"\n', "source_commit"),
     ],
 )
 def test_load_errors_name_file_entry_and_field(tmp_path: Path, body: str, field: str) -> None:

@@ -13,7 +13,7 @@ import pytest
 from golden import cli
 from golden.progress import Progress
 from golden.spec import load_suite
-from golden.store import GoldenStore
+from golden.store import GoldenStore, seal
 
 SUITE = """
 [suite]
@@ -95,16 +95,21 @@ def test_regen_repairs_corrupt_truncated_and_stale_files(
     files = sorted(out.glob("*.h5"))
     flip_byte(files[0], "inputs/k")
     files[1].write_bytes(files[1].read_bytes()[:1000])
-    with h5py.File(files[2], "r+", locking=False) as f:
-        f.attrs["generator_version"] = "0.0-old"
+    for path in files[2:4]:
+        with h5py.File(path, "r+", locking=False) as f:
+            f.attrs["generator_version"] = "0.0-old"
+    files[3].write_bytes(seal(io.BytesIO(files[3].read_bytes())))  # an old file, intact: stale, not corrupt
+    files[4].write_bytes(files[4].read_bytes().replace(b"MLA-GOLDEN-HDF5", b"MLA-GOLDEN-HDF6", 1))
     rc, text = run(capsys, "verify", "--out", out)
     assert rc == 1
-    assert f"{files[0]}: dataset 'inputs/k': GoldenCorruptError: SHA-256 mismatch" in text
-    assert f"{files[1]}: GoldenCorruptError: cannot open as HDF5" in text
-    assert f"{files[2]}: GoldenStaleError: generator_version '0.0-old'" in text
-    assert f"verify: {N_CASES - 3} ok, 3 bad" in text
+    assert f"{files[0]}: dataset 'inputs/k': GoldenCorruptError: raw data changed" in text
+    assert f"{files[1]}: GoldenCorruptError: truncated: 1000 bytes" in text
+    assert f"{files[2]}: GoldenCorruptError: " in text  # the attribute edit changed the file's size
+    assert f"{files[3]}: GoldenStaleError: generator_version '0.0-old'" in text
+    assert f"{files[4]}: GoldenCorruptError: integrity header damaged or absent" in text
+    assert f"verify: {N_CASES - 5} ok, 5 bad" in text
     rc, text = run(capsys, "regen", "--cases", suite, "--out", out)
-    assert rc == 0 and f"3 generated, {N_CASES - 3} up-to-date" in text
+    assert rc == 0 and f"5 generated, {N_CASES - 5} up-to-date" in text
     rc, text = run(capsys, "verify", "--cases", suite, "--out", out)
     assert rc == 0 and f"verify: {N_CASES} ok, 0 bad" in text
 
@@ -160,7 +165,7 @@ def test_list_reports_golden_state(capsys: pytest.CaptureFixture[str], suite: Pa
     assert run(capsys, "regen", "--cases", suite, "--out", out)[0] == 0
     next(out.glob("*.h5")).write_bytes(b"garbage")
     rc, text = run(capsys, "list", "--cases", suite, "--out", out)
-    assert text.count("  ok\n") == N_CASES - 1 and text.count("  corrupt: cannot open as HDF5") == 1
+    assert text.count("  ok\n") == N_CASES - 1 and text.count("  corrupt: integrity header damaged") == 1
     assert "q[4, 4, 128] kv[1, 9, 256]" in text
 
 

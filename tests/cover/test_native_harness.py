@@ -16,7 +16,7 @@ import torch
 
 import native.harness as pyside
 from facts.status import STATUS_NAMES, status_name
-from harness.atb import describe_tensors, host_seqlens, launch
+from harness.atb import describe_host_tensors, describe_tensors, launch
 from harness.backend import BackendError, MlaPrefillCall
 from native import _atb_harness as ext
 
@@ -52,7 +52,7 @@ class Launch:
     def __init__(self, double: Any, context: ext.Context, call: MlaPrefillCall, workspace: int = 0) -> None:
         double.set_workspace_size(workspace)
         self.call = call
-        self.out = torch.empty(call.q.shape, dtype=call.q_rope.dtype)
+        self.out = torch.empty(call.atten_out_shape, dtype=call.atten_out_dtype)
         self.workspaces: list[torch.Tensor] = []
         self.at_sync: list[dict[str, Any]] = []
         self._double = double
@@ -88,8 +88,10 @@ def test_native_tables_match_the_python_ones() -> None:
     assert len(STATUS_NAMES) == ext.STATUS_COUNT
     for code in range(-2, len(STATUS_NAMES) + 2):
         assert ext.status_name(code) == status_name(code)
-    assert (ext.ACL_FLOAT, ext.ACL_FLOAT16, ext.ACL_INT32, ext.ACL_BF16, ext.ACL_FORMAT_ND) == (
-        pyside.ACL_FLOAT, pyside.ACL_FLOAT16, pyside.ACL_INT32, pyside.ACL_BF16, pyside.ACL_FORMAT_ND)
+    assert (ext.ACL_FLOAT, ext.ACL_FLOAT16, ext.ACL_INT32, ext.ACL_INT64, ext.ACL_BF16) == (
+        pyside.ACL_FLOAT, pyside.ACL_FLOAT16, pyside.ACL_INT32, pyside.ACL_INT64, pyside.ACL_BF16)
+    assert (ext.ACL_FORMAT_NCHW, ext.ACL_FORMAT_ND, ext.ACL_FORMAT_FRACTAL_NZ) == (
+        pyside.ACL_FORMAT_NCHW, pyside.ACL_FORMAT_ND, pyside.ACL_FORMAT_FRACTAL_NZ)
 
 
 @pytest.mark.parametrize(("dtype", "code"), [(torch.float16, 1), (torch.bfloat16, 27)])
@@ -114,8 +116,19 @@ def test_describe_tensors_rejects_what_atb_cannot_read() -> None:
         describe_tensors(replace(call, k=call.k.transpose(0, 1)), out)
     with pytest.raises(ValueError, match=r"v has dtype torch\.float64"):
         describe_tensors(replace(call, v=call.v.double()), out)
-    with pytest.raises(ValueError, match="q_seqlen must be a host int32"):
-        host_seqlens("q_seqlen", call.q_seqlen.long())
+    with pytest.raises(ValueError, match="q_seqlen must be a host tensor"):
+        describe_host_tensors(replace(call, q_seqlen=call.q_seqlen.to("meta")))
+    with pytest.raises(ValueError, match=r"kv_seqlen has dtype torch\.int16"):
+        describe_host_tensors(replace(call, kv_seqlen=call.kv_seqlen.short()))
+
+
+def test_null_arguments_get_no_descriptor() -> None:
+    call = replace(make_call(mask=True), null_args=frozenset({"q", "mask", "out", "kv_seqlen"}))
+    out = torch.empty(call.q.shape, dtype=torch.float16)
+    assert [d.name for d in describe_tensors(call, out)] == ["q_rope", "k", "k_rope", "v"]
+    assert [d.name for d in describe_host_tensors(call)] == ["q_seqlen"]
+    with pytest.raises(ValueError, match=r"unknown tensor arguments \['query'\]"):
+        replace(call, null_args=frozenset({"query"}))
 
 
 def test_arguments_reach_atb_in_declared_order(atb_double: Any, context: ext.Context) -> None:
@@ -167,6 +180,45 @@ def test_mask_none_is_passed_as_null(atb_double: Any, context: ext.Context) -> N
     record = atb_double.record()
     assert record["workspace_calls"][0]["mask"] is None
     assert record["tensors_created"] == 8
+
+
+def test_null_arguments_are_passed_as_null(atb_double: Any, context: ext.Context) -> None:
+    nulls = frozenset({"q", "k_rope", "q_seqlen", "out"})
+    Launch(atb_double, context, replace(make_call(mask=True), null_args=nulls))()
+    record = atb_double.record()
+    (setup,) = record["workspace_calls"]
+    assert [name for name in ("q", "k_rope", "q_seqlen", "atten_out") if setup[name] is None] == [
+        "q", "k_rope", "q_seqlen", "atten_out"]
+    assert all(setup[name] is not None for name in ("q_rope", "k", "v", "mask", "kv_seqlen"))
+    assert record["tensors_created"] == 9 - len(nulls)
+    assert_released(record)
+
+
+def test_formats_out_and_seqlen_dtype_and_rank_arrive_as_given(atb_double: Any, context: ext.Context) -> None:
+    call = replace(make_call(mask=True), formats={"q": pyside.ACL_FORMAT_FRACTAL_NZ, "kv_seqlen": 0, "out": 29},
+                   q_seqlen=torch.tensor([2, 3], dtype=torch.int64),
+                   kv_seqlen=torch.tensor([[3], [1]], dtype=torch.int32), out_shape=(5, 512), out_dtype=torch.bfloat16)
+    run = Launch(atb_double, context, call)
+    run()
+    (setup,) = atb_double.record()["workspace_calls"]
+    assert (setup["q"]["format"], setup["kv_seqlen"]["format"], setup["atten_out"]["format"]) == (29, 0, 29)
+    assert all(setup[name]["format"] == 2 for name in ("q_rope", "k", "k_rope", "v", "mask", "q_seqlen"))
+    assert (setup["q_seqlen"]["dtype"], setup["q_seqlen"]["dims"]) == (9, [2])
+    kv = setup["kv_seqlen"]
+    assert (kv["dtype"], kv["dims"], kv["strides"]) == (3, [2, 1], [1, 1])
+    assert setup["kv_seqlen_read"] == [3, 1]  # the int32 bytes, copied whatever the rank
+    assert setup["q_seqlen_read"] == []  # the double reads int32 only
+    assert (setup["atten_out"]["dims"], setup["atten_out"]["dtype"]) == ([5, 512], 27)
+    assert setup["atten_out"]["data"] == run.out.data_ptr()
+
+
+def test_host_tensor_bytes_are_copied_exactly(atb_double: Any, context: ext.Context) -> None:
+    """A 0-dim and an int64 seqlen keep their bytes: the harness copies what it is given."""
+    call = make_call()
+    descs = describe_host_tensors(replace(call, q_seqlen=call.q_seqlen[0].clone(), kv_seqlen=call.kv_seqlen.long()))
+    assert [(d.shape, d.dtype) for d in descs] == [((), 3), ((2,), 9)]
+    assert descs[0].data == (2).to_bytes(4, "little") and descs[1].data == b"".join(
+        n.to_bytes(8, "little") for n in (3, 1))
 
 
 def test_host_seqlens_are_correct_at_setup_and_alive_through_execute(atb_double: Any,
@@ -269,17 +321,20 @@ def test_acl_create_tensor_failure_releases_the_tensors_made_so_far(atb_double: 
 def test_malformed_descriptor_lists_are_rejected_without_leaks(atb_double: Any, context: ext.Context) -> None:
     call = make_call()
     descs = describe_tensors(call, torch.empty(call.q.shape, dtype=torch.float16))
-    args = ([2, 3], [3, 1], 4, 0.125, 2, 0, 1, FAKE_STREAM, lambda n: 0, lambda: None)
+    hosts = describe_host_tensors(call)
+    args = (4, 0.125, 2, 0, 1, FAKE_STREAM, lambda n: 0, lambda: None)
     bad = {
-        "missing tensor: out": descs[:-1],
-        "tensor given twice: q": [descs[0], *descs],
-        "unknown tensor name: query": [descs[0]._replace(name="query"), *descs[1:]],
+        "tensor given twice: q": ([descs[0], *descs], hosts),
+        "unknown tensor name: query": ([descs[0]._replace(name="query"), *descs[1:]], hosts),
+        "unknown tensor name: q_seqlen": ([*descs, descs[0]._replace(name="q_seqlen")], hosts),
+        "unknown host tensor name: q": (descs, [*hosts, hosts[0]._replace(name="q")]),
+        "tensor given twice: kv_seqlen": (descs, [*hosts, hosts[1]]),
     }
-    for message, tensors in bad.items():
+    for message, (tensors, host_tensors) in bad.items():
         with pytest.raises(ValueError, match=message):
-            ext.prefill(context, tensors, *args)
+            ext.prefill(context, tensors, host_tensors, *args)
     with pytest.raises(ValueError, match="cacheMode must fit in uint8"):
-        ext.prefill(context, descs, *args[:6], 256, *args[7:])
+        ext.prefill(context, descs, hosts, *args[:4], 256, *args[5:])
     record = atb_double.record()
     assert record["workspace_calls"] == []
     assert_released(record)

@@ -5,18 +5,30 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from golden.error_model import ModelResult
 from golden.metrics import Metrics, compute_metrics, round_to_dtype
 from golden.spec import CaseSpec
 from judge.policy import DEFAULT_PATH, Check, PolicyError, PolicySet, VerdictContext, load_policies
 
 POLICIES = load_policies()
 SHIPPED = len(POLICIES.overrides)  # overrides appended by a test come after the shipped ones
-CTX16 = VerdictContext(dtype="fp16", head_num=4, max_seq=64)
+
+
+def _model_fn(ratio: float) -> Callable[[float, float], ModelResult]:
+    """A stand-in for the error-model evaluation that reports ``ratio`` (as if measured)."""
+    def model(false_alarm: float, safety: float) -> ModelResult:
+        return ModelResult(ratio, 100, int(ratio > 1), 7.0, "batch 0 row 1 (token 1) head 0 col 2", 1e-4, 1e-4 / ratio
+                           if ratio else 1.0, {"p_round": 1e-4})
+    return model
+
+
+CTX16 = VerdictContext(dtype="fp16", head_num=4, max_seq=64, model=_model_fn(0.2))
 
 
 def _metrics_of(actual: np.ndarray, expected: np.ndarray, dtype: str) -> Metrics:
@@ -36,7 +48,7 @@ def _judge(name: str, m: Metrics, baseline: Metrics | None, ctx: VerdictContext 
 def _base_metrics(**changes: float) -> Metrics:
     """A clean fp16 result (all errors small), with ``changes`` applied."""
     fields = dict(
-        dtype="fp16", n_elements=100, n_rows=10, max_abs_err=1e-4, max_rel_err=2**-11, mean_rel_err=2**-13,
+        dtype="fp16", n_elements=20000, n_rows=160, max_abs_err=1e-4, max_rel_err=2**-11, mean_rel_err=2**-13,
         rmse=1e-4, eb_rel=0.0, mean_signed_err=0.0, cosine=1.0, max_ulp_err=1.0, frac_beyond_thousandth=0.0,
         atb_max_scaled_err=1e-4, max_abs_expected=1.0, rms_expected=0.5, nan_count=0, inf_count=0,
         expected_nan_count=0, expected_inf_count=0, nan_positions_match=True, inf_positions_match=True,
@@ -46,9 +58,12 @@ def _base_metrics(**changes: float) -> Metrics:
 
 
 def test_shipped_file_has_the_documented_policies() -> None:
-    assert {"default", "atb", "benchmark", "thousandth", "relative", "strict"} <= set(POLICIES.policies)
-    assert POLICIES.policies["default"].rules == ("atb", "benchmark")
+    assert {"default", "model", "atb", "benchmark", "thousandth", "relative", "strict"} <= set(POLICIES.policies)
+    assert POLICIES.policies["default"].rules == ("model", "benchmark")
+    assert POLICIES.policies["default"].evidence == ("atb",)
     default = POLICIES.policies["default"]
+    assert default.param("model", "false_alarm", "fp16") == 1e-6 and default.param("model", "safety", "bf16") == 2
+    assert default.param("benchmark", "min_elements", "fp16") == 16384
     assert default.param("atb", "eps_small", "fp16") == 2**-8
     assert default.param("atb", "eps_large", "bf16") == 2**-6
     assert default.param("benchmark", "mare", "bf16") == 10
@@ -56,19 +71,19 @@ def test_shipped_file_has_the_documented_policies() -> None:
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-def test_correctly_rounded_passes_default_and_4pct_fails_atb(dtype: str) -> None:
+def test_correctly_rounded_passes_atb_and_4pct_fails_it(dtype: str) -> None:
     expected = _golden()
     ctx = VerdictContext(dtype=dtype, head_num=4, max_seq=64)
     actual = round_to_dtype(expected, dtype)
     baseline = _metrics_of(actual, expected, dtype)
-    verdict = POLICIES.resolve("default", "atb", dtype, "causal", "c").evaluate(baseline, baseline, ctx)
+    verdict = POLICIES.resolve("atb", "atb", dtype, "causal", "c").evaluate(baseline, baseline, ctx)
     assert verdict.passed, verdict.summary()
     assert verdict.worst_slack < 1.0
-    assert verdict.summary().startswith("PASS under policy 'default'")
+    assert verdict.summary().startswith("PASS under policy 'atb'")
 
     actual[10, 2, 3] = round_to_dtype(np.array(1.04), dtype)
     bad = _metrics_of(actual, expected, dtype)
-    verdict = POLICIES.resolve("default", "atb", dtype, "causal", "c").evaluate(bad, baseline, ctx)
+    verdict = POLICIES.resolve("atb", "atb", dtype, "causal", "c").evaluate(bad, baseline, ctx)
     assert not verdict.passed
     assert (verdict.failing[0].rule, verdict.failing[0].metric) == ("atb", "atb_max_scaled_err")
     summary = verdict.summary()
@@ -90,6 +105,41 @@ def test_nonfinite_fails_every_policy(policy: str, bad: float) -> None:
     assert not verdict.passed
     assert any(c.rule == "finite" for c in verdict.failing)
     assert verdict.worst_slack == math.inf
+
+
+def test_default_is_decided_by_the_model_and_records_atb_as_evidence() -> None:
+    policy = POLICIES.resolve("default", "x", "fp16", "causal", "c")
+    over_atb = _base_metrics(atb_max_scaled_err=2**-8 * 1.5)
+    verdict = policy.evaluate(over_atb, _base_metrics(), CTX16)
+    assert verdict.passed, verdict.summary()
+    atb = next(c for c in verdict.checks if c.rule == "atb")
+    assert not atb.passed and not atb.decisive and verdict.failing == [] and verdict.evidence_over == [atb]
+    assert "Evidence over its bound: atb" in verdict.summary() and "[evidence, not deciding]" in verdict.summary()
+    assert verdict.worst_slack < 1.0  # the deciding checks only, not atb's 1.5
+    ctx = dataclasses.replace(CTX16, model=_model_fn(1.25))
+    failed = policy.evaluate(_base_metrics(), _base_metrics(), ctx)
+    assert not failed.passed and [(c.rule, c.metric) for c in failed.failing] == [("model", "max_err_over_bound")]
+    assert failed.worst_slack == pytest.approx(1.25)
+    assert "batch 0 row 1 (token 1) head 0 col 2" in failed.summary()
+
+
+def test_model_rule_without_magnitudes_fails_rather_than_pass() -> None:
+    ctx = VerdictContext(dtype="fp16", head_num=4, max_seq=64)
+    verdict = POLICIES.resolve("model", "x", "fp16", "m", "c").evaluate(_base_metrics(), None, ctx)
+    assert not verdict.passed and "no stored magnitudes" in verdict.failing[0].note
+
+
+def test_benchmark_does_not_decide_on_small_samples() -> None:
+    perfect = _base_metrics(max_rel_err=0.0, mean_rel_err=0.0, rmse=0.0, max_abs_err=0.0)
+    awful = _base_metrics(max_rel_err=1.0, mean_rel_err=1.0, rmse=1.0)
+    policy = POLICIES.resolve("benchmark", "x", "fp16", "m", "c")
+    assert not policy.evaluate(awful, perfect, CTX16).passed  # 20000 elements: decides
+    small = dataclasses.replace(awful, n_elements=16383)
+    verdict = policy.evaluate(small, perfect, CTX16)
+    assert verdict.passed and len(verdict.evidence_over) == 3
+    assert all("16383 elements < min_elements 16384: not deciding" in c.note for c in verdict.evidence_over)
+    nan = dataclasses.replace(small, nan_count=1)
+    assert not policy.evaluate(nan, perfect, CTX16).passed  # finite always decides
 
 
 def test_nonfinite_golden_fails() -> None:
@@ -166,13 +216,16 @@ def test_verdict_to_dict_is_json() -> None:
     verdict = policy.evaluate(_base_metrics(), _base_metrics(), CTX16)
     data = json.loads(json.dumps(verdict.to_dict()))
     assert data["passed"] is True and data["policy"] == "default"
-    assert {c["rule"] for c in data["checks"]} == {"finite", "atb", "benchmark"}
+    assert {c["rule"] for c in data["checks"]} == {"finite", "model", "atb", "benchmark"}
+    assert {c["rule"] for c in data["checks"] if not c["decisive"]} == {"atb"}
     assert all(c["slack"] == pytest.approx(c["value"] / c["bound"]) for c in data["checks"] if c["value"])
 
 
 def test_context_from_spec() -> None:
     spec = CaseSpec(q_seqlen=(3, 9), kv_seqlen=(3, 9), head_num=8, kv_head_num=8, dtype="bf16")
     assert VerdictContext.from_spec(spec) == VerdictContext(dtype="bf16", head_num=8, max_seq=9)
+    model = _model_fn(0.5)
+    assert VerdictContext.from_spec(spec, model).model is model
 
 
 # -- overrides and load errors ------------------------------------------------------------------
@@ -204,7 +257,7 @@ def test_override_applies_and_records_reason(tmp_path: Path) -> None:
     assert policy.param("thousandth", "max_fraction", "bf16") == 0.01
     assert policy.param("thousandth", "max_fraction", "fp16") == 0.001  # table merged, not replaced
     assert [(o.index, o.reason) for o in policy.overrides] == [(SHIPPED, "torch CPU bf16 rounds P differently")]
-    ctx = VerdictContext(dtype="bf16", head_num=4, max_seq=64)
+    ctx = VerdictContext(dtype="bf16", head_num=4, max_seq=64, model=_model_fn(0.1))
     m = _base_metrics(dtype="bf16", mean_rel_err=2.5 * 2**-9)  # ratio 2.5 vs the MERE floor u/2
     verdict = policy.evaluate(m, _base_metrics(dtype="bf16", mean_rel_err=0.0), ctx)
     assert verdict.passed

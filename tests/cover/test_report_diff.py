@@ -168,3 +168,35 @@ def test_missing_or_newly_skipped_cases_fail_the_gate_unless_allowed(tmp_path: P
 def test_known_deviation_that_now_fails_differently_regresses() -> None:
     cases, _ = diff.diff_records([rec("x", "npu", verdict="xfailed")], [rec("x", "npu", verdict="failed", digest="b")])
     assert [c.category for c in cases] == ["regressed"]
+
+
+def test_piped_terminal_output_keeps_full_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    long = "bf16-causal-krope_ctkv-b1-s129-kv300-h16-g2-q3d-padded-2122cd9a"
+    base = write_run(tmp_path / "old", [rec(long, "my_kernels.module:factory")])
+    cand = write_run(tmp_path / "new", [rec(long, "my_kernels.module:factory", verdict="failed", slack=1.5,
+                                            digest="b")])
+    assert mlaconf("report", "diff", str(base), str(cand)) == 1  # capsys: stdout is not a terminal
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("REGRESSED"))
+    assert line.endswith("slack 0.200->1.500 passed -> failed") and "~" not in line and len(line) > 100
+    result = diff.diff_dirs(base, cand)
+    assert all(len(x) <= 80 for x in diff.terminal(result, 80).splitlines()[2:])  # a terminal's width
+
+
+def test_diff_page_plots_base_against_candidate_slack() -> None:
+    cases, perf = diff.diff_records(BASE, CAND)
+    page = diff.render_html(diff.DiffResult("a", "b", cases, perf, [], []))
+    assert page.count("<svg") == 1 and "base worst slack" in page
+    assert page.count('stroke="#b00020" stroke-width="2"') == 2  # the two regressions are ringed
+    assert "regressed_slack [npu] regressed: slack 0.300 -&gt; 0.800" in page  # hover text per point
+    assert "added [npu]" not in page.split("<svg")[1]  # measured on one side only: no point
+
+
+def test_integer_metric_deltas_print_as_integers() -> None:
+    b, c = rec("x", "npu"), rec("x", "npu", digest="b")
+    b["metrics"] = {"n_rows": 129, "rmse": 1e-4}
+    c["metrics"] = {"n_rows": 130, "rmse": 2e-4}
+    cases, _ = diff.diff_records([b], [c])
+    text = diff.markdown(diff.DiffResult("a", "b", cases, [], [], []))
+    assert "n_rows 129->130 (+1)" in text and "rmse 1.00e-04->2.00e-04 (+1.00e-04)" in text
+    slow = diff.DiffResult("a", "b", [], [diff.PerfDiff("x", "npu", 625.0, 1250.0)], [], [])
+    assert "625 ms -> 1250 ms (2.00x)" in diff.terminal(slow)

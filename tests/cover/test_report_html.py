@@ -78,7 +78,10 @@ def test_report_is_self_contained_and_complete() -> None:
     assert parser.external == [] and "script" not in parser.tags  # the injected case id is escaped
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
     assert parser.tags["table"] >= 6
-    assert parser.tags["svg"] == 3 * 4  # three plots per group; groups: npu x2, cpu x2
+    # two charts across groups per backend (the specs give no layouts to break down by), two per group:
+    # npu x2, cpu x2
+    assert parser.tags["svg"] == 2 * 2 + 2 * 4
+    assert "worst slack against kv length: npu (1 NaN/inf: far edge)" in text  # the NaN case is drawn
     assert parser.tags["rect"] > 20 and parser.tags["circle"] > 20
     assert "NaN in &lt;output&gt; &amp; friends" in text and "1 non-finite" in text
     assert "environment.host" in text and "median TFLOP/s" in text
@@ -117,3 +120,109 @@ def test_html_verb_rerenders(tmp_path: Path) -> None:
     args = parser.parse_args(["report", "html", str(tmp_path)])
     assert args.func(args) == 0
     assert "MLA prefill conformance: again" in (tmp_path / "report.html").read_text()
+
+
+class SvgText(HTMLParser):
+    """The <text> elements of each <svg>: (x, y, text-anchor, content)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.charts: list[list[tuple[str, str, str, str]]] = []
+        self.current: dict[str, str | None] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "svg":
+            self.charts.append([])
+        elif tag == "text":
+            self.current = dict(attrs)
+
+    def handle_data(self, data: str) -> None:
+        if self.current is not None:
+            a = self.current
+            self.charts[-1].append((a.get("x") or "", a.get("y") or "", a.get("text-anchor") or "", data))
+            self.current = None
+
+
+def duplicate_ticks(page: str) -> list[str]:
+    """Labels repeated along one axis: texts sharing a baseline (x ticks) or a right edge (y ticks)."""
+    parser = SvgText()
+    parser.feed(page)
+    duplicates = []
+    for texts in parser.charts:
+        rows: dict[str, list[str]] = {}
+        cols: dict[str, list[str]] = {}
+        for x, y, anchor, text in texts:
+            rows.setdefault(y, []).append(text)
+            if anchor == "end":
+                cols.setdefault(x, []).append(text)
+        duplicates += [t for labels in (*rows.values(), *cols.values()) for t in set(labels) if labels.count(t) > 1]
+    return duplicates
+
+
+def realistic(i: int) -> dict[str, Any]:
+    """A correct bf16/fp16 kernel: max rel err about 2^-8 (bf16) apart only in the fifth digit."""
+    dtype = ("bf16", "fp16")[i % 2]
+    kv = 16 << (i % 5)
+    return rec(i, dtype=dtype, mask="causal", worst_slack=0.2495 + 1e-5 * i,
+               metrics={"max_rel_err": (0.0038910 if dtype == "bf16" else 0.000534) * (1 + 1e-5 * i),
+                        "rmse": 7.6e-05 * (1 + 1e-4 * i), "n_rows": 129},
+               spec={"q_seqlen": [kv], "kv_seqlen": [kv], "head_num": 4, "kv_head_num": (4, 2, 1)[i % 3],
+                     "q_layout": ("3d", "2d")[i % 2], "kv_layout": "padded", "distribution": "uniform"})
+
+
+def test_every_chart_labels_its_ticks_distinctly() -> None:
+    page = html.render([realistic(i) for i in range(30)], {"run_name": "ticks"})
+    assert page.count("<svg") >= 6
+    assert duplicate_ticks(page) == []
+
+
+def test_tick_labels_are_distinct_engineering_notation() -> None:
+    assert svg.tick_labels([0.0038910, 0.0038911, 0.0038912]) == ["3.8910e-3", "3.8911e-3", "3.8912e-3"]
+    assert svg.tick_labels([0.000534, 0.0005341]) == ["534.0e-6", "534.1e-6"]
+    assert svg.tick_labels([0.0, 1.0, 2.0]) == ["0", "1", "2"]
+    assert svg.tick_labels([1e-5, 1e-4, 1e-3], log=True) == ["10e-6", "100e-6", "1e-3"]
+    axis = svg.Axis.fit([0.0038910, 0.0038914])
+    ticks = axis.ticks()
+    assert len(ticks) >= 3 and all(axis.lo <= t <= axis.hi for t in ticks)
+    assert len(set(svg.tick_labels(ticks))) == len(ticks)
+
+
+def test_statistics_print_in_their_own_type() -> None:
+    failed = rec(1, verdict="failed", worst_slack=2.0, failing=["atb:rmse"],
+                 metrics={"n_elements": 66048, "nan_positions_match": True, "rmse": 1.5e-3})
+    page = html.render([failed], {})
+    assert ">66048<" in page and ">True<" in page and ">1.5000e-03<" in page and "e+0" not in page
+    digest = failed["output_sha256"]
+    assert f'title="{digest}"' in page and f">{digest}<" not in page  # abbreviated, full value on hover
+
+
+def test_failing_case_shows_its_error_map() -> None:
+    values = [[0.1, 0.2], [0.3, 5.0], [None, None]]
+    emap = {"values": values, "row_stride": 64, "q_seqlen": [150, 42], "bound": 0.004}
+    failed = rec(1, verdict="failed", worst_slack=5.0, failing=["atb:x"], error_map=emap)
+    page = html.render([failed, rec(2)], {})
+    assert page.count('class="plot errmap"') == 1 and "<details open>" in page
+    assert 'class="batch"' in page and 'class="tile"' in page  # batch 2 starts at row 150; a tile at 128
+    assert "head 1: max 5" in page and "not checked" in page
+    assert html.render([rec(1, verdict="failed", error_map={"values": "garbage"})], {}).count("plot errmap") == 0
+
+
+def test_worst_case_row_names_the_check_its_slack_comes_from() -> None:
+    checks = [
+        {"rule": "atb", "metric": "atb_max_scaled_err", "value": 1.2, "bound": 1.0, "slack": 1.2, "passed": False},
+        {"rule": "benchmark", "metric": "mere_ratio", "value": 6.8, "bound": 2.0, "slack": 3.4, "passed": False},
+        {"rule": "benchmark", "metric": "rmse_ratio", "value": 0.2, "bound": 2.0, "slack": 0.1, "passed": True},
+    ]
+    failing = rec(1, verdict="failed", worst_slack=3.4, checks=checks,
+                  failing=["atb: atb_max_scaled_err = 1.2 vs bound 1 (slack 1.2)", "benchmark: ..."])
+    row = summary.plain(summary.worst_table([failing])).splitlines()[1].split()
+    assert row[:4] == ["1", "3.400", "failed", "npu"]
+    assert " ".join(row[4:]) == "benchmark:mere_ratio (+1 more failing)"
+
+
+def test_piped_terminal_tables_keep_full_labels() -> None:
+    long = [rec(i, backend="a_really_long_backend_name_for_testing_" * 2, case_id="c" * 90) for i in range(4)]
+    piped = summary.plain(summary.group_table(long, truncate=False) + summary.worst_table(long, truncate=False))
+    assert "~" not in piped and "a_really_long_backend_name_for_testing_" * 2 in piped and "c" * 90 in piped
+    tty = summary.plain(summary.group_table(long) + summary.worst_table(long))
+    assert "~" in tty and all(len(line) <= 80 for line in tty.splitlines())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import logging
 import os
@@ -27,6 +28,7 @@ from golden.store import (
     GoldenStore,
     GoldenStoreError,
     read_golden,
+    seal,
 )
 from golden.types import GoldenCase
 
@@ -64,8 +66,13 @@ def flip_byte(path: Path, dataset: str) -> None:
         fh.write(bytes([byte ^ 0xFF]))
 
 
+def reseal(path: Path) -> None:
+    """Rewrite the integrity header after a deliberate edit, to reach the checks behind it."""
+    path.write_bytes(seal(io.BytesIO(path.read_bytes())))
+
+
 def rewrite_dataset(path: Path, name: str, stored: np.ndarray) -> None:
-    """Replace a dataset's values and fix every checksum, keeping its device_dtype tag."""
+    """Replace a dataset's values and fix every checksum (and the seal), keeping its device_dtype tag."""
     import hashlib
 
     sha = hashlib.sha256(np.ascontiguousarray(stored).tobytes()).hexdigest()
@@ -77,6 +84,7 @@ def rewrite_dataset(path: Path, name: str, stored: np.ndarray) -> None:
         sums = json.loads(f.attrs["checksums_json"])
         sums[name] = sha
         f.attrs["checksums_json"] = json.dumps(sums, sort_keys=True)
+    reseal(path)
 
 
 @pytest.fixture
@@ -144,6 +152,7 @@ def test_flipped_byte_is_detected_and_ensure_rebuilds(
     with pytest.raises(GoldenCorruptError) as info:
         store.load(FP16)
     assert info.value.dataset == dataset and str(path) in str(info.value) and dataset in str(info.value)
+    assert "raw data changed" in str(info.value)
     builder = CountingBuilder()
     with caplog.at_level(logging.WARNING, logger="golden.store"):
         repaired = store.ensure(FP16, builder)
@@ -181,6 +190,9 @@ def test_a_missing_dataset_is_corrupt(store: GoldenStore) -> None:
     path = store.save(build_golden(FP16))
     with h5py.File(path, "r+", locking=False) as f:
         del f["golden/row_valid"]
+    with pytest.raises(GoldenCorruptError, match="whole-file SHA-256 mismatch"):
+        store.load(FP16)
+    reseal(path)  # behind the header, the per-dataset bookkeeping catches it too
     with pytest.raises(GoldenCorruptError, match="golden/row_valid"):
         store.load(FP16)
 
@@ -190,6 +202,9 @@ def test_tampered_baseline_statistics_are_corrupt_and_drift_is_reported(store: G
     path = store.save(golden)
     with h5py.File(path, "r+", locking=False) as f:
         f["baseline"].attrs["rmse"] = float(f["baseline"].attrs["rmse"]) * 1000  # loosens the benchmark rule
+    with pytest.raises(GoldenCorruptError, match="whole-file SHA-256 mismatch"):
+        store.load(FP16)
+    reseal(path)
     with pytest.raises(GoldenCorruptError) as info:
         store.load(FP16)
     assert info.value.dataset == "baseline (attributes)" and str(path) in str(info.value)

@@ -11,7 +11,8 @@ import pytest
 from golden.generate import build_golden
 from golden.metrics import Metrics
 from golden.spec import CaseSpec, load_suites
-from judge.policy import VerdictContext, load_policies
+from judge.policy import load_policies
+from judge.verdict import verdict_context
 
 pytestmark = pytest.mark.slow
 
@@ -23,6 +24,6 @@ def test_emulated_baseline_meets_the_default_policy(spec: CaseSpec) -> None:
     golden = build_golden(spec)
     baseline = Metrics.from_dict(golden.baseline_stats)
     policy = load_policies().resolve("default", "emulated-baseline", spec.dtype, spec.mask_name, spec.case_id)
-    verdict = policy.evaluate(baseline, baseline, VerdictContext.from_spec(spec))
+    verdict = policy.evaluate(baseline, baseline, verdict_context(golden, golden.baseline_out))
     assert verdict.passed, f"{spec.case_id}: ATB's own precision path fails: {verdict.summary()}"
     assert verdict.worst_slack < 0.95, f"{spec.case_id}: less than 5% headroom: {verdict.summary()}"

@@ -33,6 +33,9 @@ SUITES = ("cases/test_conformance.py", "cases/test_metamorphic.py")
 CLEAN_SEEDS = "1,2,3,4,5"
 PARALLEL = 2
 TIMEOUT_S = 400
+#: A defect that fails conformance must do so clearly somewhere: its largest slack over the smoke
+#: suite at least this (a defect caught only near slack 1 is a near miss: add a case that exposes it).
+NEAR_MISS = 2.0
 #: One thread per process: the runs are parallel already (two workers or two subprocesses).
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
@@ -47,6 +50,15 @@ class Run:
     outcomes: dict[str, str] = field(default_factory=dict)
     messages: dict[str, str] = field(default_factory=dict)
     output: str = ""
+    report: Path | None = None
+
+    def largest_slack(self) -> float:
+        """The largest worst_slack among the run's conformance records (0 when none)."""
+        if self.report is None or not (self.report / "results.jsonl").exists():
+            return 0.0
+        lines = (self.report / "results.jsonl").read_text().splitlines()
+        slacks = [json.loads(line).get("worst_slack") for line in lines if line.strip()]
+        return max((float(x) for x in slacks if x is not None), default=0.0)
 
     def with_outcome(self, outcome: str) -> list[str]:
         return [test for test, got in self.outcomes.items() if got == outcome]
@@ -81,7 +93,8 @@ def run_pytest(backend: str, work: Path, golden_dir: Path, *extra: str, suites: 
     start = time.perf_counter()
     done = subprocess.run(command, cwd=ROOT, env={**os.environ, **THREAD_ENV}, capture_output=True, text=True,
                           timeout=TIMEOUT_S, check=False)
-    run = Run(backend, done.returncode, time.perf_counter() - start, output=done.stdout + done.stderr)
+    run = Run(backend, done.returncode, time.perf_counter() - start, output=done.stdout + done.stderr,
+              report=work / f"report-{label}")
     if junit.exists():
         run.outcomes, run.messages = parse_junit(junit)
     return run
@@ -117,6 +130,7 @@ def _summary(work: Path, clean: Run, runs: dict[str, Run]) -> dict[str, object]:
         "defects": {name: {"description": DEFECTS[name].description if name in DEFECTS else "control",
                            "seconds": round(run.seconds, 1),
                            "failed": {t: run.messages[t] for t in run.with_outcome("failed")},
+                           "largest_slack": run.largest_slack(),
                            "counts": {o: len(run.with_outcome(o)) for o in ("passed", "failed", "error", "skipped")}}
                     for name, run in runs.items()},
     }
@@ -142,6 +156,10 @@ def test_defect_is_caught(name: str, defect_runs: dict[str, Run]) -> None:
     assert run.returncode == 1, run.describe()  # 1 = tests failed (not a usage or internal error)
     assert run.with_outcome("failed"), f"defect {name} ({DEFECTS[name].description}) was not caught\n{run.describe()}"
     assert not run.with_outcome("error"), run.describe()
+    if any("test_conformance" in test for test in run.with_outcome("failed")):
+        largest = run.largest_slack()
+        assert largest >= NEAR_MISS, f"defect {name}: conformance fails only near its bound (largest slack " \
+            f"{largest:.3g} < {NEAR_MISS}): a near miss\n{run.describe()}"
 
 
 def test_forgetful_contract_model_fails_the_error_suite(work: Path) -> None:

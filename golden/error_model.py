@@ -1,0 +1,155 @@
+"""Per-element error bound of a correct kernel on the documented precision path (spec section 4).
+
+docs/conformance.md ("The error-model rule") derives it; in short, for output element e = (i, h, c)
+of a case with N checked elements, u the unit roundoff of the case dtype, u32 = 2^-24, u16 = 2^-11,
+n_i the keys row i attends to and the float64 magnitudes of :mod:`golden.magnitudes`
+(A, R, S, T per element; M, C, rho per row):
+
+    bound_e = F * ( u |g|                                          output rounded to the dtype
+                  + u min(lam (R + rho |g|), A + |g|)              P rounded to the input dtype
+                  + u_s min(lam S, 4 M (A + |g|))                  score roundings, each <= u_s w_ij
+                  + lam sqrt(192) u32 C min(lam (R + rho |g|), A + |g|)   fp32 Q.K accumulation
+                  + |eps| |T|                                      qkScale rounded to fp16 (systematic)
+                  + min(lam sqrt(n_i), n_i) u32 (A + |g|) + u32 |g| )     fp32 P.V and row sums, divide
+
+with u_s = u16 and eps = fp16(qkScale)/qkScale - 1 on the fp16 maskType 0/2 path (scores stored
+and scaled in fp16), else u_s = u32 and eps = 0.  The random terms are Hoeffding bounds of sums of
+independent bounded rounding errors, each capped by the term's worst case (every rounding aligned,
+which short rows reach first); lam = sqrt(2 ln(2 K N / alpha)) makes the chance that any
+of the K = 4 random terms of any of the N elements exceeds its bound at most alpha (the
+``false_alarm`` parameter).  F (``safety``) covers what the first-order model leaves out.
+
+The rule's statistic is ``max_e |a_e - g_e| / bound_e`` over checked elements (NaN/Inf -> inf).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from facts.operator import SCORE_DIM, V_DIM
+from golden.magnitudes import allowed_keys
+from golden.metrics import UNIT_ROUNDOFF, locate
+from golden.spec import CaseSpec
+
+U32 = 2.0**-24
+U16 = 2.0**-11
+#: Random (Hoeffding) terms per element; the union bound spreads ``false_alarm`` over them.
+RANDOM_TERMS = 4
+#: Elements per chunk of the vectorised evaluation.
+CHUNK_ELEMENTS = 2 * 1024 * 1024
+TERM_NAMES = ("output", "p_round", "score_round", "qk_accum", "scale_cast", "pv_accum")
+
+
+def fp16_score_path(spec: CaseSpec) -> bool:
+    """fp16 with maskType 0/2 stores and scales scores in fp16 (spec section 4)."""
+    return spec.dtype == "fp16" and spec.mask_type in (0, 2)
+
+
+def scale_cast_error(spec: CaseSpec) -> float:
+    """Relative error of qkScale applied in fp16 on the fp16 score path, else 0."""
+    if not fp16_score_path(spec):
+        return 0.0
+    scale = float(np.float32(spec.qk_scale))
+    return float(np.float16(scale)) / scale - 1.0
+
+
+def tail_factor(n_elements: int, false_alarm: float) -> float:
+    """lam with 2 exp(-lam^2 / 2) * RANDOM_TERMS * n_elements = false_alarm (Hoeffding + union bound)."""
+    return math.sqrt(2.0 * math.log(2.0 * RANDOM_TERMS * max(n_elements, 1) / false_alarm))
+
+
+@dataclass(frozen=True)
+class ModelResult:
+    """The rule's outcome on one output: the largest error/bound ratio and where it is."""
+
+    max_ratio: float
+    n_elements: int
+    n_over: int
+    lam: float
+    where: str
+    error: float
+    bound: float
+    terms: dict[str, float]
+
+    def text(self) -> str:
+        if not self.terms:
+            return self.where
+        dominant = max(self.terms, key=lambda k: self.terms[k])
+        return (f"worst {self.where}: |err| {self.error:.3g} vs bound {self.bound:.3g} "
+                f"(largest term {dominant}; {self.n_over} of {self.n_elements} elements over, lam {self.lam:.2f})")
+
+
+def model_ratio(
+    actual: np.ndarray,
+    golden: np.ndarray,
+    row_valid: np.ndarray,
+    magnitudes: Mapping[str, np.ndarray],
+    spec: CaseSpec,
+    *,
+    false_alarm: float,
+    safety: float,
+) -> ModelResult:
+    """max |actual - golden| / bound over valid rows; ``actual``/``golden`` in any layout of [T, H*128]."""
+    t, h = spec.total_q, spec.head_num
+    shape = (t, h, V_DIM)
+    a_all = actual.reshape(shape)
+    g_all = golden.reshape(shape)
+    elem = {n: magnitudes[n].reshape(shape) for n in ("pv_abs", "pv_rss", "pvs_rss", "pv_scale")}
+    rows = {n: magnitudes[n].reshape(t, h) for n in ("score_absmax", "score_dot", "p_rss")}
+    keys = allowed_keys(spec)
+    valid = np.flatnonzero(np.asarray(row_valid, dtype=bool))
+    n_elements = int(valid.size * h * V_DIM)
+    lam = tail_factor(n_elements, false_alarm)
+    u = UNIT_ROUNDOFF[spec.dtype]
+    u_s = U16 if fp16_score_path(spec) else U32
+    eps = abs(scale_cast_error(spec))
+    best = -1.0
+    worst: tuple[int, int, int, float, float, float, dict[str, float]] | None = None
+    n_over = 0
+    step = max(CHUNK_ELEMENTS // (h * V_DIM), 1)
+    for start in range(0, valid.size, step):
+        tok = valid[start : start + step]
+        a = a_all[tok].astype(np.float64)
+        g = g_all[tok].astype(np.float64)
+        ag = np.abs(g)
+        rho = rows["p_rss"][tok].astype(np.float64)[:, :, None]
+        absmax = rows["score_absmax"][tok].astype(np.float64)[:, :, None]
+        spread = elem["pv_rss"][tok].astype(np.float64) + rho * ag  # >= ||P o (V - g)||_2
+        total = elem["pv_abs"][tok].astype(np.float64) + ag  # >= sum_j P |V - g|: the worst case
+        # a random term never exceeds its worst case (all roundings aligned): min(lam * 2-norm, 1-norm)
+        p_terms = np.minimum(lam * spread, total)
+        dot = (lam * math.sqrt(SCORE_DIM) * U32) * rows["score_dot"][tok].astype(np.float64)[:, :, None]
+        n = keys[tok].astype(np.float64)[:, None, None]
+        terms = {
+            "output": u * ag,
+            "p_round": u * p_terms,
+            "score_round": u_s * np.minimum(lam * elem["pvs_rss"][tok].astype(np.float64), 4.0 * absmax * total),
+            "qk_accum": dot * p_terms,
+            "scale_cast": eps * np.abs(elem["pv_scale"][tok].astype(np.float64)),
+            "pv_accum": U32 * np.minimum(lam * np.sqrt(n), n) * total + U32 * ag,
+        }
+        bound: np.ndarray = safety * np.sum(list(terms.values()), axis=0)
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            err = np.abs(a - g)
+            err = np.where(np.isfinite(a), err, np.inf)
+            ratio = np.where(err == 0.0, 0.0, err / bound)  # bound 0 and err > 0 -> inf
+        ratio = np.where(np.isnan(ratio), np.inf, ratio)
+        n_over += int(np.count_nonzero(ratio > 1.0))
+        flat = int(np.argmax(ratio))
+        value = float(ratio.flat[flat])
+        if value > best:
+            r, hh, c = (int(i) for i in np.unravel_index(flat, ratio.shape))
+            best = value
+            worst = (int(tok[r]), hh, c, float(g[r, hh, c]), float(a[r, hh, c]), float(bound[r, hh, c]),
+                     {k: safety * float(v[r, hh, c]) for k, v in terms.items()})
+    if worst is None:
+        return ModelResult(0.0, 0, 0, lam, "no element checked", 0.0, 0.0, {})
+    token, head, col, g0, a0, b0, parts = worst
+    loc = locate(token, head, col, spec.q_seqlen)
+    where = (f"batch {loc.batch} row {loc.row_in_batch} (token {token}) head {head} col {col}: "
+             f"expected {g0:.6g}, actual {a0:.6g}")
+    return ModelResult(best, n_elements, n_over, lam, where, abs(a0 - g0), b0, parts)

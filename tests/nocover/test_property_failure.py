@@ -1,0 +1,30 @@
+"""A failing property test reads as the verdict and the shrunk case, not as pages of fixture reprs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_property_failure_ends_with_verdict_and_shrunk_spec() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "cases/test_properties.py", "-p", "no:cacheprovider", "-q", "-n", "0",
+         "-x", "--backend", "tests.defects:scale_twice", "--hypothesis-profile", "ci", "-W", "ignore"],
+        cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
+    )
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if "test_random_case_matches_float64_golden" in line)
+    end = next(i for i, line in enumerate(lines) if "short test summary info" in line)
+    failure = lines[start + 1 : end]
+    assert "FAIL under policy 'default'" in failure[0] and "torch-cpu-defect-scale_twice" in failure[0]
+    assert failure[1] == "Paste into a suite to keep it:" and failure[2] == "[[case]]"
+    assert all(" = " in line for line in failure[3:] if line)  # the TOML snippet, and nothing after it
+    assert len(failure) < 30 and "PolicySet(" not in done.stdout

@@ -1,0 +1,173 @@
+"""Golden store under faults, in real processes: random byte flips in real smoke goldens are detected
+and rebuilt; regen workers die with a SIGKILLed parent; a full disk ends ``mlaconf regen`` with a
+message and exit status 1.
+
+Child processes run ``python -m golden.cli regen --builder test_store_faults:<builder>`` with this
+directory on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from golden.regen import regen
+from golden.spec import CaseSpec, build_case, load_suites
+from golden.store import GoldenStore
+from golden.types import GoldenCase
+from tests import flips
+
+pytestmark = pytest.mark.slow
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+PID_LOG = "MLA_TEST_PID_LOG"
+FLIPS, FLIP_BUDGET_S = 400, 240.0
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, **extra)
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(REPO), env.get("PYTHONPATH", "")])
+    env.pop("MLA_GOLDEN_DIR", None)
+    return env
+
+
+def sleeping_builder(spec: CaseSpec, *, threads: int = 1) -> GoldenCase:
+    """Logs the worker's pid, then outlives any test (a worker left behind would show)."""
+    with open(os.environ[PID_LOG], "a") as fh:
+        fh.write(f"{os.getpid()}\n")
+    time.sleep(600)
+    raise AssertionError(f"{spec.case_id}: the sleeping builder was not killed")
+
+
+def _gone(pid: int) -> bool:
+    """Dead (a zombie counts: it runs nothing, only its exit status waits for a reaper)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
+
+
+def _wait_gone(pids: list[int], seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not all(_gone(pid) for pid in pids):
+        time.sleep(0.05)
+    return [pid for pid in pids if not _gone(pid)]
+
+
+def _kill(pids: list[int]) -> None:
+    """Clean-up of the processes this test started, if still alive."""
+    for pid in pids:
+        if not _gone(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_regen_workers_die_with_their_sigkilled_parent(tmp_path: Path) -> None:
+    suite = tmp_path / "suite.toml"
+    suite.write_text("[[matrix]]\nhead_num = 1\nq_seqlen = [[4]]\nseed = [1, 2, 3, 4]\n")
+    log = tmp_path / "pids.log"
+    command = [sys.executable, "-m", "golden.cli", "regen", "--cases", str(suite), "--out", str(tmp_path / "store"),
+               "-j", "2", "--builder", "test_store_faults:sleeping_builder"]
+    parent = subprocess.Popen(command, env=_env(**{PID_LOG: str(log)}), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(workers) < 2 and time.monotonic() < deadline and parent.poll() is None:
+            time.sleep(0.1)
+            workers = [int(line) for line in log.read_text().split()] if log.exists() else []
+        assert len(workers) == 2, f"workers did not start (parent exit status {parent.poll()})"
+        parent.kill()
+        parent.wait()
+        left = _wait_gone(workers, 3.0)
+        assert not left, f"workers {left} outlived their SIGKILLed parent by 3 s"
+    finally:
+        parent.kill()
+        _kill(workers)
+
+
+WATCHED_CHILD = """
+import sys, threading, time
+from pathlib import Path
+from golden.regen import watch_parent
+if sys.argv[1] == "watch":
+    threading.Thread(target=watch_parent, args=(int(sys.argv[2]), 0.1), daemon=True).start()
+Path(sys.argv[3]).write_text("ready")
+time.sleep(600)
+"""
+PARENT = """
+import os, subprocess, sys, time
+for mode in ("watch", "control"):
+    child = subprocess.Popen([sys.executable, "-c", sys.argv[1], mode, str(os.getpid()), sys.argv[2] + mode])
+    print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_parent_watcher_alone_ends_an_orphaned_worker(tmp_path: Path) -> None:
+    """The fallback behind PR_SET_PDEATHSIG; a child without the watcher is the control."""
+    ready = tmp_path / "ready-"
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, WATCHED_CHILD, str(ready)], env=_env(),
+                              stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    watched, control = int(parent.stdout.readline()), int(parent.stdout.readline())
+    try:
+        deadline = time.monotonic() + 60
+        while not all(Path(f"{ready}{m}").exists() for m in ("watch", "control")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _gone(watched) and not _gone(control)
+        parent.kill()
+        parent.wait()
+        assert _wait_gone([watched], 3.0) == [], "the watched child outlived its parent"
+        assert not _gone(control), "control: an unwatched child survives its parent"
+    finally:
+        parent.kill()
+        _kill([watched, control])
+
+
+def test_random_byte_flips_in_smoke_goldens_are_detected_and_rebuilt(tmp_path: Path) -> None:
+    """Each flip judged in a worker subprocess (a segfault or hang is counted, not fatal)."""
+    store = tmp_path / "smoke"
+    summary = regen(load_suites(["smoke"]), GoldenStore(store))
+    assert not summary.count("failed"), summary.format()
+    seed = random.randrange(2**32)
+    tally = flips.run(store, tmp_path / "work", "smoke", flips.plan(store, FLIPS, seed), timeout=60,
+                      budget=FLIP_BUDGET_S)
+    report = "\n".join([f"seed {seed}", *tally.lines(), *tally.examples])
+    assert tally.bad() == 0, report
+    assert tally.done >= 100, f"too few flips judged within {FLIP_BUDGET_S:g}s\n{report}"
+    judged = {region for region, _ in tally.outcomes}
+    assert judged == set(flips.REGIONS), report
+
+
+def test_regen_on_a_full_disk_reports_the_case_and_exits_1(tiny_tmpfs: Path, tmp_path: Path) -> None:
+    suite = tmp_path / "suite.toml"
+    suite.write_text('[[case]]\nq_seqlen = [3, 0, 5]\nhead_num = 2\n[[case]]\nq_seqlen = [1024]\nhead_num = 2\n')
+    big = build_case({"q_seqlen": [1024], "head_num": 2}, source="t")  # 4.5 MB > 2 MiB
+    small = build_case({"q_seqlen": [3, 0, 5], "head_num": 2}, source="t")
+    done = subprocess.run([sys.executable, "-m", "golden.cli", "regen", "--cases", str(suite), "--out",
+                           str(tiny_tmpfs)], capture_output=True, text=True, env=_env(), cwd=REPO, timeout=300)
+    assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
+    assert f"failed {big.case_id}: GoldenWriteError: " in done.stdout
+    assert f"cannot write case {big.case_id!r} into store {tiny_tmpfs}" in done.stdout
+    assert "No space left on device" in done.stdout and "1 generated" in done.stdout
+    assert "Traceback" not in done.stderr
+    store = GoldenStore(tiny_tmpfs)
+    assert [p for p in tiny_tmpfs.rglob("*") if p.is_file() and ".locks" not in p.parts] == [store.path_for(small)]
+    store.load(small)
