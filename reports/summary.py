@@ -135,8 +135,9 @@ def _check_slack(check: Mapping[str, Any]) -> float:
 
 def worst_check(record: Record) -> str:
     """The check the record's worst slack comes from ('rule:metric'), and how many others failed;
-    without checks (a backend error, a broken contract) the failure itself."""
-    checks = [c for c in record.get("checks") or [] if isinstance(c, Mapping)]
+    without checks (a backend error, a broken contract) the failure itself.  Evidence-only checks
+    (``decisive`` false) never stand for the verdict, as in the worst slack itself."""
+    checks = [c for c in record.get("checks") or [] if isinstance(c, Mapping) and c.get("decisive", True)]
     if not checks:
         return failing_summary(record)
     worst = max(checks, key=_check_slack)
