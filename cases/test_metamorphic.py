@@ -28,11 +28,11 @@ from golden.spec import CaseSpec, build_case
 from harness.backend import Backend
 from judge.deviations import DeviationSet
 from judge.policy import PolicySet
+from runner.collect import MlaReport
 from runner.execution import execute, make_call
 from runner.metamorphic import (
     Problems,
     attempt,
-    difference,
     judged,
     permute_heads,
     poison_padding,
@@ -105,9 +105,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def test_batch_order(meta_spec: CaseSpec, backend: Backend, policy_set: PolicySet, deviation_set: DeviationSet,
-                     pytestconfig: pytest.Config) -> None:
+                     pytestconfig: pytest.Config, mla_report: MlaReport) -> None:
     """Tolerance: rotating the batch order permutes the output rows; both outputs pass the policy."""
-    problems = Problems("batch order", "tolerance", meta_spec, backend, deviation_set)
+    problems = Problems("batch order", "tolerance", meta_spec, backend, deviation_set, mla_report)
     inputs = generate_inputs(meta_spec)
     order = rotation(meta_spec.batch)
     new_inputs, new_spec = select_batches(inputs, meta_spec, order, trim=False)
@@ -118,10 +118,10 @@ def test_batch_order(meta_spec: CaseSpec, backend: Backend, policy_set: PolicySe
 
 
 def test_head_order(meta_spec: CaseSpec, backend: Backend, policy_set: PolicySet, deviation_set: DeviationSet,
-                    pytestconfig: pytest.Config) -> None:
+                    pytestconfig: pytest.Config, mla_report: MlaReport) -> None:
     """Tolerance: permuting kv heads, and query heads consistently within their GQA groups, permutes
     the output heads; both outputs pass the policy."""
-    problems = Problems("head order", "tolerance", meta_spec, backend, deviation_set)
+    problems = Problems("head order", "tolerance", meta_spec, backend, deviation_set, mla_report)
     inputs = generate_inputs(meta_spec)
     new_inputs, q_heads = permute_heads(inputs, meta_spec)
     tolerance_pair(problems, backend, policy_set, pytestconfig.getoption("policy"),
@@ -130,9 +130,10 @@ def test_head_order(meta_spec: CaseSpec, backend: Backend, policy_set: PolicySet
     problems.finish()
 
 
-def test_q_layout(meta_spec: CaseSpec, backend: Backend, deviation_set: DeviationSet) -> None:
+def test_q_layout(meta_spec: CaseSpec, backend: Backend, deviation_set: DeviationSet,
+                  mla_report: MlaReport) -> None:
     """Exact: q/qRope as ``[T, H*D]`` or ``[T, H, D]`` are the same bytes, so attenOut is too."""
-    problems = Problems("q layout 2-D vs 3-D", "exact", meta_spec, backend, deviation_set)
+    problems = Problems("q layout 2-D vs 3-D", "exact", meta_spec, backend, deviation_set, mla_report)
     other = "3d" if meta_spec.q_layout == "2d" else "2d"
     inputs = generate_inputs(meta_spec)
     t, h = meta_spec.total_q, meta_spec.head_num
@@ -142,36 +143,36 @@ def test_q_layout(meta_spec: CaseSpec, backend: Backend, deviation_set: Deviatio
     base = attempt(problems, lambda: run(backend, inputs, meta_spec), "original")
     flipped = attempt(problems, lambda: run(backend, new_inputs, new_spec), f"q layout {other}")
     if base is not None and flipped is not None:
-        problems.add(difference(base, flipped, meta_spec, exact=True))
+        problems.compare(base, flipped, meta_spec, exact=True)
     problems.finish()
 
 
-def test_padding_contents(meta_spec: CaseSpec, backend: Backend, deviation_set: DeviationSet) -> None:
+def test_padding_contents(meta_spec: CaseSpec, backend: Backend, deviation_set: DeviationSet,
+                          mla_report: MlaReport) -> None:
     """Exact: padded kv rows at or beyond kvSeqLen are never read, so other finite garbage or NaN
     there, or 37 more padding rows (S beyond max kvSeqLen: a stride bug), leave every valid output
     bit unchanged."""
-    problems = Problems("padding contents", "exact", meta_spec, backend, deviation_set)
+    problems = Problems("padding contents", "exact", meta_spec, backend, deviation_set, mla_report)
     inputs = generate_inputs(meta_spec)
     base = attempt(problems, lambda: run(backend, inputs, meta_spec), "original")
     for kind in ("garbage", "nan"):
         poisoned = poison_padding(inputs, meta_spec, kind)
         out = attempt(problems, lambda p=poisoned: run(backend, p, meta_spec), f"{kind} padding")
         if base is not None and out is not None:
-            found = difference(base, out, meta_spec, exact=True)
-            problems.add(f"{kind} padding: {found}" if found else None)
+            problems.compare(base, out, meta_spec, exact=True, label=f"{kind} padding")
     wider = widen_padding(inputs, meta_spec, PADDING_EXTRA_ROWS)
     out = attempt(problems, lambda: run(backend, wider, meta_spec), f"S + {PADDING_EXTRA_ROWS} padding rows")
     if base is not None and out is not None:
-        found = difference(base, out, meta_spec, exact=True)
-        problems.add(f"S + {PADDING_EXTRA_ROWS} padding rows: {found}" if found else None)
+        problems.compare(base, out, meta_spec, exact=True, label=f"S + {PADDING_EXTRA_ROWS} padding rows")
     problems.finish()
 
 
 def test_padded_vs_packed(meta_spec: CaseSpec, backend: Backend, policy_set: PolicySet,
-                          deviation_set: DeviationSet, pytestconfig: pytest.Config) -> None:
+                          deviation_set: DeviationSet, pytestconfig: pytest.Config,
+                          mla_report: MlaReport) -> None:
     """Tolerance: with uniform kv lengths ``[B, S, N*D]`` and ``[B*S, N, D]`` hold the same keys in
     the same bytes; both layouts' outputs pass the policy (kernels may take different paths)."""
-    problems = Problems("padded vs packed kv", "tolerance", meta_spec, backend, deviation_set)
+    problems = Problems("padded vs packed kv", "tolerance", meta_spec, backend, deviation_set, mla_report)
     inputs = generate_inputs(meta_spec)
     n = meta_spec.kv_head_num
     packed = dataclasses.replace(inputs, **{name: getattr(inputs, name).reshape(meta_spec.total_kv, n, -1)
@@ -183,10 +184,10 @@ def test_padded_vs_packed(meta_spec: CaseSpec, backend: Backend, policy_set: Pol
 
 
 def test_alone_vs_batch(meta_spec: CaseSpec, backend: Backend, policy_set: PolicySet, deviation_set: DeviationSet,
-                        pytestconfig: pytest.Config) -> None:
+                        pytestconfig: pytest.Config, mla_report: MlaReport) -> None:
     """Tolerance: each sequence run alone (padded S cut to its own length) and within the batch;
     every output passes the policy."""
-    problems = Problems("alone vs batch", "tolerance", meta_spec, backend, deviation_set)
+    problems = Problems("alone vs batch", "tolerance", meta_spec, backend, deviation_set, mla_report)
     policy = pytestconfig.getoption("policy")
     inputs = generate_inputs(meta_spec)
     base = attempt(problems, lambda: run(backend, inputs, meta_spec), "batch")
@@ -201,17 +202,19 @@ def test_alone_vs_batch(meta_spec: CaseSpec, backend: Backend, policy_set: Polic
             continue
         verdict = judged(f"batch {b} alone", alone, one_inputs, one_spec, backend, policy_set, policy)
         problems.add(verdict)
-        if verdict and base is not None:
-            problems.add(difference(base[token_map(meta_spec, [b])], alone, one_spec, exact=False))
+        if base is not None:
+            found = problems.compare(base[token_map(meta_spec, [b])], alone, one_spec, exact=False)
+            problems.add(found if verdict else None)
     problems.finish()
 
 
-def test_determinism(meta_spec: CaseSpec, backend: Backend, deviation_set: DeviationSet) -> None:
+def test_determinism(meta_spec: CaseSpec, backend: Backend, deviation_set: DeviationSet,
+                     mla_report: MlaReport) -> None:
     """Exact: five runs of the same call give bit-identical valid rows (backends that declare
     ``deterministic = False`` are skipped)."""
     if not backend.deterministic:
         pytest.skip(f"backend {backend.name} declares deterministic = False")
-    problems = Problems("determinism", "exact", meta_spec, backend, deviation_set)
+    problems = Problems("determinism", "exact", meta_spec, backend, deviation_set, mla_report)
     call = make_call(generate_inputs(meta_spec), meta_spec)
     shape = (meta_spec.total_q, meta_spec.head_num, V_DIM)
     outs = [attempt(problems, lambda: execute(backend, call, meta_spec).out.reshape(shape), f"run {i + 1}")
@@ -219,6 +222,5 @@ def test_determinism(meta_spec: CaseSpec, backend: Backend, deviation_set: Devia
     first = outs[0]
     for i, out in enumerate(outs[1:], start=2):
         if first is not None and out is not None:
-            found = difference(first, out, meta_spec, exact=True)
-            problems.add(f"run {i} vs run 1: {found}" if found else None)
+            problems.compare(first, out, meta_spec, exact=True, label=f"run {i} vs run 1")
     problems.finish()

@@ -13,7 +13,7 @@ deviation of the backend covers are not drawn for it (they would fail by design)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 from hypothesis import HealthCheck, assume, given, note, settings
@@ -26,7 +26,9 @@ from harness.backend import Backend, BackendError
 from judge.deviations import DeviationSet
 from judge.policy import PolicySet
 from judge.verdict import judge_output, mode_text
+from reports.records import ErrorEvidence
 from runner import hypothesis_profiles  # noqa: F401  (registers and selects the profiles)
+from runner.collect import MlaReport, failure_of
 from runner.execution import execute, make_call
 
 pytestmark = pytest.mark.property
@@ -67,16 +69,41 @@ def case_specs(draw: st.DrawFn) -> CaseSpec:
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(spec=case_specs())
 def test_random_case_matches_float64_golden(spec: CaseSpec, backend: Backend, policy_set: PolicySet,
-                                            deviation_set: DeviationSet, pytestconfig: pytest.Config) -> None:
-    """Tolerance (the policy): any valid case passes against its own float64 golden."""
+                                            deviation_set: DeviationSet, pytestconfig: pytest.Config,
+                                            mla_report: MlaReport) -> None:
+    """Tolerance (the policy): any valid case passes against its own float64 golden.
+
+    Every failing example leaves a pending record; hypothesis replays the shrunk example last, so
+    the record of a failing test carries the shrunk spec (``shrunk``) and its evidence.
+    """
     note(f"case as a suite entry:\n{spec.to_toml()}")
     assume(deviation_set.match(backend.name, backend.info().version, spec) is None)
-    golden = build_golden(spec)
+    policy = pytestconfig.getoption("policy")
     paste = f"\nPaste into a suite to keep it:\n{spec.to_toml()}"
+    shrunk = {"spec": spec.content(), "toml": spec.to_toml()}
+    evidence: dict[str, Any] = {"case_id": spec.case_id, "case_suite": "property", "spec": spec.content(),
+                                "dtype": spec.dtype, "mask": spec.mask_name, "cache": spec.cache_name,
+                                "policy": policy, "shrunk": shrunk, "device": backend.info().device}
+
+    def fail(message: str) -> NoReturn:
+        """Record the failure, then fail without a traceback: pytest would print every fixture's
+        repr (the policy set's ~300 lines) around the verdict and the shrunk TOML."""
+        mla_report.pending(mla_report.record(verdict="failed", message=message.split("\n")[0], **evidence))
+        pytest.fail(message, pytrace=False)
+
     try:
-        out = execute(backend, make_call(golden.inputs, spec), spec).out
-    except BackendError as exc:  # pytest.fail: hypothesis shrinks it like any failure
-        pytest.fail(f"{mode_text(spec, backend.name)}: backend rejected a valid case: {exc}{paste}", pytrace=False)
-    _, verdict = judge_output(golden, out, policy_set, pytestconfig.getoption("policy"), backend.name)
-    if not verdict.passed:  # no traceback: it would print every fixture's repr (the policy set's ~300 lines)
-        pytest.fail(f"{mode_text(spec, backend.name)}: {verdict.summary()}{paste}", pytrace=False)
+        golden = build_golden(spec)
+        try:
+            out = execute(backend, make_call(golden.inputs, spec), spec).out
+        except BackendError as exc:  # a failure like any other, so hypothesis shrinks it
+            evidence["error"] = ErrorEvidence(observed_status=exc.status_name, observed_stage=exc.stage)
+            fail(f"{mode_text(spec, backend.name)}: backend rejected a valid case: {exc}{paste}")
+        metrics, verdict = judge_output(golden, out, policy_set, policy, backend.name)
+        evidence.update(checks=[c.to_dict() for c in verdict.checks], worst_slack=float(verdict.worst_slack),
+                        metrics=metrics.to_dict(), failing=[c.text() for c in verdict.failing])
+        if not verdict.passed:
+            fail(f"{mode_text(spec, backend.name)}: {verdict.summary()}{paste}")
+    except Exception as exc:  # outside the verdict path (pytest.fail's exception is no Exception)
+        evidence["failure"] = failure_of(mla_report.node, pytest.ExceptionInfo.from_exception(exc))
+        mla_report.pending(mla_report.record(verdict="failed", message=str(exc).split("\n")[0], **evidence))
+        raise

@@ -43,12 +43,24 @@ def _import_factory(path: str) -> Callable[[], Backend]:
     return factory
 
 
+def choices_text() -> str:
+    """The valid ``--backend`` values, for a usage error."""
+    return "valid backends: auto, " + ", ".join(BUILTIN) + ", or an import path 'pkg.module:factory'"
+
+
 def create(name: str) -> Backend:
     """Instantiate a backend by built-in name or import path (``auto`` resolved first)."""
     if name == "auto":
         name = resolve_auto()
+    if name not in BUILTIN and ":" not in name:
+        raise BackendSelectionError(f"unknown backend {name!r}: expected a built-in name or 'pkg.module:factory'")
     factory = _import_factory(BUILTIN.get(name, name))
-    backend = factory()
+    if not callable(factory):
+        raise BackendSelectionError(f"backend {name!r}: {BUILTIN.get(name, name)} is not callable")
+    try:
+        backend = factory()
+    except Exception as exc:  # the user's factory: its failure in one line, with its cause
+        raise BackendSelectionError(f"backend {name!r}: the factory raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(backend, Backend):
         raise BackendSelectionError(f"backend {name!r}: the factory returned {type(backend).__name__}, "
                                     "which lacks the Backend protocol (name, run, available, info, ...)")

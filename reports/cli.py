@@ -50,6 +50,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--fail-on-perf", action="store_true", help="perf regressions also fail the exit status")
     p.add_argument("--allow-missing", action="store_true",
                    help="cases missing from the candidate, or skipped there, do not fail the exit status")
+    p.add_argument("--base-backend", default=None, metavar="NAME",
+                   help="compare only this backend's records of BASE (with --cand-backend: two backends case by "
+                   "case, e.g. --base-backend atb --cand-backend torch-cuda; BASE and CAND may be the same run)")
+    p.add_argument("--cand-backend", default=None, metavar="NAME", help="compare only this backend's records of CAND")
     p.set_defaults(func=run_diff)
 
     p = verbs.add_parser(
@@ -58,6 +62,8 @@ def register(subparsers: Any) -> None:
         "an unsharded run.  Exit 1 when two shards disagree about a record.")
     p.add_argument("out", type=Path, help="merged report directory (created)")
     p.add_argument("dirs", type=_existing_dir, nargs="+", help="shard report directories")
+    p.add_argument("--allow-partial", action="store_true",
+                   help="merge even when shards of the K/N set are missing or repeated (exit 0)")
     p.set_defaults(func=run_merge)
 
     p = verbs.add_parser(
@@ -68,9 +74,26 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run_html)
 
 
+def _guarded(func: Any) -> Any:
+    """Bad input (a malformed results.jsonl or run.json, an unreadable file) is one line on
+    stderr and exit status 2, never a traceback."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return int(func(args))
+        except (ValueError, OSError) as exc:
+            print(f"mlaconf report {args.report_verb}: error: {exc}", file=sys.stderr)
+            return 2
+
+    run.__name__ = func.__name__
+    return run
+
+
+@_guarded
 def run_diff(args: argparse.Namespace) -> int:
     result = diff.diff_dirs(
-        args.base, args.cand, slack_threshold=args.slack_threshold, latency_threshold=args.latency_threshold
+        args.base, args.cand, slack_threshold=args.slack_threshold, latency_threshold=args.latency_threshold,
+        base_backend=args.base_backend, cand_backend=args.cand_backend,
     )
     out = args.out or args.cand / "diff"
     files = diff.write_outputs(result, out)
@@ -79,17 +102,24 @@ def run_diff(args: argparse.Namespace) -> int:
     return result.exit_status(args.fail_on_perf, args.allow_missing)
 
 
+@_guarded
 def run_merge(args: argparse.Namespace) -> int:
     result = merge.merge_dirs(args.dirs)
     merge.write_merged(result, args.out)
+    incomplete = [w for w in result.warnings if w.startswith(merge.INCOMPLETE)]
     for warning in result.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+        fatal = warning in incomplete and not args.allow_partial
+        print(f"{'error' if fatal else 'warning'}: {warning}", file=sys.stderr)
     for conflict in result.conflicts:
         print(f"CONFLICT {conflict}", file=sys.stderr)
     print(f"merged {len(args.dirs)} directories, {len(result.records)} records -> {args.out}")
+    if incomplete and not args.allow_partial:
+        print("the merged run is incomplete: pass every shard, or --allow-partial", file=sys.stderr)
+        return 1
     return 1 if result.conflicts else 0
 
 
+@_guarded
 def run_html(args: argparse.Namespace) -> int:
     path = html.write_report(args.dir, sort_records(read_results(args.dir / RESULTS_FILE)), read_run(args.dir))
     print(f"wrote {path}")

@@ -17,12 +17,14 @@ from reports.records import (
     HTML_FILE,
     VERDICTS,
     Record,
+    case_records,
     failing_summary,
     fmt,
     fmt_slack,
     group_stats,
     metric,
     slack,
+    suite_counts,
     timing_value,
     verdict,
     worst_cases,
@@ -333,12 +335,23 @@ def case_details(r: Record, open_: bool = False) -> str:
         f"<details{' open' if open_ else ''}><summary>{escape(summary)}</summary>"
         + error_map_chart(r)
         + f"<p>policy {escape(str(r.get('policy', '-')))}, "
-        f"node <code>{escape(str(r.get('nodeid', '')))}</code></p>"
+        f"node <code>{escape(str(r.get('test') or r.get('nodeid') or ''))}</code></p>"
         f"<pre>{escape(str(r.get('message') or ''))}</pre>"
         + table(["rule", "metric", "value", "bound", "slack", ""], check_rows, "checks")
         + table(["metric", "value"], [[k, stat(v)] for k, v in sorted(metrics.items())])
+        + _evidence(r)
         + f"<pre>{escape(json.dumps(r.get('spec'), indent=1, sort_keys=True, default=str))}</pre></details>"
     )
+
+
+#: Record fields shown as evidence when present: error contract, relation, property, failure.
+EVIDENCE_FIELDS = ("error", "difference", "shrunk", "failure")
+
+
+def _evidence(r: Record) -> str:
+    rows = [[name, Raw(f"<pre>{escape(json.dumps(r[name], indent=1, sort_keys=True, default=str))}</pre>")]
+            for name in EVIDENCE_FIELDS if r.get(name)]
+    return table(["evidence", "value"], rows, "evidence") if rows else ""
 
 
 def _num(value: Any) -> float | None:
@@ -362,11 +375,14 @@ def render(records: Sequence[Record], run: Mapping[str, Any]) -> str:
         "run",
     )
     bad = [r for r in records if verdict(r) in ("failed", "error", "xpassed")]
+    cases = case_records(records) or list(records)
     sections = [
         head,
-        _group_section(records),
-        _overview_section(records),
-        _plots_section(records),
+        "<h2>Suites</h2>" + table(["suite", "backend", *VERDICTS],
+                                  [[s, b, *(c[v] for v in VERDICTS)] for s, b, c in suite_counts(records)], "suites"),
+        _group_section(cases),
+        _overview_section(cases),
+        _plots_section(cases),
         "<h2>Worst cases by slack</h2>" + table(CASE_HEADERS, [_case_row(r) for r in worst_cases(records)]),
         f"<h2>Failing and unexpected cases ({len(bad)})</h2>"
         + ("".join(case_details(r, n < OPEN_DETAILS) for n, r in enumerate(bad)) or "<p>None.</p>"),

@@ -37,6 +37,10 @@ class MergeResult:
     warnings: list[str] = field(default_factory=list)
 
 
+#: Warnings that start so mean the merged run lacks or repeats a shard (fatal unless allowed).
+INCOMPLETE = "shard set incomplete: "
+
+
 def _shard_warnings(runs: Sequence[dict[str, Any]]) -> list[str]:
     """Say when the shards do not form exactly one complete K/N set."""
     shards = [r.get("shard") for r in runs]
@@ -44,14 +48,14 @@ def _shard_warnings(runs: Sequence[dict[str, Any]]) -> list[str]:
         return ["some inputs are not shard runs (no --shard); merged anyway"]
     totals = {str(s).split("/")[1] for s in shards}
     if len(totals) != 1:
-        return [f"inputs come from different shard counts: {sorted(map(str, shards))}"]
+        return [f"{INCOMPLETE}inputs come from different shard counts: {sorted(map(str, shards))}"]
     n = int(totals.pop())
     have = sorted(int(str(s).split("/")[0]) for s in shards)
     out = []
     if missing := sorted(set(range(1, n + 1)) - set(have)):
-        out.append(f"shards missing: {', '.join(f'{k}/{n}' for k in missing)}")
+        out.append(f"{INCOMPLETE}shards missing: {', '.join(f'{k}/{n}' for k in missing)}")
     if len(have) != len(set(have)):
-        out.append(f"a shard appears twice: {have}")
+        out.append(f"{INCOMPLETE}a shard appears twice: {have}")
     return out
 
 

@@ -1,7 +1,67 @@
-"""Result records: the one contract between the conformance suites and everything in ``reports``.
+"""Result records: the one contract between the suites and everything in ``reports``.
 
-A record is a plain JSON object (fields in the README, "Reports and CANN upgrade validation").  This module only reads
-the fields it needs and treats every other key as opaque, so the suites can grow records freely.
+Every outcome of a test of the four MLA suites (conformance, error contract, metamorphic,
+property) becomes exactly one :class:`ResultRecord`, whether the test reached a verdict or died
+on the way (an exception outside the verdict path, a crashed xdist worker, a timeout).  Records
+are written to ``results.jsonl`` as flat JSON objects (:meth:`ResultRecord.to_dict`); the
+readers in ``reports`` work on those dicts (:data:`Record`), so a record from an older run
+(schema 1, conformance only, no ``schema_version``) is read through :func:`upgrade`.
+
+Fields (``schema_version`` 2), field by field:
+
+=====================  ==========================================================================
+``schema_version``     2
+``suite``              ``conformance`` | ``error_contract`` | ``metamorphic`` | ``property``
+``test``               the pytest node id that produced the record
+``case_id``            the case: a suite case's id (conformance, error contract), the spec a
+                       relation ran on (metamorphic), the shrunk case (property, when one failed)
+``relation``           metamorphic: the relation (``batch order``, ``determinism`` ...);
+                       property: the property (the test function); else ``""``
+``backend``            the backend under test (its ``--backend`` name)
+``verdict``            ``passed`` ``failed`` ``xfailed`` ``xpassed`` ``skipped`` ``error``
+                       (pytest's outcome; ``error`` = a setup error)
+``message``            one line (or a few) saying why: the verdict summary, skip reason, failure
+``device``             where the backend ran (``cpu``, ``npu:0`` ...); ``""`` if it never ran
+``backend_versions``   versions the backend reports (``{}`` if unknown)
+``case_suite``         the TOML suite the case came from (``smoke``, ``errors``, ``mine``) or ``""``
+``spec``               the case spec's content (every field the content hash covers), or null
+``dtype`` ``mask``     grouping labels of the case (``?`` when the record has no case, e.g. a
+``cache``              passing property test)
+``policy``             the tolerance policy of a numeric verdict, else null
+``deviation``          the id of the known deviation that matched, else null
+``checks``             numeric evidence: every check ``{rule, metric, value, bound, slack, passed,
+                       note}``; slack = value / bound, > 1 fails
+``metrics``            numeric evidence: metric name -> value (max_rel_err, rmse ...)
+``worst_slack``        the largest slack of ``checks`` (null without a numeric verdict)
+``failing``            the failing checks or contract violations, as short texts
+``overrides``          ``[[override]]`` tables of the policy that applied, with their reasons
+``error_map``          failing conformance records (numeric verdict) only: where the error sits,
+                       ``{values, row_stride, head_stride, q_seqlen, bound, quantity}``; ``values``
+                       is ``max_v |out - g| / max(1, |g|)`` per (token row, head) divided by the
+                       atb rule's bound e (above 1 fails; without that rule, by the largest
+                       value), max-pooled to at most 256 x 128 cells (inf = NaN/inf output,
+                       null = a row of an empty batch); the HTML report draws it; else null
+``error``              error evidence ``{expected_status, expected_stage, observed_status,
+                       observed_stage}``: the error contract's expectation and what the backend
+                       did (observed null = the call was accepted); conformance records carry the
+                       observed rejection of a valid case here (expected null)
+``difference``         metamorphic evidence ``{kind, max_abs_diff, differing, problems}``: exact or
+                       tolerance relation, the largest difference between the related outputs,
+                       how many elements differ, and each problem found
+``shrunk``             property evidence: the shrunk failing spec ``{spec, toml}`` (the TOML is a
+                       ``[[case]]`` snippet to paste into a suite), else null
+``failure``            a failure outside the verdict path ``{kind, type, message, where,
+                       timeout_s}``: kind ``exception`` (type and message of what was raised),
+                       ``crash`` (the xdist worker died), ``timeout`` (``where`` names the
+                       function it hung in, e.g. ``backend.run``); null when the test ended with
+                       its own verdict
+``timing``             ``{latency_ms_median, repeats, tflops}`` or null; never part of a verdict
+``output_sha256``      SHA-256 of the output bytes (identical digests = bitwise identical)
+=====================  ==========================================================================
+
+Keys a record does not know are kept as they are (:attr:`ResultRecord.extra`), so the suites can
+add information without a schema change; a field's meaning never changes without a new
+``schema_version``.
 """
 
 from __future__ import annotations
@@ -10,16 +70,21 @@ import json
 import math
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 Record = dict[str, Any]
 
+SCHEMA_VERSION = 2
+#: The suites that attach records.
+SUITES = ("conformance", "error_contract", "metamorphic", "property")
 #: Verdicts in display order; ``error`` covers setup/backend errors.
 VERDICTS = ("passed", "failed", "xfailed", "xpassed", "skipped", "error")
 #: Verdicts that count as "the case conforms" when diffing runs.
 PASSING = frozenset({"passed", "xpassed"})
+#: Kinds of :class:`Failure`.
+FAILURE_KINDS = ("exception", "crash", "timeout")
 #: Keys that depend on the machine's speed, never on the computation.
 VOLATILE_KEYS = ("timing",)
 
@@ -31,9 +96,206 @@ HTML_FILE = "report.html"
 PROPERTY_NAME = "mla_result"
 
 
+class RecordError(ValueError):
+    """A record that does not follow the schema (names the field)."""
+
+
+@dataclass(frozen=True)
+class ErrorEvidence:
+    """What the error contract expected and what the backend did (observed None: accepted)."""
+
+    expected_status: str | None = None
+    expected_stage: str | None = None
+    observed_status: str | None = None
+    observed_stage: str | None = None
+
+    @property
+    def accepted(self) -> bool:
+        return self.observed_status is None
+
+
+@dataclass(frozen=True)
+class RelationEvidence:
+    """A metamorphic relation's evidence: its kind, the largest difference, every problem."""
+
+    kind: str = "exact"  # exact | tolerance
+    max_abs_diff: float | None = None
+    differing: int | None = None
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A test that ended outside its verdict path: an exception, a crashed worker, a timeout."""
+
+    kind: str  # FAILURE_KINDS
+    type: str = ""
+    message: str = ""
+    where: str = ""
+    timeout_s: float | None = None
+
+    def text(self) -> str:
+        if self.kind == "timeout":
+            seconds = f"{self.timeout_s:g} s" if self.timeout_s is not None else "the limit"
+            return f"timed out after {seconds} in {self.where or 'the test'}"
+        if self.kind == "crash":
+            return f"crashed: {self.message}" if self.message else "crashed"
+        where = f" in {self.where}" if self.where else ""
+        return f"{self.type}{where}: {self.message}" if self.type else self.message
+
+
+def _sub(cls: type, value: Any, name: str) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, Mapping):
+        raise RecordError(f"record field {name!r}: expected an object, got {type(value).__name__}")
+    known = {f.name for f in fields(cls)}
+    data = {k: v for k, v in value.items() if k in known}
+    if "problems" in data:
+        data["problems"] = tuple(str(p) for p in data["problems"] or ())
+    try:
+        return cls(**data)
+    except TypeError as exc:
+        raise RecordError(f"record field {name!r}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class ResultRecord:
+    """One test outcome; see the module docstring for every field."""
+
+    suite: str
+    test: str
+    backend: str
+    verdict: str
+    case_id: str = ""
+    relation: str = ""
+    message: str = ""
+    device: str = ""
+    backend_versions: Mapping[str, str] = field(default_factory=dict)
+    case_suite: str = ""
+    spec: Mapping[str, Any] | None = None
+    dtype: str = "?"
+    mask: str = "?"
+    cache: str = "?"
+    policy: str | None = None
+    deviation: str | None = None
+    checks: tuple[Mapping[str, Any], ...] = ()
+    metrics: Mapping[str, Any] = field(default_factory=dict)
+    worst_slack: float | None = None
+    failing: tuple[str, ...] = ()
+    overrides: tuple[Mapping[str, Any], ...] = ()
+    error_map: Mapping[str, Any] | None = None
+    error: ErrorEvidence | None = None
+    difference: RelationEvidence | None = None
+    shrunk: Mapping[str, Any] | None = None
+    failure: Failure | None = None
+    timing: Mapping[str, Any] | None = None
+    output_sha256: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if self.suite not in SUITES:
+            raise RecordError(f"record field 'suite': {self.suite!r} is not one of {', '.join(SUITES)}")
+        if self.verdict not in VERDICTS:
+            raise RecordError(f"record field 'verdict': {self.verdict!r} is not one of {', '.join(VERDICTS)}")
+        if not self.backend:
+            raise RecordError("record field 'backend' is empty")
+        if not (self.case_id or self.relation):
+            raise RecordError("a record needs a 'case_id' or a 'relation'")
+        if self.failure is not None and self.failure.kind not in FAILURE_KINDS:
+            raise RecordError(f"record field 'failure.kind': {self.failure.kind!r} is not one of "
+                              f"{', '.join(FAILURE_KINDS)}")
+
+    def to_dict(self) -> Record:
+        """The flat JSON object written to results.jsonl (unknown ``extra`` keys kept)."""
+        out: Record = dict(self.extra)
+        for f in fields(self):
+            if f.name == "extra":
+                continue
+            value = getattr(self, f.name)
+            if isinstance(value, ErrorEvidence | RelationEvidence | Failure):
+                value = {g.name: _plain(getattr(value, g.name)) for g in fields(value)}
+            out[f.name] = _plain(value)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ResultRecord:
+        """Build (and validate) a record from its JSON form, any schema version."""
+        data = upgrade(data)
+        known = {f.name for f in fields(cls)}
+        args: dict[str, Any] = {k: v for k, v in data.items() if k in known and k != "extra"}
+        args["extra"] = {k: v for k, v in data.items() if k not in known}
+        for name in ("checks", "overrides", "failing"):
+            if name in args:
+                args[name] = tuple(args[name] or ())
+        for name in ("metrics", "backend_versions"):
+            if name in args and args[name] is None:
+                args[name] = {}
+        args["error"] = _sub(ErrorEvidence, args.get("error"), "error")
+        args["difference"] = _sub(RelationEvidence, args.get("difference"), "difference")
+        args["failure"] = _sub(Failure, args.get("failure"), "failure")
+        for name in ("suite", "test", "backend", "verdict", "case_id", "relation", "message", "device",
+                     "case_suite", "dtype", "mask", "cache"):
+            if name in args and args[name] is not None and not isinstance(args[name], str):
+                args[name] = str(args[name])
+        missing = [n for n in ("suite", "test", "backend", "verdict") if n not in args]
+        if missing:
+            raise RecordError(f"record lacks {', '.join(repr(m) for m in missing)}")
+        try:
+            return cls(**args)
+        except TypeError as exc:
+            raise RecordError(str(exc)) from exc
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def upgrade(data: Mapping[str, Any]) -> Record:
+    """A record of any schema version as a schema-2 dict (old conformance records, schema 1:
+    ``suite`` was the case's TOML suite, ``nodeid`` the test, ``error`` held ``{status, name,
+    stage}``)."""
+    out = dict(data)
+    if int(out.get("schema_version") or 1) >= SCHEMA_VERSION:
+        return out
+    out["schema_version"] = SCHEMA_VERSION
+    out["case_suite"] = str(out.pop("suite", "") or "")
+    out["suite"] = "conformance"
+    out.setdefault("test", str(out.pop("nodeid", "") or ""))
+    out.pop("nodeid", None)
+    out.setdefault("verdict", "error")
+    old_error = out.get("error")
+    if isinstance(old_error, Mapping) and "name" in old_error:
+        out["error"] = {"observed_status": old_error.get("name"), "observed_stage": old_error.get("stage")}
+    return out
+
+
+def record_id(record: Mapping[str, Any]) -> str:
+    """What a record is about, stable across runs: the case id for conformance (so runs from
+    before schema 2 still match), ``suite:case`` for error-contract cases,
+    ``metamorphic:relation:case`` for relations, ``property:name`` for properties."""
+    suite = str(record.get("suite") or "conformance")
+    case_id = str(record.get("case_id") or "")
+    relation = str(record.get("relation") or "")
+    if suite == "metamorphic":
+        return f"metamorphic:{relation}:{case_id}"
+    if suite == "property":
+        return f"property:{relation}"
+    if suite == "conformance" or suite not in SUITES:  # an unknown suite is a schema-1 case suite
+        return case_id
+    return f"{suite}:{case_id}"
+
+
 def record_key(record: Mapping[str, Any]) -> tuple[str, str]:
-    """Identity of a record across runs: one record per case and backend."""
-    return str(record.get("case_id", "")), str(record.get("backend", ""))
+    """Identity of a record across runs: one record per subject (:func:`record_id`) and backend."""
+    return record_id(record), str(record.get("backend", ""))
 
 
 def sort_records(records: Iterable[Record]) -> list[Record]:
@@ -59,7 +321,8 @@ def write_results(path: Path, records: Iterable[Record]) -> None:
 
 
 def read_results(path: Path) -> list[Record]:
-    """Read a results.jsonl; a malformed line names the file and line number."""
+    """Read a results.jsonl (any schema version, upgraded to the current one); a malformed line
+    raises ValueError naming the file and line number."""
     records: list[Record] = []
     for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
@@ -70,7 +333,10 @@ def read_results(path: Path) -> list[Record]:
             raise ValueError(f"{path}:{lineno}: not JSON: {exc}") from exc
         if not isinstance(value, dict):
             raise ValueError(f"{path}:{lineno}: a record must be a JSON object")
-        records.append(value)
+        try:
+            records.append(ResultRecord.from_dict(value).to_dict())
+        except RecordError as exc:
+            raise ValueError(f"{path}:{lineno}: {exc}") from exc
     return records
 
 
@@ -86,7 +352,10 @@ def read_run(directory: Path) -> dict[str, Any]:
     path = directory / RUN_FILE
     if not path.exists():
         return {}
-    value = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not JSON: {exc}") from exc
     return value if isinstance(value, dict) else {}
 
 
@@ -114,8 +383,21 @@ def verdict(record: Mapping[str, Any]) -> str:
     return value if value in VERDICTS else "error"
 
 
+def failure_text(record: Mapping[str, Any]) -> str:
+    """The record's failure outside the verdict path in a few words, or ``""``."""
+    failure = record.get("failure")
+    if not isinstance(failure, Mapping):
+        return ""
+    try:
+        return _sub(Failure, failure, "failure").text()  # type: ignore[no-any-return]
+    except RecordError:
+        return str(failure)
+
+
 def failing_summary(record: Mapping[str, Any]) -> str:
     """The failing metric(s) in a few words, else the check closest to its bound."""
+    if text := failure_text(record):
+        return text
     failing = record.get("failing")
     if isinstance(failing, list) and failing:
         return ", ".join(str(f) for f in failing)
@@ -188,6 +470,22 @@ def group_stats(records: Iterable[Record]) -> list[GroupStats]:
         stats.median_latency_ms = _median(finite(timing_value(r, "latency_ms_median") for r in rs))
         stats.median_tflops = _median(finite(timing_value(r, "tflops") for r in rs))
     return [groups[k] for k in sorted(groups)]
+
+
+def case_records(records: Iterable[Record]) -> list[Record]:
+    """The conformance records (what the backend x dtype x mask x cache tables are about)."""
+    return [r for r in records if str(r.get("suite") or "conformance") not in SUITES[1:]]
+
+
+def suite_counts(records: Iterable[Record]) -> list[tuple[str, str, dict[str, int]]]:
+    """Verdict counts per suite and backend, in :data:`SUITES` order."""
+    counts: dict[tuple[str, str], dict[str, int]] = {}
+    for record in records:
+        suite = str(record.get("suite") or "conformance")
+        key = (suite, str(record.get("backend", "?")))
+        counts.setdefault(key, dict.fromkeys(VERDICTS, 0))[verdict(record)] += 1
+    order = {name: i for i, name in enumerate(SUITES)}
+    return [(s, b, c) for (s, b), c in sorted(counts.items(), key=lambda kv: (order.get(kv[0][0], 9), kv[0]))]
 
 
 def worst_cases(records: Iterable[Record], count: int = 10) -> list[Record]:

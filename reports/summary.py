@@ -19,12 +19,14 @@ from typing import Any
 from reports.records import (
     GROUP_FIELDS,
     Record,
+    case_records,
     failing_summary,
     fmt,
     fmt_slack,
     group_stats,
     number,
     slack,
+    suite_counts,
     verdict,
     worst_cases,
 )
@@ -133,8 +135,9 @@ def _check_slack(check: Mapping[str, Any]) -> float:
 
 def worst_check(record: Record) -> str:
     """The check the record's worst slack comes from ('rule:metric'), and how many others failed;
-    without checks (a backend error, a broken contract) the failure itself."""
-    checks = [c for c in record.get("checks") or [] if isinstance(c, Mapping)]
+    without checks (a backend error, a broken contract) the failure itself.  Evidence-only checks
+    (``decisive`` false) never stand for the verdict, as in the worst slack itself."""
+    checks = [c for c in record.get("checks") or [] if isinstance(c, Mapping) and c.get("decisive", True)]
     if not checks:
         return failing_summary(record)
     worst = max(checks, key=_check_slack)
@@ -201,6 +204,19 @@ def timing_table(records: Sequence[Record], width: int = WIDTH, truncate: bool =
     return layout(columns, rows, width, truncate) if rows else []
 
 
+def suite_table(records: Sequence[Record], width: int = WIDTH, truncate: bool = True) -> list[list[Cell]]:
+    """Verdict counts per suite and backend (the group table holds the conformance cases)."""
+    heads = [("pass", "passed", "green"), ("fail", "failed", "red"), ("xf", "xfailed", "yellow"),
+             ("xp", "xpassed", "yellow"), ("skip", "skipped", "yellow"), ("err", "error", "red")]
+    columns = [Column("suite", shrink=True), Column("backend", shrink=True)]
+    columns += [Column(head, True) for head, _, _ in heads]
+    rows: list[list[Cell]] = [
+        [(suite, {}), (backend, {})] + [_count(counts[name], colour) for _, name, colour in heads]
+        for suite, backend, counts in suite_counts(records)
+    ]
+    return layout(columns, rows, width, truncate)
+
+
 def plain(lines: Sequence[Sequence[Cell]]) -> str:
     """The table as plain text (no colour)."""
     return "\n".join("".join(text for text, _ in line).rstrip() for line in lines)
@@ -219,13 +235,21 @@ def write_terminal(tr: Any, records: Sequence[Record], report_dir: Path) -> None
                 tr.write(text, **markup)
             tr.write("\n")
 
+    cases = case_records(records) or list(records)
     tr.write_sep("=", "MLA conformance: groups")
-    emit(group_table(records, width, truncate))
+    emit(group_table(cases, width, truncate))
+    if len({str(r.get("suite") or "conformance") for r in records}) > 1:
+        tr.write_sep("-", "suites")
+        emit(suite_table(records, width, truncate))
     tr.write_sep("-", "worst cases by slack (measured / allowed)")
     emit(worst_table(records, 10, width, truncate))
-    timing = timing_table(records, width, truncate)
+    timing = timing_table(cases, width, truncate)
     if timing:
         tr.write_sep("-", "timing (median over cases; not part of verdicts)")
         emit(timing)
     failed = sum(verdict(r) in ("failed", "error") for r in records)
-    tr.write_line(f"{len(records)} records, {failed} failed; report: {report_dir}", red=bool(failed), green=not failed)
+    suites = sorted({str(r.get("suite") or "conformance") for r in records})
+    per_suite = (" (" + ", ".join(f"{s} {sum(str(r.get('suite') or 'conformance') == s for r in records)}"
+                                  for s in suites) + ")") if len(suites) > 1 else ""
+    tr.write_line(f"{len(records)} records{per_suite}, {failed} failed; report: {report_dir}", red=bool(failed),
+                  green=not failed)

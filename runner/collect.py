@@ -1,28 +1,62 @@
-"""Result records on their way to the report: attached in tests, gathered on the controller.
+"""Result records on their way to the report: attached in tests, completed per test, gathered on
+the controller.
 
-Records are attached by the suites through the ``mla_report`` fixture.  They travel inside
-``TestReport.user_properties`` (the one channel xdist already ships from workers to the
-controller), so the controller alone gathers them and writes ``results.jsonl``, ``run.json``
-and ``report.html`` into the report directory, then prints the summary.
+Every test of the MLA suites (an item that uses the ``backend_name`` parameter) ends with exactly
+one :class:`reports.records.ResultRecord`:
+
+* the suites attach one through the ``mla_report`` fixture when they reach a verdict;
+* :func:`complete_report` (the process that ran the test, worker or not) makes one from pytest's
+  outcome when the test ended without one (a skip, an exception outside the verdict path, a
+  timeout), and sets every record's verdict to pytest's outcome, so the report's counts are
+  pytest's;
+* the controller's :class:`Collector` makes one for a test whose xdist worker died under it
+  (``worker 'gw0' crashed while running ...``), from the identity the worker sent with the test's
+  setup report.
+
+Records travel inside ``TestReport.user_properties`` (the one channel xdist already ships from
+workers to the controller), so the controller alone gathers them and writes ``results.jsonl``,
+``run.json`` and ``report.html`` into the report directory, then prints the summary.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from reports import env, records
-from reports.records import PROPERTY_NAME, Record
+from reports.records import PROPERTY_NAME, Failure, Record, RecordError, ResultRecord
+
+if TYPE_CHECKING:
+    from golden.spec import CaseSpec
 
 #: Scalar record fields also attached as plain properties, so ``--junitxml`` shows them.
 JUNIT_FIELDS = ("verdict", "worst_slack", "policy", "backend")
 JUNIT_METRICS = ("max_rel_err", "rmse")
+#: user_properties name of a test's identity, sent with its setup report (for crash records).
+IDENTITY_NAME = "mla_identity"
+#: Test modules of the suites -> the record's ``suite``.
+SUITE_OF_MODULE = {
+    "test_conformance": "conformance",
+    "test_error_contract": "error_contract",
+    "test_metamorphic": "metamorphic",
+    "test_properties": "property",
+}
+#: Parameters that carry a test's case spec.
+CASE_PARAMS = ("conformance_case", "error_case", "meta_spec")
+#: Where a timeout or exception happened, when a backend method is on the stack.
+BACKEND_METHODS = ("run", "synchronize", "available", "info")
+_FRAMEWORK = ("golden", "harness", "judge", "runner", "native", "facts")
+_MESSAGE_LIMIT = 2000
+#: pytest-timeout's failure message starts with this.
+TIMEOUT_PREFIX = "Timeout (>"
 
 
 @dataclass
@@ -36,13 +70,23 @@ class ReportState:
     started: float = field(default_factory=time.time)
     records: list[Record] = field(default_factory=list)
     run_info: dict[str, Any] = field(default_factory=dict)
+    #: nodeid -> identity (from setup reports), and when the setup report arrived.
+    identities: dict[str, dict[str, Any]] = field(default_factory=dict)
+    setup_seen: dict[str, float] = field(default_factory=dict)
+    #: Lines to print at the end of the run (unavailable explicit backends, empty selection ...).
+    problems: list[str] = field(default_factory=list)
 
 
 STATE = pytest.StashKey[ReportState]()
+#: Backend selection name -> the instance's ``name`` (filled when a backend is created).
+BACKEND_LABELS: dict[str, str] = {}
+#: A record a test wants attached only if it ends failing (property tests: the last failing
+#: example, which hypothesis replays last, is the shrunk one).
+PENDING = pytest.StashKey[ResultRecord]()
 
 
 def set_run_info(config: pytest.Config, key: str, value: Any) -> None:
-    """Record run-level facts (``golden_store``, ``backends``, ``suite``, ``policy`` ...) in run.json.
+    """Record run-level facts (``golden_store``, ``backends``, ``suites``, ``policy`` ...) in run.json.
 
     Call it on the controller (``pytest_configure``/``pytest_sessionstart`` or a session fixture
     under ``-n 0``); values set on xdist workers never reach run.json.  ``value`` must be
@@ -51,12 +95,229 @@ def set_run_info(config: pytest.Config, key: str, value: Any) -> None:
     config.stash[STATE].run_info[key] = value
 
 
+def is_mla_item(item: pytest.Item) -> bool:
+    """A test of the MLA suites: one that runs on a selected backend."""
+    return "backend_name" in getattr(item, "fixturenames", ())
+
+
+def _spec_fields(spec: CaseSpec) -> dict[str, Any]:
+    return {
+        "case_id": spec.case_id,
+        "case_suite": spec.suite or "",
+        "spec": spec.content(),
+        "dtype": spec.dtype,
+        "mask": spec.mask_name,
+        "cache": spec.cache_name,
+    }
+
+
+def identity(item: pytest.Item) -> dict[str, Any]:
+    """Which suite, test, case or relation and backend an item is (the record's identity fields)."""
+    module = getattr(getattr(item, "module", None), "__name__", "").rsplit(".", 1)[-1]
+    function = getattr(item, "originalname", item.name)
+    suite = SUITE_OF_MODULE.get(module)
+    if suite is None:
+        suite = next((s for s in ("error_contract", "metamorphic", "property") if item.get_closest_marker(s)),
+                     "conformance")
+    params: Mapping[str, Any] = getattr(getattr(item, "callspec", None), "params", {})
+    name = str(params.get("backend_name", "?"))
+    ident: dict[str, Any] = {"suite": suite, "test": item.nodeid, "backend": BACKEND_LABELS.get(name, name)}
+    for param in CASE_PARAMS:
+        spec = params.get(param)
+        if spec is not None and hasattr(spec, "case_id"):
+            ident.update(_spec_fields(spec))
+            break
+    if suite in ("metamorphic", "property"):
+        ident["relation"] = function.removeprefix("test_").replace("_", " ")
+    if suite in ("conformance", "property"):  # judged under the run's policy
+        ident["policy"] = item.config.getoption("policy", None)
+    if not ident.get("case_id") and not ident.get("relation"):
+        ident["case_id"] = getattr(getattr(item, "callspec", None), "id", "") or item.name
+    return ident
+
+
+def identity_from_nodeid(nodeid: str, backends: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A best guess for a test whose worker died before its setup was reported: the suite from the
+    module, the backend from the end of the parameter id (``backends``: selection name -> label),
+    the case from the rest."""
+    path, _, rest = nodeid.partition("::")
+    module = path.rsplit("/", 1)[-1].removesuffix(".py")
+    function, _, params = rest.partition("[")
+    params = params.removesuffix("]")
+    suite = SUITE_OF_MODULE.get(module, "conformance")
+    backend, case = "?", params
+    for name in sorted(backends or {}, key=len, reverse=True):
+        if params == name or params.endswith(f"-{name}"):
+            backend, case = (backends or {})[name], params[: -len(name)].rstrip("-")
+            break
+    ident: dict[str, Any] = {"suite": suite, "test": nodeid, "backend": backend, "case_id": case or rest}
+    if suite in ("metamorphic", "property"):
+        ident["relation"] = function.removeprefix("test_").replace("_", " ")
+    return ident
+
+
+def outcome_of_report(report: pytest.TestReport) -> str:
+    """pytest's verdict for the phase, in the record vocabulary."""
+    if hasattr(report, "wasxfail"):
+        return "xfailed" if report.skipped else "xpassed"
+    if report.when in ("setup", "teardown") and report.failed:
+        return "error"
+    return report.outcome
+
+
+def agreed_verdict(attached: str, outcome: str) -> str:
+    """pytest's outcome, except that a known deviation's unexpected pass stays ``xpassed`` (pytest
+    counts it as passed and warns: both are passes)."""
+    return "xpassed" if attached == "xpassed" and outcome == "passed" else outcome
+
+
+def counts_for_pytest(report: pytest.TestReport) -> bool:
+    """Whether pytest counts this report in its summary line (the call, a setup that did not
+    pass, a teardown that failed, an xdist crash report)."""
+    when = str(report.when)
+    if when in ("call", "???"):  # "???": xdist's report of a test whose worker crashed
+        return True
+    if report.when == "setup":
+        return not report.passed
+    return report.when == "teardown" and report.failed
+
+
+def _short(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= _MESSAGE_LIMIT else text[: _MESSAGE_LIMIT - 3] + "..."
+
+
+def _where(excinfo: pytest.ExceptionInfo[BaseException]) -> str:
+    """The backend method on the stack (``backend.run``), else the innermost framework function."""
+    framework = ""
+    for entry in reversed(excinfo.traceback):
+        frame = entry.frame
+        name = frame.code.name
+        owner = frame.f_locals.get("self")
+        if name in BACKEND_METHODS and owner is not None and all(
+            hasattr(owner, m) for m in ("run", "available", "info")
+        ):
+            return f"backend.{name}"
+        module = str(frame.f_globals.get("__name__", ""))
+        if not framework and module.split(".")[0] in _FRAMEWORK:
+            framework = f"{module}.{name}"
+    return framework
+
+
+def _timeout_seconds(item: pytest.Item, message: str) -> float | None:
+    marker = item.get_closest_marker("timeout")
+    if marker is not None and marker.args:
+        try:
+            return float(marker.args[0])
+        except (TypeError, ValueError):
+            pass
+    digits = message[len(TIMEOUT_PREFIX):].split("s)", 1)[0]
+    try:
+        return float(digits)
+    except ValueError:
+        return None
+
+
+def failure_of(item: pytest.Item, excinfo: pytest.ExceptionInfo[BaseException]) -> Failure:
+    """An exception that ended a test, as a record's failure (a pytest-timeout failure as a timeout)."""
+    message = str(excinfo.value)
+    if excinfo.typename == "Failed" and message.startswith(TIMEOUT_PREFIX):
+        return Failure("timeout", "Timeout", _short(message), _where(excinfo), _timeout_seconds(item, message))
+    return Failure("exception", excinfo.typename, _short(message), _where(excinfo))
+
+
+def _record_entries(report: pytest.TestReport) -> list[int]:
+    return [i for i, (name, _) in enumerate(report.user_properties) if name == PROPERTY_NAME]
+
+
+def complete_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport) -> None:
+    """Give a finished phase of an MLA test its record (run where the test ran, worker or not).
+
+    The setup report carries the test's identity, so the controller can name a test whose worker
+    dies later.  A report pytest counts gets exactly one record, with pytest's outcome as its
+    verdict: the one the test attached (a failure outside the verdict path added when the test
+    died after attaching it), a pending one (property tests), else one made from the outcome.
+    """
+    ident = identity(item)
+    if report.when == "setup":
+        report.user_properties.append((IDENTITY_NAME, json.dumps(ident, sort_keys=True, default=str)))
+    if not counts_for_pytest(report):
+        return
+    outcome = outcome_of_report(report)
+    if report.when == "teardown":  # pytest counts a teardown error besides the test's outcome
+        report.user_properties[:] = [p for p in report.user_properties if p[0] != PROPERTY_NAME]
+    entries = _record_entries(report)
+    excinfo = call.excinfo
+    pending = item.stash.get(PENDING, None)
+    if entries:
+        index = entries[-1]
+        for extra in reversed(entries[:-1]):  # one record per outcome: the last attached wins
+            del report.user_properties[extra]
+            index -= 1
+        record = ResultRecord.from_dict(json.loads(str(report.user_properties[index][1])))
+    elif pending is not None and outcome in ("failed", "error"):
+        record, index = pending, -1
+    else:
+        record, index = _from_outcome(ident, outcome, report, item, excinfo), -1
+    changes: dict[str, Any] = {}
+    if record.verdict != agreed_verdict(record.verdict, outcome):
+        changes["verdict"] = outcome
+        if outcome in ("failed", "error") and record.failure is None and excinfo is not None:
+            failure = failure_of(item, excinfo)
+            changes["failure"] = failure
+            changes["message"] = f"{record.message} | then {failure.text()}" if record.message else failure.text()
+    if changes:
+        record = dataclasses.replace(record, **changes)
+    value = json.dumps(record.to_dict(), sort_keys=True, default=str)
+    if index >= 0:
+        report.user_properties[index] = (PROPERTY_NAME, value)
+    else:
+        report.user_properties.append((PROPERTY_NAME, value))
+
+
+def _from_outcome(ident: Mapping[str, Any], outcome: str, report: pytest.TestReport, item: pytest.Item,
+                  excinfo: pytest.ExceptionInfo[BaseException] | None) -> ResultRecord:
+    failure: Failure | None = None
+    if outcome == "skipped" and isinstance(report.longrepr, tuple):
+        message = str(report.longrepr[2]).removeprefix("Skipped: ")
+    elif hasattr(report, "wasxfail"):
+        message = str(report.wasxfail)
+    elif excinfo is not None and outcome in ("failed", "error"):
+        failure = failure_of(item, excinfo)
+        message = failure.text()
+    else:
+        message = ""
+    phase = "" if report.when == "call" else f"{report.when}: "
+    if report.when == "teardown":
+        ident = dict(ident, test=f"{ident['test']}@teardown")
+    return ResultRecord(verdict=outcome, message=phase + message, failure=failure, **ident)
+
+
+def crash_record(ident: Mapping[str, Any], report: pytest.TestReport, elapsed: float | None,
+                 timeout: float | None, method: str) -> ResultRecord:
+    """The record of a test whose xdist worker died under it (a thread-method timeout kills it too)."""
+    text = str(report.longrepr or "worker crashed")
+    if timeout and method == "thread" and elapsed is not None and elapsed >= 0.9 * timeout:
+        failure = Failure("timeout", "Timeout", text, "", timeout)
+        message = f"{failure.text()} (pytest-timeout's thread method killed the worker)"
+    else:
+        failure = Failure("crash", "WorkerCrash", text, "")
+        message = failure.text()
+    return ResultRecord(verdict="failed", message=message, failure=failure, **ident)
+
+
 class MlaReport:
-    """What the ``mla_report`` fixture gives a test: ``attach(record)`` and ``outputs_dir``."""
+    """What the ``mla_report`` fixture gives a test: ``record(...)``, ``attach(record)``,
+    ``pending(record)`` and ``outputs_dir``."""
 
     def __init__(self, node: pytest.Item, state: ReportState) -> None:
         self._node = node
         self._state = state
+
+    @property
+    def node(self) -> pytest.Item:
+        """The running test."""
+        return self._node
 
     @property
     def outputs_dir(self) -> Path | None:
@@ -67,30 +328,41 @@ class MlaReport:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def attach(self, record: Mapping[str, Any]) -> None:
-        """Attach one result record (one per case and backend) to the running test."""
-        if not isinstance(record, Mapping):
-            raise TypeError(f"mla_report.attach expects a dict, got {type(record).__name__}")
-        for name in ("case_id", "backend"):
-            if not record.get(name):
-                raise ValueError(f"mla_report.attach: record lacks {name!r}")
-        data = dict(record)
-        data.setdefault("nodeid", self._node.nodeid)
+    def record(self, **values: Any) -> ResultRecord:
+        """A record of the running test: its identity (suite, test, case or relation, backend,
+        spec) plus ``values`` (verdict, message, evidence ...), which win."""
+        ident = identity(self._node) if is_mla_item(self._node) else {"test": self._node.nodeid}
+        return ResultRecord.from_dict({"schema_version": records.SCHEMA_VERSION, **ident, **values})
+
+    def attach(self, record: ResultRecord | Mapping[str, Any]) -> None:
+        """Attach the running test's record (one per test; a later one replaces an earlier one)."""
+        if isinstance(record, ResultRecord):
+            data = record.to_dict()
+        elif isinstance(record, Mapping):
+            data = dict(record)
+            data.setdefault("verdict", "error")  # until the test ends: then pytest's outcome
+            for name in ("case_id", "backend"):
+                if not data.get(name) and not (name == "case_id" and data.get("relation")):
+                    raise ValueError(f"mla_report.attach: record lacks {name!r}")
+        else:
+            raise TypeError(f"mla_report.attach expects a ResultRecord or a dict, got {type(record).__name__}")
+        if not data.get("test") and not data.get("nodeid"):
+            data["test"] = self._node.nodeid
+        try:
+            data = ResultRecord.from_dict(data).to_dict()
+        except RecordError as exc:
+            raise ValueError(f"mla_report.attach: {exc}") from exc
         props = self._node.user_properties
+        props[:] = [p for p in props if p[0] != PROPERTY_NAME]
         props.append((PROPERTY_NAME, json.dumps(data, sort_keys=True, default=str)))
-        props.extend((name, data[name]) for name in JUNIT_FIELDS if name in data)
+        props.extend((name, data[name]) for name in JUNIT_FIELDS if data.get(name) is not None)
         metrics = data.get("metrics")
         if isinstance(metrics, Mapping):
             props.extend((name, metrics[name]) for name in JUNIT_METRICS if name in metrics)
 
-
-def _outcome(report: pytest.TestReport) -> str:
-    """pytest's verdict for the phase, in the record vocabulary."""
-    if hasattr(report, "wasxfail"):
-        return "xfailed" if report.skipped else "xpassed"
-    if report.when == "setup" and report.failed:
-        return "error"
-    return report.outcome
+    def pending(self, record: ResultRecord) -> None:
+        """Keep ``record`` for the test, to be used only if the test ends failing."""
+        self._node.stash[PENDING] = record
 
 
 def _iso(timestamp: float) -> str:
@@ -105,22 +377,89 @@ class Collector:
         self.state = state
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """Take the records of the call phase, or of a setup that failed or skipped."""
-        if not (report.when == "call" or (report.when == "setup" and not report.passed)):
+        """Take the record of every report pytest counts; make one for a crashed worker's test."""
+        state = self.state
+        for name, value in report.user_properties:
+            if name == IDENTITY_NAME:
+                state.identities[report.nodeid] = json.loads(str(value))
+                state.setup_seen[report.nodeid] = time.time()
+        if not counts_for_pytest(report):
             return
-        outcome = _outcome(report)
+        found = False
+        outcome = outcome_of_report(report)
         for name, value in report.user_properties:
             if name == PROPERTY_NAME:
                 record: Record = json.loads(str(value))
-                record.setdefault("verdict", outcome)
+                record["verdict"] = agreed_verdict(str(record.get("verdict")), outcome)  # pytest's counts
                 record["outcome"] = outcome
-                self.state.records.append(record)
+                state.records.append(record)
+                found = True
+        if found or report.when == "teardown":
+            return
+        ident = state.identities.get(report.nodeid)
+        if str(report.when) == "???":  # xdist: the worker died while running this test
+            ident = ident or identity_from_nodeid(report.nodeid, self._backend_labels())
+            seen = state.setup_seen.get(report.nodeid)
+            made = crash_record(ident, report, None if seen is None else time.time() - seen, self._timeout(),
+                                self._timeout_method())
+        elif ident is not None:  # an MLA test whose record got lost on the way: never silently
+            failure = Failure("exception", "", _short(str(report.longrepr or "")), "")
+            made = ResultRecord(verdict=outcome, message=failure.text(), failure=failure if outcome in
+                                ("failed", "error") else None, **ident)
+        else:
+            return
+        state.records.append(made.to_dict() | {"outcome": outcome})
 
-    def pytest_sessionfinish(self) -> None:
-        """Write the report files, only if some test attached a record."""
+    def _backend_labels(self) -> dict[str, str]:
+        """Selection name -> record label of the run's backends (as far as the controller knows)."""
+        labels = {name: label for name, label in BACKEND_LABELS.items()}
+        for entry in self.state.run_info.get("backends") or []:
+            if isinstance(entry, Mapping) and entry.get("name"):
+                labels.setdefault(str(entry["name"]), str(entry.get("label") or entry["name"]))
+                if entry.get("resolved"):
+                    labels.setdefault(str(entry["resolved"]), str(entry["resolved"]))
+        for ident in self.state.identities.values():  # names seen in other tests' ids
+            test = str(ident.get("test", ""))
+            for name in list(labels):
+                if test.endswith(f"-{name}]"):
+                    labels[name] = str(ident.get("backend") or labels[name])
+        return labels
+
+    def _timeout_method(self) -> str:
+        """pytest-timeout's method of this run ('' without the plugin)."""
+        if not self.config.pluginmanager.hasplugin("timeout"):
+            return ""
+        method = self.config.getoption("timeout_method", None) or self._ini("timeout_method")
+        return str(method or os.environ.get("PYTEST_TIMEOUT_METHOD") or "signal")
+
+    def _timeout(self) -> float | None:
+        """The run's per-test timeout: --timeout or the ini value if given, else --mla-timeout."""
+        for value in (self.config.getoption("timeout", None), self._ini("timeout"),
+                      self.config.getoption("mla_timeout", None)):
+            try:
+                if value:
+                    return float(value)
+            except (TypeError, ValueError):
+                continue
+        return None
+
+    def _ini(self, name: str) -> Any:
+        try:
+            return self.config.getini(name)
+        except ValueError:  # pytest-timeout not installed
+            return None
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        """Write the report files, only if some test attached a record; fail a run that cannot pass."""
         from reports import html
 
-        state = self.state
+        state, config = self.state, self.config
+        if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and any(
+            config.getoption(name, None) for name in ("cases", "suite", "backend")
+        ):  # pytest exits 5 'no tests ran': say why that is no pass
+            state.problems.append("empty selection: no MLA test was selected (a -k or -m that matches nothing?)")
+        if state.problems and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if not state.records:
             return
         state.report_dir.mkdir(parents=True, exist_ok=True)
@@ -135,16 +474,31 @@ class Collector:
 
         if self.state.records:
             summary.write_terminal(terminalreporter, records.sort_records(self.state.records), self.state.report_dir)
+        if self.state.problems:
+            terminalreporter.section("MLA run cannot pass", red=True)
+            for line in self.state.problems:
+                terminalreporter.line(f"ERROR: {line}", red=True)
 
     def run_document(self, finished: float) -> dict[str, Any]:
         """run.json: the lead's run info, then run facts and the environment (these win)."""
         state, config = self.state, self.config
         counts = dict.fromkeys(records.VERDICTS, 0)
+        suites: dict[str, dict[str, int]] = {}
         for record in state.records:
             counts[records.verdict(record)] += 1
+            per_suite = suites.setdefault(str(record.get("suite", "?")), dict.fromkeys(records.VERDICTS, 0))
+            per_suite[records.verdict(record)] += 1
         doc: dict[str, Any] = dict(state.run_info)
+        if "backends" not in doc:  # none named (auto): what ran, and whether anything could run on it
+            seen: dict[str, bool] = {}
+            for record in state.records:
+                label = str(record.get("backend"))
+                seen[label] = seen.get(label, False) or records.verdict(record) != "skipped"
+            doc["backends"] = [{"name": label, "label": label, "explicit": False, "ran": ran}
+                               for label, ran in sorted(seen.items())]
         doc.update(
             {
+                "schema_version": records.SCHEMA_VERSION,
                 "run_name": state.run_name,
                 "started": _iso(state.started),
                 "finished": _iso(finished),
@@ -153,8 +507,11 @@ class Collector:
                 "args": list(config.invocation_params.args),
                 "records": len(state.records),
                 "counts": counts,
-                "policies": sorted({str(r["policy"]) for r in state.records if "policy" in r}),
-                "devices_seen": sorted({f"{r.get('backend')}:{r.get('device')}" for r in state.records}),
+                "counts_by_suite": suites,
+                "problems": list(state.problems),
+                "policies": sorted({str(r["policy"]) for r in state.records if r.get("policy")}),
+                "devices_seen": sorted({f"{r.get('backend')}:{r.get('device')}" for r in state.records
+                                        if r.get("device")}),
                 "environment": env.collect(Path(__file__).resolve().parent.parent),
             }
         )

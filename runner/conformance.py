@@ -18,7 +18,8 @@ from harness.backend import Backend, BackendError
 from judge.deviations import DeviationSet
 from judge.policy import PolicySet
 from judge.verdict import Outcome, error_map, judge_output, outcome_message, outcome_of
-from runner.execution import Execution, execute, make_call, output_digest
+from reports.records import ErrorEvidence, ResultRecord
+from runner.execution import BackendOutputError, Execution, execute, make_call, output_digest
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class CaseResult:
 
     outcome: Outcome
     message: str
-    record: dict[str, Any]
+    record: ResultRecord
     output: np.ndarray | None
 
 
@@ -79,57 +80,69 @@ def run_case(
     deviation = deviations.match(backend.name, info.version, spec)
     error: BackendError | None = None
     execution: Execution | None = None
+    wrong_type: str | None = None
     digests = input_digests(golden)
     try:
         execution = execute(backend, make_call(golden.inputs, spec), spec, repeats=repeats, warmup=warmup)
     except BackendError as exc:
         error = exc
-    record: dict[str, Any] = {
+    except BackendOutputError as exc:
+        wrong_type = str(exc)
+    base: dict[str, Any] = {
+        "suite": "conformance",
+        "test": "",
         "case_id": spec.case_id,
-        "suite": spec.suite,
+        "case_suite": spec.suite or "",
         "spec": spec.content(),
         "backend": backend.name,
         "device": info.device,
-        "backend_versions": info.versions,
+        "backend_versions": dict(info.versions),
         "dtype": spec.dtype,
         "mask": spec.mask_name,
         "cache": spec.cache_name,
         "policy": policy,
         "deviation": deviation.id if deviation else None,
     }
+    if wrong_type is not None:  # no known deviation excuses a broken interface
+        message = outcome_message(spec, backend.name, "failed", f"interface contract broken: {wrong_type}", None)
+        record = ResultRecord(verdict="failed", failing=(wrong_type,), message=message, **base)
+        return CaseResult("failed", message, record, None)
     if execution is None:
         assert error is not None
         outcome = outcome_of(False, error.status_name, deviation)
         detail = f"backend raised {error}"
         message = outcome_message(spec, backend.name, outcome, detail, deviation)
-        record.update(verdict=outcome, checks=[], worst_slack=None, metrics={}, failing=[f"error: {error}"],
-                      timing=None, output_sha256=None, message=message,
-                      error={"status": error.status, "name": error.status_name, "stage": error.stage})
+        record = ResultRecord(verdict=outcome, failing=(f"error: {error}",), message=message,
+                              error=ErrorEvidence(observed_status=error.status_name, observed_stage=error.stage),
+                              **base)
         return CaseResult(outcome, message, record, None)
     violations = contract_violations(golden, execution.out, digests)
     if violations:  # no known deviation excuses a broken interface
         broken = "interface contract broken: " + "; ".join(violations)
         message = outcome_message(spec, backend.name, "failed", broken, None)
-        record.update(verdict="failed", checks=[], worst_slack=None, metrics={}, failing=violations,
-                      timing=execution.timing(), output_sha256=output_digest(execution.out), message=message)
+        record = ResultRecord(verdict="failed", failing=tuple(violations), timing=execution.timing(),
+                              output_sha256=output_digest(execution.out), message=message, **base)
         return CaseResult("failed", message, record, execution.out)
     metrics, verdict = judge_output(golden, execution.out, policy_set, policy, backend.name)
     outcome = outcome_of(verdict.passed, None, deviation)
-    record.update(
-        verdict=outcome,
-        checks=[c.to_dict() for c in verdict.checks],
-        worst_slack=float(verdict.worst_slack),
-        metrics=metrics.to_dict(),
-        failing=[c.text() for c in verdict.failing],
-        overrides=[o.to_dict() for o in verdict.overrides],
-        timing=execution.timing(),
-        output_sha256=output_digest(execution.out),
-    )
+    message = outcome_message(spec, backend.name, outcome, verdict.summary(), deviation)
+    emap = None
     if outcome == "failed":  # only failing records carry a map: records stay small
         atb = next((c.bound for c in verdict.checks if c.rule == "atb"), None)
-        record["error_map"] = error_map(golden, execution.out, atb)
-    message = outcome_message(spec, backend.name, outcome, verdict.summary(), deviation)
-    record["message"] = message
+        emap = error_map(golden, execution.out, atb)
+    record = ResultRecord(
+        verdict=outcome,
+        checks=tuple(c.to_dict() for c in verdict.checks),
+        worst_slack=float(verdict.worst_slack),
+        metrics=metrics.to_dict(),
+        failing=tuple(c.text() for c in verdict.failing),
+        overrides=tuple(o.to_dict() for o in verdict.overrides),
+        timing=execution.timing(),
+        output_sha256=output_digest(execution.out),
+        message=message,
+        error_map=emap,
+        **base,
+    )
     return CaseResult(outcome, message, record, execution.out)
 
 

@@ -50,6 +50,10 @@ def make_call(inputs: OpInputs, spec: CaseSpec) -> MlaPrefillCall:
     )
 
 
+class BackendOutputError(TypeError):
+    """``backend.run`` returned something that is not a tensor (None, a numpy array, a list ...)."""
+
+
 @dataclass(frozen=True)
 class Execution:
     """A backend's output for a case, and how long the calls took."""
@@ -81,6 +85,9 @@ def execute(backend: Backend, call: MlaPrefillCall, spec: CaseSpec, *, repeats: 
         backend.synchronize()
         start = time.perf_counter()
         result = backend.run(call)
+        if not isinstance(result, torch.Tensor):
+            raise BackendOutputError(f"backend.run returned {type(result).__name__}, "
+                                     "expected a torch.Tensor (attenOut)")
         backend.synchronize()
         latencies.append((time.perf_counter() - start) * 1e3)
         first = result if first is None else first

@@ -23,28 +23,55 @@ from harness.backend import Backend, BackendError
 from judge.deviations import Deviation, DeviationSet
 from judge.policy import PolicySet
 from judge.verdict import judge_output, mode_text
-from runner.execution import execute, make_call
+from reports.records import RelationEvidence
+from runner.collect import MlaReport
+from runner.execution import BackendOutputError, execute, make_call
 
 # -- running and comparing -------------------------------------------------------------------------
 
 
 class Problems:
-    """Collects what went wrong in one relation; ends the test with numbers, case and mode."""
+    """Collects what went wrong in one relation; ends the test with numbers, case and mode, and
+    attaches its record (the relation, its kind, the largest difference, every problem)."""
 
     def __init__(self, relation: str, kind: str, spec: CaseSpec, backend: Backend,
-                 deviations: DeviationSet) -> None:
+                 deviations: DeviationSet, report: MlaReport | None = None) -> None:
         self.header = f"metamorphic {relation} ({kind}) on {mode_text(spec, backend.name)}"
+        self.kind = kind
         self.items: list[str] = []
         self.deviation: Deviation | None = deviations.match(backend.name, backend.info().version, spec)
+        self.report = report
+        self.device = backend.info().device
+        self.max_abs_diff: float | None = None
+        self.differing: int | None = None
 
     def add(self, text: str | None) -> None:
         if text:
             self.items.append(text)
 
+    def compare(self, a: np.ndarray, b: np.ndarray, spec: CaseSpec, *, exact: bool, label: str = "") -> str | None:
+        """:func:`difference` of two outputs, added as a problem (prefixed by ``label``) when an
+        exact relation finds one; the largest difference is kept as the record's evidence."""
+        count, gap = difference_stats(a, b, spec)
+        if self.differing is None or count > self.differing:
+            self.differing = count
+        if count and (self.max_abs_diff is None or gap > self.max_abs_diff):
+            self.max_abs_diff = gap
+        found = difference(a, b, spec, exact=exact)
+        if exact and found:
+            self.add(f"{label}: {found}" if label else found)
+        return found
+
     def finish(self) -> None:
+        message = f"{self.header}: " + " | ".join(self.items) if self.items else ""
+        outcome = "passed" if not self.items else "xfailed" if self.deviation is not None else "failed"
+        if self.report is not None:
+            evidence = RelationEvidence(self.kind, self.max_abs_diff, self.differing, tuple(self.items))
+            self.report.attach(self.report.record(
+                verdict=outcome, message=message or self.header, difference=evidence, device=self.device,
+                deviation=self.deviation.id if self.deviation is not None and self.items else None))
         if not self.items:
             return
-        message = f"{self.header}: " + " | ".join(self.items)
         if self.deviation is not None:
             pytest.xfail(f"known deviation: {message} [{self.deviation.describe()}]")
         pytest.fail(message, pytrace=False)
@@ -66,6 +93,19 @@ def judged(label: str, out: np.ndarray, inputs: OpInputs, spec: CaseSpec, backen
     """None when ``out`` passes the policy against its own golden, else the verdict's summary."""
     _, verdict = judge_output(golden_of(inputs, spec), out, policy_set, policy, backend.name)
     return None if verdict.passed else f"{label}: {verdict.summary()}"
+
+
+def difference_stats(a: np.ndarray, b: np.ndarray, spec: CaseSpec) -> tuple[int, float]:
+    """How many valid elements of two ``[T, H, 128]`` outputs differ in bits, and the largest
+    absolute difference among them (inf where only one is NaN; 0.0 when none differ)."""
+    valid = np.broadcast_to(row_valid(spec)[:, None, None], a.shape)
+    differ = valid & (a.view(np.uint16) != b.view(np.uint16))
+    if not differ.any():
+        return 0, 0.0
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        gap = np.where(np.isnan(a64) ^ np.isnan(b64), np.inf, np.nan_to_num(np.abs(a64 - b64), nan=0.0))
+    return int(differ.sum()), float(np.where(differ, gap, -1.0).max())
 
 
 def difference(a: np.ndarray, b: np.ndarray, spec: CaseSpec, *, exact: bool) -> str | None:
@@ -91,12 +131,15 @@ def difference(a: np.ndarray, b: np.ndarray, spec: CaseSpec, *, exact: bool) -> 
 
 
 def attempt(problems: Problems, action: Callable[[], np.ndarray], label: str) -> np.ndarray | None:
-    """Run the backend; a rejection is a problem of the relation, not a crash of the test."""
+    """Run the backend; a rejection or a non-tensor output is a problem of the relation, not a
+    crash of the test."""
     try:
         return action()
     except BackendError as exc:
         problems.add(f"{label}: backend raised {exc}")
-        return None
+    except BackendOutputError as exc:
+        problems.add(f"{label}: interface contract broken: {exc}")
+    return None
 
 
 # -- transformations -------------------------------------------------------------------------------
@@ -203,5 +246,6 @@ def tolerance_pair(problems: Problems, backend: Backend, policy_set: PolicySet, 
         return
     for (label, inputs, spec), out in ((first, out_first), (second, out_second)):
         problems.add(judged(label, out, inputs, spec, backend, policy_set, policy))
+    found = problems.compare(align(out_first), out_second, second[2], exact=False)
     if problems.items:
-        problems.add(difference(align(out_first), out_second, second[2], exact=False))
+        problems.add(found)

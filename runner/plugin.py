@@ -22,11 +22,21 @@ from facts.operator import CACHE_NAMES, MASK_NAMES
 from facts.shard import in_shard, parse_shard
 from harness import registry
 from reports import env
-from runner.collect import STATE, Collector, MlaReport, ReportState
+from runner.collect import (
+    BACKEND_LABELS,
+    STATE,
+    Collector,
+    MlaReport,
+    ReportState,
+    complete_report,
+    is_mla_item,
+    set_run_info,
+)
 from runner.selection import (
     SUITES,
     case_param,
     error_cases,
+    load_cases,
     mark,
     marker_name,
     selected_cases,
@@ -43,6 +53,8 @@ MARKER = "mla_case"
 #: Where reports go when neither --report-dir nor --run-name's default is overridden (working directory).
 REPORTS_DIR = Path("reports") / "out"
 BACKENDS = pytest.StashKey[list[str]]()
+#: Default per-test timeout of the MLA suites, in seconds (``--mla-timeout``).
+DEFAULT_TIMEOUT_S = 900.0
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -67,6 +79,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--timing-repeats", type=int, default=1, metavar="N",
                     help="timed backend calls per case (median reported; never part of the verdict)")
     group.addoption("--warmup", type=int, default=0, metavar="N", help="untimed backend calls before timing")
+    group.addoption("--mla-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                    help=f"per-test timeout of the MLA suites through pytest-timeout (default {DEFAULT_TIMEOUT_S:g}; "
+                    "0 = none); a test's own timeout marker, --timeout or the timeout ini value win. "
+                    "The test's record says 'timed out after N s in backend.run' (or where it hung)")
 
     report = parser.getgroup("mla-report", "MLA conformance report")
     report.addoption("--report-dir", default=None, metavar="DIR",
@@ -100,6 +116,91 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[STATE] = report_state(config)
     if not hasattr(config, "workerinput"):
         config.pluginmanager.register(Collector(config, config.stash[STATE]), "mla-report-collector")
+        check_front_door(config)
+
+
+def _explicit_backends(config: pytest.Config) -> list[str] | None:
+    """The backends the user named (--backend or $MLA_BACKEND), None when none was named."""
+    values = config.getoption("backend") or [v for v in os.environ.get(registry.ENV_VAR, "").split(",") if v.strip()]
+    if not values:
+        return None
+    names = [part.strip() for value in values for part in value.split(",") if part.strip()]
+    return list(dict.fromkeys(names))
+
+
+def check_front_door(config: pytest.Config) -> None:
+    """Usage errors before any test runs (controller only): backends that name nothing, an unusable
+    golden store, an unknown policy.  Only what the user named is checked, so runs that use no
+    MLA option (the framework's own tests) stay inert.  Also records the run facts in run.json."""
+    state = config.stash[STATE]
+    named = _explicit_backends(config)
+    if named is not None:
+        backends = []
+        for name in named:
+            if name == "auto":
+                continue
+            try:
+                instance = registry.create(name)
+            except registry.BackendSelectionError as exc:
+                raise pytest.UsageError(f"{exc}\n{registry.choices_text()}") from exc
+            except Exception as exc:  # a factory that raises: the user's to read, in one line
+                raise pytest.UsageError(f"backend {name!r}: its factory raised {type(exc).__name__}: {exc}\n"
+                                        f"{registry.choices_text()}") from exc
+            try:
+                availability = instance.available()
+                ok, reason = bool(availability), getattr(availability, "reason", "")
+            except Exception as exc:
+                ok, reason = False, f"available() raised {type(exc).__name__}: {exc}"
+            backends.append({"name": name, "label": instance.name, "available": ok, "reason": reason,
+                             "explicit": True})
+            if not ok:
+                state.problems.append(f"backend {name} was named explicitly but is unavailable here: {reason}")
+        if "auto" in named:
+            backends.append({"name": "auto", "resolved": registry.resolve_auto(), "available": True, "reason": "",
+                             "explicit": False})
+        set_run_info(config, "backends", backends)
+    golden = config.getoption("golden_dir")
+    if golden:
+        problem = golden_dir_problem(Path(golden))
+        if problem:
+            raise pytest.UsageError(f"--golden-dir {golden}: {problem}")
+        set_run_info(config, "golden_store", str(Path(golden).resolve()))
+    else:  # what the golden_store fixture will open (golden.store's rule)
+        set_run_info(config, "golden_store", str(Path(os.environ.get("MLA_GOLDEN_DIR") or ".golden").resolve()))
+    policy, tolerances = config.getoption("policy"), config.getoption("tolerances")
+    if policy != "default" or tolerances:
+        from judge.policy import load_policies
+
+        try:
+            names = set(load_policies(Path(tolerances) if tolerances else None).policies)
+        except Exception as exc:
+            raise pytest.UsageError(f"--tolerances {tolerances or '(built-in)'}: {exc}") from exc
+        if policy not in names:
+            raise pytest.UsageError(f"--policy {policy!r}: no such policy; choose from {', '.join(sorted(names))}")
+    set_run_info(config, "policy", policy)
+    set_run_info(config, "suites", config.getoption("suite") or ([] if config.getoption("cases") else ["smoke"]))
+    if config.getoption("cases"):
+        cases = config.getoption("cases")
+        if not Path(cases).is_file():
+            raise pytest.UsageError(f"--cases {cases}: no such file")
+        if not load_cases(config):
+            raise pytest.UsageError(f"--cases {cases}: the file holds no case; an empty selection is not a pass")
+        set_run_info(config, "cases_file", str(Path(cases).resolve()))
+
+
+def golden_dir_problem(path: Path) -> str | None:
+    """Why a golden store directory cannot serve, or None."""
+    if path.exists() and not path.is_dir():
+        return "not a directory"
+    if path.is_dir():
+        empty = not any(path.iterdir())
+        if empty and not os.access(path, os.W_OK | os.X_OK):
+            return "an empty directory this user cannot write: no golden can be read or created there"
+        return None
+    parent = next((p for p in path.absolute().parents if p.exists()), None)
+    if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        return f"does not exist and cannot be created (no write access to {parent})"
+    return None
 
 
 def report_state(config: pytest.Config) -> ReportState:
@@ -171,8 +272,19 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("backend_name", params)
 
 
+EMPTY_PARAMETER_SET = "got empty parameter set"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``--shard K/N``: keep the cases whose content hash falls in shard K (unmarked tests: shard 1)."""
+    """MLA tests get the default timeout; a suite with no case is deselected (an empty selection
+    is not a pass); ``--shard K/N`` keeps the cases whose content hash falls in shard K (unmarked
+    tests: shard 1)."""
+    add_timeouts(config, items)
+    empty = [item for item in items if is_mla_item(item) and any(
+        str(m.kwargs.get("reason", "")).startswith(EMPTY_PARAMETER_SET) for m in item.iter_markers("skip"))]
+    if empty:
+        config.hook.pytest_deselected(items=empty)
+        items[:] = [item for item in items if item not in empty]
     shard = config.stash[STATE].shard
     if shard is None:
         return
@@ -189,6 +301,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+
+
+def add_timeouts(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A pytest-timeout marker on every MLA test without one, unless --timeout or the ini set one."""
+    seconds = config.getoption("mla_timeout")
+    if not seconds or not config.pluginmanager.hasplugin("timeout"):
+        return
+    if config.getoption("timeout", None) is not None or config.getini("timeout"):
+        return
+    for item in items:
+        if is_mla_item(item) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(seconds))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Every phase pytest counts of an MLA test leaves with exactly one record (see runner.collect)."""
+    report = yield
+    if is_mla_item(item):
+        complete_report(item, call, report)
+    return report
 
 
 # -- fixtures -------------------------------------------------------------------------------------
@@ -208,6 +341,7 @@ def backend(backend_name: str, backend_cache: dict[str, Backend]) -> Backend:
         except registry.BackendSelectionError as exc:
             raise pytest.UsageError(str(exc)) from exc
     instance = backend_cache[backend_name]
+    BACKEND_LABELS[backend_name] = instance.name
     availability = instance.available()
     if not availability:
         pytest.skip(f"backend {backend_name} unavailable: {availability.reason}")

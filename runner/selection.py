@@ -31,6 +31,11 @@ def mark(config: pytest.Config, name: str, description: str) -> pytest.MarkDecor
     return decorator
 
 
+def load_cases(config: pytest.Config) -> list[CaseSpec]:
+    """Every case the run's suite options name (a bad suite file is a usage error)."""
+    return _load(config)
+
+
 def _load(config: pytest.Config) -> list[CaseSpec]:
     """Every case the run's suite options name, error cases included."""
     cases_file = config.getoption("cases")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -79,8 +80,31 @@ def test_external_backend_runs_the_suite(tmp_path: Path) -> None:
     assert "2 passed" in result.stdout and "my-kernel" in (tmp_path / "report" / "results.jsonl").read_text()
 
 
-def test_atb_skips_with_the_probe_reason(tmp_path: Path) -> None:
-    result = run_pytest(tmp_path, "--backend", "atb", "-k", "fp16-undefined and b3 and q2d")
-    assert result.returncode == 0, result.stdout[-3000:]
-    assert "2 skipped" in result.stdout
+def test_named_unavailable_backend_fails_the_run_with_its_reason(tmp_path: Path) -> None:
+    """Named explicitly, an unavailable backend is no green run of skips: exit 1 with the probe's
+    reason, and it is in run.json and the tables next to the backend that ran."""
+    result = run_pytest(tmp_path, "--backend", "atb", "--backend", "torch-cpu", "-k", "fp16-undefined and b3 and q2d")
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert "2 skipped" in result.stdout and "2 passed" in result.stdout
     assert "backend atb unavailable: torch_npu" in result.stdout
+    assert "ERROR: backend atb was named explicitly but is unavailable here: torch_npu" in result.stdout
+    run = json.loads((tmp_path / "report" / "run.json").read_text())
+    atb = next(b for b in run["backends"] if b["name"] == "atb")
+    assert atb["available"] is False and "torch_npu" in atb["reason"]
+    assert run["counts"]["skipped"] == 2 and run["counts"]["passed"] == 2
+    assert any(line.startswith("atb ") for line in result.stdout.splitlines())  # a row of the group table
+
+
+@pytest.mark.parametrize(("value", "fragment"), [
+    ("torch-cpuu", "unknown backend 'torch-cpuu'"),
+    ("raising_module:factory", "cannot import 'raising_module': boom on import"),
+    ("harness.registry:resolve_auto", "lacks the Backend protocol"),
+    ("raising_factory:factory", "the factory raised RuntimeError: no device"),
+])
+def test_bad_backend_is_one_usage_error(tmp_path: Path, value: str, fragment: str) -> None:
+    (tmp_path / "raising_module.py").write_text("raise ImportError('boom on import')\n")
+    (tmp_path / "raising_factory.py").write_text("def factory():\n    raise RuntimeError('no device')\n")
+    result = run_pytest(tmp_path, "--backend", value)
+    assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
+    assert fragment in result.stderr and "valid backends: auto, atb, torch-cuda, torch-cpu" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout and len(result.stderr.splitlines()) <= 4

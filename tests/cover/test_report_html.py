@@ -220,6 +220,17 @@ def test_worst_case_row_names_the_check_its_slack_comes_from() -> None:
     assert " ".join(row[4:]) == "benchmark:mere_ratio (+1 more failing)"
 
 
+def test_worst_case_row_ignores_evidence_only_checks() -> None:
+    checks = [
+        {"rule": "model", "metric": "max_err_over_bound", "value": 79.0, "bound": 1.0, "slack": 79.0, "passed": False},
+        {"rule": "benchmark", "metric": "mere_ratio", "value": 1322.0, "bound": 2.0, "slack": 661.0, "passed": False,
+         "decisive": False},
+    ]
+    failing = rec(1, verdict="failed", worst_slack=79.0, checks=checks, failing=["model: ..."])
+    row = summary.plain(summary.worst_table([failing])).splitlines()[1].split()
+    assert row[1] == "79.000" and " ".join(row[4:]) == "model:max_err_over_bound"
+
+
 def test_piped_terminal_tables_keep_full_labels() -> None:
     long = [rec(i, backend="a_really_long_backend_name_for_testing_" * 2, case_id="c" * 90) for i in range(4)]
     piped = summary.plain(summary.group_table(long, truncate=False) + summary.worst_table(long, truncate=False))

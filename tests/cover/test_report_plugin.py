@@ -246,4 +246,4 @@ def test_x(unsupported):
     run(pytester, tmp_path / "setup").assert_outcomes(skipped=1)
     (record,) = read_results(tmp_path / "setup" / "results.jsonl")
     assert record["verdict"] == "skipped" and record["outcome"] == "skipped"
-    assert record["nodeid"] == "test_setup.py::test_x"
+    assert record["test"] == "test_setup.py::test_x" and record["schema_version"] == 2

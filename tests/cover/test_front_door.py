@@ -1,0 +1,142 @@
+"""Front-door defects, each with its regression test: suite files of your own, usage errors before
+any test runs, an empty selection, malformed report inputs, an incomplete shard merge."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from reports import cli
+from reports.records import write_json, write_results
+from runner import plugin
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: A suite name that is not shipped, the README's example case, and error cases with mask types a
+#: run has no marker for (1 = spec; 7 = no such mask).
+MINE = textwrap.dedent("""
+    [suite]
+    name = "mine"
+
+    [defaults]
+    head_num = 16
+
+    [[case]]
+    dtype = "bf16"
+    mask_type = "causal"
+    kv_layout = "padded"
+    q_seqlen = [1024, 512]
+    kv_seqlen = [1152, 640]
+    kv_head_num = 4
+
+    [[case]]
+    name = "spec-mask"
+    q_seqlen = [8]
+    mask_type = 1
+    expect_error = "ERROR_INVALID_PARAM"
+    expect_stage = "create"
+
+    [[case]]
+    name = "mask-seven"
+    q_seqlen = [8]
+    mask_type = 7
+    expect_error = "ERROR_INVALID_PARAM"
+    expect_stage = "create"
+""")
+
+
+def pytest_run(tmp_path: Path, *args: str, paths: tuple[str, ...] = ("cases",)) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", *paths, "-p", "no:cacheprovider", "-q",
+         "--report-dir", str(tmp_path / "report"), *args],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
+
+
+def test_own_suite_file_collects_and_feeds_the_error_suite(tmp_path: Path) -> None:
+    mine = tmp_path / "mine.toml"
+    mine.write_text(MINE)
+    result = pytest_run(tmp_path, "--collect-only", "--strict-markers", "--cases", str(mine),
+                        "--backend", "torch-cpu-strict", "-m", "mine",
+                        paths=("cases/test_conformance.py", "cases/test_error_contract.py"))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    ids = [line for line in result.stdout.splitlines() if "::" in line]
+    assert len(ids) == 3, ids  # one value case, both error cases of the file, none of errors.toml
+    assert sum("test_error_contract" in i for i in ids) == 2
+    assert any("-spec-" in i for i in ids) and any("-mask7-" in i for i in ids)
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (("--policy", "no-such-policy"), "--policy 'no-such-policy': no such policy; choose from"),
+    (("--golden-dir", "__FILE__"), "not a directory"),
+    (("--cases", "__EMPTY__"), "the file holds no case; an empty selection is not a pass"),
+    (("--cases", "__MISSING__"), "no such file"),
+])
+def test_usage_errors_come_before_any_test(tmp_path: Path, args: tuple[str, ...], fragment: str) -> None:
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "empty.toml").write_text('[suite]\nname = "empty"\n')
+    subst = {"__FILE__": str(tmp_path / "a_file"), "__EMPTY__": str(tmp_path / "empty.toml"),
+             "__MISSING__": str(tmp_path / "missing.toml")}
+    result = pytest_run(tmp_path, "--backend", "torch-cpu", *(subst.get(a, a) for a in args))
+    assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
+    assert fragment in result.stderr and "Traceback" not in result.stderr + result.stdout
+    assert "passed" not in result.stdout and "failed" not in result.stdout
+
+
+def test_unwritable_empty_golden_dir_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = tmp_path / "store"
+    store.mkdir()
+    assert plugin.golden_dir_problem(store) is None
+    monkeypatch.setattr(os, "access", lambda path, mode: False)  # root may write anywhere: pretend not
+    assert "cannot write" in str(plugin.golden_dir_problem(store))
+    (store / "x.h5").write_text("")  # a read-only store with goldens in it is fine
+    assert plugin.golden_dir_problem(store) is None
+    assert "cannot be created" in str(plugin.golden_dir_problem(tmp_path / "new" / "store"))
+
+
+def test_k_matching_nothing_is_not_a_pass(tmp_path: Path) -> None:
+    result = pytest_run(tmp_path, "--backend", "torch-cpu", "-k", "no_such_test_anywhere",
+                        paths=("cases/test_conformance.py",))
+    assert result.returncode != 0
+    assert "empty selection: no MLA test was selected" in result.stdout
+
+
+def mlaconf(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers(dest="verb", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+def test_report_html_on_malformed_results_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "results.jsonl").write_text('{"case_id": "a", "backend": "b", "verdict": "passed"}\n{not json\n')
+    result = subprocess.run([sys.executable, "-m", "mlaconf", "report", "html", str(tmp_path)],
+                            capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert "results.jsonl:2: not JSON" in result.stderr
+    (tmp_path / "results.jsonl").write_text('{"case_id": "a", "backend": "b", "suite": "bogus", "schema_version": 2,'
+                                            ' "test": "t", "verdict": "passed"}\n')
+    assert mlaconf("report", "html", str(tmp_path)) == 2
+
+
+def test_merge_with_a_shard_missing_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dirs = []
+    for k in (1, 3):
+        directory = tmp_path / f"s{k}"
+        directory.mkdir()
+        write_results(directory / "results.jsonl", [{"case_id": f"c{k}", "backend": "b", "verdict": "passed"}])
+        write_json(directory / "run.json", {"shard": f"{k}/3", "run_name": f"s{k}"})
+        dirs.append(str(directory))
+    assert mlaconf("report", "merge", str(tmp_path / "m"), *dirs) == 1
+    assert "error: shard set incomplete: shards missing: 2/3" in capsys.readouterr().err
+    assert mlaconf("report", "merge", str(tmp_path / "m"), *dirs, "--allow-partial") == 0
+    assert json.loads((tmp_path / "m" / "run.json").read_text())["records"] == 2

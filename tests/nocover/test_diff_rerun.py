@@ -1,0 +1,143 @@
+"""`report diff` on a real run and rerun of all kinds of records: an error case whose stage changed,
+a metamorphic relation and determinism that broke, a case that timed out; each is listed under its own
+heading in the terminal, diff.md, diff.html and diff.json, and the gate fails."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from reports import cli
+from reports.records import read_results
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+
+CASES = textwrap.dedent("""
+    [suite]
+    name = "rerun"
+
+    [defaults]
+    q_seqlen = [8, 5]
+    dtype = "fp16"
+
+    [[case]]
+    head_num = 1
+
+    [[case]]
+    head_num = 3
+
+    [[case]]
+    name = "cache-mode-kvcache"
+    head_num = 2
+    cache_mode = 0
+    expect_error = "ERROR_INVALID_PARAM"
+    expect_stage = "create"
+""")
+
+#: The candidate ("rerun" mode) rejects at another stage, perturbs outputs by one ulp on every
+#: other call (breaks exact relations and determinism), and hangs on the case with 3 heads.
+BACKEND = textwrap.dedent("""
+    import os
+    import time
+
+    import torch
+
+    from harness.backend import BackendError
+    from harness.contract import strict_torch_cpu
+
+    class Upgraded:
+        name, error_contract, deterministic = "upgraded", True, True
+
+        def __init__(self):
+            self.inner = strict_torch_cpu()
+            self.calls = 0
+
+        def available(self):
+            return self.inner.available()
+
+        def info(self):
+            return self.inner.info()
+
+        def synchronize(self):
+            pass
+
+        def run(self, call):
+            rerun = os.environ.get("MODE") == "rerun"
+            try:
+                out = self.inner.run(call)
+            except BackendError as exc:
+                if rerun:
+                    raise BackendError(exc.status_name, "execute", "new toolkit") from exc
+                raise
+            if rerun:
+                if call.head_num == 3:
+                    time.sleep(600)
+                self.calls += 1
+                if self.calls % 2:
+                    bits = out.view(torch.int16).clone()
+                    bits.view(-1)[0] += 1
+                    out = bits.view(out.dtype)
+            return out
+
+    def factory():
+        return Upgraded()
+""")
+
+SELECT = "test_conformance or test_error_contract or (fp16-undefined-krope_ctkv-b3 and (q_layout or determinism))"
+
+
+def run_suites(tmp_path: Path, name: str, mode: str) -> Path:
+    report = tmp_path / name
+    env = {"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin", "MODE": mode}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "cases/test_conformance.py", "cases/test_error_contract.py",
+         "cases/test_metamorphic.py", "-p", "no:cacheprovider", "-n", "0", "--cases", str(tmp_path / "rerun.toml"),
+         "--backend", "upgraded:factory", "--golden-dir", str(tmp_path / "golden"), "--report-dir", str(report),
+         "--mla-timeout", "6", "-k", SELECT],
+        cwd=REPO, capture_output=True, text=True, timeout=280, env=env,
+    )
+    assert result.returncode == (0 if mode == "base" else 1), result.stdout[-4000:] + result.stderr[-2000:]
+    return report
+
+
+@pytest.mark.timeout(400)
+def test_rerun_diff_lists_each_new_kind_under_its_heading(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "upgraded.py").write_text(BACKEND)
+    (tmp_path / "rerun.toml").write_text(CASES)
+    base = run_suites(tmp_path, "base", "base")
+    cand = run_suites(tmp_path, "cand", "rerun")
+    suites = {r["suite"] for r in read_results(base / "results.jsonl")}
+    assert suites == {"conformance", "error_contract", "metamorphic"}  # --cases reached the error suite
+
+    assert mlaconf("report", "diff", str(base), str(cand)) == 1
+    out = capsys.readouterr().out
+    heads = [line for line in out.splitlines() if line.startswith("-- ")]
+    for heading in ("Error status or stage changed (1)", "Metamorphic relations broken (1)",
+                    "Determinism lost (1)", "Timeouts (1)"):
+        assert any(heading in h and "fails the gate" in h for h in heads), (heading, out)
+    assert "ERROR_INVALID_PARAM at create -> ERROR_INVALID_PARAM at execute" in out
+    assert "timed out after 6 s in backend.run" in out
+    assert not any(line.endswith("~") for line in out.splitlines())
+
+    data = json.loads((cand / "diff" / "diff.json").read_text())
+    for category in ("status_changed", "relation_broken", "determinism_lost", "timed_out"):
+        assert len(data["categories"][category]) == 1, category
+    md = (cand / "diff" / "diff.md").read_text()
+    page = (cand / "diff" / "diff.html").read_text()
+    for heading in ("Error status or stage changed", "Metamorphic relations broken", "Determinism lost", "Timeouts"):
+        assert f"## {heading} (1)" in md and heading in page
+
+
+def mlaconf(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers(dest="verb", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))

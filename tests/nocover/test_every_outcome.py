@@ -1,0 +1,198 @@
+"""Every outcome is a record: a backend that raises, returns garbage, hangs on one case and crashes
+its xdist worker on another, and passes the rest, gives a report whose counts are pytest's."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from reports.records import ResultRecord, read_results
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 10
+
+#: One case per behaviour, told apart by head_num (what the backend sees of the case).
+CASES = textwrap.dedent("""
+    [suite]
+    name = "outcomes"
+
+    [defaults]
+    q_seqlen = [8, 5]
+    dtype = "fp16"
+
+    [[matrix]]
+    head_num = [1, 2, 3, 4, 5, 6, 7, 8]
+""")
+
+BACKEND = textwrap.dedent("""
+    import os
+    import time
+
+    import numpy as np
+
+    from harness.backend import Availability, BackendInfo
+    from harness.torch_backend import torch_cpu
+
+    class Misbehaving:
+        name, error_contract, deterministic = "misbehaving", False, True
+
+        def __init__(self):
+            self._cpu = torch_cpu()
+
+        def available(self):
+            return Availability(True)
+
+        def info(self):
+            return BackendInfo(self.name, "cpu", {"misbehaving": "1"}, version="1")
+
+        def synchronize(self):
+            pass
+
+        def run(self, call):
+            heads = call.head_num
+            if heads == 1:
+                raise RuntimeError("kernel launch failed: out of descriptors")
+            if heads == 2:
+                return None
+            if heads == 3:
+                return np.zeros((13, 3 * 128), dtype=np.float16)
+            if heads == 4:
+                return [0.0] * 13
+            if heads == 5:
+                time.sleep(600)  # hangs: the per-test timeout ends it
+            if heads == 6:
+                os._exit(3)  # takes its xdist worker down
+            return self._cpu.run(call)
+
+    def factory():
+        return Misbehaving()
+""")
+
+
+def pytest_counts(stdout: str) -> Counter[str]:
+    """pytest's own summary line ('5 failed, 2 passed in 3.1s') as counts in record vocabulary."""
+    line = next(line for line in reversed(stdout.splitlines()) if re.search(r"\d+ (passed|failed)", line))
+    words = {"passed": "passed", "failed": "failed", "skipped": "skipped", "xfailed": "xfailed",
+             "xpassed": "xpassed", "error": "error", "errors": "error"}
+    counts: Counter[str] = Counter()
+    for number, word in re.findall(r"(\d+) (\w+)", line):
+        if word in words:
+            counts[words[word]] += int(number)
+    return counts
+
+
+@pytest.mark.timeout(300)
+def test_report_counts_equal_pytests_whatever_the_backend_does(tmp_path: Path) -> None:
+    result = run_misbehaving(tmp_path, "-n", "2", "--mla-timeout", str(TIMEOUT_S))
+    report = tmp_path / "report"
+    out = result.stdout + result.stderr
+    assert result.returncode == 1, out[-4000:]
+    expected = Counter({"failed": 6, "passed": 2})
+    assert pytest_counts(result.stdout) == expected, out[-4000:]
+
+    records = read_results(report / "results.jsonl")
+    assert Counter(r["verdict"] for r in records) == expected
+    run = json.loads((report / "run.json").read_text())
+    assert {k: v for k, v in run["counts"].items() if v} == dict(expected)
+    assert "8 records, 6 failed" in result.stdout
+
+    by_heads = {r["spec"]["head_num"]: ResultRecord.from_dict(r) for r in records if r.get("spec")}
+    crashed = [ResultRecord.from_dict(r) for r in records if not r.get("spec")]
+    raised = by_heads[1]
+    assert raised.failure is not None and raised.failure.kind == "exception"
+    assert raised.failure.type == "RuntimeError" and raised.failure.where == "backend.run"
+    assert "out of descriptors" in raised.message and raised.backend == "misbehaving"
+    for heads, kind in ((2, "NoneType"), (3, "ndarray"), (4, "list")):
+        assert f"backend.run returned {kind}, expected a torch.Tensor" in by_heads[heads].message
+    hung = by_heads[5]
+    assert hung.failure is not None and hung.failure.kind == "timeout"
+    assert f"timed out after {TIMEOUT_S} s in backend.run" in hung.message
+    crash = by_heads.get(6) or crashed[0]
+    assert crash.failure is not None and crash.failure.kind == "crash", crash
+    assert "crashed" in crash.message and crash.case_id.startswith("fp16-undefined-krope_ctkv-b2-s8-h6")
+    assert all(by_heads[h].verdict == "passed" for h in (7, 8))
+
+
+def run_misbehaving(tmp_path: Path, *args: str, paths: tuple[str, ...] = ("cases/test_conformance.py",)
+                    ) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "misbehaving.py").write_text(BACKEND)
+    (tmp_path / "outcomes.toml").write_text(CASES)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", *paths, "-p", "no:cacheprovider", "--cases", str(tmp_path / "outcomes.toml"),
+         "--backend", "misbehaving:factory", "--golden-dir", str(tmp_path / "golden"),
+         "--report-dir", str(tmp_path / "report"), *args],
+        cwd=REPO, capture_output=True, text=True, timeout=280,
+        env={"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin"},
+    )
+
+
+@pytest.mark.timeout(300)
+def test_thread_method_timeout_kills_the_worker_and_says_so(tmp_path: Path) -> None:
+    """A hang inside C code needs pytest-timeout's thread method, which kills the xdist worker:
+    the record still says the test timed out, and the run goes on with a new worker."""
+    result = run_misbehaving(tmp_path, "-n", "1", "--timeout-method", "thread", "--mla-timeout", "5",
+                             "-k", "h5 or h7")
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert pytest_counts(result.stdout) == Counter({"failed": 1, "passed": 1}), result.stdout[-3000:]
+    records = {r["spec"]["head_num"]: r for r in read_results(tmp_path / "report" / "results.jsonl")}
+    hung = ResultRecord.from_dict(records[5])
+    assert hung.failure is not None and hung.failure.kind == "timeout" and hung.failure.timeout_s == 5
+    assert "timed out after 5 s" in hung.message and "thread method killed the worker" in hung.message
+    assert records[7]["verdict"] == "passed"
+
+
+#: Fails every bf16 case by a wide margin (fp16 is computed right): hypothesis must shrink to bf16.
+BF16_BROKEN = textwrap.dedent("""
+    from harness.torch_backend import torch_cpu
+
+    class Bf16Broken:
+        name, error_contract, deterministic = "bf16-broken", False, True
+
+        def __init__(self):
+            self.cpu = torch_cpu()
+
+        def available(self):
+            return self.cpu.available()
+
+        def info(self):
+            return self.cpu.info()
+
+        def synchronize(self):
+            pass
+
+        def run(self, call):
+            out = self.cpu.run(call)
+            return out * 2 + 1 if str(out.dtype) == "torch.bfloat16" else out
+
+    def factory():
+        return Bf16Broken()
+""")
+
+
+@pytest.mark.timeout(300)
+def test_property_failure_records_the_shrunk_spec(tmp_path: Path) -> None:
+    (tmp_path / "bf16_broken.py").write_text(BF16_BROKEN)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "cases/test_properties.py", "-p", "no:cacheprovider", "-n", "0",
+         "--backend", "bf16_broken:factory", "--report-dir", str(tmp_path / "report"),
+         "--hypothesis-profile", "ci", "--hypothesis-seed", "1"],
+        cwd=REPO, capture_output=True, text=True, timeout=280,
+        env={"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin"},
+    )
+    assert result.returncode == 1, result.stdout[-3000:]
+    (raw,) = read_results(tmp_path / "report" / "results.jsonl")
+    record = ResultRecord.from_dict(raw)
+    assert record.suite == "property" and record.verdict == "failed"
+    assert record.relation == "random case matches float64 golden" and record.backend == "bf16-broken"
+    assert record.shrunk is not None and record.shrunk["spec"]["dtype"] == "bf16"
+    assert 'dtype = "bf16"' in record.shrunk["toml"] and record.case_id.startswith("bf16-")
+    assert record.checks and record.worst_slack is not None and record.worst_slack > 1
