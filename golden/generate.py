@@ -17,7 +17,7 @@ from golden.types import GoldenCase, OpInputs
 
 #: Bump when a change to inputs, reference or baseline alters stored values: every golden written
 #: by another version is stale and gets regenerated.
-GENERATOR_VERSION = "1.1"
+GENERATOR_VERSION = "2.0"  # 2.0: inputs drawn per-role stream, in chunks
 
 
 def _version(package: str) -> str:

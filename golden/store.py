@@ -18,8 +18,10 @@ the spec's content)::
       baseline_stats_sha256   SHA-256 of the baseline statistics as sorted JSON (the benchmark rule's
                               denominators are checked like data)
     /inputs/{q,q_rope,k,k_rope,v,q_seqlen,kv_seqlen[,mask]}
-                              exact device values: fp16 as float16 (device_dtype="fp16"); bf16 as float32
-                              values that are exactly bf16 (device_dtype="bf16"); seqlens int32
+                              exact device values: fp16 as float16 (device_dtype="fp16"); bf16 as uint16
+                              holding the bf16 bit patterns (device_dtype="bf16": the upper half of a
+                              float32; numpy: ``a.view(ml_dtypes.bfloat16)``, or
+                              ``(a.astype(uint32) << 16).view(float32)``); seqlens int32
     /golden/out               float64 reference in the op's output layout (q's layout)
     /golden/row_valid         bool [T]: False for rows of zero-length batches ("don't care")
     /baseline/out             emulated same-dtype baseline, stored like the inputs
@@ -57,7 +59,7 @@ from filelock import FileLock
 from golden.spec import CaseSpec
 from golden.types import INPUT_NAMES, GoldenCase, OpInputs
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: bf16 stored as uint16 bit patterns (2: as float32)
 ENV_DIR = "MLA_GOLDEN_DIR"
 #: The store when neither an argument nor $MLA_GOLDEN_DIR names one: ``.golden`` in the working directory.
 DEFAULT_DIR_NAME = ".golden"
@@ -132,7 +134,9 @@ def library_versions() -> dict[str, str]:
 
 
 def _sha256(arr: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()
+    """SHA-256 of the array's raw bytes (C order), hashed in place: no copy of the data."""
+    flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+    return hashlib.sha256(flat.data).hexdigest()
 
 
 def stats_sha256(stats: dict[str, Any]) -> str:
@@ -140,26 +144,28 @@ def stats_sha256(stats: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(stats, sort_keys=True).encode()).hexdigest()
 
 
+#: How a device dtype is stored: bf16 as its 16-bit patterns (HDF5 has no bfloat16 type).
+STORED_AS = {"bf16": "uint16", "fp16": "float16"}
+
+
 def _encode(arr: np.ndarray) -> tuple[np.ndarray, str]:
-    """Device array -> (array HDF5 can store natively, device_dtype tag)."""
+    """Device array -> (array HDF5 can store natively, device_dtype tag); never copies."""
     if arr.dtype == ml_dtypes.bfloat16:
-        return arr.astype(np.float32), "bf16"
+        return arr.view(np.uint16), "bf16"
     if arr.dtype == np.float16:
         return arr, "fp16"
     return arr, arr.dtype.name
 
 
 def _decode(stored: np.ndarray, tag: str, path: Path, name: str) -> np.ndarray:
-    """Stored array -> device array, checking the dtype agrees with the tag (bf16 exactly)."""
-    expected = {"bf16": "float32", "fp16": "float16"}.get(tag, tag)
+    """Stored array -> device array, checking the dtype agrees with the tag; never copies."""
+    expected = STORED_AS.get(tag, tag)
     if stored.dtype.name != expected:
         message = f"stored as {stored.dtype.name}, device_dtype {tag!r} needs {expected}"
         raise GoldenCorruptError(path, message, name)
     if tag != "bf16":
         return stored
-    device = stored.astype(ml_dtypes.bfloat16)
-    if not np.array_equal(device.astype(np.float32).view(np.uint32), stored.view(np.uint32)):
-        raise GoldenCorruptError(path, "float32 values are not exactly representable in bf16", name)
+    device: np.ndarray = stored.view(ml_dtypes.bfloat16)
     return device
 
 
