@@ -9,6 +9,7 @@ import numpy as np
 
 from facts.operator import V_DIM
 from facts.versions import package_version
+from golden import progress
 from golden.baseline import emulate_baseline
 from golden.inputs import generate_inputs
 from golden.reference import DEVICE_ENV, reference_attention
@@ -54,16 +55,21 @@ def build_golden(spec: CaseSpec, *, threads: int = 1, inputs: OpInputs | None = 
 
     ``inputs`` replaces the generated ones (metamorphic tests judge transformed inputs).
     """
-    inputs = generate_inputs(spec) if inputs is None else inputs
-    device = os.environ.get(DEVICE_ENV, "cpu")  # MLA_GOLDEN_DEVICE=cuda: float64 reference on a GPU
-    out, valid = reference_attention(inputs, spec, threads=threads, device=device)
-    baseline = emulate_baseline(inputs, spec, threads=threads)
+    with progress.case_work(spec.case_id, 2.0 * spec.useful_flops):  # reference + baseline tiles
+        inputs = generate_inputs(spec) if inputs is None else inputs
+        device = os.environ.get(DEVICE_ENV, "cpu")  # MLA_GOLDEN_DEVICE=cuda: float64 reference on a GPU
+        progress.set_stage("reference")
+        out, valid = reference_attention(inputs, spec, threads=threads, device=device)
+        progress.set_stage("baseline")
+        baseline = emulate_baseline(inputs, spec, threads=threads)
+        progress.set_stage("statistics")
+        stats = baseline_stats(spec, baseline, out, valid)
     return GoldenCase(
         spec=spec,
         inputs=inputs,
         out=out,
         row_valid=valid,
         baseline_out=baseline,
-        baseline_stats=baseline_stats(spec, baseline, out, valid),
+        baseline_stats=stats,
         provenance=provenance(),
     )

@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from facts.operator import V_DIM
+from facts.operator import SCORE_DIM, V_DIM
+from golden import progress
 from golden.layout import causal_offset, kv_views, offsets, out_shape, q_views, row_valid
 from golden.spec import CaseSpec
 from golden.types import OpInputs
@@ -99,11 +100,23 @@ def tile_bounds(task: HeadTask, tile: int) -> Iterator[tuple[int, int, int, tupl
             yield i0, i1, min(kv_len, i1 + task.offset), (i0, task.offset)
 
 
+def tile_flops(q_len: int, k_end: int, diag: tuple[int, int] | None) -> int:
+    """Useful FLOPs of a tile of ``q_len`` rows (summed over every tile: the case's useful FLOPs)."""
+    if diag is None:
+        pairs = q_len * k_end
+    else:  # row i sees min(k_end, i + offset + 1) keys
+        row0, offset = diag
+        seen = np.minimum(np.arange(row0, row0 + q_len) + offset + 1, k_end)
+        pairs = int(seen.clip(min=0).sum())
+    return 2 * (SCORE_DIM + V_DIM) * pairs
+
+
 def run_tiles(task: HeadTask, kernel: TileKernel, scale: float, tile: int) -> np.ndarray:
     """Apply ``kernel`` tile by tile over one head's query rows; returns ``[q_len, 128]``."""
     out = np.empty((task.q_len, V_DIM), dtype=task.q.dtype)
     for i0, i1, k_end, diag in tile_bounds(task, tile):
         out[i0:i1] = kernel(task.q[i0:i1], task.k[:k_end], task.v[:k_end], scale, diag)
+        progress.add_work(tile_flops(i1 - i0, k_end, diag))
     return out
 
 
@@ -227,6 +240,7 @@ def attention(
     def one_tile(task: HeadTask, i0: int, i1: int, k_end: int, diag: tuple[int, int] | None) -> None:
         rows = slice(task.q_start + i0, task.q_start + i1)
         out[rows, task.head] = kernel(task.q[i0:i1], task.k[:k_end], task.v[:k_end], scale, diag)
+        progress.add_work(tile_flops(i1 - i0, k_end, diag))
 
     with pinned_threads():
         if threads <= 1:
@@ -277,6 +291,7 @@ def torch_attention(
             scores.exp_()
             rows = slice(task.q_start + i0, task.q_start + i1)
             out[rows, task.head] = (scores @ v[:k_end]) / scores.sum(dim=1, keepdim=True)
+            progress.add_work(tile_flops(i1 - i0, k_end, diag))
     result: np.ndarray = out.cpu().numpy()
     return result
 

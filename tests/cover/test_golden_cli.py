@@ -190,3 +190,41 @@ def test_progress_prints_per_item_or_per_five_percent(total: int, lines: int) ->
     progress.close()
     text = stream.getvalue().splitlines()
     assert len(text) == lines and text[-1].startswith(f"regen {total}/{total} (100%)")
+
+
+def test_progress_by_work_counts_flops_and_running_cases() -> None:
+    stream = io.StringIO()
+    progress = Progress(2, "regen", stream, work=4e9)
+    progress.partial(1e9, "[a: reference 50%]")  # a log gets a line only every LOG_INTERVAL
+    progress.advance("a", work=2e9)
+    progress.advance("b", work=2e9)
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("regen 1/2 (50% of 4.0 GFLOP)") and "GF/s" in lines[0]
+    assert lines[-1].startswith("regen 2/2 (100% of 4.0 GFLOP)")
+
+
+@pytest.mark.parametrize("mask_type", [0, 2, 3])
+def test_build_reports_work_inside_a_case(mask_type: int) -> None:
+    """Every reference and baseline tile reports its useful FLOPs: a build ends at exactly 100 %."""
+    from golden import progress
+    from golden.generate import build_golden
+    from golden.spec import build_case
+
+    fields: dict[str, object] = {"q_seqlen": [300, 0, 40], "head_num": 2, "mask_type": mask_type}
+    if mask_type == 3:
+        fields.update(kv_seqlen=[700, 3, 40], kv_layout="padded")
+    spec = build_case(fields, source="test")
+    seen: list[tuple[str, float, bool]] = []
+    lines: list[str] = []
+    announce = progress.Announcer(lines.append, after=0.0, every=0.0)
+    remove = progress.add_listener(lambda w: seen.append((w.stage, w.fraction, w.finished)))
+    remove_announcer = progress.add_listener(announce)
+    try:
+        build_golden(spec, threads=2)
+    finally:
+        remove()
+        remove_announcer()
+    assert {"reference", "baseline", "statistics"} <= {stage for stage, _, _ in seen}
+    assert seen[-1] == ("statistics", 1.0, True)
+    assert lines[-1].startswith(f"golden: generated {spec.case_id} in ")
+    assert "useful" in lines[0]
