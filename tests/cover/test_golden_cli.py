@@ -71,7 +71,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str
 def test_register_adds_the_four_verbs() -> None:
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers(dest="verb"))
-    for verb, extra in (("regen", []), ("verify", []), ("list", []), ("show", ["abc"])):
+    for verb, extra in (("regen", []), ("verify", []), ("list", []), ("show", ["abc"]), ("store", [])):
         args = parser.parse_args([verb, *extra])
         assert callable(args.func) and args.func.__name__ == f"cmd_{verb}"
 
@@ -228,3 +228,32 @@ def test_build_reports_work_inside_a_case(mask_type: int) -> None:
     assert seen[-1] == ("statistics", 1.0, True)
     assert lines[-1].startswith(f"golden: generated {spec.case_id} in ")
     assert "useful" in lines[0]
+
+
+def test_list_announces_cost(capsys: pytest.CaptureFixture[str], suite: Path, tmp_path: Path) -> None:
+    from golden import cost
+
+    out = tmp_path / "store"
+    rc, text = run(capsys, "list", "--cases", suite, "--out", out)
+    assert rc == 0 and "FLOP  ~" in text and "peak ~" in text
+    assert text.splitlines()[-1].startswith(f"total: {N_CASES + 1} cases, ")
+    assert run(capsys, "regen", "--cases", suite, "--out", out)[0] == 0
+    for spec in load_suite(suite):
+        if spec.expect_error is None:  # the estimate is the file's size up to the fixed metadata allowance
+            actual = (out / f"{spec.case_id}.h5").stat().st_size
+            assert cost.stored_bytes(spec) - cost.FILE_OVERHEAD <= actual <= cost.stored_bytes(spec), spec.case_id
+
+
+def test_store_shows_suites_and_prunes_only_with_yes(capsys: pytest.CaptureFixture[str], suite: Path,
+                                                     tmp_path: Path) -> None:
+    out = tmp_path / "store"
+    assert run(capsys, "regen", "--cases", suite, "--out", out)[0] == 0
+    orphan = out / "fp16-undefined-old-case-0000aaaa.h5"
+    orphan.write_bytes(b"x" * 10)
+    rc, text = run(capsys, "store", "--out", out, "--cases", suite)
+    assert rc == 0 and f"{N_CASES:7d}     0" in text and "unreferenced: 1 files" in text
+    rc, text = run(capsys, "store", "--out", out, "--cases", suite, "--prune")
+    assert "would delete fp16-undefined-old-case-0000aaaa.h5" in text and orphan.exists()
+    rc, text = run(capsys, "store", "--out", out, "--cases", suite, "--prune", "--yes")
+    assert "delete fp16-undefined-old-case-0000aaaa.h5" in text and not orphan.exists()
+    assert len(list(out.glob("*.h5"))) == N_CASES  # referenced files stay
