@@ -288,8 +288,9 @@ def _read_verified(f: h5py.File, path: Path) -> dict[str, np.ndarray]:
         listed: dict[str, str] = json.loads(f.attrs["checksums_json"])
     except (KeyError, OSError, ValueError, TypeError) as exc:
         raise GoldenCorruptError(path, f"root attribute 'checksums_json' unusable: {exc}") from exc
-    found: list[str] = []
-    f.visititems(lambda name, obj: found.append(name) if isinstance(obj, h5py.Dataset) else None)
+    found: list[str] = []  # every dataset, one group deep (a deeper object is listed by its group's name)
+    for top, obj in f.items():
+        found.extend(f"{top}/{name}" for name in obj) if isinstance(obj, h5py.Group) else found.append(top)
     if sorted(found) != sorted(listed):
         raise GoldenCorruptError(path, f"datasets {sorted(found)} but checksums_json lists {sorted(listed)}")
     arrays: dict[str, np.ndarray] = {}
@@ -308,9 +309,14 @@ def _read_verified(f: h5py.File, path: Path) -> dict[str, np.ndarray]:
     return arrays
 
 
-def read_golden(path: Path, spec: CaseSpec | None = None) -> tuple[GoldenCase, FileMeta]:
-    """Read and verify every checksum; ``spec`` (else the file's spec_json) labels the result."""
-    meta = read_meta(path)
+def read_golden(
+    path: Path, spec: CaseSpec | None = None, meta: FileMeta | None = None
+) -> tuple[GoldenCase, FileMeta]:
+    """Read and verify every checksum; ``spec`` (else the file's spec_json) labels the result.
+
+    ``meta``: the file's root attributes when the caller has just read them (saves a second read).
+    """
+    meta = meta if meta is not None and meta.path == path else read_meta(path)
     try:
         stored_spec = meta.spec()
     except (KeyError, ValueError, TypeError) as exc:
@@ -398,7 +404,7 @@ class GoldenStore:
         path = self.path_for(spec)
         meta = read_meta(path)
         self.check_stale(meta, spec)
-        return read_golden(path, spec)[0]
+        return read_golden(path, spec, meta)[0]
 
     def save(self, golden: GoldenCase) -> Path:
         """Write under the case lock, so concurrent savers never interleave."""
