@@ -14,8 +14,12 @@ Definitions (also in docs/benchmarks.md):
   ``threads=--threads``; the emulated baseline is timed separately (``build_golden`` runs both).
 - SDPA: ``torch.nn.functional.scaled_dot_product_attention`` in float64 with ``is_causal`` for
   causal cases, the same scale and ``torch.set_num_threads(--threads)``.  Its CPU float64 path
-  materialises ``H x S x S`` scores, so when they exceed 2 GiB it runs on as many heads as fit and
-  the time is scaled by ``H / heads`` (marked ``~`` in the table).
+  materialises ``H x S x S`` scores, so when they exceed 512 MiB it runs on as many heads as fit
+  (and, when one head does not fit, on the first query rows that do; its math path costs
+  ``rows x S`` whatever the mask) and the time is scaled by ``H / heads x S / rows`` (marked ``~``).
+- end to end: ``build_golden`` (inputs, reference, baseline, statistics) plus writing the file
+  (``write_golden`` into a temporary directory), once, in a fresh interpreter: "e2e s", its
+  effective GF/s against GEMM, and "e2e MB" its peak memory.
 - peak MB: every measurement runs in a fresh interpreter; peak is its ``VmHWM`` (which, unlike
   tracemalloc, sees BLAS and torch buffers) minus its ``VmRSS`` right after imports.  "ref MB" is
   the same over the reference call alone (peak reset through ``/proc/self/clear_refs``), with the
@@ -48,7 +52,7 @@ CASES: dict[str, dict[str, Any]] = {
     "bidir-4096": {"q_seqlen": [4096], "head_num": 16, "mask_type": "undefined"},
     "causal-16384": {"q_seqlen": [16384], "head_num": 16, "mask_type": "mask_free"},
 }
-SDPA_SCORE_BUDGET = 2 << 30  # bytes of float64 scores one SDPA call may materialise
+SDPA_SCORE_BUDGET = 512 << 20  # bytes of float64 scores one SDPA call may materialise (peak ~3x that)
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -124,7 +128,7 @@ def _measure_sdpa(job: dict[str, Any]) -> dict[str, Any]:
     idle = _proc_status_mb("VmRSS")
     spec = bench_spec(job["case"])
     inputs = generate_inputs(spec)
-    heads, t = job["heads"], spec.total_q
+    heads, t, rows = job["heads"], spec.total_q, job.get("rows", spec.total_q)
 
     def tensor(a: np.ndarray, b: np.ndarray | None) -> Any:
         x = a.reshape(t, spec.head_num, -1)[:, :heads].astype(np.float64)
@@ -133,15 +137,36 @@ def _measure_sdpa(job: dict[str, Any]) -> dict[str, Any]:
         return torch.from_numpy(np.ascontiguousarray(x.transpose(1, 0, 2)))[None]
 
     q, k, v = tensor(inputs.q, inputs.q_rope), tensor(inputs.k, inputs.k_rope), tensor(inputs.v, None)
+    del inputs
+    q = q[:, :, :rows].contiguous()
     causal, scale = spec.mask_type in (2, 3), effective_scale(spec)
     times = _timed(lambda: functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale),
                    job["repeats"])
     return {"times": times, "all_mb": _proc_status_mb("VmHWM") - idle}
 
 
+def _measure_build(job: dict[str, Any]) -> dict[str, Any]:
+    import tempfile
+
+    from golden.generate import GENERATOR_VERSION, build_golden
+    from golden.store import write_golden
+
+    idle = _proc_status_mb("VmRSS")
+    spec = bench_spec(job["case"])
+    with tempfile.TemporaryDirectory(prefix="mla-bench-") as tmp:
+        start = time.perf_counter()
+        golden = build_golden(spec, threads=job["threads"])
+        built = time.perf_counter()
+        write_golden(golden, Path(tmp) / f"{spec.case_id}.h5", GENERATOR_VERSION)
+        end = time.perf_counter()
+    return {"times": [end - start], "build_s": built - start, "write_s": end - built,
+            "all_mb": _proc_status_mb("VmHWM") - idle}
+
+
 def _worker(payload: str) -> int:
     job = json.loads(payload)
-    measure = {"gemm": _measure_gemm, "reference": _measure_reference, "sdpa": _measure_sdpa}[job["kind"]]
+    measure = {"gemm": _measure_gemm, "reference": _measure_reference, "sdpa": _measure_sdpa,
+               "build": _measure_build}[job["kind"]]
     print(json.dumps(measure(job)))
     return 0
 
@@ -186,7 +211,7 @@ def machine() -> dict[str, Any]:
 
 
 def run_bench(cases: list[str], *, repeats: int, threads: int, tile: int, gemm_n: int,
-              baseline: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
+              baseline: bool = True, end_to_end: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
     """All measurements; returns the JSON-able report."""
     gemm_job = {"kind": "gemm", "n": gemm_n, "threads": threads, "repeats": repeats}
     log(f"float64 GEMM {gemm_n}^3 on {threads} threads ...")
@@ -198,14 +223,22 @@ def run_bench(cases: list[str], *, repeats: int, threads: int, tile: int, gemm_n
         log(f"{name}: generator ...")
         ref = run_job({"kind": "reference", "case": name, "threads": threads, "repeats": repeats,
                        "tile": tile, "baseline": baseline})
+        build = None
+        if end_to_end:
+            log(f"{name}: end to end (build_golden + write) ...")
+            build = run_job({"kind": "build", "case": name, "threads": threads})
         heads = max(1, min(spec.head_num, SDPA_SCORE_BUDGET // (8 * spec.max_q * spec.max_kv)))
-        log(f"{name}: torch SDPA on {heads} of {spec.head_num} heads ...")
-        sdpa = run_job({"kind": "sdpa", "case": name, "threads": threads, "repeats": repeats, "heads": heads})
+        q_rows = max(1, min(spec.max_q, SDPA_SCORE_BUDGET // (8 * heads * spec.max_kv)))
+        log(f"{name}: torch SDPA on {heads} of {spec.head_num} heads, {q_rows} of {spec.max_q} rows ...")
+        sdpa = run_job({"kind": "sdpa", "case": name, "threads": threads, "repeats": repeats, "heads": heads,
+                        "rows": q_rows})
         rows.append({"case": name, "heads": spec.head_num, "seq": spec.max_q, "mask": spec.mask_name,
                      "useful_gflop": flops / 1e9, "reference": ref, "sdpa": sdpa, "sdpa_heads": heads,
+                     "sdpa_rows": q_rows, "build": build,
+                     "e2e_s": build["times"][0] if build else None,
                      "reference_s": statistics.median(ref["times"]),
                      "baseline_s": statistics.median(ref["baseline_times"]) if ref["baseline_times"] else None,
-                     "sdpa_s": statistics.median(sdpa["times"]) * spec.head_num / heads})
+                     "sdpa_s": statistics.median(sdpa["times"]) * spec.head_num / heads * spec.max_q / q_rows})
     log("float64 GEMM again ...")
     gemm_times += run_job(gemm_job)["times"]
     gemm_gflops = 2 * gemm_n**3 / statistics.median(gemm_times) / 1e9
@@ -214,6 +247,9 @@ def run_bench(cases: list[str], *, repeats: int, threads: int, tile: int, gemm_n
         row["ratio_to_gemm"] = row["reference_gflops"] / gemm_gflops
         row["sdpa_gflops"] = row["useful_gflop"] / row["sdpa_s"]
         row["speedup_vs_sdpa"] = row["sdpa_s"] / row["reference_s"]
+        if row["e2e_s"]:
+            row["e2e_gflops"] = row["useful_gflop"] / row["e2e_s"]
+            row["e2e_ratio_to_gemm"] = row["e2e_gflops"] / gemm_gflops
     return {"machine": machine(), "threads": threads, "tile": tile, "repeats": repeats,
             "gemm": {"n": gemm_n, "times": gemm_times, "gflops": gemm_gflops}, "cases": rows}
 
@@ -225,17 +261,20 @@ def format_table(report: dict[str, Any]) -> str:
              f"(GEMM: {len(report['gemm']['times'])} samples)",
              f"float64 GEMM {report['gemm']['n']}^3: {report['gemm']['gflops']:.1f} GF/s", ""]
     head = ("case", "H", "S", "mask", "GFLOP", "gen s", "GF/s", "/GEMM", "SDPA s", "SDPA GF/s", "speed-up",
-            "base s", "ref MB", "all MB")
+            "base s", "ref MB", "all MB", "e2e s", "e2e/GEMM", "e2e MB")
     table = [head]
     for r in report["cases"]:
-        approx = "~" if r["sdpa_heads"] < r["heads"] else ""
+        approx = "~" if r["sdpa_heads"] < r["heads"] or r.get("sdpa_rows", r["seq"]) < r["seq"] else ""
+        e2e = r.get("build")
         ref_mb = r["reference"]["ref_mb"]
         table.append((r["case"], str(r["heads"]), str(r["seq"]), r["mask"], f"{r['useful_gflop']:.1f}",
                       f"{r['reference_s']:.2f}", f"{r['reference_gflops']:.1f}", f"{r['ratio_to_gemm']:.2f}",
                       f"{approx}{r['sdpa_s']:.1f}", f"{approx}{r['sdpa_gflops']:.1f}",
                       f"{approx}{r['speedup_vs_sdpa']:.1f}x",
                       "-" if r["baseline_s"] is None else f"{r['baseline_s']:.2f}",
-                      "n/a" if ref_mb is None else f"{ref_mb:.0f}", f"{r['reference']['all_mb']:.0f}"))
+                      "n/a" if ref_mb is None else f"{ref_mb:.0f}", f"{r['reference']['all_mb']:.0f}",
+                      f"{r['e2e_s']:.2f}" if e2e else "-", f"{r['e2e_ratio_to_gemm']:.2f}" if e2e else "-",
+                      f"{e2e['all_mb']:.0f}" if e2e else "-"))
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     for row in table:
         lines.append("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
@@ -244,7 +283,7 @@ def format_table(report: dict[str, Any]) -> str:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     report = run_bench(args.cases, repeats=args.repeats, threads=args.threads, tile=args.tile,
-                       gemm_n=args.gemm_size, baseline=not args.no_baseline,
+                       gemm_n=args.gemm_size, baseline=not args.no_baseline, end_to_end=not args.no_end_to_end,
                        log=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(format_table(report))
     if args.json:
@@ -263,6 +302,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--tile", type=int, default=DEFAULT_TILE, help="reference query tile")
     parser.add_argument("--gemm-size", type=int, default=4096, help="n of the square GEMM")
     parser.add_argument("--no-baseline", action="store_true", help="skip timing the emulated baseline")
+    parser.add_argument("--no-end-to-end", action="store_true", help="skip the end-to-end build_golden run")
     parser.add_argument("--json", metavar="OUT", help="also write the full report as JSON")
     parser.set_defaults(func=cmd_bench)
 
