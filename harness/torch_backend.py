@@ -74,15 +74,16 @@ class TorchSdpaBackend:
             q_len, kv_len = int(call.q_seqlen[b]), int(call.kv_seqlen[b])
             if q_len and kv_len:
                 start = kv_start if packed else None
-                keys = torch.cat([_kv_rows(call, k, NOPE, b, start), _kv_rows(call, k_rope, ROPE, b, start)], -1)
+                k_nope_b, k_rope_b = _kv_rows(call, k, NOPE, b, start), _kv_rows(call, k_rope, ROPE, b, start)
                 values = _kv_rows(call, v, VDIM, b, start)
                 heads = max(1, min(h, SCORE_BUDGET // (q_len * kv_len))) // group * group or group
-                for h0 in range(0, h, heads):
+                for h0 in range(0, h, heads):  # keys and queries are concatenated per head group only
                     rows = slice(q_start, q_start + q_len)
                     q = torch.cat([q_nope[rows, h0 : h0 + heads], q_rope[rows, h0 : h0 + heads]], -1).to(dev)
                     kv_heads = slice(h0 // group, (h0 + heads) // group)
+                    keys = torch.cat([k_nope_b[:, kv_heads], k_rope_b[:, kv_heads]], -1)
                     out[rows, h0 : h0 + heads] = self._attend(
-                        q, keys[:, kv_heads], values[:, kv_heads], group, call.qk_scale, call.mask_type
+                        q, keys, values[:, kv_heads], group, call.qk_scale, call.mask_type
                     )
             q_start += q_len
             kv_start += kv_len
