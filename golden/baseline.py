@@ -17,7 +17,7 @@ import numpy as np
 
 from golden.inputs import FP16_MASK_VALUE, numpy_dtype
 from golden.layout import out_shape
-from golden.reference import DEFAULT_TILE, TileKernel, apply_causal, attention, causal_block
+from golden.reference import DEFAULT_TILE, TileKernel, _torch, apply_causal, attention, causal_block
 from golden.spec import CaseSpec
 from golden.types import OpInputs
 
@@ -26,7 +26,16 @@ Diag = tuple[int, int] | None
 
 
 def _to(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """Round float32 values through ``dtype`` and back to float32."""
+    """Round float32 values through ``dtype`` and back to float32; may reuse ``values``' memory.
+
+    fp16 goes through torch when installed: the same IEEE round-to-nearest-even, but vectorised
+    (F16C) and in place, ~6x faster than numpy's float32 -> float16 -> float32 round trip.
+    """
+    torch = _torch()
+    if dtype == _HALF and torch is not None and values.dtype == np.float32 and values.flags.c_contiguous:
+        tensor = torch.from_numpy(values)
+        tensor.copy_(tensor.half())
+        return values
     return values.astype(dtype).astype(np.float32)
 
 

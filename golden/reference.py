@@ -82,7 +82,8 @@ def iter_head_tasks(inputs: OpInputs, spec: CaseSpec, compute_dtype: type[np.flo
         kn, kr, vv = kv_views(inputs, spec, b)
         rows = slice(int(starts[b]), int(starts[b]) + q_len)
         for g in range(spec.kv_head_num):
-            k = np.concatenate([kn[:, g], kr[:, g]], axis=1).astype(compute_dtype)
+            # Fortran order: the tiles' ``q @ k[:k_end].T`` is then a plain (NN) GEMM, ~5-9 % faster
+            k = np.asfortranarray(np.concatenate([kn[:, g], kr[:, g]], axis=1), dtype=compute_dtype)
             v = np.ascontiguousarray(vv[:, g], dtype=compute_dtype)
             for h in range(g * group, (g + 1) * group):
                 q = np.concatenate([qn[rows, h], qr[rows, h]], axis=1).astype(compute_dtype)
