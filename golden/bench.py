@@ -29,6 +29,7 @@ Definitions (also in docs/benchmarks.md):
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -146,21 +147,46 @@ def _measure_sdpa(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def _measure_build(job: dict[str, Any]) -> dict[str, Any]:
+    """build_golden + write once, timed per stage in wall and process CPU seconds (all threads),
+    next to a float64 GEMM timed the same way in the same process (CPU-time ratios survive a
+    shared machine better than wall-clock ones)."""
     import tempfile
 
+    from golden import progress
     from golden.generate import GENERATOR_VERSION, build_golden
     from golden.store import write_golden
 
     idle = _proc_status_mb("VmRSS")
     spec = bench_spec(job["case"])
+    n = job.get("gemm_n", 2048)
+    a, b = np.random.default_rng(0).random((n, n)), np.random.default_rng(1).random((n, n))
+    with blas_threads(job["threads"]):
+        a @ b
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _ in range(3):
+            a @ b
+        gemm = {"gflops": 6 * n**3 / (time.perf_counter() - wall) / 1e9,
+                "cpu_gflops": 6 * n**3 / (time.process_time() - cpu) / 1e9}
+    del a, b
+    marks: list[tuple[str, float, float]] = []
+
+    def mark(work: progress.CaseWork) -> None:
+        stage = "done" if work.finished else work.stage
+        if not marks or marks[-1][0] != stage:
+            marks.append((stage, time.perf_counter(), time.process_time()))
+
+    remove = progress.add_listener(mark)
     with tempfile.TemporaryDirectory(prefix="mla-bench-") as tmp:
         start = time.perf_counter()
         golden = build_golden(spec, threads=job["threads"])
-        built = time.perf_counter()
+        remove()
+        marks.append(("write", time.perf_counter(), time.process_time()))
         write_golden(golden, Path(tmp) / f"{spec.case_id}.h5", GENERATOR_VERSION)
         end = time.perf_counter()
-    return {"times": [end - start], "build_s": built - start, "write_s": end - built,
-            "all_mb": _proc_status_mb("VmHWM") - idle}
+        marks.append(("end", end, time.process_time()))
+    stages = {name: [t1 - t0, c1 - c0] for (name, t0, c0), (_, t1, c1) in itertools.pairwise(marks)
+              if name != "done"}
+    return {"times": [end - start], "stages": stages, "gemm": gemm, "all_mb": _proc_status_mb("VmHWM") - idle}
 
 
 def _worker(payload: str) -> int:
@@ -278,6 +304,18 @@ def format_table(report: dict[str, Any]) -> str:
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     for row in table:
         lines.append("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
+    for r in report["cases"]:
+        build = r.get("build")
+        if not build or "stages" not in build:
+            continue
+        g = build["gemm"]
+        parts = ", ".join(f"{name} {wall:.2f}s/{cpu:.2f}cpu" for name, (wall, cpu) in build["stages"].items())
+        ref_wall, ref_cpu = build["stages"].get("reference", [0.0, 0.0])
+        ratio = (f"reference {r['useful_gflop'] / ref_wall / g['gflops']:.2f} wall, "
+                 f"{r['useful_gflop'] / ref_cpu / g['cpu_gflops']:.2f} CPU time; " if ref_wall and ref_cpu else "")
+        lines.append(f"{r['case']} end to end by stage (wall/CPU s): {parts}")
+        lines.append(f"  against the in-process GEMM ({g['gflops']:.1f} GF/s wall, {g['cpu_gflops']:.1f} CPU): {ratio}"
+                     f"end to end {r['useful_gflop'] / build['times'][0] / g['gflops']:.2f} wall")
     return "\n".join(lines)
 
 
