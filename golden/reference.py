@@ -105,10 +105,11 @@ def tile_flops(q_len: int, k_end: int, diag: tuple[int, int] | None) -> int:
     """Useful FLOPs of a tile of ``q_len`` rows (summed over every tile: the case's useful FLOPs)."""
     if diag is None:
         pairs = q_len * k_end
-    else:  # row i sees min(k_end, i + offset + 1) keys
+    else:  # row row0 + r sees min(k_end, first + r) keys, first = row0 + offset + 1 (closed form)
         row0, offset = diag
-        seen = np.minimum(np.arange(row0, row0 + q_len) + offset + 1, k_end)
-        pairs = int(seen.clip(min=0).sum())
+        first = row0 + offset + 1
+        growing = max(0, min(q_len, k_end - first))  # rows still below k_end
+        pairs = growing * first + growing * (growing - 1) // 2 + (q_len - growing) * k_end
     return 2 * (SCORE_DIM + V_DIM) * pairs
 
 
