@@ -189,10 +189,47 @@ def _measure_build(job: dict[str, Any]) -> dict[str, Any]:
     return {"times": [end - start], "stages": stages, "gemm": gemm, "all_mb": _proc_status_mb("VmHWM") - idle}
 
 
+def _measure_tile(job: dict[str, Any]) -> dict[str, Any]:
+    """One float64 tile and its parts on one thread, CPU time (min of ``repeats``): where the time goes."""
+    import torch
+
+    from golden.reference import float64_tile, pinned_threads
+
+    rows, keys, n = job.get("rows", DEFAULT_TILE), job.get("keys", 4096), 1024
+    rng = np.random.default_rng(0)
+    q, kc, v = rng.uniform(-1, 1, (rows, 192)), rng.uniform(-1, 1, (keys, 192)), rng.uniform(-1, 1, (keys, 128))
+    kf, a, b = np.asfortranarray(kc), rng.random((n, n)), rng.random((n, n))
+    scores = q @ kc.T
+    parts: dict[str, Callable[[], object]] = {
+        "tile (keys C order)": lambda: float64_tile(q, kc, v, 0.07, None),
+        "tile (keys Fortran order)": lambda: float64_tile(q, kf, v, 0.07, None),
+        "q @ k.T (NT)": lambda: q @ kc.T, "q @ k.T (NN)": lambda: q @ kf.T, "P @ V": lambda: scores @ v,
+        "exp (torch)": lambda: torch.from_numpy(scores.copy()).exp_(), "copy (subtract from exp)": scores.copy,
+        "max + subtract + sum": lambda: (scores - scores.max(axis=1, keepdims=True)).sum(axis=1),
+        f"GEMM {n}^3": lambda: a @ b}
+    best = dict.fromkeys(parts, float("inf"))
+    with pinned_threads():
+        for _ in range(job.get("repeats", 7)):
+            for name, fn in parts.items():
+                start = time.thread_time()
+                fn()
+                best[name] = min(best[name], time.thread_time() - start)
+    return {"seconds": best, "tile_flops": 2 * 320 * rows * keys, "gemm_flops": 2 * n**3}
+
+
+def format_tile(result: dict[str, Any]) -> str:
+    gemm = result["gemm_flops"] / min(v for k, v in result["seconds"].items() if k.startswith("GEMM"))
+    lines = ["one thread, CPU time, min of repeats (256 rows x 4096 keys):"]
+    for name, seconds in result["seconds"].items():
+        rate = (result["tile_flops"] / seconds / gemm) if name.startswith("tile") else None
+        lines.append(f"  {name:26s} {seconds * 1e3:7.2f} ms" + (f"  {rate:.2f} of GEMM" if rate else ""))
+    return "\n".join(lines)
+
+
 def _worker(payload: str) -> int:
     job = json.loads(payload)
     measure = {"gemm": _measure_gemm, "reference": _measure_reference, "sdpa": _measure_sdpa,
-               "build": _measure_build}[job["kind"]]
+               "build": _measure_build, "tile": _measure_tile}[job["kind"]]
     print(json.dumps(measure(job)))
     return 0
 
@@ -320,6 +357,9 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.tile_profile:
+        print(format_tile(run_job({"kind": "tile", "repeats": max(args.repeats, 7)})))
+        return 0
     report = run_bench(args.cases, repeats=args.repeats, threads=args.threads, tile=args.tile,
                        gemm_n=args.gemm_size, baseline=not args.no_baseline, end_to_end=not args.no_end_to_end,
                        log=lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -340,6 +380,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--tile", type=int, default=DEFAULT_TILE, help="reference query tile")
     parser.add_argument("--gemm-size", type=int, default=4096, help="n of the square GEMM")
     parser.add_argument("--no-baseline", action="store_true", help="skip timing the emulated baseline")
+    parser.add_argument("--tile-profile", action="store_true",
+                        help="only profile one reference tile and its parts (one thread, CPU time)")
     parser.add_argument("--no-end-to-end", action="store_true", help="skip the end-to-end build_golden run")
     parser.add_argument("--json", metavar="OUT", help="also write the full report as JSON")
     parser.set_defaults(func=cmd_bench)
