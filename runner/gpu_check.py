@@ -1,6 +1,6 @@
 """GPU check: the float64 golden on CUDA against the same device's float64 GEMM, and torch-cuda.
 
-``python -m golden.gpu_check`` (or ``bash harness/run_cuda.sh``) on a machine with an NVIDIA GPU:
+``python -m runner.gpu_check`` (or ``bash harness/run_cuda.sh``) on a machine with an NVIDIA GPU:
 
 1. float64 GEMM GF/s of the device (``torch.matmul``, square n = 8192, median of 5);
 2. agreement: the CUDA golden (``reference_attention(device="cuda")``) against the numpy/BLAS
@@ -125,7 +125,7 @@ def measure_case(name: str, repeats: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m golden.gpu_check", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m runner.gpu_check", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     names = [*CASES, *EXTRA_CASES]
     parser.add_argument("--cases", nargs="+", choices=names, default=names)

@@ -1,4 +1,4 @@
-"""Peak memory of one backend call on a large case: ``python -m harness.memprobe --heads 128 --seq 16384``.
+"""Peak memory of one backend call on a large case: ``python -m runner.memprobe --heads 128 --seq 16384``.
 
 Builds the case's inputs (chunked, as the golden generator does), then runs ``backend.run`` in a
 thread while sampling the process's ``VmHWM`` every 0.5 s.  Backends that bound their working
@@ -29,7 +29,7 @@ def _status_mb(field: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.memprobe", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m runner.memprobe", description=__doc__)
     parser.add_argument("--backend", default="torch-cpu")
     parser.add_argument("--heads", type=int, default=128)
     parser.add_argument("--seq", type=int, default=16384)
