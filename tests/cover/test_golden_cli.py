@@ -257,3 +257,15 @@ def test_store_shows_suites_and_prunes_only_with_yes(capsys: pytest.CaptureFixtu
     rc, text = run(capsys, "store", "--out", out, "--cases", suite, "--prune", "--yes")
     assert "delete fp16-undefined-old-case-0000aaaa.h5" in text and not orphan.exists()
     assert len(list(out.glob("*.h5"))) == N_CASES  # referenced files stay
+
+
+def test_regen_in_worker_processes_reports_work(suite: Path, tmp_path: Path) -> None:
+    """--jobs 2: workers send in-case progress through a queue; the line counts FLOPs, not cases."""
+    from golden import regen as rg
+
+    stream = io.StringIO()
+    specs = rg.select_cases([], [suite])
+    summary = rg.regen(specs, GoldenStore(tmp_path / "store"), jobs=2, stream=stream)
+    assert summary.count("generated") == N_CASES and summary.count("failed") == 0
+    lines = stream.getvalue().splitlines()
+    assert lines[-1].startswith(f"regen {N_CASES}/{N_CASES} (100% of ") and " FLOP) " in lines[-1]
