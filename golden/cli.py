@@ -105,7 +105,12 @@ def cmd_regen(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         return _fail("--jobs must be >= 1")
     store = GoldenStore(args.out)
-    print(f"regen: {len(specs)} cases -> {store.root} (jobs {args.jobs})", file=sys.stderr)
+    todo = [s for s in specs if s.expect_error is None]
+    print(f"regen: {len(specs)} cases -> {store.root} (jobs {args.jobs}); all of them: "
+          f"{flops_text(sum(s.useful_flops for s in todo))} useful, "
+          f"~{cost.human_bytes(sum(cost.stored_bytes(s) for s in todo))} on disk, "
+          f"peak ~{cost.human_bytes(max((cost.peak_bytes(s) for s in todo), default=0))} per worker",
+          file=sys.stderr)
     summary = rg.regen(specs, store, jobs=args.jobs, force=args.force, builder=args.builder)
     print(summary.format())
     return 1 if summary.count("failed") else 0

@@ -67,11 +67,13 @@ class Progress:
 
     def line(self, note: str = "") -> str:
         elapsed = time.monotonic() - self.start
-        if self.work:
+        if self.work is not None:
             done = self.work_done + self.in_flight
             rate = done / elapsed if elapsed > 0 else 0.0
-            eta = (self.work - done) / rate if rate > 0 else math.inf
-            text = (f"{self.label} {self.count}/{self.total} ({100.0 * done / self.work:.0f}% of "
+            left = self.work - done
+            eta = 0.0 if left <= 0 else left / rate if rate > 0 else math.inf
+            pct = 100.0 * done / self.work if self.work else 100.0
+            text = (f"{self.label} {self.count}/{self.total} ({pct:.0f}% of "
                     f"{flops_text(self.work)}) {rate / 1e9:.1f} GF/s "
                     f"elapsed {_duration(elapsed)} ETA {_duration(eta)}")
         else:
@@ -94,10 +96,15 @@ class Progress:
             self.stream.flush()
             self._last_log = now
 
-    def advance(self, note: str = "", work: float = 0.0) -> None:
+    def advance(self, note: str = "", work: float = 0.0, *, skipped: bool = False) -> None:
+        """One item finished; ``skipped`` (nothing computed, e.g. up to date) drops its ``work`` from
+        the total instead of counting it as done, so the rate and ETA reflect computed work only."""
         with self._lock:
             self.count += 1
-            self.work_done += work
+            if skipped and self.work is not None:
+                self.work = max(self.work - work, 0.0)
+            else:
+                self.work_done += work
             self.in_flight = max(0.0, self.in_flight - work)
             log_line = self.count % self._step == 0 or self.count == self.total
             self._write(note, final=self.count == self.total or (not self.tty and log_line))

@@ -203,7 +203,7 @@ def regen(
             running.pop(outcome.case_id, None)
             progress.partial(sum(flops.get(c, 0.0) * f for c, f in running.items()))
         progress.advance(f"{outcome.action} {outcome.case_id} ({outcome.seconds:.1f}s)",
-                         work=flops.get(outcome.case_id, 0.0))
+                         work=flops.get(outcome.case_id, 0.0), skipped=outcome.action != "generated")
 
     if jobs == 1:
         remove = work_progress.add_listener(lambda w: in_case(w.case_id, w.fraction, w.text()))
