@@ -17,7 +17,7 @@ import numpy as np
 
 from golden.inputs import FP16_MASK_VALUE, numpy_dtype
 from golden.layout import out_shape
-from golden.reference import DEFAULT_TILE, TileKernel, apply_causal, attention, causal_block
+from golden.reference import DEFAULT_TILE, TileKernel, _torch, apply_causal, attention, causal_block
 from golden.spec import CaseSpec
 from golden.types import OpInputs
 
@@ -26,7 +26,16 @@ Diag = tuple[int, int] | None
 
 
 def _to(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """Round float32 values through ``dtype`` and back to float32."""
+    """Round float32 values through ``dtype`` and back to float32; may reuse ``values``' memory.
+
+    fp16 goes through torch when installed: the same IEEE round-to-nearest-even, but vectorised
+    (F16C) and in place, ~6x faster than numpy's float32 -> float16 -> float32 round trip.
+    """
+    torch = _torch()
+    if dtype == _HALF and torch is not None and values.dtype == np.float32 and values.flags.c_contiguous:
+        tensor = torch.from_numpy(values)
+        tensor.copy_(tensor.half())
+        return values
     return values.astype(dtype).astype(np.float32)
 
 
@@ -73,8 +82,16 @@ def fp16_score_path(scale: float) -> TileKernel:
 def fp32_score_path(dtype: np.dtype) -> TileKernel:
     """bf16 (all masks) and fp16 CAUSAL: scores in fp32, P cast to the input dtype."""
 
+    torch = _torch()
+
     def round_p(probs: np.ndarray) -> np.ndarray:
-        return round_to_bf16(probs) if dtype != _HALF else _to(probs, _HALF)
+        if dtype == _HALF:
+            return _to(probs, _HALF)
+        if torch is not None and probs.flags.c_contiguous:  # torch's cast: the same RNE, in place, ~2x faster
+            tensor = torch.from_numpy(probs)
+            tensor.copy_(tensor.bfloat16())
+            return probs
+        return round_to_bf16(probs)
 
     def kernel(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, diag: Diag) -> np.ndarray:
         scores = q @ k.T

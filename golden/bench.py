@@ -14,8 +14,12 @@ Definitions (also in docs/benchmarks.md):
   ``threads=--threads``; the emulated baseline is timed separately (``build_golden`` runs both).
 - SDPA: ``torch.nn.functional.scaled_dot_product_attention`` in float64 with ``is_causal`` for
   causal cases, the same scale and ``torch.set_num_threads(--threads)``.  Its CPU float64 path
-  materialises ``H x S x S`` scores, so when they exceed 2 GiB it runs on as many heads as fit and
-  the time is scaled by ``H / heads`` (marked ``~`` in the table).
+  materialises ``H x S x S`` scores, so when they exceed 512 MiB it runs on as many heads as fit
+  (and, when one head does not fit, on the first query rows that do; its math path costs
+  ``rows x S`` whatever the mask) and the time is scaled by ``H / heads x S / rows`` (marked ``~``).
+- end to end: ``build_golden`` (inputs, reference, baseline, statistics) plus writing the file
+  (``write_golden`` into a temporary directory), once, in a fresh interpreter: "e2e s", its
+  effective GF/s against GEMM, and "e2e MB" its peak memory.
 - peak MB: every measurement runs in a fresh interpreter; peak is its ``VmHWM`` (which, unlike
   tracemalloc, sees BLAS and torch buffers) minus its ``VmRSS`` right after imports.  "ref MB" is
   the same over the reference call alone (peak reset through ``/proc/self/clear_refs``), with the
@@ -25,6 +29,7 @@ Definitions (also in docs/benchmarks.md):
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -49,7 +54,7 @@ CASES: dict[str, dict[str, Any]] = {
     "bidir-4096": {"q_seqlen": [4096], "head_num": 16, "mask_type": "undefined"},
     "causal-16384": {"q_seqlen": [16384], "head_num": 16, "mask_type": "mask_free"},
 }
-SDPA_SCORE_BUDGET = 2 << 30  # bytes of float64 scores one SDPA call may materialise
+SDPA_SCORE_BUDGET = 512 << 20  # bytes of float64 scores one SDPA call may materialise (peak ~3x that)
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -125,7 +130,7 @@ def _measure_sdpa(job: dict[str, Any]) -> dict[str, Any]:
     idle = _proc_status_mb("VmRSS")
     spec = bench_spec(job["case"])
     inputs = generate_inputs(spec)
-    heads, t = job["heads"], spec.total_q
+    heads, t, rows = job["heads"], spec.total_q, job.get("rows", spec.total_q)
 
     def tensor(a: np.ndarray, b: np.ndarray | None) -> Any:
         x = a.reshape(t, spec.head_num, -1)[:, :heads].astype(np.float64)
@@ -134,15 +139,98 @@ def _measure_sdpa(job: dict[str, Any]) -> dict[str, Any]:
         return torch.from_numpy(np.ascontiguousarray(x.transpose(1, 0, 2)))[None]
 
     q, k, v = tensor(inputs.q, inputs.q_rope), tensor(inputs.k, inputs.k_rope), tensor(inputs.v, None)
+    del inputs
+    q = q[:, :, :rows].contiguous()
     causal, scale = spec.mask_type in (2, 3), effective_scale(spec)
     times = _timed(lambda: functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale),
                    job["repeats"])
     return {"times": times, "all_mb": _proc_status_mb("VmHWM") - idle}
 
 
+def _measure_build(job: dict[str, Any]) -> dict[str, Any]:
+    """build_golden + write once, timed per stage in wall and process CPU seconds (all threads),
+    next to a float64 GEMM timed the same way in the same process (CPU-time ratios survive a
+    shared machine better than wall-clock ones)."""
+    import tempfile
+
+    from golden import progress
+    from golden.generate import GENERATOR_VERSION, build_golden
+    from golden.store import write_golden
+
+    idle = _proc_status_mb("VmRSS")
+    spec = bench_spec(job["case"])
+    n = job.get("gemm_n", 2048)
+    a, b = np.random.default_rng(0).random((n, n)), np.random.default_rng(1).random((n, n))
+    with blas_threads(job["threads"]):
+        a @ b
+        wall, cpu = time.perf_counter(), time.process_time()
+        for _ in range(3):
+            a @ b
+        gemm = {"gflops": 6 * n**3 / (time.perf_counter() - wall) / 1e9,
+                "cpu_gflops": 6 * n**3 / (time.process_time() - cpu) / 1e9}
+    del a, b
+    marks: list[tuple[str, float, float]] = []
+
+    def mark(work: progress.CaseWork) -> None:
+        stage = "done" if work.finished else work.stage
+        if not marks or marks[-1][0] != stage:
+            marks.append((stage, time.perf_counter(), time.process_time()))
+
+    remove = progress.add_listener(mark)
+    with tempfile.TemporaryDirectory(prefix="mla-bench-") as tmp:
+        start = time.perf_counter()
+        golden = build_golden(spec, threads=job["threads"])
+        remove()
+        marks.append(("write", time.perf_counter(), time.process_time()))
+        write_golden(golden, Path(tmp) / f"{spec.case_id}.h5", GENERATOR_VERSION)
+        end = time.perf_counter()
+        marks.append(("end", end, time.process_time()))
+    stages = {name: [t1 - t0, c1 - c0] for (name, t0, c0), (_, t1, c1) in itertools.pairwise(marks)
+              if name != "done"}
+    return {"times": [end - start], "stages": stages, "gemm": gemm, "all_mb": _proc_status_mb("VmHWM") - idle}
+
+
+def _measure_tile(job: dict[str, Any]) -> dict[str, Any]:
+    """One float64 tile and its parts on one thread, CPU time (min of ``repeats``): where the time goes."""
+    import torch
+
+    from golden.reference import float64_tile, pinned_threads
+
+    rows, keys, n = job.get("rows", DEFAULT_TILE), job.get("keys", 4096), 1024
+    rng = np.random.default_rng(0)
+    q, kc, v = rng.uniform(-1, 1, (rows, 192)), rng.uniform(-1, 1, (keys, 192)), rng.uniform(-1, 1, (keys, 128))
+    kf, a, b = np.asfortranarray(kc), rng.random((n, n)), rng.random((n, n))
+    scores = q @ kc.T
+    parts: dict[str, Callable[[], object]] = {
+        "tile (keys C order)": lambda: float64_tile(q, kc, v, 0.07, None),
+        "tile (keys Fortran order)": lambda: float64_tile(q, kf, v, 0.07, None),
+        "q @ k.T (NT)": lambda: q @ kc.T, "q @ k.T (NN)": lambda: q @ kf.T, "P @ V": lambda: scores @ v,
+        "exp (torch)": lambda: torch.from_numpy(scores.copy()).exp_(), "copy (subtract from exp)": scores.copy,
+        "max + subtract + sum": lambda: (scores - scores.max(axis=1, keepdims=True)).sum(axis=1),
+        f"GEMM {n}^3": lambda: a @ b}
+    best = dict.fromkeys(parts, float("inf"))
+    with pinned_threads():
+        for _ in range(job.get("repeats", 7)):
+            for name, fn in parts.items():
+                start = time.thread_time()
+                fn()
+                best[name] = min(best[name], time.thread_time() - start)
+    return {"seconds": best, "tile_flops": 2 * 320 * rows * keys, "gemm_flops": 2 * n**3}
+
+
+def format_tile(result: dict[str, Any]) -> str:
+    gemm = result["gemm_flops"] / min(v for k, v in result["seconds"].items() if k.startswith("GEMM"))
+    lines = ["one thread, CPU time, min of repeats (256 rows x 4096 keys):"]
+    for name, seconds in result["seconds"].items():
+        rate = (result["tile_flops"] / seconds / gemm) if name.startswith("tile") else None
+        lines.append(f"  {name:26s} {seconds * 1e3:7.2f} ms" + (f"  {rate:.2f} of GEMM" if rate else ""))
+    return "\n".join(lines)
+
+
 def _worker(payload: str) -> int:
     job = json.loads(payload)
-    measure = {"gemm": _measure_gemm, "reference": _measure_reference, "sdpa": _measure_sdpa}[job["kind"]]
+    measure = {"gemm": _measure_gemm, "reference": _measure_reference, "sdpa": _measure_sdpa,
+               "build": _measure_build, "tile": _measure_tile}[job["kind"]]
     print(json.dumps(measure(job)))
     return 0
 
@@ -187,7 +275,7 @@ def machine() -> dict[str, Any]:
 
 
 def run_bench(cases: list[str], *, repeats: int, threads: int, tile: int, gemm_n: int,
-              baseline: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
+              baseline: bool = True, end_to_end: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
     """All measurements; returns the JSON-able report."""
     gemm_job = {"kind": "gemm", "n": gemm_n, "threads": threads, "repeats": repeats}
     log(f"float64 GEMM {gemm_n}^3 on {threads} threads ...")
@@ -199,14 +287,22 @@ def run_bench(cases: list[str], *, repeats: int, threads: int, tile: int, gemm_n
         log(f"{name}: generator ...")
         ref = run_job({"kind": "reference", "case": name, "threads": threads, "repeats": repeats,
                        "tile": tile, "baseline": baseline})
+        build = None
+        if end_to_end:
+            log(f"{name}: end to end (build_golden + write) ...")
+            build = run_job({"kind": "build", "case": name, "threads": threads})
         heads = max(1, min(spec.head_num, SDPA_SCORE_BUDGET // (8 * spec.max_q * spec.max_kv)))
-        log(f"{name}: torch SDPA on {heads} of {spec.head_num} heads ...")
-        sdpa = run_job({"kind": "sdpa", "case": name, "threads": threads, "repeats": repeats, "heads": heads})
+        q_rows = max(1, min(spec.max_q, SDPA_SCORE_BUDGET // (8 * heads * spec.max_kv)))
+        log(f"{name}: torch SDPA on {heads} of {spec.head_num} heads, {q_rows} of {spec.max_q} rows ...")
+        sdpa = run_job({"kind": "sdpa", "case": name, "threads": threads, "repeats": repeats, "heads": heads,
+                        "rows": q_rows})
         rows.append({"case": name, "heads": spec.head_num, "seq": spec.max_q, "mask": spec.mask_name,
                      "useful_gflop": flops / 1e9, "reference": ref, "sdpa": sdpa, "sdpa_heads": heads,
+                     "sdpa_rows": q_rows, "build": build,
+                     "e2e_s": build["times"][0] if build else None,
                      "reference_s": statistics.median(ref["times"]),
                      "baseline_s": statistics.median(ref["baseline_times"]) if ref["baseline_times"] else None,
-                     "sdpa_s": statistics.median(sdpa["times"]) * spec.head_num / heads})
+                     "sdpa_s": statistics.median(sdpa["times"]) * spec.head_num / heads * spec.max_q / q_rows})
     log("float64 GEMM again ...")
     gemm_times += run_job(gemm_job)["times"]
     gemm_gflops = 2 * gemm_n**3 / statistics.median(gemm_times) / 1e9
@@ -215,6 +311,9 @@ def run_bench(cases: list[str], *, repeats: int, threads: int, tile: int, gemm_n
         row["ratio_to_gemm"] = row["reference_gflops"] / gemm_gflops
         row["sdpa_gflops"] = row["useful_gflop"] / row["sdpa_s"]
         row["speedup_vs_sdpa"] = row["sdpa_s"] / row["reference_s"]
+        if row["e2e_s"]:
+            row["e2e_gflops"] = row["useful_gflop"] / row["e2e_s"]
+            row["e2e_ratio_to_gemm"] = row["e2e_gflops"] / gemm_gflops
     return {"machine": machine(), "threads": threads, "tile": tile, "repeats": repeats,
             "gemm": {"n": gemm_n, "times": gemm_times, "gflops": gemm_gflops}, "cases": rows}
 
@@ -226,26 +325,44 @@ def format_table(report: dict[str, Any]) -> str:
              f"(GEMM: {len(report['gemm']['times'])} samples)",
              f"float64 GEMM {report['gemm']['n']}^3: {report['gemm']['gflops']:.1f} GF/s", ""]
     head = ("case", "H", "S", "mask", "GFLOP", "gen s", "GF/s", "/GEMM", "SDPA s", "SDPA GF/s", "speed-up",
-            "base s", "ref MB", "all MB")
+            "base s", "ref MB", "all MB", "e2e s", "e2e/GEMM", "e2e MB")
     table = [head]
     for r in report["cases"]:
-        approx = "~" if r["sdpa_heads"] < r["heads"] else ""
+        approx = "~" if r["sdpa_heads"] < r["heads"] or r.get("sdpa_rows", r["seq"]) < r["seq"] else ""
+        e2e = r.get("build")
         ref_mb = r["reference"]["ref_mb"]
         table.append((r["case"], str(r["heads"]), str(r["seq"]), r["mask"], f"{r['useful_gflop']:.1f}",
                       f"{r['reference_s']:.2f}", f"{r['reference_gflops']:.1f}", f"{r['ratio_to_gemm']:.2f}",
                       f"{approx}{r['sdpa_s']:.1f}", f"{approx}{r['sdpa_gflops']:.1f}",
                       f"{approx}{r['speedup_vs_sdpa']:.1f}x",
                       "-" if r["baseline_s"] is None else f"{r['baseline_s']:.2f}",
-                      "n/a" if ref_mb is None else f"{ref_mb:.0f}", f"{r['reference']['all_mb']:.0f}"))
+                      "n/a" if ref_mb is None else f"{ref_mb:.0f}", f"{r['reference']['all_mb']:.0f}",
+                      f"{r['e2e_s']:.2f}" if e2e else "-", f"{r['e2e_ratio_to_gemm']:.2f}" if e2e else "-",
+                      f"{e2e['all_mb']:.0f}" if e2e else "-"))
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     for row in table:
         lines.append("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
+    for r in report["cases"]:
+        build = r.get("build")
+        if not build or "stages" not in build:
+            continue
+        g = build["gemm"]
+        parts = ", ".join(f"{name} {wall:.2f}s/{cpu:.2f}cpu" for name, (wall, cpu) in build["stages"].items())
+        ref_wall, ref_cpu = build["stages"].get("reference", [0.0, 0.0])
+        ratio = (f"reference {r['useful_gflop'] / ref_wall / g['gflops']:.2f} wall, "
+                 f"{r['useful_gflop'] / ref_cpu / g['cpu_gflops']:.2f} CPU time; " if ref_wall and ref_cpu else "")
+        lines.append(f"{r['case']} end to end by stage (wall/CPU s): {parts}")
+        lines.append(f"  against the in-process GEMM ({g['gflops']:.1f} GF/s wall, {g['cpu_gflops']:.1f} CPU): {ratio}"
+                     f"end to end {r['useful_gflop'] / build['times'][0] / g['gflops']:.2f} wall")
     return "\n".join(lines)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.tile_profile:
+        print(format_tile(run_job({"kind": "tile", "repeats": max(args.repeats, 7)})))
+        return 0
     report = run_bench(args.cases, repeats=args.repeats, threads=args.threads, tile=args.tile,
-                       gemm_n=args.gemm_size, baseline=not args.no_baseline,
+                       gemm_n=args.gemm_size, baseline=not args.no_baseline, end_to_end=not args.no_end_to_end,
                        log=lambda msg: print(msg, file=sys.stderr, flush=True))
     print(format_table(report))
     if args.json:
@@ -269,6 +386,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--tile", type=int, default=DEFAULT_TILE, help="reference query tile")
     parser.add_argument("--gemm-size", type=int, default=4096, help="n of the square GEMM")
     parser.add_argument("--no-baseline", action="store_true", help="skip timing the emulated baseline")
+    parser.add_argument("--tile-profile", action="store_true",
+                        help="only profile one reference tile and its parts (one thread, CPU time)")
+    parser.add_argument("--no-end-to-end", action="store_true", help="skip the end-to-end build_golden run")
     parser.add_argument("--json", metavar="OUT", help="also write the full report as JSON")
     parser.set_defaults(func=cmd_bench)
 

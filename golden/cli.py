@@ -1,4 +1,4 @@
-"""``mlaconf regen | verify | show | list``: the golden store from the command line.
+"""``mlaconf regen | verify | show | list | store``: the golden store from the command line.
 
 Cases are chosen by suite name (positional; ``all`` = every shipped suite but ``errors``) and/or
 ``--cases FILE`` (a TOML suite file).  The store is ``--out DIR``, else ``$MLA_GOLDEN_DIR``, else
@@ -18,9 +18,11 @@ import numpy as np
 
 from facts.operator import NOPE_DIM
 from facts.shard import parse_shard
+from golden import cost
 from golden import regen as rg
 from golden.layout import out_shape
-from golden.spec import CaseSpec, SpecError
+from golden.progress import flops_text
+from golden.spec import CaseSpec, SpecError, available_suites, load_suite, suite_path
 from golden.store import FileMeta, GoldenStore, GoldenStoreError, read_golden, read_meta
 
 
@@ -67,12 +69,23 @@ def register(subparsers: Any) -> None:
     p.add_argument("case", metavar="CASE", help="case id, case id prefix, or content hash prefix")
     p.set_defaults(func=cmd_show)
 
-    p = subparsers.add_parser("list", help="list cases and whether a valid golden exists",
-                              description="List the selected cases (default: every suite but 'errors'), "
-                              "one per line: case id, q and kv shapes, and the state of its golden file "
-                              "(ok, missing, stale, corrupt, or error-case for cases that expect an error).")
+    p = subparsers.add_parser("list", help="list cases, their cost and whether a valid golden exists",
+                              description="One line per case: output and kv shapes, useful FLOPs, bytes on "
+                              "disk (the file's, else '~' an estimate), estimated peak memory of generating "
+                              "it with --jobs 1, and the golden's state; then the totals.")
     _common(p)
     p.set_defaults(func=cmd_list)
+
+    p = subparsers.add_parser("store", help="size of the store per suite; prune files no suite references",
+                              description="Show the store's size per shipped suite (and --cases files) and the "
+                              "files no suite references (other seeds, removed or edited cases, leftover "
+                              "temp files).  --prune lists what it would delete; add --yes to delete.")
+    _common(p, selects=False)
+    p.add_argument("--cases", action="append", default=[], metavar="FILE",
+                   help="a TOML suite file whose cases count as referenced too")
+    p.add_argument("--prune", action="store_true", help="list unreferenced files for deletion (dry run)")
+    p.add_argument("--yes", action="store_true", help="with --prune: really delete them")
+    p.set_defaults(func=cmd_store)
 
 
 def _select(args: argparse.Namespace, default_all: bool) -> list[CaseSpec] | None:
@@ -95,7 +108,12 @@ def cmd_regen(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         return _fail("--jobs must be >= 1")
     store = GoldenStore(args.out)
-    print(f"regen: {len(specs)} cases -> {store.root} (jobs {args.jobs})", file=sys.stderr)
+    todo = [s for s in specs if s.expect_error is None]
+    print(f"regen: {len(specs)} cases -> {store.root} (jobs {args.jobs}); all of them: "
+          f"{flops_text(sum(s.useful_flops for s in todo))} useful, "
+          f"~{cost.human_bytes(sum(cost.stored_bytes(s) for s in todo))} on disk, "
+          f"peak ~{cost.human_bytes(max((cost.peak_bytes(s) for s in todo), default=0))} per worker",
+          file=sys.stderr)
     summary = rg.regen(specs, store, jobs=args.jobs, force=args.force, builder=args.builder)
     print(summary.format())
     return 1 if summary.count("failed") else 0
@@ -121,10 +139,19 @@ def cmd_list(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     store = GoldenStore(args.out)
     valid = 0
+    flops = disk = peak = 0
     for spec in specs:
         state = "error-case" if spec.expect_error else _state(store, spec)
         valid += state == "ok"
-        print(f"{spec.case_id}  q{list(out_shape(spec))} kv{list(_kv_shape(spec))}  {state}")
+        path = store.path_for(spec)
+        size = path.stat().st_size if path.exists() else cost.stored_bytes(spec)
+        size_text = ("" if path.exists() else "~") + cost.human_bytes(size)
+        flops, disk, peak = flops + spec.useful_flops, disk + size, max(peak, cost.peak_bytes(spec))
+        print(f"{spec.case_id}  q{list(out_shape(spec))} kv{list(_kv_shape(spec))}  "
+              f"{flops_text(spec.useful_flops)}  {size_text}  peak ~{cost.human_bytes(cost.peak_bytes(spec))}  "
+              f"{state}")
+    print(f"total: {len(specs)} cases, {flops_text(flops)} useful, {cost.human_bytes(disk)} on disk, "
+          f"peak ~{cost.human_bytes(peak)} per worker (largest case)")
     print(f"list: {len(specs)} cases, {valid} with a valid golden in {store.root}", file=sys.stderr)
     return 0
 
@@ -142,6 +169,57 @@ def _kv_shape(spec: CaseSpec) -> tuple[int, ...]:
     if spec.kv_layout == "padded":
         return (spec.batch, spec.max_kv, hkv * NOPE_DIM)
     return (spec.total_kv, hkv, NOPE_DIM)
+
+
+def _suite_specs(extra_files: Sequence[str]) -> dict[str, list[CaseSpec]]:
+    """Every shipped suite's cases (and each --cases file's), by suite name."""
+    suites = {name: load_suite(suite_path(name)) for name in available_suites()}
+    for path in extra_files:
+        suites[str(path)] = load_suite(path)
+    return suites
+
+
+def cmd_store(args: argparse.Namespace) -> int:
+    store = GoldenStore(args.out)
+    try:
+        suites = _suite_specs(args.cases)
+    except SpecError as exc:
+        return _fail(str(exc))
+    files = store.files()
+    sizes = {path.name: path.stat().st_size for path in files}
+    referenced: set[str] = set()
+    print(f"store: {store.root}: {len(files)} files, {cost.human_bytes(sum(sizes.values()))}")
+    print(f"{'suite':24s} {'cases':>5s} {'present':>7s} {'stale':>5s} {'on disk':>10s} {'all built':>10s}")
+    for name, specs in suites.items():
+        names = {f"{s.case_id}.h5": s for s in specs if s.expect_error is None}
+        referenced |= set(names)
+        present = [n for n in names if n in sizes]
+        stale = sum(1 for n in present if not _current(store, store.root / n, names[n]))
+        estimate = sum(cost.stored_bytes(s) for s in names.values())
+        print(f"{name:24s} {len(names):5d} {len(present):7d} {stale:5d} "
+              f"{cost.human_bytes(sum(sizes[n] for n in present)):>10s} {'~' + cost.human_bytes(estimate):>10s}")
+    orphans = [path for path in files if path.name not in referenced]
+    orphans += sorted(store.root.glob(".*.tmp"))
+    orphan_bytes = sum(path.stat().st_size for path in orphans)
+    print(f"unreferenced: {len(orphans)} files, {cost.human_bytes(orphan_bytes)} (no suite above names them)")
+    if not args.prune:
+        return 0
+    for path in orphans:
+        print(f"{'delete' if args.yes else 'would delete'} {path.name} ({cost.human_bytes(path.stat().st_size)})")
+        if args.yes:
+            path.unlink(missing_ok=True)
+    if not args.yes and orphans:
+        print("dry run: add --yes to delete these files")
+    return 0
+
+
+def _current(store: GoldenStore, path: Path, spec: CaseSpec) -> bool:
+    """The file is intact enough to read its attributes and was written for this spec and version."""
+    try:
+        store.check_stale(read_meta(path), spec)
+    except GoldenStoreError:
+        return False
+    return True
 
 
 def find_files(store: GoldenStore, query: str) -> list[Path]:

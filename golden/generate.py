@@ -9,6 +9,7 @@ import numpy as np
 
 from facts.operator import V_DIM
 from facts.versions import package_version
+from golden import progress
 from golden.baseline import emulate_baseline
 from golden.inputs import generate_inputs
 from golden.magnitudes import compute_magnitudes
@@ -18,7 +19,7 @@ from golden.types import GoldenCase, OpInputs
 
 #: Bump when a change to inputs, reference or baseline alters stored values: every golden written
 #: by another version is stale and gets regenerated.
-GENERATOR_VERSION = "1.2"
+GENERATOR_VERSION = "2.1"  # 2.1: inputs drawn per-role stream in chunks, error-model magnitudes stored
 
 
 def _version(package: str) -> str:
@@ -55,18 +56,24 @@ def build_golden(spec: CaseSpec, *, threads: int = 1, inputs: OpInputs | None = 
 
     ``inputs`` replaces the generated ones (metamorphic tests judge transformed inputs).
     """
-    inputs = generate_inputs(spec) if inputs is None else inputs
-    device = os.environ.get(DEVICE_ENV, "cpu")  # MLA_GOLDEN_DEVICE=cuda: float64 reference on a GPU
-    out, valid = reference_attention(inputs, spec, threads=threads, device=device)
-    baseline = emulate_baseline(inputs, spec, threads=threads)
-    magnitudes = compute_magnitudes(inputs, spec, device=device)
+    with progress.case_work(spec.case_id, 2.0 * spec.useful_flops):  # reference + baseline tiles
+        inputs = generate_inputs(spec) if inputs is None else inputs
+        device = os.environ.get(DEVICE_ENV, "cpu")  # MLA_GOLDEN_DEVICE=cuda: float64 reference on a GPU
+        progress.set_stage("reference")
+        out, valid = reference_attention(inputs, spec, threads=threads, device=device)
+        progress.set_stage("baseline")
+        baseline = emulate_baseline(inputs, spec, threads=threads)
+        progress.set_stage("statistics")
+        stats = baseline_stats(spec, baseline, out, valid)
+        progress.set_stage("magnitudes")
+        magnitudes = compute_magnitudes(inputs, spec, device=device)
     return GoldenCase(
         spec=spec,
         inputs=inputs,
         out=out,
         row_valid=valid,
         baseline_out=baseline,
-        baseline_stats=baseline_stats(spec, baseline, out, valid),
+        baseline_stats=stats,
         provenance=provenance(),
         magnitudes=magnitudes,
     )

@@ -66,64 +66,128 @@ def _uniform_amplitude_for_logit_std(target_std: float, qk_scale: float) -> floa
     return math.sqrt(target_std * 3.0 / (qk_scale * math.sqrt(SCORE_DIM)))
 
 
-def _draw(rng: np.random.Generator, spec: CaseSpec, shape: tuple[int, ...], role: str) -> np.ndarray:
-    """Draw one logical tensor (role: 'q', 'k' or 'v') from the case's distribution."""
-    dist = spec.distribution
-    if dist == "normal":
-        return rng.standard_normal(shape)
-    if dist == "large_logits" and role in ("q", "k"):
-        amp = _uniform_amplitude_for_logit_std(LARGE_LOGIT_STD[spec.dtype], spec.qk_scale)
-        return rng.uniform(-amp, amp, shape)
-    values = rng.uniform(-1.0, 1.0, shape)
-    if dist == "v_outliers" and role == "v":
-        hits = rng.random(shape) < V_OUTLIER_FRACTION
-        values[hits] = rng.choice([-1.0, 1.0], size=int(hits.sum())) * V_OUTLIER_MAGNITUDE
-    return values
+#: float64 values drawn at a time (8 MB).  Every stream is consumed in row order, so the values do
+#: not depend on this number (tests draw with other chunk sizes and compare).
+CHUNK_ELEMENTS = 1 << 20
+
+#: One independent random stream per role, spawned from the case's seed sequence, so each tensor
+#: can be drawn chunk by chunk without interleaving another tensor's draws.
+STREAMS = ("q", "q_rope", "k", "k_rope", "v", "v_hits", "v_signs", "tie_base",
+           "pad_k", "pad_k_rope", "pad_v")
 
 
-def _near_tie_keys(rng: np.random.Generator, spec: CaseSpec, shape: tuple[int, ...]) -> np.ndarray:
-    """Keys that are tiny perturbations of one row per kv head: all logits of a row nearly tie."""
-    base = rng.uniform(-1.0, 1.0, (1, *shape[1:]))
-    return base + NEAR_TIE_NOISE * rng.uniform(-1.0, 1.0, shape)
+def case_streams(spec: CaseSpec) -> dict[str, np.random.Generator]:
+    """The case's random streams by role, deterministic in (spec content, seed)."""
+    children = np.random.SeedSequence([spec.seed, int(spec.content_hash[:16], 16)]).spawn(len(STREAMS))
+    return {name: np.random.default_rng(child) for name, child in zip(STREAMS, children, strict=True)}
 
 
-def _padded(packed: np.ndarray, spec: CaseSpec, rng: np.random.Generator) -> np.ndarray:
-    """Scatter packed rows ``[sum(kv), N, D]`` into ``[B, S, N*D]`` with garbage in the padding."""
-    n, d = packed.shape[1], packed.shape[2]
-    s = spec.padded_rows
-    shape = (spec.batch, s, n * d)
-    garbage: np.ndarray = rng.uniform(2.0, 4.0, shape) * rng.choice([-1.0, 1.0], shape)
-    offset = 0
+class _Source:
+    """Draws one logical tensor ``[rows, heads, dim]`` chunk by chunk, in row order."""
+
+    def __init__(self, spec: CaseSpec, streams: dict[str, np.random.Generator], role: str, heads: int,
+                 dim: int) -> None:
+        self.spec, self.streams, self.role, self.heads, self.dim = spec, streams, role, heads, dim
+
+    def draw(self, rows: int) -> np.ndarray:
+        """The next ``rows`` rows as float64 ``[rows, heads * dim]``."""
+        shape = (rows, self.heads * self.dim)
+        rng, dist, kind = self.streams[self.role], self.spec.distribution, self.role.split("_")[0]
+        if dist == "normal":
+            return rng.standard_normal(shape)
+        if dist == "large_logits" and kind in ("q", "k"):
+            amp = _uniform_amplitude_for_logit_std(LARGE_LOGIT_STD[self.spec.dtype], self.spec.qk_scale)
+            return rng.uniform(-amp, amp, shape)
+        values = rng.uniform(-1.0, 1.0, shape)
+        if dist == "v_outliers" and self.role == "v":
+            hits = self.streams["v_hits"].random(shape) < V_OUTLIER_FRACTION
+            signs = self.streams["v_signs"].random(int(hits.sum())) < 0.5
+            values[hits] = np.where(signs, -V_OUTLIER_MAGNITUDE, V_OUTLIER_MAGNITUDE)
+        return values
+
+
+class _NearTieKeys:
+    """Keys that are tiny perturbations of one row per kv head: all logits of a row nearly tie.
+
+    k and kRope are drawn together (one 192-wide key) and split; ``draw`` returns both.
+    """
+
+    def __init__(self, streams: dict[str, np.random.Generator], heads: int) -> None:
+        self.rng, self.heads = streams["k"], heads
+        self.base = streams["tie_base"].uniform(-1.0, 1.0, (1, heads, SCORE_DIM))
+
+    def draw(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        full = self.base + NEAR_TIE_NOISE * self.rng.uniform(-1.0, 1.0, (rows, self.heads, SCORE_DIM))
+        return (full[..., :NOPE_DIM].reshape(rows, -1), full[..., NOPE_DIM:].reshape(rows, -1))
+
+
+def _chunks(rows: int, width: int) -> list[tuple[int, int]]:
+    step = max(1, CHUNK_ELEMENTS // max(width, 1))
+    return [(r0, min(r0 + step, rows)) for r0 in range(0, rows, step)]
+
+
+def _fill_packed(dests: list[np.ndarray], draw: Any, rows: int, dtype: str) -> None:
+    """Fill ``[rows, width]`` views ``dests`` from ``draw(n)`` (one float64 chunk per dest)."""
+    for r0, r1 in _chunks(rows, sum(d.shape[1] for d in dests)):
+        parts = draw(r1 - r0)
+        for dest, part in zip(dests, parts if isinstance(parts, tuple) else (parts,), strict=True):
+            dest[r0:r1] = round_to(part, dtype)
+
+
+def _fill_padded(dests: list[np.ndarray], draw: Any, spec: CaseSpec, garbage: list[np.random.Generator]) -> None:
+    """Fill padded ``[B, S, width]`` tensors: each batch's valid rows from ``draw``, the rest garbage."""
+    width = sum(d.shape[2] for d in dests)
     for b, length in enumerate(spec.kv_seqlen):
-        garbage[b, :length] = packed[offset : offset + length].reshape(length, n * d)
-        offset += length
-    return garbage
+        _fill_packed([d[b] for d in dests], draw, length, spec.dtype)
+        pad = spec.padded_rows - length
+        for dest, rng in zip(dests, garbage, strict=True):
+            for r0, r1 in _chunks(pad, width):
+                shape = (r1 - r0, dest.shape[2])
+                values = rng.uniform(-1.0, 1.0, shape)  # one draw per value: +-[2, 4)
+                values += np.copysign(1.0, values)
+                values *= 2.0
+                dest[b, length + r0 : length + r1] = round_to(values, spec.dtype)
 
 
 def generate_inputs(spec: CaseSpec) -> OpInputs:
-    """All operator inputs of a case, in its layouts and dtype (see :class:`OpInputs`)."""
-    rng = case_rng(spec)
-    t, tk, h, hkv = spec.total_q, spec.total_kv, spec.head_num, max(spec.kv_head_num, 1)
-    q_nope = _draw(rng, spec, (t, h, NOPE_DIM), "q")
-    q_rope = _draw(rng, spec, (t, h, ROPE_DIM), "q")
-    if spec.distribution == "near_tie":
-        k_full = _near_tie_keys(rng, spec, (tk, hkv, SCORE_DIM))
-        k_nope, k_rope = k_full[..., :NOPE_DIM], k_full[..., NOPE_DIM:]
-    else:
-        k_nope = _draw(rng, spec, (tk, hkv, NOPE_DIM), "k")
-        k_rope = _draw(rng, spec, (tk, hkv, ROPE_DIM), "k")
-    v = _draw(rng, spec, (tk, hkv, V_DIM), "v")
+    """All operator inputs of a case, in its layouts and dtype (see :class:`OpInputs`).
 
-    if spec.q_layout == "2d":
-        q_nope, q_rope = q_nope.reshape(t, h * NOPE_DIM), q_rope.reshape(t, h * ROPE_DIM)
-    if spec.kv_layout == "padded":
-        k_nope, k_rope, v = (_padded(x, spec, rng) for x in (k_nope, k_rope, v))
+    Drawn in chunks of :data:`CHUNK_ELEMENTS` float64 values and rounded into the device-dtype
+    tensors as they go: the only whole-tensor arrays are the results themselves (2 bytes a value).
+    """
+    streams = case_streams(spec)
+    t, h, hkv, dtype = spec.total_q, spec.head_num, max(spec.kv_head_num, 1), numpy_dtype(spec.dtype)
+    q = np.empty((t, h * NOPE_DIM), dtype=dtype)
+    q_rope = np.empty((t, h * ROPE_DIM), dtype=dtype)
+    _fill_packed([q], _Source(spec, streams, "q", h, NOPE_DIM).draw, t, spec.dtype)
+    _fill_packed([q_rope], _Source(spec, streams, "q_rope", h, ROPE_DIM).draw, t, spec.dtype)
+    padded = spec.kv_layout == "padded"
+    rows = (spec.batch, spec.padded_rows) if padded else (spec.total_kv,)
+    k = np.empty((*rows, hkv * NOPE_DIM), dtype=dtype)
+    k_rope = np.empty((*rows, hkv * ROPE_DIM), dtype=dtype)
+    v = np.empty((*rows, hkv * V_DIM), dtype=dtype)
+    if spec.distribution == "near_tie":
+        key_sources: list[tuple[list[np.ndarray], Any, list[str]]] = [
+            ([k, k_rope], _NearTieKeys(streams, hkv).draw, ["pad_k", "pad_k_rope"])]
+    else:
+        key_sources = [([k], _Source(spec, streams, "k", hkv, NOPE_DIM).draw, ["pad_k"]),
+                       ([k_rope], _Source(spec, streams, "k_rope", hkv, ROPE_DIM).draw, ["pad_k_rope"])]
+    key_sources.append(([v], _Source(spec, streams, "v", hkv, V_DIM).draw, ["pad_v"]))
+    for dests, draw, pads in key_sources:
+        if padded:
+            _fill_padded(dests, draw, spec, [streams[name] for name in pads])
+        else:
+            _fill_packed(dests, draw, spec.total_kv, spec.dtype)
+    if spec.q_layout == "3d":
+        q, q_rope = q.reshape(t, h, NOPE_DIM), q_rope.reshape(t, h, ROPE_DIM)
+    if not padded:
+        k, k_rope, v = (x.reshape(spec.total_kv, hkv, -1) for x in (k, k_rope, v))
     return OpInputs(
-        q=round_to(q_nope, spec.dtype),
-        q_rope=round_to(q_rope, spec.dtype),
-        k=round_to(k_nope, spec.dtype),
-        k_rope=round_to(k_rope, spec.dtype),
-        v=round_to(v, spec.dtype),
+        q=q,
+        q_rope=q_rope,
+        k=k,
+        k_rope=k_rope,
+        v=v,
         q_seqlen=np.asarray(spec.q_seqlen, dtype=np.int32),
         kv_seqlen=np.asarray(spec.kv_seqlen, dtype=np.int32),
         mask=build_mask(spec.dtype) if spec.mask_type == 2 else None,

@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from facts.operator import V_DIM
+from facts.operator import SCORE_DIM, V_DIM
+from golden import progress
 from golden.layout import causal_offset, kv_views, offsets, out_shape, q_views, row_valid
 from golden.spec import CaseSpec
 from golden.types import OpInputs
@@ -81,7 +82,8 @@ def iter_head_tasks(inputs: OpInputs, spec: CaseSpec, compute_dtype: type[np.flo
         kn, kr, vv = kv_views(inputs, spec, b)
         rows = slice(int(starts[b]), int(starts[b]) + q_len)
         for g in range(spec.kv_head_num):
-            k = np.concatenate([kn[:, g], kr[:, g]], axis=1).astype(compute_dtype)
+            # Fortran order: the tiles' ``q @ k[:k_end].T`` is then a plain (NN) GEMM, ~5-9 % faster
+            k = np.asfortranarray(np.concatenate([kn[:, g], kr[:, g]], axis=1), dtype=compute_dtype)
             v = np.ascontiguousarray(vv[:, g], dtype=compute_dtype)
             for h in range(g * group, (g + 1) * group):
                 q = np.concatenate([qn[rows, h], qr[rows, h]], axis=1).astype(compute_dtype)
@@ -99,11 +101,24 @@ def tile_bounds(task: HeadTask, tile: int) -> Iterator[tuple[int, int, int, tupl
             yield i0, i1, min(kv_len, i1 + task.offset), (i0, task.offset)
 
 
+def tile_flops(q_len: int, k_end: int, diag: tuple[int, int] | None) -> int:
+    """Useful FLOPs of a tile of ``q_len`` rows (summed over every tile: the case's useful FLOPs)."""
+    if diag is None:
+        pairs = q_len * k_end
+    else:  # row row0 + r sees min(k_end, first + r) keys, first = row0 + offset + 1 (closed form)
+        row0, offset = diag
+        first = row0 + offset + 1
+        growing = max(0, min(q_len, k_end - first))  # rows still below k_end
+        pairs = growing * first + growing * (growing - 1) // 2 + (q_len - growing) * k_end
+    return 2 * (SCORE_DIM + V_DIM) * pairs
+
+
 def run_tiles(task: HeadTask, kernel: TileKernel, scale: float, tile: int) -> np.ndarray:
     """Apply ``kernel`` tile by tile over one head's query rows; returns ``[q_len, 128]``."""
     out = np.empty((task.q_len, V_DIM), dtype=task.q.dtype)
     for i0, i1, k_end, diag in tile_bounds(task, tile):
         out[i0:i1] = kernel(task.q[i0:i1], task.k[:k_end], task.v[:k_end], scale, diag)
+        progress.add_work(tile_flops(i1 - i0, k_end, diag))
     return out
 
 
@@ -227,6 +242,7 @@ def attention(
     def one_tile(task: HeadTask, i0: int, i1: int, k_end: int, diag: tuple[int, int] | None) -> None:
         rows = slice(task.q_start + i0, task.q_start + i1)
         out[rows, task.head] = kernel(task.q[i0:i1], task.k[:k_end], task.v[:k_end], scale, diag)
+        progress.add_work(tile_flops(i1 - i0, k_end, diag))
 
     with pinned_threads():
         if threads <= 1:
@@ -277,6 +293,7 @@ def torch_attention(
             scores.exp_()
             rows = slice(task.q_start + i0, task.q_start + i1)
             out[rows, task.head] = (scores @ v[:k_end]) / scores.sum(dim=1, keepdim=True)
+            progress.add_work(tile_flops(i1 - i0, k_end, diag))
     result: np.ndarray = out.cpu().numpy()
     return result
 

@@ -26,12 +26,13 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import numpy as np
 
 from facts.shard import in_shard
-from golden.progress import Progress
+from golden import progress as work_progress
+from golden.progress import CaseWork, Progress
 from golden.spec import CaseSpec, load_suite, load_suites
 from golden.store import Builder, GoldenStore, GoldenStoreError, read_golden
 from golden.types import GoldenCase
@@ -139,6 +140,23 @@ class CaseOutcome:
     seconds: float = 0.0
 
 
+_worker_queue: Any = None
+
+
+def _report_to_queue(work: CaseWork) -> None:
+    """In a worker process: send in-case progress to the parent (never blocks the build)."""
+    with contextlib.suppress(Exception):
+        _worker_queue.put_nowait((work.case_id, work.fraction, work.text()))
+
+
+def _init_worker(queue: Any, parent_pid: int) -> None:
+    """Worker process start: die with the parent, report in-case progress through ``queue``."""
+    die_with_parent(parent_pid)
+    global _worker_queue
+    _worker_queue = queue
+    work_progress.add_listener(_report_to_queue)
+
+
 def regen_one(task: RegenTask) -> CaseOutcome:
     """One case (runs in a worker process); failures are reported, not raised."""
     start = time.monotonic()
@@ -192,25 +210,60 @@ def regen(
     jobs = max(1, min(jobs, len(todo)))
     threads = max(1, cpu_count() // jobs)
     tasks = [RegenTask(s, str(store.root), store.generator_version, builder, threads, force) for s in todo]
-    progress = Progress(len(tasks), "regen", stream)
+    flops = {s.case_id: float(s.useful_flops) for s in todo}
+    progress = Progress(len(tasks), "regen", stream, work=sum(flops.values()) or None)
+    running: dict[str, float] = {}  # case id -> fraction of its build done (in-case progress)
+    lock = threading.Lock()
+
+    def in_case(case_id: str, fraction: float, note: str) -> None:
+        with lock:
+            if case_id in done:
+                return
+            running[case_id] = fraction
+            progress.partial(sum(flops.get(c, 0.0) * f for c, f in running.items()), note)
+
+    done: set[str] = set()
 
     def record(outcome: CaseOutcome) -> None:
         summary.outcomes.append(outcome)
-        progress.advance(f"{outcome.action} {outcome.case_id} ({outcome.seconds:.1f}s)")
+        with lock:
+            done.add(outcome.case_id)
+            running.pop(outcome.case_id, None)
+            progress.partial(sum(flops.get(c, 0.0) * f for c, f in running.items()))
+        progress.advance(f"{outcome.action} {outcome.case_id} ({outcome.seconds:.1f}s)",
+                         work=flops.get(outcome.case_id, 0.0), skipped=outcome.action != "generated")
 
     if jobs == 1:
-        for task in tasks:
-            record(regen_one(task))
+        remove = work_progress.add_listener(lambda w: in_case(w.case_id, w.fraction, w.text()))
+        try:
+            for task in tasks:
+                record(regen_one(task))
+        finally:
+            remove()
     else:
         context = multiprocessing.get_context("spawn")
-        pool = ProcessPoolExecutor(jobs, context, initializer=die_with_parent, initargs=(os.getpid(),))
-        with thread_env(threads), pool:
-            futures = {pool.submit(regen_one, task): task for task in tasks}
-            for future in as_completed(futures):
-                try:
-                    record(future.result())
-                except Exception as exc:  # a crashed worker fails its case, not the run
-                    record(CaseOutcome(futures[future].spec.case_id, "failed", f"worker died: {exc!r}"))
+        queue = context.Queue()
+        stop = threading.Event()
+
+        def drain() -> None:
+            while not stop.is_set():
+                with contextlib.suppress(Exception):
+                    in_case(*queue.get(timeout=0.2))
+
+        listener = threading.Thread(target=drain, name="regen-progress", daemon=True)
+        listener.start()
+        try:
+            with thread_env(threads), ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker,
+                                                          initargs=(queue, os.getpid())) as pool:
+                futures = {pool.submit(regen_one, task): task for task in tasks}
+                for future in as_completed(futures):
+                    try:
+                        record(future.result())
+                    except Exception as exc:  # a crashed worker fails its case, not the run
+                        record(CaseOutcome(futures[future].spec.case_id, "failed", f"worker died: {exc!r}"))
+        finally:
+            stop.set()
+            listener.join()
     progress.close()
     summary.elapsed = time.monotonic() - start
     return summary

@@ -18,8 +18,10 @@ the spec's content)::
       baseline_stats_sha256   SHA-256 of the baseline statistics as sorted JSON (the benchmark rule's
                               denominators are checked like data)
     /inputs/{q,q_rope,k,k_rope,v,q_seqlen,kv_seqlen[,mask]}
-                              exact device values: fp16 as float16 (device_dtype="fp16"); bf16 as float32
-                              values that are exactly bf16 (device_dtype="bf16"); seqlens int32
+                              exact device values: fp16 as float16 (device_dtype="fp16"); bf16 as uint16
+                              holding the bf16 bit patterns (device_dtype="bf16": the upper half of a
+                              float32; numpy: ``a.view(ml_dtypes.bfloat16)``, or
+                              ``(a.astype(uint32) << 16).view(float32)``); seqlens int32
     /golden/out               float64 reference in the op's output layout (q's layout)
     /golden/row_valid         bool [T]: False for rows of zero-length batches ("don't care")
     /golden/{pv_abs,pv_rss,pvs_rss,pv_scale}
@@ -87,7 +89,8 @@ from golden.magnitudes import MAGNITUDES
 from golden.spec import CaseSpec
 from golden.types import INPUT_NAMES, GoldenCase, OpInputs
 
-SCHEMA_VERSION = 3
+#: 4: whole-file integrity header, error-model magnitudes, bf16 as uint16 bit patterns (2: none of them).
+SCHEMA_VERSION = 4
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 #: Largest integrity header (HDF5 user block) a reader accepts.
 MAX_HEADER = 1 << 20
@@ -179,7 +182,9 @@ def library_versions() -> dict[str, str]:
 
 
 def _sha256(arr: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()
+    """SHA-256 of the array's raw bytes (C order), hashed in place: no copy of the data."""
+    flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+    return hashlib.sha256(flat.data).hexdigest()
 
 
 def stats_sha256(stats: dict[str, Any]) -> str:
@@ -187,26 +192,28 @@ def stats_sha256(stats: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(stats, sort_keys=True).encode()).hexdigest()
 
 
+#: How a device dtype is stored: bf16 as its 16-bit patterns (HDF5 has no bfloat16 type).
+STORED_AS = {"bf16": "uint16", "fp16": "float16"}
+
+
 def _encode(arr: np.ndarray) -> tuple[np.ndarray, str]:
-    """Device array -> (array HDF5 can store natively, device_dtype tag)."""
+    """Device array -> (array HDF5 can store natively, device_dtype tag); never copies."""
     if arr.dtype == ml_dtypes.bfloat16:
-        return arr.astype(np.float32), "bf16"
+        return arr.view(np.uint16), "bf16"
     if arr.dtype == np.float16:
         return arr, "fp16"
     return arr, arr.dtype.name
 
 
 def _decode(stored: np.ndarray, tag: str, path: Path, name: str) -> np.ndarray:
-    """Stored array -> device array, checking the dtype agrees with the tag (bf16 exactly)."""
-    expected = {"bf16": "float32", "fp16": "float16"}.get(tag, tag)
+    """Stored array -> device array, checking the dtype agrees with the tag; never copies."""
+    expected = STORED_AS.get(tag, tag)
     if stored.dtype.name != expected:
         message = f"stored as {stored.dtype.name}, device_dtype {tag!r} needs {expected}"
         raise GoldenCorruptError(path, message, name)
     if tag != "bf16":
         return stored
-    device = stored.astype(ml_dtypes.bfloat16)
-    if not np.array_equal(device.astype(np.float32).view(np.uint32), stored.view(np.uint32)):
-        raise GoldenCorruptError(path, "float32 values are not exactly representable in bf16", name)
+    device: np.ndarray = stored.view(ml_dtypes.bfloat16)
     return device
 
 
@@ -464,8 +471,9 @@ def _read_verified(f: h5py.File, path: Path) -> dict[str, np.ndarray]:
         listed: dict[str, str] = json.loads(f.attrs["checksums_json"])
     except (KeyError, OSError, ValueError, TypeError) as exc:
         raise GoldenCorruptError(path, f"root attribute 'checksums_json' unusable: {exc}") from exc
-    found: list[str] = []
-    f.visititems(lambda name, obj: found.append(name) if isinstance(obj, h5py.Dataset) else None)
+    found: list[str] = []  # every dataset, one group deep (a deeper object is listed by its group's name)
+    for top, obj in f.items():
+        found.extend(f"{top}/{name}" for name in obj) if isinstance(obj, h5py.Group) else found.append(top)
     if sorted(found) != sorted(listed):
         raise GoldenCorruptError(path, f"datasets {sorted(found)} but checksums_json lists {sorted(listed)}")
     arrays: dict[str, np.ndarray] = {}

@@ -2,6 +2,11 @@
 
 They compute in the case dtype, one sequence at a time over ragged batches, and share no numerical
 code with the golden generator: they exist to be checked, not to check.
+
+Working memory per call is bounded: a sequence is attended in groups of heads (and, when one head's
+``q x kv`` scores alone exceed the budget, in blocks of query rows with an explicit mask), so that
+SDPA's math path never materialises more than :data:`SCORE_BUDGET` score elements and GQA's
+repeated keys exist for one head group at a time.  128 heads x 16k tokens then runs in a few GB.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from facts.operator import NOPE_DIM, ROPE_DIM, V_DIM, kv_layout_of
 from harness.backend import Availability, BackendError, BackendInfo, MlaPrefillCall
 
 NOPE, ROPE, VDIM = NOPE_DIM, ROPE_DIM, V_DIM
+#: Score elements (query rows x keys x heads) one SDPA call may touch: 2^26 = 256 MB in float32.
+SCORE_BUDGET = 1 << 26
 
 
 def _kv_rows(call: MlaPrefillCall, tensor: torch.Tensor, head_dim: int, batch: int, start: int | None) -> torch.Tensor:
@@ -58,7 +65,7 @@ class TorchSdpaBackend:
             raise BackendError("ERROR_INVALID_PARAM", "create", f"headNum {h} is not a multiple of kvHeadNum {hkv}")
         group = h // hkv
         total_q = call.q.shape[0]
-        q = torch.cat([call.q.reshape(total_q, h, NOPE), call.q_rope.reshape(total_q, h, ROPE)], dim=-1).to(dev)
+        q_nope, q_rope = call.q.reshape(total_q, h, NOPE), call.q_rope.reshape(total_q, h, ROPE)
         k, k_rope, v = (t.to(dev) for t in (call.k, call.k_rope, call.v))
         out = torch.zeros(total_q, h, VDIM, dtype=call.q.dtype, device=dev)
         packed = kv_layout_of(call.k.shape, call.kv_seqlen.tolist(), hkv) == "packed"
@@ -67,11 +74,17 @@ class TorchSdpaBackend:
             q_len, kv_len = int(call.q_seqlen[b]), int(call.kv_seqlen[b])
             if q_len and kv_len:
                 start = kv_start if packed else None
-                keys = torch.cat([_kv_rows(call, k, NOPE, b, start), _kv_rows(call, k_rope, ROPE, b, start)], -1)
+                k_nope_b, k_rope_b = _kv_rows(call, k, NOPE, b, start), _kv_rows(call, k_rope, ROPE, b, start)
                 values = _kv_rows(call, v, VDIM, b, start)
-                out[q_start : q_start + q_len] = self._attend(
-                    q[q_start : q_start + q_len], keys, values, group, call.qk_scale, call.mask_type
-                )
+                heads = max(1, min(h, SCORE_BUDGET // (q_len * kv_len))) // group * group or group
+                for h0 in range(0, h, heads):  # keys and queries are concatenated per head group only
+                    rows = slice(q_start, q_start + q_len)
+                    q = torch.cat([q_nope[rows, h0 : h0 + heads], q_rope[rows, h0 : h0 + heads]], -1).to(dev)
+                    kv_heads = slice(h0 // group, (h0 + heads) // group)
+                    keys = torch.cat([k_nope_b[:, kv_heads], k_rope_b[:, kv_heads]], -1)
+                    out[rows, h0 : h0 + heads] = self._attend(
+                        q, keys, values[:, kv_heads], group, call.qk_scale, call.mask_type
+                    )
             q_start += q_len
             kv_start += kv_len
         return out.reshape(total_q, h * VDIM) if call.q.dim() == 2 else out
@@ -84,14 +97,29 @@ class TorchSdpaBackend:
         qh = q.transpose(0, 1)
         kh = k.transpose(0, 1).repeat_interleave(group, dim=0)
         vh = v.transpose(0, 1).repeat_interleave(group, dim=0)
-        mask = None
-        is_causal = mask_type == 2
-        if mask_type == 3:  # bottom-right aligned: key j visible to row i iff j <= i + (kv - q)
-            q_len, kv_len = q.shape[0], k.shape[0]
-            rows = torch.arange(q_len, device=q.device)[:, None]
-            cols = torch.arange(kv_len, device=q.device)[None, :]
-            mask = cols <= rows + (kv_len - q_len)
-        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=is_causal, scale=scale)
+        q_len, kv_len, heads = q.shape[0], k.shape[0], q.shape[1]
+        if q_len * kv_len * heads <= SCORE_BUDGET:
+            mask = None
+            is_causal = mask_type == 2
+            if mask_type == 3:  # bottom-right aligned: key j visible to row i iff j <= i + (kv - q)
+                rows = torch.arange(q_len, device=q.device)[:, None]
+                cols = torch.arange(kv_len, device=q.device)[None, :]
+                mask = cols <= rows + (kv_len - q_len)
+            out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=is_causal, scale=scale)
+            return out.transpose(0, 1)
+        # one head's scores exceed the budget: blocks of query rows, each against the keys it may see
+        offset = {2: 0, 3: kv_len - q_len}.get(mask_type)
+        block = max(1, SCORE_BUDGET // (kv_len * heads))
+        out = torch.empty(heads, q_len, v.shape[-1], dtype=q.dtype, device=q.device)
+        for i0 in range(0, q_len, block):
+            i1 = min(i0 + block, q_len)
+            k_end = kv_len if offset is None else min(kv_len, i1 + offset)
+            mask = None
+            if offset is not None:
+                rows = torch.arange(i0, i1, device=q.device)[:, None]
+                mask = torch.arange(k_end, device=q.device)[None, :] <= rows + offset
+            out[:, i0:i1] = F.scaled_dot_product_attention(qh[:, i0:i1], kh[:, :k_end], vh[:, :k_end],
+                                                           attn_mask=mask, scale=scale)
         return out.transpose(0, 1)
 
 

@@ -56,6 +56,9 @@ BACKENDS = pytest.StashKey[list[str]]()
 #: Default per-test timeout of the MLA suites, in seconds (``--mla-timeout``).
 DEFAULT_TIMEOUT_S = 900.0
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+#: The real stderr, kept before pytest's capture redirects fd 2 (plugins load first): goldens that
+#: take long to generate on demand announce themselves there, from xdist workers too.
+_TERMINAL_FD = os.dup(2)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -349,11 +352,14 @@ def backend(backend_name: str, backend_cache: dict[str, Backend]) -> Backend:
 
 
 @pytest.fixture(scope="session")
-def golden_store(pytestconfig: pytest.Config) -> GoldenStore:
+def golden_store(pytestconfig: pytest.Config) -> Iterator[GoldenStore]:
+    from golden import progress
     from golden.store import GoldenStore
 
+    remove = progress.add_listener(progress.Announcer(progress.fd_writer(_TERMINAL_FD)))
     root = pytestconfig.getoption("golden_dir") or os.environ.get("MLA_GOLDEN_DIR")
-    return GoldenStore(Path(root) if root else None)
+    yield GoldenStore(Path(root) if root else None)
+    remove()
 
 
 @pytest.fixture(scope="session")

@@ -71,7 +71,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str
 def test_register_adds_the_four_verbs() -> None:
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers(dest="verb"))
-    for verb, extra in (("regen", []), ("verify", []), ("list", []), ("show", ["abc"])):
+    for verb, extra in (("regen", []), ("verify", []), ("list", []), ("show", ["abc"]), ("store", [])):
         args = parser.parse_args([verb, *extra])
         assert callable(args.func) and args.func.__name__ == f"cmd_{verb}"
 
@@ -195,3 +195,82 @@ def test_progress_prints_per_item_or_per_five_percent(total: int, lines: int) ->
     progress.close()
     text = stream.getvalue().splitlines()
     assert len(text) == lines and text[-1].startswith(f"regen {total}/{total} (100%)")
+
+
+def test_progress_by_work_counts_flops_and_running_cases() -> None:
+    stream = io.StringIO()
+    progress = Progress(2, "regen", stream, work=4e9)
+    progress.partial(1e9, "[a: reference 50%]")  # a log gets a line only every LOG_INTERVAL
+    progress.advance("a", work=2e9)
+    progress.advance("b", work=2e9)
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("regen 1/2 (50% of 4.0 GFLOP)") and "GF/s" in lines[0]
+    assert lines[-1].startswith("regen 2/2 (100% of 4.0 GFLOP)")
+
+
+@pytest.mark.parametrize("mask_type", [0, 2, 3])
+def test_build_reports_work_inside_a_case(mask_type: int) -> None:
+    """Every reference and baseline tile reports its useful FLOPs: a build ends at exactly 100 %."""
+    from golden import progress
+    from golden.generate import build_golden
+    from golden.spec import build_case
+
+    fields: dict[str, object] = {"q_seqlen": [300, 0, 40], "head_num": 2, "mask_type": mask_type}
+    if mask_type == 3:
+        fields.update(kv_seqlen=[700, 3, 40], kv_layout="padded")
+    spec = build_case(fields, source="test")
+    seen: list[tuple[str, float, bool]] = []
+    lines: list[str] = []
+    announce = progress.Announcer(lines.append, after=0.0, every=0.0)
+    remove = progress.add_listener(lambda w: seen.append((w.stage, w.fraction, w.finished)))
+    remove_announcer = progress.add_listener(announce)
+    try:
+        build_golden(spec, threads=2)
+    finally:
+        remove()
+        remove_announcer()
+    assert {"reference", "baseline", "statistics"} <= {stage for stage, _, _ in seen}
+    assert seen[-1] == ("statistics", 1.0, True)
+    assert lines[-1].startswith(f"golden: generated {spec.case_id} in ")
+    assert "useful" in lines[0]
+
+
+def test_list_announces_cost(capsys: pytest.CaptureFixture[str], suite: Path, tmp_path: Path) -> None:
+    from golden import cost
+
+    out = tmp_path / "store"
+    rc, text = run(capsys, "list", "--cases", suite, "--out", out)
+    assert rc == 0 and "FLOP  ~" in text and "peak ~" in text
+    assert text.splitlines()[-1].startswith(f"total: {N_CASES + 1} cases, ")
+    assert run(capsys, "regen", "--cases", suite, "--out", out)[0] == 0
+    for spec in load_suite(suite):
+        if spec.expect_error is None:  # the estimate is the file's size up to the fixed metadata allowance
+            actual = (out / f"{spec.case_id}.h5").stat().st_size
+            assert cost.stored_bytes(spec) - cost.FILE_OVERHEAD <= actual <= cost.stored_bytes(spec), spec.case_id
+
+
+def test_store_shows_suites_and_prunes_only_with_yes(capsys: pytest.CaptureFixture[str], suite: Path,
+                                                     tmp_path: Path) -> None:
+    out = tmp_path / "store"
+    assert run(capsys, "regen", "--cases", suite, "--out", out)[0] == 0
+    orphan = out / "fp16-undefined-old-case-0000aaaa.h5"
+    orphan.write_bytes(b"x" * 10)
+    rc, text = run(capsys, "store", "--out", out, "--cases", suite)
+    assert rc == 0 and f"{N_CASES:7d}     0" in text and "unreferenced: 1 files" in text
+    rc, text = run(capsys, "store", "--out", out, "--cases", suite, "--prune")
+    assert "would delete fp16-undefined-old-case-0000aaaa.h5" in text and orphan.exists()
+    rc, text = run(capsys, "store", "--out", out, "--cases", suite, "--prune", "--yes")
+    assert "delete fp16-undefined-old-case-0000aaaa.h5" in text and not orphan.exists()
+    assert len(list(out.glob("*.h5"))) == N_CASES  # referenced files stay
+
+
+def test_regen_in_worker_processes_reports_work(suite: Path, tmp_path: Path) -> None:
+    """--jobs 2: workers send in-case progress through a queue; the line counts FLOPs, not cases."""
+    from golden import regen as rg
+
+    stream = io.StringIO()
+    specs = rg.select_cases([], [suite])
+    summary = rg.regen(specs, GoldenStore(tmp_path / "store"), jobs=2, stream=stream)
+    assert summary.count("generated") == N_CASES and summary.count("failed") == 0
+    lines = stream.getvalue().splitlines()
+    assert lines[-1].startswith(f"regen {N_CASES}/{N_CASES} (100% of ") and " FLOP) " in lines[-1]

@@ -88,3 +88,21 @@ def test_near_ties_and_outliers() -> None:
     assert float(np.ptp(kn.astype(np.float64)[:, 0, 0])) < 0.05  # every key is one row plus noise
     outliers = generate_inputs(spec_of(distribution="v_outliers", q_seqlen=[512]))
     assert np.abs(outliers.v.astype(np.float64)).max() == V_OUTLIER_MAGNITUDE
+
+
+@pytest.mark.parametrize("distribution", ["uniform", "normal", "near_tie", "v_outliers", "large_logits"])
+@pytest.mark.parametrize("kv_layout", ["padded", "packed"])
+def test_values_do_not_depend_on_the_chunk_size(monkeypatch: pytest.MonkeyPatch, distribution: str,
+                                                kv_layout: str) -> None:
+    """Inputs are drawn and rounded in chunks (bounded memory); every stream is consumed in row order."""
+    import golden.inputs as inputs_module
+
+    fields: dict[str, object] = {"q_seqlen": [37, 64], "kv_seqlen": [40, 70], "mask_type": 3, "kv_capacity": 80}
+    if kv_layout == "packed":
+        fields = {"q_seqlen": [37, 64], "mask_type": 0}
+    spec = spec_of(distribution=distribution, kv_layout=kv_layout, **fields)
+    whole = generate_inputs(spec)
+    monkeypatch.setattr(inputs_module, "CHUNK_ELEMENTS", 1000)  # a few rows per chunk
+    chunked = generate_inputs(spec)
+    for name, array in whole.arrays().items():
+        assert np.array_equal(array.view(np.uint8), chunked.arrays()[name].view(np.uint8)), name

@@ -200,3 +200,18 @@ def test_worst_is_first_of_equal_violations_across_chunks(monkeypatch: pytest.Mo
     monkeypatch.setattr(gm, "CHUNK_ELEMENTS", 2)  # one row per chunk
     m = compute_metrics(actual, expected, np.ones(4, bool), "fp16", [2, 2])
     assert _worst(m) == (0, 1, 1, 0, 1)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_fast_finite_rounding_matches_round_to_dtype(dtype: str) -> None:
+    """The finite fast path's integer rounding gives round_to_dtype's bits, ties and overflow included."""
+    from golden.metrics import _bits16_finite, round_to_dtype
+
+    rng = np.random.default_rng(7)
+    x = np.concatenate([rng.normal(0, 1, 20000), rng.uniform(-1, 1, 2000) * 2.0 ** rng.integers(-140, 130, 2000),
+                        [0.0, -0.0, 1e-300, -1e-300, 65519.9, 65520.0, 3.3e38, 3.4e38, -3.39e38]])
+    with np.errstate(all="ignore"):
+        exact = round_to_dtype(x, dtype).astype(np.float64)
+        x = np.concatenate([x, exact, np.nextafter(exact, np.inf), (exact + np.nextafter(exact, np.inf)) / 2])
+        x = x[np.isfinite(x)]
+        assert np.array_equal(_bits16_finite(x, dtype), round_to_dtype(x, dtype).view(np.uint16))

@@ -118,9 +118,12 @@ def test_round_trip_is_bit_exact(store: GoldenStore, spec: CaseSpec) -> None:
 
 
 def test_file_schema_and_attributes(store: GoldenStore) -> None:
-    path = store.save(build_golden(BF16))
+    golden = build_golden(BF16)
+    path = store.save(golden)
     with h5py.File(path, "r", locking=False) as f:
-        assert f["inputs/q"].dtype == np.float32 and f["inputs/q"].attrs["device_dtype"] == "bf16"
+        assert f["inputs/q"].dtype == np.uint16 and f["inputs/q"].attrs["device_dtype"] == "bf16"
+        bits = f["inputs/q"][()].astype(np.uint32) << 16  # the documented decoding, without ml_dtypes
+        assert np.array_equal(bits.view(np.float32), golden.inputs.q.astype(np.float32))
         assert f["inputs/mask"].attrs["device_dtype"] == "bf16"
         assert f["inputs/q_seqlen"].dtype == np.int32
         assert f["golden/out"].dtype == np.float64 and f["golden/row_valid"].dtype == np.bool_
@@ -172,16 +175,13 @@ def test_truncated_file_is_detected_and_rebuilt(store: GoldenStore) -> None:
     store.load(BF16)
 
 
-def test_bf16_dataset_must_hold_exact_bf16_values(store: GoldenStore) -> None:
+def test_bf16_dataset_must_be_stored_as_16_bit_patterns(store: GoldenStore) -> None:
     golden = build_golden(BF16)
     path = store.save(golden)
-    exact = golden.inputs.q.astype(np.float32)
-    inexact = exact.copy()
-    inexact.flat[0] = np.float32(1.0 + 2.0**-20)
-    rewrite_dataset(path, "inputs/q", exact)
-    store.load(BF16)  # a rewrite with exact values and fixed checksums is accepted
-    rewrite_dataset(path, "inputs/q", inexact)
-    with pytest.raises(GoldenCorruptError, match="not exactly representable in bf16") as info:
+    rewrite_dataset(path, "inputs/q", golden.inputs.q.view(np.uint16).copy())
+    store.load(BF16)  # a rewrite with the same bits and fixed checksums is accepted
+    rewrite_dataset(path, "inputs/q", golden.inputs.q.astype(np.float32))  # the old (schema 2) encoding
+    with pytest.raises(GoldenCorruptError, match="stored as float32, device_dtype 'bf16' needs uint16") as info:
         store.load(BF16)
     assert info.value.dataset == "inputs/q"
 

@@ -1,0 +1,61 @@
+"""What a case costs before it is generated: useful FLOPs, bytes on disk, peak memory.
+
+``mlaconf list`` prints these per case and in total, so a suite announces its cost up front.
+
+- bytes: exactly the datasets the store writes (inputs in the device dtype, 2 bytes a value; the
+  float64 golden; the baseline in the device dtype; row_valid; the mask) plus a fixed allowance for
+  HDF5 metadata and attributes;
+- peak memory: the resident arrays of ``build_golden`` at its largest point (inputs, the float64
+  golden, the baseline's float32 result and its device-dtype copy) plus the per-thread tile
+  buffers and the interpreter with numpy and torch loaded.  Calibrated against ``/usr/bin/time -v``
+  on ``mlaconf regen --jobs 1`` (docs/benchmarks.md); meant to be within ~20 %.
+"""
+
+from __future__ import annotations
+
+from facts.operator import NOPE_DIM, ROPE_DIM, V_DIM
+from golden.reference import DEFAULT_TILE
+from golden.spec import CaseSpec
+
+#: HDF5 superblock, object headers and the root attributes (JSON spec, provenance, checksums).
+FILE_OVERHEAD = 64 * 1024
+#: The interpreter with numpy, h5py, ml_dtypes and torch imported (VmRSS, measured).
+PROCESS_BASE = 300 * 1024 * 1024
+MASK_BYTES = 512 * 512 * 2
+
+
+def input_elements(spec: CaseSpec) -> int:
+    """Values in q, qRope, k, kRope and v as stored (padded kv includes its padding)."""
+    kv_rows = spec.batch * spec.padded_rows if spec.kv_layout == "padded" else spec.total_kv
+    q = spec.total_q * spec.head_num * (NOPE_DIM + ROPE_DIM)
+    return q + kv_rows * spec.kv_head_num * (NOPE_DIM + ROPE_DIM + V_DIM)
+
+
+def output_elements(spec: CaseSpec) -> int:
+    return spec.total_q * spec.head_num * V_DIM
+
+
+def stored_bytes(spec: CaseSpec) -> int:
+    """Bytes of the case's golden file (schema 3: 16-bit inputs and baseline, float64 golden)."""
+    if spec.expect_error is not None:
+        return 0
+    data = 2 * input_elements(spec) + (8 + 2) * output_elements(spec) + spec.total_q
+    return data + 8 * spec.batch + (MASK_BYTES if spec.mask_type == 2 else 0) + FILE_OVERHEAD
+
+
+def peak_bytes(spec: CaseSpec, threads: int = 1) -> int:
+    """Estimated peak RSS of ``build_golden(spec, threads=threads)`` in its own process."""
+    if spec.expect_error is not None:
+        return 0
+    out = output_elements(spec)
+    resident = 2 * input_elements(spec) + 8 * out + (4 + 2) * out  # inputs, golden, baseline f32 + f16
+    max_kv = max(spec.max_kv, 1)
+    per_worker = 8 * (DEFAULT_TILE * max_kv * 2 + max_kv * (NOPE_DIM + ROPE_DIM + V_DIM) * 2)
+    return resident + max(threads, 1) * 4 * per_worker + PROCESS_BASE
+
+
+def human_bytes(count: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.{2 if scale == 1e9 else 1}f} {unit}"
+    return f"{count:.0f} B"

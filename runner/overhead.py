@@ -1,0 +1,141 @@
+"""Framework overhead per conformance case, by stage: ``python -m runner.overhead --suite smoke``.
+
+Everything the conformance test does besides ``backend.run``: loading and verifying the golden,
+hashing the inputs (before and after the call, to catch a backend that writes into them),
+building the call, converting the output, the metrics, the verdict, and the record.  Each case is
+run once to warm caches (the golden is generated if missing), then ``--repeats`` times measured;
+the table gives per-stage medians over cases in wall and CPU (thread) time, so a loaded machine
+shows in the gap between them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from golden.spec import load_suites
+from golden.store import GoldenStore
+from harness import registry
+from judge.deviations import load_deviations
+from judge.policy import load_policies
+
+STAGES = ("load", "digests", "call", "backend", "metrics+verdict", "record")
+
+
+class Timer:
+    """Wall and thread-CPU seconds per stage for one case."""
+
+    def __init__(self) -> None:
+        self.wall: dict[str, float] = defaultdict(float)
+        self.cpu: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        wall, cpu = time.perf_counter(), time.thread_time()
+        try:
+            yield
+        finally:
+            self.wall[name] += time.perf_counter() - wall
+            self.cpu[name] += time.thread_time() - cpu
+
+
+def _wrap(module: Any, name: str, timer_ref: list[Timer], stage: str) -> Callable[[], None]:
+    original = getattr(module, name)
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        with timer_ref[0].stage(stage):
+            return original(*args, **kwargs)
+
+    setattr(module, name, timed)
+    return lambda: setattr(module, name, original)
+
+
+def measure(suite: str, backend_name: str, repeats: int, store: GoldenStore) -> list[dict[str, Any]]:
+    """Per case: median per-stage seconds (wall and CPU) over ``repeats`` runs."""
+    import runner.conformance as conformance
+    import runner.execution as execution
+
+    backend = registry.create(backend_name)
+    policies, deviations = load_policies(), load_deviations()
+    timer_ref = [Timer()]
+    original_run = backend.run
+
+    def run(call: Any) -> Any:
+        with timer_ref[0].stage("backend"):
+            return original_run(call)
+
+    backend.run = run  # type: ignore[method-assign]
+    restores = [
+        _wrap(conformance, "input_digests", timer_ref, "digests"),
+        _wrap(conformance, "make_call", timer_ref, "call"),
+        _wrap(conformance, "judge_output", timer_ref, "metrics+verdict"),
+        _wrap(conformance, "output_digest", timer_ref, "record"),
+        _wrap(execution, "to_numpy", timer_ref, "call"),
+    ]
+    rows = []
+    try:
+        for spec in load_suites([suite]):
+            if spec.expect_error is not None:
+                continue
+            store.ensure(spec)
+            samples: list[Timer] = []
+            for attempt in range(repeats + 1):
+                timer = timer_ref[0] = Timer()
+                with timer.stage("total"):
+                    with timer.stage("load"):
+                        golden = store.load(spec)
+                    result = conformance.run_case(golden, backend, policy_set=policies, policy="default",
+                                                  deviations=deviations)
+                    with timer.stage("record"):
+                        json.dumps(result.record, default=str)
+                if attempt:
+                    samples.append(timer)
+            row: dict[str, Any] = {"case": spec.case_id}
+            for kind in ("wall", "cpu"):
+                for stage in (*STAGES, "total"):
+                    row[f"{kind}:{stage}"] = statistics.median(getattr(t, kind)[stage] for t in samples)
+                row[f"{kind}:overhead"] = statistics.median(
+                    getattr(t, kind)["total"] - getattr(t, kind)["backend"] for t in samples)
+            rows.append(row)
+    finally:
+        for restore in restores:
+            restore()
+    return rows
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{len(rows)} cases; medians over cases, milliseconds (wall / thread CPU)"]
+    for stage in (*STAGES, "overhead", "total"):
+        wall = statistics.median(r[f"wall:{stage}"] for r in rows) * 1e3
+        cpu = statistics.median(r[f"cpu:{stage}"] for r in rows) * 1e3
+        worst = max(r[f"wall:{stage}"] for r in rows) * 1e3
+        lines.append(f"  {stage:16s} {wall:8.2f} / {cpu:8.2f}   (max wall {worst:.1f})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runner.overhead", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", default="smoke")
+    parser.add_argument("--backend", default="torch-cpu")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--golden-dir", default=None)
+    parser.add_argument("--json", default=None, help="write per-case rows as JSON")
+    args = parser.parse_args(argv)
+    rows = measure(args.suite, args.backend, args.repeats, GoldenStore(args.golden_dir))
+    print(format_rows(rows))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(rows, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
