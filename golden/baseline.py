@@ -52,7 +52,8 @@ def round_to_bf16(values: np.ndarray) -> np.ndarray:
     bits += odd
     bits += 0x7FFF
     bits &= 0xFFFF0000
-    return bits.view(np.float32)
+    rounded: np.ndarray = bits.view(np.float32)
+    return rounded
 
 
 def fp16_score_path(scale: float) -> TileKernel:

@@ -152,7 +152,8 @@ def round_to_dtype(values: np.ndarray, dtype: str) -> np.ndarray:
         inexact = np.isfinite(x) & (f32.astype(np.float64) != x)
         bits[inexact & (np.abs(f32) > np.abs(x))] -= 1  # truncate toward zero
     bits[inexact] |= 1  # then mark "inexact" in the last bit: round to odd
-    return bits.view(np.float32).astype(ml_dtypes.bfloat16)
+    rounded: np.ndarray = bits.view(np.float32).astype(ml_dtypes.bfloat16)
+    return rounded
 
 
 def ordered_bits(values: np.ndarray) -> np.ndarray:

@@ -291,7 +291,7 @@ def relative_difference(actual: np.ndarray, expected: np.ndarray) -> float:
     a, b = actual[~nan_b], expected[~nan_b]
     if a.size == 0:
         return 0.0
-    scale = max(float(np.max(np.abs(b))), np.finfo(np.float64).tiny)
+    scale = max(float(np.max(np.abs(b))), float(np.finfo(np.float64).tiny))
     return float(np.max(np.abs(a - b))) / scale
 
 

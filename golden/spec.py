@@ -436,7 +436,8 @@ def read_toml(path: Path, fail: Callable[[str, str], Exception]) -> dict[str, An
         size = path.stat().st_size
         if size > MAX_SUITE_BYTES:
             raise fail("<file>", f"{size} bytes; at most {MAX_SUITE_BYTES} are read")
-        return tomllib.loads(path.read_bytes().decode("utf-8"))
+        document: dict[str, Any] = tomllib.loads(path.read_bytes().decode("utf-8"))
+        return document
     except UnicodeDecodeError as exc:
         raise fail("<file>", f"not UTF-8 text: {exc}") from exc
     except tomllib.TOMLDecodeError as exc:
