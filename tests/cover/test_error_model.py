@@ -134,3 +134,26 @@ def test_magnitudes_survive_the_store(tmp_path: Any) -> None:
     loaded = store.load(CAUSAL)
     for name in MAGNITUDES:
         assert np.array_equal(loaded.magnitudes[name], golden.magnitudes[name]), name
+
+
+def test_schema_2_files_are_stale_and_rebuilt_with_magnitudes(tmp_path: Any) -> None:
+    import h5py
+
+    from golden.store import GoldenCorruptError, GoldenStaleError
+
+    store = GoldenStore(tmp_path)
+    path = store.save(build_golden(CAUSAL))
+    with h5py.File(path, "a", locking=False) as f:  # what a schema-2 file looks like: no magnitudes
+        for name in MAGNITUDES:
+            del f[f"golden/{name}"]
+        f.attrs["schema_version"] = 2
+    with pytest.raises(GoldenStaleError, match=r"schema_version .*2.*, store reads 3"):
+        store.load(CAUSAL)
+    result = store.ensure_result(CAUSAL)
+    assert result.action == "generated" and "GoldenStaleError" in result.why
+    assert set(store.load(CAUSAL).magnitudes) == set(MAGNITUDES)
+    with h5py.File(path, "a", locking=False) as f:  # magnitudes are checksummed like the rest
+        data = f["golden/pv_abs"]
+        data[0, 0] = data[0, 0] * 2 + 1
+    with pytest.raises(GoldenCorruptError, match="golden/pv_abs"):
+        store.load(CAUSAL)
