@@ -25,9 +25,9 @@ the spec's content)::
     /golden/out               float64 reference in the op's output layout (q's layout)
     /golden/row_valid         bool [T]: False for rows of zero-length batches ("don't care")
     /golden/{pv_abs,pv_rss,pvs_rss,pv_scale}
-                              float32 magnitudes per output element (golden.magnitudes; schema 3)
+                              float32 magnitudes per output element (golden.magnitudes; schema 4)
     /golden/{score_absmax,score_dot,p_rss}
-                              float32 magnitudes per row and head [T, H] (schema 3)
+                              float32 magnitudes per row and head [T, H] (schema 4)
     /baseline/out             emulated same-dtype baseline, stored like the inputs
     /baseline (group attrs)   baseline error statistics (float / int / bool / str)
 
@@ -35,11 +35,11 @@ Every dataset carries ``sha256`` (of its raw stored bytes, C order, little-endia
 ``device_dtype``.  Datasets are contiguous and uncompressed so ``h5dump`` shows them and a byte's
 file offset is known.
 
-Whole-file integrity (schema 3).  HDF5 parses object headers and attributes before any checksum of
+Whole-file integrity (schema 4).  HDF5 parses object headers and attributes before any checksum of
 ours could be looked at, and a damaged header can crash or hang it; so every file starts with an
 HDF5 *user block* (HDF5 skips it; ``h5dump`` and h5py read the file as usual) holding a text header::
 
-    MLA-GOLDEN-HDF5 schema 3 header 4096
+    MLA-GOLDEN-HDF5 schema 4 header 4096
     size <file size in bytes>
     dataset <path> <file offset> <bytes> <sha256 of those bytes>     (one line per dataset)
     sha256 <SHA-256 of the lines above + every byte after the header>

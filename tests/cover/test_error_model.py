@@ -15,7 +15,7 @@ from golden.magnitudes import MAGNITUDES, allowed_keys
 from golden.metrics import Metrics
 from golden.reference import effective_scale
 from golden.spec import CaseSpec, build_case
-from golden.store import GoldenStore
+from golden.store import SCHEMA_VERSION, GoldenStore
 from golden.types import GoldenCase
 from judge.policy import load_policies
 from judge.verdict import verdict_context
@@ -147,7 +147,7 @@ def test_schema_2_files_are_stale_and_rebuilt_with_magnitudes(tmp_path: Any) -> 
         for name in MAGNITUDES:
             del f[f"golden/{name}"]
         f.attrs["schema_version"] = 2
-    with pytest.raises(GoldenStaleError, match=r"schema_version .*2.*, store reads 3"):
+    with pytest.raises(GoldenStaleError, match=rf"schema_version .*2.*, store reads {SCHEMA_VERSION}"):
         store.load(CAUSAL)
     result = store.ensure_result(CAUSAL)
     assert result.action == "generated" and "GoldenStaleError" in result.why

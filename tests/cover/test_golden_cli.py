@@ -229,8 +229,8 @@ def test_build_reports_work_inside_a_case(mask_type: int) -> None:
     finally:
         remove()
         remove_announcer()
-    assert {"reference", "baseline", "statistics"} <= {stage for stage, _, _ in seen}
-    assert seen[-1] == ("statistics", 1.0, True)
+    assert {"reference", "baseline", "statistics", "magnitudes"} <= {stage for stage, _, _ in seen}
+    assert seen[-1] == ("magnitudes", 1.0, True)
     assert lines[-1].startswith(f"golden: generated {spec.case_id} in ")
     assert "useful" in lines[0]
 

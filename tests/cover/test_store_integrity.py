@@ -40,7 +40,7 @@ def store(tmp_path: Path) -> GoldenStore:
 
 def header_of(path: Path) -> tuple[int, bytes]:
     data = path.read_bytes()
-    size = int(re.match(rb"MLA-GOLDEN-HDF5 schema 3 header (\d+)\n", data)[1])  # type: ignore[index]
+    size = int(re.match(rb"MLA-GOLDEN-HDF5 schema \d+ header (\d+)\n", data)[1])  # type: ignore[index]
     return size, data[:size]
 
 

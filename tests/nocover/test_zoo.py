@@ -30,7 +30,7 @@ from runner.execution import execute, make_call
 from tests import zoo
 from tests.slack_table import groups, table
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.soak]  # about an hour on 2 cores: `pytest -m soak tests/nocover/test_zoo.py`
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = "1,2,3,4,5"
