@@ -56,7 +56,7 @@ def build_golden(spec: CaseSpec, *, threads: int = 1, inputs: OpInputs | None = 
 
     ``inputs`` replaces the generated ones (metamorphic tests judge transformed inputs).
     """
-    with progress.case_work(spec.case_id, 2.0 * spec.useful_flops):  # reference + baseline tiles
+    with progress.case_work(spec.case_id, 3.0 * spec.useful_flops):  # reference, baseline, magnitudes tiles
         inputs = generate_inputs(spec) if inputs is None else inputs
         device = os.environ.get(DEVICE_ENV, "cpu")  # MLA_GOLDEN_DEVICE=cuda: float64 reference on a GPU
         progress.set_stage("reference")

@@ -31,8 +31,16 @@ from typing import Any
 import numpy as np
 
 from facts.operator import V_DIM
+from golden import progress
 from golden.layout import out_shape
-from golden.reference import DEFAULT_GPU_TILE, DEFAULT_TILE, effective_scale, iter_head_tasks, tile_bounds
+from golden.reference import (
+    DEFAULT_GPU_TILE,
+    DEFAULT_TILE,
+    effective_scale,
+    iter_head_tasks,
+    tile_bounds,
+    tile_flops,
+)
 from golden.spec import CaseSpec
 from golden.types import OpInputs
 
@@ -116,6 +124,7 @@ def compute_magnitudes(inputs: OpInputs, spec: CaseSpec, *, device: str = "cpu",
         q = torch.from_numpy(task.q).to(dev) * scale
         for i0, i1, k_end, diag in tile_bounds(task, tile):
             part = _tile(q[i0:i1], k[:k_end], v[:k_end], knorm[:k_end], i0, diag, torch)
+            progress.add_work(tile_flops(i1 - i0, k_end, diag))
             sl = slice(task.q_start + i0, task.q_start + i1)
             for name in ELEMENT_MAGNITUDES:
                 elem[name][sl, task.head] = part[name].cpu().numpy()
