@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,7 +17,7 @@ from golden.magnitudes import MAGNITUDES, allowed_keys
 from golden.metrics import Metrics
 from golden.reference import effective_scale
 from golden.spec import CaseSpec, build_case
-from golden.store import SCHEMA_VERSION, GoldenStore
+from golden.store import SCHEMA_VERSION, GoldenStore, seal
 from golden.types import GoldenCase
 from judge.policy import load_policies
 from judge.verdict import verdict_context
@@ -136,6 +138,11 @@ def test_magnitudes_survive_the_store(tmp_path: Any) -> None:
         assert np.array_equal(loaded.magnitudes[name], golden.magnitudes[name]), name
 
 
+def reseal(path: Path) -> None:
+    """Rewrite the integrity header after a deliberate edit, to reach the checks behind it."""
+    path.write_bytes(seal(io.BytesIO(path.read_bytes())))
+
+
 def test_schema_2_files_are_stale_and_rebuilt_with_magnitudes(tmp_path: Any) -> None:
     import h5py
 
@@ -147,6 +154,7 @@ def test_schema_2_files_are_stale_and_rebuilt_with_magnitudes(tmp_path: Any) -> 
         for name in MAGNITUDES:
             del f[f"golden/{name}"]
         f.attrs["schema_version"] = 2
+    reseal(path)  # past the whole-file integrity header: the schema check itself must say stale
     with pytest.raises(GoldenStaleError, match=rf"schema_version .*2.*, store reads {SCHEMA_VERSION}"):
         store.load(CAUSAL)
     result = store.ensure_result(CAUSAL)
@@ -155,5 +163,8 @@ def test_schema_2_files_are_stale_and_rebuilt_with_magnitudes(tmp_path: Any) -> 
     with h5py.File(path, "a", locking=False) as f:  # magnitudes are checksummed like the rest
         data = f["golden/pv_abs"]
         data[0, 0] = data[0, 0] * 2 + 1
-    with pytest.raises(GoldenCorruptError, match="golden/pv_abs"):
+    with pytest.raises(GoldenCorruptError, match="golden/pv_abs"):  # the whole-file digest names it
+        store.load(CAUSAL)
+    reseal(path)
+    with pytest.raises(GoldenCorruptError, match="golden/pv_abs"):  # and so does its own checksum
         store.load(CAUSAL)

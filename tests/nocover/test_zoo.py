@@ -30,7 +30,8 @@ from runner.execution import execute, make_call
 from tests import zoo
 from tests.slack_table import groups, table
 
-pytestmark = [pytest.mark.slow, pytest.mark.soak]  # about an hour on 2 cores: `pytest -m soak tests/nocover/test_zoo.py`
+# About an hour on 2 cores, so deselected by default: `pytest -m soak tests/nocover/test_zoo.py`.
+pytestmark = [pytest.mark.slow, pytest.mark.soak]
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = "1,2,3,4,5"
