@@ -245,29 +245,12 @@ class _Accumulator:
             diff = np.where(bad, np.inf, a - g)
             err = np.abs(diff)
             abs_g = np.abs(np.where(bad, 0.0, g))
-            rel = err / np.maximum(abs_g, self.floor)
-            scaled = err / np.maximum(abs_g, 1.0)
             a_clean = np.where(bad, 0.0, a)
             self.sum_signed += float(diff.sum())
             self.sum_sq += float(np.square(err).sum())
             self.dot += float(np.where(bad, np.nan, a * g).sum())
-        self.n += a.size
-        self.max_abs = max(self.max_abs, float(err.max()))
-        self.max_rel = max(self.max_rel, float(rel.max()))
-        self.sum_rel += float(rel.sum())
-        self.beyond += int(np.count_nonzero(rel > self.threshold))
-        self.sum_abs_e += float(abs_g.sum())
-        self.sum_sq_e += float(np.square(abs_g).sum())
-        self.sum_sq_a += float(np.square(a_clean).sum())
-        self.max_abs_expected = max(self.max_abs_expected, float(abs_g.max()))
-        self.max_ulp = max(self.max_ulp, float(ulp_distance(a, g, self.dtype).max()))
-        flat = int(np.argmax(scaled))
-        value = float(scaled.flat[flat])
-        if value > self.worst_scaled:
-            row, head, col = (int(i) for i in np.unravel_index(flat, scaled.shape))
-            self.worst_scaled = value
-            self.worst = (int(tokens[row]), head, col, float(g[row, head, col]), float(a[row, head, col]))
-        self.max_scaled = max(self.max_scaled, value)
+        max_ulp = float(ulp_distance(a, g, self.dtype).max())
+        self._fold(a, g, tokens, err, abs_g, float(np.square(a_clean).sum()), max_ulp)
 
     def _add_finite(self, a: np.ndarray, g: np.ndarray, tokens: np.ndarray, a16: np.ndarray | None) -> None:
         """:meth:`add` for chunks without NaN/Inf: the same sums in fewer passes."""
@@ -277,6 +260,11 @@ class _Accumulator:
         abs_g = np.abs(g)
         self.sum_sq += float(np.square(err).sum())
         self.dot += float((a * g).sum())
+        self._fold(a, g, tokens, err, abs_g, float(np.square(a).sum()), _max_ulp_finite(a, g, self.dtype, a16))
+
+    def _fold(self, a: np.ndarray, g: np.ndarray, tokens: np.ndarray, err: np.ndarray, abs_g: np.ndarray,
+              sum_sq_a: float, max_ulp: float) -> None:
+        """The sums and maxima both paths share, from |a - g| and |g| (NaN/Inf already cleaned)."""
         rel = err / np.maximum(abs_g, self.floor)
         scaled = err / np.maximum(abs_g, 1.0)
         self.n += a.size
@@ -286,9 +274,9 @@ class _Accumulator:
         self.beyond += int(np.count_nonzero(rel > self.threshold))
         self.sum_abs_e += float(abs_g.sum())
         self.sum_sq_e += float(np.square(abs_g).sum())
-        self.sum_sq_a += float(np.square(a).sum())
+        self.sum_sq_a += sum_sq_a
         self.max_abs_expected = max(self.max_abs_expected, float(abs_g.max()))
-        self.max_ulp = max(self.max_ulp, _max_ulp_finite(a, g, self.dtype, a16))
+        self.max_ulp = max(self.max_ulp, max_ulp)
         flat = int(np.argmax(scaled))
         value = float(scaled.flat[flat])
         if value > self.worst_scaled:
