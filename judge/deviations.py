@@ -191,6 +191,14 @@ class DeviationSet:
     entries: list[Deviation]
     _used: set[str] = field(default_factory=set)
 
+    def __repr__(self) -> str:
+        """Short: test reports (hypothesis's failing-example line, in CI) print fixtures by repr."""
+        return f"DeviationSet({self.source!r}: {len(self.entries)} entries)"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """The same short text for pretty-printers (hypothesis's), which would list every field."""
+        printer.text(repr(self))
+
     def match(self, backend: str, version: str | None, spec: CaseSpec) -> Deviation | None:
         """The first entry (file order) covering this case; every covering entry counts as used."""
         found = [d for d in self.entries if d.selects(backend, version, spec)]

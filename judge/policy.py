@@ -307,6 +307,14 @@ class PolicySet:
     policies: dict[str, Policy]
     overrides: tuple[_Override, ...] = ()
 
+    def __repr__(self) -> str:
+        """Short: test reports (hypothesis's failing-example line, in CI) print fixtures by repr."""
+        return f"PolicySet({self.source!r}: {', '.join(self.policies)}; {len(self.overrides)} overrides)"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """The same short text for pretty-printers (hypothesis's), which would list every field."""
+        printer.text(repr(self))
+
     def resolve(self, policy_name: str, backend: str, dtype: str, mask_name: str, case_id: str) -> Policy:
         """The named policy with every matching override applied in file order."""
         if policy_name not in self.policies:
