@@ -44,6 +44,12 @@ def as_c_float(value: float) -> float:
 DEFAULT_QK_SCALE = as_c_float(1.0 / math.sqrt(SCORE_DIM))
 
 
+def scores_in_fp16(dtype: str, mask_type: int) -> bool:
+    """fp16 with maskType 0 or 2 stores the scores, and multiplies them by qkScale, in fp16; every
+    other path keeps scores in fp32 (docs/operator.md, precision inside the kernels)."""
+    return dtype == "fp16" and mask_type in (0, MASK_FREE)
+
+
 def causal_offset(mask_type: int, q_len: int, kv_len: int) -> int | None:
     """Key j is allowed for query row i iff j <= i + offset; None means every key is allowed."""
     if mask_type == MASK_FREE:

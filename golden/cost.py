@@ -3,19 +3,20 @@
 ``mlaconf list`` prints these per case and in total, so a suite announces its cost up front.
 
 - bytes: exactly the datasets the store writes (inputs in the device dtype, 2 bytes a value; the
-  float64 golden; the error-model magnitudes, float32; the baseline in the device dtype; row_valid;
-  the mask) plus a fixed allowance for the integrity header, HDF5 metadata and attributes;
+  float64 golden; the error-model magnitudes, bf16 per element and float32 per row; the baseline in
+  the device dtype; row_valid; the mask) plus a fixed allowance for the integrity header, HDF5
+  metadata and attributes;
 - peak memory: the resident arrays of ``build_golden`` at its largest point (inputs, the float64
-  golden, the magnitudes, the baseline's float32 result and its device-dtype copy), the file's
-  image, which the store builds in memory before one plain write (golden.store), the per-thread
-  tile buffers and the interpreter with numpy and torch loaded.  Calibrated against ``/usr/bin/time -v``
+  golden, the magnitudes, the baseline's float32 result and its device-dtype copy), the per-thread
+  tile buffers and the interpreter with numpy and torch loaded; the store writes the arrays
+  themselves, never an image of the file (golden.store).  Calibrated against ``/usr/bin/time -v``
   on ``mlaconf regen --jobs 1`` (docs/benchmarks.md); meant to be within ~20 %.
 """
 
 from __future__ import annotations
 
 from facts.operator import NOPE_DIM, ROPE_DIM, V_DIM
-from golden.magnitudes import ELEMENT_MAGNITUDES, ROW_MAGNITUDES
+from golden.magnitudes import ROW_MAGNITUDES, element_magnitudes
 from golden.reference import DEFAULT_TILE
 from golden.spec import CaseSpec
 
@@ -38,13 +39,13 @@ def output_elements(spec: CaseSpec) -> int:
 
 
 def magnitude_bytes(spec: CaseSpec) -> int:
-    """The error model's float32 magnitudes: per output element, and per token row and head."""
+    """The error model's magnitudes: bf16 per output element, float32 per token row and head."""
     per_row_head = len(ROW_MAGNITUDES) * spec.total_q * spec.head_num
-    return 4 * (len(ELEMENT_MAGNITUDES) * output_elements(spec) + per_row_head)
+    return 2 * len(element_magnitudes(spec)) * output_elements(spec) + 4 * per_row_head
 
 
 def stored_bytes(spec: CaseSpec) -> int:
-    """Bytes of the case's golden file (16-bit inputs and baseline, float64 golden, float32 magnitudes)."""
+    """Bytes of the case's golden file (16-bit inputs, baseline and element magnitudes, float64 golden)."""
     if spec.expect_error is not None:
         return 0
     data = 2 * input_elements(spec) + (8 + 2) * output_elements(spec) + spec.total_q + magnitude_bytes(spec)
@@ -57,7 +58,7 @@ def peak_bytes(spec: CaseSpec, threads: int = 1) -> int:
         return 0
     out = output_elements(spec)
     resident = 2 * input_elements(spec) + 8 * out + (4 + 2) * out  # inputs, golden, baseline f32 + f16
-    resident += magnitude_bytes(spec) + stored_bytes(spec)  # the magnitudes, and the file image written at once
+    resident += magnitude_bytes(spec)
     max_kv = max(spec.max_kv, 1)
     per_worker = 8 * (DEFAULT_TILE * max_kv * 2 + max_kv * (NOPE_DIM + ROPE_DIM + V_DIM) * 2)
     return resident + max(threads, 1) * 4 * per_worker + PROCESS_BASE

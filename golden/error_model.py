@@ -13,7 +13,8 @@ n_i the keys row i attends to and the float64 magnitudes of :mod:`golden.magnitu
                   + min(lam sqrt(n_i), n_i) u32 (A + |g|) + u32 |g| )     fp32 P.V and row sums, divide
 
 with u_s = u16 and eps = fp16(qkScale)/qkScale - 1 on the fp16 maskType 0/2 path (scores stored
-and scaled in fp16), else u_s = u32 and eps = 0.  The random terms are Hoeffding bounds of sums of
+and scaled in fp16), else u_s = u32 and eps = 0; off that path S and T are not stored and the
+score term is its cap u32 4 M (A + |g|).  The random terms are Hoeffding bounds of sums of
 independent bounded rounding errors, each capped by the term's worst case (every rounding aligned,
 which short rows reach first); lam = sqrt(2 ln(2 K N / alpha)) makes the chance that any
 of the K = 4 random terms of any of the N elements exceeds its bound at most alpha (the
@@ -30,8 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from facts.operator import SCORE_DIM, V_DIM
-from golden.magnitudes import allowed_keys
+from facts.operator import SCORE_DIM, V_DIM, scores_in_fp16
+from golden.magnitudes import ROW_MAGNITUDES, allowed_keys, element_magnitudes
 from golden.metrics import UNIT_ROUNDOFF, locate
 from golden.spec import CaseSpec
 
@@ -46,7 +47,7 @@ TERM_NAMES = ("output", "p_round", "score_round", "qk_accum", "scale_cast", "pv_
 
 def fp16_score_path(spec: CaseSpec) -> bool:
     """fp16 with maskType 0/2 stores and scales scores in fp16 (spec section 4)."""
-    return spec.dtype == "fp16" and spec.mask_type in (0, 2)
+    return scores_in_fp16(spec.dtype, spec.mask_type)
 
 
 def scale_cast_error(spec: CaseSpec) -> float:
@@ -98,8 +99,8 @@ def model_ratio(
     shape = (t, h, V_DIM)
     a_all = actual.reshape(shape)
     g_all = golden.reshape(shape)
-    elem = {n: magnitudes[n].reshape(shape) for n in ("pv_abs", "pv_rss", "pvs_rss", "pv_scale")}
-    rows = {n: magnitudes[n].reshape(t, h) for n in ("score_absmax", "score_dot", "p_rss")}
+    elem = {n: magnitudes[n].reshape(shape) for n in element_magnitudes(spec)}
+    rows = {n: magnitudes[n].reshape(t, h) for n in ROW_MAGNITUDES}
     keys = allowed_keys(spec)
     valid = np.flatnonzero(np.asarray(row_valid, dtype=bool))
     n_elements = int(valid.size * h * V_DIM)
@@ -127,9 +128,10 @@ def model_ratio(
         terms = {
             "output": u * ag,
             "p_round": u * p_terms,
-            "score_round": u_s * np.minimum(lam * elem["pvs_rss"][tok].astype(np.float64), 4.0 * absmax * total),
+            "score_round": u_s * (4.0 * absmax * total if "pvs_rss" not in elem else
+                                  np.minimum(lam * elem["pvs_rss"][tok].astype(np.float64), 4.0 * absmax * total)),
             "qk_accum": dot * p_terms,
-            "scale_cast": eps * np.abs(elem["pv_scale"][tok].astype(np.float64)),
+            "scale_cast": eps * np.abs(elem["pv_scale"][tok].astype(np.float64)) if eps else np.zeros_like(ag),
             "pv_accum": U32 * np.minimum(lam * np.sqrt(n), n) * total + U32 * ag,
         }
         bound: np.ndarray = safety * np.sum(list(terms.values()), axis=0)

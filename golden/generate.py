@@ -12,14 +12,15 @@ from facts.versions import package_version
 from golden import progress
 from golden.baseline import emulate_baseline
 from golden.inputs import generate_inputs
-from golden.magnitudes import compute_magnitudes
+from golden.layout import row_valid
+from golden.magnitudes import compute_magnitudes, reference_and_magnitudes
 from golden.reference import DEVICE_ENV, reference_attention
 from golden.spec import CaseSpec
 from golden.types import GoldenCase, OpInputs
 
 #: Bump when a change to inputs, reference or baseline alters stored values: every golden written
 #: by another version is stale and gets regenerated.
-GENERATOR_VERSION = "2.1"  # 2.1: inputs drawn per-role stream in chunks, error-model magnitudes stored
+GENERATOR_VERSION = "2.2"  # 2.1: per-role input streams in chunks, magnitudes; 2.2: magnitudes rounded up to bf16
 
 
 def _version(package: str) -> str:
@@ -56,17 +57,23 @@ def build_golden(spec: CaseSpec, *, threads: int = 1, inputs: OpInputs | None = 
 
     ``inputs`` replaces the generated ones (metamorphic tests judge transformed inputs).
     """
-    with progress.case_work(spec.case_id, 3.0 * spec.useful_flops):  # reference, baseline, magnitudes tiles
+    device = os.environ.get(DEVICE_ENV, "cpu")  # MLA_GOLDEN_DEVICE=cuda: float64 reference on a GPU
+    passes = 2.0 if device == "cpu" else 3.0  # tiles of the reference (+ magnitudes), baseline[, magnitudes]
+    with progress.case_work(spec.case_id, passes * spec.useful_flops):
         inputs = generate_inputs(spec) if inputs is None else inputs
-        device = os.environ.get(DEVICE_ENV, "cpu")  # MLA_GOLDEN_DEVICE=cuda: float64 reference on a GPU
-        progress.set_stage("reference")
-        out, valid = reference_attention(inputs, spec, threads=threads, device=device)
+        progress.set_stage("reference + magnitudes" if device == "cpu" else "reference")
+        if device == "cpu":
+            out, magnitudes = reference_and_magnitudes(inputs, spec, threads=threads)
+            valid = row_valid(spec)
+        else:
+            out, valid = reference_attention(inputs, spec, threads=threads, device=device)
         progress.set_stage("baseline")
         baseline = emulate_baseline(inputs, spec, threads=threads)
         progress.set_stage("statistics")
         stats = baseline_stats(spec, baseline, out, valid)
-        progress.set_stage("magnitudes")
-        magnitudes = compute_magnitudes(inputs, spec, device=device)
+        if device != "cpu":
+            progress.set_stage("magnitudes")
+            magnitudes = compute_magnitudes(inputs, spec, device=device)
     return GoldenCase(
         spec=spec,
         inputs=inputs,

@@ -19,24 +19,39 @@ per row and head, ``[T, H]``:
 * ``score_dot``     C = qkScale * ||q_i|| * max_{j in A(i)} ||k_j||   (bounds every |q_i|.|k_j| sum)
 * ``p_rss``         rho = sqrt(sum_j P_ij^2)
 
-(m_i is the row maximum of s.)  Computed in torch float64, tile by tile like the reference
-(memory O(tile x S)), on the CPU or the golden device; stored as float32 (a magnitude's relative
-rounding of 6e-8 is far inside the rule's safety factor).  Rows of zero-length batches are 0.
+(m_i is the row maximum of s.)  S and T are stored only where the kernel keeps scores in fp16
+(:func:`facts.operator.scores_in_fp16`): elsewhere scores are fp32, the rule's score term uses its
+cap 4 M (A + |g|) u32 instead of S (looser, and still ~2^-16 of the output-rounding term), and T's
+term is 0.  Element magnitudes are stored as bf16 rounded away from zero, row magnitudes as float32
+rounded up: a stored magnitude never understates, and overstates by at most 2^-7 relative (inside
+the rule's safety factor, in the safe direction), so they cost 4 bytes per output element on most
+cases (8 where scores are fp16) instead of 32 in float64.  Computed in float64 tile by tile like the
+reference (memory O(tile x S) per thread; numpy on the CPU, torch on the golden device).  Rows of
+zero-length batches are 0.  On the CPU they come out of the golden's own pass
+(:func:`reference_and_magnitudes`): the extra cost is two GEMMs with V per tile, not a second
+attention.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
-from facts.operator import V_DIM
+from facts.operator import V_DIM, scores_in_fp16
 from golden import progress
 from golden.layout import out_shape
 from golden.reference import (
     DEFAULT_GPU_TILE,
     DEFAULT_TILE,
+    HeadTask,
+    apply_causal,
+    causal_block,
     effective_scale,
+    exp_inplace,
+    for_each_tile,
     iter_head_tasks,
     tile_bounds,
     tile_flops,
@@ -45,8 +60,42 @@ from golden.spec import CaseSpec
 from golden.types import OpInputs
 
 ELEMENT_MAGNITUDES = ("pv_abs", "pv_rss", "pvs_rss", "pv_scale")
+#: Element magnitudes only the fp16 score path needs.
+SCORE_PATH_MAGNITUDES = ("pvs_rss", "pv_scale")
 ROW_MAGNITUDES = ("score_absmax", "score_dot", "p_rss")
 MAGNITUDES = ELEMENT_MAGNITUDES + ROW_MAGNITUDES
+
+
+def element_magnitudes(spec: CaseSpec) -> tuple[str, ...]:
+    """The element magnitudes stored for ``spec``."""
+    if scores_in_fp16(spec.dtype, spec.mask_type):
+        return ELEMENT_MAGNITUDES
+    return tuple(n for n in ELEMENT_MAGNITUDES if n not in SCORE_PATH_MAGNITUDES)
+
+
+def magnitude_names(spec: CaseSpec) -> tuple[str, ...]:
+    """Every magnitude stored for ``spec`` (element ones first)."""
+    return element_magnitudes(spec) + ROW_MAGNITUDES
+
+
+def round_up_bf16(values: np.ndarray) -> np.ndarray:
+    """float64 -> bf16 rounded away from zero: |result| >= |value|, at most one bf16 ulp above."""
+    mag = np.abs(values)
+    nearest = mag.astype(np.float32)
+    bits = nearest.view(np.uint32)
+    bump = ((bits & 0xFFFF) != 0) | (nearest.astype(np.float64) < mag)
+    upper = (bits >> 16) + bump.astype(np.uint32)
+    upper |= np.signbit(values).astype(np.uint32) << 15
+    rounded: np.ndarray = upper.astype(np.uint16).view(ml_dtypes.bfloat16)
+    return rounded
+
+
+def round_up_float32(values: np.ndarray) -> np.ndarray:
+    """Non-negative float64 -> float32, never below the value."""
+    nearest = values.astype(np.float32)
+    below = nearest.astype(np.float64) < values
+    result: np.ndarray = np.where(below, np.nextafter(nearest, np.float32(np.inf)), nearest)
+    return result
 
 
 def allowed_keys(spec: CaseSpec) -> np.ndarray:
@@ -64,57 +113,161 @@ def allowed_keys(spec: CaseSpec) -> np.ndarray:
     return counts
 
 
-def _tile(q: Any, k: Any, v: Any, knorm: Any, i0: int, diag: tuple[int, int] | None,
-          torch: Any) -> dict[str, Any]:
-    """Magnitudes of one tile of query rows (``q`` already scaled) against keys ``k``."""
+def _largest_key_norm(knorm: np.ndarray, rows: int, diag: tuple[int, int] | None) -> np.ndarray:
+    """Per query row of a tile: the largest ||k_j|| over the keys the row may see."""
+    if diag is None:
+        return np.full(rows, knorm.max())
+    last = np.minimum(np.arange(diag[0], diag[0] + rows) + diag[1], knorm.size - 1)
+    largest: np.ndarray = np.maximum.accumulate(knorm)[last]
+    return largest
+
+
+def numpy_tile(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, diag: tuple[int, int] | None,
+               score_terms: bool) -> dict[str, np.ndarray]:
+    """One tile of query rows against keys ``k``: the golden ``out``, computed exactly like
+    :func:`golden.reference.float64_tile` (same operations, same bits), and the float64 magnitudes,
+    from the same scores and exponentials (every pass over the tile x keys scores in place)."""
+    qs = q * scale
+    s = qs @ k.T
+    block = causal_block(diag, s.shape)
+    if block is not None:  # the smallest allowed score: masked keys read +inf for a moment
+        part, masked = s[:, block[0]:], block[1]
+        part[masked] = np.inf
+        low = s.min(axis=1)
+        part[masked] = -np.inf
+    else:
+        low = s.min(axis=1)
+    m = s.max(axis=1, keepdims=True)
+    out = {
+        "score_absmax": np.maximum(np.abs(m[:, 0]), np.abs(low)),
+        "score_dot": np.linalg.norm(qs, axis=1) * _largest_key_norm(np.linalg.norm(k, axis=1), q.shape[0], diag),
+    }
+    s0 = None
+    if score_terms:
+        s0 = s.copy()
+        apply_causal(s0, diag, 0.0)  # masked keys have P = 0; 0 keeps inf * 0 out of the sums
+    np.subtract(s, m, out=s)
+    exp_inplace(s)
+    denom = s.sum(axis=1, keepdims=True)
+    golden = s @ v
+    golden /= denom
+    out["out"] = golden
+    out["pv_abs"] = (s @ np.abs(v)) / denom
+    if s0 is not None:
+        p = s / denom
+        g = p @ v
+        weight = p * (2.0 * np.abs(s0) + np.abs(s0 - m))
+        w2 = weight * weight
+        sq = w2 @ (v * v) - 2.0 * g * (w2 @ v) + g * g * w2.sum(axis=1, keepdims=True)
+        out["pvs_rss"] = np.sqrt(np.maximum(sq, 0.0))
+        ps = p * s0
+        out["pv_scale"] = ps @ v - ps.sum(axis=1, keepdims=True) * g
+    np.multiply(s, s, out=s)
+    out["pv_rss"] = np.sqrt(s @ (v * v)) / denom
+    out["p_rss"] = np.sqrt(s.sum(axis=1)) / denom[:, 0]
+    return out
+
+
+def torch_tile(q: Any, k: Any, v: Any, knorm: Any, i0: int, diag: tuple[int, int] | None,
+               score_terms: bool, torch: Any) -> dict[str, np.ndarray]:
+    """:func:`numpy_tile` in torch float64 on the golden device (``q`` already scaled)."""
     s = q @ k.T
     allowed = None
     if diag is not None:
         i = torch.arange(i0, i0 + q.shape[0], device=q.device)[:, None]
         j = torch.arange(k.shape[0], device=q.device)[None, :]
         allowed = j <= i + diag[1]
-    neg = torch.full_like(s, float("-inf"))
-    s_masked = s if allowed is None else torch.where(allowed, s, neg)
-    m = s_masked.amax(dim=1, keepdim=True)
-    p = torch.exp(s_masked - m)
+        s0 = torch.where(allowed, s, torch.zeros_like(s))
+        s = torch.where(allowed, s, torch.full_like(s, float("-inf")))
+    else:
+        s0 = s
+    m = s.amax(dim=1, keepdim=True)
+    p = torch.exp(s - m)
     p /= p.sum(dim=1, keepdim=True)  # masked keys: exp(-inf) = 0
-    s0 = s if allowed is None else torch.where(allowed, s, torch.zeros_like(s))  # no inf * 0 below
-    g = p @ v
-    out: dict[str, Any] = {}
-    out["pv_abs"] = p @ v.abs()
+    out: dict[str, Any] = {"pv_abs": p @ v.abs()}
+    if score_terms:
+        g = p @ v
+        weight = p * (2.0 * s0.abs() + (s0 - m).abs())
+        w2 = weight * weight
+        sq = w2 @ (v * v) - 2.0 * g * (w2 @ v) + g * g * w2.sum(dim=1, keepdim=True)
+        out["pvs_rss"] = sq.clamp(min=0.0).sqrt()
+        ps = p * s0
+        out["pv_scale"] = ps @ v - ps.sum(dim=1, keepdim=True) * g
     p2 = p * p
     out["pv_rss"] = (p2 @ (v * v)).sqrt()
     out["p_rss"] = p2.sum(dim=1).sqrt()
-    weight = p * (2.0 * s0.abs() + (s0 - m).abs())
-    if allowed is not None:
-        weight = torch.where(allowed, weight, torch.zeros_like(weight))
-    w2 = weight * weight
-    sq = w2 @ (v * v) - 2.0 * g * (w2 @ v) + g * g * w2.sum(dim=1, keepdim=True)
-    out["pvs_rss"] = sq.clamp(min=0.0).sqrt()
-    ps = p * s0
-    out["pv_scale"] = ps @ v - ps.sum(dim=1, keepdim=True) * g
     out["score_absmax"] = s0.abs().amax(dim=1)
-    qnorm = q.norm(dim=1)  # q is pre-scaled: qkScale * ||q_i||
     if diag is None:
         kmax = knorm.amax().expand(q.shape[0])
     else:
         last = torch.clamp(torch.arange(i0, i0 + q.shape[0], device=q.device) + diag[1], max=k.shape[0] - 1)
         kmax = torch.cummax(knorm, dim=0).values[last]
-    out["score_dot"] = qnorm * kmax
-    return out
+    out["score_dot"] = q.norm(dim=1) * kmax
+    return {name: value.cpu().numpy() for name, value in out.items()}
+
+
+Sink = Callable[[HeadTask, int, int, "dict[str, np.ndarray]"], None]
+
+
+def _sink(spec: CaseSpec) -> tuple[dict[str, np.ndarray], Sink]:
+    """Result arrays for ``spec`` and the function that rounds one tile's float64 values into them."""
+    t, h = spec.total_q, spec.head_num
+    stored: dict[str, np.ndarray] = {name: np.zeros((t, h, V_DIM), dtype=ml_dtypes.bfloat16)
+                                     for name in element_magnitudes(spec)}
+    stored.update({name: np.zeros((t, h), dtype=np.float32) for name in ROW_MAGNITUDES})
+
+    def put(task: HeadTask, i0: int, i1: int, part: dict[str, np.ndarray]) -> None:
+        rows = slice(task.q_start + i0, task.q_start + i1)
+        for name, target in stored.items():
+            rounded = round_up_bf16 if target.dtype == ml_dtypes.bfloat16 else round_up_float32
+            target[rows, task.head] = rounded(part[name])
+
+    return stored, put
+
+
+def _shaped(spec: CaseSpec, stored: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    shape = out_shape(spec)
+    return {name: a.reshape(shape) if name in ELEMENT_MAGNITUDES else a for name, a in stored.items()}
+
+
+def reference_and_magnitudes(inputs: OpInputs, spec: CaseSpec, *, tile: int | None = None,
+                             threads: int = 1) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The float64 golden (bit for bit :func:`golden.reference.reference_attention`'s, attenOut's
+    layout) and :func:`magnitude_names` of ``spec`` in one pass over the tiles on ``threads`` CPU
+    workers: the magnitudes reuse the golden's scores and exponentials."""
+    golden = np.zeros((spec.total_q, spec.head_num, V_DIM), dtype=np.float64)
+    stored, put = _sink(spec)
+    scale = effective_scale(spec)
+    score_terms = scores_in_fp16(spec.dtype, spec.mask_type)
+
+    def visit(task: HeadTask, i0: int, i1: int, k_end: int, diag: tuple[int, int] | None) -> None:
+        part = numpy_tile(task.q[i0:i1], task.k[:k_end], task.v[:k_end], scale, diag, score_terms)
+        golden[task.q_start + i0 : task.q_start + i1, task.head] = part["out"]
+        put(task, i0, i1, part)
+
+    for_each_tile(inputs, spec, visit, np.float64, tile=tile or DEFAULT_TILE, threads=threads)
+    return golden.reshape(out_shape(spec)), _shaped(spec, stored)
 
 
 def compute_magnitudes(inputs: OpInputs, spec: CaseSpec, *, device: str = "cpu",
-                       tile: int | None = None) -> dict[str, np.ndarray]:
-    """Every magnitude of :data:`MAGNITUDES` as float32, element ones in attenOut's layout."""
+                       tile: int | None = None, threads: int = 1) -> dict[str, np.ndarray]:
+    """:func:`magnitude_names` of ``spec``: element ones as bf16 in attenOut's layout, row ones float32
+    (the CPU computes them with the golden, :func:`reference_and_magnitudes`)."""
+    if device != "cpu":
+        return torch_magnitudes(inputs, spec, device=device, tile=tile)
+    return reference_and_magnitudes(inputs, spec, tile=tile, threads=threads)[1]
+
+
+def torch_magnitudes(inputs: OpInputs, spec: CaseSpec, *, device: str = "cuda",
+                     tile: int | None = None) -> dict[str, np.ndarray]:
+    """The same magnitudes computed in torch float64 on ``device`` (tested against numpy on the CPU)."""
     import torch  # deferred like the reference's torch path
 
     dev = torch.device(device)
-    tile = tile or (DEFAULT_TILE if dev.type == "cpu" else DEFAULT_GPU_TILE)
+    tile = tile or DEFAULT_GPU_TILE
     scale = effective_scale(spec)
-    t, h = spec.total_q, spec.head_num
-    elem = {name: np.zeros((t, h, V_DIM), dtype=np.float32) for name in ELEMENT_MAGNITUDES}
-    rows = {name: np.zeros((t, h), dtype=np.float32) for name in ROW_MAGNITUDES}
+    score_terms = scores_in_fp16(spec.dtype, spec.mask_type)
+    stored, put = _sink(spec)
     cache: tuple[Any, Any, Any, Any] | None = None
     for task in iter_head_tasks(inputs, spec, np.float64):
         if cache is None or cache[0] is not task.k:
@@ -123,12 +276,7 @@ def compute_magnitudes(inputs: OpInputs, spec: CaseSpec, *, device: str = "cpu",
         _, k, v, knorm = cache
         q = torch.from_numpy(task.q).to(dev) * scale
         for i0, i1, k_end, diag in tile_bounds(task, tile):
-            part = _tile(q[i0:i1], k[:k_end], v[:k_end], knorm[:k_end], i0, diag, torch)
+            part = torch_tile(q[i0:i1], k[:k_end], v[:k_end], knorm[:k_end], i0, diag, score_terms, torch)
+            put(task, i0, i1, part)
             progress.add_work(tile_flops(i1 - i0, k_end, diag))
-            sl = slice(task.q_start + i0, task.q_start + i1)
-            for name in ELEMENT_MAGNITUDES:
-                elem[name][sl, task.head] = part[name].cpu().numpy()
-            for name in ROW_MAGNITUDES:
-                rows[name][sl, task.head] = part[name].cpu().numpy()
-    shape = out_shape(spec)
-    return {**{n: a.reshape(shape) for n, a in elem.items()}, **rows}
+    return _shaped(spec, stored)

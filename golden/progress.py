@@ -184,7 +184,7 @@ def case_work(case_id: str, total: float) -> Iterator[CaseWork]:
 
 
 def set_stage(name: str) -> None:
-    """The running case moved on to stage ``name`` (inputs, reference, baseline, statistics)."""
+    """The running case moved on to stage ``name`` (reference + magnitudes, baseline, statistics)."""
     work = _current
     if work is not None:
         work.stage = name

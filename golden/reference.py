@@ -113,15 +113,6 @@ def tile_flops(q_len: int, k_end: int, diag: tuple[int, int] | None) -> int:
     return 2 * (SCORE_DIM + V_DIM) * pairs
 
 
-def run_tiles(task: HeadTask, kernel: TileKernel, scale: float, tile: int) -> np.ndarray:
-    """Apply ``kernel`` tile by tile over one head's query rows; returns ``[q_len, 128]``."""
-    out = np.empty((task.q_len, V_DIM), dtype=task.q.dtype)
-    for i0, i1, k_end, diag in tile_bounds(task, tile):
-        out[i0:i1] = kernel(task.q[i0:i1], task.k[:k_end], task.v[:k_end], scale, diag)
-        progress.add_work(tile_flops(i1 - i0, k_end, diag))
-    return out
-
-
 def causal_block(diag: tuple[int, int] | None, shape: tuple[int, ...]) -> tuple[int, np.ndarray] | None:
     """The tile's masked part: first masked key column and a boolean mask of the columns after it.
 
@@ -220,36 +211,37 @@ def pinned_threads() -> Iterator[None]:
             torch.set_num_threads(previous)
 
 
-def attention(
+#: What :func:`for_each_tile` calls per tile: ``(task, i0, i1, k_end, diag)``.
+TileVisitor = Callable[[HeadTask, int, int, int, "tuple[int, int] | None"], None]
+
+
+def for_each_tile(
     inputs: OpInputs,
     spec: CaseSpec,
-    kernel: TileKernel,
+    visit: TileVisitor,
     compute_dtype: type[np.floating],
     *,
     tile: int = DEFAULT_TILE,
     threads: int = 1,
-) -> np.ndarray:
-    """Run ``kernel`` over every (batch, head); returns ``[T, H, 128]`` in ``compute_dtype``.
+) -> None:
+    """Call ``visit`` on every query tile of every (batch, head), then report the tile's useful FLOPs.
 
     With ``threads > 1`` tiles go to a thread pool through a bounded window (memory stays
-    O(threads) tasks); every tile is computed by the same code with one BLAS thread, so the
-    result is bit-for-bit independent of ``threads``.
+    O(threads) tasks) while BLAS and torch run one thread each; visitors write disjoint rows, so
+    their results are bit-for-bit independent of ``threads``.
     """
-    out = np.zeros((spec.total_q, spec.head_num, V_DIM), dtype=compute_dtype)
-    scale = effective_scale(spec)
-    tasks = iter_head_tasks(inputs, spec, compute_dtype)
 
     def one_tile(task: HeadTask, i0: int, i1: int, k_end: int, diag: tuple[int, int] | None) -> None:
-        rows = slice(task.q_start + i0, task.q_start + i1)
-        out[rows, task.head] = kernel(task.q[i0:i1], task.k[:k_end], task.v[:k_end], scale, diag)
+        visit(task, i0, i1, k_end, diag)
         progress.add_work(tile_flops(i1 - i0, k_end, diag))
 
+    tasks = iter_head_tasks(inputs, spec, compute_dtype)
     with pinned_threads():
         if threads <= 1:
             for task in tasks:
-                rows = slice(task.q_start, task.q_start + task.q_len)
-                out[rows, task.head] = run_tiles(task, kernel, scale, tile)
-            return out
+                for bounds in tile_bounds(task, tile):
+                    one_tile(task, *bounds)
+            return
         with ThreadPoolExecutor(max_workers=threads) as pool:
             pending: deque[Future[None]] = deque()
             for task in tasks:
@@ -259,6 +251,26 @@ def attention(
                         pending.popleft().result()
             for future in pending:
                 future.result()
+
+
+def attention(
+    inputs: OpInputs,
+    spec: CaseSpec,
+    kernel: TileKernel,
+    compute_dtype: type[np.floating],
+    *,
+    tile: int = DEFAULT_TILE,
+    threads: int = 1,
+) -> np.ndarray:
+    """Run ``kernel`` over every (batch, head); returns ``[T, H, 128]`` in ``compute_dtype``."""
+    out = np.zeros((spec.total_q, spec.head_num, V_DIM), dtype=compute_dtype)
+    scale = effective_scale(spec)
+
+    def visit(task: HeadTask, i0: int, i1: int, k_end: int, diag: tuple[int, int] | None) -> None:
+        rows = slice(task.q_start + i0, task.q_start + i1)
+        out[rows, task.head] = kernel(task.q[i0:i1], task.k[:k_end], task.v[:k_end], scale, diag)
+
+    for_each_tile(inputs, spec, visit, compute_dtype, tile=tile, threads=threads)
     return out
 
 

@@ -24,10 +24,12 @@ the spec's content)::
                               ``(a.astype(uint32) << 16).view(float32)``); seqlens int32
     /golden/out               float64 reference in the op's output layout (q's layout)
     /golden/row_valid         bool [T]: False for rows of zero-length batches ("don't care")
-    /golden/{pv_abs,pv_rss,pvs_rss,pv_scale}
-                              float32 magnitudes per output element (golden.magnitudes; schema 4)
+    /golden/{pv_abs,pv_rss[,pvs_rss,pv_scale]}
+                              magnitudes per output element (golden.magnitudes), bf16 rounded away
+                              from zero, stored like bf16 inputs; pvs_rss and pv_scale only where
+                              scores are fp16 (fp16 with maskType 0/2)
     /golden/{score_absmax,score_dot,p_rss}
-                              float32 magnitudes per row and head [T, H] (schema 4)
+                              float32 magnitudes per row and head [T, H], rounded up
     /baseline/out             emulated same-dtype baseline, stored like the inputs
     /baseline (group attrs)   baseline error statistics (float / int / bool / str)
 
@@ -35,11 +37,11 @@ Every dataset carries ``sha256`` (of its raw stored bytes, C order, little-endia
 ``device_dtype``.  Datasets are contiguous and uncompressed so ``h5dump`` shows them and a byte's
 file offset is known.
 
-Whole-file integrity (schema 4).  HDF5 parses object headers and attributes before any checksum of
+Whole-file integrity (schema >= 4).  HDF5 parses object headers and attributes before any checksum of
 ours could be looked at, and a damaged header can crash or hang it; so every file starts with an
 HDF5 *user block* (HDF5 skips it; ``h5dump`` and h5py read the file as usual) holding a text header::
 
-    MLA-GOLDEN-HDF5 schema 4 header 4096
+    MLA-GOLDEN-HDF5 schema 5 header 4096
     size <file size in bytes>
     dataset <path> <file offset> <bytes> <sha256 of those bytes>     (one line per dataset)
     sha256 <SHA-256 of the lines above + every byte after the header>
@@ -53,18 +55,21 @@ rename between check and parse cannot substitute another file.  A verified file'
 (device, inode, size, mtime_ns, ctime_ns) is remembered for the life of the process so that it is not
 re-hashed on every read; an in-place change updates ctime, which misses the cache.
 
-Writes build the whole file in memory (h5py on a ``BytesIO``), seal it, and write the bytes with plain
-Python I/O to ``.<name>.<pid>.tmp`` in the same directory, fsynced and renamed with ``os.replace``: a
-killed writer never leaves a partial file under a final name, and a full disk or any other OS error
-surfaces as :class:`GoldenWriteError` naming the store and the case (the temp file is removed; HDF5
-never writes to disk, so it cannot crash while cleaning up).  After the header, reads verify every
-dataset's checksum (defence in depth); problems raise :class:`GoldenCorruptError` or
-:class:`GoldenStaleError` naming the file and dataset.
+Writes go to ``.<name>.<pid>.tmp`` in the same directory: the file is first reserved to the data's
+size (``posix_fallocate``, so a full disk fails before HDF5 writes a byte), HDF5 writes it through a
+Python file object that keeps the first OS error, the header is sealed in place, and the file is
+fsynced and renamed with ``os.replace``.  A killed writer never leaves a partial file under a final
+name, memory holds the arrays but never a copy of the file, and a full disk or any other OS error
+surfaces as :class:`GoldenWriteError` naming the store and the case (the temp file is removed).
+
+After the header, reads verify every dataset's checksum (defence in depth); problems raise
+:class:`GoldenCorruptError` or :class:`GoldenStaleError` naming the file and dataset.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import io
@@ -85,12 +90,13 @@ import ml_dtypes
 import numpy as np
 from filelock import FileLock
 
-from golden.magnitudes import MAGNITUDES
+from golden.magnitudes import magnitude_names
 from golden.spec import CaseSpec
 from golden.types import INPUT_NAMES, GoldenCase, OpInputs
 
-#: 4: whole-file integrity header, error-model magnitudes, bf16 as uint16 bit patterns (2: none of them).
-SCHEMA_VERSION = 4
+#: 4: whole-file integrity header, error-model magnitudes, bf16 as uint16 bit patterns (2: none of them);
+#: 5: element magnitudes as bf16 rounded up, S and T only on the fp16 score path.
+SCHEMA_VERSION = 5
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 #: Largest integrity header (HDF5 user block) a reader accepts.
 MAX_HEADER = 1 << 20
@@ -98,6 +104,8 @@ MAX_HEADER = 1 << 20
 #: change within the same clock tick as the check (ctime unchanged) cannot hide behind the cache.
 CACHE_SETTLE_NS = 1_000_000_000
 _CHUNK = 1 << 20
+#: Bytes reserved for HDF5's metadata and attributes beyond the datasets and the header.
+RESERVE_METADATA = 1 << 20
 _FIRST_LINE = re.compile(rb"MLA-GOLDEN-HDF5 schema ([0-9]{1,6}) header ([0-9]{3,8})\n")
 _SEALED = re.compile(rb"((?:[^\n\x00]*\n)*?)sha256 ([0-9a-f]{64})\n\x00*")
 _SIZE_LINE = re.compile(rb"size ([0-9]{1,20})")
@@ -238,10 +246,11 @@ def _datasets(golden: GoldenCase) -> dict[str, np.ndarray]:
         raise TypeError(f"{golden.spec.case_id}: row_valid must be bool, got {golden.row_valid.dtype}")
     out = {f"inputs/{name}": arr for name, arr in golden.inputs.arrays().items()}
     out["golden/out"], out["golden/row_valid"] = golden.out, golden.row_valid
-    missing = [name for name in MAGNITUDES if name not in golden.magnitudes]
+    needed = magnitude_names(golden.spec)
+    missing = [name for name in needed if name not in golden.magnitudes]
     if missing:
         raise TypeError(f"{golden.spec.case_id}: golden lacks the magnitudes {missing}")
-    out.update({f"golden/{name}": golden.magnitudes[name] for name in MAGNITUDES})
+    out.update({f"golden/{name}": golden.magnitudes[name] for name in needed})
     out["baseline/out"] = golden.baseline_out
     return out
 
@@ -252,13 +261,17 @@ def _header_size(names: list[str]) -> int:
     return max(512, 1 << (need - 1).bit_length())
 
 
-def _image(golden: GoldenCase, generator_version: str) -> io.BytesIO:
-    """The whole HDF5 file, built in memory with an empty user block for the integrity header."""
+def _write_hdf5(fh: io.RawIOBase, golden: GoldenCase, arrays: dict[str, np.ndarray],
+                generator_version: str, reserve: Callable[[], None]) -> dict[str, str]:
+    """HDF5 writes the file through ``fh``, leaving an empty user block for the integrity header;
+    returns each dataset's SHA-256 (of its stored bytes, which contiguous datasets keep as they are).
+
+    ``reserve`` runs once the file exists and before any data is written (HDF5 creates a file only
+    over an empty one; it truncates the reservation's unused tail when it closes)."""
     spec = golden.spec
-    arrays = _datasets(golden)
-    buf = io.BytesIO()
-    with h5py.File(buf, "w", userblock_size=_header_size(list(arrays))) as f:
-        checksums: dict[str, str] = {}
+    checksums: dict[str, str] = {}
+    with h5py.File(fh, "w", userblock_size=_header_size(list(arrays))) as f:
+        reserve()
         for name, arr in arrays.items():
             stored, tag = _encode(np.ascontiguousarray(arr))
             ds = f.create_dataset(name, data=stored)
@@ -284,7 +297,7 @@ def _image(golden: GoldenCase, generator_version: str) -> io.BytesIO:
                 **library_versions(),
             }
         )
-    return buf
+    return checksums
 
 
 def _dataset_ranges(f: h5py.File) -> list[tuple[str, int, int]]:
@@ -308,38 +321,124 @@ def _hash_range(fh: IO[bytes], offset: int, size: int) -> str:
     return digest.hexdigest()
 
 
-def seal(buf: io.BytesIO) -> memoryview:
-    """Write the integrity header into the user block of the HDF5 file held in ``buf``; returns the
-    sealed bytes.  The store seals every file it writes (a test that edits a file on purpose, to reach
-    the per-dataset checks behind the header, reseals it with this)."""
-    with h5py.File(buf, "r") as f:
+def seal(fh: IO[bytes], known: dict[str, str] | None = None) -> int:
+    """Write the integrity header into the user block of the HDF5 file open in ``fh`` (read/write,
+    seekable); returns the file's size.  ``known`` gives datasets' SHA-256 already computed from
+    the arrays written (others are hashed from the file).  The store seals every file it writes."""
+    fh.seek(0)
+    with h5py.File(fh, "r", locking=False) as f:
         header_size = int(f.userblock_size)
         ranges = _dataset_ranges(f)
-    image = buf.getbuffer()
-    lines = [f"MLA-GOLDEN-HDF5 schema {SCHEMA_VERSION} header {header_size}", f"size {len(image)}"]
-    lines += [f"dataset {name} {offset} {size} {hashlib.sha256(image[offset:offset + size]).hexdigest()}"
-              for name, offset, size in ranges]
+    size = fh.seek(0, os.SEEK_END)
+    known = known or {}
+    lines = [f"MLA-GOLDEN-HDF5 schema {SCHEMA_VERSION} header {header_size}", f"size {size}"]
+    lines += [f"dataset {name} {offset} {length} {known.get(name) or _hash_range(fh, offset, length)}"
+              for name, offset, length in ranges]
     body = ("\n".join(lines) + "\n").encode()
     digest = hashlib.sha256(body)
-    digest.update(image[header_size:])
+    fh.seek(header_size)
+    while chunk := fh.read(_CHUNK):
+        digest.update(chunk)
     header = body + b"sha256 " + digest.hexdigest().encode() + b"\n"
     if len(header) > header_size:
         raise ValueError(f"integrity header needs {len(header)} bytes, the user block has {header_size}")
-    image[:header_size] = header.ljust(header_size, b"\0")
-    return image
+    fh.seek(0)
+    fh.write(header.ljust(header_size, b"\0"))
+    return size
+
+
+def reseal(path: Path) -> None:
+    """Rewrite a file's integrity header in place: for tests that edit a golden on purpose, to reach
+    the checks behind the header."""
+    with open(path, "r+b") as fh:
+        seal(fh)
+
+
+#: errnos of ``posix_fallocate`` that mean "no room" (others: the file system cannot reserve, go on).
+_NO_ROOM = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+
+
+def _reserve(fh: IO[bytes], size: int) -> None:
+    """Reserve ``size`` bytes for the file, so that a full disk fails here, before any data is written."""
+    fallocate = getattr(os, "posix_fallocate", None)
+    if fallocate is None:  # pragma: no cover - not on Linux
+        return
+    fh.flush()
+    try:
+        fallocate(fh.fileno(), 0, size)
+    except OSError as exc:
+        if exc.errno in _NO_ROOM:
+            raise
+
+
+class _RecordingFile(io.RawIOBase):
+    """The temp file as HDF5 sees it: the first OS error is kept, because h5py reports a failed
+    Python write only as a generic HDF5 error."""
+
+    def __init__(self, fh: IO[bytes]) -> None:
+        super().__init__()
+        self._fh = fh
+        self.error: OSError | None = None
+
+    def _guard(self, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        return int(self._guard(lambda: self._fh.readinto(buffer)))  # type: ignore[attr-defined]
+
+    def write(self, data: Any) -> int:
+        return int(self._guard(lambda: self._fh.write(data)))
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return int(self._guard(lambda: self._fh.seek(offset, whence)))
+
+    def tell(self) -> int:
+        return int(self._fh.tell())
+
+    def truncate(self, size: int | None = None) -> int:
+        return int(self._guard(lambda: self._fh.truncate(size)))
+
+    def flush(self) -> None:
+        self._guard(self._fh.flush)
 
 
 def write_golden(golden: GoldenCase, path: Path, generator_version: str) -> int:
     """Write atomically (temp name, fsync, rename, fsync dir); returns the bytes written.
 
-    Every OS error (a full disk, a read-only store, ...) raises :class:`GoldenWriteError` naming the
-    store and the case, after removing the temp file; HDF5 itself never touches the disk."""
-    image = seal(_image(golden, generator_version))
+    The temp file is first reserved to the data's size (``posix_fallocate``), then HDF5 writes it
+    through a Python file object and the integrity header is sealed in place: memory stays the
+    arrays themselves, never a second copy of the file.  Every OS error (a full disk, a read-only
+    store, ...) raises :class:`GoldenWriteError` naming the store and the case, after removing the
+    temp file."""
+    arrays = _datasets(golden)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    reserve = sum(a.nbytes for a in arrays.values()) + _header_size(list(arrays)) + RESERVE_METADATA
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as fh:
-            fh.write(image)
+        with open(tmp, "w+b") as fh:
+            recording = _RecordingFile(fh)
+            try:
+                checksums = _write_hdf5(recording, golden, arrays, generator_version,
+                                        lambda: _reserve(fh, reserve))
+            except (RuntimeError, ValueError, OSError) as exc:
+                if recording.error is not None:
+                    raise recording.error from exc
+                raise
+            size = seal(fh, checksums)
+            fh.truncate(size)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -354,7 +453,7 @@ def write_golden(golden: GoldenCase, path: Path, generator_version: str) -> int:
         if isinstance(exc, OSError):
             raise _write_error(path, golden.spec, exc) from exc
         raise
-    return len(image)
+    return size
 
 
 def _write_error(path: Path, spec: CaseSpec, exc: OSError) -> GoldenWriteError:
@@ -521,7 +620,7 @@ def read_golden(path: Path, spec: CaseSpec | None = None) -> tuple[GoldenCase, F
             baseline_out=arrays["baseline/out"],
             baseline_stats=stats,
             provenance=provenance,
-            magnitudes={name: arrays[f"golden/{name}"] for name in MAGNITUDES},
+            magnitudes={name: arrays[f"golden/{name}"] for name in magnitude_names(spec or stored_spec)},
         )
     except (KeyError, TypeError) as exc:
         raise GoldenCorruptError(path, f"required dataset missing: {exc}") from exc

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import logging
 import os
@@ -28,7 +27,7 @@ from golden.store import (
     GoldenStore,
     GoldenStoreError,
     read_golden,
-    seal,
+    reseal,
 )
 from golden.types import GoldenCase
 
@@ -64,11 +63,6 @@ def flip_byte(path: Path, dataset: str) -> None:
         byte = fh.read(1)[0]
         fh.seek(offset + size // 2)
         fh.write(bytes([byte ^ 0xFF]))
-
-
-def reseal(path: Path) -> None:
-    """Rewrite the integrity header after a deliberate edit, to reach the checks behind it."""
-    path.write_bytes(seal(io.BytesIO(path.read_bytes())))
 
 
 def rewrite_dataset(path: Path, name: str, stored: np.ndarray) -> None:

@@ -190,8 +190,14 @@ def test_a_store_that_cannot_be_created_is_a_write_error(tmp_path: Path) -> None
         GoldenStore(blocker).ensure(SMALL, Builds())
 
 
-def test_a_full_disk_is_a_clear_error_with_no_partial_file(tiny_tmpfs: Path) -> None:
-    """In process (a crash would end the run); the CLI's exit status: tests/nocover/test_store_faults.py."""
+@pytest.mark.parametrize("reserved", [True, False], ids=["reserved", "hdf5-hits-the-full-disk"])
+def test_a_full_disk_is_a_clear_error_with_no_partial_file(
+    tiny_tmpfs: Path, reserved: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In process (a crash would end the run); the CLI's exit status: tests/nocover/test_store_faults.py.
+    Without the reservation (a file system that cannot reserve), HDF5's own write meets the full disk."""
+    if not reserved:
+        monkeypatch.setattr(gs, "_reserve", lambda fh, size: None)
     store = GoldenStore(tiny_tmpfs)
     small = store.save(build_golden(SMALL))
     with pytest.raises(GoldenWriteError) as info:
