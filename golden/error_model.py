@@ -125,21 +125,25 @@ def model_ratio(
         p_terms = np.minimum(lam * spread, total)
         dot = (lam * math.sqrt(SCORE_DIM) * U32) * rows["score_dot"][tok].astype(np.float64)[:, :, None]
         n = keys[tok].astype(np.float64)[:, None, None]
-        terms = {
+        score_cap = 4.0 * absmax * total
+        terms: dict[str, np.ndarray | float] = {
             "output": u * ag,
             "p_round": u * p_terms,
-            "score_round": u_s * (4.0 * absmax * total if "pvs_rss" not in elem else
-                                  np.minimum(lam * elem["pvs_rss"][tok].astype(np.float64), 4.0 * absmax * total)),
+            "score_round": u_s * (score_cap if "pvs_rss" not in elem else
+                                  np.minimum(lam * elem["pvs_rss"][tok].astype(np.float64), score_cap)),
             "qk_accum": dot * p_terms,
-            "scale_cast": eps * np.abs(elem["pv_scale"][tok].astype(np.float64)) if eps else np.zeros_like(ag),
+            "scale_cast": eps * np.abs(elem["pv_scale"][tok].astype(np.float64)) if eps else 0.0,
             "pv_accum": U32 * np.minimum(lam * np.sqrt(n), n) * total + U32 * ag,
         }
-        bound: np.ndarray = safety * np.sum(list(terms.values()), axis=0)
+        bound = np.zeros_like(ag)
+        for term in terms.values():
+            bound += term
+        bound *= safety
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            err = np.abs(a - g)
-            err = np.where(np.isfinite(a), err, np.inf)
-            ratio = np.where(err == 0.0, 0.0, err / bound)  # bound 0 and err > 0 -> inf
-        ratio = np.where(np.isnan(ratio), np.inf, ratio)
+            err = np.abs(a - g)  # NaN for a NaN output, inf for an infinite one
+            ratio = err / bound  # err > 0 over a zero bound: inf
+        ratio[err == 0.0] = 0.0  # including 0 / 0
+        ratio[np.isnan(ratio)] = np.inf
         n_over += int(np.count_nonzero(ratio > 1.0))
         flat = int(np.argmax(ratio))
         value = float(ratio.flat[flat])
@@ -147,7 +151,7 @@ def model_ratio(
             r, hh, c = (int(i) for i in np.unravel_index(flat, ratio.shape))
             best = value
             worst = (int(tok[r]), hh, c, float(g[r, hh, c]), float(a[r, hh, c]), float(bound[r, hh, c]),
-                     {k: safety * float(v[r, hh, c]) for k, v in terms.items()})
+                     {k: safety * float(np.broadcast_to(v, ratio.shape)[r, hh, c]) for k, v in terms.items()})
     if worst is None:
         return ModelResult(0.0, 0, 0, lam, "no element checked", 0.0, 0.0, {})
     token, head, col, g0, a0, b0, parts = worst

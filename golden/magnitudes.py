@@ -22,14 +22,16 @@ per row and head, ``[T, H]``:
 (m_i is the row maximum of s.)  S and T are stored only where the kernel keeps scores in fp16
 (:func:`facts.operator.scores_in_fp16`): elsewhere scores are fp32, the rule's score term uses its
 cap 4 M (A + |g|) u32 instead of S (looser, and still ~2^-16 of the output-rounding term), and T's
-term is 0.  Element magnitudes are stored as bf16 rounded away from zero, row magnitudes as float32
-rounded up: a stored magnitude never understates, and overstates by at most 2^-7 relative (inside
-the rule's safety factor, in the safe direction), so they cost 4 bytes per output element on most
-cases (8 where scores are fp16) instead of 32 in float64.  Computed in float64 tile by tile like the
-reference (memory O(tile x S) per thread; numpy on the CPU, torch on the golden device).  Rows of
-zero-length batches are 0.  On the CPU they come out of the golden's own pass
-(:func:`reference_and_magnitudes`): the extra cost is two GEMMs with V per tile, not a second
-attention.
+term is 0.  S and T are expanded sums that cancel where V is nearly constant, so each is moved away
+from zero by a bound on its float64 error before rounding.
+
+Element magnitudes are stored as bf16 rounded away from zero, row magnitudes as float32 rounded up:
+a stored magnitude never understates its float64 value and overstates it by at most 2^-7 relative
+(inside the rule's safety factor, in the safe direction), so they cost 4 bytes per output element on
+most cases (8 where scores are fp16) instead of 32 in float64.  Computed in float64 tile by tile like
+the reference (memory O(tile x S) per thread); on the CPU they come out of the golden's own pass
+(:func:`reference_and_magnitudes`: two more GEMMs with V per tile, not a second attention), on the
+golden device out of a torch pass (:func:`torch_magnitudes`).  Rows of zero-length batches are 0.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ ELEMENT_MAGNITUDES = ("pv_abs", "pv_rss", "pvs_rss", "pv_scale")
 SCORE_PATH_MAGNITUDES = ("pvs_rss", "pv_scale")
 ROW_MAGNITUDES = ("score_absmax", "score_dot", "p_rss")
 MAGNITUDES = ELEMENT_MAGNITUDES + ROW_MAGNITUDES
+EPS64 = float(np.finfo(np.float64).eps)
 
 
 def element_magnitudes(spec: CaseSpec) -> tuple[str, ...]:
@@ -155,17 +158,35 @@ def numpy_tile(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, diag: 
     out["pv_abs"] = (s @ np.abs(v)) / denom
     if s0 is not None:
         p = s / denom
-        g = p @ v
         weight = p * (2.0 * np.abs(s0) + np.abs(s0 - m))
         w2 = weight * weight
-        sq = w2 @ (v * v) - 2.0 * g * (w2 @ v) + g * g * w2.sum(axis=1, keepdims=True)
-        out["pvs_rss"] = np.sqrt(np.maximum(sq, 0.0))
         ps = p * s0
-        out["pv_scale"] = ps @ v - ps.sum(axis=1, keepdims=True) * g
+        out.update(_score_path_sums(p @ v, w2 @ (v * v), w2 @ v, w2.sum(axis=1, keepdims=True), ps @ v,
+                                    np.abs(ps).sum(axis=1, keepdims=True), ps.sum(axis=1, keepdims=True),
+                                    np.abs(v).max(axis=0), k.shape[0]))
     np.multiply(s, s, out=s)
     out["pv_rss"] = np.sqrt(s @ (v * v)) / denom
     out["p_rss"] = np.sqrt(s.sum(axis=1)) / denom[:, 0]
     return out
+
+
+def _score_path_sums(g: Any, w2v2: Any, w2v: Any, w2sum: Any, psv: Any, ps_abs: Any, ps_sum: Any,
+                     vmax: Any, keys: int) -> dict[str, np.ndarray]:
+    """S and T from their expanded sums, each moved away from zero by a bound on its float64 error.
+
+    S^2 = sum w^2 V^2 - 2 g sum w^2 V + g^2 sum w^2 and T = sum (P s) V - g sum P s cancel where
+    V is nearly constant; without the guard the computed value could fall below the exact one by
+    the cancellation noise.  Guards (gamma = (keys + 4) eps64, Cauchy-Schwarz for sum w^2 |V|):
+    gamma (sqrt(sum w^2 V^2) + |g| sqrt(sum w^2))^2 for S^2, gamma (sum |P s| max|V| + |g sum P s|) for T."""
+    gamma = (keys + 4) * EPS64
+    as_numpy = (lambda x: x.cpu().numpy()) if hasattr(g, "cpu") else np.asarray
+    g, w2v2, w2v, w2sum, psv, ps_abs, ps_sum, vmax = (as_numpy(x) for x in (g, w2v2, w2v, w2sum, psv, ps_abs,
+                                                                            ps_sum, vmax))
+    sq = w2v2 - 2.0 * g * w2v + g * g * w2sum
+    sq_guard = gamma * (np.sqrt(w2v2) + np.abs(g) * np.sqrt(w2sum)) ** 2
+    t = psv - ps_sum * g
+    t_guard = gamma * (ps_abs * vmax + np.abs(g * ps_sum))
+    return {"pvs_rss": np.sqrt(np.maximum(sq, 0.0) + sq_guard), "pv_scale": t + np.copysign(t_guard, t)}
 
 
 def torch_tile(q: Any, k: Any, v: Any, knorm: Any, i0: int, diag: tuple[int, int] | None,
@@ -185,14 +206,14 @@ def torch_tile(q: Any, k: Any, v: Any, knorm: Any, i0: int, diag: tuple[int, int
     p = torch.exp(s - m)
     p /= p.sum(dim=1, keepdim=True)  # masked keys: exp(-inf) = 0
     out: dict[str, Any] = {"pv_abs": p @ v.abs()}
+    extra: dict[str, np.ndarray] = {}
     if score_terms:
-        g = p @ v
         weight = p * (2.0 * s0.abs() + (s0 - m).abs())
         w2 = weight * weight
-        sq = w2 @ (v * v) - 2.0 * g * (w2 @ v) + g * g * w2.sum(dim=1, keepdim=True)
-        out["pvs_rss"] = sq.clamp(min=0.0).sqrt()
         ps = p * s0
-        out["pv_scale"] = ps @ v - ps.sum(dim=1, keepdim=True) * g
+        extra = _score_path_sums(p @ v, w2 @ (v * v), w2 @ v, w2.sum(dim=1, keepdim=True), ps @ v,
+                                 ps.abs().sum(dim=1, keepdim=True), ps.sum(dim=1, keepdim=True),
+                                 v.abs().amax(dim=0), k.shape[0])
     p2 = p * p
     out["pv_rss"] = (p2 @ (v * v)).sqrt()
     out["p_rss"] = p2.sum(dim=1).sqrt()
@@ -203,7 +224,7 @@ def torch_tile(q: Any, k: Any, v: Any, knorm: Any, i0: int, diag: tuple[int, int
         last = torch.clamp(torch.arange(i0, i0 + q.shape[0], device=q.device) + diag[1], max=k.shape[0] - 1)
         kmax = torch.cummax(knorm, dim=0).values[last]
     out["score_dot"] = q.norm(dim=1) * kmax
-    return {name: value.cpu().numpy() for name, value in out.items()}
+    return {**{name: value.cpu().numpy() for name, value in out.items()}, **extra}
 
 
 Sink = Callable[[HeadTask, int, int, "dict[str, np.ndarray]"], None]

@@ -62,7 +62,9 @@ fsynced and renamed with ``os.replace``.  A killed writer never leaves a partial
 name, memory holds the arrays but never a copy of the file, and a full disk or any other OS error
 surfaces as :class:`GoldenWriteError` naming the store and the case (the temp file is removed).
 
-After the header, reads verify every dataset's checksum (defence in depth); problems raise
+After the header, every dataset's two recorded checksums (its attribute and ``checksums_json``) must
+equal its bytes' SHA-256: the integrity header's digest when this open has just hashed the whole
+file, else hashed again from the data read (a load the digest cache vouched for); problems raise
 :class:`GoldenCorruptError` or :class:`GoldenStaleError` naming the file and dataset.
 """
 
@@ -90,7 +92,8 @@ import ml_dtypes
 import numpy as np
 from filelock import FileLock
 
-from golden.magnitudes import magnitude_names
+from golden.layout import out_shape
+from golden.magnitudes import ROW_MAGNITUDES, magnitude_names
 from golden.spec import CaseSpec
 from golden.types import INPUT_NAMES, GoldenCase, OpInputs
 
@@ -250,9 +253,20 @@ def _datasets(golden: GoldenCase) -> dict[str, np.ndarray]:
     missing = [name for name in needed if name not in golden.magnitudes]
     if missing:
         raise TypeError(f"{golden.spec.case_id}: golden lacks the magnitudes {missing}")
+    for name in needed:
+        _check_magnitude(golden.magnitudes[name], name, golden.spec, golden.spec.case_id)
     out.update({f"golden/{name}": golden.magnitudes[name] for name in needed})
     out["baseline/out"] = golden.baseline_out
     return out
+
+
+def _check_magnitude(arr: np.ndarray, name: str, spec: CaseSpec, where: str) -> None:
+    """Element magnitudes are bf16 in attenOut's shape, row magnitudes float32 ``[T, H]``."""
+    row = name in ROW_MAGNITUDES
+    dtype = np.dtype(np.float32 if row else ml_dtypes.bfloat16)
+    shape = (spec.total_q, spec.head_num) if row else tuple(out_shape(spec))
+    if arr.dtype != dtype or arr.shape != shape:
+        raise TypeError(f"{where}: magnitude {name} is {arr.dtype}{list(arr.shape)}, must be {dtype}{list(shape)}")
 
 
 def _header_size(names: list[str]) -> int:
@@ -412,7 +426,8 @@ class _RecordingFile(io.RawIOBase):
         return int(self._guard(lambda: self._fh.truncate(size)))
 
     def flush(self) -> None:
-        self._guard(self._fh.flush)
+        if not self._fh.closed:
+            self._guard(self._fh.flush)
 
 
 def write_golden(golden: GoldenCase, path: Path, generator_version: str) -> int:
@@ -433,10 +448,14 @@ def write_golden(golden: GoldenCase, path: Path, generator_version: str) -> int:
             try:
                 checksums = _write_hdf5(recording, golden, arrays, generator_version,
                                         lambda: _reserve(fh, reserve))
-            except (RuntimeError, ValueError, OSError) as exc:
+            except Exception as exc:  # h5py reports a failed Python write as its own error type
                 if recording.error is not None:
                     raise recording.error from exc
                 raise
+            finally:
+                recording.close()
+            if recording.error is not None:  # a failed write HDF5 did not report
+                raise recording.error
             size = seal(fh, checksums)
             fh.truncate(size)
             fh.flush()
@@ -479,13 +498,16 @@ class FileMeta:
         return CaseSpec.from_json(str(self.attrs["spec_json"]))
 
 
-def _check_whole_file(fh: IO[bytes], path: Path) -> None:
-    """The integrity header and whole-file digest, read with plain Python I/O before HDF5 parses a byte."""
+def _check_whole_file(fh: IO[bytes], path: Path) -> dict[str, str] | None:
+    """The integrity header and whole-file digest, read with plain Python I/O before HDF5 parses a byte.
+
+    Returns the header's dataset digests when this call hashed the file (every byte HDF5 will read
+    from ``fh`` was just covered), None when the process's cache vouched for it instead."""
     st = os.fstat(fh.fileno())
     settled = time.time_ns() - st.st_ctime_ns > CACHE_SETTLE_NS
     identity, state = (st.st_dev, st.st_ino), (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     if _VERIFIED.get(identity) == state:
-        return
+        return None
     first = fh.read(64)
     if first.startswith(HDF5_SIGNATURE):
         raise GoldenStaleError(path, f"no integrity header: written before schema_version {SCHEMA_VERSION}")
@@ -510,6 +532,7 @@ def _check_whole_file(fh: IO[bytes], path: Path) -> None:
         raise GoldenStaleError(path, f"schema_version {int(match[1])}, store reads {SCHEMA_VERSION}")
     if settled:
         _VERIFIED[identity] = state
+    return {m[1].decode(): m[4].decode() for line in sealed[1].split(b"\n") if (m := _DATASET_LINE.fullmatch(line))}
 
 
 def _locate_damage(fh: IO[bytes], path: Path, body: bytes, size: int) -> GoldenCorruptError:
@@ -528,8 +551,17 @@ def _locate_damage(fh: IO[bytes], path: Path, body: bytes, size: int) -> GoldenC
                               "header changed")
 
 
+@dataclass(frozen=True)
+class _Opened:
+    """An HDF5 file opened after the whole-file check, and the header's dataset digests when that
+    check hashed the file in this open (None when the process's cache vouched for it)."""
+
+    file: h5py.File
+    hashed: dict[str, str] | None
+
+
 @contextlib.contextmanager
-def _open(path: Path) -> Iterator[h5py.File]:
+def _open(path: Path) -> Iterator[_Opened]:
     """Open for reading after the whole-file check; HDF5 reads the same file object that was hashed."""
     try:
         fh = open(path, "rb")  # noqa: SIM115 (closed by the with block below)
@@ -539,7 +571,7 @@ def _open(path: Path) -> Iterator[h5py.File]:
         raise GoldenCorruptError(path, f"cannot open: {exc}") from exc
     with fh:
         try:
-            _check_whole_file(fh, path)
+            hashed = _check_whole_file(fh, path)
         except OSError as exc:
             raise GoldenCorruptError(path, f"cannot read: {exc}") from exc
         fh.seek(0)
@@ -548,7 +580,7 @@ def _open(path: Path) -> Iterator[h5py.File]:
         except OSError as exc:
             raise GoldenCorruptError(path, f"cannot open as HDF5: {exc}") from exc
         with f:
-            yield f
+            yield _Opened(f, hashed)
 
 
 def _meta(f: h5py.File, path: Path) -> FileMeta:
@@ -560,12 +592,14 @@ def _meta(f: h5py.File, path: Path) -> FileMeta:
 
 
 def read_meta(path: Path) -> FileMeta:
-    with _open(path) as f:
-        return _meta(f, path)
+    with _open(path) as opened:
+        return _meta(opened.file, path)
 
 
-def _read_verified(f: h5py.File, path: Path) -> dict[str, np.ndarray]:
-    """Every dataset as its device array, after checking both recorded checksums."""
+def _read_verified(f: h5py.File, path: Path, hashed: dict[str, str] | None) -> dict[str, np.ndarray]:
+    """Every dataset as its device array, its two recorded checksums checked against its bytes: hashed
+    again here, or, when this open's whole-file check just hashed every byte, compared with the
+    integrity header's digest of the dataset's bytes (the same value, without a second pass)."""
     try:
         listed: dict[str, str] = json.loads(f.attrs["checksums_json"])
     except (KeyError, OSError, ValueError, TypeError) as exc:
@@ -583,7 +617,7 @@ def _read_verified(f: h5py.File, path: Path) -> dict[str, np.ndarray]:
             recorded, tag = str(ds.attrs["sha256"]), str(ds.attrs["device_dtype"])
         except (KeyError, OSError, RuntimeError, ValueError) as exc:
             raise GoldenCorruptError(path, f"unreadable: {exc}", name) from exc
-        actual = _sha256(stored)
+        actual = hashed[name] if hashed is not None and name in hashed else _sha256(stored)  # empty: no line
         if actual != recorded or actual != listed[name]:
             message = f"SHA-256 mismatch: data {actual[:16]}…, recorded {recorded[:16]}…"
             raise GoldenCorruptError(path, message, name)
@@ -593,7 +627,8 @@ def _read_verified(f: h5py.File, path: Path) -> dict[str, np.ndarray]:
 
 def read_golden(path: Path, spec: CaseSpec | None = None) -> tuple[GoldenCase, FileMeta]:
     """Read and verify every checksum; ``spec`` (else the file's spec_json) labels the result."""
-    with _open(path) as f:
+    with _open(path) as opened:
+        f = opened.file
         meta = _meta(f, path)
         try:
             stored_spec = meta.spec()
@@ -601,7 +636,7 @@ def read_golden(path: Path, spec: CaseSpec | None = None) -> tuple[GoldenCase, F
             raise GoldenCorruptError(path, f"root attribute 'spec_json' unusable: {exc}") from exc
         if stored_spec.content_hash != meta.content_hash:
             raise GoldenCorruptError(path, "spec_json does not hash to the recorded content_hash")
-        arrays = _read_verified(f, path)
+        arrays = _read_verified(f, path, opened.hashed)
         try:
             stats = {k: _scalar(v) for k, v in f["baseline"].attrs.items()}
             provenance = {str(k): str(v) for k, v in json.loads(meta.attrs["provenance_json"]).items()}
@@ -620,10 +655,15 @@ def read_golden(path: Path, spec: CaseSpec | None = None) -> tuple[GoldenCase, F
             baseline_out=arrays["baseline/out"],
             baseline_stats=stats,
             provenance=provenance,
-            magnitudes={name: arrays[f"golden/{name}"] for name in magnitude_names(spec or stored_spec)},
+            magnitudes={name: arrays[f"golden/{name}"] for name in magnitude_names(stored_spec)},
         )
     except (KeyError, TypeError) as exc:
         raise GoldenCorruptError(path, f"required dataset missing: {exc}") from exc
+    for name, values in golden.magnitudes.items():
+        try:
+            _check_magnitude(values, name, stored_spec, "stored")
+        except TypeError as exc:
+            raise GoldenCorruptError(path, str(exc), f"golden/{name}") from exc
     return golden, meta
 
 

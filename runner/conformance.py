@@ -19,7 +19,7 @@ from judge.deviations import DeviationSet
 from judge.policy import PolicySet
 from judge.verdict import Outcome, error_map, judge_output, outcome_message, outcome_of
 from reports.records import ErrorEvidence, ResultRecord
-from runner.execution import BackendOutputError, Execution, execute, make_call, output_digest
+from runner.execution import BackendOutputError, Execution, array_digest, execute, make_call, output_digest
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def conclude(outcome: Outcome, message: str) -> None:
 
 def input_digests(golden: GoldenCase) -> dict[str, str]:
     """SHA-256 of every input array, to notice a backend that writes into its inputs."""
-    return {name: output_digest(array) for name, array in golden.inputs.arrays().items()}
+    return {name: array_digest(array) for name, array in golden.inputs.arrays().items()}
 
 
 def contract_violations(golden: GoldenCase, out: np.ndarray, before: dict[str, str]) -> list[str]:

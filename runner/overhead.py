@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from golden.spec import load_suites
+from golden.spec import CaseSpec, load_suite, load_suites
 from golden.store import GoldenStore
 from harness import registry
 from judge.deviations import load_deviations
@@ -57,7 +57,7 @@ def _wrap(module: Any, name: str, timer_ref: list[Timer], stage: str) -> Callabl
     return lambda: setattr(module, name, original)
 
 
-def measure(suite: str, backend_name: str, repeats: int, store: GoldenStore) -> list[dict[str, Any]]:
+def measure(specs: list[CaseSpec], backend_name: str, repeats: int, store: GoldenStore) -> list[dict[str, Any]]:
     """Per case: median per-stage seconds (wall and CPU) over ``repeats`` runs."""
     import runner.conformance as conformance
     import runner.execution as execution
@@ -81,7 +81,7 @@ def measure(suite: str, backend_name: str, repeats: int, store: GoldenStore) -> 
     ]
     rows = []
     try:
-        for spec in load_suites([suite]):
+        for spec in specs:
             if spec.expect_error is not None:
                 continue
             store.ensure(spec)
@@ -124,12 +124,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runner.overhead", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", default="smoke")
+    parser.add_argument("--cases", default=None, help="a suite file to measure instead of --suite")
     parser.add_argument("--backend", default="torch-cpu")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--golden-dir", default=None)
     parser.add_argument("--json", default=None, help="write per-case rows as JSON")
     args = parser.parse_args(argv)
-    rows = measure(args.suite, args.backend, args.repeats, GoldenStore(args.golden_dir))
+    specs = load_suite(args.cases) if args.cases else load_suites([args.suite])
+    rows = measure(specs, args.backend, args.repeats, GoldenStore(args.golden_dir))
     print(format_rows(rows))
     if args.json:
         with open(args.json, "w") as fh:

@@ -121,3 +121,19 @@ mask = "mask_free"
     assert outcome == "xfailed" and "wrapped-rejects" in message
     outcome, message = run(golden, "none", path)
     assert outcome == "xpassed" and message.startswith("UNEXPECTED PASS")
+
+
+def test_overhead_tool_times_every_stage_of_run_case(tmp_path: Path) -> None:
+    """``python -m runner.overhead``: per-stage times of the framework around backend.run."""
+    from golden.store import GoldenStore
+    from runner.overhead import STAGES, format_rows, measure
+
+    specs = [build_case({"head_num": 2, "q_seqlen": [n], "dtype": "fp16"}, source="test") for n in (5, 33)]
+    rows = measure(specs, "torch-cpu", 2, GoldenStore(tmp_path))
+    assert [row["case"] for row in rows] == [s.case_id for s in specs]
+    for row in rows:
+        assert all(row[f"wall:{stage}"] >= 0.0 for stage in STAGES)
+        assert row["wall:load"] > 0.0 and row["wall:metrics+verdict"] > 0.0 and row["wall:backend"] > 0.0
+        assert 0.0 < row["wall:overhead"] < row["wall:total"]
+    table = format_rows(rows)
+    assert table.startswith("2 cases;") and "overhead" in table and "backend" in table

@@ -17,6 +17,7 @@ from golden.magnitudes import (
     ELEMENT_MAGNITUDES,
     MAGNITUDES,
     ROW_MAGNITUDES,
+    SCORE_PATH_MAGNITUDES,
     allowed_keys,
     compute_magnitudes,
     magnitude_names,
@@ -40,6 +41,7 @@ def _spec(**fields: Any) -> CaseSpec:
 CAUSAL = _spec(dtype="bf16", mask_type="causal", q_seqlen=[5, 0, 9], kv_seqlen=[21, 4, 9], head_num=4,
                kv_head_num=2, kv_layout="padded", q_layout="2d")
 FP16 = _spec(dtype="fp16", mask_type="undefined", q_seqlen=[33, 7], head_num=2, distribution="large_logits")
+FP16_MASK_FREE = _spec(dtype="fp16", mask_type="mask_free", q_seqlen=[6, 19], head_num=3)
 
 
 def _brute(spec: CaseSpec, golden: GoldenCase) -> dict[str, np.ndarray]:
@@ -78,7 +80,8 @@ def _brute(spec: CaseSpec, golden: GoldenCase) -> dict[str, np.ndarray]:
     return out
 
 
-@pytest.mark.parametrize("spec", [CAUSAL, FP16], ids=["bf16-causal-gqa-ragged", "fp16-large-logits"])
+@pytest.mark.parametrize("spec", [CAUSAL, FP16, FP16_MASK_FREE],
+                         ids=["bf16-causal-gqa-ragged", "fp16-large-logits", "fp16-mask_free-packed"])
 def test_magnitudes_match_their_definitions_rounded_up(spec: CaseSpec) -> None:
     golden = build_golden(spec)
     expected = _brute(spec, golden)
@@ -88,7 +91,9 @@ def test_magnitudes_match_their_definitions_rounded_up(spec: CaseSpec) -> None:
         assert stored.dtype == (np.float32 if name in ROW_MAGNITUDES else ml_dtypes.bfloat16), name
         got = stored.reshape(expected[name].shape).astype(np.float64)
         want = expected[name]
-        slack = 1e-9 * np.abs(want).max()  # float64 rounding of two summation orders
+        # float64 rounding of two summation orders; S and T are expanded sums that cancel (S of a
+        # 1-key row is 0 up to sqrt(eps) of the column's scale), so their noise is ~1e-8 of the largest
+        slack = (1e-6 if name in SCORE_PATH_MAGNITUDES else 1e-9) * np.abs(want).max()
         assert np.all(np.abs(got) >= np.abs(want) - slack), f"{name} understated"
         assert np.all(np.abs(got) <= np.abs(want) * (1 + 2.0**-7) + slack), f"{name} above one bf16 ulp"
         assert np.all((np.sign(got) == np.sign(want)) | (np.abs(want) <= slack)), f"{name} sign"

@@ -303,6 +303,18 @@ def test_recompute_comparison_needs_bit_exact_inputs() -> None:
     assert [p.dataset for p in problems] == ["inputs/q"]
 
 
+@pytest.mark.parametrize(("steps", "flagged"), [(0, False), (1, False), (3, True)])
+def test_recomputed_magnitudes_may_differ_by_one_rounding_step(steps: int, flagged: bool) -> None:
+    golden = build_golden(BF16)
+    stored = golden.magnitudes["pv_abs"]
+    bits = stored.view(np.uint16).copy()
+    largest = int(np.argmax(stored.astype(np.float64)))
+    bits.flat[largest] += steps  # the array's largest element: the floor cannot hide a step there
+    moved = dict(golden.magnitudes, pv_abs=bits.view(stored.dtype))
+    problems = rg.compare_recomputed(Path("x.h5"), golden, dataclasses.replace(golden, magnitudes=moved))
+    assert [p.dataset for p in problems] == (["golden/pv_abs"] if flagged else [])
+
+
 def test_relative_difference_treats_nan_positions() -> None:
     a = np.array([1.0, np.nan, 2.0])
     assert rg.relative_difference(a, a.copy()) == 0.0
@@ -333,3 +345,11 @@ def test_resolve_builder_binds_threads() -> None:
     assert builder(FP16).out.shape == build_golden(FP16).out.shape
     with pytest.raises(ValueError, match=re.escape("pkg.mod:func")):
         rg.resolve_builder("golden.generate", 1)
+
+
+def test_magnitudes_of_the_wrong_dtype_are_refused_on_write(store: GoldenStore) -> None:
+    golden = build_golden(BF16)
+    as_float32 = dict(golden.magnitudes, pv_abs=golden.magnitudes["pv_abs"].astype(np.float32))
+    with pytest.raises(TypeError, match=r"magnitude pv_abs is float32.*must be bfloat16"):
+        store.save(dataclasses.replace(golden, magnitudes=as_float32))
+    assert not store.path_for(BF16).exists()

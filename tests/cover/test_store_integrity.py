@@ -161,6 +161,27 @@ def test_digest_cache_skips_rehashing_settled_files_only(store: GoldenStore, mon
         store.load(SMALL)
 
 
+def test_data_the_cache_vouched_for_is_still_hashed_per_dataset(
+    store: GoldenStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A load that skips the whole-file hash (the cache) hashes every dataset it reads; one that just
+    hashed the whole file compares the header's digests instead of hashing again."""
+    path = store.save(build_golden(SMALL))
+    hashed: list[int] = []
+    plain = gs._sha256
+    monkeypatch.setattr(gs, "_sha256", lambda arr: hashed.append(arr.size) or plain(arr))
+    store.load(SMALL)
+    assert hashed == [], "the whole-file check just covered these bytes"
+    with h5py.File(path, "r", locking=False) as f:
+        offset = int(f["golden/out"].id.get_offset())
+    flip(path, offset + 8)  # raw data changed ...
+    st = path.stat()
+    monkeypatch.setitem(gs._VERIFIED, (st.st_dev, st.st_ino), (st.st_size, st.st_mtime_ns, st.st_ctime_ns))  # vouched
+    with pytest.raises(GoldenCorruptError, match=r"golden/out.*SHA-256 mismatch"):
+        store.load(SMALL)
+    assert hashed, "the per-dataset checksums were computed"
+
+
 # -- write failures -----------------------------------------------------------------------------------
 
 
@@ -180,6 +201,31 @@ def test_an_os_error_while_writing_names_store_and_case_and_leaves_the_old_file(
     message = str(info.value)
     assert f"case {SMALL.case_id!r}" in message and f"store {store.root}" in message and "No space left" in message
     assert path.read_bytes() == before
+    assert sorted(p.name for p in store.root.iterdir() if p.is_file()) == [path.name]
+
+
+def test_a_write_that_fails_inside_hdf5_names_the_os_error(
+    store: GoldenStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No reservation (a file system that cannot reserve) and the disk fills while HDF5 writes: the
+    message is the OS error, not HDF5's generic one, and nothing is left behind."""
+    path = store.save(build_golden(SMALL))
+    before = path.read_bytes()
+    written = [0]
+    plain_write = gs._RecordingFile.write
+
+    def filling(self: gs._RecordingFile, data: bytes) -> int:
+        written[0] += len(data)
+        if written[0] > 200_000:
+            self.error = self.error or OSError(errno.ENOSPC, "No space left on device")
+            raise self.error
+        return plain_write(self, data)
+
+    monkeypatch.setattr(gs, "_reserve", lambda fh, size: None)
+    monkeypatch.setattr(gs._RecordingFile, "write", filling)
+    with pytest.raises(GoldenWriteError, match=f"case {BIG.case_id!r} into store .*No space left on device"):
+        store.save(build_golden(BIG))
+    assert written[0] > 200_000 and path.read_bytes() == before
     assert sorted(p.name for p in store.root.iterdir() if p.is_file()) == [path.name]
 
 

@@ -22,7 +22,7 @@ import pytest
 from golden.generate import build_golden
 from golden.inputs import generate_inputs
 from golden.layout import out_shape, row_valid
-from golden.magnitudes import ELEMENT_MAGNITUDES, ROW_MAGNITUDES
+from golden.magnitudes import ROW_MAGNITUDES, element_magnitudes, round_up_bf16
 from golden.regen import verify
 from golden.spec import CaseSpec, load_suite
 from golden.store import GoldenStore, read_golden
@@ -74,7 +74,7 @@ def big_builder(spec: CaseSpec, *, threads: int = 1) -> GoldenCase:
     inputs = generate_inputs(spec)
     out = np.random.default_rng(spec.seed).standard_normal(out_shape(spec))
     t, h = spec.total_q, spec.head_num
-    magnitudes = {name: np.abs(out).astype(np.float32) for name in ELEMENT_MAGNITUDES}
+    magnitudes = {name: round_up_bf16(np.abs(out)) for name in element_magnitudes(spec)}
     magnitudes.update({name: np.ones((t, h), dtype=np.float32) for name in ROW_MAGNITUDES})
     return GoldenCase(spec, inputs, out, row_valid(spec), out.astype(inputs.q.dtype), {"stand_in": True},
                       {"builder": f"big_builder threads={threads}"}, magnitudes)
