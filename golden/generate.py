@@ -61,19 +61,19 @@ def build_golden(spec: CaseSpec, *, threads: int = 1, inputs: OpInputs | None = 
     passes = 2.0 if device == "cpu" else 3.0  # tiles of the reference (+ magnitudes), baseline[, magnitudes]
     with progress.case_work(spec.case_id, passes * spec.useful_flops):
         inputs = generate_inputs(spec) if inputs is None else inputs
-        progress.set_stage("reference + magnitudes" if device == "cpu" else "reference")
         if device == "cpu":
+            progress.set_stage("reference + magnitudes")
             out, magnitudes = reference_and_magnitudes(inputs, spec, threads=threads)
             valid = row_valid(spec)
         else:
+            progress.set_stage("reference")
             out, valid = reference_attention(inputs, spec, threads=threads, device=device)
+            progress.set_stage("magnitudes")
+            magnitudes = compute_magnitudes(inputs, spec, device=device)
         progress.set_stage("baseline")
         baseline = emulate_baseline(inputs, spec, threads=threads)
         progress.set_stage("statistics")
         stats = baseline_stats(spec, baseline, out, valid)
-        if device != "cpu":
-            progress.set_stage("magnitudes")
-            magnitudes = compute_magnitudes(inputs, spec, device=device)
     return GoldenCase(
         spec=spec,
         inputs=inputs,
