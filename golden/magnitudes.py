@@ -116,6 +116,27 @@ def allowed_keys(spec: CaseSpec) -> np.ndarray:
     return counts
 
 
+def cancellation_noise(spec: CaseSpec, magnitudes: dict[str, np.ndarray], golden: np.ndarray,
+                       tokens: slice) -> dict[str, np.ndarray]:
+    """How far two correct float64 evaluations of S and T may lie apart at the elements of rows
+    ``tokens`` (their expanded sums cancel), bounded from stored magnitudes that do not cancel.
+
+    With gamma = (n_i + 4) eps64: S's float64 error is at most sqrt(gamma) (sqrt(sum w^2 V^2) +
+    |g| sqrt(sum w^2)) <= sqrt(gamma) 4 M (R + rho |g|), since w <= 4 M P; T's at most
+    gamma (sum |P s V| + |g sum P s|) <= gamma M (A + |g|).  Each evaluation adds its guard of the
+    same size, hence the factor 2 (S) and 2 x 2 (T)."""
+    t, h = spec.total_q, spec.head_num
+    shape = (t, h, V_DIM)
+    gamma = ((allowed_keys(spec)[tokens] + 4) * EPS64)[:, None, None]
+    score = magnitudes["score_absmax"].reshape(t, h)[tokens].astype(np.float64)[:, :, None]
+    rho = magnitudes["p_rss"].reshape(t, h)[tokens].astype(np.float64)[:, :, None]
+    g = np.abs(golden.reshape(shape)[tokens])
+    r = magnitudes["pv_rss"].reshape(shape)[tokens].astype(np.float64)
+    a = magnitudes["pv_abs"].reshape(shape)[tokens].astype(np.float64)
+    return {"pvs_rss": 2.0 * np.sqrt(gamma) * 4.0 * score * (r + rho * g),
+            "pv_scale": 4.0 * gamma * score * (a + g)}
+
+
 def _largest_key_norm(knorm: np.ndarray, rows: int, diag: tuple[int, int] | None) -> np.ndarray:
     """Per query row of a tile: the largest ||k_j|| over the keys the row may see."""
     if diag is None:
