@@ -43,7 +43,7 @@ RECOMPUTE_RTOL = 1e-12
 #: Magnitudes are stored rounded up (bf16 per element, float32 per row): a recomputation whose float64
 #: value lands across a rounding boundary differs by one step, element by element.
 MAGNITUDE_STEP = {"bfloat16": 2.0**-7, "float32": 2.0**-22}
-#: Absolute slack, relative to a magnitude array's largest value (cancellation noise: ~sqrt(float64 eps)).
+#: Absolute slack, relative to a magnitude array's largest value (float64 rounding of values near 0).
 MAGNITUDE_FLOOR = 2.0**-20
 #: The emulated baseline runs in float32 through BLAS: allow its statistics BLAS-level noise only.
 BASELINE_RTOL = 1e-6
@@ -356,8 +356,8 @@ def compare_recomputed(path: Path, stored: GoldenCase, fresh: GoldenCase) -> lis
 
 
 def _within_one_step(stored: GoldenCase, name: str, fresh: np.ndarray) -> bool:
-    """Every element of a recomputed magnitude within one rounding step of the stored dtype of the
-    stored one, or within MAGNITUDE_FLOOR of the array's largest value; S and T, expanded sums that
+    """Every element of a recomputed magnitude within one rounding step (of the stored dtype) of the
+    stored value, plus MAGNITUDE_FLOOR of the array's largest value; S and T, expanded sums that
     cancel, also within their float64 noise (:func:`golden.magnitudes.cancellation_noise`)."""
     kept = stored.magnitudes[name]
     if kept.dtype != fresh.dtype:
