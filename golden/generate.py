@@ -13,7 +13,7 @@ from golden import progress
 from golden.baseline import emulate_baseline
 from golden.inputs import generate_inputs
 from golden.layout import row_valid
-from golden.magnitudes import compute_magnitudes, reference_and_magnitudes
+from golden.magnitudes import reference_and_magnitudes, torch_magnitudes
 from golden.reference import DEVICE_ENV, reference_attention
 from golden.spec import CaseSpec
 from golden.types import GoldenCase, OpInputs
@@ -69,7 +69,7 @@ def build_golden(spec: CaseSpec, *, threads: int = 1, inputs: OpInputs | None = 
             progress.set_stage("reference")
             out, valid = reference_attention(inputs, spec, threads=threads, device=device)
             progress.set_stage("magnitudes")
-            magnitudes = compute_magnitudes(inputs, spec, device=device)
+            magnitudes = torch_magnitudes(inputs, spec, device=device)
         progress.set_stage("baseline")
         baseline = emulate_baseline(inputs, spec, threads=threads)
         progress.set_stage("statistics")

@@ -184,15 +184,15 @@ def numpy_tile(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, diag: 
         ps = p * s0
         out.update(_score_path_sums(p @ v, w2 @ (v * v), w2 @ v, w2.sum(axis=1, keepdims=True), ps @ v,
                                     np.abs(ps).sum(axis=1, keepdims=True), ps.sum(axis=1, keepdims=True),
-                                    np.abs(v).max(axis=0), k.shape[0]))
+                                    np.abs(v).max(axis=0), keys=k.shape[0]))
     np.multiply(s, s, out=s)
     out["pv_rss"] = np.sqrt(s @ (v * v)) / denom
     out["p_rss"] = np.sqrt(s.sum(axis=1)) / denom[:, 0]
     return out
 
 
-def _score_path_sums(g: Any, w2v2: Any, w2v: Any, w2sum: Any, psv: Any, ps_abs: Any, ps_sum: Any,
-                     vmax: Any, keys: int) -> dict[str, np.ndarray]:
+def _score_path_sums(g: np.ndarray, w2v2: np.ndarray, w2v: np.ndarray, w2sum: np.ndarray, psv: np.ndarray,
+                     ps_abs: np.ndarray, ps_sum: np.ndarray, vmax: np.ndarray, *, keys: int) -> dict[str, np.ndarray]:
     """S and T from their expanded sums, each moved away from zero by a bound on its float64 error.
 
     S^2 = sum w^2 V^2 - 2 g sum w^2 V + g^2 sum w^2 and T = sum (P s) V - g sum P s cancel where
@@ -200,9 +200,6 @@ def _score_path_sums(g: Any, w2v2: Any, w2v: Any, w2sum: Any, psv: Any, ps_abs: 
     the cancellation noise.  Guards (gamma = (keys + 4) eps64, Cauchy-Schwarz for sum w^2 |V|):
     gamma (sqrt(sum w^2 V^2) + |g| sqrt(sum w^2))^2 for S^2, gamma (sum |P s| max|V| + |g sum P s|) for T."""
     gamma = (keys + 4) * EPS64
-    as_numpy = (lambda x: x.cpu().numpy()) if hasattr(g, "cpu") else np.asarray
-    g, w2v2, w2v, w2sum, psv, ps_abs, ps_sum, vmax = (as_numpy(x) for x in (g, w2v2, w2v, w2sum, psv, ps_abs,
-                                                                            ps_sum, vmax))
     sq = w2v2 - 2.0 * g * w2v + g * g * w2sum
     sq_guard = gamma * (np.sqrt(w2v2) + np.abs(g) * np.sqrt(w2sum)) ** 2
     t = psv - ps_sum * g
@@ -232,9 +229,9 @@ def torch_tile(q: Any, k: Any, v: Any, knorm: Any, i0: int, diag: tuple[int, int
         weight = p * (2.0 * s0.abs() + (s0 - m).abs())
         w2 = weight * weight
         ps = p * s0
-        extra = _score_path_sums(p @ v, w2 @ (v * v), w2 @ v, w2.sum(dim=1, keepdim=True), ps @ v,
-                                 ps.abs().sum(dim=1, keepdim=True), ps.sum(dim=1, keepdim=True),
-                                 v.abs().amax(dim=0), k.shape[0])
+        sums = (p @ v, w2 @ (v * v), w2 @ v, w2.sum(dim=1, keepdim=True), ps @ v,
+                ps.abs().sum(dim=1, keepdim=True), ps.sum(dim=1, keepdim=True), v.abs().amax(dim=0))
+        extra = _score_path_sums(*[x.cpu().numpy() for x in sums], keys=k.shape[0])
     p2 = p * p
     out["pv_rss"] = (p2 @ (v * v)).sqrt()
     out["p_rss"] = p2.sum(dim=1).sqrt()
@@ -289,15 +286,6 @@ def reference_and_magnitudes(inputs: OpInputs, spec: CaseSpec, *, tile: int | No
 
     for_each_tile(inputs, spec, visit, np.float64, tile=tile or DEFAULT_TILE, threads=threads)
     return golden.reshape(out_shape(spec)), _shaped(spec, stored)
-
-
-def compute_magnitudes(inputs: OpInputs, spec: CaseSpec, *, device: str = "cpu",
-                       tile: int | None = None, threads: int = 1) -> dict[str, np.ndarray]:
-    """:func:`magnitude_names` of ``spec``: element ones as bf16 in attenOut's layout, row ones float32
-    (the CPU computes them with the golden, :func:`reference_and_magnitudes`)."""
-    if device != "cpu":
-        return torch_magnitudes(inputs, spec, device=device, tile=tile)
-    return reference_and_magnitudes(inputs, spec, tile=tile, threads=threads)[1]
 
 
 def torch_magnitudes(inputs: OpInputs, spec: CaseSpec, *, device: str = "cuda",

@@ -57,8 +57,8 @@ re-hashed on every read; an in-place change updates ctime, which misses the cach
 
 Writes go to ``.<name>.<pid>.tmp`` in the same directory: the file is first reserved to the data's
 size (``posix_fallocate``, so a full disk fails before HDF5 writes a byte), HDF5 writes it through a
-Python file object that keeps the first OS error, the header is sealed in place, and the file is
-fsynced and renamed with ``os.replace``.  A killed writer never leaves a partial file under a final
+Python file object (h5py re-raises the ``OSError`` of a failed write), the header is sealed in place,
+and the file is fsynced and renamed with ``os.replace``.  A killed writer never leaves a partial file under a final
 name, memory holds the arrays but never a copy of the file, and a full disk or any other OS error
 surfaces as :class:`GoldenWriteError` naming the store and the case (the temp file is removed).
 
@@ -74,7 +74,6 @@ import contextlib
 import errno
 import functools
 import hashlib
-import io
 import json
 import logging
 import os
@@ -275,7 +274,7 @@ def _header_size(names: list[str]) -> int:
     return max(512, 1 << (need - 1).bit_length())
 
 
-def _write_hdf5(fh: io.RawIOBase, golden: GoldenCase, arrays: dict[str, np.ndarray],
+def _write_hdf5(fh: IO[bytes], golden: GoldenCase, arrays: dict[str, np.ndarray],
                 generator_version: str, reserve: Callable[[], None]) -> dict[str, str]:
     """HDF5 writes the file through ``fh``, leaving an empty user block for the integrity header;
     returns each dataset's SHA-256 (of its stored bytes, which contiguous datasets keep as they are).
@@ -385,51 +384,6 @@ def _reserve(fh: IO[bytes], size: int) -> None:
             raise
 
 
-class _RecordingFile(io.RawIOBase):
-    """The temp file as HDF5 sees it: the first OS error is kept, because h5py reports a failed
-    Python write only as a generic HDF5 error."""
-
-    def __init__(self, fh: IO[bytes]) -> None:
-        super().__init__()
-        self._fh = fh
-        self.error: OSError | None = None
-
-    def _guard(self, call: Callable[[], Any]) -> Any:
-        try:
-            return call()
-        except OSError as exc:
-            self.error = self.error or exc
-            raise
-
-    def readable(self) -> bool:
-        return True
-
-    def writable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        return int(self._guard(lambda: self._fh.readinto(buffer)))  # type: ignore[attr-defined]
-
-    def write(self, data: Any) -> int:
-        return int(self._guard(lambda: self._fh.write(data)))
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        return int(self._guard(lambda: self._fh.seek(offset, whence)))
-
-    def tell(self) -> int:
-        return int(self._fh.tell())
-
-    def truncate(self, size: int | None = None) -> int:
-        return int(self._guard(lambda: self._fh.truncate(size)))
-
-    def flush(self) -> None:
-        if not self._fh.closed:
-            self._guard(self._fh.flush)
-
-
 def write_golden(golden: GoldenCase, path: Path, generator_version: str) -> int:
     """Write atomically (temp name, fsync, rename, fsync dir); returns the bytes written.
 
@@ -444,18 +398,7 @@ def write_golden(golden: GoldenCase, path: Path, generator_version: str) -> int:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "w+b") as fh:
-            recording = _RecordingFile(fh)
-            try:
-                checksums = _write_hdf5(recording, golden, arrays, generator_version,
-                                        lambda: _reserve(fh, reserve))
-            except Exception as exc:  # h5py reports a failed Python write as its own error type
-                if recording.error is not None:
-                    raise recording.error from exc
-                raise
-            finally:
-                recording.close()
-            if recording.error is not None:  # a failed write HDF5 did not report
-                raise recording.error
+            checksums = _write_hdf5(fh, golden, arrays, generator_version, lambda: _reserve(fh, reserve))
             size = seal(fh, checksums)
             fh.truncate(size)
             fh.flush()
