@@ -1,4 +1,4 @@
-"""Builds native._atb_harness; it needs only a C++17 compiler (libatb is dlopen'ed at run time)."""
+"""Builds mlaconf.native._atb_harness; it needs only a C++17 compiler (libatb is dlopen'ed at run time)."""
 
 from pybind11.setup_helpers import Pybind11Extension, build_ext
 from setuptools import setup
@@ -6,7 +6,7 @@ from setuptools import setup
 setup(
     ext_modules=[
         Pybind11Extension(
-            "native._atb_harness",
+            "mlaconf.native._atb_harness",
             ["native/src/atb_harness.cpp"],
             include_dirs=["native/src"],
             depends=["native/src/atb_abi.h"],

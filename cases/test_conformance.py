@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from golden.spec import CaseSpec
-from golden.store import GoldenStore
-from harness.backend import Backend
-from judge.deviations import DeviationSet
-from judge.policy import PolicySet
-from runner.conformance import conclude, run_case, save_output
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.store import GoldenStore
+from mlaconf.harness.backend import Backend
+from mlaconf.judge.deviations import DeviationSet
+from mlaconf.judge.policy import PolicySet
+from mlaconf.runner.conformance import conclude, run_case, save_output
 
 
 def test_conformance(

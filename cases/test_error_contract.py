@@ -10,25 +10,31 @@ from __future__ import annotations
 
 import pytest
 
-from golden.spec import CaseSpec
-from harness.backend import Backend
-from judge.deviations import DeviationSet
-from reports.records import ErrorEvidence
-from runner.collect import MlaReport
-from runner.conformance import conclude
-from runner.perturb import judge_error_case
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.harness.backend import Backend
+from mlaconf.judge.deviations import DeviationSet
+from mlaconf.reports.records import ErrorEvidence
+from mlaconf.runner.collect import MlaReport
+from mlaconf.runner.conformance import conclude
+from mlaconf.runner.perturb import judge_error_case
 
 pytestmark = pytest.mark.error_contract
 
 
-def test_error_contract(error_case: CaseSpec, backend: Backend, deviation_set: DeviationSet,
-                        mla_report: MlaReport) -> None:
+def test_error_contract(
+    error_case: CaseSpec, backend: Backend, deviation_set: DeviationSet, mla_report: MlaReport
+) -> None:
     if not backend.error_contract:
-        pytest.skip(f"backend {backend.name} declares no error contract (error_contract = False); "
-                    "only backends promising ATB's status codes are checked")
+        pytest.skip(
+            f"backend {backend.name} declares no error contract (error_contract = False); "
+            "only backends promising ATB's status codes are checked"
+        )
     verdict = judge_error_case(error_case, backend, deviation_set)
     observed, stage = verdict.got if verdict.got is not None else (None, None)
     evidence = ErrorEvidence(error_case.expect_error, error_case.expect_stage, observed, stage)
-    mla_report.attach(mla_report.record(verdict=verdict.outcome, message=verdict.message, error=evidence,
-                                        device=backend.info().device))
+    mla_report.attach(
+        mla_report.record(
+            verdict=verdict.outcome, message=verdict.message, error=evidence, device=backend.info().device
+        )
+    )
     conclude(verdict.outcome, verdict.message)

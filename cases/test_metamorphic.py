@@ -19,18 +19,19 @@ backend turns a failure into an xfail.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 
-from facts.operator import V_DIM
-from golden.inputs import generate_inputs
-from golden.spec import CaseSpec, build_case
-from harness.backend import Backend
-from judge.deviations import DeviationSet
-from judge.policy import PolicySet
-from runner.collect import MlaReport
-from runner.execution import execute, make_call
-from runner.metamorphic import (
+from mlaconf.facts.operator import V_DIM
+from mlaconf.golden.inputs import generate_inputs
+from mlaconf.golden.spec import CaseSpec, build_case
+from mlaconf.harness.backend import Backend
+from mlaconf.judge.deviations import DeviationSet
+from mlaconf.judge.policy import PolicySet
+from mlaconf.runner.collect import MlaReport
+from mlaconf.runner.execution import execute, make_call
+from mlaconf.runner.metamorphic import (
     Problems,
     attempt,
     judged,
@@ -50,24 +51,56 @@ RERUNS = 5
 
 #: Small representative cases; the relations below pick the ones they apply to.
 SPECS: dict[str, dict[str, object]] = {
-    "fp16-undefined": dict(q_seqlen=[37, 64, 19], head_num=4, dtype="fp16", mask_type=0, q_layout="3d",
-                           kv_layout="packed", seed=21),
-    "bf16-mask_free": dict(q_seqlen=[50, 0, 23, 64], head_num=2, dtype="bf16", mask_type=2, q_layout="2d",
-                           kv_layout="packed", seed=22),
-    "fp16-causal-gqa": dict(q_seqlen=[8, 136], kv_seqlen=[136, 136], head_num=4, kv_head_num=2, dtype="fp16",
-                            mask_type=3, q_layout="3d", kv_layout="padded", seed=23),
-    "bf16-causal-mqa": dict(q_seqlen=[8, 8], kv_seqlen=[136, 136], head_num=4, kv_head_num=1, dtype="bf16",
-                            mask_type=3, q_layout="2d", kv_layout="padded", seed=24),
-    "fp16-undefined-ragged-padded": dict(q_seqlen=[37, 64, 0, 19], head_num=2, dtype="fp16", mask_type=0,
-                                         q_layout="2d", kv_layout="padded", seed=25),
-    "bf16-mask_free-ragged-padded": dict(q_seqlen=[50, 23, 64], head_num=2, dtype="bf16", mask_type=2,
-                                         q_layout="3d", kv_layout="padded", seed=26),
-    "fp16-causal-ragged-padded": dict(q_seqlen=[24, 50], kv_seqlen=[152, 50], head_num=4, kv_head_num=2,
-                                      dtype="fp16", mask_type=3, kv_layout="padded", seed=27),
-    "fp16-undefined-uniform-padded": dict(q_seqlen=[64, 64], head_num=2, dtype="fp16", mask_type=0,
-                                          q_layout="3d", kv_layout="padded", seed=28),
-    "bf16-mask_free-uniform-padded": dict(q_seqlen=[48, 48, 48], head_num=2, dtype="bf16", mask_type=2,
-                                          q_layout="2d", kv_layout="padded", seed=29),
+    "fp16-undefined": dict(
+        q_seqlen=[37, 64, 19], head_num=4, dtype="fp16", mask_type=0, q_layout="3d", kv_layout="packed", seed=21
+    ),
+    "bf16-mask_free": dict(
+        q_seqlen=[50, 0, 23, 64], head_num=2, dtype="bf16", mask_type=2, q_layout="2d", kv_layout="packed", seed=22
+    ),
+    "fp16-causal-gqa": dict(
+        q_seqlen=[8, 136],
+        kv_seqlen=[136, 136],
+        head_num=4,
+        kv_head_num=2,
+        dtype="fp16",
+        mask_type=3,
+        q_layout="3d",
+        kv_layout="padded",
+        seed=23,
+    ),
+    "bf16-causal-mqa": dict(
+        q_seqlen=[8, 8],
+        kv_seqlen=[136, 136],
+        head_num=4,
+        kv_head_num=1,
+        dtype="bf16",
+        mask_type=3,
+        q_layout="2d",
+        kv_layout="padded",
+        seed=24,
+    ),
+    "fp16-undefined-ragged-padded": dict(
+        q_seqlen=[37, 64, 0, 19], head_num=2, dtype="fp16", mask_type=0, q_layout="2d", kv_layout="padded", seed=25
+    ),
+    "bf16-mask_free-ragged-padded": dict(
+        q_seqlen=[50, 23, 64], head_num=2, dtype="bf16", mask_type=2, q_layout="3d", kv_layout="padded", seed=26
+    ),
+    "fp16-causal-ragged-padded": dict(
+        q_seqlen=[24, 50],
+        kv_seqlen=[152, 50],
+        head_num=4,
+        kv_head_num=2,
+        dtype="fp16",
+        mask_type=3,
+        kv_layout="padded",
+        seed=27,
+    ),
+    "fp16-undefined-uniform-padded": dict(
+        q_seqlen=[64, 64], head_num=2, dtype="fp16", mask_type=0, q_layout="3d", kv_layout="padded", seed=28
+    ),
+    "bf16-mask_free-uniform-padded": dict(
+        q_seqlen=[48, 48, 48], head_num=2, dtype="bf16", mask_type=2, q_layout="2d", kv_layout="padded", seed=29
+    ),
 }
 PADDING_EXTRA_ROWS = 37
 CORE = ("fp16-undefined", "bf16-mask_free", "fp16-causal-gqa", "bf16-causal-mqa")
@@ -78,8 +111,11 @@ RELATION_SPECS: dict[str, tuple[str, ...]] = {
     "test_q_layout": CORE,
     "test_alone_vs_batch": CORE,
     "test_determinism": CORE,
-    "test_padding_contents": ("fp16-undefined-ragged-padded", "bf16-mask_free-ragged-padded",
-                              "fp16-causal-ragged-padded"),
+    "test_padding_contents": (
+        "fp16-undefined-ragged-padded",
+        "bf16-mask_free-ragged-padded",
+        "fp16-causal-ragged-padded",
+    ),
     "test_padded_vs_packed": ("fp16-undefined-uniform-padded", "bf16-mask_free-uniform-padded"),
 }
 
@@ -98,40 +134,66 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     option = metafunc.config.getoption("seeds")
     seeds: list[int | None] = [int(s) for s in option.split(",") if s.strip()] if option else [None]
     specs = [_spec(name, seed) for name in names for seed in seeds]
-    metafunc.parametrize("meta_spec", [
-        pytest.param(s, id=s.case_id, marks=[getattr(pytest.mark, s.dtype), getattr(pytest.mark, s.mask_name)])
-        for s in specs
-    ])
+    metafunc.parametrize(
+        "meta_spec",
+        [
+            pytest.param(s, id=s.case_id, marks=[getattr(pytest.mark, s.dtype), getattr(pytest.mark, s.mask_name)])
+            for s in specs
+        ],
+    )
 
 
-def test_batch_order(meta_spec: CaseSpec, backend: Backend, policy_set: PolicySet, deviation_set: DeviationSet,
-                     pytestconfig: pytest.Config, mla_report: MlaReport) -> None:
+def test_batch_order(
+    meta_spec: CaseSpec,
+    backend: Backend,
+    policy_set: PolicySet,
+    deviation_set: DeviationSet,
+    pytestconfig: pytest.Config,
+    mla_report: MlaReport,
+) -> None:
     """Tolerance: rotating the batch order permutes the output rows; both outputs pass the policy."""
     problems = Problems("batch order", "tolerance", meta_spec, backend, deviation_set, mla_report)
     inputs = generate_inputs(meta_spec)
     order = rotation(meta_spec.batch)
     new_inputs, new_spec = select_batches(inputs, meta_spec, order, trim=False)
-    tolerance_pair(problems, backend, policy_set, pytestconfig.getoption("policy"),
-                   ("original", inputs, meta_spec), (f"batch order {order}", new_inputs, new_spec),
-                   lambda out: out[token_map(meta_spec, order)])
+    tolerance_pair(
+        problems,
+        backend,
+        policy_set,
+        pytestconfig.getoption("policy"),
+        ("original", inputs, meta_spec),
+        (f"batch order {order}", new_inputs, new_spec),
+        lambda out: out[token_map(meta_spec, order)],
+    )
     problems.finish()
 
 
-def test_head_order(meta_spec: CaseSpec, backend: Backend, policy_set: PolicySet, deviation_set: DeviationSet,
-                    pytestconfig: pytest.Config, mla_report: MlaReport) -> None:
+def test_head_order(
+    meta_spec: CaseSpec,
+    backend: Backend,
+    policy_set: PolicySet,
+    deviation_set: DeviationSet,
+    pytestconfig: pytest.Config,
+    mla_report: MlaReport,
+) -> None:
     """Tolerance: permuting kv heads, and query heads consistently within their GQA groups, permutes
     the output heads; both outputs pass the policy."""
     problems = Problems("head order", "tolerance", meta_spec, backend, deviation_set, mla_report)
     inputs = generate_inputs(meta_spec)
     new_inputs, q_heads = permute_heads(inputs, meta_spec)
-    tolerance_pair(problems, backend, policy_set, pytestconfig.getoption("policy"),
-                   ("original", inputs, meta_spec), (f"heads {q_heads.tolist()}", new_inputs, meta_spec),
-                   lambda out: out[:, q_heads])
+    tolerance_pair(
+        problems,
+        backend,
+        policy_set,
+        pytestconfig.getoption("policy"),
+        ("original", inputs, meta_spec),
+        (f"heads {q_heads.tolist()}", new_inputs, meta_spec),
+        lambda out: out[:, q_heads],
+    )
     problems.finish()
 
 
-def test_q_layout(meta_spec: CaseSpec, backend: Backend, deviation_set: DeviationSet,
-                  mla_report: MlaReport) -> None:
+def test_q_layout(meta_spec: CaseSpec, backend: Backend, deviation_set: DeviationSet, mla_report: MlaReport) -> None:
     """Exact: q/qRope as ``[T, H*D]`` or ``[T, H, D]`` are the same bytes, so attenOut is too."""
     problems = Problems("q layout 2-D vs 3-D", "exact", meta_spec, backend, deviation_set, mla_report)
     other = "3d" if meta_spec.q_layout == "2d" else "2d"
@@ -147,8 +209,9 @@ def test_q_layout(meta_spec: CaseSpec, backend: Backend, deviation_set: Deviatio
     problems.finish()
 
 
-def test_padding_contents(meta_spec: CaseSpec, backend: Backend, deviation_set: DeviationSet,
-                          mla_report: MlaReport) -> None:
+def test_padding_contents(
+    meta_spec: CaseSpec, backend: Backend, deviation_set: DeviationSet, mla_report: MlaReport
+) -> None:
     """Exact: padded kv rows at or beyond kvSeqLen are never read, so other finite garbage or NaN
     there, or 37 more padding rows (S beyond max kvSeqLen: a stride bug), leave every valid output
     bit unchanged."""
@@ -157,7 +220,7 @@ def test_padding_contents(meta_spec: CaseSpec, backend: Backend, deviation_set: 
     base = attempt(problems, lambda: run(backend, inputs, meta_spec), "original")
     for kind in ("garbage", "nan"):
         poisoned = poison_padding(inputs, meta_spec, kind)
-        out = attempt(problems, lambda p=poisoned: run(backend, p, meta_spec), f"{kind} padding")
+        out = attempt(problems, functools.partial(run, backend, poisoned, meta_spec), f"{kind} padding")
         if base is not None and out is not None:
             problems.compare(base, out, meta_spec, exact=True, label=f"{kind} padding")
     wider = widen_padding(inputs, meta_spec, PADDING_EXTRA_ROWS)
@@ -167,24 +230,43 @@ def test_padding_contents(meta_spec: CaseSpec, backend: Backend, deviation_set: 
     problems.finish()
 
 
-def test_padded_vs_packed(meta_spec: CaseSpec, backend: Backend, policy_set: PolicySet,
-                          deviation_set: DeviationSet, pytestconfig: pytest.Config,
-                          mla_report: MlaReport) -> None:
+def test_padded_vs_packed(
+    meta_spec: CaseSpec,
+    backend: Backend,
+    policy_set: PolicySet,
+    deviation_set: DeviationSet,
+    pytestconfig: pytest.Config,
+    mla_report: MlaReport,
+) -> None:
     """Tolerance: with uniform kv lengths ``[B, S, N*D]`` and ``[B*S, N, D]`` hold the same keys in
     the same bytes; both layouts' outputs pass the policy (kernels may take different paths)."""
     problems = Problems("padded vs packed kv", "tolerance", meta_spec, backend, deviation_set, mla_report)
     inputs = generate_inputs(meta_spec)
     n = meta_spec.kv_head_num
-    packed = dataclasses.replace(inputs, **{name: getattr(inputs, name).reshape(meta_spec.total_kv, n, -1)
-                                           for name in ("k", "k_rope", "v")})
+    packed = dataclasses.replace(
+        inputs, **{name: getattr(inputs, name).reshape(meta_spec.total_kv, n, -1) for name in ("k", "k_rope", "v")}
+    )
     packed_spec = dataclasses.replace(meta_spec, kv_layout="packed")
-    tolerance_pair(problems, backend, policy_set, pytestconfig.getoption("policy"),
-                   ("padded", inputs, meta_spec), ("packed", packed, packed_spec), lambda out: out)
+    tolerance_pair(
+        problems,
+        backend,
+        policy_set,
+        pytestconfig.getoption("policy"),
+        ("padded", inputs, meta_spec),
+        ("packed", packed, packed_spec),
+        lambda out: out,
+    )
     problems.finish()
 
 
-def test_alone_vs_batch(meta_spec: CaseSpec, backend: Backend, policy_set: PolicySet, deviation_set: DeviationSet,
-                        pytestconfig: pytest.Config, mla_report: MlaReport) -> None:
+def test_alone_vs_batch(
+    meta_spec: CaseSpec,
+    backend: Backend,
+    policy_set: PolicySet,
+    deviation_set: DeviationSet,
+    pytestconfig: pytest.Config,
+    mla_report: MlaReport,
+) -> None:
     """Tolerance: each sequence run alone (padded S cut to its own length) and within the batch;
     every output passes the policy."""
     problems = Problems("alone vs batch", "tolerance", meta_spec, backend, deviation_set, mla_report)
@@ -197,7 +279,7 @@ def test_alone_vs_batch(meta_spec: CaseSpec, backend: Backend, policy_set: Polic
         if q_len == 0 or kv_len == 0:
             continue
         one_inputs, one_spec = select_batches(inputs, meta_spec, [b], trim=True)
-        alone = attempt(problems, lambda i=one_inputs, s=one_spec: run(backend, i, s), f"batch {b} alone")
+        alone = attempt(problems, functools.partial(run, backend, one_inputs, one_spec), f"batch {b} alone")
         if alone is None:
             continue
         verdict = judged(f"batch {b} alone", alone, one_inputs, one_spec, backend, policy_set, policy)
@@ -208,8 +290,7 @@ def test_alone_vs_batch(meta_spec: CaseSpec, backend: Backend, policy_set: Polic
     problems.finish()
 
 
-def test_determinism(meta_spec: CaseSpec, backend: Backend, deviation_set: DeviationSet,
-                     mla_report: MlaReport) -> None:
+def test_determinism(meta_spec: CaseSpec, backend: Backend, deviation_set: DeviationSet, mla_report: MlaReport) -> None:
     """Exact: five runs of the same call give bit-identical valid rows (backends that declare
     ``deterministic = False`` are skipped)."""
     if not backend.deterministic:
@@ -217,8 +298,10 @@ def test_determinism(meta_spec: CaseSpec, backend: Backend, deviation_set: Devia
     problems = Problems("determinism", "exact", meta_spec, backend, deviation_set, mla_report)
     call = make_call(generate_inputs(meta_spec), meta_spec)
     shape = (meta_spec.total_q, meta_spec.head_num, V_DIM)
-    outs = [attempt(problems, lambda: execute(backend, call, meta_spec).out.reshape(shape), f"run {i + 1}")
-            for i in range(RERUNS)]
+    outs = [
+        attempt(problems, lambda: execute(backend, call, meta_spec).out.reshape(shape), f"run {i + 1}")
+        for i in range(RERUNS)
+    ]
     first = outs[0]
     for i, out in enumerate(outs[1:], start=2):
         if first is not None and out is not None:

@@ -1,5 +1,5 @@
 """Property-based conformance: random valid cases, each judged against a float64 golden built on the
-fly (``golden.generate.build_golden``, no store) with the run's tolerance policy (``--policy``).
+fly (``mlaconf.golden.generate.build_golden``, no store) with the run's tolerance policy (``--policy``).
 
 Cases are small enough for a CPU: up to 3 batches of up to 48 query rows (zero lengths included),
 1-4 heads (CAUSAL: 1 or 2 kv heads shared by 1, 2 or 4 query heads each, prefixes up to 80 keys),
@@ -19,17 +19,17 @@ import pytest
 from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 
-from facts.operator import DEFAULT_QK_SCALE, DTYPES, KV_LAYOUTS, Q_LAYOUTS
-from golden.generate import build_golden
-from golden.spec import DISTRIBUTIONS, CaseSpec, build_case
-from harness.backend import Backend, BackendError
-from judge.deviations import DeviationSet
-from judge.policy import PolicySet
-from judge.verdict import judge_output, mode_text
-from reports.records import ErrorEvidence
-from runner import hypothesis_profiles  # noqa: F401  (registers and selects the profiles)
-from runner.collect import MlaReport, failure_of
-from runner.execution import execute, make_call
+from mlaconf.facts.operator import DEFAULT_QK_SCALE, DTYPES, KV_LAYOUTS, Q_LAYOUTS
+from mlaconf.golden.generate import build_golden
+from mlaconf.golden.spec import DISTRIBUTIONS, CaseSpec, build_case
+from mlaconf.harness.backend import Backend, BackendError
+from mlaconf.judge.deviations import DeviationSet
+from mlaconf.judge.policy import PolicySet
+from mlaconf.judge.verdict import judge_output, mode_text
+from mlaconf.reports.records import ErrorEvidence
+from mlaconf.runner import hypothesis_profiles  # noqa: F401  (registers and selects the profiles)
+from mlaconf.runner.collect import MlaReport, failure_of
+from mlaconf.runner.execution import execute, make_call
 
 pytestmark = pytest.mark.property
 
@@ -57,7 +57,8 @@ def case_specs(draw: st.DrawFn) -> CaseSpec:
     if not any(n > 0 and m > 0 for n, m in zip(q, kv, strict=True)):  # something must be checked
         q[0], kv[0] = max(q[0], 1), max(kv[0], q[0], 1)
     raw.update(
-        q_seqlen=q, kv_seqlen=kv,
+        q_seqlen=q,
+        kv_seqlen=kv,
         q_layout=draw(st.sampled_from(Q_LAYOUTS)),
         distribution=draw(st.sampled_from(DISTRIBUTIONS)),
         seed=draw(st.integers(0, 2**31 - 1)),
@@ -68,9 +69,14 @@ def case_specs(draw: st.DrawFn) -> CaseSpec:
 
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(spec=case_specs())
-def test_random_case_matches_float64_golden(spec: CaseSpec, backend: Backend, policy_set: PolicySet,
-                                            deviation_set: DeviationSet, pytestconfig: pytest.Config,
-                                            mla_report: MlaReport) -> None:
+def test_random_case_matches_float64_golden(
+    spec: CaseSpec,
+    backend: Backend,
+    policy_set: PolicySet,
+    deviation_set: DeviationSet,
+    pytestconfig: pytest.Config,
+    mla_report: MlaReport,
+) -> None:
     """Tolerance (the policy): any valid case passes against its own float64 golden.
 
     Every failing example leaves a pending record; hypothesis replays the shrunk example last, so
@@ -81,9 +87,17 @@ def test_random_case_matches_float64_golden(spec: CaseSpec, backend: Backend, po
     policy = pytestconfig.getoption("policy")
     paste = f"\nPaste into a suite to keep it:\n{spec.to_toml()}"
     shrunk = {"spec": spec.content(), "toml": spec.to_toml()}
-    evidence: dict[str, Any] = {"case_id": spec.case_id, "case_suite": "property", "spec": spec.content(),
-                                "dtype": spec.dtype, "mask": spec.mask_name, "cache": spec.cache_name,
-                                "policy": policy, "shrunk": shrunk, "device": backend.info().device}
+    evidence: dict[str, Any] = {
+        "case_id": spec.case_id,
+        "case_suite": "property",
+        "spec": spec.content(),
+        "dtype": spec.dtype,
+        "mask": spec.mask_name,
+        "cache": spec.cache_name,
+        "policy": policy,
+        "shrunk": shrunk,
+        "device": backend.info().device,
+    }
 
     def fail(message: str) -> NoReturn:
         """Record the failure, then fail without a traceback: pytest would print every fixture's
@@ -99,8 +113,12 @@ def test_random_case_matches_float64_golden(spec: CaseSpec, backend: Backend, po
             evidence["error"] = ErrorEvidence(observed_status=exc.status_name, observed_stage=exc.stage)
             fail(f"{mode_text(spec, backend.name)}: backend rejected a valid case: {exc}{paste}")
         metrics, verdict = judge_output(golden, out, policy_set, policy, backend.name)
-        evidence.update(checks=[c.to_dict() for c in verdict.checks], worst_slack=float(verdict.worst_slack),
-                        metrics=metrics.to_dict(), failing=[c.text() for c in verdict.failing])
+        evidence.update(
+            checks=[c.to_dict() for c in verdict.checks],
+            worst_slack=float(verdict.worst_slack),
+            metrics=metrics.to_dict(),
+            failing=[c.text() for c in verdict.failing],
+        )
         if not verdict.passed:
             fail(f"{mode_text(spec, backend.name)}: {verdict.summary()}{paste}")
     except Exception as exc:  # outside the verdict path (pytest.fail's exception is no Exception)

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from golden.inputs import FP16_MASK_VALUE, numpy_dtype
-from golden.layout import out_shape
-from golden.reference import DEFAULT_TILE, TileKernel, _torch, apply_causal, attention, causal_block
-from golden.spec import CaseSpec
-from golden.types import OpInputs
+from mlaconf.golden.inputs import FP16_MASK_VALUE, numpy_dtype
+from mlaconf.golden.layout import out_shape
+from mlaconf.golden.reference import DEFAULT_TILE, TileKernel, _torch, apply_causal, attention, causal_block
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.types import OpInputs
 
 _HALF = np.dtype(np.float16)
 Diag = tuple[int, int] | None
@@ -115,9 +115,7 @@ def baseline_kernel(spec: CaseSpec) -> TileKernel:
     return fp32_score_path(numpy_dtype(spec.dtype))
 
 
-def emulate_baseline(
-    inputs: OpInputs, spec: CaseSpec, *, tile: int = DEFAULT_TILE, threads: int = 1
-) -> np.ndarray:
+def emulate_baseline(inputs: OpInputs, spec: CaseSpec, *, tile: int = DEFAULT_TILE, threads: int = 1) -> np.ndarray:
     """attenOut as a kernel with ATB's rounding points would produce it, in the case dtype."""
     out = attention(inputs, spec, baseline_kernel(spec), np.float32, tile=tile, threads=threads)
     return out.astype(numpy_dtype(spec.dtype)).reshape(out_shape(spec))

@@ -7,10 +7,10 @@ Definitions (also in docs/benchmarks.md):
 
 - GEMM GF/s: ``2 n^3 / t`` for a square float64 ``a @ b`` with BLAS on ``--threads`` threads;
   the median over all samples, taken before and after the attention measurements.
-- useful FLOPs: :func:`facts.operator.useful_flops`, ``2 * (192 + 128) * pairs * H`` where
+- useful FLOPs: :func:`mlaconf.facts.operator.useful_flops`, ``2 * (192 + 128) * pairs * H`` where
   ``pairs`` counts the (query, key) pairs the mask allows (``S (S + 1) / 2`` causal, ``S^2``
   bidirectional).  Effective GF/s = useful FLOPs / median seconds, for any implementation.
-- generator: :func:`golden.reference.reference_attention` (the float64 golden) with
+- generator: :func:`mlaconf.golden.reference.reference_attention` (the float64 golden) with
   ``threads=--threads``; the emulated baseline is timed separately (``build_golden`` runs both).
 - SDPA: ``torch.nn.functional.scaled_dot_product_attention`` in float64 with ``is_causal`` for
   causal cases, the same scale and ``torch.set_num_threads(--threads)``.  Its CPU float64 path
@@ -46,9 +46,9 @@ from typing import Any
 
 import numpy as np
 
-from golden.inputs import generate_inputs
-from golden.reference import DEFAULT_TILE, blas_threads, effective_scale, reference_attention
-from golden.spec import CaseSpec, build_case
+from mlaconf.golden.inputs import generate_inputs
+from mlaconf.golden.reference import DEFAULT_TILE, blas_threads, effective_scale, reference_attention
+from mlaconf.golden.spec import CaseSpec, build_case
 
 #: The benchmark's cases: name -> spec fields (one batch, 16 heads, bf16 inputs).
 CASES: dict[str, dict[str, Any]] = {
@@ -108,20 +108,26 @@ def _measure_gemm(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def _measure_reference(job: dict[str, Any]) -> dict[str, Any]:
-    from golden.baseline import emulate_baseline
+    from mlaconf.golden.baseline import emulate_baseline
 
     idle = _proc_status_mb("VmRSS")
     spec = bench_spec(job["case"])
     inputs = generate_inputs(spec)
     input_peak = _proc_status_mb("VmHWM")
     resettable = _reset_peak()
-    times = _timed(lambda: reference_attention(inputs, spec, tile=job["tile"], threads=job["threads"]),
-                   job["repeats"])
+    times = _timed(lambda: reference_attention(inputs, spec, tile=job["tile"], threads=job["threads"]), job["repeats"])
     ref_peak = _proc_status_mb("VmHWM")
-    baseline = _timed(lambda: emulate_baseline(inputs, spec, tile=job["tile"], threads=job["threads"]),
-                      job["repeats"]) if job["baseline"] else []
-    return {"times": times, "baseline_times": baseline, "ref_mb": ref_peak - idle if resettable else None,
-            "all_mb": max(input_peak, ref_peak) - idle}
+    baseline = (
+        _timed(lambda: emulate_baseline(inputs, spec, tile=job["tile"], threads=job["threads"]), job["repeats"])
+        if job["baseline"]
+        else []
+    )
+    return {
+        "times": times,
+        "baseline_times": baseline,
+        "ref_mb": ref_peak - idle if resettable else None,
+        "all_mb": max(input_peak, ref_peak) - idle,
+    }
 
 
 def _measure_sdpa(job: dict[str, Any]) -> dict[str, Any]:
@@ -144,8 +150,9 @@ def _measure_sdpa(job: dict[str, Any]) -> dict[str, Any]:
     del inputs
     q = q[:, :, :rows].contiguous()
     causal, scale = spec.mask_type in (2, 3), effective_scale(spec)
-    times = _timed(lambda: functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale),
-                   job["repeats"])
+    times = _timed(
+        lambda: functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale), job["repeats"]
+    )
     return {"times": times, "all_mb": _proc_status_mb("VmHWM") - idle}
 
 
@@ -155,9 +162,9 @@ def _measure_build(job: dict[str, Any]) -> dict[str, Any]:
     shared machine better than wall-clock ones)."""
     import tempfile
 
-    from golden import progress
-    from golden.generate import GENERATOR_VERSION, build_golden
-    from golden.store import write_golden
+    from mlaconf.golden import progress
+    from mlaconf.golden.generate import GENERATOR_VERSION, build_golden
+    from mlaconf.golden.store import write_golden
 
     with contextlib.suppress(ImportError):  # once per worker process, not per case: not timed
         import torch  # noqa: F401
@@ -170,8 +177,10 @@ def _measure_build(job: dict[str, Any]) -> dict[str, Any]:
         wall, cpu = time.perf_counter(), time.process_time()
         for _ in range(3):
             a @ b
-        gemm = {"gflops": 6 * n**3 / (time.perf_counter() - wall) / 1e9,
-                "cpu_gflops": 6 * n**3 / (time.process_time() - cpu) / 1e9}
+        gemm = {
+            "gflops": 6 * n**3 / (time.perf_counter() - wall) / 1e9,
+            "cpu_gflops": 6 * n**3 / (time.process_time() - cpu) / 1e9,
+        }
     del a, b
     marks: list[tuple[str, float, float]] = []
 
@@ -189,8 +198,7 @@ def _measure_build(job: dict[str, Any]) -> dict[str, Any]:
         write_golden(golden, Path(tmp) / f"{spec.case_id}.h5", GENERATOR_VERSION)
         end = time.perf_counter()
         marks.append(("end", end, time.process_time()))
-    stages = {name: [t1 - t0, c1 - c0] for (name, t0, c0), (_, t1, c1) in itertools.pairwise(marks)
-              if name != "done"}
+    stages = {name: [t1 - t0, c1 - c0] for (name, t0, c0), (_, t1, c1) in itertools.pairwise(marks) if name != "done"}
     return {"times": [end - start], "stages": stages, "gemm": gemm, "all_mb": _proc_status_mb("VmHWM") - idle}
 
 
@@ -198,7 +206,7 @@ def _measure_tile(job: dict[str, Any]) -> dict[str, Any]:
     """One float64 tile and its parts on one thread, CPU time (min of ``repeats``): where the time goes."""
     import torch
 
-    from golden.reference import float64_tile, pinned_threads
+    from mlaconf.golden.reference import float64_tile, pinned_threads
 
     rows, keys, n = job.get("rows", DEFAULT_TILE), job.get("keys", 4096), 1024
     rng = np.random.default_rng(0)
@@ -208,10 +216,14 @@ def _measure_tile(job: dict[str, Any]) -> dict[str, Any]:
     parts: dict[str, Callable[[], object]] = {
         "tile (keys C order)": lambda: float64_tile(q, kc, v, 0.07, None),
         "tile (keys Fortran order)": lambda: float64_tile(q, kf, v, 0.07, None),
-        "q @ k.T (NT)": lambda: q @ kc.T, "q @ k.T (NN)": lambda: q @ kf.T, "P @ V": lambda: scores @ v,
-        "exp (torch)": lambda: torch.from_numpy(scores.copy()).exp_(), "copy (subtract from exp)": scores.copy,
+        "q @ k.T (NT)": lambda: q @ kc.T,
+        "q @ k.T (NN)": lambda: q @ kf.T,
+        "P @ V": lambda: scores @ v,
+        "exp (torch)": lambda: torch.from_numpy(scores.copy()).exp_(),
+        "copy (subtract from exp)": scores.copy,
         "max + subtract + sum": lambda: (scores - scores.max(axis=1, keepdims=True)).sum(axis=1),
-        f"GEMM {n}^3": lambda: a @ b}
+        f"GEMM {n}^3": lambda: a @ b,
+    }
     best = dict.fromkeys(parts, float("inf"))
     with pinned_threads():
         for _ in range(job.get("repeats", 7)):
@@ -233,8 +245,13 @@ def format_tile(result: dict[str, Any]) -> str:
 
 def _worker(payload: str) -> int:
     job = json.loads(payload)
-    measure = {"gemm": _measure_gemm, "reference": _measure_reference, "sdpa": _measure_sdpa,
-               "build": _measure_build, "tile": _measure_tile}[job["kind"]]
+    measure = {
+        "gemm": _measure_gemm,
+        "reference": _measure_reference,
+        "sdpa": _measure_sdpa,
+        "build": _measure_build,
+        "tile": _measure_tile,
+    }[job["kind"]]
     print(json.dumps(measure(job)))
     return 0
 
@@ -243,8 +260,13 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     """Run one measurement in a fresh interpreter (its own peak memory, no warm caches)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    proc = subprocess.run([sys.executable, "-m", "golden.bench", json.dumps(job)], env=env,
-                          capture_output=True, text=True, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlaconf.golden.bench", json.dumps(job)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"bench worker {job} failed:\n{proc.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -259,27 +281,39 @@ def machine() -> dict[str, Any]:
     model = "unknown"
     try:
         with open("/proc/cpuinfo") as cpuinfo:
-            model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")),
-                         model)
+            model = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), model)
     except OSError:
         pass
-    info: dict[str, Any] = {"nproc": cpu_count(), "cpu": model, "python": platform.python_version(),
-                            "numpy": np.__version__, "blas": "unknown (threadpoolctl not installed)",
-                            "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
-                            "OPENBLAS_L2_SIZE": os.environ.get("OPENBLAS_L2_SIZE")}
+    info: dict[str, Any] = {
+        "nproc": cpu_count(),
+        "cpu": model,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "blas": "unknown (threadpoolctl not installed)",
+        "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"),
+        "OPENBLAS_L2_SIZE": os.environ.get("OPENBLAS_L2_SIZE"),
+    }
     try:
         from threadpoolctl import threadpool_info
 
         blas = [p for p in threadpool_info() if p.get("user_api") == "blas"]
-        info["blas"] = ", ".join(f"{p.get('internal_api')} {p.get('version')} ({p.get('architecture')})"
-                                 for p in blas)
+        info["blas"] = ", ".join(f"{p.get('internal_api')} {p.get('version')} ({p.get('architecture')})" for p in blas)
     except ImportError:
         pass
     return info
 
 
-def run_bench(cases: list[str], *, repeats: int, threads: int, tile: int, gemm_n: int,
-              baseline: bool = True, end_to_end: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
+def run_bench(
+    cases: list[str],
+    *,
+    repeats: int,
+    threads: int,
+    tile: int,
+    gemm_n: int,
+    baseline: bool = True,
+    end_to_end: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """All measurements; returns the JSON-able report."""
     gemm_job = {"kind": "gemm", "n": gemm_n, "threads": threads, "repeats": repeats}
     log(f"float64 GEMM {gemm_n}^3 on {threads} threads ...")
@@ -289,8 +323,16 @@ def run_bench(cases: list[str], *, repeats: int, threads: int, tile: int, gemm_n
         spec = bench_spec(name)
         flops = spec.useful_flops
         log(f"{name}: generator ...")
-        ref = run_job({"kind": "reference", "case": name, "threads": threads, "repeats": repeats,
-                       "tile": tile, "baseline": baseline})
+        ref = run_job(
+            {
+                "kind": "reference",
+                "case": name,
+                "threads": threads,
+                "repeats": repeats,
+                "tile": tile,
+                "baseline": baseline,
+            }
+        )
         build = None
         if end_to_end:
             log(f"{name}: end to end (build_golden + write) ...")
@@ -298,15 +340,27 @@ def run_bench(cases: list[str], *, repeats: int, threads: int, tile: int, gemm_n
         heads = max(1, min(spec.head_num, SDPA_SCORE_BUDGET // (8 * spec.max_q * spec.max_kv)))
         q_rows = max(1, min(spec.max_q, SDPA_SCORE_BUDGET // (8 * heads * spec.max_kv)))
         log(f"{name}: torch SDPA on {heads} of {spec.head_num} heads, {q_rows} of {spec.max_q} rows ...")
-        sdpa = run_job({"kind": "sdpa", "case": name, "threads": threads, "repeats": repeats, "heads": heads,
-                        "rows": q_rows})
-        rows.append({"case": name, "heads": spec.head_num, "seq": spec.max_q, "mask": spec.mask_name,
-                     "useful_gflop": flops / 1e9, "reference": ref, "sdpa": sdpa, "sdpa_heads": heads,
-                     "sdpa_rows": q_rows, "build": build,
-                     "e2e_s": build["times"][0] if build else None,
-                     "reference_s": statistics.median(ref["times"]),
-                     "baseline_s": statistics.median(ref["baseline_times"]) if ref["baseline_times"] else None,
-                     "sdpa_s": statistics.median(sdpa["times"]) * spec.head_num / heads * spec.max_q / q_rows})
+        sdpa = run_job(
+            {"kind": "sdpa", "case": name, "threads": threads, "repeats": repeats, "heads": heads, "rows": q_rows}
+        )
+        rows.append(
+            {
+                "case": name,
+                "heads": spec.head_num,
+                "seq": spec.max_q,
+                "mask": spec.mask_name,
+                "useful_gflop": flops / 1e9,
+                "reference": ref,
+                "sdpa": sdpa,
+                "sdpa_heads": heads,
+                "sdpa_rows": q_rows,
+                "build": build,
+                "e2e_s": build["times"][0] if build else None,
+                "reference_s": statistics.median(ref["times"]),
+                "baseline_s": statistics.median(ref["baseline_times"]) if ref["baseline_times"] else None,
+                "sdpa_s": statistics.median(sdpa["times"]) * spec.head_num / heads * spec.max_q / q_rows,
+            }
+        )
     log("float64 GEMM again ...")
     gemm_times += run_job(gemm_job)["times"]
     gemm_gflops = 2 * gemm_n**3 / statistics.median(gemm_times) / 1e9
@@ -318,31 +372,70 @@ def run_bench(cases: list[str], *, repeats: int, threads: int, tile: int, gemm_n
         if row["e2e_s"]:
             row["e2e_gflops"] = row["useful_gflop"] / row["e2e_s"]
             row["e2e_ratio_to_gemm"] = row["e2e_gflops"] / gemm_gflops
-    return {"machine": machine(), "threads": threads, "tile": tile, "repeats": repeats,
-            "gemm": {"n": gemm_n, "times": gemm_times, "gflops": gemm_gflops}, "cases": rows}
+    return {
+        "machine": machine(),
+        "threads": threads,
+        "tile": tile,
+        "repeats": repeats,
+        "gemm": {"n": gemm_n, "times": gemm_times, "gflops": gemm_gflops},
+        "cases": rows,
+    }
 
 
 def format_table(report: dict[str, Any]) -> str:
     m = report["machine"]
-    lines = [f"machine: {m['nproc']} cores, {m['cpu']}; numpy {m['numpy']}; BLAS {m['blas']}",
-             f"threads {report['threads']}, tile {report['tile']}, median of {report['repeats']} "
-             f"(GEMM: {len(report['gemm']['times'])} samples)",
-             f"float64 GEMM {report['gemm']['n']}^3: {report['gemm']['gflops']:.1f} GF/s", ""]
-    head = ("case", "H", "S", "mask", "GFLOP", "gen s", "GF/s", "/GEMM", "SDPA s", "SDPA GF/s", "speed-up",
-            "base s", "ref MB", "all MB", "e2e s", "e2e/GEMM", "e2e MB")
+    lines = [
+        f"machine: {m['nproc']} cores, {m['cpu']}; numpy {m['numpy']}; BLAS {m['blas']}",
+        f"threads {report['threads']}, tile {report['tile']}, median of {report['repeats']} "
+        f"(GEMM: {len(report['gemm']['times'])} samples)",
+        f"float64 GEMM {report['gemm']['n']}^3: {report['gemm']['gflops']:.1f} GF/s",
+        "",
+    ]
+    head = (
+        "case",
+        "H",
+        "S",
+        "mask",
+        "GFLOP",
+        "gen s",
+        "GF/s",
+        "/GEMM",
+        "SDPA s",
+        "SDPA GF/s",
+        "speed-up",
+        "base s",
+        "ref MB",
+        "all MB",
+        "e2e s",
+        "e2e/GEMM",
+        "e2e MB",
+    )
     table = [head]
     for r in report["cases"]:
         approx = "~" if r["sdpa_heads"] < r["heads"] or r.get("sdpa_rows", r["seq"]) < r["seq"] else ""
         e2e = r.get("build")
         ref_mb = r["reference"]["ref_mb"]
-        table.append((r["case"], str(r["heads"]), str(r["seq"]), r["mask"], f"{r['useful_gflop']:.1f}",
-                      f"{r['reference_s']:.2f}", f"{r['reference_gflops']:.1f}", f"{r['ratio_to_gemm']:.2f}",
-                      f"{approx}{r['sdpa_s']:.1f}", f"{approx}{r['sdpa_gflops']:.1f}",
-                      f"{approx}{r['speedup_vs_sdpa']:.1f}x",
-                      "-" if r["baseline_s"] is None else f"{r['baseline_s']:.2f}",
-                      "n/a" if ref_mb is None else f"{ref_mb:.0f}", f"{r['reference']['all_mb']:.0f}",
-                      f"{r['e2e_s']:.2f}" if e2e else "-", f"{r['e2e_ratio_to_gemm']:.2f}" if e2e else "-",
-                      f"{e2e['all_mb']:.0f}" if e2e else "-"))
+        table.append(
+            (
+                r["case"],
+                str(r["heads"]),
+                str(r["seq"]),
+                r["mask"],
+                f"{r['useful_gflop']:.1f}",
+                f"{r['reference_s']:.2f}",
+                f"{r['reference_gflops']:.1f}",
+                f"{r['ratio_to_gemm']:.2f}",
+                f"{approx}{r['sdpa_s']:.1f}",
+                f"{approx}{r['sdpa_gflops']:.1f}",
+                f"{approx}{r['speedup_vs_sdpa']:.1f}x",
+                "-" if r["baseline_s"] is None else f"{r['baseline_s']:.2f}",
+                "n/a" if ref_mb is None else f"{ref_mb:.0f}",
+                f"{r['reference']['all_mb']:.0f}",
+                f"{r['e2e_s']:.2f}" if e2e else "-",
+                f"{r['e2e_ratio_to_gemm']:.2f}" if e2e else "-",
+                f"{e2e['all_mb']:.0f}" if e2e else "-",
+            )
+        )
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     for row in table:
         lines.append("  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
@@ -353,11 +446,17 @@ def format_table(report: dict[str, Any]) -> str:
         g = build["gemm"]
         parts = ", ".join(f"{name} {wall:.2f}s/{cpu:.2f}cpu" for name, (wall, cpu) in build["stages"].items())
         ref_wall, ref_cpu = build["stages"].get("reference", [0.0, 0.0])
-        ratio = (f"reference {r['useful_gflop'] / ref_wall / g['gflops']:.2f} wall, "
-                 f"{r['useful_gflop'] / ref_cpu / g['cpu_gflops']:.2f} CPU time; " if ref_wall and ref_cpu else "")
+        ratio = (
+            f"reference {r['useful_gflop'] / ref_wall / g['gflops']:.2f} wall, "
+            f"{r['useful_gflop'] / ref_cpu / g['cpu_gflops']:.2f} CPU time; "
+            if ref_wall and ref_cpu
+            else ""
+        )
         lines.append(f"{r['case']} end to end by stage (wall/CPU s): {parts}")
-        lines.append(f"  against the in-process GEMM ({g['gflops']:.1f} GF/s wall, {g['cpu_gflops']:.1f} CPU): {ratio}"
-                     f"end to end {r['useful_gflop'] / build['times'][0] / g['gflops']:.2f} wall")
+        lines.append(
+            f"  against the in-process GEMM ({g['gflops']:.1f} GF/s wall, {g['cpu_gflops']:.1f} CPU): {ratio}"
+            f"end to end {r['useful_gflop'] / build['times'][0] / g['gflops']:.2f} wall"
+        )
     return "\n".join(lines)
 
 
@@ -365,9 +464,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.tile_profile:
         print(format_tile(run_job({"kind": "tile", "repeats": max(args.repeats, 7)})))
         return 0
-    report = run_bench(args.cases, repeats=args.repeats, threads=args.threads, tile=args.tile,
-                       gemm_n=args.gemm_size, baseline=not args.no_baseline, end_to_end=not args.no_end_to_end,
-                       log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    report = run_bench(
+        args.cases,
+        repeats=args.repeats,
+        threads=args.threads,
+        tile=args.tile,
+        gemm_n=args.gemm_size,
+        baseline=not args.no_baseline,
+        end_to_end=not args.no_end_to_end,
+        log=lambda msg: print(msg, file=sys.stderr, flush=True),
+    )
     print(format_table(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
@@ -381,17 +487,24 @@ def help_text(doc: str | None) -> str:
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "bench", help="measure the float64 golden generator against GEMM and torch SDPA",
-        description=help_text(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", nargs="+", choices=list(CASES), default=list(CASES),
-                        help="cases to run (default: all)")
+        "bench",
+        help="measure the float64 golden generator against GEMM and torch SDPA",
+        description=help_text(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--cases", nargs="+", choices=list(CASES), default=list(CASES), help="cases to run (default: all)"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (median)")
     parser.add_argument("--threads", type=int, default=cpu_count(), help="threads for every implementation")
     parser.add_argument("--tile", type=int, default=DEFAULT_TILE, help="reference query tile")
     parser.add_argument("--gemm-size", type=int, default=4096, help="n of the square GEMM")
     parser.add_argument("--no-baseline", action="store_true", help="skip timing the emulated baseline")
-    parser.add_argument("--tile-profile", action="store_true",
-                        help="only profile one reference tile and its parts (one thread, CPU time)")
+    parser.add_argument(
+        "--tile-profile",
+        action="store_true",
+        help="only profile one reference tile and its parts (one thread, CPU time)",
+    )
     parser.add_argument("--no-end-to-end", action="store_true", help="skip the end-to-end build_golden run")
     parser.add_argument("--json", metavar="OUT", help="also write the full report as JSON")
     parser.set_defaults(func=cmd_bench)

@@ -16,14 +16,14 @@ from typing import Any
 
 import numpy as np
 
-from facts.operator import NOPE_DIM
-from facts.shard import parse_shard
-from golden import cost
-from golden import regen as rg
-from golden.layout import out_shape
-from golden.progress import flops_text
-from golden.spec import CaseSpec, SpecError, available_suites, load_suite, suite_path
-from golden.store import FileMeta, GoldenStore, GoldenStoreError, read_golden, read_meta
+from mlaconf.facts.operator import NOPE_DIM
+from mlaconf.facts.shard import parse_shard
+from mlaconf.golden import cost
+from mlaconf.golden import regen as rg
+from mlaconf.golden.layout import out_shape
+from mlaconf.golden.progress import flops_text
+from mlaconf.golden.spec import CaseSpec, SpecError, available_suites, load_suite, suite_path
+from mlaconf.golden.store import FileMeta, GoldenStore, GoldenStoreError, read_golden, read_meta
 
 
 def shard_argument(text: str) -> tuple[int, int]:
@@ -33,56 +33,92 @@ def shard_argument(text: str) -> tuple[int, int]:
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
+
 def _common(parser: argparse.ArgumentParser, *, selects: bool = True) -> None:
-    parser.add_argument("--out", "--golden-dir", dest="out", type=Path, default=None, metavar="DIR",
-                        help="golden store directory (default: $MLA_GOLDEN_DIR or <repo>/.golden)")
+    parser.add_argument(
+        "--out",
+        "--golden-dir",
+        dest="out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="golden store directory (default: $MLA_GOLDEN_DIR or <repo>/.golden)",
+    )
     if selects:
         parser.add_argument("suites", nargs="*", metavar="SUITE", help="suite names or 'all'")
         parser.add_argument("--cases", action="append", default=[], metavar="FILE", help="a TOML suite file")
-        parser.add_argument("--shard", type=shard_argument, default=None, metavar="K/N",
-                            help="only cases with int(content_hash) %% N == K-1 (split across hosts)")
+        parser.add_argument(
+            "--shard",
+            type=shard_argument,
+            default=None,
+            metavar="K/N",
+            help="only cases with int(content_hash) %% N == K-1 (split across hosts)",
+        )
     parser.add_argument("--builder", default=None, help=argparse.SUPPRESS)
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("regen", help="generate missing, stale or corrupt golden files",
-                              description="Generate golden files; only missing, stale or corrupt ones "
-                              "unless --force.  Safe to run in several processes or hosts at once.")
+    p = subparsers.add_parser(
+        "regen",
+        help="generate missing, stale or corrupt golden files",
+        description="Generate golden files; only missing, stale or corrupt ones "
+        "unless --force.  Safe to run in several processes or hosts at once.",
+    )
     _common(p)
     p.add_argument("--jobs", "-j", type=int, default=1, metavar="N", help="worker processes (default 1)")
     p.add_argument("--force", action="store_true", help="rebuild even valid files")
     p.set_defaults(func=cmd_regen)
 
-    p = subparsers.add_parser("verify", help="check golden checksums (and recompute the reference)",
-                              description="Verify golden files of the selected cases, or every file in the "
-                              "store when no case is selected.  Exit 1 on any problem.")
+    p = subparsers.add_parser(
+        "verify",
+        help="check golden checksums (and recompute the reference)",
+        description="Verify golden files of the selected cases, or every file in the "
+        "store when no case is selected.  Exit 1 on any problem.",
+    )
     _common(p)
-    p.add_argument("--recompute", action="store_true",
-                   help=f"rebuild: inputs bit-exact, golden/out within {rg.RECOMPUTE_RTOL:g} relative")
+    p.add_argument(
+        "--recompute",
+        action="store_true",
+        help=f"rebuild: inputs bit-exact, golden/out within {rg.RECOMPUTE_RTOL:g} relative",
+    )
     p.set_defaults(func=cmd_verify)
 
-    p = subparsers.add_parser("show", help="describe one golden file",
-                              description="Describe one golden file: its spec, every dataset's dtype, shape "
-                              "and value range, the emulated baseline's error against the golden, and "
-                              "where and how it was built.  Exit 1 if the file is corrupt.")
+    p = subparsers.add_parser(
+        "show",
+        help="describe one golden file",
+        description="Describe one golden file: its spec, every dataset's dtype, shape "
+        "and value range, the emulated baseline's error against the golden, and "
+        "where and how it was built.  Exit 1 if the file is corrupt.",
+    )
     _common(p, selects=False)
     p.add_argument("case", metavar="CASE", help="case id, case id prefix, or content hash prefix")
     p.set_defaults(func=cmd_show)
 
-    p = subparsers.add_parser("list", help="list cases, their cost and whether a valid golden exists",
-                              description="One line per case: output and kv shapes, useful FLOPs, bytes on "
-                              "disk (the file's, else '~' an estimate), estimated peak memory of generating "
-                              "it with --jobs 1, and the golden's state; then the totals.")
+    p = subparsers.add_parser(
+        "list",
+        help="list cases, their cost and whether a valid golden exists",
+        description="One line per case: output and kv shapes, useful FLOPs, bytes on "
+        "disk (the file's, else '~' an estimate), estimated peak memory of generating "
+        "it with --jobs 1, and the golden's state; then the totals.",
+    )
     _common(p)
     p.set_defaults(func=cmd_list)
 
-    p = subparsers.add_parser("store", help="size of the store per suite; prune files no suite references",
-                              description="Show the store's size per shipped suite (and --cases files) and the "
-                              "files no suite references (other seeds, removed or edited cases, leftover "
-                              "temp files).  --prune lists what it would delete; add --yes to delete.")
+    p = subparsers.add_parser(
+        "store",
+        help="size of the store per suite; prune files no suite references",
+        description="Show the store's size per shipped suite (and --cases files) and the "
+        "files no suite references (other seeds, removed or edited cases, leftover "
+        "temp files).  --prune lists what it would delete; add --yes to delete.",
+    )
     _common(p, selects=False)
-    p.add_argument("--cases", action="append", default=[], metavar="FILE",
-                   help="a TOML suite file whose cases count as referenced too")
+    p.add_argument(
+        "--cases",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a TOML suite file whose cases count as referenced too",
+    )
     p.add_argument("--prune", action="store_true", help="list unreferenced files for deletion (dry run)")
     p.add_argument("--yes", action="store_true", help="with --prune: really delete them")
     p.set_defaults(func=cmd_store)
@@ -109,11 +145,13 @@ def cmd_regen(args: argparse.Namespace) -> int:
         return _fail("--jobs must be >= 1")
     store = GoldenStore(args.out)
     todo = [s for s in specs if s.expect_error is None]
-    print(f"regen: {len(specs)} cases -> {store.root} (jobs {args.jobs}); all of them: "
-          f"{flops_text(sum(s.useful_flops for s in todo))} useful, "
-          f"~{cost.human_bytes(sum(cost.stored_bytes(s) for s in todo))} on disk, "
-          f"peak ~{cost.human_bytes(max((cost.peak_bytes(s) for s in todo), default=0))} per worker",
-          file=sys.stderr)
+    print(
+        f"regen: {len(specs)} cases -> {store.root} (jobs {args.jobs}); all of them: "
+        f"{flops_text(sum(s.useful_flops for s in todo))} useful, "
+        f"~{cost.human_bytes(sum(cost.stored_bytes(s) for s in todo))} on disk, "
+        f"peak ~{cost.human_bytes(max((cost.peak_bytes(s) for s in todo), default=0))} per worker",
+        file=sys.stderr,
+    )
     summary = rg.regen(specs, store, jobs=args.jobs, force=args.force, builder=args.builder)
     print(summary.format())
     return 1 if summary.count("failed") else 0
@@ -147,11 +185,15 @@ def cmd_list(args: argparse.Namespace) -> int:
         size = path.stat().st_size if path.exists() else cost.stored_bytes(spec)
         size_text = ("" if path.exists() else "~") + cost.human_bytes(size)
         flops, disk, peak = flops + spec.useful_flops, disk + size, max(peak, cost.peak_bytes(spec))
-        print(f"{spec.case_id}  q{list(out_shape(spec))} kv{list(_kv_shape(spec))}  "
-              f"{flops_text(spec.useful_flops)}  {size_text}  peak ~{cost.human_bytes(cost.peak_bytes(spec))}  "
-              f"{state}")
-    print(f"total: {len(specs)} cases, {flops_text(flops)} useful, {cost.human_bytes(disk)} on disk, "
-          f"peak ~{cost.human_bytes(peak)} per worker (largest case)")
+        print(
+            f"{spec.case_id}  q{list(out_shape(spec))} kv{list(_kv_shape(spec))}  "
+            f"{flops_text(spec.useful_flops)}  {size_text}  peak ~{cost.human_bytes(cost.peak_bytes(spec))}  "
+            f"{state}"
+        )
+    print(
+        f"total: {len(specs)} cases, {flops_text(flops)} useful, {cost.human_bytes(disk)} on disk, "
+        f"peak ~{cost.human_bytes(peak)} per worker (largest case)"
+    )
     print(f"list: {len(specs)} cases, {valid} with a valid golden in {store.root}", file=sys.stderr)
     return 0
 
@@ -196,8 +238,10 @@ def cmd_store(args: argparse.Namespace) -> int:
         present = [n for n in names if n in sizes]
         stale = sum(1 for n in present if not _current(store, store.root / n, names[n]))
         estimate = sum(cost.stored_bytes(s) for s in names.values())
-        print(f"{name:24s} {len(names):5d} {len(present):7d} {stale:5d} "
-              f"{cost.human_bytes(sum(sizes[n] for n in present)):>10s} {'~' + cost.human_bytes(estimate):>10s}")
+        print(
+            f"{name:24s} {len(names):5d} {len(present):7d} {stale:5d} "
+            f"{cost.human_bytes(sum(sizes[n] for n in present)):>10s} {'~' + cost.human_bytes(estimate):>10s}"
+        )
     orphans = [path for path in files if path.name not in referenced]
     orphans += sorted(store.root.glob(".*.tmp"))
     orphan_bytes = sum(path.stat().st_size for path in orphans)
@@ -293,7 +337,7 @@ def _print_provenance(meta: FileMeta, provenance: dict[str, str]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the golden verbs alone (``python -m golden.cli``), without the other areas' verbs."""
+    """Run the golden verbs alone (``python -m mlaconf.golden.cli``), without the other areas' verbs."""
     parser = argparse.ArgumentParser(prog="golden", description=__doc__)
     register(parser.add_subparsers(dest="verb", required=True, metavar="VERB"))
     args = parser.parse_args(argv)

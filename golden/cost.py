@@ -15,10 +15,10 @@
 
 from __future__ import annotations
 
-from facts.operator import NOPE_DIM, ROPE_DIM, V_DIM
-from golden.magnitudes import ROW_MAGNITUDES, element_magnitudes
-from golden.reference import DEFAULT_TILE
-from golden.spec import CaseSpec
+from mlaconf.facts.operator import NOPE_DIM, ROPE_DIM, V_DIM
+from mlaconf.golden.magnitudes import ROW_MAGNITUDES, element_magnitudes
+from mlaconf.golden.reference import DEFAULT_TILE
+from mlaconf.golden.spec import CaseSpec
 
 #: HDF5 superblock, object headers and the root attributes (JSON spec, provenance, checksums).
 FILE_OVERHEAD = 64 * 1024

@@ -2,7 +2,7 @@
 
 docs/conformance.md ("The error-model rule") derives it; in short, for output element e = (i, h, c)
 of a case with N checked elements, u the unit roundoff of the case dtype, u32 = 2^-24, u16 = 2^-11,
-n_i the keys row i attends to and the float64 magnitudes of :mod:`golden.magnitudes`
+n_i the keys row i attends to and the float64 magnitudes of :mod:`mlaconf.golden.magnitudes`
 (A, R, S, T per element; M, C, rho per row):
 
     bound_e = F * ( u |g|                                          output rounded to the dtype
@@ -31,10 +31,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from facts.operator import SCORE_DIM, V_DIM, scores_in_fp16
-from golden.magnitudes import ROW_MAGNITUDES, allowed_keys, element_magnitudes
-from golden.metrics import UNIT_ROUNDOFF, locate
-from golden.spec import CaseSpec
+from mlaconf.facts.operator import SCORE_DIM, V_DIM, scores_in_fp16
+from mlaconf.golden.magnitudes import ROW_MAGNITUDES, allowed_keys, element_magnitudes
+from mlaconf.golden.metrics import UNIT_ROUNDOFF, locate
+from mlaconf.golden.spec import CaseSpec
 
 U32 = 2.0**-24
 U16 = 2.0**-11
@@ -80,8 +80,10 @@ class ModelResult:
         if not self.terms:
             return self.where
         dominant = max(self.terms, key=lambda k: self.terms[k])
-        return (f"worst {self.where}: |err| {self.error:.3g} vs bound {self.bound:.3g} "
-                f"(largest term {dominant}; {self.n_over} of {self.n_elements} elements over, lam {self.lam:.2f})")
+        return (
+            f"worst {self.where}: |err| {self.error:.3g} vs bound {self.bound:.3g} "
+            f"(largest term {dominant}; {self.n_over} of {self.n_elements} elements over, lam {self.lam:.2f})"
+        )
 
 
 def model_ratio(
@@ -129,8 +131,12 @@ def model_ratio(
         terms: dict[str, np.ndarray | float] = {
             "output": u * ag,
             "p_round": u * p_terms,
-            "score_round": u_s * (score_cap if "pvs_rss" not in elem else
-                                  np.minimum(lam * elem["pvs_rss"][tok].astype(np.float64), score_cap)),
+            "score_round": u_s
+            * (
+                score_cap
+                if "pvs_rss" not in elem
+                else np.minimum(lam * elem["pvs_rss"][tok].astype(np.float64), score_cap)
+            ),
             "qk_accum": dot * p_terms,
             "scale_cast": eps * np.abs(elem["pv_scale"][tok].astype(np.float64)) if eps else 0.0,
             "pv_accum": U32 * np.minimum(lam * np.sqrt(n), n) * total + U32 * ag,
@@ -150,12 +156,21 @@ def model_ratio(
         if value > best:
             r, hh, c = (int(i) for i in np.unravel_index(flat, ratio.shape))
             best = value
-            worst = (int(tok[r]), hh, c, float(g[r, hh, c]), float(a[r, hh, c]), float(bound[r, hh, c]),
-                     {k: safety * float(np.broadcast_to(v, ratio.shape)[r, hh, c]) for k, v in terms.items()})
+            worst = (
+                int(tok[r]),
+                hh,
+                c,
+                float(g[r, hh, c]),
+                float(a[r, hh, c]),
+                float(bound[r, hh, c]),
+                {k: safety * float(np.broadcast_to(v, ratio.shape)[r, hh, c]) for k, v in terms.items()},
+            )
     if worst is None:
         return ModelResult(0.0, 0, 0, lam, "no element checked", 0.0, 0.0, {})
     token, head, col, g0, a0, b0, parts = worst
     loc = locate(token, head, col, spec.q_seqlen)
-    where = (f"batch {loc.batch} row {loc.row_in_batch} (token {token}) head {head} col {col}: "
-             f"expected {g0:.6g}, actual {a0:.6g}")
+    where = (
+        f"batch {loc.batch} row {loc.row_in_batch} (token {token}) head {head} col {col}: "
+        f"expected {g0:.6g}, actual {a0:.6g}"
+    )
     return ModelResult(best, n_elements, n_over, lam, where, abs(a0 - g0), b0, parts)

@@ -7,16 +7,16 @@ import platform
 
 import numpy as np
 
-from facts.operator import V_DIM
-from facts.versions import package_version
-from golden import progress
-from golden.baseline import emulate_baseline
-from golden.inputs import generate_inputs
-from golden.layout import row_valid
-from golden.magnitudes import reference_and_magnitudes, torch_magnitudes
-from golden.reference import DEVICE_ENV, reference_attention
-from golden.spec import CaseSpec
-from golden.types import GoldenCase, OpInputs
+from mlaconf.facts.operator import V_DIM
+from mlaconf.facts.versions import package_version
+from mlaconf.golden import progress
+from mlaconf.golden.baseline import emulate_baseline
+from mlaconf.golden.inputs import generate_inputs
+from mlaconf.golden.layout import row_valid
+from mlaconf.golden.magnitudes import reference_and_magnitudes, torch_magnitudes
+from mlaconf.golden.reference import DEVICE_ENV, reference_attention
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.types import GoldenCase, OpInputs
 
 #: Bump when a change to inputs, reference or baseline alters stored values: every golden written
 #: by another version is stale and gets regenerated.
@@ -45,7 +45,7 @@ def baseline_stats(
     spec: CaseSpec, baseline: np.ndarray, golden: np.ndarray, valid: np.ndarray
 ) -> dict[str, float | int | bool | str]:
     """The emulated baseline's error statistics against the golden (benchmark-rule denominators)."""
-    from golden.metrics import compute_metrics
+    from mlaconf.golden.metrics import compute_metrics
 
     shape = (spec.total_q, spec.head_num, V_DIM)
     metrics = compute_metrics(baseline.reshape(shape), golden.reshape(shape), valid, spec.dtype, spec.q_seqlen)

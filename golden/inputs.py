@@ -14,9 +14,9 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from facts.operator import NOPE_DIM, ROPE_DIM, SCORE_DIM, V_DIM
-from golden.spec import CaseSpec
-from golden.types import OpInputs
+from mlaconf.facts.operator import NOPE_DIM, ROPE_DIM, SCORE_DIM, V_DIM
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.types import OpInputs
 
 MASK_SIZE = 512
 FP16_MASK_VALUE = -10000.0  # fp16 kernels add the mask
@@ -72,8 +72,7 @@ CHUNK_ELEMENTS = 1 << 20
 
 #: One independent random stream per role, spawned from the case's seed sequence, so each tensor
 #: can be drawn chunk by chunk without interleaving another tensor's draws.
-STREAMS = ("q", "q_rope", "k", "k_rope", "v", "v_hits", "v_signs", "tie_base",
-           "pad_k", "pad_k_rope", "pad_v")
+STREAMS = ("q", "q_rope", "k", "k_rope", "v", "v_hits", "v_signs", "tie_base", "pad_k", "pad_k_rope", "pad_v")
 
 
 def case_streams(spec: CaseSpec) -> dict[str, np.random.Generator]:
@@ -85,8 +84,9 @@ def case_streams(spec: CaseSpec) -> dict[str, np.random.Generator]:
 class _Source:
     """Draws one logical tensor ``[rows, heads, dim]`` chunk by chunk, in row order."""
 
-    def __init__(self, spec: CaseSpec, streams: dict[str, np.random.Generator], role: str, heads: int,
-                 dim: int) -> None:
+    def __init__(
+        self, spec: CaseSpec, streams: dict[str, np.random.Generator], role: str, heads: int, dim: int
+    ) -> None:
         self.spec, self.streams, self.role, self.heads, self.dim = spec, streams, role, heads, dim
 
     def draw(self, rows: int) -> np.ndarray:
@@ -168,10 +168,13 @@ def generate_inputs(spec: CaseSpec) -> OpInputs:
     v = np.empty((*rows, hkv * V_DIM), dtype=dtype)
     if spec.distribution == "near_tie":
         key_sources: list[tuple[list[np.ndarray], Any, list[str]]] = [
-            ([k, k_rope], _NearTieKeys(streams, hkv).draw, ["pad_k", "pad_k_rope"])]
+            ([k, k_rope], _NearTieKeys(streams, hkv).draw, ["pad_k", "pad_k_rope"])
+        ]
     else:
-        key_sources = [([k], _Source(spec, streams, "k", hkv, NOPE_DIM).draw, ["pad_k"]),
-                       ([k_rope], _Source(spec, streams, "k_rope", hkv, ROPE_DIM).draw, ["pad_k_rope"])]
+        key_sources = [
+            ([k], _Source(spec, streams, "k", hkv, NOPE_DIM).draw, ["pad_k"]),
+            ([k_rope], _Source(spec, streams, "k_rope", hkv, ROPE_DIM).draw, ["pad_k_rope"]),
+        ]
     key_sources.append(([v], _Source(spec, streams, "v", hkv, V_DIM).draw, ["pad_v"]))
     for dests, draw, pads in key_sources:
         if padded:

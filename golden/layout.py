@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from facts import operator
-from facts.operator import NOPE_DIM, ROPE_DIM, V_DIM
-from golden.spec import CaseSpec
-from golden.types import OpInputs
+from mlaconf.facts import operator
+from mlaconf.facts.operator import NOPE_DIM, ROPE_DIM, V_DIM
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.types import OpInputs
 
 
 def offsets(lengths: tuple[int, ...] | np.ndarray) -> np.ndarray:

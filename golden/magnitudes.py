@@ -20,7 +20,7 @@ per row and head, ``[T, H]``:
 * ``p_rss``         rho = sqrt(sum_j P_ij^2)
 
 (m_i is the row maximum of s.)  S and T are stored only where the kernel keeps scores in fp16
-(:func:`facts.operator.scores_in_fp16`): elsewhere scores are fp32, the rule's score term uses its
+(:func:`mlaconf.facts.operator.scores_in_fp16`): elsewhere scores are fp32, the rule's score term uses its
 cap 4 M (A + |g|) u32 instead of S (looser, and still ~2^-16 of the output-rounding term), and T's
 term is 0.  S and T are expanded sums that cancel where V is nearly constant, so each is moved away
 from zero by a bound on its float64 error before rounding.
@@ -42,10 +42,10 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from facts.operator import V_DIM, scores_in_fp16
-from golden import progress
-from golden.layout import out_shape
-from golden.reference import (
+from mlaconf.facts.operator import V_DIM, scores_in_fp16
+from mlaconf.golden import progress
+from mlaconf.golden.layout import out_shape
+from mlaconf.golden.reference import (
     DEFAULT_GPU_TILE,
     DEFAULT_TILE,
     HeadTask,
@@ -58,8 +58,8 @@ from golden.reference import (
     tile_bounds,
     tile_flops,
 )
-from golden.spec import CaseSpec
-from golden.types import OpInputs
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.types import OpInputs
 
 ELEMENT_MAGNITUDES = ("pv_abs", "pv_rss", "pvs_rss", "pv_scale")
 #: Element magnitudes only the fp16 score path needs.
@@ -116,8 +116,9 @@ def allowed_keys(spec: CaseSpec) -> np.ndarray:
     return counts
 
 
-def cancellation_noise(spec: CaseSpec, magnitudes: dict[str, np.ndarray], golden: np.ndarray,
-                       tokens: slice) -> dict[str, np.ndarray]:
+def cancellation_noise(
+    spec: CaseSpec, magnitudes: dict[str, np.ndarray], golden: np.ndarray, tokens: slice
+) -> dict[str, np.ndarray]:
     """How far two correct float64 evaluations of S and T may lie apart at the elements of rows
     ``tokens`` (their expanded sums cancel), bounded from stored magnitudes that do not cancel.
 
@@ -133,8 +134,7 @@ def cancellation_noise(spec: CaseSpec, magnitudes: dict[str, np.ndarray], golden
     g = np.abs(golden.reshape(shape)[tokens])
     r = magnitudes["pv_rss"].reshape(shape)[tokens].astype(np.float64)
     a = magnitudes["pv_abs"].reshape(shape)[tokens].astype(np.float64)
-    return {"pvs_rss": 2.0 * np.sqrt(gamma) * 4.0 * score * (r + rho * g),
-            "pv_scale": 4.0 * gamma * score * (a + g)}
+    return {"pvs_rss": 2.0 * np.sqrt(gamma) * 4.0 * score * (r + rho * g), "pv_scale": 4.0 * gamma * score * (a + g)}
 
 
 def _largest_key_norm(knorm: np.ndarray, rows: int, diag: tuple[int, int] | None) -> np.ndarray:
@@ -146,16 +146,17 @@ def _largest_key_norm(knorm: np.ndarray, rows: int, diag: tuple[int, int] | None
     return largest
 
 
-def numpy_tile(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, diag: tuple[int, int] | None,
-               score_terms: bool) -> dict[str, np.ndarray]:
+def numpy_tile(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, diag: tuple[int, int] | None, score_terms: bool
+) -> dict[str, np.ndarray]:
     """One tile of query rows against keys ``k``: the golden ``out``, computed exactly like
-    :func:`golden.reference.float64_tile` (same operations, same bits), and the float64 magnitudes,
+    :func:`mlaconf.golden.reference.float64_tile` (same operations, same bits), and the float64 magnitudes,
     from the same scores and exponentials (every pass over the tile x keys scores in place)."""
     qs = q * scale
     s = qs @ k.T
     block = causal_block(diag, s.shape)
     if block is not None:  # the smallest allowed score: masked keys read +inf for a moment
-        part, masked = s[:, block[0]:], block[1]
+        part, masked = s[:, block[0] :], block[1]
         part[masked] = np.inf
         low = s.min(axis=1)
         part[masked] = -np.inf
@@ -182,17 +183,37 @@ def numpy_tile(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, diag: 
         weight = p * (2.0 * np.abs(s0) + np.abs(s0 - m))
         w2 = weight * weight
         ps = p * s0
-        out.update(_score_path_sums(p @ v, w2 @ (v * v), w2 @ v, w2.sum(axis=1, keepdims=True), ps @ v,
-                                    np.abs(ps).sum(axis=1, keepdims=True), ps.sum(axis=1, keepdims=True),
-                                    np.abs(v).max(axis=0), keys=k.shape[0]))
+        out.update(
+            _score_path_sums(
+                p @ v,
+                w2 @ (v * v),
+                w2 @ v,
+                w2.sum(axis=1, keepdims=True),
+                ps @ v,
+                np.abs(ps).sum(axis=1, keepdims=True),
+                ps.sum(axis=1, keepdims=True),
+                np.abs(v).max(axis=0),
+                keys=k.shape[0],
+            )
+        )
     np.multiply(s, s, out=s)
     out["pv_rss"] = np.sqrt(s @ (v * v)) / denom
     out["p_rss"] = np.sqrt(s.sum(axis=1)) / denom[:, 0]
     return out
 
 
-def _score_path_sums(g: np.ndarray, w2v2: np.ndarray, w2v: np.ndarray, w2sum: np.ndarray, psv: np.ndarray,
-                     ps_abs: np.ndarray, ps_sum: np.ndarray, vmax: np.ndarray, *, keys: int) -> dict[str, np.ndarray]:
+def _score_path_sums(
+    g: np.ndarray,
+    w2v2: np.ndarray,
+    w2v: np.ndarray,
+    w2sum: np.ndarray,
+    psv: np.ndarray,
+    ps_abs: np.ndarray,
+    ps_sum: np.ndarray,
+    vmax: np.ndarray,
+    *,
+    keys: int,
+) -> dict[str, np.ndarray]:
     """S and T from their expanded sums, each moved away from zero by a bound on its float64 error.
 
     S^2 = sum w^2 V^2 - 2 g sum w^2 V + g^2 sum w^2 and T = sum (P s) V - g sum P s cancel where
@@ -207,8 +228,9 @@ def _score_path_sums(g: np.ndarray, w2v2: np.ndarray, w2v: np.ndarray, w2sum: np
     return {"pvs_rss": np.sqrt(np.maximum(sq, 0.0) + sq_guard), "pv_scale": t + np.copysign(t_guard, t)}
 
 
-def torch_tile(q: Any, k: Any, v: Any, knorm: Any, i0: int, diag: tuple[int, int] | None,
-               score_terms: bool, torch: Any) -> dict[str, np.ndarray]:
+def torch_tile(
+    q: Any, k: Any, v: Any, knorm: Any, i0: int, diag: tuple[int, int] | None, score_terms: bool, torch: Any
+) -> dict[str, np.ndarray]:
     """:func:`numpy_tile` in torch float64 on the golden device (``q`` already scaled)."""
     s = q @ k.T
     allowed = None
@@ -229,8 +251,16 @@ def torch_tile(q: Any, k: Any, v: Any, knorm: Any, i0: int, diag: tuple[int, int
         weight = p * (2.0 * s0.abs() + (s0 - m).abs())
         w2 = weight * weight
         ps = p * s0
-        sums = (p @ v, w2 @ (v * v), w2 @ v, w2.sum(dim=1, keepdim=True), ps @ v,
-                ps.abs().sum(dim=1, keepdim=True), ps.sum(dim=1, keepdim=True), v.abs().amax(dim=0))
+        sums = (
+            p @ v,
+            w2 @ (v * v),
+            w2 @ v,
+            w2.sum(dim=1, keepdim=True),
+            ps @ v,
+            ps.abs().sum(dim=1, keepdim=True),
+            ps.sum(dim=1, keepdim=True),
+            v.abs().amax(dim=0),
+        )
         extra = _score_path_sums(*[x.cpu().numpy() for x in sums], keys=k.shape[0])
     p2 = p * p
     out["pv_rss"] = (p2 @ (v * v)).sqrt()
@@ -251,8 +281,9 @@ Sink = Callable[[HeadTask, int, int, "dict[str, np.ndarray]"], None]
 def _sink(spec: CaseSpec) -> tuple[dict[str, np.ndarray], Sink]:
     """Result arrays for ``spec`` and the function that rounds one tile's float64 values into them."""
     t, h = spec.total_q, spec.head_num
-    stored: dict[str, np.ndarray] = {name: np.zeros((t, h, V_DIM), dtype=ml_dtypes.bfloat16)
-                                     for name in element_magnitudes(spec)}
+    stored: dict[str, np.ndarray] = {
+        name: np.zeros((t, h, V_DIM), dtype=ml_dtypes.bfloat16) for name in element_magnitudes(spec)
+    }
     stored.update({name: np.zeros((t, h), dtype=np.float32) for name in ROW_MAGNITUDES})
 
     def put(task: HeadTask, i0: int, i1: int, part: dict[str, np.ndarray]) -> None:
@@ -269,9 +300,10 @@ def _shaped(spec: CaseSpec, stored: dict[str, np.ndarray]) -> dict[str, np.ndarr
     return {name: a.reshape(shape) if name in ELEMENT_MAGNITUDES else a for name, a in stored.items()}
 
 
-def reference_and_magnitudes(inputs: OpInputs, spec: CaseSpec, *, tile: int | None = None,
-                             threads: int = 1) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """The float64 golden (bit for bit :func:`golden.reference.reference_attention`'s, attenOut's
+def reference_and_magnitudes(
+    inputs: OpInputs, spec: CaseSpec, *, tile: int | None = None, threads: int = 1
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The float64 golden (bit for bit :func:`mlaconf.golden.reference.reference_attention`'s, attenOut's
     layout) and :func:`magnitude_names` of ``spec`` in one pass over the tiles on ``threads`` CPU
     workers: the magnitudes reuse the golden's scores and exponentials."""
     golden = np.zeros((spec.total_q, spec.head_num, V_DIM), dtype=np.float64)
@@ -288,8 +320,9 @@ def reference_and_magnitudes(inputs: OpInputs, spec: CaseSpec, *, tile: int | No
     return golden.reshape(out_shape(spec)), _shaped(spec, stored)
 
 
-def torch_magnitudes(inputs: OpInputs, spec: CaseSpec, *, device: str = "cuda",
-                     tile: int | None = None) -> dict[str, np.ndarray]:
+def torch_magnitudes(
+    inputs: OpInputs, spec: CaseSpec, *, device: str = "cuda", tile: int | None = None
+) -> dict[str, np.ndarray]:
     """The same magnitudes computed in torch float64 on ``device`` (tested against numpy on the CPU)."""
     import torch  # deferred like the reference's torch path
 

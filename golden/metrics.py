@@ -262,8 +262,16 @@ class _Accumulator:
         self.dot += float((a * g).sum())
         self._fold(a, g, tokens, err, abs_g, float(np.square(a).sum()), _max_ulp_finite(a, g, self.dtype, a16))
 
-    def _fold(self, a: np.ndarray, g: np.ndarray, tokens: np.ndarray, err: np.ndarray, abs_g: np.ndarray,
-              sum_sq_a: float, max_ulp: float) -> None:
+    def _fold(
+        self,
+        a: np.ndarray,
+        g: np.ndarray,
+        tokens: np.ndarray,
+        err: np.ndarray,
+        abs_g: np.ndarray,
+        sum_sq_a: float,
+        max_ulp: float,
+    ) -> None:
         """The sums and maxima both paths share, from |a - g| and |g| (NaN/Inf already cleaned)."""
         rel = err / np.maximum(abs_g, self.floor)
         scaled = err / np.maximum(abs_g, 1.0)
@@ -299,8 +307,13 @@ class _Accumulator:
             token, head, col, g, a = self.worst
             loc = locate(token, head, col, q_seqlen)
             worst = dict(
-                worst_batch=loc.batch, worst_row_in_batch=loc.row_in_batch, worst_token=token,
-                worst_head=head, worst_column=col, worst_expected=g, worst_actual=a,
+                worst_batch=loc.batch,
+                worst_row_in_batch=loc.row_in_batch,
+                worst_token=token,
+                worst_head=head,
+                worst_column=col,
+                worst_expected=g,
+                worst_actual=a,
             )
         return Metrics(
             dtype=self.dtype,

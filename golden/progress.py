@@ -73,15 +73,19 @@ class Progress:
             left = self.work - done
             eta = 0.0 if left <= 0 else left / rate if rate > 0 else math.inf
             pct = 100.0 * done / self.work if self.work else 100.0
-            text = (f"{self.label} {self.count}/{self.total} ({pct:.0f}% of "
-                    f"{flops_text(self.work)}) {rate / 1e9:.1f} GF/s "
-                    f"elapsed {_duration(elapsed)} ETA {_duration(eta)}")
+            text = (
+                f"{self.label} {self.count}/{self.total} ({pct:.0f}% of "
+                f"{flops_text(self.work)}) {rate / 1e9:.1f} GF/s "
+                f"elapsed {_duration(elapsed)} ETA {_duration(eta)}"
+            )
         else:
             rate = self.count / elapsed if elapsed > 0 else 0.0
             eta = (self.total - self.count) / rate if rate > 0 else math.inf
             pct = 100.0 * self.count / self.total if self.total else 100.0
-            text = (f"{self.label} {self.count}/{self.total} ({pct:.0f}%) {rate:.2f}/s "
-                    f"elapsed {_duration(elapsed)} ETA {_duration(eta)}")
+            text = (
+                f"{self.label} {self.count}/{self.total} ({pct:.0f}%) {rate:.2f}/s "
+                f"elapsed {_duration(elapsed)} ETA {_duration(eta)}"
+            )
         return f"{text} {note}".rstrip()
 
     def _write(self, note: str, *, final: bool) -> None:
@@ -210,8 +214,9 @@ class Announcer:
     case is done: pytest runs that generate goldens on demand show why they are slow.
     """
 
-    def __init__(self, write: Callable[[str], None], *, after: float = 3.0, every: float = 10.0,
-                 label: str = "golden") -> None:
+    def __init__(
+        self, write: Callable[[str], None], *, after: float = 3.0, every: float = 10.0, label: str = "golden"
+    ) -> None:
         self.write, self.after, self.every, self.label = write, after, every, label
         self._last: dict[str, float] = {}
 
@@ -228,8 +233,10 @@ class Announcer:
         fraction = work.fraction
         eta = work.elapsed * (1.0 - fraction) / fraction if fraction >= 0.02 else math.inf
         size = f" ({flops_text(work.total / 2)} useful)" if first else ""
-        self.write(f"{self.label}: generating {work.case_id}{size}: {work.stage} {100 * fraction:.0f}%, "
-                   f"elapsed {_duration(work.elapsed)}, ETA {_duration(eta)}")
+        self.write(
+            f"{self.label}: generating {work.case_id}{size}: {work.stage} {100 * fraction:.0f}%, "
+            f"elapsed {_duration(work.elapsed)}, ETA {_duration(eta)}"
+        )
 
 
 def fd_writer(fd: int) -> Callable[[str], None]:

@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from facts.operator import SCORE_DIM, V_DIM
-from golden import progress
-from golden.layout import causal_offset, kv_views, offsets, out_shape, q_views, row_valid
-from golden.spec import CaseSpec
-from golden.types import OpInputs
+from mlaconf.facts.operator import SCORE_DIM, V_DIM
+from mlaconf.golden import progress
+from mlaconf.golden.layout import causal_offset, kv_views, offsets, out_shape, q_views, row_valid
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.types import OpInputs
 
 try:  # optional: without it BLAS keeps its own thread count (may oversubscribe with threads > 1)
     from threadpoolctl import threadpool_limits
@@ -139,9 +139,7 @@ def apply_causal(scores: np.ndarray, diag: tuple[int, int] | None, fill: float) 
         scores[:, first_masked:][masked] = fill
 
 
-def float64_tile(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, diag: tuple[int, int] | None
-) -> np.ndarray:
+def float64_tile(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, diag: tuple[int, int] | None) -> np.ndarray:
     """Exact-as-float64-allows attention for one tile, with every elementwise pass in place.
 
     The scale is folded into q (a tile x 192 pass instead of a tile x S one); for dtype-valued

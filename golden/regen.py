@@ -30,15 +30,15 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from facts.shard import in_shard
-from golden import progress as work_progress
-from golden.magnitudes import SCORE_PATH_MAGNITUDES, cancellation_noise
-from golden.progress import CaseWork, Progress
-from golden.spec import CaseSpec, load_suite, load_suites
-from golden.store import Builder, GoldenStore, GoldenStoreError, read_golden
-from golden.types import GoldenCase
+from mlaconf.facts.shard import in_shard
+from mlaconf.golden import progress as work_progress
+from mlaconf.golden.magnitudes import SCORE_PATH_MAGNITUDES, cancellation_noise
+from mlaconf.golden.progress import CaseWork, Progress
+from mlaconf.golden.spec import CaseSpec, load_suite, load_suites
+from mlaconf.golden.store import Builder, GoldenStore, GoldenStoreError, read_golden
+from mlaconf.golden.types import GoldenCase
 
-DEFAULT_BUILDER = "golden.generate:build_golden"
+DEFAULT_BUILDER = "mlaconf.golden.generate:build_golden"
 RECOMPUTE_RTOL = 1e-12
 #: Magnitudes are stored rounded up (bf16 per element, float32 per row): a recomputation whose float64
 #: value lands across a rounding boundary differs by one step, element by element.
@@ -47,8 +47,13 @@ MAGNITUDE_STEP = {"bfloat16": 2.0**-7, "float32": 2.0**-22}
 MAGNITUDE_FLOOR = 2.0**-20
 #: The emulated baseline runs in float32 through BLAS: allow its statistics BLAS-level noise only.
 BASELINE_RTOL = 1e-6
-THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
-              "NUMEXPR_NUM_THREADS")
+THREAD_ENV = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
 
 BuilderRef = str | Builder | None
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -121,8 +126,7 @@ def die_with_parent(parent_pid: int) -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a failure leaves the watcher below in charge
-    threading.Thread(target=watch_parent, args=(parent_pid, PARENT_POLL_S), name="watch-parent",
-                     daemon=True).start()
+    threading.Thread(target=watch_parent, args=(parent_pid, PARENT_POLL_S), name="watch-parent", daemon=True).start()
 
 
 @dataclass(frozen=True)
@@ -234,8 +238,11 @@ def regen(
             done.add(outcome.case_id)
             running.pop(outcome.case_id, None)
             progress.partial(sum(flops.get(c, 0.0) * f for c, f in running.items()))
-        progress.advance(f"{outcome.action} {outcome.case_id} ({outcome.seconds:.1f}s)",
-                         work=flops.get(outcome.case_id, 0.0), skipped=outcome.action != "generated")
+        progress.advance(
+            f"{outcome.action} {outcome.case_id} ({outcome.seconds:.1f}s)",
+            work=flops.get(outcome.case_id, 0.0),
+            skipped=outcome.action != "generated",
+        )
 
     if jobs == 1:
         remove = work_progress.add_listener(lambda w: in_case(w.case_id, w.fraction, w.text()))
@@ -257,8 +264,12 @@ def regen(
         listener = threading.Thread(target=drain, name="regen-progress", daemon=True)
         listener.start()
         try:
-            with thread_env(threads), ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker,
-                                                          initargs=(queue, os.getpid())) as pool:
+            with (
+                thread_env(threads),
+                ProcessPoolExecutor(
+                    jobs, mp_context=context, initializer=_init_worker, initargs=(queue, os.getpid())
+                ) as pool,
+            ):
                 futures = {pool.submit(regen_one, task): task for task in tasks}
                 for future in as_completed(futures):
                     try:
@@ -329,8 +340,13 @@ def compare_recomputed(path: Path, stored: GoldenCase, fresh: GoldenCase) -> lis
         if a is None or b is None:
             problems.append(Problem(path, "present in only one of stored / recomputed", f"inputs/{name}"))
         elif not _same_bits(a, b):
-            problems.append(Problem(path, f"recomputed input differs ({b.dtype}{b.shape} vs stored "
-                                    f"{a.dtype}{a.shape})", f"inputs/{name}"))
+            problems.append(
+                Problem(
+                    path,
+                    f"recomputed input differs ({b.dtype}{b.shape} vs stored {a.dtype}{a.shape})",
+                    f"inputs/{name}",
+                )
+            )
     if not np.array_equal(stored.row_valid, fresh.row_valid):
         problems.append(Problem(path, "recomputed row_valid differs", "golden/row_valid"))
     if stored.out.shape != fresh.out.shape:
@@ -347,8 +363,9 @@ def compare_recomputed(path: Path, stored: GoldenCase, fresh: GoldenCase) -> lis
             problems.append(Problem(path, "magnitude missing or reshaped in stored / recomputed", f"golden/{name}"))
         elif stored.out.shape == fresh.out.shape and not _within_one_step(stored, name, b):
             step = MAGNITUDE_STEP.get(a.dtype.name, 0.0)
-            problems.append(Problem(path, f"magnitude drift beyond one {a.dtype.name} rounding step ({step:g})",
-                                    f"golden/{name}"))
+            problems.append(
+                Problem(path, f"magnitude drift beyond one {a.dtype.name} rounding step ({step:g})", f"golden/{name}")
+            )
     drifted = baseline_drift(stored.baseline_stats, fresh.baseline_stats)
     if drifted:
         problems.append(Problem(path, f"baseline statistics drift: {drifted}", "baseline (attributes)"))
@@ -358,7 +375,7 @@ def compare_recomputed(path: Path, stored: GoldenCase, fresh: GoldenCase) -> lis
 def _within_one_step(stored: GoldenCase, name: str, fresh: np.ndarray) -> bool:
     """Every element of a recomputed magnitude within one rounding step (of the stored dtype) of the
     stored value, plus MAGNITUDE_FLOOR of the array's largest value; S and T, expanded sums that
-    cancel, also within their float64 noise (:func:`golden.magnitudes.cancellation_noise`)."""
+    cancel, also within their float64 noise (:func:`mlaconf.golden.magnitudes.cancellation_noise`)."""
     kept = stored.magnitudes[name]
     if kept.dtype != fresh.dtype:
         return False
@@ -367,8 +384,13 @@ def _within_one_step(stored: GoldenCase, name: str, fresh: np.ndarray) -> bool:
     per_row = kept.size // max(spec.total_q, 1)
     rows = max(COMPARE_CHUNK // max(per_row, 1), 1)
     a_all, b_all = kept.reshape(spec.total_q, -1), fresh.reshape(spec.total_q, -1)
-    floor = MAGNITUDE_FLOOR * max((float(np.max(np.abs(a_all[i : i + rows].astype(np.float64)), initial=0.0))
-                                   for i in range(0, spec.total_q, rows)), default=0.0)
+    floor = MAGNITUDE_FLOOR * max(
+        (
+            float(np.max(np.abs(a_all[i : i + rows].astype(np.float64)), initial=0.0))
+            for i in range(0, spec.total_q, rows)
+        ),
+        default=0.0,
+    )
     for start in range(0, spec.total_q, rows):
         tokens = slice(start, start + rows)
         a, b = a_all[tokens].astype(np.float64), b_all[tokens].astype(np.float64)
@@ -391,8 +413,11 @@ def _same_stat(a: object, b: object) -> bool:
 def baseline_drift(stored: Mapping[str, object], fresh: Mapping[str, object]) -> str:
     """The baseline statistics that differ beyond BASELINE_RTOL (they are the benchmark rule's
     denominators, so a stale or altered value would loosen or tighten every verdict)."""
-    changed = [f"{key} {stored.get(key)!r} -> {fresh.get(key)!r}" for key in sorted(set(stored) | set(fresh))
-               if not _same_stat(stored.get(key), fresh.get(key))]
+    changed = [
+        f"{key} {stored.get(key)!r} -> {fresh.get(key)!r}"
+        for key in sorted(set(stored) | set(fresh))
+        if not _same_stat(stored.get(key), fresh.get(key))
+    ]
     return ", ".join(changed[:4]) + (f" (+{len(changed) - 4} more)" if len(changed) > 4 else "")
 
 
@@ -433,8 +458,7 @@ def verify(
     return VerifyReport(len(targets), problems)
 
 
-def _verify_one(store: GoldenStore,
-                path: Path, spec: CaseSpec | None, build: Builder | None) -> list[Problem]:
+def _verify_one(store: GoldenStore, path: Path, spec: CaseSpec | None, build: Builder | None) -> list[Problem]:
     try:
         stored, meta = read_golden(path, spec)
         store.check_stale(meta, stored.spec)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeGuard
 
-from facts.operator import (
+from mlaconf.facts.operator import (
     CACHE_CODES,
     CACHE_NAMES,
     DEFAULT_QK_SCALE,
@@ -39,7 +39,7 @@ from facts.operator import (
     as_c_float,
     useful_flops,
 )
-from facts.status import STAGES
+from mlaconf.facts.status import STAGES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -63,7 +63,7 @@ SAFE_STATUS = re.compile(r"ERROR_[A-Z0-9_]{1,64}")
 DISTRIBUTIONS = ("uniform", "normal", "large_logits", "near_tie", "v_outliers")
 
 #: The package whose ``*.toml`` files are the shipped suites (package data, so installs carry them).
-SUITES_PACKAGE = "cases"
+SUITES_PACKAGE = "mlaconf.cases"
 
 
 def suites_dir() -> Path:
@@ -284,16 +284,25 @@ def _coerce_enum(value: Any, codes: Mapping[str, int], fail: Fail, name: str) ->
 
 def _check_fields(raw: Mapping[str, Any], fail: Fail) -> None:
     """Type and range of every field but the lengths and enums (whatever the case, valid or not)."""
-    ints = {"head_num": (INT32_MIN, INT32_MAX), "kv_head_num": (INT32_MIN, INT32_MAX),
-            "kv_capacity": (INT32_MIN, INT32_MAX), "seed": (0, SEED_LIMIT - 1)}
+    ints = {
+        "head_num": (INT32_MIN, INT32_MAX),
+        "kv_head_num": (INT32_MIN, INT32_MAX),
+        "kv_capacity": (INT32_MIN, INT32_MAX),
+        "seed": (0, SEED_LIMIT - 1),
+    }
     for name, (low, high) in ints.items():
         value = raw.get(name)
         if name not in raw or (value is None and name == "kv_capacity"):
             continue
         if not _is_int(value) or not low <= value <= high:
             raise fail(name, f"must be an integer in [{low}, {high}], got {_show(value)}")
-    choices = {"dtype": DTYPES, "q_layout": Q_LAYOUTS, "kv_layout": KV_LAYOUTS, "distribution": DISTRIBUTIONS,
-               "expect_stage": STAGES}
+    choices = {
+        "dtype": DTYPES,
+        "q_layout": Q_LAYOUTS,
+        "kv_layout": KV_LAYOUTS,
+        "distribution": DISTRIBUTIONS,
+        "expect_stage": STAGES,
+    }
     for name, allowed in choices.items():
         if name in raw and not (raw[name] is None and name == "expect_stage") and raw[name] not in allowed:
             raise fail(name, f"must be one of {list(allowed)}, got {_show(raw[name])}")
@@ -303,8 +312,11 @@ def _check_fields(raw: Mapping[str, Any], fail: Fail) -> None:
         if value is None or (value == "" and name in ("name", "suite")):
             continue
         if not isinstance(value, str) or not pattern.fullmatch(value):
-            what = "an ATB status such as 'ERROR_INVALID_PARAM'" if name == "expect_error" else (
-                f"a string matching {pattern.pattern} (no path separators, at most 128 characters)")
+            what = (
+                "an ATB status such as 'ERROR_INVALID_PARAM'"
+                if name == "expect_error"
+                else (f"a string matching {pattern.pattern} (no path separators, at most 128 characters)")
+            )
             raise fail(name, f"must be {what}, got {_show(value)}")
     if not isinstance(raw.get("source", ""), str):
         raise fail("source", f"must be a string, got {_show(raw['source'])}")
@@ -407,8 +419,10 @@ def validate_case(spec: CaseSpec) -> None:
     if spec.kv_head_num < 1:
         fail("kv_head_num", f"must be >= 1, got {spec.kv_head_num}")
     if spec.mask_type not in SUPPORTED_MASKS:
-        fail("mask_type", f"must be one of {list(SUPPORTED_MASKS)} (0 undefined, 2 mask_free, 3 causal), "
-             f"got {spec.mask_type}")
+        fail(
+            "mask_type",
+            f"must be one of {list(SUPPORTED_MASKS)} (0 undefined, 2 mask_free, 3 causal), got {spec.mask_type}",
+        )
     if spec.cache_mode != 1:
         fail("cache_mode", f"prefill accepts only KROPE_CTKV (1), got {spec.cache_mode}")
     if not (math.isfinite(spec.qk_scale) and 0.0 < spec.qk_scale <= 1.0):
@@ -532,8 +546,12 @@ def load_suite(path: str | Path, *, validate: bool = True) -> list[CaseSpec]:
         spec = build_case(raw, source=source, suite=suite, index=index, validate=validate)
         entries += spec.batch + len(spec.kv_seqlen)
         if entries > MAX_FILE_ENTRIES:
-            raise SpecError(source, spec.name, "q_seqlen", f"the file's cases hold more than {MAX_FILE_ENTRIES} "
-                            "sequence lengths in all")
+            raise SpecError(
+                source,
+                spec.name,
+                "q_seqlen",
+                f"the file's cases hold more than {MAX_FILE_ENTRIES} sequence lengths in all",
+            )
         if spec.content_hash in seen:
             raise SpecError(source, spec.name, "<case>", f"duplicates case {seen[spec.content_hash]!r}")
         seen[spec.content_hash] = spec.name

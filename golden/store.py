@@ -91,10 +91,10 @@ import ml_dtypes
 import numpy as np
 from filelock import FileLock
 
-from golden.layout import out_shape
-from golden.magnitudes import ROW_MAGNITUDES, magnitude_names
-from golden.spec import CaseSpec
-from golden.types import INPUT_NAMES, GoldenCase, OpInputs
+from mlaconf.golden.layout import out_shape
+from mlaconf.golden.magnitudes import ROW_MAGNITUDES, magnitude_names
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.types import INPUT_NAMES, GoldenCase, OpInputs
 
 #: 4: whole-file integrity header, error-model magnitudes, bf16 as uint16 bit patterns (2: none of them);
 #: 5: element magnitudes as bf16 rounded up, S and T only on the fp16 score path.
@@ -149,13 +149,13 @@ class GoldenWriteError(GoldenStoreError):
 
 def current_generator_version() -> str:
     """Imported lazily: reading a store must not pull in the generator (or import it in a cycle)."""
-    from golden.generate import GENERATOR_VERSION
+    from mlaconf.golden.generate import GENERATOR_VERSION
 
     return str(GENERATOR_VERSION)
 
 
 def default_builder() -> Builder:
-    from golden.generate import build_golden
+    from mlaconf.golden.generate import build_golden
 
     return build_golden
 
@@ -165,7 +165,7 @@ def blas_info() -> str:
     """BLAS/LAPACK identity as JSON; best effort because numpy's config format varies by version."""
     info: dict[str, Any] = {}
     try:
-        deps = np.show_config(mode="dicts").get("Build Dependencies", {})  # type: ignore[func-returns-value]
+        deps = np.show_config(mode="dicts").get("Build Dependencies", {})
         info.update({k: deps[k] for k in ("blas", "lapack") if k in deps})
     except Exception as exc:  # provenance must never block a write
         info["error"] = repr(exc)
@@ -274,8 +274,13 @@ def _header_size(names: list[str]) -> int:
     return max(512, 1 << (need - 1).bit_length())
 
 
-def _write_hdf5(fh: IO[bytes], golden: GoldenCase, arrays: dict[str, np.ndarray],
-                generator_version: str, reserve: Callable[[], None]) -> dict[str, str]:
+def _write_hdf5(
+    fh: IO[bytes],
+    golden: GoldenCase,
+    arrays: dict[str, np.ndarray],
+    generator_version: str,
+    reserve: Callable[[], None],
+) -> dict[str, str]:
     """HDF5 writes the file through ``fh``, leaving an empty user block for the integrity header;
     returns each dataset's SHA-256 (of its stored bytes, which contiguous datasets keep as they are).
 
@@ -345,8 +350,10 @@ def seal(fh: IO[bytes], known: dict[str, str] | None = None) -> int:
     size = fh.seek(0, os.SEEK_END)
     known = known or {}
     lines = [f"MLA-GOLDEN-HDF5 schema {SCHEMA_VERSION} header {header_size}", f"size {size}"]
-    lines += [f"dataset {name} {offset} {length} {known.get(name) or _hash_range(fh, offset, length)}"
-              for name, offset, length in ranges]
+    lines += [
+        f"dataset {name} {offset} {length} {known.get(name) or _hash_range(fh, offset, length)}"
+        for name, offset, length in ranges
+    ]
     body = ("\n".join(lines) + "\n").encode()
     digest = hashlib.sha256(body)
     fh.seek(header_size)
@@ -483,15 +490,16 @@ def _locate_damage(fh: IO[bytes], path: Path, body: bytes, size: int) -> GoldenC
     lines = body.split(b"\n")
     recorded = [int(m[1]) for line in lines if (m := _SIZE_LINE.fullmatch(line))]
     if recorded and recorded[0] != size:
-        return GoldenCorruptError(path, f"file is {size} bytes, its header records {recorded[0]} "
-                                  "(truncated, extended or header damaged)")
+        return GoldenCorruptError(
+            path, f"file is {size} bytes, its header records {recorded[0]} (truncated, extended or header damaged)"
+        )
     for line in lines:
         m = _DATASET_LINE.fullmatch(line)
         if m and int(m[2]) + int(m[3]) <= size and _hash_range(fh, int(m[2]), int(m[3])) != m[4].decode():
-            return GoldenCorruptError(path, "raw data changed (whole-file and dataset SHA-256 mismatch)",
-                                      m[1].decode())
-    return GoldenCorruptError(path, "whole-file SHA-256 mismatch: HDF5 metadata, attributes or the integrity "
-                              "header changed")
+            return GoldenCorruptError(path, "raw data changed (whole-file and dataset SHA-256 mismatch)", m[1].decode())
+    return GoldenCorruptError(
+        path, "whole-file SHA-256 mismatch: HDF5 metadata, attributes or the integrity header changed"
+    )
 
 
 @dataclass(frozen=True)
@@ -586,8 +594,9 @@ def read_golden(path: Path, spec: CaseSpec | None = None) -> tuple[GoldenCase, F
         except (KeyError, OSError, ValueError, TypeError) as exc:
             raise GoldenCorruptError(path, f"baseline/provenance attributes unusable: {exc}") from exc
     if stats_sha256(stats) != meta.attrs.get("baseline_stats_sha256"):
-        raise GoldenCorruptError(path, "baseline statistics do not match baseline_stats_sha256",
-                                 "baseline (attributes)")
+        raise GoldenCorruptError(
+            path, "baseline statistics do not match baseline_stats_sha256", "baseline (attributes)"
+        )
     try:
         inputs = OpInputs(**{n: arrays.get(f"inputs/{n}") for n in INPUT_NAMES})  # type: ignore[arg-type]
         golden = GoldenCase(
@@ -651,14 +660,17 @@ class GoldenStore:
 
     def check_stale(self, meta: FileMeta, spec: CaseSpec) -> None:
         if meta.attrs.get("schema_version") != SCHEMA_VERSION:
-            raise GoldenStaleError(meta.path, f"schema_version {meta.attrs.get('schema_version')!r}, "
-                                   f"store reads {SCHEMA_VERSION}")
+            raise GoldenStaleError(
+                meta.path, f"schema_version {meta.attrs.get('schema_version')!r}, store reads {SCHEMA_VERSION}"
+            )
         if meta.content_hash != spec.content_hash:
-            raise GoldenStaleError(meta.path, f"content_hash {meta.content_hash[:12]}… is not the spec's "
-                                   f"{spec.content_hash[:12]}…")
+            raise GoldenStaleError(
+                meta.path, f"content_hash {meta.content_hash[:12]}… is not the spec's {spec.content_hash[:12]}…"
+            )
         if meta.generator_version != self.generator_version:
-            raise GoldenStaleError(meta.path, f"generator_version {meta.generator_version!r}, "
-                                   f"current is {self.generator_version!r}")
+            raise GoldenStaleError(
+                meta.path, f"generator_version {meta.generator_version!r}, current is {self.generator_version!r}"
+            )
 
     def load(self, spec: CaseSpec) -> GoldenCase:
         """Load and verify; raises a :class:`GoldenStoreError` subclass rather than return bad data."""
@@ -690,9 +702,7 @@ class GoldenStore:
         """A valid golden for ``spec``: loaded, or built once under the case lock and saved."""
         return self.ensure_result(spec, builder, force=force).golden
 
-    def ensure_result(
-        self, spec: CaseSpec, builder: Builder | None = None, *, force: bool = False
-    ) -> EnsureResult:
+    def ensure_result(self, spec: CaseSpec, builder: Builder | None = None, *, force: bool = False) -> EnsureResult:
         path = self.path_for(spec)
         if not force and path.exists():
             with contextlib.suppress(GoldenStoreError):

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from golden.spec import CaseSpec
+from mlaconf.golden.spec import CaseSpec
 
 INPUT_NAMES = ("q", "q_rope", "k", "k_rope", "v", "q_seqlen", "kv_seqlen", "mask")
 

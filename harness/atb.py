@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from facts.versions import atb_version_near
-from harness.backend import Availability, BackendError, BackendInfo, MlaPrefillCall
-from harness.devices import worker_device_index
-from native.harness import ACL_BF16, ACL_FLOAT, ACL_FLOAT16, ACL_INT32, ACL_INT64, HostTensorDesc, TensorDesc
+from mlaconf.facts.versions import atb_version_near
+from mlaconf.harness.backend import Availability, BackendError, BackendInfo, MlaPrefillCall
+from mlaconf.harness.devices import worker_device_index
+from mlaconf.native.harness import ACL_BF16, ACL_FLOAT, ACL_FLOAT16, ACL_INT32, ACL_INT64, HostTensorDesc, TensorDesc
 
 if TYPE_CHECKING:
-    from native._atb_harness import Context, Library
+    from mlaconf.native._atb_harness import Context, Library
 
 _ACL_DTYPES: dict[torch.dtype, int] = {
     torch.float16: ACL_FLOAT16,
@@ -54,10 +54,18 @@ def describe_tensors(call: MlaPrefillCall, out: torch.Tensor) -> list[TensorDesc
     An argument in ``call.null_args`` (and a ``None`` mask) gets no descriptor: the harness passes a
     null ``aclTensor*`` for it.
     """
-    named = [("q", call.q), ("q_rope", call.q_rope), ("k", call.k), ("k_rope", call.k_rope), ("v", call.v),
-             ("mask", call.mask), ("out", out)]
-    return [_describe(call, name, tensor) for name, tensor in named
-            if tensor is not None and name not in call.null_args]
+    named = [
+        ("q", call.q),
+        ("q_rope", call.q_rope),
+        ("k", call.k),
+        ("k_rope", call.k_rope),
+        ("v", call.v),
+        ("mask", call.mask),
+        ("out", out),
+    ]
+    return [
+        _describe(call, name, tensor) for name, tensor in named if tensor is not None and name not in call.null_args
+    ]
 
 
 def describe_host_tensors(call: MlaPrefillCall) -> list[HostTensorDesc]:
@@ -71,8 +79,9 @@ def describe_host_tensors(call: MlaPrefillCall) -> list[HostTensorDesc]:
         if name in call.null_args:
             continue
         if tensor.device.type != "cpu":
-            raise ValueError(f"{name} must be a host tensor: the C interface reads it from host memory, "
-                             f"got one on {tensor.device}")
+            raise ValueError(
+                f"{name} must be a host tensor: the C interface reads it from host memory, got one on {tensor.device}"
+            )
         code = _dtype_code(name, tensor)
         data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
         descs.append(HostTensorDesc(name, data, tuple(tensor.shape), code, call.format_of(name)))
@@ -82,7 +91,7 @@ def describe_host_tensors(call: MlaPrefillCall) -> list[HostTensorDesc]:
 @contextmanager
 def _status_as_backend_error() -> Iterator[None]:
     """Re-raise the extension's AtbStatusError as the framework's BackendError."""
-    from native import _atb_harness
+    from mlaconf.native import _atb_harness
 
     try:
         yield
@@ -90,20 +99,36 @@ def _status_as_backend_error() -> Iterator[None]:
         raise BackendError(err.status, err.stage, err.detail) from err
 
 
-def launch(context: Context, call: MlaPrefillCall, out: torch.Tensor, *, stream: int,
-           alloc_workspace: Callable[[int], int], synchronize: Callable[[], None]) -> int:
+def launch(
+    context: Context,
+    call: MlaPrefillCall,
+    out: torch.Tensor,
+    *,
+    stream: int,
+    alloc_workspace: Callable[[int], int],
+    synchronize: Callable[[], None],
+) -> int:
     """GetWorkspaceSize + AtbMLAPreFill on memory the caller owns; returns the workspace size.
 
     ``alloc_workspace(n)`` returns the address of n bytes that stay valid until ``synchronize()``,
     which the harness calls after AtbMLAPreFill, before it releases the operation. Raises
     :class:`BackendError` for a non-zero ATB status.
     """
-    from native import _atb_harness
+    from mlaconf.native import _atb_harness
 
     with _status_as_backend_error():
         return _atb_harness.prefill(
-            context, describe_tensors(call, out), describe_host_tensors(call), call.head_num, call.qk_scale,
-            call.kv_head_num, call.mask_type, call.cache_mode, stream, alloc_workspace, synchronize,
+            context,
+            describe_tensors(call, out),
+            describe_host_tensors(call),
+            call.head_num,
+            call.qk_scale,
+            call.kv_head_num,
+            call.mask_type,
+            call.cache_mode,
+            stream,
+            alloc_workspace,
+            synchronize,
         )
 
 
@@ -138,10 +163,15 @@ def probe() -> Probe:
     except Exception as err:
         return Probe(Availability(False, f"cannot select an NPU: {_first_line(err)}"))
     try:
-        from native import _atb_harness
+        from mlaconf.native import _atb_harness
     except Exception as err:
-        return Probe(Availability(False, "the native extension native._atb_harness failed to import "
-                                         f"({_first_line(err)}); build it with `pip install -e .`"))
+        return Probe(
+            Availability(
+                False,
+                "the native extension mlaconf.native._atb_harness failed to import "
+                f"({_first_line(err)}); build it with `pip install -e .`",
+            )
+        )
     try:
         library = _atb_harness.Library()
     except Exception as err:  # AtbLoadError names the paths tried or the missing entry point
@@ -161,7 +191,7 @@ def _release_contexts() -> None:
 def _context_for(library: Library) -> Context:
     context = _CONTEXTS.get(library.path)
     if context is None:
-        from native import _atb_harness
+        from mlaconf.native import _atb_harness
 
         with _status_as_backend_error():
             context = _atb_harness.Context(library)
@@ -228,8 +258,12 @@ class AtbBackend:
         npu = torch_npu.npu
         device = torch.device(self.device_type, int(npu.current_device()))
         on_device = replace(
-            call, q=call.q.to(device), q_rope=call.q_rope.to(device), k=call.k.to(device),
-            k_rope=call.k_rope.to(device), v=call.v.to(device),
+            call,
+            q=call.q.to(device),
+            q_rope=call.q_rope.to(device),
+            k=call.k.to(device),
+            k_rope=call.k_rope.to(device),
+            v=call.v.to(device),
             mask=None if call.mask is None else call.mask.to(device),
         )
         out = torch.empty(call.atten_out_shape, dtype=call.atten_out_dtype, device=device)
@@ -242,6 +276,12 @@ class AtbBackend:
         context = _context_for(library)
         npu.synchronize()  # the input copies must have landed before ATB's stream reads them
         # on_device, out and workspaces stay referenced here until launch's final synchronize.
-        launch(context, on_device, out, stream=int(npu.current_stream().npu_stream),
-               alloc_workspace=alloc_workspace, synchronize=npu.synchronize)
+        launch(
+            context,
+            on_device,
+            out,
+            stream=int(npu.current_stream().npu_stream),
+            alloc_workspace=alloc_workspace,
+            synchronize=npu.synchronize,
+        )
         return out

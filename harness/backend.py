@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
-from facts.status import STATUS_CODES, status_name
-from native.harness import ACL_FORMAT_ND
+from mlaconf.facts.status import STATUS_CODES, status_name
+from mlaconf.native.harness import ACL_FORMAT_ND
 
 if TYPE_CHECKING:  # the registry imports this module; importing torch waits until a backend runs
     import torch

@@ -38,10 +38,10 @@ from dataclasses import dataclass
 
 import torch
 
-from facts.operator import CAUSAL, KROPE_CTKV, MASK_FREE, MASK_SIZE, MAX_BATCH, MAX_HEADS, NOPE_DIM, ROPE_DIM
-from harness.backend import Availability, Backend, BackendError, BackendInfo, MlaPrefillCall, Stage
-from harness.torch_backend import TorchSdpaBackend
-from native.harness import ACL_FORMAT_ND
+from mlaconf.facts.operator import CAUSAL, KROPE_CTKV, MASK_FREE, MASK_SIZE, MAX_BATCH, MAX_HEADS, NOPE_DIM, ROPE_DIM
+from mlaconf.harness.backend import Availability, Backend, BackendError, BackendInfo, MlaPrefillCall, Stage
+from mlaconf.harness.torch_backend import TorchSdpaBackend
+from mlaconf.native.harness import ACL_FORMAT_ND
 
 NOPE, ROPE = NOPE_DIM, ROPE_DIM
 MAX_DIMS = 8  # atb::MAX_DIM
@@ -69,8 +69,13 @@ def _shape(tensor: torch.Tensor | None) -> tuple[int, ...]:
 def _attached(call: MlaPrefillCall) -> dict[str, torch.Tensor | None]:
     """The input tensors the C interface hands to Setup (the mask only for MASK_FREE); None: null."""
     named: dict[str, torch.Tensor | None] = {
-        "q": call.q, "q_rope": call.q_rope, "k": call.k, "k_rope": call.k_rope, "v": call.v,
-        "q_seqlen": call.q_seqlen, "kv_seqlen": call.kv_seqlen,
+        "q": call.q,
+        "q_rope": call.q_rope,
+        "k": call.k,
+        "k_rope": call.k_rope,
+        "v": call.v,
+        "q_seqlen": call.q_seqlen,
+        "kv_seqlen": call.kv_seqlen,
     }
     if call.mask_type == MASK_FREE:
         named["mask"] = call.mask
@@ -175,8 +180,10 @@ def _ranks(call: MlaPrefillCall) -> str | None:
     bad = {name: ranks[name] for name, rank in wanted.items() if ranks[name] != rank}
     mask_bad = call.mask_type == MASK_FREE and ranks["mask"] not in (2, 3)
     if ranks["q"] not in (2, 3) or bad or mask_bad:
-        return (f"ranks {ranks}: q 2-D or 3-D, qRope like q, k/kRope/v 3-D, seqlens 1-D, mask 2-D or 3-D "
-                "(docs/operator.md §2)")
+        return (
+            f"ranks {ranks}: q 2-D or 3-D, qRope like q, k/kRope/v 3-D, seqlens 1-D, mask 2-D or 3-D "
+            "(docs/operator.md §2)"
+        )
     return None
 
 
@@ -226,8 +233,10 @@ def _mask_dims(call: MlaPrefillCall) -> str | None:
 def _out_rank(call: MlaPrefillCall) -> str | None:
     out, q = call.atten_out_shape, _shape(call.q)
     if len(out) != len(q):
-        return (f"attenOut {out} has {len(out)} dims, q {q} has {len(q)}: attenOut is exactly q's shape "
-                "(docs/operator.md §2)")
+        return (
+            f"attenOut {out} has {len(out)} dims, q {q} has {len(q)}: attenOut is exactly q's shape "
+            "(docs/operator.md §2)"
+        )
     return None
 
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from facts.operator import NOPE_DIM, ROPE_DIM, V_DIM, kv_layout_of
-from harness.backend import Availability, BackendError, BackendInfo, MlaPrefillCall
-from harness.devices import worker_device_index
+from mlaconf.facts.operator import NOPE_DIM, ROPE_DIM, V_DIM, kv_layout_of
+from mlaconf.harness.backend import Availability, BackendError, BackendInfo, MlaPrefillCall
+from mlaconf.harness.devices import worker_device_index
 
 NOPE, ROPE, VDIM = NOPE_DIM, ROPE_DIM, V_DIM
 
@@ -38,13 +38,22 @@ def packed_inputs(call: MlaPrefillCall, device: torch.device) -> tuple[torch.Ten
         k = torch.cat([call.k, call.k_rope], -1)
         v = call.v
     else:  # padded [B, S, Hkv*D]: keep each batch's first kv_b rows
-        k = torch.cat([torch.cat([call.k[b, :n].reshape(n, hkv, NOPE), call.k_rope[b, :n].reshape(n, hkv, ROPE)], -1)
-                       for b, n in enumerate(lengths)])
+        k = torch.cat(
+            [
+                torch.cat([call.k[b, :n].reshape(n, hkv, NOPE), call.k_rope[b, :n].reshape(n, hkv, ROPE)], -1)
+                for b, n in enumerate(lengths)
+            ]
+        )
         v = torch.cat([call.v[b, :n].reshape(n, hkv, VDIM) for b, n in enumerate(lengths)])
     cu_q = torch.cumsum(torch.tensor([0, *[int(n) for n in call.q_seqlen]]), 0).to(torch.int32)
     cu_k = torch.cumsum(torch.tensor([0, *lengths]), 0).to(torch.int32)
-    return (q.to(device).contiguous(), k.to(device).contiguous(), v.to(device).contiguous(),
-            cu_q.to(device), cu_k.to(device))
+    return (
+        q.to(device).contiguous(),
+        k.to(device).contiguous(),
+        v.to(device).contiguous(),
+        cu_q.to(device),
+        cu_k.to(device),
+    )
 
 
 def _check_mask(call: MlaPrefillCall) -> bool:
@@ -89,8 +98,15 @@ class FlashAttnBackend(_CudaLibraryBackend):
         q, k, v, cu_q, cu_k = packed_inputs(call, self.device)
         v_padded = torch.nn.functional.pad(v, (0, NOPE + ROPE - VDIM))
         out = self.lib.flash_attn_varlen_func(
-            q, k, v_padded, cu_q, cu_k, int(call.q_seqlen.max()), int(call.kv_seqlen.max()),
-            softmax_scale=call.qk_scale, causal=causal,
+            q,
+            k,
+            v_padded,
+            cu_q,
+            cu_k,
+            int(call.q_seqlen.max()),
+            int(call.kv_seqlen.max()),
+            softmax_scale=call.qk_scale,
+            causal=causal,
         )[..., :VDIM]
         assert isinstance(out, torch.Tensor)
         return out.reshape(call.q.shape[0], -1) if call.q.dim() == 2 else out
@@ -107,8 +123,17 @@ class FlashInferBackend(_CudaLibraryBackend):
         q, k, v, cu_q, cu_k = packed_inputs(call, self.device)
         workspace = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device=self.device)
         wrapper = self.lib.prefill.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD")
-        wrapper.plan(cu_q, cu_k, call.head_num, call.kv_head_num, NOPE + ROPE, head_dim_vo=VDIM,
-                     causal=causal, sm_scale=call.qk_scale, q_data_type=q.dtype)
+        wrapper.plan(
+            cu_q,
+            cu_k,
+            call.head_num,
+            call.kv_head_num,
+            NOPE + ROPE,
+            head_dim_vo=VDIM,
+            causal=causal,
+            sm_scale=call.qk_scale,
+            q_data_type=q.dtype,
+        )
         out = wrapper.run(q, k, v)
         assert isinstance(out, torch.Tensor)
         return out.reshape(call.q.shape[0], -1) if call.q.dim() == 2 else out

@@ -6,18 +6,18 @@ import importlib
 import os
 from collections.abc import Callable
 
-from harness.backend import Backend
+from mlaconf.harness.backend import Backend
 
 ENV_VAR = "MLA_BACKEND"
 
 #: Built-in backends: name -> zero-argument factory import path.
 BUILTIN: dict[str, str] = {
-    "atb": "harness.atb:AtbBackend",
-    "torch-cuda": "harness.torch_backend:torch_cuda",
-    "torch-cpu": "harness.torch_backend:torch_cpu",
-    "torch-cpu-strict": "harness.contract:strict_torch_cpu",
-    "flash-attn": "harness.cuda_extras:FlashAttnBackend",
-    "flashinfer": "harness.cuda_extras:FlashInferBackend",
+    "atb": "mlaconf.harness.atb:AtbBackend",
+    "torch-cuda": "mlaconf.harness.torch_backend:torch_cuda",
+    "torch-cpu": "mlaconf.harness.torch_backend:torch_cpu",
+    "torch-cpu-strict": "mlaconf.harness.contract:strict_torch_cpu",
+    "flash-attn": "mlaconf.harness.cuda_extras:FlashAttnBackend",
+    "flashinfer": "mlaconf.harness.cuda_extras:FlashInferBackend",
 }
 
 #: ``auto`` picks the first available of these.
@@ -62,8 +62,10 @@ def create(name: str) -> Backend:
     except Exception as exc:  # the user's factory: its failure in one line, with its cause
         raise BackendSelectionError(f"backend {name!r}: the factory raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(backend, Backend):
-        raise BackendSelectionError(f"backend {name!r}: the factory returned {type(backend).__name__}, "
-                                    "which lacks the Backend protocol (name, run, available, info, ...)")
+        raise BackendSelectionError(
+            f"backend {name!r}: the factory returned {type(backend).__name__}, "
+            "which lacks the Backend protocol (name, run, available, info, ...)"
+        )
     return backend
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from facts.operator import NOPE_DIM, ROPE_DIM, V_DIM, kv_layout_of
-from harness.backend import Availability, BackendError, BackendInfo, MlaPrefillCall
+from mlaconf.facts.operator import NOPE_DIM, ROPE_DIM, V_DIM, kv_layout_of
+from mlaconf.harness.backend import Availability, BackendError, BackendInfo, MlaPrefillCall
 
 NOPE, ROPE, VDIM = NOPE_DIM, ROPE_DIM, V_DIM
 #: Score elements (query rows x keys x heads) one SDPA call may touch: 2^26 = 256 MB in float32.
@@ -118,8 +118,9 @@ class TorchSdpaBackend:
             if offset is not None:
                 rows = torch.arange(i0, i1, device=q.device)[:, None]
                 mask = torch.arange(k_end, device=q.device)[None, :] <= rows + offset
-            out[:, i0:i1] = F.scaled_dot_product_attention(qh[:, i0:i1], kh[:, :k_end], vh[:, :k_end],
-                                                           attn_mask=mask, scale=scale)
+            out[:, i0:i1] = F.scaled_dot_product_attention(
+                qh[:, i0:i1], kh[:, :k_end], vh[:, :k_end], attn_mask=mask, scale=scale
+            )
         return out.transpose(0, 1)
 
 
@@ -129,6 +130,6 @@ def torch_cpu() -> TorchSdpaBackend:
 
 def torch_cuda() -> TorchSdpaBackend:
     """The CUDA backend on this xdist worker's pinned device."""
-    from harness.devices import worker_device_index
+    from mlaconf.harness.devices import worker_device_index
 
     return TorchSdpaBackend(f"cuda:{worker_device_index(torch.cuda.device_count())}")

@@ -16,8 +16,8 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Literal
 
-from facts.status import STATUS_CODES
-from golden.spec import CaseSpec, read_toml
+from mlaconf.facts.status import STATUS_CODES
+from mlaconf.golden.spec import CaseSpec, read_toml
 
 DEFAULT_PATH = Path(__file__).resolve().parent / "known_deviations.toml"
 
@@ -26,8 +26,19 @@ Classification = Literal["expected", "unexpected_pass", "different"]
 
 _PATTERN_SELECTORS = ("dtype", "mask", "kv_layout", "case")
 _BOOL_SELECTORS = ("ragged", "causal_prefix_mod128", "over_capacity")
-_FIELDS = ("id", "backend", "versions", "outcome", "error_status", "stage", "status", "reason", "reference",
-           "source_commit", "select")
+_FIELDS = (
+    "id",
+    "backend",
+    "versions",
+    "outcome",
+    "error_status",
+    "stage",
+    "status",
+    "reason",
+    "reference",
+    "source_commit",
+    "select",
+)
 
 
 class DeviationError(ValueError):
@@ -57,7 +68,7 @@ def version_key(version: str) -> tuple[tuple[int, ...], tuple[tuple[int, int], .
     first_digit = re.search(r"\d", version)
     if first_digit is None:
         raise ValueError(f"not a version: {version!r}")
-    tokens = re.findall(r"\d+|[A-Za-z]+", version[first_digit.start():])
+    tokens = re.findall(r"\d+|[A-Za-z]+", version[first_digit.start() :])
     release: list[int] = []
     while tokens and tokens[0].isdigit():
         release.append(int(tokens.pop(0)))
@@ -74,8 +85,12 @@ def version_key(version: str) -> tuple[tuple[int, ...], tuple[tuple[int, int], .
 
 
 _OPERATORS: dict[str, Callable[[Any, Any], bool]] = {
-    ">=": operator.ge, "<=": operator.le, "==": operator.eq,
-    "!=": operator.ne, ">": operator.gt, "<": operator.lt,
+    ">=": operator.ge,
+    "<=": operator.le,
+    "==": operator.eq,
+    "!=": operator.ne,
+    ">": operator.gt,
+    "<": operator.lt,
 }
 
 
@@ -121,9 +136,15 @@ def has_prefix_not_mod128(spec: CaseSpec) -> bool:
 
 
 def _case_fields(spec: CaseSpec) -> dict[str, str | bool]:
-    return dict(dtype=spec.dtype, mask=spec.mask_name, kv_layout=spec.kv_layout, case=spec.case_id,
-                ragged=is_ragged(spec), causal_prefix_mod128=has_prefix_not_mod128(spec),
-                over_capacity=spec.kv_layout == "padded" and spec.padded_rows > spec.max_kv)
+    return dict(
+        dtype=spec.dtype,
+        mask=spec.mask_name,
+        kv_layout=spec.kv_layout,
+        case=spec.case_id,
+        ragged=is_ragged(spec),
+        causal_prefix_mod128=has_prefix_not_mod128(spec),
+        over_capacity=spec.kv_layout == "padded" and spec.padded_rows > spec.max_kv,
+    )
 
 
 @dataclass(frozen=True)
@@ -266,9 +287,16 @@ def _entry(raw: Any, index: int, source: str) -> Deviation:
         else:
             raise fail(f"select.{key}", f"unknown selector; known: {[*_PATTERN_SELECTORS, *_BOOL_SELECTORS]}")
     return Deviation(
-        id=text["id"], backend=text["backend"], versions=versions.strip(),
-        outcome="error" if outcome == "error" else "fail", error_status=error_status, stage=stage,
-        status=text["status"], reason=text["reason"], reference=text["reference"], select=dict(select),
+        id=text["id"],
+        backend=text["backend"],
+        versions=versions.strip(),
+        outcome="error" if outcome == "error" else "fail",
+        error_status=error_status,
+        stage=stage,
+        status=text["status"],
+        reason=text["reason"],
+        reference=text["reference"],
+        select=dict(select),
         source_commit=commit,
     )
 
@@ -280,8 +308,7 @@ def load_deviations(path: Path | None = None) -> DeviationSet:
     data = read_toml(path, lambda name, message: DeviationError(source, "<file>", name, message))
     unknown = set(data) - {"deviation"}
     if unknown:
-        raise DeviationError(source, "<file>", sorted(unknown)[0],
-                             "unknown top-level key; expected [[deviation]]")
+        raise DeviationError(source, "<file>", sorted(unknown)[0], "unknown top-level key; expected [[deviation]]")
     raw_entries = data.get("deviation", [])
     if not isinstance(raw_entries, list):
         raise DeviationError(source, "<file>", "deviation", "must be an array of tables ([[deviation]])")

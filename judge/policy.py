@@ -17,10 +17,10 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-from facts.operator import DTYPES
-from golden.error_model import ModelResult
-from golden.metrics import UNIT_ROUNDOFF, Metrics
-from golden.spec import CaseSpec, read_toml
+from mlaconf.facts.operator import DTYPES
+from mlaconf.golden.error_model import ModelResult
+from mlaconf.golden.metrics import UNIT_ROUNDOFF, Metrics
+from mlaconf.golden.spec import CaseSpec, read_toml
 
 DEFAULT_PATH = Path(__file__).resolve().parent / "tolerances.toml"
 
@@ -90,12 +90,22 @@ class Check:
     def text(self) -> str:
         note = f" ({self.note})" if self.note else ""
         evidence = "" if self.decisive else " [evidence, not deciding]"
-        return (f"{self.rule}: {self.metric} = {self.value:.4g} vs bound {self.bound:.4g} "
-                f"(slack {self.slack:.3g}){note}{evidence}")
+        return (
+            f"{self.rule}: {self.metric} = {self.value:.4g} vs bound {self.bound:.4g} "
+            f"(slack {self.slack:.3g}){note}{evidence}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(rule=self.rule, metric=self.metric, value=float(self.value), bound=float(self.bound),
-                    slack=float(self.slack), passed=self.passed, note=self.note, decisive=self.decisive)
+        return dict(
+            rule=self.rule,
+            metric=self.metric,
+            value=float(self.value),
+            bound=float(self.bound),
+            slack=float(self.slack),
+            passed=self.passed,
+            note=self.note,
+            decisive=self.decisive,
+        )
 
 
 def _check(rule: str, metric: str, value: float, bound: float, note: str = "") -> Check:
@@ -157,9 +167,14 @@ class Verdict:
         return f"{head}{body}Worst element: {self.worst_element}."
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(policy=self.policy, passed=self.passed, worst_slack=float(self.worst_slack),
-                    checks=[c.to_dict() for c in self.checks],
-                    overrides=[o.to_dict() for o in self.overrides], worst_element=self.worst_element)
+        return dict(
+            policy=self.policy,
+            passed=self.passed,
+            worst_slack=float(self.worst_slack),
+            checks=[c.to_dict() for c in self.checks],
+            overrides=[o.to_dict() for o in self.overrides],
+            worst_element=self.worst_element,
+        )
 
 
 # -- rules ---------------------------------------------------------------------------------------
@@ -208,8 +223,7 @@ def _ratio(value: float, base: float) -> float:
 
 
 def _no_baseline(rule: str, metrics: tuple[str, ...]) -> list[Check]:
-    return [Check(rule, name, math.nan, math.nan, False, "no emulated baseline to compare with")
-            for name in metrics]
+    return [Check(rule, name, math.nan, math.nan, False, "no emulated baseline to compare with") for name in metrics]
 
 
 def _benchmark(p: Callable[[str], float], m: Metrics, b: Metrics | None, ctx: VerdictContext) -> list[Check]:
@@ -251,7 +265,11 @@ def _relative(p: Callable[[str], float], m: Metrics, b: Metrics | None, ctx: Ver
 
 
 RULES: dict[str, RuleFn] = {
-    "model": _model, "atb": _atb, "benchmark": _benchmark, "thousandth": _thousandth, "ulp": _ulp,
+    "model": _model,
+    "atb": _atb,
+    "benchmark": _benchmark,
+    "thousandth": _thousandth,
+    "ulp": _ulp,
     "relative": _relative,
 }
 
@@ -278,8 +296,10 @@ class Policy:
             raise ValueError(f"context dtype must be one of {DTYPES}, got {context.dtype!r}")
         checks = _finite(metrics)
         for rule in (*self.rules, *self.evidence):
+
             def lookup(name: str, rule: str = rule) -> float:
                 return self.param(rule, name, context.dtype)
+
             found = RULES[rule](lookup, metrics, baseline, context)
             if rule not in self.rules:
                 found = [dataclasses.replace(c, decisive=False) for c in found]
@@ -318,8 +338,9 @@ class PolicySet:
     def resolve(self, policy_name: str, backend: str, dtype: str, mask_name: str, case_id: str) -> Policy:
         """The named policy with every matching override applied in file order."""
         if policy_name not in self.policies:
-            raise PolicyError(self.source, "<resolve>", "policy",
-                              f"no policy named {policy_name!r}; have {sorted(self.policies)}")
+            raise PolicyError(
+                self.source, "<resolve>", "policy", f"no policy named {policy_name!r}; have {sorted(self.policies)}"
+            )
         base = self.policies[policy_name]
         subject = dict(policy=policy_name, backend=backend, dtype=dtype, mask=mask_name, case=case_id)
         params: Params = {rule: dict(values) for rule, values in base.params.items()}
@@ -343,8 +364,7 @@ def _merge(old: Param, new: Param) -> Param:
 def _number(value: Any, source: str, where: str, name: str) -> float:
     is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not (is_number and value > 0 and math.isfinite(value)):
-        raise PolicyError(source, where, name,
-                          f"must be a positive finite number or a per-dtype table, got {value!r}")
+        raise PolicyError(source, where, name, f"must be a positive finite number or a per-dtype table, got {value!r}")
     return float(value)
 
 
@@ -364,14 +384,14 @@ def _rule_values(raw: Any, source: str, where: str, partial: bool) -> dict[str, 
     out: dict[str, dict[str, Param]] = {}
     for rule, values in raw.items():
         if rule not in RULE_PARAMS:
-            raise PolicyError(source, where, f"rules.{rule}",
-                              f"unknown rule; known rules: {sorted(RULE_PARAMS)}")
+            raise PolicyError(source, where, f"rules.{rule}", f"unknown rule; known rules: {sorted(RULE_PARAMS)}")
         if not isinstance(values, dict):
             raise PolicyError(source, where, f"rules.{rule}", "must be a table of parameters")
         for name in values:
             if name not in RULE_PARAMS[rule]:
-                raise PolicyError(source, where, f"rules.{rule}.{name}",
-                                  f"unknown parameter; {rule} has {list(RULE_PARAMS[rule])}")
+                raise PolicyError(
+                    source, where, f"rules.{rule}.{name}", f"unknown parameter; {rule} has {list(RULE_PARAMS[rule])}"
+                )
         if not partial:
             for name in RULE_PARAMS[rule]:
                 if name not in values:
@@ -409,8 +429,9 @@ def load_policies(path: Path | None = None) -> PolicySet:
             raise PolicyError(source, where, "<table>", "must be a table")
         extra = set(raw) - {"description", "rules", "evidence"}
         if extra:
-            raise PolicyError(source, where, sorted(extra)[0],
-                              "unknown field; expected 'description', 'rules', 'evidence'")
+            raise PolicyError(
+                source, where, sorted(extra)[0], "unknown field; expected 'description', 'rules', 'evidence'"
+            )
         rules = raw.get("rules")
         if not isinstance(rules, list) or not all(isinstance(r, str) for r in rules):
             raise PolicyError(source, where, "rules", f"must be a list of rule names, got {rules!r}")
@@ -420,8 +441,9 @@ def load_policies(path: Path | None = None) -> PolicySet:
         for field_name, names in (("rules", rules), ("evidence", evidence)):
             for rule in names:
                 if rule not in params:
-                    raise PolicyError(source, where, field_name,
-                                      f"rule {rule!r} has no [rules.{rule}] table; have {sorted(params)}")
+                    raise PolicyError(
+                        source, where, field_name, f"rule {rule!r} has no [rules.{rule}] table; have {sorted(params)}"
+                    )
         if set(rules) & set(evidence):
             raise PolicyError(source, where, "evidence", "a rule either decides or is evidence, not both")
         description = raw.get("description", "")
@@ -437,8 +459,9 @@ def load_policies(path: Path | None = None) -> PolicySet:
         where = f"override #{index}"
         extra = set(raw) - {*OVERRIDE_SELECTORS, "rules", "reason"}
         if extra:
-            raise PolicyError(source, where, sorted(extra)[0],
-                              f"unknown field; expected {[*OVERRIDE_SELECTORS, 'rules', 'reason']}")
+            raise PolicyError(
+                source, where, sorted(extra)[0], f"unknown field; expected {[*OVERRIDE_SELECTORS, 'rules', 'reason']}"
+            )
         reason = raw.get("reason")
         if not isinstance(reason, str) or not reason.strip():
             raise PolicyError(source, where, "reason", "a written reason is required")

@@ -7,13 +7,13 @@ from typing import Any, Literal
 
 import numpy as np
 
-from facts.operator import V_DIM
-from golden.error_model import ModelResult, model_ratio
-from golden.metrics import CHUNK_ELEMENTS, Metrics, compute_metrics
-from golden.spec import CaseSpec
-from golden.types import GoldenCase
-from judge.deviations import Deviation
-from judge.policy import PolicySet, Verdict, VerdictContext
+from mlaconf.facts.operator import V_DIM
+from mlaconf.golden.error_model import ModelResult, model_ratio
+from mlaconf.golden.metrics import CHUNK_ELEMENTS, Metrics, compute_metrics
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.types import GoldenCase
+from mlaconf.judge.deviations import Deviation
+from mlaconf.judge.policy import PolicySet, Verdict, VerdictContext
 
 #: An error map has at most this many token rows x heads (each cell the largest error it covers).
 MAP_ROWS, MAP_HEADS = 256, 128
@@ -27,16 +27,17 @@ def mode_text(spec: CaseSpec, backend: str) -> str:
     return f"{spec.case_id} [backend {backend}, dtype {spec.dtype}, mask {spec.mask_name}, cache {spec.cache_name}]"
 
 
-def judge_output(golden: GoldenCase, out: np.ndarray, policy_set: PolicySet, policy: str, backend: str) -> tuple[
-    Metrics, Verdict
-]:
+def judge_output(
+    golden: GoldenCase, out: np.ndarray, policy_set: PolicySet, policy: str, backend: str
+) -> tuple[Metrics, Verdict]:
     """Metrics of ``out`` against the golden and the verdict under the resolved policy."""
     spec = golden.spec
     shape = (spec.total_q, spec.head_num, V_DIM)
     if out.size != int(np.prod(shape)):
         raise ValueError(f"{spec.case_id}: backend output has shape {out.shape}, expected {golden.out.shape}")
-    metrics = compute_metrics(out.reshape(shape), golden.out.reshape(shape), golden.row_valid, spec.dtype,
-                              spec.q_seqlen)
+    metrics = compute_metrics(
+        out.reshape(shape), golden.out.reshape(shape), golden.row_valid, spec.dtype, spec.q_seqlen
+    )
     baseline = Metrics.from_dict(golden.baseline_stats) if golden.baseline_stats else None
     resolved = policy_set.resolve(policy, backend, spec.dtype, spec.mask_name, spec.case_id)
     return metrics, resolved.evaluate(metrics, baseline, verdict_context(golden, out))
@@ -50,8 +51,12 @@ def outcome_of(passed: bool, error_status: str | None, deviation: Deviation | No
 
 
 def outcome_message(spec: CaseSpec, backend: str, outcome: Outcome, detail: str, deviation: Deviation | None) -> str:
-    prefix = {"passed": "", "failed": "", "xfailed": "known deviation: ",
-              "xpassed": "UNEXPECTED PASS of known deviation: "}[outcome]
+    prefix = {
+        "passed": "",
+        "failed": "",
+        "xfailed": "known deviation: ",
+        "xpassed": "UNEXPECTED PASS of known deviation: ",
+    }[outcome]
     known = f" [{deviation.describe()}]" if deviation else ""
     return f"{prefix}{mode_text(spec, backend)}: {detail}{known}"
 
@@ -78,9 +83,14 @@ def error_map(golden: GoldenCase, out: np.ndarray, bound: float | None) -> dict[
     finite = pooled[np.isfinite(pooled)]
     scale = bound if bound else float(finite.max()) if finite.size and finite.max() > 0 else 1.0
     values = [[None if np.isnan(v) else float(f"{v / scale:.3g}") for v in row] for row in pooled]
-    return {"values": values, "row_stride": row_stride, "head_stride": head_stride,
-            "q_seqlen": list(spec.q_seqlen), "bound": bound,
-            "quantity": "max_v |out - g| / max(1, |g|) / " + ("the atb bound e" if bound else "its largest value")}
+    return {
+        "values": values,
+        "row_stride": row_stride,
+        "head_stride": head_stride,
+        "q_seqlen": list(spec.q_seqlen),
+        "bound": bound,
+        "quantity": "max_v |out - g| / max(1, |g|) / " + ("the atb bound e" if bound else "its largest value"),
+    }
 
 
 def verdict_context(golden: GoldenCase, out: np.ndarray) -> VerdictContext:
@@ -92,7 +102,8 @@ def verdict_context(golden: GoldenCase, out: np.ndarray) -> VerdictContext:
 
     @functools.cache
     def model(false_alarm: float, safety: float) -> ModelResult:
-        return model_ratio(out, golden.out, golden.row_valid, golden.magnitudes, spec,
-                           false_alarm=false_alarm, safety=safety)
+        return model_ratio(
+            out, golden.out, golden.row_valid, golden.magnitudes, spec, false_alarm=false_alarm, safety=safety
+        )
 
     return VerdictContext.from_spec(spec, model)

@@ -14,7 +14,7 @@ Conformance and golden-data testing of the ATB MLA prefill operator: build and c
 golden files, run the conformance suites on a backend, and compare, merge or render their reports.
 'mlaconf VERB --help' describes each verb."""
 #: Modules exposing ``register(subparsers)``; each verb sets ``func(args) -> int`` as its default.
-VERB_MODULES = ("golden.cli", "golden.bench", "reports.cli", "runner.run")
+VERB_MODULES = ("mlaconf.golden.cli", "mlaconf.golden.bench", "mlaconf.reports.cli", "mlaconf.runner.run")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,7 +1,7 @@
 """Pure-Python side of the native ATB harness: the descriptors and aclDataType codes it takes.
 
 Kept free of the compiled extension so that callers (and the availability probe) can import it
-even where ``native._atb_harness`` failed to build; the extension itself is typed by its ``.pyi``.
+even where ``mlaconf.native._atb_harness`` failed to build; the extension itself is typed by its ``.pyi``.
 """
 
 from __future__ import annotations

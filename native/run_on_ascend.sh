@@ -22,7 +22,7 @@ CXX="$cxx" native/check_headers.sh "$ATB_HOME_PATH/include" "$ascend_home/includ
 
 echo "== 3/4 availability probe, then the NPU-marked tests (harness on the real libatb)"
 python - <<'PY'
-from harness.atb import AtbBackend
+from mlaconf.harness.atb import AtbBackend
 
 backend = AtbBackend()
 availability = backend.available()

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reports import diff, html, merge
-from reports.records import RESULTS_FILE, read_results, read_run, sort_records
+from mlaconf.reports import diff, html, merge
+from mlaconf.reports.records import RESULTS_FILE, read_results, read_run, sort_records
 
 
 def _existing_dir(text: str) -> Path:
@@ -21,17 +21,21 @@ def _existing_dir(text: str) -> Path:
 
 def register(subparsers: Any) -> None:
     report = subparsers.add_parser(
-        "report", help="diff, merge or render conformance report directories",
+        "report",
+        help="diff, merge or render conformance report directories",
         description="Work on report directories (results.jsonl + run.json) after or between runs: compare "
-        "two runs as an upgrade gate, join sharded runs, or render a run's report.html again.")
+        "two runs as an upgrade gate, join sharded runs, or render a run's report.html again.",
+    )
     verbs = report.add_subparsers(dest="report_verb", required=True, metavar="SUBVERB")
 
     p = verbs.add_parser(
-        "diff", help="compare two runs (exit 1 when a case regressed)",
+        "diff",
+        help="compare two runs (exit 1 when a case regressed)",
         description="Compare a candidate run with a baseline case by case: identical, changed within "
         "tolerance, regressed, fixed, added or missing, plus latency changes.  Prints one line per "
         "changed case (full lines unless on a terminal) and writes diff.md, diff.html (with a slack "
-        "before/after chart) and diff.json.  Exit 1 when a case regressed or is missing.")
+        "before/after chart) and diff.json.  Exit 1 when a case regressed or is missing.",
+    )
     p.add_argument("base", type=_existing_dir, help="baseline report directory")
     p.add_argument("cand", type=_existing_dir, help="candidate report directory")
     p.add_argument("--out", type=Path, default=None, help="output directory (default CAND/diff/)")
@@ -48,28 +52,42 @@ def register(subparsers: Any) -> None:
         help="latency ratio cand/base listed as a perf regression (default 1.2)",
     )
     p.add_argument("--fail-on-perf", action="store_true", help="perf regressions also fail the exit status")
-    p.add_argument("--allow-missing", action="store_true",
-                   help="cases missing from the candidate, or skipped there, do not fail the exit status")
-    p.add_argument("--base-backend", default=None, metavar="NAME",
-                   help="compare only this backend's records of BASE (with --cand-backend: two backends case by "
-                   "case, e.g. --base-backend atb --cand-backend torch-cuda; BASE and CAND may be the same run)")
+    p.add_argument(
+        "--allow-missing",
+        action="store_true",
+        help="cases missing from the candidate, or skipped there, do not fail the exit status",
+    )
+    p.add_argument(
+        "--base-backend",
+        default=None,
+        metavar="NAME",
+        help="compare only this backend's records of BASE (with --cand-backend: two backends case by "
+        "case, e.g. --base-backend atb --cand-backend torch-cuda; BASE and CAND may be the same run)",
+    )
     p.add_argument("--cand-backend", default=None, metavar="NAME", help="compare only this backend's records of CAND")
     p.set_defaults(func=run_diff)
 
     p = verbs.add_parser(
-        "merge", help="combine --shard K/N report directories into one run",
+        "merge",
+        help="combine --shard K/N report directories into one run",
         description="Join the report directories of a run split with --shard K/N into one, equal to "
-        "an unsharded run.  Exit 1 when two shards disagree about a record.")
+        "an unsharded run.  Exit 1 when two shards disagree about a record.",
+    )
     p.add_argument("out", type=Path, help="merged report directory (created)")
     p.add_argument("dirs", type=_existing_dir, nargs="+", help="shard report directories")
-    p.add_argument("--allow-partial", action="store_true",
-                   help="merge even when shards of the K/N set are missing or repeated (exit 0)")
+    p.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="merge even when shards of the K/N set are missing or repeated (exit 0)",
+    )
     p.set_defaults(func=run_merge)
 
     p = verbs.add_parser(
-        "html", help="(re)render report.html from results.jsonl and run.json",
+        "html",
+        help="(re)render report.html from results.jsonl and run.json",
         description="Write DIR/report.html again from DIR/results.jsonl and DIR/run.json, e.g. after a "
-        "merge or with a newer version of the report.")
+        "merge or with a newer version of the report.",
+    )
     p.add_argument("dir", type=_existing_dir, help="report directory")
     p.set_defaults(func=run_html)
 
@@ -92,8 +110,12 @@ def _guarded(func: Any) -> Any:
 @_guarded
 def run_diff(args: argparse.Namespace) -> int:
     result = diff.diff_dirs(
-        args.base, args.cand, slack_threshold=args.slack_threshold, latency_threshold=args.latency_threshold,
-        base_backend=args.base_backend, cand_backend=args.cand_backend,
+        args.base,
+        args.cand,
+        slack_threshold=args.slack_threshold,
+        latency_threshold=args.latency_threshold,
+        base_backend=args.base_backend,
+        cand_backend=args.cand_backend,
     )
     out = args.out or args.cand / "diff"
     files = diff.write_outputs(result, out)

@@ -1,6 +1,6 @@
 """Diff two runs (e.g. old vs new CANN toolkit): what is identical, moved, regressed or fixed.
 
-Records are matched by what they are about (:func:`reports.records.record_key`: the case for
+Records are matched by what they are about (:func:`mlaconf.reports.records.record_key`: the case for
 conformance and error-contract records, the relation and case for metamorphic ones, the property)
 and backend, or, with ``base_backend``/``cand_backend``, across two backends case by case.
 Every pair falls in one class (:data:`CATEGORIES`, each under its own heading):
@@ -28,8 +28,8 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from reports import html, svg
-from reports.records import (
+from mlaconf.reports import html, svg
+from mlaconf.reports.records import (
     PASSING,
     RESULTS_FILE,
     Record,
@@ -46,8 +46,19 @@ from reports.records import (
     verdict,
 )
 
-CATEGORIES = ("regressed", "status_changed", "relation_broken", "determinism_lost", "crashed", "timed_out",
-              "fixed", "changed", "identical", "added", "missing")
+CATEGORIES = (
+    "regressed",
+    "status_changed",
+    "relation_broken",
+    "determinism_lost",
+    "crashed",
+    "timed_out",
+    "fixed",
+    "changed",
+    "identical",
+    "added",
+    "missing",
+)
 #: Classes that are regressions: each fails the gate.
 REGRESSIONS = ("regressed", "status_changed", "relation_broken", "determinism_lost", "crashed", "timed_out")
 #: Headings, in the order they are listed.
@@ -65,8 +76,12 @@ HEADINGS = {
 }
 LISTED = tuple(HEADINGS)
 #: Series colours of the diff scatter: every class that fails the gate is drawn red.
-CATEGORY_COLOURS = {**dict.fromkeys(REGRESSIONS, "#b00020"), "fixed": "#176b1d", "changed": "#0072b2",
-                    "identical": "#999999"}
+CATEGORY_COLOURS = {
+    **dict.fromkeys(REGRESSIONS, "#b00020"),
+    "fixed": "#176b1d",
+    "changed": "#0072b2",
+    "identical": "#999999",
+}
 #: Environment entries worth naming when they differ between the runs.
 ENV_KEYS = (
     "environment.ascend.cann_toolkit.version",
@@ -145,8 +160,11 @@ def _metrics(record: Record) -> dict[str, float]:
     if not isinstance(m, Mapping):
         return {}
     # integers (counts) stay integers, so they print as such; an integral float stays a float
-    return {k: v if isinstance(v, int) else float(v) for k, v in m.items()
-            if isinstance(v, int | float) and not isinstance(v, bool)}
+    return {
+        k: v if isinstance(v, int) else float(v)
+        for k, v in m.items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    }
 
 
 def _failure_kind(record: Record) -> str | None:
@@ -182,8 +200,9 @@ def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
     base, cand = upgrade(base), upgrade(cand)
     bs, cs = slack(base), slack(cand)
     suite = str(cand.get("suite") or "conformance")
-    d = CaseDiff(record_id(base), str(base.get("backend")), "changed", verdict(base), verdict(cand), bs, cs,
-                 suite=suite)
+    d = CaseDiff(
+        record_id(base), str(base.get("backend")), "changed", verdict(base), verdict(cand), bs, cs, suite=suite
+    )
     b_state, c_state = _state(base), _state(cand)
     b_kind, c_kind = _failure_kind(base), _failure_kind(cand)
     if base.get("policy") and cand.get("policy") and base.get("policy") != cand.get("policy"):
@@ -295,8 +314,15 @@ def _env_changes(base_run: Mapping[str, Any], cand_run: Mapping[str, Any]) -> li
     return [(k, b.get(k, "-"), c.get(k, "-")) for k in ENV_KEYS if b.get(k) != c.get(k)]
 
 
-def diff_dirs(base: Path, cand: Path, *, slack_threshold: float = 1.5, latency_threshold: float = 1.2,
-              base_backend: str | None = None, cand_backend: str | None = None) -> DiffResult:
+def diff_dirs(
+    base: Path,
+    cand: Path,
+    *,
+    slack_threshold: float = 1.5,
+    latency_threshold: float = 1.2,
+    base_backend: str | None = None,
+    cand_backend: str | None = None,
+) -> DiffResult:
     base_records, cand_records = read_results(base / RESULTS_FILE), read_results(cand / RESULTS_FILE)
     notes: list[str] = []
     for side, records, backend in (("base", base_records, base_backend), ("candidate", cand_records, cand_backend)):
@@ -313,8 +339,10 @@ def diff_dirs(base: Path, cand: Path, *, slack_threshold: float = 1.5, latency_t
     )
     base_run, cand_run = read_run(base), read_run(cand)
     if base_backend is not None or cand_backend is not None:
-        notes.append(f"comparing backend {base_backend or '(all)'} of the base with {cand_backend or '(all)'} "
-                     "of the candidate, case by case")
+        notes.append(
+            f"comparing backend {base_backend or '(all)'} of the base with {cand_backend or '(all)'} "
+            "of the candidate, case by case"
+        )
     return DiffResult(
         str(base),
         str(cand),
@@ -404,11 +432,16 @@ def terminal(result: DiffResult, width: int | None = None) -> str:
         for d in found:
             why = "; ".join(r for r in d.reasons if r)
             failing = _deltas(d, only_failing=True) or ("" if why else _deltas(d))
-            slacks = (f" slack {fmt_slack(d.base_slack)}->{fmt_slack(d.cand_slack)}"
-                      if d.base_slack is not None or d.cand_slack is not None else "")
+            slacks = (
+                f" slack {fmt_slack(d.base_slack)}->{fmt_slack(d.cand_slack)}"
+                if d.base_slack is not None or d.cand_slack is not None
+                else ""
+            )
             line = (
                 f"{category.upper():9} {d.case_id} [{d.backend}] {d.base_verdict or '-'}->{d.cand_verdict or '-'}"
-                + slacks + (f" {why}" if why else "") + (f" | {failing}" if failing else "")
+                + slacks
+                + (f" {why}" if why else "")
+                + (f" | {failing}" if failing else "")
             )
             lines.append(line if width is None or len(line) <= width else line[: width - 1] + "~")
     if result.perf:
@@ -453,16 +486,22 @@ def slack_chart(result: DiffResult) -> str:
     for d in result.cases:
         if d.base_slack is None or d.cand_slack is None:
             continue
-        label = (f"{d.case_id} [{d.backend}] {d.category}: slack {fmt_slack(d.base_slack)} -> "
-                 f"{fmt_slack(d.cand_slack)}")
+        label = f"{d.case_id} [{d.backend}] {d.category}: slack {fmt_slack(d.base_slack)} -> {fmt_slack(d.cand_slack)}"
         series.setdefault(d.category, []).append(
-            svg.Point(d.base_slack, d.cand_slack, label, d.category in REGRESSIONS))
+            svg.Point(d.base_slack, d.cand_slack, label, d.category in REGRESSIONS)
+        )
     if not series:
         return ""
     ordered = {c: series[c] for c in CATEGORIES if c in series}
-    return svg.scatter(ordered, "worst slack: base against candidate (ringed: fails the gate)",
-                       "base worst slack", "candidate worst slack", marker=1.0, diagonal=True,
-                       colours=CATEGORY_COLOURS)
+    return svg.scatter(
+        ordered,
+        "worst slack: base against candidate (ringed: fails the gate)",
+        "base worst slack",
+        "candidate worst slack",
+        marker=1.0,
+        diagonal=True,
+        colours=CATEGORY_COLOURS,
+    )
 
 
 def render_html(result: DiffResult) -> str:
@@ -507,9 +546,7 @@ def write_outputs(result: DiffResult, out: Path) -> list[Path]:
                 "notes": result.notes,
                 "gate_failing_classes": list(REGRESSIONS),
                 "regressions": len(result.regressions()),
-                "categories": {
-                    category: [asdict(c) for c in result.by_category(category)] for category in LISTED
-                },
+                "categories": {category: [asdict(c) for c in result.by_category(category)] for category in LISTED},
                 "cases": [asdict(c) for c in result.cases if c.category != "identical"],
                 "perf": [asdict(p) | {"ratio": p.ratio} for p in result.perf],
                 "env_changes": result.env_changes,

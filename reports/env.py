@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from facts.versions import ascend_versions, package_version
+from mlaconf.facts.versions import ascend_versions, package_version
 
 PACKAGES = ("torch", "torch_npu", "numpy", "h5py", "ml_dtypes", "pytest", "pytest-xdist")
 

@@ -12,8 +12,8 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from reports import svg
-from reports.records import (
+from mlaconf.reports import svg
+from mlaconf.reports.records import (
     HTML_FILE,
     VERDICTS,
     Record,
@@ -212,7 +212,8 @@ def _by_length(records: Sequence[Record], value: Callable[[Record], float | None
         if length is not None and v is not None:
             label = f"{r.get('case_id', '?')} [{r.get('backend', '?')}] kv {length}: {v:.4g}"
             series.setdefault(f"{r.get('dtype', '?')} {r.get('mask', '?')}", []).append(
-                svg.Point(float(length), v, label, verdict(r) in ("failed", "error")))
+                svg.Point(float(length), v, label, verdict(r) in ("failed", "error"))
+            )
     return series
 
 
@@ -226,14 +227,29 @@ def _overview_section(records: Sequence[Record]) -> str:
         suffix = f": {backend}" if len(backends) > 1 else ""
         slack_series = _by_length(mine, slack)
         if slack_series:
-            charts.append(svg.scatter(slack_series, f"worst slack against kv length{suffix}",
-                                      "longest kv sequence of the case (line: worst per length; ringed: failed)",
-                                      "worst slack (dashed: bound)", xlog=True, lines=True, marker=1.0))
+            charts.append(
+                svg.scatter(
+                    slack_series,
+                    f"worst slack against kv length{suffix}",
+                    "longest kv sequence of the case (line: worst per length; ringed: failed)",
+                    "worst slack (dashed: bound)",
+                    xlog=True,
+                    lines=True,
+                    marker=1.0,
+                )
+            )
         rmse_series = _by_length(mine, lambda r: metric(r, "rmse"))
         if rmse_series:
-            charts.append(svg.scatter(rmse_series, f"RMSE against kv length{suffix}",
-                                      "longest kv sequence of the case (line: worst per length; ringed: failed)",
-                                      "RMSE", xlog=True, lines=True))
+            charts.append(
+                svg.scatter(
+                    rmse_series,
+                    f"RMSE against kv length{suffix}",
+                    "longest kv sequence of the case (line: worst per length; ringed: failed)",
+                    "RMSE",
+                    xlog=True,
+                    lines=True,
+                )
+            )
     breakdowns = []
     for title, xlabel, key in BREAKDOWNS:
         points = [(k, v) for r in measured if (k := key(r)) is not None and (v := slack(r)) is not None]
@@ -244,8 +260,11 @@ def _overview_section(records: Sequence[Record]) -> str:
     return (
         "<h2>Across groups</h2>"
         + (f'<div class="plots">{"".join(charts)}</div>' if charts else "")
-        + (f'<h3>Breakdowns by case property (all backends)</h3><div class="plots">{"".join(breakdowns)}</div>'
-           if breakdowns else "")
+        + (
+            f'<h3>Breakdowns by case property (all backends)</h3><div class="plots">{"".join(breakdowns)}</div>'
+            if breakdowns
+            else ""
+        )
     )
 
 
@@ -306,9 +325,14 @@ def error_map_chart(r: Record) -> str:
     q_seqlen = [n for n in emap.get("q_seqlen") or [] if isinstance(n, int)]
     title = f"where the error sits: {r.get('case_id', '?')}"
     bound = _num(emap.get("bound"))
-    return svg.error_map(values, title, row_stride=stride if isinstance(stride, int) and stride > 0 else 1,
-                         q_seqlen=q_seqlen, bound=bound,
-                         head_stride=head_stride if isinstance(head_stride, int) and head_stride > 0 else 1)
+    return svg.error_map(
+        values,
+        title,
+        row_stride=stride if isinstance(stride, int) and stride > 0 else 1,
+        q_seqlen=q_seqlen,
+        bound=bound,
+        head_stride=head_stride if isinstance(head_stride, int) and head_stride > 0 else 1,
+    )
 
 
 def case_details(r: Record, open_: bool = False) -> str:
@@ -349,8 +373,11 @@ EVIDENCE_FIELDS = ("error", "difference", "shrunk", "failure")
 
 
 def _evidence(r: Record) -> str:
-    rows = [[name, Raw(f"<pre>{escape(json.dumps(r[name], indent=1, sort_keys=True, default=str))}</pre>")]
-            for name in EVIDENCE_FIELDS if r.get(name)]
+    rows = [
+        [name, Raw(f"<pre>{escape(json.dumps(r[name], indent=1, sort_keys=True, default=str))}</pre>")]
+        for name in EVIDENCE_FIELDS
+        if r.get(name)
+    ]
     return table(["evidence", "value"], rows, "evidence") if rows else ""
 
 
@@ -378,8 +405,12 @@ def render(records: Sequence[Record], run: Mapping[str, Any]) -> str:
     cases = case_records(records) or list(records)
     sections = [
         head,
-        "<h2>Suites</h2>" + table(["suite", "backend", *VERDICTS],
-                                  [[s, b, *(c[v] for v in VERDICTS)] for s, b, c in suite_counts(records)], "suites"),
+        "<h2>Suites</h2>"
+        + table(
+            ["suite", "backend", *VERDICTS],
+            [[s, b, *(c[v] for v in VERDICTS)] for s, b, c in suite_counts(records)],
+            "suites",
+        ),
         _group_section(cases),
         _overview_section(cases),
         _plots_section(cases),

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reports import html
-from reports.records import (
+from mlaconf.reports import html
+from mlaconf.reports.records import (
     RESULTS_FILE,
     RUN_FILE,
     VERDICTS,

@@ -206,8 +206,9 @@ class ResultRecord:
         if not (self.case_id or self.relation):
             raise RecordError("a record needs a 'case_id' or a 'relation'")
         if self.failure is not None and self.failure.kind not in FAILURE_KINDS:
-            raise RecordError(f"record field 'failure.kind': {self.failure.kind!r} is not one of "
-                              f"{', '.join(FAILURE_KINDS)}")
+            raise RecordError(
+                f"record field 'failure.kind': {self.failure.kind!r} is not one of {', '.join(FAILURE_KINDS)}"
+            )
 
     def to_dict(self) -> Record:
         """The flat JSON object written to results.jsonl (unknown ``extra`` keys kept)."""
@@ -237,8 +238,20 @@ class ResultRecord:
         args["error"] = _sub(ErrorEvidence, args.get("error"), "error")
         args["difference"] = _sub(RelationEvidence, args.get("difference"), "difference")
         args["failure"] = _sub(Failure, args.get("failure"), "failure")
-        for name in ("suite", "test", "backend", "verdict", "case_id", "relation", "message", "device",
-                     "case_suite", "dtype", "mask", "cache"):
+        for name in (
+            "suite",
+            "test",
+            "backend",
+            "verdict",
+            "case_id",
+            "relation",
+            "message",
+            "device",
+            "case_suite",
+            "dtype",
+            "mask",
+            "cache",
+        ):
             if name in args and args[name] is not None and not isinstance(args[name], str):
                 args[name] = str(args[name])
         missing = [n for n in ("suite", "test", "backend", "verdict") if n not in args]

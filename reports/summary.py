@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reports.records import (
+from mlaconf.reports.records import (
     GROUP_FIELDS,
     Record,
     case_records,
@@ -65,8 +65,9 @@ _VERDICT_COLOUR = {
 }
 
 
-def layout(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], width: int = WIDTH,
-           truncate: bool = True) -> list[list[Cell]]:
+def layout(
+    columns: Sequence[Column], rows: Sequence[Sequence[Cell]], width: int = WIDTH, truncate: bool = True
+) -> list[list[Cell]]:
     """Pad cells to column widths, truncating shrinkable columns until the line fits ``width``
     (only if ``truncate``: otherwise lines keep every character)."""
     widths = [max([len(c.header)] + [len(row[i][0]) for row in rows]) for i, c in enumerate(columns)]
@@ -145,8 +146,9 @@ def worst_check(record: Record) -> str:
     return f"{worst.get('rule', '?')}:{worst.get('metric', '?')}" + (f" (+{others} more failing)" if others else "")
 
 
-def worst_table(records: Sequence[Record], count: int = 10, width: int = WIDTH,
-                truncate: bool = True) -> list[list[Cell]]:
+def worst_table(
+    records: Sequence[Record], count: int = 10, width: int = WIDTH, truncate: bool = True
+) -> list[list[Cell]]:
     """The cases closest to (or furthest past) their bounds, with the check their slack comes from.
 
     Case ids are long (readable name + hash), so each gets its own line under its row rather
@@ -206,8 +208,14 @@ def timing_table(records: Sequence[Record], width: int = WIDTH, truncate: bool =
 
 def suite_table(records: Sequence[Record], width: int = WIDTH, truncate: bool = True) -> list[list[Cell]]:
     """Verdict counts per suite and backend (the group table holds the conformance cases)."""
-    heads = [("pass", "passed", "green"), ("fail", "failed", "red"), ("xf", "xfailed", "yellow"),
-             ("xp", "xpassed", "yellow"), ("skip", "skipped", "yellow"), ("err", "error", "red")]
+    heads = [
+        ("pass", "passed", "green"),
+        ("fail", "failed", "red"),
+        ("xf", "xfailed", "yellow"),
+        ("xp", "xpassed", "yellow"),
+        ("skip", "skipped", "yellow"),
+        ("err", "error", "red"),
+    ]
     columns = [Column("suite", shrink=True), Column("backend", shrink=True)]
     columns += [Column(head, True) for head, _, _ in heads]
     rows: list[list[Cell]] = [
@@ -249,7 +257,15 @@ def write_terminal(tr: Any, records: Sequence[Record], report_dir: Path) -> None
         emit(timing)
     failed = sum(verdict(r) in ("failed", "error") for r in records)
     suites = sorted({str(r.get("suite") or "conformance") for r in records})
-    per_suite = (" (" + ", ".join(f"{s} {sum(str(r.get('suite') or 'conformance') == s for r in records)}"
-                                  for s in suites) + ")") if len(suites) > 1 else ""
-    tr.write_line(f"{len(records)} records{per_suite}, {failed} failed; report: {report_dir}", red=bool(failed),
-                  green=not failed)
+    per_suite = (
+        (
+            " ("
+            + ", ".join(f"{s} {sum(str(r.get('suite') or 'conformance') == s for r in records)}" for s in suites)
+            + ")"
+        )
+        if len(suites) > 1
+        else ""
+    )
+    tr.write_line(
+        f"{len(records)} records{per_suite}, {failed} failed; report: {report_dir}", red=bool(failed), green=not failed
+    )

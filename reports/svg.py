@@ -127,10 +127,25 @@ class Axis:
 # ---- drawing ------------------------------------------------------------------------------------
 
 
-def _frame(title: str, xlabel: str, body: Sequence[str], *, width: int = W, height: int = H, cls: str = "plot",
-           ylabel: str = "", right: int = RIGHT) -> str:
-    y_axis = (f'<text transform="translate(11 {(TOP + height - BOTTOM) / 2:.0f}) rotate(-90)" '
-              f'text-anchor="middle" class="l">{escape(ylabel)}</text>') if ylabel else ""
+def _frame(
+    title: str,
+    xlabel: str,
+    body: Sequence[str],
+    *,
+    width: int = W,
+    height: int = H,
+    cls: str = "plot",
+    ylabel: str = "",
+    right: int = RIGHT,
+) -> str:
+    y_axis = (
+        (
+            f'<text transform="translate(11 {(TOP + height - BOTTOM) / 2:.0f}) rotate(-90)" '
+            f'text-anchor="middle" class="l">{escape(ylabel)}</text>'
+        )
+        if ylabel
+        else ""
+    )
     return (
         f'<svg class="{cls}" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" role="img"><title>{escape(title)}</title>'
@@ -234,8 +249,15 @@ def _log_wanted(values: Sequence[float]) -> bool:
     return bool(positive) and max(positive) > 100 * min(positive)
 
 
-def strip(points: Sequence[tuple[str, float]], title: str, xlabel: str, *, ylabel: str = "",
-          marker: float | None = None, log10: bool | None = None) -> str:
+def strip(
+    points: Sequence[tuple[str, float]],
+    title: str,
+    xlabel: str,
+    *,
+    ylabel: str = "",
+    marker: float | None = None,
+    log10: bool | None = None,
+) -> str:
     """Dots per category (x) with hover text, e.g. worst slack by kv layout.  ``log10=None``
     chooses a log y axis when the values span more than two decades."""
     log = _log_wanted([v for _, v in points]) if log10 is None else log10
@@ -258,8 +280,9 @@ def strip(points: Sequence[tuple[str, float]], title: str, xlabel: str, *, ylabe
         x = LEFT + step * (cats.index(c) + 0.5) + jitter
         y = H - BOTTOM - ph * axis.where(v) if math.isfinite(v) else TOP + 3
         over = " over" if marker is not None and v > marker else ""
-        body.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" class="dot{over}"><title>{escape(c)}: '
-                    f"{v:.4g}</title></circle>")
+        body.append(
+            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" class="dot{over}"><title>{escape(c)}: {v:.4g}</title></circle>'
+        )
     return _frame(title, xlabel, body, ylabel=ylabel)
 
 
@@ -294,19 +317,25 @@ def scatter(
     fixes a series' colour (others take the palette's in order)."""
     height = H + 40
     ys = [p.y for pts in series.values() for p in pts]
-    log = (_log_wanted(ys) or (diagonal and _log_wanted([p.x for pts in series.values() for p in pts]))) \
-        if ylog is None else ylog
+    log = (
+        (_log_wanted(ys) or (diagonal and _log_wanted([p.x for pts in series.values() for p in pts])))
+        if ylog is None
+        else ylog
+    )
     xlog = xlog or (diagonal and log)
-    usable = {name: [p for p in pts if _placeable(p.x, xlog) and _placeable(p.y, log)]
-              for name, pts in series.items()}
+    usable = {name: [p for p in pts if _placeable(p.x, xlog) and _placeable(p.y, log)] for name, pts in series.items()}
     points = [p for pts in usable.values() for p in pts]
-    title = _notes(title, sum(not (math.isfinite(p.x) and math.isfinite(p.y)) for p in points),
-                   sum(len(p) for p in series.values()) - len(points))
+    title = _notes(
+        title,
+        sum(not (math.isfinite(p.x) and math.isfinite(p.y)) for p in points),
+        sum(len(p) for p in series.values()) - len(points),
+    )
     if not points:
         return _no_data(title, xlabel)
     extra = () if marker is None else (marker,)
-    xaxis = Axis.fit([p.x for p in points] + ([p.y for p in points] if diagonal else []), log=xlog,
-                     include=extra if diagonal else ())
+    xaxis = Axis.fit(
+        [p.x for p in points] + ([p.y for p in points] if diagonal else []), log=xlog, include=extra if diagonal else ()
+    )
     yaxis = xaxis if diagonal else Axis.fit([p.y for p in points], log=log, include=extra)
     x_pinned = any(not math.isfinite(p.x) for p in points)
     y_pinned = any(not math.isfinite(p.y) for p in points)
@@ -342,11 +371,15 @@ def scatter(
         for p in pts:
             x, y = at(p)
             ring = ' stroke="#b00020" stroke-width="2"' if p.marked else ""
-            body.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{4 if p.marked else 2.8}" fill="{colour}" '
-                        f'fill-opacity=".75"{ring}><title>{escape(p.label)}</title></circle>')
+            body.append(
+                f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{4 if p.marked else 2.8}" fill="{colour}" '
+                f'fill-opacity=".75"{ring}><title>{escape(p.label)}</title></circle>'
+            )
         ly = TOP + 14 * n
-        body.append(f'<rect x="{width - LEGEND + 10}" y="{ly}" width="10" height="10" fill="{colour}"/>'
-                    f'<text x="{width - LEGEND + 24}" y="{ly + 9}" class="l">{escape(name)} ({len(pts)})</text>')
+        body.append(
+            f'<rect x="{width - LEGEND + 10}" y="{ly}" width="10" height="10" fill="{colour}"/>'
+            f'<text x="{width - LEGEND + 24}" y="{ly + 9}" class="l">{escape(name)} ({len(pts)})</text>'
+        )
     return _frame(title, xlabel, body, width=width, height=height, ylabel=ylabel, right=RIGHT + LEGEND)
 
 
@@ -389,10 +422,13 @@ def error_map(
             worst = [v for v in (values[k][h] for k in range(r, end) if h < len(values[k])) if v is not None]
             heads_text = f"head {h}" if head_stride == 1 else f"heads {h * head_stride}-{(h + 1) * head_stride - 1}"
             hover = f"tokens {r * row_stride}-{end * row_stride - 1}, {heads_text}: " + (
-                f"max {max(worst):.3g}" if worst else "not checked")
-            body.append(f'<rect x="{LEFT + r * cell_w:.1f}" y="{TOP + h * cell_h:.1f}" '
-                        f'width="{(end - r) * cell_w:.1f}" height="{cell_h:.1f}" fill="{colour}">'
-                        f"<title>{escape(hover)}</title></rect>")
+                f"max {max(worst):.3g}" if worst else "not checked"
+            )
+            body.append(
+                f'<rect x="{LEFT + r * cell_w:.1f}" y="{TOP + h * cell_h:.1f}" '
+                f'width="{(end - r) * cell_w:.1f}" height="{cell_h:.1f}" fill="{colour}">'
+                f"<title>{escape(hover)}</title></rect>"
+            )
             r = end
     total = rows * row_stride
     starts: list[int] = []
@@ -417,8 +453,11 @@ def error_map(
     for n, (edge, fill) in enumerate(MAP_LEVELS):
         text = f"> {edges[n - 1]:g}" if math.isinf(edge) else f"<= {edge:g}"
         y = TOP + 12 + 13 * n
-        body.append(f'<rect x="{width - 104}" y="{y}" width="10" height="10" fill="{fill}" stroke="#999"/>'
-                    f'<text x="{width - 90}" y="{y + 9}" class="l">{escape(text)}</text>')
+        body.append(
+            f'<rect x="{width - 104}" y="{y}" width="10" height="10" fill="{fill}" stroke="#999"/>'
+            f'<text x="{width - 90}" y="{y + 9}" class="l">{escape(text)}</text>'
+        )
     xlabel = f"token row (1 column = {row_stride} rows; solid: batch start, dashed: every {TILE} rows)"
-    return _frame(title, xlabel, body, width=width, height=height, cls="plot errmap", ylabel="head",
-                  right=int(width - LEFT - pw))
+    return _frame(
+        title, xlabel, body, width=width, height=height, cls="plot errmap", ylabel="head", right=int(width - LEFT - pw)
+    )

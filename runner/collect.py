@@ -2,7 +2,7 @@
 the controller.
 
 Every test of the MLA suites (an item that uses the ``backend_name`` parameter) ends with exactly
-one :class:`reports.records.ResultRecord`:
+one :class:`mlaconf.reports.records.ResultRecord`:
 
 * the suites attach one through the ``mla_report`` fixture when they reach a verdict;
 * :func:`complete_report` (the process that ran the test, worker or not) makes one from pytest's
@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from reports import env, records
-from reports.records import PROPERTY_NAME, Failure, Record, RecordError, ResultRecord
+from mlaconf.reports import env, records
+from mlaconf.reports.records import PROPERTY_NAME, Failure, Record, RecordError, ResultRecord
 
 if TYPE_CHECKING:
-    from golden.spec import CaseSpec
+    from mlaconf.golden.spec import CaseSpec
 
 #: Scalar record fields also attached as plain properties, so ``--junitxml`` shows them.
 JUNIT_FIELDS = ("verdict", "worst_slack", "policy", "backend")
@@ -117,8 +117,9 @@ def identity(item: pytest.Item) -> dict[str, Any]:
     function = getattr(item, "originalname", item.name)
     suite = SUITE_OF_MODULE.get(module)
     if suite is None:
-        suite = next((s for s in ("error_contract", "metamorphic", "property") if item.get_closest_marker(s)),
-                     "conformance")
+        suite = next(
+            (s for s in ("error_contract", "metamorphic", "property") if item.get_closest_marker(s)), "conformance"
+        )
     params: Mapping[str, Any] = getattr(getattr(item, "callspec", None), "params", {})
     name = str(params.get("backend_name", "?"))
     ident: dict[str, Any] = {"suite": suite, "test": item.nodeid, "backend": BACKEND_LABELS.get(name, name)}
@@ -194,8 +195,10 @@ def _where(excinfo: pytest.ExceptionInfo[BaseException]) -> str:
         frame = entry.frame
         name = frame.code.name
         owner = frame.f_locals.get("self")
-        if name in BACKEND_METHODS and owner is not None and all(
-            hasattr(owner, m) for m in ("run", "available", "info")
+        if (
+            name in BACKEND_METHODS
+            and owner is not None
+            and all(hasattr(owner, m) for m in ("run", "available", "info"))
         ):
             return f"backend.{name}"
         module = str(frame.f_globals.get("__name__", ""))
@@ -211,7 +214,7 @@ def _timeout_seconds(item: pytest.Item, message: str) -> float | None:
             return float(marker.args[0])
         except (TypeError, ValueError):
             pass
-    digits = message[len(TIMEOUT_PREFIX):].split("s)", 1)[0]
+    digits = message[len(TIMEOUT_PREFIX) :].split("s)", 1)[0]
     try:
         return float(digits)
     except ValueError:
@@ -275,8 +278,13 @@ def complete_report(item: pytest.Item, call: pytest.CallInfo[None], report: pyte
         report.user_properties.append((PROPERTY_NAME, value))
 
 
-def _from_outcome(ident: Mapping[str, Any], outcome: str, report: pytest.TestReport, item: pytest.Item,
-                  excinfo: pytest.ExceptionInfo[BaseException] | None) -> ResultRecord:
+def _from_outcome(
+    ident: Mapping[str, Any],
+    outcome: str,
+    report: pytest.TestReport,
+    item: pytest.Item,
+    excinfo: pytest.ExceptionInfo[BaseException] | None,
+) -> ResultRecord:
     failure: Failure | None = None
     if outcome == "skipped" and isinstance(report.longrepr, tuple):
         message = str(report.longrepr[2]).removeprefix("Skipped: ")
@@ -293,8 +301,9 @@ def _from_outcome(ident: Mapping[str, Any], outcome: str, report: pytest.TestRep
     return ResultRecord(verdict=outcome, message=phase + message, failure=failure, **ident)
 
 
-def crash_record(ident: Mapping[str, Any], report: pytest.TestReport, elapsed: float | None,
-                 timeout: float | None, method: str) -> ResultRecord:
+def crash_record(
+    ident: Mapping[str, Any], report: pytest.TestReport, elapsed: float | None, timeout: float | None, method: str
+) -> ResultRecord:
     """The record of a test whose xdist worker died under it (a thread-method timeout kills it too)."""
     text = str(report.longrepr or "worker crashed")
     if timeout and method == "thread" and elapsed is not None and elapsed >= 0.9 * timeout:
@@ -400,12 +409,17 @@ class Collector:
         if str(report.when) == "???":  # xdist: the worker died while running this test
             ident = ident or identity_from_nodeid(report.nodeid, self._backend_labels())
             seen = state.setup_seen.get(report.nodeid)
-            made = crash_record(ident, report, None if seen is None else time.time() - seen, self._timeout(),
-                                self._timeout_method())
+            made = crash_record(
+                ident, report, None if seen is None else time.time() - seen, self._timeout(), self._timeout_method()
+            )
         elif ident is not None:  # an MLA test whose record got lost on the way: never silently
             failure = Failure("exception", "", _short(str(report.longrepr or "")), "")
-            made = ResultRecord(verdict=outcome, message=failure.text(), failure=failure if outcome in
-                                ("failed", "error") else None, **ident)
+            made = ResultRecord(
+                verdict=outcome,
+                message=failure.text(),
+                failure=failure if outcome in ("failed", "error") else None,
+                **ident,
+            )
         else:
             return
         state.records.append(made.to_dict() | {"outcome": outcome})
@@ -434,8 +448,11 @@ class Collector:
 
     def _timeout(self) -> float | None:
         """The run's per-test timeout: --timeout or the ini value if given, else --mla-timeout."""
-        for value in (self.config.getoption("timeout", None), self._ini("timeout"),
-                      self.config.getoption("mla_timeout", None)):
+        for value in (
+            self.config.getoption("timeout", None),
+            self._ini("timeout"),
+            self.config.getoption("mla_timeout", None),
+        ):
             try:
                 if value:
                     return float(value)
@@ -451,7 +468,7 @@ class Collector:
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         """Write the report files, only if some test attached a record; fail a run that cannot pass."""
-        from reports import html
+        from mlaconf.reports import html
 
         state, config = self.state, self.config
         if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and any(
@@ -470,7 +487,7 @@ class Collector:
         html.write_report(state.report_dir, ordered, run)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        from reports import summary
+        from mlaconf.reports import summary
 
         if self.state.records:
             summary.write_terminal(terminalreporter, records.sort_records(self.state.records), self.state.report_dir)
@@ -494,8 +511,9 @@ class Collector:
             for record in state.records:
                 label = str(record.get("backend"))
                 seen[label] = seen.get(label, False) or records.verdict(record) != "skipped"
-            doc["backends"] = [{"name": label, "label": label, "explicit": False, "ran": ran}
-                               for label, ran in sorted(seen.items())]
+            doc["backends"] = [
+                {"name": label, "label": label, "explicit": False, "ran": ran} for label, ran in sorted(seen.items())
+            ]
         doc.update(
             {
                 "schema_version": records.SCHEMA_VERSION,
@@ -510,8 +528,9 @@ class Collector:
                 "counts_by_suite": suites,
                 "problems": list(state.problems),
                 "policies": sorted({str(r["policy"]) for r in state.records if r.get("policy")}),
-                "devices_seen": sorted({f"{r.get('backend')}:{r.get('device')}" for r in state.records
-                                        if r.get("device")}),
+                "devices_seen": sorted(
+                    {f"{r.get('backend')}:{r.get('device')}" for r in state.records if r.get("device")}
+                ),
                 "environment": env.collect(Path(__file__).resolve().parent.parent),
             }
         )

@@ -11,15 +11,15 @@ import h5py
 import numpy as np
 import pytest
 
-from golden.inputs import numpy_dtype
-from golden.spec import CaseSpec
-from golden.types import GoldenCase
-from harness.backend import Backend, BackendError
-from judge.deviations import DeviationSet
-from judge.policy import PolicySet
-from judge.verdict import Outcome, error_map, judge_output, outcome_message, outcome_of
-from reports.records import ErrorEvidence, ResultRecord
-from runner.execution import BackendOutputError, Execution, array_digest, execute, make_call, output_digest
+from mlaconf.golden.inputs import numpy_dtype
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.types import GoldenCase
+from mlaconf.harness.backend import Backend, BackendError
+from mlaconf.judge.deviations import DeviationSet
+from mlaconf.judge.policy import PolicySet
+from mlaconf.judge.verdict import Outcome, error_map, judge_output, outcome_message, outcome_of
+from mlaconf.reports.records import ErrorEvidence, ResultRecord
+from mlaconf.runner.execution import BackendOutputError, Execution, array_digest, execute, make_call, output_digest
 
 
 @dataclass(frozen=True)
@@ -112,16 +112,26 @@ def run_case(
         outcome = outcome_of(False, error.status_name, deviation)
         detail = f"backend raised {error}"
         message = outcome_message(spec, backend.name, outcome, detail, deviation)
-        record = ResultRecord(verdict=outcome, failing=(f"error: {error}",), message=message,
-                              error=ErrorEvidence(observed_status=error.status_name, observed_stage=error.stage),
-                              **base)
+        record = ResultRecord(
+            verdict=outcome,
+            failing=(f"error: {error}",),
+            message=message,
+            error=ErrorEvidence(observed_status=error.status_name, observed_stage=error.stage),
+            **base,
+        )
         return CaseResult(outcome, message, record, None)
     violations = contract_violations(golden, execution.out, digests)
     if violations:  # no known deviation excuses a broken interface
         broken = "interface contract broken: " + "; ".join(violations)
         message = outcome_message(spec, backend.name, "failed", broken, None)
-        record = ResultRecord(verdict="failed", failing=tuple(violations), timing=execution.timing(),
-                              output_sha256=output_digest(execution.out), message=message, **base)
+        record = ResultRecord(
+            verdict="failed",
+            failing=tuple(violations),
+            timing=execution.timing(),
+            output_sha256=output_digest(execution.out),
+            message=message,
+            **base,
+        )
         return CaseResult("failed", message, record, execution.out)
     metrics, verdict = judge_output(golden, execution.out, policy_set, policy, backend.name)
     outcome = outcome_of(verdict.passed, None, deviation)

@@ -11,9 +11,9 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from golden.spec import CaseSpec
-from golden.types import OpInputs
-from harness.backend import Backend, MlaPrefillCall
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.types import OpInputs
+from mlaconf.harness.backend import Backend, MlaPrefillCall
 
 
 def to_torch(array: np.ndarray) -> torch.Tensor:
@@ -86,8 +86,9 @@ def execute(backend: Backend, call: MlaPrefillCall, spec: CaseSpec, *, repeats: 
         start = time.perf_counter()
         result = backend.run(call)
         if not isinstance(result, torch.Tensor):
-            raise BackendOutputError(f"backend.run returned {type(result).__name__}, "
-                                     "expected a torch.Tensor (attenOut)")
+            raise BackendOutputError(
+                f"backend.run returned {type(result).__name__}, expected a torch.Tensor (attenOut)"
+            )
         backend.synchronize()
         latencies.append((time.perf_counter() - start) * 1e3)
         first = result if first is None else first

@@ -1,6 +1,6 @@
 """GPU check: the float64 golden on CUDA against the same device's float64 GEMM, and torch-cuda.
 
-``python -m runner.gpu_check`` (or ``bash harness/run_cuda.sh``) on a machine with an NVIDIA GPU:
+``python -m mlaconf.runner.gpu_check`` (or ``bash harness/run_cuda.sh``) on a machine with an NVIDIA GPU:
 
 1. float64 GEMM GF/s of the device (``torch.matmul``, square n = 8192, median of 5);
 2. agreement: the CUDA golden (``reference_attention(device="cuda")``) against the numpy/BLAS
@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from golden.bench import CASES, bench_spec
-from golden.inputs import generate_inputs
-from golden.reference import DEVICE_ENV, reference_attention, torch_attention
-from golden.regen import relative_difference
-from golden.spec import CaseSpec, build_case
+from mlaconf.golden.bench import CASES, bench_spec
+from mlaconf.golden.inputs import generate_inputs
+from mlaconf.golden.reference import DEVICE_ENV, reference_attention, torch_attention
+from mlaconf.golden.regen import relative_difference
+from mlaconf.golden.spec import CaseSpec, build_case
 
 EXTRA_CASES: dict[str, dict[str, Any]] = {
     "deepseek-h128-4096": {"q_seqlen": [4096], "head_num": 128, "mask_type": "mask_free"},
@@ -39,8 +39,14 @@ EXTRA_CASES: dict[str, dict[str, Any]] = {
 AGREEMENT_CASES = [
     {"q_seqlen": [300, 0, 77], "head_num": 4, "mask_type": 0},
     {"q_seqlen": [513], "head_num": 2, "mask_type": 2, "kv_layout": "padded"},
-    {"q_seqlen": [200, 64], "kv_seqlen": [900, 64], "head_num": 4, "kv_head_num": 2, "mask_type": 3,
-     "kv_layout": "padded"},
+    {
+        "q_seqlen": [200, 64],
+        "kv_seqlen": [900, 64],
+        "head_num": 4,
+        "kv_head_num": 2,
+        "mask_type": 3,
+        "kv_layout": "padded",
+    },
 ]
 
 
@@ -88,9 +94,9 @@ def agreement() -> list[float]:
 
 
 def measure_case(name: str, repeats: int) -> dict[str, Any]:
-    from golden.generate import build_golden
-    from harness.torch_backend import TorchSdpaBackend
-    from runner.execution import make_call
+    from mlaconf.golden.generate import build_golden
+    from mlaconf.harness.torch_backend import TorchSdpaBackend
+    from mlaconf.runner.execution import make_call
 
     spec = case_spec(name)
     inputs = generate_inputs(spec)
@@ -119,14 +125,25 @@ def measure_case(name: str, repeats: int) -> dict[str, Any]:
         sdpa.append(time.perf_counter() - start)
     flops = spec.useful_flops
     golden_s = statistics.median(times)
-    return {"case": name, "heads": spec.head_num, "seq": spec.max_q, "useful_gflop": flops / 1e9,
-            "golden_s": golden_s, "golden_gflops": flops / golden_s / 1e9, "e2e_s": e2e,
-            "torch_cuda_s": statistics.median(sdpa), "torch_cuda_gflops": flops / statistics.median(sdpa) / 1e9}
+    return {
+        "case": name,
+        "heads": spec.head_num,
+        "seq": spec.max_q,
+        "useful_gflop": flops / 1e9,
+        "golden_s": golden_s,
+        "golden_gflops": flops / golden_s / 1e9,
+        "e2e_s": e2e,
+        "torch_cuda_s": statistics.median(sdpa),
+        "torch_cuda_gflops": flops / statistics.median(sdpa) / 1e9,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m runner.gpu_check", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m mlaconf.runner.gpu_check",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     names = [*CASES, *EXTRA_CASES]
     parser.add_argument("--cases", nargs="+", choices=names, default=names)
     parser.add_argument("--repeats", type=int, default=3)
@@ -143,26 +160,44 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     device = torch.cuda.get_device_name(torch.device(DEVICE)) if DEVICE.startswith("cuda") else "cpu (dry run)"
     gemm = gemm_gflops(args.gemm_size)
-    print(f"device: {device}; torch {torch.__version__}; float64 GEMM {args.gemm_size}^3: {gemm:.0f} GF/s",
-          flush=True)
+    print(f"device: {device}; torch {torch.__version__}; float64 GEMM {args.gemm_size}^3: {gemm:.0f} GF/s", flush=True)
     diffs = agreement()
     ok = all(d <= 1e-12 for d in diffs)
-    print(f"CUDA golden vs numpy golden, relative difference per mask mode: "
-          f"{', '.join(f'{d:.2e}' for d in diffs)} ({'ok' if ok else 'FAIL'}, bound 1e-12)", flush=True)
+    print(
+        f"CUDA golden vs numpy golden, relative difference per mask mode: "
+        f"{', '.join(f'{d:.2e}' for d in diffs)} ({'ok' if ok else 'FAIL'}, bound 1e-12)",
+        flush=True,
+    )
     rows = []
-    print(f"{'case':20s} {'H':>4s} {'S':>6s} {'GFLOP':>8s} {'golden s':>9s} {'GF/s':>8s} {'/GEMM':>6s} "
-          f"{'e2e s':>7s} {'torch-cuda s':>12s} {'GF/s':>8s}", flush=True)
+    print(
+        f"{'case':20s} {'H':>4s} {'S':>6s} {'GFLOP':>8s} {'golden s':>9s} {'GF/s':>8s} {'/GEMM':>6s} "
+        f"{'e2e s':>7s} {'torch-cuda s':>12s} {'GF/s':>8s}",
+        flush=True,
+    )
     for name in args.cases:
         row = measure_case(name, args.repeats)
         row["ratio_to_gemm"] = row["golden_gflops"] / gemm
         rows.append(row)
-        print(f"{name:20s} {row['heads']:4d} {row['seq']:6d} {row['useful_gflop']:8.1f} {row['golden_s']:9.3f} "
-              f"{row['golden_gflops']:8.0f} {row['ratio_to_gemm']:6.2f} {row['e2e_s']:7.1f} "
-              f"{row['torch_cuda_s']:12.4f} {row['torch_cuda_gflops']:8.0f}", flush=True)
+        print(
+            f"{name:20s} {row['heads']:4d} {row['seq']:6d} {row['useful_gflop']:8.1f} {row['golden_s']:9.3f} "
+            f"{row['golden_gflops']:8.0f} {row['ratio_to_gemm']:6.2f} {row['e2e_s']:7.1f} "
+            f"{row['torch_cuda_s']:12.4f} {row['torch_cuda_gflops']:8.0f}",
+            flush=True,
+        )
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"device": device, "gemm_gflops": gemm, "agreement": diffs, "cases": rows,
-                       "numpy": np.__version__, "torch": torch.__version__}, fh, indent=1)
+            json.dump(
+                {
+                    "device": device,
+                    "gemm_gflops": gemm,
+                    "agreement": diffs,
+                    "cases": rows,
+                    "numpy": np.__version__,
+                    "torch": torch.__version__,
+                },
+                fh,
+                indent=1,
+            )
     return 0 if ok else 1
 
 

@@ -30,14 +30,12 @@ PROFILES = ("ci", "dev", "thorough", "soak")
 def register() -> None:
     """Register the profiles (idempotent)."""
     database = DirectoryBasedExampleDatabase(str(DATABASE_DIR))
-    settings.register_profile("ci", max_examples=25, derandomize=True, deadline=None, database=None,
-                              print_blob=True)
-    settings.register_profile("dev", max_examples=60, deadline=None, database=database,
-                              print_blob=True)
-    settings.register_profile("thorough", max_examples=600, deadline=None, database=database,
-                              print_blob=True)
-    settings.register_profile("soak", max_examples=2000, derandomize=True, deadline=None, database=None,
-                              print_blob=True)
+    settings.register_profile("ci", max_examples=25, derandomize=True, deadline=None, database=None, print_blob=True)
+    settings.register_profile("dev", max_examples=60, deadline=None, database=database, print_blob=True)
+    settings.register_profile("thorough", max_examples=600, deadline=None, database=database, print_blob=True)
+    settings.register_profile(
+        "soak", max_examples=2000, derandomize=True, deadline=None, database=None, print_blob=True
+    )
 
 
 def default_profile() -> str:

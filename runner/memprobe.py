@@ -1,4 +1,4 @@
-"""Peak memory of one backend call on a large case: ``python -m runner.memprobe --heads 128 --seq 16384``.
+"""Peak memory of one backend call on a large case: ``python -m mlaconf.runner.memprobe --heads 128 --seq 16384``.
 
 Builds the case's inputs (chunked, as the golden generator does), then runs ``backend.run`` in a
 thread while sampling the process's ``VmHWM`` every 0.5 s.  Backends that bound their working
@@ -14,10 +14,10 @@ import sys
 import threading
 import time
 
-from golden.inputs import generate_inputs
-from golden.spec import build_case
-from harness import registry
-from runner.execution import make_call
+from mlaconf.golden.inputs import generate_inputs
+from mlaconf.golden.spec import build_case
+from mlaconf.harness import registry
+from mlaconf.runner.execution import make_call
 
 
 def _status_mb(field: str) -> float:
@@ -29,7 +29,7 @@ def _status_mb(field: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m runner.memprobe", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m mlaconf.runner.memprobe", description=__doc__)
     parser.add_argument("--backend", default="torch-cpu")
     parser.add_argument("--heads", type=int, default=128)
     parser.add_argument("--seq", type=int, default=16384)
@@ -37,8 +37,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bf16")
     parser.add_argument("--seconds", type=float, default=0.0, help="stop after this long (0: run to the end)")
     args = parser.parse_args(argv)
-    spec = build_case({"q_seqlen": [args.seq], "head_num": args.heads, "mask_type": args.mask, "dtype": args.dtype,
-                       "kv_layout": "padded", "seed": 1}, source="memprobe")
+    spec = build_case(
+        {
+            "q_seqlen": [args.seq],
+            "head_num": args.heads,
+            "mask_type": args.mask,
+            "dtype": args.dtype,
+            "kv_layout": "padded",
+            "seed": 1,
+        },
+        source="memprobe",
+    )
     idle = _status_mb("VmRSS")
     inputs = generate_inputs(spec)
     call = make_call(inputs, spec)
@@ -57,9 +66,12 @@ def main(argv: list[str] | None = None) -> int:
             break
     elapsed = time.monotonic() - start
     state = "finished" if done.is_set() else f"stopped after {elapsed:.0f} s"
-    print(f"{args.backend} {spec.case_id}: inputs {resident - idle:.0f} MB resident; peak RSS "
-          f"{_status_mb('VmHWM'):.0f} MB ({_status_mb('VmHWM') - resident:.0f} MB above the inputs), "
-          f"run {state} in {elapsed:.1f} s", flush=True)
+    print(
+        f"{args.backend} {spec.case_id}: inputs {resident - idle:.0f} MB resident; peak RSS "
+        f"{_status_mb('VmHWM'):.0f} MB ({_status_mb('VmHWM') - resident:.0f} MB above the inputs), "
+        f"run {state} in {elapsed:.1f} s",
+        flush=True,
+    )
     os._exit(0)  # do not wait for a still-running backend thread
 
 

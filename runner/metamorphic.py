@@ -12,20 +12,20 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from facts.operator import V_DIM
-from golden.generate import build_golden
-from golden.inputs import case_rng, round_to
-from golden.layout import offsets, row_valid
-from golden.metrics import locate
-from golden.spec import CaseSpec
-from golden.types import GoldenCase, OpInputs
-from harness.backend import Backend, BackendError
-from judge.deviations import Deviation, DeviationSet
-from judge.policy import PolicySet
-from judge.verdict import judge_output, mode_text
-from reports.records import RelationEvidence
-from runner.collect import MlaReport
-from runner.execution import BackendOutputError, execute, make_call
+from mlaconf.facts.operator import V_DIM
+from mlaconf.golden.generate import build_golden
+from mlaconf.golden.inputs import case_rng, round_to
+from mlaconf.golden.layout import offsets, row_valid
+from mlaconf.golden.metrics import locate
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.types import GoldenCase, OpInputs
+from mlaconf.harness.backend import Backend, BackendError
+from mlaconf.judge.deviations import Deviation, DeviationSet
+from mlaconf.judge.policy import PolicySet
+from mlaconf.judge.verdict import judge_output, mode_text
+from mlaconf.reports.records import RelationEvidence
+from mlaconf.runner.collect import MlaReport
+from mlaconf.runner.execution import BackendOutputError, execute, make_call
 
 # -- running and comparing -------------------------------------------------------------------------
 
@@ -34,8 +34,15 @@ class Problems:
     """Collects what went wrong in one relation; ends the test with numbers, case and mode, and
     attaches its record (the relation, its kind, the largest difference, every problem)."""
 
-    def __init__(self, relation: str, kind: str, spec: CaseSpec, backend: Backend,
-                 deviations: DeviationSet, report: MlaReport | None = None) -> None:
+    def __init__(
+        self,
+        relation: str,
+        kind: str,
+        spec: CaseSpec,
+        backend: Backend,
+        deviations: DeviationSet,
+        report: MlaReport | None = None,
+    ) -> None:
         self.header = f"metamorphic {relation} ({kind}) on {mode_text(spec, backend.name)}"
         self.kind = kind
         self.items: list[str] = []
@@ -67,9 +74,15 @@ class Problems:
         outcome = "passed" if not self.items else "xfailed" if self.deviation is not None else "failed"
         if self.report is not None:
             evidence = RelationEvidence(self.kind, self.max_abs_diff, self.differing, tuple(self.items))
-            self.report.attach(self.report.record(
-                verdict=outcome, message=message or self.header, difference=evidence, device=self.device,
-                deviation=self.deviation.id if self.deviation is not None and self.items else None))
+            self.report.attach(
+                self.report.record(
+                    verdict=outcome,
+                    message=message or self.header,
+                    difference=evidence,
+                    device=self.device,
+                    deviation=self.deviation.id if self.deviation is not None and self.items else None,
+                )
+            )
         if not self.items:
             return
         if self.deviation is not None:
@@ -88,8 +101,9 @@ def golden_of(inputs: OpInputs, spec: CaseSpec) -> GoldenCase:
     return build_golden(spec, inputs=inputs)
 
 
-def judged(label: str, out: np.ndarray, inputs: OpInputs, spec: CaseSpec, backend: Backend,
-           policy_set: PolicySet, policy: str) -> str | None:
+def judged(
+    label: str, out: np.ndarray, inputs: OpInputs, spec: CaseSpec, backend: Backend, policy_set: PolicySet, policy: str
+) -> str | None:
     """None when ``out`` passes the policy against its own golden, else the verdict's summary."""
     _, verdict = judge_output(golden_of(inputs, spec), out, policy_set, policy, backend.name)
     return None if verdict.passed else f"{label}: {verdict.summary()}"
@@ -125,9 +139,11 @@ def difference(a: np.ndarray, b: np.ndarray, spec: CaseSpec, *, exact: bool) -> 
     gap = np.where(differ, gap, -1.0)
     token, head, col = (int(i) for i in np.unravel_index(int(np.argmax(gap)), gap.shape))
     where = locate(token, head, col, spec.q_seqlen)
-    return (f"{int(differ.sum())} of {int(valid.sum())} elements differ, max |diff| {gap.max():.4g} at "
-            f"batch {where.batch} row {where.row_in_batch} head {head} col {col} "
-            f"({float(a64[token, head, col]):.6g} vs {float(b64[token, head, col]):.6g})")
+    return (
+        f"{int(differ.sum())} of {int(valid.sum())} elements differ, max |diff| {gap.max():.4g} at "
+        f"batch {where.batch} row {where.row_in_batch} head {head} col {col} "
+        f"({float(a64[token, head, col]):.6g} vs {float(b64[token, head, col]):.6g})"
+    )
 
 
 def attempt(problems: Problems, action: Callable[[], np.ndarray], label: str) -> np.ndarray | None:
@@ -164,9 +180,16 @@ def select_batches(inputs: OpInputs, spec: CaseSpec, order: list[int], *, trim: 
         kv_rows = np.concatenate([np.arange(starts[b], starts[b + 1]) for b in order])
         k, kr, v = (t[kv_rows] for t in tensors)
     rows = token_map(spec, order)
-    new = dataclasses.replace(inputs, q=inputs.q[rows], q_rope=inputs.q_rope[rows], k=k, k_rope=kr, v=v,
-                              q_seqlen=np.asarray(q_len, dtype=np.int32),
-                              kv_seqlen=np.asarray(kv_len, dtype=np.int32))
+    new = dataclasses.replace(
+        inputs,
+        q=inputs.q[rows],
+        q_rope=inputs.q_rope[rows],
+        k=k,
+        k_rope=kr,
+        v=v,
+        q_seqlen=np.asarray(q_len, dtype=np.int32),
+        kv_seqlen=np.asarray(kv_len, dtype=np.int32),
+    )
     return new, dataclasses.replace(spec, q_seqlen=q_len, kv_seqlen=kv_len)
 
 
@@ -195,8 +218,14 @@ def permute_heads(inputs: OpInputs, spec: CaseSpec) -> tuple[OpInputs, np.ndarra
         b, s, width = x.shape
         return np.ascontiguousarray(x.reshape(b, s, hkv, width // hkv)[:, :, kv_perm].reshape(x.shape))
 
-    new = dataclasses.replace(inputs, q=q_side(inputs.q), q_rope=q_side(inputs.q_rope), k=kv_side(inputs.k),
-                              k_rope=kv_side(inputs.k_rope), v=kv_side(inputs.v))
+    new = dataclasses.replace(
+        inputs,
+        q=q_side(inputs.q),
+        q_rope=q_side(inputs.q_rope),
+        k=kv_side(inputs.k),
+        k_rope=kv_side(inputs.k_rope),
+        v=kv_side(inputs.v),
+    )
     return new, q_heads
 
 
@@ -234,10 +263,18 @@ def poison_padding(inputs: OpInputs, spec: CaseSpec, kind: str) -> OpInputs:
 Side = tuple[str, OpInputs, CaseSpec]  # label, inputs, spec of one side of a relation
 
 
-def tolerance_pair(problems: Problems, backend: Backend, policy_set: PolicySet, policy: str, first: Side,
-                   second: Side, align: Callable[[np.ndarray], np.ndarray]) -> None:
+def tolerance_pair(
+    problems: Problems,
+    backend: Backend,
+    policy_set: PolicySet,
+    policy: str,
+    first: Side,
+    second: Side,
+    align: Callable[[np.ndarray], np.ndarray],
+) -> None:
     """Run both sides, judge each against its own golden; on failure also describe how the outputs
     differ (``align`` maps the first output onto the second's rows and heads)."""
+
     def run_side(side: Side) -> np.ndarray | None:
         return attempt(problems, lambda: run(backend, side[1], side[2]), side[0])
 

@@ -1,4 +1,4 @@
-"""Framework overhead per conformance case, by stage: ``python -m runner.overhead --suite smoke``.
+"""Framework overhead per conformance case, by stage: ``python -m mlaconf.runner.overhead --suite smoke``.
 
 Everything the conformance test does besides ``backend.run``: loading and verifying the golden,
 hashing the inputs (before and after the call, to catch a backend that writes into them),
@@ -20,11 +20,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from golden.spec import CaseSpec, load_suite, load_suites
-from golden.store import GoldenStore
-from harness import registry
-from judge.deviations import load_deviations
-from judge.policy import load_policies
+from mlaconf.golden.spec import CaseSpec, load_suite, load_suites
+from mlaconf.golden.store import GoldenStore
+from mlaconf.harness import registry
+from mlaconf.judge.deviations import load_deviations
+from mlaconf.judge.policy import load_policies
 
 STAGES = ("load", "digests", "call", "backend", "metrics+verdict", "record")
 
@@ -59,8 +59,8 @@ def _wrap(module: Any, name: str, timer_ref: list[Timer], stage: str) -> Callabl
 
 def measure(specs: list[CaseSpec], backend_name: str, repeats: int, store: GoldenStore) -> list[dict[str, Any]]:
     """Per case: median per-stage seconds (wall and CPU) over ``repeats`` runs."""
-    import runner.conformance as conformance
-    import runner.execution as execution
+    import mlaconf.runner.conformance as conformance
+    import mlaconf.runner.execution as execution
 
     backend = registry.create(backend_name)
     policies, deviations = load_policies(), load_deviations()
@@ -91,8 +91,9 @@ def measure(specs: list[CaseSpec], backend_name: str, repeats: int, store: Golde
                 with timer.stage("total"):
                     with timer.stage("load"):
                         golden = store.load(spec)
-                    result = conformance.run_case(golden, backend, policy_set=policies, policy="default",
-                                                  deviations=deviations)
+                    result = conformance.run_case(
+                        golden, backend, policy_set=policies, policy="default", deviations=deviations
+                    )
                     with timer.stage("record"):
                         json.dumps(result.record, default=str)
                 if attempt:
@@ -102,7 +103,8 @@ def measure(specs: list[CaseSpec], backend_name: str, repeats: int, store: Golde
                 for stage in (*STAGES, "total"):
                     row[f"{kind}:{stage}"] = statistics.median(getattr(t, kind)[stage] for t in samples)
                 row[f"{kind}:overhead"] = statistics.median(
-                    getattr(t, kind)["total"] - getattr(t, kind)["backend"] for t in samples)
+                    getattr(t, kind)["total"] - getattr(t, kind)["backend"] for t in samples
+                )
             rows.append(row)
     finally:
         for restore in restores:
@@ -121,8 +123,11 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m runner.overhead", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m mlaconf.runner.overhead",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--suite", default="smoke")
     parser.add_argument("--cases", default=None, help="a suite file to measure instead of --suite")
     parser.add_argument("--backend", default="torch-cpu")

@@ -15,14 +15,14 @@ from dataclasses import dataclass
 
 import torch
 
-from facts.operator import DEFAULT_QK_SCALE, MAX_HEADS, SUPPORTED_MASKS
-from golden.inputs import generate_inputs
-from golden.spec import CaseSpec
-from harness.backend import Backend, BackendError, MlaPrefillCall
-from judge.deviations import Deviation, DeviationSet
-from judge.verdict import DEVIATION_OUTCOMES, Outcome
-from native.harness import ACL_FORMAT_FRACTAL_NZ, ACL_FORMAT_NCHW
-from runner.execution import make_call
+from mlaconf.facts.operator import DEFAULT_QK_SCALE, MAX_HEADS, SUPPORTED_MASKS
+from mlaconf.golden.inputs import generate_inputs
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.harness.backend import Backend, BackendError, MlaPrefillCall
+from mlaconf.judge.deviations import Deviation, DeviationSet
+from mlaconf.judge.verdict import DEVIATION_OUTCOMES, Outcome
+from mlaconf.native.harness import ACL_FORMAT_FRACTAL_NZ, ACL_FORMAT_NCHW
+from mlaconf.runner.execution import make_call
 
 Perturbation = Callable[[MlaPrefillCall], MlaPrefillCall]
 
@@ -41,8 +41,15 @@ def _need_mask(call: MlaPrefillCall) -> torch.Tensor:
 
 def _all_fp32(call: MlaPrefillCall) -> MlaPrefillCall:
     mask = None if call.mask is None else call.mask.float()
-    return dataclasses.replace(call, q=call.q.float(), q_rope=call.q_rope.float(), k=call.k.float(),
-                               k_rope=call.k_rope.float(), v=call.v.float(), mask=mask)
+    return dataclasses.replace(
+        call,
+        q=call.q.float(),
+        q_rope=call.q_rope.float(),
+        k=call.k.float(),
+        k_rope=call.k_rope.float(),
+        v=call.v.float(),
+        mask=mask,
+    )
 
 
 def _q_rope_flat(call: MlaPrefillCall) -> MlaPrefillCall:
@@ -76,42 +83,54 @@ def _formatted(name: str, code: int) -> Perturbation:
         if name == "mask":
             _need_mask(call)
         return dataclasses.replace(call, formats={**call.formats, name: code})
+
     return perturb
 
 
 def _null(name: str) -> Perturbation:
     def perturb(call: MlaPrefillCall) -> MlaPrefillCall:
         return dataclasses.replace(call, null_args=call.null_args | {name})
-    return perturb
 
+    return perturb
 
 
 #: name -> (what it does, the transformation).  Names appear in case ids (``err-<name>``).
 PERTURBATIONS: dict[str, tuple[str, Perturbation]] = {
     "nan_qk_scale": ("qkScale = NaN", lambda c: dataclasses.replace(c, qk_scale=math.nan)),
     "drop_mask": ("MASK_FREE with a null mask", lambda c: dataclasses.replace(c, mask=None)),
-    "mask_256": ("a 256x256 mask instead of 512x512",
-                 lambda c: dataclasses.replace(c, mask=_need_mask(c)[:256, :256].contiguous())),
+    "mask_256": (
+        "a 256x256 mask instead of 512x512",
+        lambda c: dataclasses.replace(c, mask=_need_mask(c)[:256, :256].contiguous()),
+    ),
     "mask_rank3": ("a [1, 512, 512] mask", lambda c: dataclasses.replace(c, mask=_need_mask(c)[None])),
-    "kv_seqlen_short": ("kvSeqLen with one entry fewer than qSeqLen",
-                        lambda c: dataclasses.replace(c, kv_seqlen=c.kv_seqlen[:-1].contiguous())),
-    "q_rope_other_dtype": ("qRope in the other 16-bit float type",
-                           lambda c: dataclasses.replace(c, q_rope=_other_dtype(c.q_rope))),
+    "kv_seqlen_short": (
+        "kvSeqLen with one entry fewer than qSeqLen",
+        lambda c: dataclasses.replace(c, kv_seqlen=c.kv_seqlen[:-1].contiguous()),
+    ),
+    "q_rope_other_dtype": (
+        "qRope in the other 16-bit float type",
+        lambda c: dataclasses.replace(c, q_rope=_other_dtype(c.q_rope)),
+    ),
     "v_other_dtype": ("v in the other 16-bit float type", lambda c: dataclasses.replace(c, v=_other_dtype(c.v))),
     "all_fp32": ("every float tensor in fp32", _all_fp32),
     "q_rank4": ("q as [T, H, 2, 64]", _q_rank4),
     "q_rope_flat": ("qRope 2-D while q is 3-D", _q_rope_flat),
     "k_rank2": ("k flattened to 2-D", _k_rank2),
-    "q_head_dim_64": ("q's head dim 64 instead of 128",
-                      lambda c: dataclasses.replace(c, q=c.q[..., :64].contiguous())),
-    "q_rope_short": ("qRope with one token row fewer than q",
-                     lambda c: dataclasses.replace(c, q_rope=c.q_rope[:-1].contiguous())),
-    "k_rope_half": ("kRope's last dim halved again",
-                    lambda c: dataclasses.replace(c, k_rope=c.k_rope[..., : c.k_rope.shape[-1] // 2].contiguous())),
+    "q_head_dim_64": ("q's head dim 64 instead of 128", lambda c: dataclasses.replace(c, q=c.q[..., :64].contiguous())),
+    "q_rope_short": (
+        "qRope with one token row fewer than q",
+        lambda c: dataclasses.replace(c, q_rope=c.q_rope[:-1].contiguous()),
+    ),
+    "k_rope_half": (
+        "kRope's last dim halved again",
+        lambda c: dataclasses.replace(c, k_rope=c.k_rope[..., : c.k_rope.shape[-1] // 2].contiguous()),
+    ),
     "v_short": ("v with one row fewer than k", lambda c: dataclasses.replace(c, v=c.v[:-1].contiguous())),
     # attenOut as the caller allocates it
-    "out_other_dtype": ("attenOut in the other 16-bit float type",
-                        lambda c: dataclasses.replace(c, out_dtype=_OTHER_DTYPE[c.q_rope.dtype])),
+    "out_other_dtype": (
+        "attenOut in the other 16-bit float type",
+        lambda c: dataclasses.replace(c, out_dtype=_OTHER_DTYPE[c.q_rope.dtype]),
+    ),
     "out_fp32": ("attenOut in fp32", lambda c: dataclasses.replace(c, out_dtype=torch.float32)),
     "out_flat": ("attenOut 2-D [T, H*128] while q is 3-D", _out_flat),
     "out_rows_short": ("attenOut with one token row fewer than q", _out_rows_short),
@@ -125,8 +144,10 @@ PERTURBATIONS: dict[str, tuple[str, Perturbation]] = {
     "q_seqlen_int64": ("qSeqLen as int64", lambda c: dataclasses.replace(c, q_seqlen=c.q_seqlen.long())),
     "kv_seqlen_fp32": ("kvSeqLen as fp32", lambda c: dataclasses.replace(c, kv_seqlen=c.kv_seqlen.float())),
     "kv_seqlen_rank2": ("kvSeqLen as [B, 1]", lambda c: dataclasses.replace(c, kv_seqlen=c.kv_seqlen[:, None])),
-    "q_seqlen_scalar": ("qSeqLen as a 0-dim tensor (its first length)",
-                        lambda c: dataclasses.replace(c, q_seqlen=c.q_seqlen[0].clone())),
+    "q_seqlen_scalar": (
+        "qSeqLen as a 0-dim tensor (its first length)",
+        lambda c: dataclasses.replace(c, q_seqlen=c.q_seqlen[0].clone()),
+    ),
     # null aclTensor* arguments
     "null_q": ("q passed as a null aclTensor*", _null("q")),
     "null_k_rope": ("kRope passed as a null aclTensor*", _null("k_rope")),
@@ -158,8 +179,11 @@ def error_call(spec: CaseSpec) -> MlaPrefillCall:
     valid = nearest_valid(spec)
     call = dataclasses.replace(
         make_call(generate_inputs(valid), valid),
-        head_num=spec.head_num, qk_scale=spec.qk_scale, kv_head_num=spec.kv_head_num,
-        mask_type=spec.mask_type, cache_mode=spec.cache_mode,
+        head_num=spec.head_num,
+        qk_scale=spec.qk_scale,
+        kv_head_num=spec.kv_head_num,
+        mask_type=spec.mask_type,
+        cache_mode=spec.cache_mode,
     )
     return call if spec.perturb is None else PERTURBATIONS[spec.perturb][1](call)
 
@@ -197,9 +221,11 @@ def judge_error_case(spec: CaseSpec, backend: Backend, deviations: DeviationSet)
     expected = f"{spec.expect_error} at {spec.expect_stage or 'any stage'}"
     seen = "the call was accepted" if got is None else f"got {got[0]} at {got[1]}"
     perturb = f", perturb {spec.perturb}: {PERTURBATIONS[spec.perturb][0]}" if spec.perturb else ""
-    text = (f"{spec.name} ({spec.case_id}) [backend {backend.name}, mask {spec.mask_name}, cache {spec.cache_name}, "
-            f"headNum {spec.head_num}, kvHeadNum {spec.kv_head_num}, qkScale {spec.qk_scale}{perturb}]: "
-            f"expected {expected}, {seen}")
+    text = (
+        f"{spec.name} ({spec.case_id}) [backend {backend.name}, mask {spec.mask_name}, cache {spec.cache_name}, "
+        f"headNum {spec.head_num}, kvHeadNum {spec.kv_head_num}, qkScale {spec.qk_scale}{perturb}]: "
+        f"expected {expected}, {seen}"
+    )
     deviation = _deviation(spec, backend, deviations)
     if deviation is None:
         return ErrorVerdict("passed" if met else "failed", text, got)

@@ -1,7 +1,7 @@
 """The MLA conformance pytest plugin (entry point ``pytest11: mla``): every option, marker,
 fixture, parametrization, shard selection and output saving of the suites in ``cases/``.
 
-Installed with the package, so ``pytest --pyargs cases`` and ``mlaconf run`` work from any
+Installed with the package, so ``pytest --pyargs mlaconf.cases`` and ``mlaconf run`` work from any
 directory.  It stays inert in runs that use none of its fixtures: no backend is probed and no
 report is written unless a test asks for one.
 """
@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-import runner.hypothesis_profiles  # noqa: F401  (profiles must exist before --hypothesis-profile is read)
-from facts.operator import CACHE_NAMES, MASK_NAMES
-from facts.shard import in_shard, parse_shard
-from harness import registry
-from reports import env
-from runner.collect import (
+import mlaconf.runner.hypothesis_profiles  # noqa: F401  (profiles must exist before --hypothesis-profile is read)
+from mlaconf.facts.operator import CACHE_NAMES, MASK_NAMES
+from mlaconf.facts.shard import in_shard, parse_shard
+from mlaconf.harness import registry
+from mlaconf.reports import env
+from mlaconf.runner.collect import (
     BACKEND_LABELS,
     STATE,
     Collector,
@@ -32,7 +32,7 @@ from runner.collect import (
     is_mla_item,
     set_run_info,
 )
-from runner.selection import (
+from mlaconf.runner.selection import (
     SUITES,
     case_param,
     error_cases,
@@ -44,10 +44,10 @@ from runner.selection import (
 )
 
 if TYPE_CHECKING:
-    from golden.store import GoldenStore
-    from harness.backend import Backend
-    from judge.deviations import DeviationSet
-    from judge.policy import PolicySet
+    from mlaconf.golden.store import GoldenStore
+    from mlaconf.harness.backend import Backend
+    from mlaconf.judge.deviations import DeviationSet
+    from mlaconf.judge.policy import PolicySet
 
 MARKER = "mla_case"
 #: Where reports go when neither --report-dir nor --run-name's default is overridden (working directory).
@@ -63,41 +63,85 @@ _TERMINAL_FD = os.dup(2)
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("mla", "MLA prefill conformance")
-    group.addoption("--backend", action="append", default=None, metavar="NAME",
-                    help="backend under test: a built-in name (" + ", ".join(registry.BUILTIN) + "), 'auto' "
-                    "(ATB, else CUDA, else CPU), or 'pkg.module:factory'; repeatable or comma-separated. "
-                    f"Default: ${registry.ENV_VAR} or auto.")
-    group.addoption("--suite", action="append", default=None, choices=SUITES,
-                    help="case suite(s) to run (default smoke; 'all' = every value suite)")
-    group.addoption("--cases", default=None, metavar="FILE",
-                    help="run the cases of this TOML suite file instead (its expect_error cases go to the "
-                    "error-contract suite)")
-    group.addoption("--seeds", default=None, metavar="S1,S2,...",
-                    help="run every case once per seed (replacing the suite's seed; new goldens)")
-    group.addoption("--golden-dir", default=None, metavar="DIR",
-                    help="golden store directory (default $MLA_GOLDEN_DIR, else .golden in the working directory)")
+    group.addoption(
+        "--backend",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="backend under test: a built-in name (" + ", ".join(registry.BUILTIN) + "), 'auto' "
+        "(ATB, else CUDA, else CPU), or 'pkg.module:factory'; repeatable or comma-separated. "
+        f"Default: ${registry.ENV_VAR} or auto.",
+    )
+    group.addoption(
+        "--suite",
+        action="append",
+        default=None,
+        choices=SUITES,
+        help="case suite(s) to run (default smoke; 'all' = every value suite)",
+    )
+    group.addoption(
+        "--cases",
+        default=None,
+        metavar="FILE",
+        help="run the cases of this TOML suite file instead (its expect_error cases go to the error-contract suite)",
+    )
+    group.addoption(
+        "--seeds",
+        default=None,
+        metavar="S1,S2,...",
+        help="run every case once per seed (replacing the suite's seed; new goldens)",
+    )
+    group.addoption(
+        "--golden-dir",
+        default=None,
+        metavar="DIR",
+        help="golden store directory (default $MLA_GOLDEN_DIR, else .golden in the working directory)",
+    )
     group.addoption("--policy", default="default", help="tolerance policy from judge/tolerances.toml")
     group.addoption("--tolerances", default=None, metavar="FILE", help="tolerance policy file")
     group.addoption("--deviations", default=None, metavar="FILE", help="known-deviations file")
-    group.addoption("--timing-repeats", type=int, default=1, metavar="N",
-                    help="timed backend calls per case (median reported; never part of the verdict)")
+    group.addoption(
+        "--timing-repeats",
+        type=int,
+        default=1,
+        metavar="N",
+        help="timed backend calls per case (median reported; never part of the verdict)",
+    )
     group.addoption("--warmup", type=int, default=0, metavar="N", help="untimed backend calls before timing")
-    group.addoption("--mla-timeout", type=float, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
-                    help=f"per-test timeout of the MLA suites through pytest-timeout (default {DEFAULT_TIMEOUT_S:g}; "
-                    "0 = none); a test's own timeout marker, --timeout or the timeout ini value win. "
-                    "The test's record says 'timed out after N s in backend.run' (or where it hung)")
+    group.addoption(
+        "--mla-timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"per-test timeout of the MLA suites through pytest-timeout (default {DEFAULT_TIMEOUT_S:g}; "
+        "0 = none); a test's own timeout marker, --timeout or the timeout ini value win. "
+        "The test's record says 'timed out after N s in backend.run' (or where it hung)",
+    )
 
     report = parser.getgroup("mla-report", "MLA conformance report")
-    report.addoption("--report-dir", default=None, metavar="DIR",
-                     help="where results.jsonl, run.json and report.html go (default reports/out/<run-name>/ in "
-                     "the working directory); nothing is written when no test attached a record")
-    report.addoption("--run-name", default=None, metavar="NAME",
-                     help="name of this run (default: timestamp + short host name)")
-    report.addoption("--shard", default=None, metavar="K/N",
-                     help="run only shard K of N: cases (mla_case marker) are split by their content hash, by "
-                     "the rule `mlaconf regen --shard` uses; tests without the marker run on shard 1 only")
-    report.addoption("--save-outputs", action="store_true", default=False,
-                     help="save each backend output (HDF5) under <report-dir>/outputs/")
+    report.addoption(
+        "--report-dir",
+        default=None,
+        metavar="DIR",
+        help="where results.jsonl, run.json and report.html go (default reports/out/<run-name>/ in "
+        "the working directory); nothing is written when no test attached a record",
+    )
+    report.addoption(
+        "--run-name", default=None, metavar="NAME", help="name of this run (default: timestamp + short host name)"
+    )
+    report.addoption(
+        "--shard",
+        default=None,
+        metavar="K/N",
+        help="run only shard K of N: cases (mla_case marker) are split by their content hash, by "
+        "the rule `mlaconf regen --shard` uses; tests without the marker run on shard 1 only",
+    )
+    report.addoption(
+        "--save-outputs",
+        action="store_true",
+        default=False,
+        help="save each backend output (HDF5) under <report-dir>/outputs/",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -147,20 +191,27 @@ def check_front_door(config: pytest.Config) -> None:
             except registry.BackendSelectionError as exc:
                 raise pytest.UsageError(f"{exc}\n{registry.choices_text()}") from exc
             except Exception as exc:  # a factory that raises: the user's to read, in one line
-                raise pytest.UsageError(f"backend {name!r}: its factory raised {type(exc).__name__}: {exc}\n"
-                                        f"{registry.choices_text()}") from exc
+                raise pytest.UsageError(
+                    f"backend {name!r}: its factory raised {type(exc).__name__}: {exc}\n{registry.choices_text()}"
+                ) from exc
             try:
                 availability = instance.available()
                 ok, reason = bool(availability), getattr(availability, "reason", "")
             except Exception as exc:
                 ok, reason = False, f"available() raised {type(exc).__name__}: {exc}"
-            backends.append({"name": name, "label": instance.name, "available": ok, "reason": reason,
-                             "explicit": True})
+            backends.append({"name": name, "label": instance.name, "available": ok, "reason": reason, "explicit": True})
             if not ok:
                 state.problems.append(f"backend {name} was named explicitly but is unavailable here: {reason}")
         if "auto" in named:
-            backends.append({"name": "auto", "resolved": registry.resolve_auto(), "available": True, "reason": "",
-                             "explicit": False})
+            backends.append(
+                {
+                    "name": "auto",
+                    "resolved": registry.resolve_auto(),
+                    "available": True,
+                    "reason": "",
+                    "explicit": False,
+                }
+            )
         set_run_info(config, "backends", backends)
     golden = config.getoption("golden_dir")
     if golden:
@@ -172,7 +223,7 @@ def check_front_door(config: pytest.Config) -> None:
         set_run_info(config, "golden_store", str(Path(os.environ.get("MLA_GOLDEN_DIR") or ".golden").resolve()))
     policy, tolerances = config.getoption("policy"), config.getoption("tolerances")
     if policy != "default" or tolerances:
-        from judge.policy import load_policies
+        from mlaconf.judge.policy import load_policies
 
         try:
             names = set(load_policies(Path(tolerances) if tolerances else None).policies)
@@ -220,8 +271,9 @@ def report_state(config: pytest.Config) -> ReportState:
         shard = parse_shard(shard_text) if shard_text else None
     except ValueError as exc:
         raise pytest.UsageError(f"--shard: {exc}") from exc
-    return ReportState(report_dir=report_dir, run_name=run_name, save_outputs=bool(config.getoption("save_outputs")),
-                       shard=shard)
+    return ReportState(
+        report_dir=report_dir, run_name=run_name, save_outputs=bool(config.getoption("save_outputs")), shard=shard
+    )
 
 
 def share_cpu_threads(config: pytest.Config) -> None:
@@ -239,7 +291,7 @@ def share_cpu_threads(config: pytest.Config) -> None:
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """``-n auto``: one worker per NPU or GPU; xdist's default on a CPU-only host."""
-    from harness.devices import accelerator_count, auto_workers
+    from mlaconf.harness.devices import accelerator_count, auto_workers
 
     return auto_workers(accelerator_count())
 
@@ -270,8 +322,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "error_case" in metafunc.fixturenames:
         metafunc.parametrize("error_case", [case_param(config, c) for c in error_cases(config)])
     if "backend_name" in metafunc.fixturenames:
-        params = [pytest.param(name, id=name, marks=mark(config, name, f"backend {name}"))
-                  for name in backend_names(config)]
+        params = [
+            pytest.param(name, id=name, marks=mark(config, name, f"backend {name}")) for name in backend_names(config)
+        ]
         metafunc.parametrize("backend_name", params)
 
 
@@ -283,8 +336,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     is not a pass); ``--shard K/N`` keeps the cases whose content hash falls in shard K (unmarked
     tests: shard 1)."""
     add_timeouts(config, items)
-    empty = [item for item in items if is_mla_item(item) and any(
-        str(m.kwargs.get("reason", "")).startswith(EMPTY_PARAMETER_SET) for m in item.iter_markers("skip"))]
+    empty = [
+        item
+        for item in items
+        if is_mla_item(item)
+        and any(str(m.kwargs.get("reason", "")).startswith(EMPTY_PARAMETER_SET) for m in item.iter_markers("skip"))
+    ]
     if empty:
         config.hook.pytest_deselected(items=empty)
         items[:] = [item for item in items if item not in empty]
@@ -353,8 +410,8 @@ def backend(backend_name: str, backend_cache: dict[str, Backend]) -> Backend:
 
 @pytest.fixture(scope="session")
 def golden_store(pytestconfig: pytest.Config) -> Iterator[GoldenStore]:
-    from golden import progress
-    from golden.store import GoldenStore
+    from mlaconf.golden import progress
+    from mlaconf.golden.store import GoldenStore
 
     remove = progress.add_listener(progress.Announcer(progress.fd_writer(_TERMINAL_FD)))
     root = pytestconfig.getoption("golden_dir") or os.environ.get("MLA_GOLDEN_DIR")
@@ -364,7 +421,7 @@ def golden_store(pytestconfig: pytest.Config) -> Iterator[GoldenStore]:
 
 @pytest.fixture(scope="session")
 def policy_set(pytestconfig: pytest.Config) -> PolicySet:
-    from judge.policy import load_policies
+    from mlaconf.judge.policy import load_policies
 
     path = pytestconfig.getoption("tolerances")
     return load_policies(Path(path) if path else None)
@@ -372,7 +429,7 @@ def policy_set(pytestconfig: pytest.Config) -> PolicySet:
 
 @pytest.fixture(scope="session")
 def deviation_set(pytestconfig: pytest.Config) -> DeviationSet:
-    from judge.deviations import load_deviations
+    from mlaconf.judge.deviations import load_deviations
 
     path = pytestconfig.getoption("deviations")
     return load_deviations(Path(path) if path else None)
@@ -380,7 +437,7 @@ def deviation_set(pytestconfig: pytest.Config) -> DeviationSet:
 
 @pytest.fixture
 def mla_report(request: pytest.FixtureRequest) -> MlaReport:
-    """Attach result records and find the saved-outputs folder; see :class:`runner.collect.MlaReport`."""
+    """Attach result records and find the saved-outputs folder; see :class:`mlaconf.runner.collect.MlaReport`."""
     node = request.node
     assert isinstance(node, pytest.Item)
     return MlaReport(node, request.config.stash[STATE])
@@ -388,7 +445,7 @@ def mla_report(request: pytest.FixtureRequest) -> MlaReport:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
     """Known deviations for a selected backend that no selected case matched (controller only)."""
-    from judge.deviations import load_deviations
+    from mlaconf.judge.deviations import load_deviations
 
     ran_conformance = any(
         "test_conformance" in getattr(report, "nodeid", "")

@@ -7,8 +7,8 @@ import importlib.resources
 import subprocess
 import sys
 
-from golden.spec import SUITES_PACKAGE
-from harness.registry import AUTO_ORDER, BUILTIN
+from mlaconf.golden.spec import SUITES_PACKAGE
+from mlaconf.harness.registry import AUTO_ORDER, BUILTIN
 
 
 def pytest_command(args: argparse.Namespace) -> list[str]:
@@ -44,13 +44,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "generated on demand. Arguments after '--' go to pytest unchanged.",
     )
     parser.add_argument("--suite", action="append", help="smoke (default), standard, deepseek, edge, all")
-    parser.add_argument("--backend", action="append",
-                        help=f"auto (default: the first available of {', '.join(AUTO_ORDER)}), "
-                        f"{', '.join(BUILTIN)}, or an external backend as pkg.module:factory; repeatable")
+    parser.add_argument(
+        "--backend",
+        action="append",
+        help=f"auto (default: the first available of {', '.join(AUTO_ORDER)}), "
+        f"{', '.join(BUILTIN)}, or an external backend as pkg.module:factory; repeatable",
+    )
     parser.add_argument("--policy", default=None, help="tolerance policy (default: 'default')")
     parser.add_argument("--golden-dir", default=None, help="golden store (default $MLA_GOLDEN_DIR or .golden/)")
-    parser.add_argument("--run-name", default=None,
-                        help="report folder name under reports/out/ in the working directory")
+    parser.add_argument(
+        "--run-name", default=None, help="report folder name under reports/out/ in the working directory"
+    )
     parser.add_argument("--report-dir", default=None, help="report folder (overrides --run-name)")
     parser.add_argument("-n", "--jobs", default="auto", help="xdist workers (default auto: one per accelerator)")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="extra pytest arguments after --")

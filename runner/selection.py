@@ -8,8 +8,8 @@ from fnmatch import fnmatchcase
 
 import pytest
 
-from golden.spec import CaseSpec, SpecError, load_suite, load_suites
-from judge.deviations import DeviationSet
+from mlaconf.golden.spec import CaseSpec, SpecError, load_suite, load_suites
+from mlaconf.judge.deviations import DeviationSet
 
 SUITES = ("smoke", "standard", "deepseek", "edge", "all")
 ERROR_SUITE = "errors"

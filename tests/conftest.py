@@ -25,8 +25,20 @@ def _build_shared(source: Path, output: Path) -> Path:
     compiler = _compiler()
     if compiler is None:
         pytest.skip("no C++ compiler (g++/c++ or $CXX) to build the libatb test double")
-    command = [compiler, "-std=c++17", "-shared", "-fPIC", "-O0", "-Wall", "-Wextra", "-Werror",
-               f"-I{ROOT / 'native' / 'src'}", str(source), "-o", str(output)]
+    command = [
+        compiler,
+        "-std=c++17",
+        "-shared",
+        "-fPIC",
+        "-O0",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        f"-I{ROOT / 'native' / 'src'}",
+        str(source),
+        "-o",
+        str(output),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         pytest.fail(f"building {output.name} failed:\n{' '.join(command)}\n{result.stderr}")
@@ -92,8 +104,12 @@ def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
     mount_point = tmp_path / "tiny"
     mount_point.mkdir()
     try:
-        done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)],
-                              capture_output=True, text=True, timeout=30)
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         pytest.skip(f"cannot mount a tmpfs here: {exc}")
     if done.returncode != 0:

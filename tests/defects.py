@@ -16,10 +16,10 @@ from collections.abc import Callable
 
 import torch
 
-from facts.operator import kv_layout_of
-from harness.backend import MlaPrefillCall
-from harness.contract import ContractBackend
-from harness.torch_backend import NOPE, ROPE, VDIM, TorchSdpaBackend
+from mlaconf.facts.operator import kv_layout_of
+from mlaconf.harness.backend import MlaPrefillCall
+from mlaconf.harness.contract import ContractBackend
+from mlaconf.harness.torch_backend import NOPE, ROPE, VDIM, TorchSdpaBackend
 
 LONG_ROW_KEYS = 128  # nan_long_rows: rows that may see more keys than this get NaN
 ACC_FLUSH_KEYS = 64  # bf16_acc_64: the accumulator is rounded to bf16 after every block of this many keys
@@ -48,9 +48,16 @@ def round_significand(x: torch.Tensor, bits: int) -> torch.Tensor:
     return torch.ldexp(torch.round(mantissa * 2.0**bits) / 2.0**bits, exponent)
 
 
-def math_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int,
-                kv_len: int | None = None, p_round: Callable[[torch.Tensor], torch.Tensor] | None = None
-                ) -> torch.Tensor:
+def math_attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group: int,
+    scale: float,
+    mask_type: int,
+    kv_len: int | None = None,
+    p_round: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> torch.Tensor:
     """Plain float32 attention for one sequence: q ``[q, H, 192]``, k ``[S, Hkv, 192]``, v ``[S, Hkv, 128]``.
 
     Keys at or beyond ``kv_len`` (default: all of k) are masked with -inf *after* Q.K, which is
@@ -90,8 +97,9 @@ class Defect(TorchSdpaBackend):
 class ControlMath(Defect):
     description = "control: the float32 math path of the defects below, without a bug (must pass)"
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float,
-                mask_type: int) -> torch.Tensor:
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
+    ) -> torch.Tensor:
         return math_attend(q, k, v, group, scale, mask_type)
 
 
@@ -126,16 +134,18 @@ class MaskFreeIgnored(Defect):
 class CausalTopLeft(Defect):
     description = "CAUSAL aligned top-left (j <= i) instead of bottom-right (j <= i + kv - q)"
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float,
-                mask_type: int) -> torch.Tensor:
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
+    ) -> torch.Tensor:
         return super()._attend(q, k, v, group, scale, 2 if mask_type == 3 else mask_type)
 
 
 class GqaModulo(Defect):
     description = "GQA head mapping h % Hkv instead of h // (H / Hkv)"
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float,
-                mask_type: int) -> torch.Tensor:
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
+    ) -> torch.Tensor:
         order = torch.arange(k.shape[1] * group) % k.shape[1]  # query head h reads kv head h % Hkv
         return super()._attend(q, k[:, order], v[:, order], 1, scale, mask_type)
 
@@ -143,8 +153,9 @@ class GqaModulo(Defect):
 class OneKeyShort(Defect):
     description = "the last key of every sequence is dropped"
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float,
-                mask_type: int) -> torch.Tensor:
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
+    ) -> torch.Tensor:
         if k.shape[0] > 1:
             k, v = k[:-1], v[:-1]
         return super()._attend(q, k, v, group, scale, mask_type)
@@ -182,8 +193,9 @@ class PaddingNanUnsafe(Defect):
         s = _padded_s(call)
         return call if s is None else _replace(call, kv_seqlen=torch.full_like(call.kv_seqlen, s))
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float,
-                mask_type: int) -> torch.Tensor:
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
+    ) -> torch.Tensor:
         kv_len = self._true_kv.pop(0)  # batches arrive in order, those with query rows only
         return math_attend(q, k, v, group, scale, mask_type, kv_len=kv_len)
 
@@ -191,8 +203,9 @@ class PaddingNanUnsafe(Defect):
 class PFp8(Defect):
     description = "P rounded to 4 significant bits (fp8 e4m3) before P.V"
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float,
-                mask_type: int) -> torch.Tensor:
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
+    ) -> torch.Tensor:
         return math_attend(q, k, v, group, scale, mask_type, p_round=lambda p: round_significand(p, 4))
 
 
@@ -237,25 +250,50 @@ class NanLongRows(Defect):
 
 
 class Bf16Acc64(Defect):
-    description = (f"blockwise softmax whose P.V accumulator is rounded to bf16 every {ACC_FLUSH_KEYS} keys "
-                   "(instead of staying fp32)")
+    description = (
+        f"blockwise softmax whose P.V accumulator is rounded to bf16 every {ACC_FLUSH_KEYS} keys "
+        "(instead of staying fp32)"
+    )
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int,  # type: ignore[override]
-                scale: float, mask_type: int) -> torch.Tensor:
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        group: int,  # type: ignore[override]
+        scale: float,
+        mask_type: int,
+    ) -> torch.Tensor:
         from tests.zoo import _allowed, _heads, blockwise
 
         qh, kh, vh = _heads(q, k, v, group)
         allowed = _allowed(q.shape[0], k.shape[0], mask_type)
-        acc, _, total = blockwise(qh, kh, vh, scale, allowed, q.dtype, ACC_FLUSH_KEYS,
-                                  range(0, kh.shape[1], ACC_FLUSH_KEYS), acc_dtype=torch.bfloat16)
+        acc, _, total = blockwise(
+            qh,
+            kh,
+            vh,
+            scale,
+            allowed,
+            q.dtype,
+            ACC_FLUSH_KEYS,
+            range(0, kh.shape[1], ACC_FLUSH_KEYS),
+            acc_dtype=torch.bfloat16,
+        )
         return (acc / total).transpose(0, 1).to(q.dtype)
 
 
 class LastKeyLong(Defect):
     description = f"sequences of more than {LONG_SEQUENCE} keys never read their last key (an off-by-one tail loop)"
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int,  # type: ignore[override]
-                scale: float, mask_type: int) -> torch.Tensor:
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        group: int,  # type: ignore[override]
+        scale: float,
+        mask_type: int,
+    ) -> torch.Tensor:
         kv_len = k.shape[0]
         if kv_len <= LONG_SEQUENCE:
             return math_attend(q, k, v, group, scale, mask_type)
@@ -359,8 +397,9 @@ def last_key_long() -> Defect:
 
 def strict_forgets_seqlen_values() -> ContractBackend:
     """``torch-cpu-strict`` whose validator forgets the qSeqLen == kvSeqLen check (error-contract defect)."""
-    return ContractBackend(TorchSdpaBackend("cpu"), "torch-cpu-strict-forgets-seqlen_values",
-                           frozenset({"seqlen_values"}))
+    return ContractBackend(
+        TorchSdpaBackend("cpu"), "torch-cpu-strict-forgets-seqlen_values", frozenset({"seqlen_values"})
+    )
 
 
 def _is_packed(call: MlaPrefillCall) -> bool:

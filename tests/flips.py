@@ -59,9 +59,13 @@ def regions(path: Path) -> dict[str, list[tuple[int, int]]]:
     with h5py.File(path, "r", locking=False) as f:
         header = int(f.userblock_size)
         data: list[tuple[int, int]] = []
-        f.visititems(lambda _name, obj: data.append((obj.id.get_offset(), obj.id.get_offset()
-                                                     + obj.id.get_storage_size()))
-                     if isinstance(obj, h5py.Dataset) and obj.id.get_storage_size() else None)
+        f.visititems(
+            lambda _name, obj: (
+                data.append((obj.id.get_offset(), obj.id.get_offset() + obj.id.get_storage_size()))
+                if isinstance(obj, h5py.Dataset) and obj.id.get_storage_size()
+                else None
+            )
+        )
     data.sort()
     metadata, cursor = [], header
     for start, end in data:
@@ -113,10 +117,10 @@ def worker(pristine_dir: Path, work_dir: Path, suite: str, tasks: Path, start: i
     """Judge the flips of ``tasks`` (JSON lines) from index ``start``; one JSON line per flip on stdout."""
     import numpy as np
 
-    from golden.spec import load_suites
+    from mlaconf.golden.spec import load_suites
 
     logging.disable(logging.WARNING)  # the store logs every rebuild; the answers say it all
-    from golden.store import GoldenCorruptError, GoldenStore, GoldenStoreError
+    from mlaconf.golden.store import GoldenCorruptError, GoldenStore, GoldenStoreError
 
     specs = {spec.case_id: spec for spec in load_suites([suite])}
     pristine_store, store = GoldenStore(pristine_dir), GoldenStore(work_dir)
@@ -145,8 +149,10 @@ def worker(pristine_dir: Path, work_dir: Path, suite: str, tasks: Path, start: i
                 rebuilt = result.action == "generated" and np.array_equal(store.load(spec).out, pristine.out)
             except Exception as exc:
                 detail = f"rebuild failed: {type(exc).__name__}: {exc}"
-        print(json.dumps({"index": flip.index, "outcome": outcome, "rebuilt": rebuilt, "detail": detail[:300]}),
-              flush=True)
+        print(
+            json.dumps({"index": flip.index, "outcome": outcome, "rebuilt": rebuilt, "detail": detail[:300]}),
+            flush=True,
+        )
 
 
 # -- driver ----------------------------------------------------------------------------------------
@@ -183,8 +189,22 @@ class Tally:
 
 def _start(pristine: Path, work: Path, suite: str, tasks: Path, start: int) -> subprocess.Popen[bytes]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    command = [sys.executable, "-m", "tests.flips", "--worker", "--store", str(pristine), "--work", str(work),
-               "--suite", suite, "--tasks", str(tasks), "--start", str(start)]
+    command = [
+        sys.executable,
+        "-m",
+        "tests.flips",
+        "--worker",
+        "--store",
+        str(pristine),
+        "--work",
+        str(work),
+        "--suite",
+        suite,
+        "--tasks",
+        str(tasks),
+        "--start",
+        str(start),
+    ]
     return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env, cwd=REPO)
 
 
@@ -205,8 +225,9 @@ def _answers(proc: subprocess.Popen[bytes], timeout: float) -> Iterator[str | No
         yield line.decode()
 
 
-def run(pristine: Path, work: Path, suite: str, flips: Sequence[Flip], *, timeout: float = 30.0,
-        budget: float | None = None) -> Tally:
+def run(
+    pristine: Path, work: Path, suite: str, flips: Sequence[Flip], *, timeout: float = 30.0, budget: float | None = None
+) -> Tally:
     """Judge ``flips`` in worker subprocesses; stops early (``done`` < len) when ``budget`` runs out."""
     work.mkdir(parents=True, exist_ok=True)
     tasks = work / "flips.jsonl"
@@ -243,8 +264,9 @@ def run(pristine: Path, work: Path, suite: str, flips: Sequence[Flip], *, timeou
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.flips", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.flips", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--store", type=Path, required=True, help="pristine goldens (built when missing)")
     parser.add_argument("--work", type=Path, default=None, help="scratch store (default: STORE-flips)")
     parser.add_argument("--suite", default="smoke")
@@ -260,16 +282,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.worker:
         worker(args.store, work, args.suite, args.tasks, args.start)
         return 0
-    from golden.regen import regen
-    from golden.spec import load_suites
-    from golden.store import GoldenStore
+    from mlaconf.golden.regen import regen
+    from mlaconf.golden.spec import load_suites
+    from mlaconf.golden.store import GoldenStore
 
     summary = regen(load_suites([args.suite]), GoldenStore(args.store))
     if summary.count("failed"):
         print(summary.format(), file=sys.stderr)
         return 2
-    tally = run(args.store, work, args.suite, plan(args.store, args.flips, args.seed), timeout=args.timeout,
-                budget=args.budget)
+    tally = run(
+        args.store, work, args.suite, plan(args.store, args.flips, args.seed), timeout=args.timeout, budget=args.budget
+    )
     print("\n".join(tally.lines()))
     for example in tally.examples:
         print(f"  {example}")

@@ -65,21 +65,27 @@ def groups(paths: Iterable[Path]) -> dict[tuple[str, str, str], Group]:
 
 
 def table(found: dict[tuple[str, str, str], Group]) -> str:
-    lines = ["| backend | dtype | mask | cases | failed | largest slack | check | model | atb (evidence) | case |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| backend | dtype | mask | cases | failed | largest slack | check | model | atb (evidence) | case |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for (backend, dtype, mask), g in sorted(found.items()):
         model = g.by_rule.get("model:max_err_over_bound", math.nan)
         atb = g.by_rule.get("atb:atb_max_scaled_err", math.nan)
-        lines.append(f"| {backend} | {dtype} | {mask} | {g.cases} | {g.failed} | {g.worst:.3g} | {g.worst_check} | "
-                     f"{model:.3g} | {atb:.3g} | {g.worst_case} |")
+        lines.append(
+            f"| {backend} | {dtype} | {mask} | {g.cases} | {g.failed} | {g.worst:.3g} | {g.worst_check} | "
+            f"{model:.3g} | {atb:.3g} | {g.worst_case} |"
+        )
     return "\n".join(lines)
 
 
 def matrix(found: dict[tuple[str, str, str], Group]) -> str:
     """One row per backend, one column per dtype x mask: "default / model / atb" largest slacks."""
     columns = sorted({(dtype, mask) for _, dtype, mask in found})
-    lines = ["| backend | " + " | ".join(f"{d} {m}" for d, m in columns) + " | cases | failed |",
-             "|---|" + "---|" * (len(columns) + 2)]
+    lines = [
+        "| backend | " + " | ".join(f"{d} {m}" for d, m in columns) + " | cases | failed |",
+        "|---|" + "---|" * (len(columns) + 2),
+    ]
     for backend in sorted({b for b, _, _ in found}):
         cells, cases, failed = [], 0, 0
         for dtype, mask in columns:
@@ -113,9 +119,11 @@ def defect_table(paths: Iterable[Path]) -> str:
         for c in checks:
             if c.get("decisive", True) and not c["passed"]:
                 row["rules"][c["rule"]] = row["rules"].get(c["rule"], 0) + 1
-    lines = ["| backend | failed / cases | largest slack | smallest failing slack | failing rule (cases) "
-             "| atb alone fails |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| backend | failed / cases | largest slack | smallest failing slack | failing rule (cases) "
+        "| atb alone fails |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, row in sorted(rows.items()):
         slacks = row["slacks"]
         rules = ", ".join(f"{k} {v}" for k, v in sorted(row["rules"].items()))

@@ -3,7 +3,7 @@
 Not user-facing backends: they exist to prove that the default tolerance policy never fails a
 correct kernel (``tests/nocover/test_zoo.py``; docs/conformance.md reports their slack).  Each is a
 zero-argument factory usable as ``--backend tests.zoo:<name>`` and implements the Backend
-protocol through :class:`harness.torch_backend.TorchSdpaBackend`'s batching and layouts, replacing
+protocol through :class:`mlaconf.harness.torch_backend.TorchSdpaBackend`'s batching and layouts, replacing
 only the per-sequence attention.  Every path rounds the output once to the case dtype and keeps
 every accumulation in fp32; they differ where spec section 4 allows a correct kernel to differ:
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from harness.torch_backend import TorchSdpaBackend
+from mlaconf.harness.torch_backend import TorchSdpaBackend
 
 
 def _allowed(q_len: int, kv_len: int, mask_type: int) -> torch.Tensor | None:
@@ -59,15 +59,30 @@ class ZooMember(TorchSdpaBackend):
         super().__init__("cpu")
         self.name = f"zoo-{name}"
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int,  # type: ignore[override]
-                scale: float, mask_type: int) -> torch.Tensor:
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        group: int,  # type: ignore[override]
+        scale: float,
+        mask_type: int,
+    ) -> torch.Tensor:
         dtype = q.dtype
         qh, kh, vh = _heads(q, k, v, group)
         out = self.attend32(qh, kh, vh, scale, _allowed(q.shape[0], k.shape[0], mask_type), dtype, mask_type)
         return out.transpose(0, 1).to(dtype)
 
-    def attend32(self, qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor, scale: float,
-                 allowed: torch.Tensor | None, dtype: torch.dtype, mask_type: int) -> torch.Tensor:
+    def attend32(
+        self,
+        qh: torch.Tensor,
+        kh: torch.Tensor,
+        vh: torch.Tensor,
+        scale: float,
+        allowed: torch.Tensor | None,
+        dtype: torch.dtype,
+        mask_type: int,
+    ) -> torch.Tensor:
         """``[H, q, 128]`` fp32 output before the final rounding."""
         raise NotImplementedError
 
@@ -75,16 +90,32 @@ class ZooMember(TorchSdpaBackend):
 class Fp32P(ZooMember):
     description = "fp32 scores, softmax and P; fp32 P.V"
 
-    def attend32(self, qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor, scale: float,
-                 allowed: torch.Tensor | None, dtype: torch.dtype, mask_type: int) -> torch.Tensor:
+    def attend32(
+        self,
+        qh: torch.Tensor,
+        kh: torch.Tensor,
+        vh: torch.Tensor,
+        scale: float,
+        allowed: torch.Tensor | None,
+        dtype: torch.dtype,
+        mask_type: int,
+    ) -> torch.Tensor:
         return torch.softmax(_scores32(qh, kh, scale, allowed), dim=-1) @ vh
 
 
 class PRounded(ZooMember):
     description = "fp32 scores; exp(s - m) rounded to the input dtype; fp32 P.V; / fp32 row sum"
 
-    def attend32(self, qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor, scale: float,
-                 allowed: torch.Tensor | None, dtype: torch.dtype, mask_type: int) -> torch.Tensor:
+    def attend32(
+        self,
+        qh: torch.Tensor,
+        kh: torch.Tensor,
+        vh: torch.Tensor,
+        scale: float,
+        allowed: torch.Tensor | None,
+        dtype: torch.dtype,
+        mask_type: int,
+    ) -> torch.Tensor:
         s = _scores32(qh, kh, scale, allowed)
         e = torch.exp(s - s.amax(dim=-1, keepdim=True))
         return (e.to(dtype).float() @ vh) / e.sum(dim=-1, keepdim=True)
@@ -93,8 +124,16 @@ class PRounded(ZooMember):
 class AtbFp16(PRounded):
     description = "ATB's fp16 maskType 0/2 path (fp16 scores, scale, mask, max, s - m); else p_rounded"
 
-    def attend32(self, qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor, scale: float,
-                 allowed: torch.Tensor | None, dtype: torch.dtype, mask_type: int) -> torch.Tensor:
+    def attend32(
+        self,
+        qh: torch.Tensor,
+        kh: torch.Tensor,
+        vh: torch.Tensor,
+        scale: float,
+        allowed: torch.Tensor | None,
+        dtype: torch.dtype,
+        mask_type: int,
+    ) -> torch.Tensor:
         if dtype != torch.float16 or mask_type not in (0, 2):
             return super().attend32(qh, kh, vh, scale, allowed, dtype, mask_type)
         s = (qh @ kh.transpose(1, 2)).half() * torch.tensor(scale, dtype=torch.float16)  # fp16 x fp16 -> fp16
@@ -112,15 +151,31 @@ class Flash(ZooMember):
         super().__init__(name)
         self.block = block
 
-    def attend32(self, qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor, scale: float,
-                 allowed: torch.Tensor | None, dtype: torch.dtype, mask_type: int) -> torch.Tensor:
+    def attend32(
+        self,
+        qh: torch.Tensor,
+        kh: torch.Tensor,
+        vh: torch.Tensor,
+        scale: float,
+        allowed: torch.Tensor | None,
+        dtype: torch.dtype,
+        mask_type: int,
+    ) -> torch.Tensor:
         acc, _, total = blockwise(qh, kh, vh, scale, allowed, dtype, self.block, range(0, kh.shape[1], self.block))
         return acc / total
 
 
-def blockwise(qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor, scale: float, allowed: torch.Tensor | None,
-              dtype: torch.dtype, block: int, starts: range | list[int], acc_dtype: torch.dtype = torch.float32
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def blockwise(
+    qh: torch.Tensor,
+    kh: torch.Tensor,
+    vh: torch.Tensor,
+    scale: float,
+    allowed: torch.Tensor | None,
+    dtype: torch.dtype,
+    block: int,
+    starts: range | list[int],
+    acc_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Unnormalised accumulator, running max and running sum over the key blocks at ``starts``.
 
     ``acc_dtype`` other than fp32 rounds the accumulator after every block (a planted defect uses it).
@@ -152,8 +207,16 @@ class SplitReverse(ZooMember):
     PARTS = 3
     BLOCK = 48
 
-    def attend32(self, qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor, scale: float,
-                 allowed: torch.Tensor | None, dtype: torch.dtype, mask_type: int) -> torch.Tensor:
+    def attend32(
+        self,
+        qh: torch.Tensor,
+        kh: torch.Tensor,
+        vh: torch.Tensor,
+        scale: float,
+        allowed: torch.Tensor | None,
+        dtype: torch.dtype,
+        mask_type: int,
+    ) -> torch.Tensor:
         kv = kh.shape[1]
         cuts = [round(kv * i / self.PARTS) for i in range(self.PARTS + 1)]
         parts = []
@@ -173,8 +236,16 @@ class SplitReverse(ZooMember):
         return acc / total
 
 
-def _part(qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor, scale: float, allowed: torch.Tensor | None,
-          dtype: torch.dtype, block: int, starts: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _part(
+    qh: torch.Tensor,
+    kh: torch.Tensor,
+    vh: torch.Tensor,
+    scale: float,
+    allowed: torch.Tensor | None,
+    dtype: torch.dtype,
+    block: int,
+    starts: list[int],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One kv part (keys up to kh's length) over blocks at ``starts``; blocks clipped at the part's end."""
     return blockwise(qh, kh, vh, scale, None if allowed is None else allowed[:, : kh.shape[1]], dtype, block, starts)
 

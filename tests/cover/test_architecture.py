@@ -8,38 +8,74 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-OURS = {"facts", "golden", "harness", "native", "judge", "runner", "cases", "reports", "mlaconf"}
+ROOMS = {"facts", "golden", "harness", "native", "judge", "runner", "cases", "reports"}
+#: The installed package's one top-level name; ``mlaconf.<room>`` is the folder ``<room>/``.
+NAMESPACE = "mlaconf"
+#: The console-script module itself (mlaconf/__init__.py), a room of its own for these rules.
+CLI = "cli"
 
-#: package -> our packages it must never import (at any depth, lazily or not).
+#: room -> rooms it must never import (at any depth, lazily or not).
 FORBIDDEN = {
-    "facts": OURS - {"facts"},
-    "golden": {"harness", "reports", "judge", "runner", "cases", "mlaconf"},
-    "harness": {"golden", "cases", "judge", "runner", "reports", "mlaconf"},
-    "native": {"golden", "cases", "judge", "runner", "reports", "mlaconf"},
-    "judge": {"harness", "runner", "cases", "reports", "mlaconf"},
-    "reports": {"golden", "harness", "native", "judge", "runner", "cases", "mlaconf"},
+    "facts": ROOMS - {"facts"} | {CLI},
+    "golden": {"harness", "reports", "judge", "runner", "cases", CLI},
+    "harness": {"golden", "cases", "judge", "runner", "reports", CLI},
+    "native": {"golden", "cases", "judge", "runner", "reports", CLI},
+    "judge": {"harness", "runner", "cases", "reports", CLI},
+    "reports": {"golden", "harness", "native", "judge", "runner", "cases", CLI},
 }
 
 
-def imported_packages(path: Path) -> set[str]:
-    """Top-level names of every import in a module, including those inside functions."""
+def imported_rooms(path: Path) -> set[str]:
+    """The rooms of every import of ours in a module, including those inside functions; a bare
+    room name (``import golden``) is reported as ``bare:golden``: it is not an installed name."""
     names: set[str] = set()
+    modules: list[str] = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
+            modules += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module.split(".")[0])
+            modules.append(node.module)
+    for module in modules:
+        parts = module.split(".")
+        if parts[0] == NAMESPACE:
+            names.add(parts[1] if len(parts) > 1 and parts[1] in ROOMS else CLI)
+        elif parts[0] in ROOMS:
+            names.add(f"bare:{parts[0]}")
     return names
 
 
-@pytest.mark.parametrize("package", sorted(FORBIDDEN))
-def test_package_imports_only_what_its_room_may(package: str) -> None:
+@pytest.mark.parametrize("room", sorted(FORBIDDEN))
+def test_room_imports_only_what_it_may(room: str) -> None:
     offences = [
-        f"{path.relative_to(REPO)} imports {sorted(imported_packages(path) & FORBIDDEN[package])}"
-        for path in sorted((REPO / package).rglob("*.py"))
-        if imported_packages(path) & FORBIDDEN[package]
+        f"{path.relative_to(REPO)} imports {sorted(imported_rooms(path) & FORBIDDEN[room])}"
+        for path in sorted((REPO / room).rglob("*.py"))
+        if imported_rooms(path) & FORBIDDEN[room]
     ]
-    assert not offences, f"{package} breaks its import rule: " + "; ".join(offences)
+    assert not offences, f"{room} breaks its import rule: " + "; ".join(offences)
+
+
+def test_every_import_uses_the_installed_name() -> None:
+    """``import golden`` works only in this checkout; installed, there is only ``mlaconf.golden``."""
+    sources = [p for p in REPO.rglob("*.py") if not {".git", "build", "mlaconf"} & set(p.relative_to(REPO).parts)]
+    sources += list((REPO / NAMESPACE).glob("*.py"))
+    offences = [
+        f"{path.relative_to(REPO)}: {sorted(n for n in imported_rooms(path) if n.startswith('bare:'))}"
+        for path in sorted(sources)
+        if any(n.startswith("bare:") for n in imported_rooms(path))
+    ]
+    assert not offences, "imports by a bare room name: " + "; ".join(offences)
+
+
+def test_the_namespace_maps_every_room() -> None:
+    """Each room is reachable as mlaconf.<room>: a symlink in the checkout, a package-dir entry installed."""
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert config["package-dir"] == {f"{NAMESPACE}.{room}": room for room in ROOMS}
+    assert set(config["packages"]) == {NAMESPACE} | {f"{NAMESPACE}.{room}" for room in ROOMS}
+    for room in ROOMS:
+        link = REPO / NAMESPACE / room
+        assert link.is_symlink() and link.resolve() == (REPO / room).resolve(), f"{link} must link to ../{room}"
 
 
 def test_cases_holds_suites_only() -> None:
@@ -50,7 +86,9 @@ def test_cases_holds_suites_only() -> None:
     assert sorted(p.stem for p in (REPO / "cases").glob("*.toml")), "no suite files shipped"
 
 
-def test_the_rule_checker_sees_lazy_imports(tmp_path: Path) -> None:
+def test_the_rule_checker_sees_lazy_and_bare_imports(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
-    module.write_text("def f():\n    from harness.registry import create\n    import golden.spec\n")
-    assert imported_packages(module) == {"harness", "golden"}
+    module.write_text(
+        "def f():\n    from mlaconf.harness.registry import create\n    import golden.spec\n    import mlaconf\n"
+    )
+    assert imported_rooms(module) == {"harness", "bare:golden", CLI}

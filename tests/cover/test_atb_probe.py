@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 import torch
 
-import harness.atb
-import native
-from facts.status import STATUS_CODES
-from golden.spec import CaseSpec, as_c_float, load_suites
-from harness.atb import AtbBackend
-from harness.backend import TENSOR_ARGS, Backend, BackendError, MlaPrefillCall
-from runner.perturb import error_call
+import mlaconf.harness.atb
+import mlaconf.native
+from mlaconf.facts.status import STATUS_CODES
+from mlaconf.golden.spec import CaseSpec, as_c_float, load_suites
+from mlaconf.harness.atb import AtbBackend
+from mlaconf.harness.backend import TENSOR_ARGS, Backend, BackendError, MlaPrefillCall
+from mlaconf.runner.perturb import error_call
 
 FAKE_STREAM = 0x7E57_0000_4560
 
@@ -67,7 +67,7 @@ def install_torch_npu(monkeypatch: pytest.MonkeyPatch, npu: FakeNpu) -> ModuleTy
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("MLA_ATB_LIB", raising=False)
     monkeypatch.delenv("ATB_HOME_PATH", raising=False)
-    monkeypatch.setattr(harness.atb, "_CONTEXTS", {})
+    monkeypatch.setattr(mlaconf.harness.atb, "_CONTEXTS", {})
 
 
 def reason() -> str:
@@ -113,10 +113,10 @@ def test_device_query_that_raises(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_native_extension_import_failure(monkeypatch: pytest.MonkeyPatch) -> None:
     install_torch_npu(monkeypatch, FakeNpu())
-    monkeypatch.delattr(native, "_atb_harness", raising=False)
-    monkeypatch.setitem(sys.modules, "native._atb_harness", None)
+    monkeypatch.delattr(mlaconf.native, "_atb_harness", raising=False)
+    monkeypatch.setitem(sys.modules, "mlaconf.native._atb_harness", None)
     text = reason()
-    assert text.startswith("the native extension native._atb_harness failed to import (")
+    assert text.startswith("the native extension mlaconf.native._atb_harness failed to import (")
     assert "pip install -e ." in text
 
 
@@ -134,8 +134,7 @@ def test_missing_entry_symbol_needs_newer_cann(monkeypatch: pytest.MonkeyPatch, 
     assert text.endswith("needs CANN/NNAL >= 8.2.RC1")
 
 
-def test_available_with_everything_present_and_probed_once(monkeypatch: pytest.MonkeyPatch,
-                                                           atb_double: Any) -> None:
+def test_available_with_everything_present_and_probed_once(monkeypatch: pytest.MonkeyPatch, atb_double: Any) -> None:
     npu = FakeNpu()
     install_torch_npu(monkeypatch, npu)
     monkeypatch.setenv("MLA_ATB_LIB", atb_double.path)
@@ -162,11 +161,19 @@ def test_unavailable_backend_keeps_the_protocol_and_refuses_to_run(monkeypatch: 
 
 def small_call(dtype: torch.dtype, rope_dtype: torch.dtype | None = None) -> MlaPrefillCall:
     return MlaPrefillCall(
-        q=torch.zeros(3, 128, dtype=dtype), q_rope=torch.zeros(3, 64, dtype=rope_dtype or dtype),
-        k=torch.zeros(1, 3, 128, dtype=dtype), k_rope=torch.zeros(1, 3, 64, dtype=dtype),
-        v=torch.zeros(1, 3, 128, dtype=dtype), q_seqlen=torch.tensor([3], dtype=torch.int32),
-        kv_seqlen=torch.tensor([3], dtype=torch.int32), mask=None, head_num=1, qk_scale=0.5,
-        kv_head_num=1, mask_type=0, cache_mode=1,
+        q=torch.zeros(3, 128, dtype=dtype),
+        q_rope=torch.zeros(3, 64, dtype=rope_dtype or dtype),
+        k=torch.zeros(1, 3, 128, dtype=dtype),
+        k_rope=torch.zeros(1, 3, 64, dtype=dtype),
+        v=torch.zeros(1, 3, 128, dtype=dtype),
+        q_seqlen=torch.tensor([3], dtype=torch.int32),
+        kv_seqlen=torch.tensor([3], dtype=torch.int32),
+        mask=None,
+        head_num=1,
+        qk_scale=0.5,
+        kv_head_num=1,
+        mask_type=0,
+        cache_mode=1,
     )
 
 
@@ -220,7 +227,8 @@ def passed_as(call: MlaPrefillCall, name: str) -> dict[str, Any] | None:
 
 @pytest.mark.parametrize("case", load_suites(["errors"]), ids=lambda c: c.name)
 def test_every_error_case_reaches_atb_as_built_and_its_status_comes_back(
-        monkeypatch: pytest.MonkeyPatch, atb_double: Any, case: CaseSpec) -> None:
+    monkeypatch: pytest.MonkeyPatch, atb_double: Any, case: CaseSpec
+) -> None:
     """Each invalid call of the error suite arrives at "libatb" exactly as the case builds it (wrong
     attenOut, formats, seqlen dtype/rank, null arguments included), and the status ATB's source says it
     returns comes back at its stage through the real extension and AtbBackend."""
@@ -251,8 +259,7 @@ def test_run_maps_atb_status_to_backend_error(monkeypatch: pytest.MonkeyPatch, a
     atb_double.inject("create", 1)
     with pytest.raises(BackendError) as caught:
         CpuAtbBackend().run(small_call(torch.bfloat16))
-    assert (caught.value.status, caught.value.status_name, caught.value.stage) == (
-        1, "ERROR_INVALID_PARAM", "create")
+    assert (caught.value.status, caught.value.status_name, caught.value.stage) == (1, "ERROR_INVALID_PARAM", "create")
 
 
 @pytest.mark.npu
@@ -263,11 +270,19 @@ def test_atb_on_a_real_npu_matches_a_float32_reference() -> None:
     torch.manual_seed(0)
     seq, heads = 129, 2  # a tail block past 128 rows
     call = MlaPrefillCall(
-        q=torch.randn(seq, heads, 128).half(), q_rope=torch.randn(seq, heads, 64).half(),
-        k=torch.randn(1, seq, heads * 128).half(), k_rope=torch.randn(1, seq, heads * 64).half(),
-        v=torch.randn(1, seq, heads * 128).half(), q_seqlen=torch.tensor([seq], dtype=torch.int32),
-        kv_seqlen=torch.tensor([seq], dtype=torch.int32), mask=None, head_num=heads, qk_scale=192**-0.5,
-        kv_head_num=heads, mask_type=0, cache_mode=1,
+        q=torch.randn(seq, heads, 128).half(),
+        q_rope=torch.randn(seq, heads, 64).half(),
+        k=torch.randn(1, seq, heads * 128).half(),
+        k_rope=torch.randn(1, seq, heads * 64).half(),
+        v=torch.randn(1, seq, heads * 128).half(),
+        q_seqlen=torch.tensor([seq], dtype=torch.int32),
+        kv_seqlen=torch.tensor([seq], dtype=torch.int32),
+        mask=None,
+        head_num=heads,
+        qk_scale=192**-0.5,
+        kv_head_num=heads,
+        mask_type=0,
+        cache_mode=1,
     )
     out = backend.run(call).cpu().float()
     q = torch.cat([call.q, call.q_rope], -1).float().transpose(0, 1)
@@ -285,6 +300,6 @@ def test_probe_pins_the_xdist_worker_to_its_npu(monkeypatch: pytest.MonkeyPatch)
     npu = FakeNpu(count=4)
     install_torch_npu(monkeypatch, npu)
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw6")
-    monkeypatch.setitem(sys.modules, "native._atb_harness", None)  # stop right after pinning
+    monkeypatch.setitem(sys.modules, "mlaconf.native._atb_harness", None)  # stop right after pinning
     AtbBackend().available()
     assert npu.pinned == 2

@@ -6,11 +6,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from golden.baseline import baseline_kernel, emulate_baseline, fp16_score_path, fp32_score_path, round_to_bf16
-from golden.inputs import generate_inputs, numpy_dtype
-from golden.reference import reference_attention
-from golden.spec import CaseSpec, build_case
-from golden.types import OpInputs
+from mlaconf.golden.baseline import baseline_kernel, emulate_baseline, fp16_score_path, fp32_score_path, round_to_bf16
+from mlaconf.golden.inputs import generate_inputs, numpy_dtype
+from mlaconf.golden.reference import reference_attention
+from mlaconf.golden.spec import CaseSpec, build_case
+from mlaconf.golden.types import OpInputs
 
 
 def case(**fields: object) -> CaseSpec:
@@ -56,9 +56,17 @@ def test_fp16_path_matches_a_scalar_emulation_of_spec_section_4() -> None:
     np.testing.assert_allclose(got[0], expected, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize(("dtype", "mask_type", "fp16_scores"),
-                         [("fp16", 0, True), ("fp16", 2, True), ("fp16", 3, False), ("bf16", 0, False),
-                          ("bf16", 2, False), ("bf16", 3, False)])
+@pytest.mark.parametrize(
+    ("dtype", "mask_type", "fp16_scores"),
+    [
+        ("fp16", 0, True),
+        ("fp16", 2, True),
+        ("fp16", 3, False),
+        ("bf16", 0, False),
+        ("bf16", 2, False),
+        ("bf16", 3, False),
+    ],
+)
 def test_kernel_choice_follows_dtype_and_mask(dtype: str, mask_type: int, fp16_scores: bool) -> None:
     fields: dict[str, object] = {"q_seqlen": [1], "head_num": 1, "dtype": dtype, "mask_type": mask_type}
     if mask_type == 3:
@@ -91,11 +99,10 @@ def first_value(inputs: OpInputs, spec: CaseSpec, b: int) -> np.ndarray:
     return np.ascontiguousarray(inputs.v[sum(spec.kv_seqlen[:b])])
 
 
-@pytest.mark.parametrize(("dtype", "mask_type", "bound"),
-                         [("fp16", 0, 2e-3), ("fp16", 2, 2e-3), ("fp16", 3, 2e-3), ("bf16", 2, 1.6e-2)])
-def test_baseline_error_against_golden_is_small_but_not_zero(
-    dtype: str, mask_type: int, bound: float
-) -> None:
+@pytest.mark.parametrize(
+    ("dtype", "mask_type", "bound"), [("fp16", 0, 2e-3), ("fp16", 2, 2e-3), ("fp16", 3, 2e-3), ("bf16", 2, 1.6e-2)]
+)
+def test_baseline_error_against_golden_is_small_but_not_zero(dtype: str, mask_type: int, bound: float) -> None:
     fields: dict[str, object] = {"q_seqlen": [40, 90], "head_num": 2, "dtype": dtype, "mask_type": mask_type}
     if mask_type == 3:
         fields.update(kv_layout="padded", kv_seqlen=[40, 218])
@@ -118,7 +125,7 @@ def test_threads_do_not_change_the_baseline() -> None:
 def test_bf16_rounding_matches_ml_dtypes_bit_for_bit() -> None:
     rng = np.random.default_rng(0)
     bits = rng.integers(0, 0x7F800000, 200_000, dtype=np.uint32)
-    ties = (np.arange(0x3F800000, 0x3F800000 + (1 << 17), 0x8000, dtype=np.uint32) | 0x8000)  # exact halves
+    ties = np.arange(0x3F800000, 0x3F800000 + (1 << 17), 0x8000, dtype=np.uint32) | 0x8000  # exact halves
     values = np.concatenate([bits, ties, bits | 0x80000000]).view(np.float32)
     values = np.concatenate([values, np.float32([0.0, 1.0, np.finfo(np.float32).max, 1e-45])])
     expected = values.astype(ml_dtypes.bfloat16).astype(np.float32)

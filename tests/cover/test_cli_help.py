@@ -8,7 +8,7 @@ import re
 import pytest
 
 import mlaconf as cli
-from harness.registry import AUTO_ORDER, BUILTIN
+from mlaconf.harness.registry import AUTO_ORDER, BUILTIN
 
 
 def verbs(parser: argparse.ArgumentParser, path: str = "mlaconf") -> list[tuple[str, argparse.ArgumentParser]]:

@@ -9,23 +9,26 @@ import numpy as np
 import pytest
 import torch
 
-from golden.generate import build_golden
-from golden.spec import build_case
-from golden.types import GoldenCase
-from harness.backend import BackendError, MlaPrefillCall
-from harness.torch_backend import TorchSdpaBackend
-from judge.deviations import load_deviations
-from judge.policy import load_policies
-from judge.verdict import MAP_ROWS, error_map
-from runner.conformance import run_case
+from mlaconf.golden.generate import build_golden
+from mlaconf.golden.spec import build_case
+from mlaconf.golden.types import GoldenCase
+from mlaconf.harness.backend import BackendError, MlaPrefillCall
+from mlaconf.harness.torch_backend import TorchSdpaBackend
+from mlaconf.judge.deviations import load_deviations
+from mlaconf.judge.policy import load_policies
+from mlaconf.judge.verdict import MAP_ROWS, error_map
+from mlaconf.runner.conformance import run_case
 
 POLICIES = load_policies()
 
 
 @pytest.fixture(scope="module")
 def golden() -> GoldenCase:
-    return build_golden(build_case({"head_num": 2, "q_seqlen": [9, 4], "dtype": "bf16", "q_layout": "2d",
-                                    "mask_type": 2}, source="test"))
+    return build_golden(
+        build_case(
+            {"head_num": 2, "q_seqlen": [9, 4], "dtype": "bf16", "q_layout": "2d", "mask_type": 2}, source="test"
+        )
+    )
 
 
 class Wrapped(TorchSdpaBackend):
@@ -52,8 +55,9 @@ class Wrapped(TorchSdpaBackend):
 
 
 def run_record(golden: GoldenCase, change: str, deviations: Path | None = None) -> dict[str, Any]:
-    result = run_case(golden, Wrapped(change), policy_set=POLICIES, policy="default",
-                      deviations=load_deviations(deviations))
+    result = run_case(
+        golden, Wrapped(change), policy_set=POLICIES, policy="default", deviations=load_deviations(deviations)
+    )
     assert result.record.verdict == result.outcome and result.record.message == result.message
     return result.record.to_dict()
 
@@ -76,8 +80,9 @@ def test_a_failing_record_carries_its_error_map(golden: GoldenCase) -> None:
 
 
 def test_error_map_is_pooled_to_a_bounded_grid() -> None:
-    big = build_golden(build_case({"head_num": 1, "q_seqlen": [300, 60], "dtype": "fp16", "mask_type": 2},
-                                  source="test"))
+    big = build_golden(
+        build_case({"head_num": 1, "q_seqlen": [300, 60], "dtype": "fp16", "mask_type": 2}, source="test")
+    )
     out = big.out.astype(np.float16)
     out.reshape(360, -1)[299] = np.nan  # the last row of batch 1
     emap = error_map(big, out, bound=None)
@@ -91,11 +96,14 @@ def test_correct_backend_passes(golden: GoldenCase) -> None:
     assert outcome == "passed", message
 
 
-@pytest.mark.parametrize(("change", "fragment"), [
-    ("float32", "attenOut dtype is float32, expected bf16"),
-    ("3d_output", "attenOut shape is [13, 2, 128], expected [13, 256]"),
-    ("scale_q_in_place", "modified its input q"),
-])
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        ("float32", "attenOut dtype is float32, expected bf16"),
+        ("3d_output", "attenOut shape is [13, 2, 128], expected [13, 256]"),
+        ("scale_q_in_place", "modified its input q"),
+    ],
+)
 def test_interface_contract_is_enforced(golden: GoldenCase, change: str, fragment: str) -> None:
     fresh = build_golden(golden.spec)  # the in-place defect corrupts the arrays it is given
     outcome, message = run(fresh, change)
@@ -106,7 +114,7 @@ def test_backend_error_fails_unless_a_deviation_predicts_it(golden: GoldenCase, 
     outcome, message = run(golden, "raise")
     assert outcome == "failed" and "ERROR_INVALID_TENSOR_DIM (8) at setup" in message
     path = tmp_path / "deviations.toml"
-    path.write_text('''[[deviation]]
+    path.write_text("""[[deviation]]
 id = "wrapped-rejects"
 backend = "wrapped"
 outcome = "error"
@@ -116,7 +124,7 @@ reason = "test"
 reference = "test"
 [deviation.select]
 mask = "mask_free"
-''')
+""")
     outcome, message = run(golden, "raise", path)
     assert outcome == "xfailed" and "wrapped-rejects" in message
     outcome, message = run(golden, "none", path)
@@ -124,9 +132,9 @@ mask = "mask_free"
 
 
 def test_overhead_tool_times_every_stage_of_run_case(tmp_path: Path) -> None:
-    """``python -m runner.overhead``: per-stage times of the framework around backend.run."""
-    from golden.store import GoldenStore
-    from runner.overhead import STAGES, format_rows, measure
+    """``python -m mlaconf.runner.overhead``: per-stage times of the framework around backend.run."""
+    from mlaconf.golden.store import GoldenStore
+    from mlaconf.runner.overhead import STAGES, format_rows, measure
 
     specs = [build_case({"head_num": 2, "q_seqlen": [n], "dtype": "fp16"}, source="test") for n in (5, 33)]
     rows = measure(specs, "torch-cpu", 2, GoldenStore(tmp_path))

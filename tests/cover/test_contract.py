@@ -1,4 +1,4 @@
-"""harness.contract and runner.perturb: the contract model, the error suite and how it is judged."""
+"""mlaconf.harness.contract and runner.perturb: the contract model, the error suite and how it is judged."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import math
 import pytest
 import torch
 
-from facts.status import STATUS_CODES
-from golden.inputs import generate_inputs
-from golden.spec import CaseSpec, SpecError, build_case, load_suites
-from harness.backend import Availability, BackendError, BackendInfo, MlaPrefillCall
-from harness.contract import CHECK_NAMES, ContractBackend, strict_torch_cpu, validate
-from judge.deviations import Deviation, DeviationSet
-from runner.execution import make_call
-from runner.perturb import PERTURBATIONS, error_call, judge_error_case, nearest_valid
+from mlaconf.facts.status import STATUS_CODES
+from mlaconf.golden.inputs import generate_inputs
+from mlaconf.golden.spec import CaseSpec, SpecError, build_case, load_suites
+from mlaconf.harness.backend import Availability, BackendError, BackendInfo, MlaPrefillCall
+from mlaconf.harness.contract import CHECK_NAMES, ContractBackend, strict_torch_cpu, validate
+from mlaconf.judge.deviations import Deviation, DeviationSet
+from mlaconf.runner.execution import make_call
+from mlaconf.runner.perturb import PERTURBATIONS, error_call, judge_error_case, nearest_valid
 
 
 @functools.cache
@@ -58,9 +58,18 @@ def no_deviations() -> DeviationSet:
 
 
 def deviation(**fields: object) -> DeviationSet:
-    base: dict[str, object] = dict(id="d", backend="model", versions="", outcome="fail", error_status=None,
-                                   stage=None, status="unconfirmed", reason="r", reference="ref",
-                                   select={"case": "*-err-nan_qk_scale-*"})
+    base: dict[str, object] = dict(
+        id="d",
+        backend="model",
+        versions="",
+        outcome="fail",
+        error_status=None,
+        stage=None,
+        status="unconfirmed",
+        reason="r",
+        reference="ref",
+        select={"case": "*-err-nan_qk_scale-*"},
+    )
     base.update(fields)
     return DeviationSet("<test>", [Deviation(**base)])  # type: ignore[arg-type]
 
@@ -95,18 +104,20 @@ def test_source_commit_is_provenance_not_content() -> None:
         build_case({"q_seqlen": [4], "head_num": 1, "source_commit": "ddcc8b622"}, source="<test>")
 
 
-@pytest.mark.parametrize(("family", "names"), [
-    ("attenOut", ("out-other-dtype", "out-fp32", "out-rank-differs", "out-rows-short")),
-    ("format", ("q-format-nz", "v-format-nchw", "mask-format-nz", "kv-seqlen-format-nchw", "out-format-nz")),
-    ("seqlen dtype/rank", ("q-seqlen-int64", "kv-seqlen-fp32", "kv-seqlen-rank2", "q-seqlen-scalar")),
-    ("null argument", ("null-q", "null-k-rope", "null-kv-seqlen", "null-out")),
-])
+@pytest.mark.parametrize(
+    ("family", "names"),
+    [
+        ("attenOut", ("out-other-dtype", "out-fp32", "out-rank-differs", "out-rows-short")),
+        ("format", ("q-format-nz", "v-format-nchw", "mask-format-nz", "kv-seqlen-format-nchw", "out-format-nz")),
+        ("seqlen dtype/rank", ("q-seqlen-int64", "kv-seqlen-fp32", "kv-seqlen-rank2", "q-seqlen-scalar")),
+        ("null argument", ("null-q", "null-k-rope", "null-kv-seqlen", "null-out")),
+    ],
+)
 def test_each_interface_failure_family_has_cases(family: str, names: tuple[str, ...]) -> None:
     """Each family's cases build calls that only the new MlaPrefillCall fields (or odd seqlens) express."""
     for name in names:
         call = error_call(case_named(name))
-        extras = (call.out_shape is not None or call.out_dtype is not None or bool(call.formats)
-                  or bool(call.null_args))
+        extras = call.out_shape is not None or call.out_dtype is not None or bool(call.formats) or bool(call.null_args)
         odd_seqlens = any(t.dtype != torch.int32 or t.dim() != 1 for t in (call.q_seqlen, call.kv_seqlen))
         assert extras or odd_seqlens, f"{family}: {name} is a call the old fields already expressed"
 
@@ -190,7 +201,7 @@ def test_deviation_predicting_the_documented_rejection_is_not_a_deviation() -> N
 
 
 def test_shipped_atb_deviation_covers_the_nan_case() -> None:
-    from judge.deviations import load_deviations
+    from mlaconf.judge.deviations import load_deviations
 
     found = load_deviations().match("atb", "8.2.RC1", case_named("qk-scale-nan"))
     assert found is not None and found.id == "atb-nan-qk-scale-accepted"
@@ -216,8 +227,11 @@ def test_rank3_mask_passes_the_operation_check_and_fails_in_the_kernel() -> None
         validate(error_call(case_named("mask-free-mask-rank3")))
     assert (info.value.status_name, info.value.stage) == ("ERROR_RT_FAIL", "setup")
     with pytest.raises(BackendError, match="ranks"):  # rank 4 is refused by the operation itself
-        validate(dataclasses.replace(error_call(case_named("mask-free-mask-rank3")),
-                                     mask=torch.zeros(1, 1, 512, 512, dtype=torch.float16)))
+        validate(
+            dataclasses.replace(
+                error_call(case_named("mask-free-mask-rank3")), mask=torch.zeros(1, 1, 512, 512, dtype=torch.float16)
+            )
+        )
 
 
 def test_model_follows_documentation_where_atb_deviates() -> None:
@@ -233,7 +247,7 @@ def test_unknown_check_names_are_refused() -> None:
 
 
 def test_strict_backend_computes_like_torch_cpu() -> None:
-    from harness.torch_backend import torch_cpu
+    from mlaconf.harness.torch_backend import torch_cpu
 
     strict = strict_torch_cpu()
     assert (strict.name, strict.error_contract, strict.deterministic) == ("torch-cpu-strict", True, True)

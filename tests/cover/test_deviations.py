@@ -1,4 +1,4 @@
-"""judge.deviations: the seeded ATB entries, each selector, CANN version ordering, load errors."""
+"""mlaconf.judge.deviations: the seeded ATB entries, each selector, CANN version ordering, load errors."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from golden.spec import CaseSpec
-from judge.deviations import (
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.judge.deviations import (
     DEFAULT_PATH,
     DeviationError,
     compare_versions,
@@ -36,13 +36,23 @@ PLAIN = _spec((16, 16), mask_type=0, kv_layout="packed")
 def test_seeded_entries() -> None:
     devs = load_deviations()
     assert [d.id for d in devs.entries] == [
-        "atb-c-causal-in-tensor-num", "atb-c-swa-norm-window-size", "atb-padded-kv-ragged",
-        "atb-causal-prefix-not-128", "atb-nan-qk-scale-accepted", "atb-padded-kv-capacity",
+        "atb-c-causal-in-tensor-num",
+        "atb-c-swa-norm-window-size",
+        "atb-padded-kv-ragged",
+        "atb-causal-prefix-not-128",
+        "atb-nan-qk-scale-accepted",
+        "atb-padded-kv-capacity",
     ]
     assert all(d.backend == "atb" and d.status == "unconfirmed" and d.reference for d in devs.entries)
     outcomes = [(d.outcome, d.error_status) for d in devs.entries]
-    assert outcomes == [("error", "ERROR_INVALID_IN_TENSOR_NUM"), ("error", "ERROR_INVALID_PARAM"),
-                        ("fail", None), ("fail", None), ("fail", None), ("fail", None)]
+    assert outcomes == [
+        ("error", "ERROR_INVALID_IN_TENSOR_NUM"),
+        ("error", "ERROR_INVALID_PARAM"),
+        ("fail", None),
+        ("fail", None),
+        ("fail", None),
+        ("fail", None),
+    ]
     assert [d.stage for d in devs.entries[:2]] == ["setup", "create"]
     # every entry was reviewed against ATB's source at one pinned commit
     assert {d.source_commit for d in devs.entries} == {ATB_REVIEW_COMMIT}
@@ -81,12 +91,19 @@ def test_unused_lists_entries_nothing_matched() -> None:
     assert len(devs.unused()) == 6
     devs.match("atb", "8.2.RC1", CAUSAL_PREFIX_100)  # covered by the causal C entry and the prefix entry
     assert [d.id for d in devs.unused()] == [
-        "atb-c-swa-norm-window-size", "atb-padded-kv-ragged", "atb-nan-qk-scale-accepted", "atb-padded-kv-capacity"]
+        "atb-c-swa-norm-window-size",
+        "atb-padded-kv-ragged",
+        "atb-nan-qk-scale-accepted",
+        "atb-padded-kv-capacity",
+    ]
     devs.match("torch-cpu", "8.2.RC1", SWA)
     assert len(devs.unused()) == 4
     devs.match("atb", "8.2.RC1", SWA)
     assert [d.id for d in devs.unused()] == [
-        "atb-padded-kv-ragged", "atb-nan-qk-scale-accepted", "atb-padded-kv-capacity"]
+        "atb-padded-kv-ragged",
+        "atb-nan-qk-scale-accepted",
+        "atb-padded-kv-capacity",
+    ]
 
 
 SELECTOR_FILE = """
@@ -134,8 +151,19 @@ def test_backend_glob_and_no_version_range(tmp_path: Path) -> None:
 
 
 VERSIONS_IN_ORDER = [
-    "8.0.RC3", "8.0.0", "8.1.RC1", "8.2.RC1", "8.2.RC2", "8.2.0", "8.2.1", "8.3.RC1.alpha001",
-    "8.3.RC1.alpha002", "8.3.RC1", "8.3.RC2", "8.3.0", "9",
+    "8.0.RC3",
+    "8.0.0",
+    "8.1.RC1",
+    "8.2.RC1",
+    "8.2.RC2",
+    "8.2.0",
+    "8.2.1",
+    "8.3.RC1.alpha001",
+    "8.3.RC1.alpha002",
+    "8.3.RC1",
+    "8.3.RC2",
+    "8.3.0",
+    "9",
 ]
 
 
@@ -175,9 +203,7 @@ def test_classify() -> None:
     assert "ERROR_INVALID_IN_TENSOR_NUM" in error_dev.describe() and "unconfirmed" in error_dev.describe()
 
 
-BASE_ENTRY = (
-    'id = "x"\nbackend = "atb"\noutcome = "fail"\nstatus = "unconfirmed"\nreason = "r"\nreference = "s"\n'
-)
+BASE_ENTRY = 'id = "x"\nbackend = "atb"\noutcome = "fail"\nstatus = "unconfirmed"\nreason = "r"\nreference = "s"\n'
 
 
 @pytest.mark.parametrize(

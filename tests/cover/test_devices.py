@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from harness.devices import auto_workers, worker_device_index, worker_index
+from mlaconf.harness.devices import auto_workers, worker_device_index, worker_index
 
 
-@pytest.mark.parametrize(("worker", "count", "device"), [("gw0", 4, 0), ("gw5", 4, 1), ("gw7", 8, 7),
-                                                         ("gw9", 3, 0), ("master", 2, 0), ("gw3", 0, 0)])
+@pytest.mark.parametrize(
+    ("worker", "count", "device"),
+    [("gw0", 4, 0), ("gw5", 4, 1), ("gw7", 8, 7), ("gw9", 3, 0), ("master", 2, 0), ("gw3", 0, 0)],
+)
 def test_worker_device_mapping(worker: str, count: int, device: int) -> None:
     assert worker_device_index(count, worker) == device
 

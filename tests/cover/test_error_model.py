@@ -1,4 +1,4 @@
-"""golden.magnitudes and golden.error_model: the stored magnitudes and the per-element bound."""
+"""mlaconf.golden.magnitudes and golden.error_model: the stored magnitudes and the per-element bound."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from golden.error_model import fp16_score_path, model_ratio, scale_cast_error, tail_factor
-from golden.generate import build_golden
-from golden.inputs import generate_inputs
-from golden.layout import causal_offset, kv_views, offsets, q_views
-from golden.magnitudes import (
+from mlaconf.golden.error_model import fp16_score_path, model_ratio, scale_cast_error, tail_factor
+from mlaconf.golden.generate import build_golden
+from mlaconf.golden.inputs import generate_inputs
+from mlaconf.golden.layout import causal_offset, kv_views, offsets, q_views
+from mlaconf.golden.magnitudes import (
     ELEMENT_MAGNITUDES,
     MAGNITUDES,
     ROW_MAGNITUDES,
@@ -24,21 +24,29 @@ from golden.magnitudes import (
     round_up_bf16,
     torch_magnitudes,
 )
-from golden.metrics import Metrics
-from golden.reference import effective_scale, reference_attention
-from golden.spec import CaseSpec, build_case
-from golden.store import SCHEMA_VERSION, GoldenStore, reseal
-from golden.types import GoldenCase
-from judge.policy import load_policies
-from judge.verdict import verdict_context
+from mlaconf.golden.metrics import Metrics
+from mlaconf.golden.reference import effective_scale, reference_attention
+from mlaconf.golden.spec import CaseSpec, build_case
+from mlaconf.golden.store import SCHEMA_VERSION, GoldenStore, reseal
+from mlaconf.golden.types import GoldenCase
+from mlaconf.judge.policy import load_policies
+from mlaconf.judge.verdict import verdict_context
 
 
 def _spec(**fields: Any) -> CaseSpec:
     return build_case(dict(fields), source="test_error_model")
 
 
-CAUSAL = _spec(dtype="bf16", mask_type="causal", q_seqlen=[5, 0, 9], kv_seqlen=[21, 4, 9], head_num=4,
-               kv_head_num=2, kv_layout="padded", q_layout="2d")
+CAUSAL = _spec(
+    dtype="bf16",
+    mask_type="causal",
+    q_seqlen=[5, 0, 9],
+    kv_seqlen=[21, 4, 9],
+    head_num=4,
+    kv_head_num=2,
+    kv_layout="padded",
+    q_layout="2d",
+)
 FP16 = _spec(dtype="fp16", mask_type="undefined", q_seqlen=[33, 7], head_num=2, distribution="large_logits")
 FP16_MASK_FREE = _spec(dtype="fp16", mask_type="mask_free", q_seqlen=[6, 19], head_num=3)
 
@@ -79,8 +87,9 @@ def _brute(spec: CaseSpec, golden: GoldenCase) -> dict[str, np.ndarray]:
     return out
 
 
-@pytest.mark.parametrize("spec", [CAUSAL, FP16, FP16_MASK_FREE],
-                         ids=["bf16-causal-gqa-ragged", "fp16-large-logits", "fp16-mask_free-packed"])
+@pytest.mark.parametrize(
+    "spec", [CAUSAL, FP16, FP16_MASK_FREE], ids=["bf16-causal-gqa-ragged", "fp16-large-logits", "fp16-mask_free-packed"]
+)
 def test_magnitudes_match_their_definitions_rounded_up(spec: CaseSpec) -> None:
     golden = build_golden(spec)
     expected = _brute(spec, golden)
@@ -176,8 +185,10 @@ def test_emulated_atb_path_is_inside_and_one_planted_error_is_not(spec: CaseSpec
     assert result.max_ratio == pytest.approx(1.5, rel=1e-6) and result.n_over == 1 + clean.n_over
     assert f"(token {tok}) head {head} col {col}" in result.text()
     bad[tok, head, col] = np.nan
-    assert model_ratio(bad, golden.out, golden.row_valid, golden.magnitudes, spec, false_alarm=1e-6,
-                       safety=2.0).max_ratio == math.inf
+    assert (
+        model_ratio(bad, golden.out, golden.row_valid, golden.magnitudes, spec, false_alarm=1e-6, safety=2.0).max_ratio
+        == math.inf
+    )
 
 
 def test_default_policy_on_a_real_golden_and_baseline() -> None:
@@ -204,7 +215,7 @@ def test_magnitudes_survive_the_store(tmp_path: Any) -> None:
 def test_schema_2_files_are_stale_and_rebuilt_with_magnitudes(tmp_path: Any) -> None:
     import h5py
 
-    from golden.store import GoldenCorruptError, GoldenStaleError
+    from mlaconf.golden.store import GoldenCorruptError, GoldenStaleError
 
     store = GoldenStore(tmp_path)
     path = store.save(build_golden(CAUSAL))

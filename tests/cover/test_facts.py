@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from facts.operator import kv_layout_of, useful_flops
-from facts.shard import in_shard, parse_shard, shard_index
-from facts.versions import ascend_versions, atb_version_near
-from golden.regen import select_cases
+from mlaconf.facts.operator import kv_layout_of, useful_flops
+from mlaconf.facts.shard import in_shard, parse_shard, shard_index
+from mlaconf.facts.versions import ascend_versions, atb_version_near
+from mlaconf.golden.regen import select_cases
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,13 +34,34 @@ def test_pytest_shard_equals_regen_shard(tmp_path: Path) -> None:
     for k in (1, 4):
         expected = {spec.case_id for spec in select_cases(["smoke"], shard=(k, 4))}
         done = subprocess.run(
-            [sys.executable, "-m", "pytest", "cases/test_conformance.py", "--collect-only", "-q", "-p",
-             "no:cacheprovider", "--suite", "smoke", "--backend", "torch-cpu", "--shard", f"{k}/4",
-             "--report-dir", str(tmp_path / "r")],
-            cwd=REPO, capture_output=True, text=True, check=False,
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "cases/test_conformance.py",
+                "--collect-only",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "--suite",
+                "smoke",
+                "--backend",
+                "torch-cpu",
+                "--shard",
+                f"{k}/4",
+                "--report-dir",
+                str(tmp_path / "r"),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=False,
         )
-        collected = {line.split("[", 1)[1].rsplit("-torch-cpu]", 1)[0]
-                     for line in done.stdout.splitlines() if "::test_conformance[" in line}
+        collected = {
+            line.split("[", 1)[1].rsplit("-torch-cpu]", 1)[0]
+            for line in done.stdout.splitlines()
+            if "::test_conformance[" in line
+        }
         assert expected, "the smoke suite has cases in every quarter"
         assert collected == expected, (k, sorted(collected ^ expected))
 

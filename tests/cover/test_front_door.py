@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from reports import cli
-from reports.records import write_json, write_results
-from runner import plugin
+from mlaconf.reports import cli
+from mlaconf.reports.records import write_json, write_results
+from mlaconf.runner import plugin
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,9 +54,22 @@ MINE = textwrap.dedent("""
 
 def pytest_run(tmp_path: Path, *args: str, paths: tuple[str, ...] = ("cases",)) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pytest", *paths, "-p", "no:cacheprovider", "-q",
-         "--report-dir", str(tmp_path / "report"), *args],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *paths,
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "--report-dir",
+            str(tmp_path / "report"),
+            *args,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
     )
 
@@ -64,9 +77,18 @@ def pytest_run(tmp_path: Path, *args: str, paths: tuple[str, ...] = ("cases",)) 
 def test_own_suite_file_collects_and_feeds_the_error_suite(tmp_path: Path) -> None:
     mine = tmp_path / "mine.toml"
     mine.write_text(MINE)
-    result = pytest_run(tmp_path, "--collect-only", "--strict-markers", "--cases", str(mine),
-                        "--backend", "torch-cpu-strict", "-m", "mine",
-                        paths=("cases/test_conformance.py", "cases/test_error_contract.py"))
+    result = pytest_run(
+        tmp_path,
+        "--collect-only",
+        "--strict-markers",
+        "--cases",
+        str(mine),
+        "--backend",
+        "torch-cpu-strict",
+        "-m",
+        "mine",
+        paths=("cases/test_conformance.py", "cases/test_error_contract.py"),
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     ids = [line for line in result.stdout.splitlines() if "::" in line]
     assert len(ids) == 3, ids  # one value case, both error cases of the file, none of errors.toml
@@ -74,17 +96,23 @@ def test_own_suite_file_collects_and_feeds_the_error_suite(tmp_path: Path) -> No
     assert any("-spec-" in i for i in ids) and any("-mask7-" in i for i in ids)
 
 
-@pytest.mark.parametrize(("args", "fragment"), [
-    (("--policy", "no-such-policy"), "--policy 'no-such-policy': no such policy; choose from"),
-    (("--golden-dir", "__FILE__"), "not a directory"),
-    (("--cases", "__EMPTY__"), "the file holds no case; an empty selection is not a pass"),
-    (("--cases", "__MISSING__"), "no such file"),
-])
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (("--policy", "no-such-policy"), "--policy 'no-such-policy': no such policy; choose from"),
+        (("--golden-dir", "__FILE__"), "not a directory"),
+        (("--cases", "__EMPTY__"), "the file holds no case; an empty selection is not a pass"),
+        (("--cases", "__MISSING__"), "no such file"),
+    ],
+)
 def test_usage_errors_come_before_any_test(tmp_path: Path, args: tuple[str, ...], fragment: str) -> None:
     (tmp_path / "a_file").write_text("x")
     (tmp_path / "empty.toml").write_text('[suite]\nname = "empty"\n')
-    subst = {"__FILE__": str(tmp_path / "a_file"), "__EMPTY__": str(tmp_path / "empty.toml"),
-             "__MISSING__": str(tmp_path / "missing.toml")}
+    subst = {
+        "__FILE__": str(tmp_path / "a_file"),
+        "__EMPTY__": str(tmp_path / "empty.toml"),
+        "__MISSING__": str(tmp_path / "missing.toml"),
+    }
     result = pytest_run(tmp_path, "--backend", "torch-cpu", *(subst.get(a, a) for a in args))
     assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
     assert fragment in result.stderr and "Traceback" not in result.stderr + result.stdout
@@ -103,8 +131,9 @@ def test_unwritable_empty_golden_dir_is_refused(tmp_path: Path, monkeypatch: pyt
 
 
 def test_k_matching_nothing_is_not_a_pass(tmp_path: Path) -> None:
-    result = pytest_run(tmp_path, "--backend", "torch-cpu", "-k", "no_such_test_anywhere",
-                        paths=("cases/test_conformance.py",))
+    result = pytest_run(
+        tmp_path, "--backend", "torch-cpu", "-k", "no_such_test_anywhere", paths=("cases/test_conformance.py",)
+    )
     assert result.returncode != 0
     assert "empty selection: no MLA test was selected" in result.stdout
 
@@ -118,13 +147,19 @@ def mlaconf(*argv: str) -> int:
 
 def test_report_html_on_malformed_results_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "results.jsonl").write_text('{"case_id": "a", "backend": "b", "verdict": "passed"}\n{not json\n')
-    result = subprocess.run([sys.executable, "-m", "mlaconf", "report", "html", str(tmp_path)],
-                            capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    result = subprocess.run(
+        [sys.executable, "-m", "mlaconf", "report", "html", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert "results.jsonl:2: not JSON" in result.stderr
-    (tmp_path / "results.jsonl").write_text('{"case_id": "a", "backend": "b", "suite": "bogus", "schema_version": 2,'
-                                            ' "test": "t", "verdict": "passed"}\n')
+    (tmp_path / "results.jsonl").write_text(
+        '{"case_id": "a", "backend": "b", "suite": "bogus", "schema_version": 2, "test": "t", "verdict": "passed"}\n'
+    )
     assert mlaconf("report", "html", str(tmp_path)) == 2
 
 

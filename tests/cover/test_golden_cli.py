@@ -10,10 +10,10 @@ from pathlib import Path
 import h5py
 import pytest
 
-from golden import cli
-from golden.progress import Progress
-from golden.spec import load_suite
-from golden.store import GoldenStore, reseal
+from mlaconf.golden import cli
+from mlaconf.golden.progress import Progress
+from mlaconf.golden.spec import load_suite
+from mlaconf.golden.store import GoldenStore, reseal
 
 SUITE = """
 [suite]
@@ -141,9 +141,7 @@ def test_verify_names_missing_files_of_selected_cases(
     assert run(capsys, "verify", "--out", tmp_path / "empty")[0] == 1, "an empty store is not a pass"
 
 
-def test_show_finds_by_prefix_and_hash(
-    capsys: pytest.CaptureFixture[str], suite: Path, tmp_path: Path
-) -> None:
+def test_show_finds_by_prefix_and_hash(capsys: pytest.CaptureFixture[str], suite: Path, tmp_path: Path) -> None:
     out = tmp_path / "store"
     assert run(capsys, "regen", "--cases", suite, "--out", out)[0] == 0
     spec = next(s for s in load_suite(suite) if s.mask_type == 3)
@@ -211,9 +209,9 @@ def test_progress_by_work_counts_flops_and_running_cases() -> None:
 @pytest.mark.parametrize("mask_type", [0, 2, 3])
 def test_build_reports_work_inside_a_case(mask_type: int) -> None:
     """Every reference and baseline tile reports its useful FLOPs: a build ends at exactly 100 %."""
-    from golden import progress
-    from golden.generate import build_golden
-    from golden.spec import build_case
+    from mlaconf.golden import progress
+    from mlaconf.golden.generate import build_golden
+    from mlaconf.golden.spec import build_case
 
     fields: dict[str, object] = {"q_seqlen": [300, 0, 40], "head_num": 2, "mask_type": mask_type}
     if mask_type == 3:
@@ -237,7 +235,7 @@ def test_build_reports_work_inside_a_case(mask_type: int) -> None:
 
 
 def test_list_announces_cost(capsys: pytest.CaptureFixture[str], suite: Path, tmp_path: Path) -> None:
-    from golden import cost
+    from mlaconf.golden import cost
 
     out = tmp_path / "store"
     rc, text = run(capsys, "list", "--cases", suite, "--out", out)
@@ -250,8 +248,9 @@ def test_list_announces_cost(capsys: pytest.CaptureFixture[str], suite: Path, tm
             assert cost.stored_bytes(spec) - cost.FILE_OVERHEAD <= actual <= cost.stored_bytes(spec), spec.case_id
 
 
-def test_store_shows_suites_and_prunes_only_with_yes(capsys: pytest.CaptureFixture[str], suite: Path,
-                                                     tmp_path: Path) -> None:
+def test_store_shows_suites_and_prunes_only_with_yes(
+    capsys: pytest.CaptureFixture[str], suite: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "store"
     assert run(capsys, "regen", "--cases", suite, "--out", out)[0] == 0
     orphan = out / "fp16-undefined-old-case-0000aaaa.h5"
@@ -267,7 +266,7 @@ def test_store_shows_suites_and_prunes_only_with_yes(capsys: pytest.CaptureFixtu
 
 def test_regen_in_worker_processes_reports_work(suite: Path, tmp_path: Path) -> None:
     """--jobs 2: workers send in-case progress through a queue; the line counts FLOPs, not cases."""
-    from golden import regen as rg
+    from mlaconf.golden import regen as rg
 
     stream = io.StringIO()
     specs = rg.select_cases([], [suite])

@@ -6,9 +6,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from golden.inputs import LARGE_LOGIT_STD, V_OUTLIER_MAGNITUDE, build_mask, generate_inputs
-from golden.layout import kv_views, q_views
-from golden.spec import CaseSpec, build_case
+from mlaconf.golden.inputs import LARGE_LOGIT_STD, V_OUTLIER_MAGNITUDE, build_mask, generate_inputs
+from mlaconf.golden.layout import kv_views, q_views
+from mlaconf.golden.spec import CaseSpec, build_case
 
 
 def spec_of(**fields: object) -> CaseSpec:
@@ -92,10 +92,11 @@ def test_near_ties_and_outliers() -> None:
 
 @pytest.mark.parametrize("distribution", ["uniform", "normal", "near_tie", "v_outliers", "large_logits"])
 @pytest.mark.parametrize("kv_layout", ["padded", "packed"])
-def test_values_do_not_depend_on_the_chunk_size(monkeypatch: pytest.MonkeyPatch, distribution: str,
-                                                kv_layout: str) -> None:
+def test_values_do_not_depend_on_the_chunk_size(
+    monkeypatch: pytest.MonkeyPatch, distribution: str, kv_layout: str
+) -> None:
     """Inputs are drawn and rounded in chunks (bounded memory); every stream is consumed in row order."""
-    import golden.inputs as inputs_module
+    import mlaconf.golden.inputs as inputs_module
 
     fields: dict[str, object] = {"q_seqlen": [37, 64], "kv_seqlen": [40, 70], "mask_type": 3, "kv_capacity": 80}
     if kv_layout == "packed":

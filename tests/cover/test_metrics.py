@@ -1,4 +1,4 @@
-"""golden.metrics: every metric against a hand-computed example, ULP counting, NaN/Inf, chunking."""
+"""mlaconf.golden.metrics: every metric against a hand-computed example, ULP counting, NaN/Inf, chunking."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from golden import metrics as gm
-from golden.metrics import Metrics, compute_metrics, locate, locate_flat, round_to_dtype, ulp_distance
+from mlaconf.golden import metrics as gm
+from mlaconf.golden.metrics import Metrics, compute_metrics, locate, locate_flat, round_to_dtype, ulp_distance
 
 BF16 = ml_dtypes.bfloat16
 
@@ -187,8 +187,9 @@ def test_nothing_valid_gives_empty_metrics() -> None:
         ((2, 1, 1), [True, True], "fp16", [3], "q_seqlen"),
     ],
 )
-def test_bad_arguments(shape: tuple[int, ...], row_valid: list[bool], dtype: str, q_seqlen: list[int],
-                       message: str) -> None:
+def test_bad_arguments(
+    shape: tuple[int, ...], row_valid: list[bool], dtype: str, q_seqlen: list[int], message: str
+) -> None:
     with pytest.raises(ValueError, match=message):
         compute_metrics(np.zeros(shape, np.float16), np.zeros(shape), np.array(row_valid), dtype, q_seqlen)
 
@@ -205,11 +206,16 @@ def test_worst_is_first_of_equal_violations_across_chunks(monkeypatch: pytest.Mo
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_fast_finite_rounding_matches_round_to_dtype(dtype: str) -> None:
     """The finite fast path's integer rounding gives round_to_dtype's bits, ties and overflow included."""
-    from golden.metrics import _bits16_finite, round_to_dtype
+    from mlaconf.golden.metrics import _bits16_finite, round_to_dtype
 
     rng = np.random.default_rng(7)
-    x = np.concatenate([rng.normal(0, 1, 20000), rng.uniform(-1, 1, 2000) * 2.0 ** rng.integers(-140, 130, 2000),
-                        [0.0, -0.0, 1e-300, -1e-300, 65519.9, 65520.0, 3.3e38, 3.4e38, -3.39e38]])
+    x = np.concatenate(
+        [
+            rng.normal(0, 1, 20000),
+            rng.uniform(-1, 1, 2000) * 2.0 ** rng.integers(-140, 130, 2000),
+            [0.0, -0.0, 1e-300, -1e-300, 65519.9, 65520.0, 3.3e38, 3.4e38, -3.39e38],
+        ]
+    )
     with np.errstate(all="ignore"):
         exact = round_to_dtype(x, dtype).astype(np.float64)
         x = np.concatenate([x, exact, np.nextafter(exact, np.inf), (exact + np.nextafter(exact, np.inf)) / 2])

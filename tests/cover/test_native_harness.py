@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import torch
 
-import native.harness as pyside
-from facts.status import STATUS_NAMES, status_name
-from harness.atb import describe_host_tensors, describe_tensors, launch
-from harness.backend import BackendError, MlaPrefillCall
-from native import _atb_harness as ext
+import mlaconf.native.harness as pyside
+from mlaconf.facts.status import STATUS_NAMES, status_name
+from mlaconf.harness.atb import describe_host_tensors, describe_tensors, launch
+from mlaconf.harness.backend import BackendError, MlaPrefillCall
+from mlaconf.native import _atb_harness as ext
 
 FAKE_STREAM = 0x5EED_0000_1230
 TENSOR_ORDER = ("q", "q_rope", "k", "k_rope", "v", "mask", "out")
@@ -67,8 +67,14 @@ class Launch:
         self.at_sync.append(self._double.record())
 
     def __call__(self, alloc: Callable[[int], int] | None = None) -> int:
-        return launch(self._context, self.call, self.out, stream=FAKE_STREAM,
-                      alloc_workspace=alloc or self.alloc, synchronize=self.sync)
+        return launch(
+            self._context,
+            self.call,
+            self.out,
+            stream=FAKE_STREAM,
+            alloc_workspace=alloc or self.alloc,
+            synchronize=self.sync,
+        )
 
 
 @pytest.fixture
@@ -90,9 +96,17 @@ def test_native_tables_match_the_python_ones() -> None:
     for code in range(-2, len(STATUS_NAMES) + 2):
         assert ext.status_name(code) == status_name(code)
     assert (ext.ACL_FLOAT, ext.ACL_FLOAT16, ext.ACL_INT32, ext.ACL_INT64, ext.ACL_BF16) == (
-        pyside.ACL_FLOAT, pyside.ACL_FLOAT16, pyside.ACL_INT32, pyside.ACL_INT64, pyside.ACL_BF16)
+        pyside.ACL_FLOAT,
+        pyside.ACL_FLOAT16,
+        pyside.ACL_INT32,
+        pyside.ACL_INT64,
+        pyside.ACL_BF16,
+    )
     assert (ext.ACL_FORMAT_NCHW, ext.ACL_FORMAT_ND, ext.ACL_FORMAT_FRACTAL_NZ) == (
-        pyside.ACL_FORMAT_NCHW, pyside.ACL_FORMAT_ND, pyside.ACL_FORMAT_FRACTAL_NZ)
+        pyside.ACL_FORMAT_NCHW,
+        pyside.ACL_FORMAT_ND,
+        pyside.ACL_FORMAT_FRACTAL_NZ,
+    )
 
 
 @pytest.mark.parametrize(("dtype", "code"), [(torch.float16, 1), (torch.bfloat16, 27)])
@@ -101,8 +115,15 @@ def test_describe_tensors_is_ordered_and_typed(dtype: torch.dtype, code: int, ma
     call = make_call(dtype, mask=mask)
     out = torch.empty(call.q.shape, dtype=dtype)
     descs = describe_tensors(call, out)
-    tensors = {"q": call.q, "q_rope": call.q_rope, "k": call.k, "k_rope": call.k_rope, "v": call.v,
-               "mask": call.mask, "out": out}
+    tensors = {
+        "q": call.q,
+        "q_rope": call.q_rope,
+        "k": call.k,
+        "k_rope": call.k_rope,
+        "v": call.v,
+        "mask": call.mask,
+        "out": out,
+    }
     assert [d.name for d in descs] == [n for n in TENSOR_ORDER if mask or n != "mask"]
     for desc in descs:
         tensor = tensors[desc.name]
@@ -139,8 +160,15 @@ def test_arguments_reach_atb_in_declared_order(atb_double: Any, context: ext.Con
     (setup,) = record["workspace_calls"]
     (execute,) = record["execute_calls"]
     call = run.call
-    expected = {"q": call.q, "q_rope": call.q_rope, "k": call.k, "k_rope": call.k_rope, "v": call.v,
-                "mask": call.mask, "atten_out": run.out}
+    expected = {
+        "q": call.q,
+        "q_rope": call.q_rope,
+        "k": call.k,
+        "k_rope": call.k_rope,
+        "v": call.v,
+        "mask": call.mask,
+        "atten_out": run.out,
+    }
     assert call.k.shape == call.v.shape
     for name, tensor in expected.items():
         assert tensor is not None
@@ -152,20 +180,36 @@ def test_arguments_reach_atb_in_declared_order(atb_double: Any, context: ext.Con
     assert setup["context"] == execute["context"] != 0
     assert execute["workspace"] == run.workspaces[0].data_ptr()
     assert execute["workspace_size"] == 4096 == run.workspaces[0].numel()
-    assert record["events"] == ["create_context", *["create_tensor"] * 9, "set_stream", "get_workspace_size",
-                                "prefill", "destroy_operation", *["destroy_tensor"] * 9]
+    assert record["events"] == [
+        "create_context",
+        *["create_tensor"] * 9,
+        "set_stream",
+        "get_workspace_size",
+        "prefill",
+        "destroy_operation",
+        *["destroy_tensor"] * 9,
+    ]
 
 
 @pytest.mark.parametrize(("dtype", "code"), [(torch.float16, 1), (torch.bfloat16, 27)])
 @pytest.mark.parametrize("q_rank", [2, 3])
-def test_dtype_format_and_contiguous_strides(atb_double: Any, context: ext.Context, dtype: torch.dtype,
-                                             code: int, q_rank: int) -> None:
+def test_dtype_format_and_contiguous_strides(
+    atb_double: Any, context: ext.Context, dtype: torch.dtype, code: int, q_rank: int
+) -> None:
     run = Launch(atb_double, context, make_call(dtype, q_rank=q_rank, mask=True))
     run()
     (setup,) = atb_double.record()["workspace_calls"]
-    shapes = {"q": run.call.q, "q_rope": run.call.q_rope, "k": run.call.k, "k_rope": run.call.k_rope,
-              "v": run.call.v, "mask": run.call.mask, "atten_out": run.out,
-              "q_seqlen": run.call.q_seqlen, "kv_seqlen": run.call.kv_seqlen}
+    shapes = {
+        "q": run.call.q,
+        "q_rope": run.call.q_rope,
+        "k": run.call.k,
+        "k_rope": run.call.k_rope,
+        "v": run.call.v,
+        "mask": run.call.mask,
+        "atten_out": run.out,
+        "q_seqlen": run.call.q_seqlen,
+        "kv_seqlen": run.call.kv_seqlen,
+    }
     for name, tensor in shapes.items():
         assert tensor is not None
         recorded = setup[name]
@@ -189,16 +233,25 @@ def test_null_arguments_are_passed_as_null(atb_double: Any, context: ext.Context
     record = atb_double.record()
     (setup,) = record["workspace_calls"]
     assert [name for name in ("q", "k_rope", "q_seqlen", "atten_out") if setup[name] is None] == [
-        "q", "k_rope", "q_seqlen", "atten_out"]
+        "q",
+        "k_rope",
+        "q_seqlen",
+        "atten_out",
+    ]
     assert all(setup[name] is not None for name in ("q_rope", "k", "v", "mask", "kv_seqlen"))
     assert record["tensors_created"] == 9 - len(nulls)
     assert_released(record)
 
 
 def test_formats_out_and_seqlen_dtype_and_rank_arrive_as_given(atb_double: Any, context: ext.Context) -> None:
-    call = replace(make_call(mask=True), formats={"q": pyside.ACL_FORMAT_FRACTAL_NZ, "kv_seqlen": 0, "out": 29},
-                   q_seqlen=torch.tensor([2, 3], dtype=torch.int64),
-                   kv_seqlen=torch.tensor([[3], [1]], dtype=torch.int32), out_shape=(5, 512), out_dtype=torch.bfloat16)
+    call = replace(
+        make_call(mask=True),
+        formats={"q": pyside.ACL_FORMAT_FRACTAL_NZ, "kv_seqlen": 0, "out": 29},
+        q_seqlen=torch.tensor([2, 3], dtype=torch.int64),
+        kv_seqlen=torch.tensor([[3], [1]], dtype=torch.int32),
+        out_shape=(5, 512),
+        out_dtype=torch.bfloat16,
+    )
     run = Launch(atb_double, context, call)
     run()
     (setup,) = atb_double.record()["workspace_calls"]
@@ -219,11 +272,11 @@ def test_host_tensor_bytes_are_copied_exactly(atb_double: Any, context: ext.Cont
     descs = describe_host_tensors(replace(call, q_seqlen=call.q_seqlen[0].clone(), kv_seqlen=call.kv_seqlen.long()))
     assert [(d.shape, d.dtype) for d in descs] == [((), 3), ((2,), 9)]
     assert descs[0].data == (2).to_bytes(4, "little") and descs[1].data == b"".join(
-        n.to_bytes(8, "little") for n in (3, 1))
+        n.to_bytes(8, "little") for n in (3, 1)
+    )
 
 
-def test_host_seqlens_are_correct_at_setup_and_alive_through_execute(atb_double: Any,
-                                                                      context: ext.Context) -> None:
+def test_host_seqlens_are_correct_at_setup_and_alive_through_execute(atb_double: Any, context: ext.Context) -> None:
     run = Launch(atb_double, context, make_call())
     run()
     record = atb_double.record()
@@ -236,8 +289,9 @@ def test_host_seqlens_are_correct_at_setup_and_alive_through_execute(atb_double:
     assert execute["live_tensors"] == 8
 
 
-def test_every_call_gets_a_fresh_operation_destroyed_after_the_final_sync(atb_double: Any,
-                                                                         context: ext.Context) -> None:
+def test_every_call_gets_a_fresh_operation_destroyed_after_the_final_sync(
+    atb_double: Any, context: ext.Context
+) -> None:
     first, second = Launch(atb_double, context, make_call()), Launch(atb_double, context, make_call())
     first()
     second()
@@ -258,8 +312,9 @@ def test_every_call_gets_a_fresh_operation_destroyed_after_the_final_sync(atb_do
 
 
 @pytest.mark.parametrize(("stage", "status"), [("create", 1), ("setup", 5), ("execute", 4)])
-def test_failure_at_each_stage_raises_and_releases(atb_double: Any, context: ext.Context, stage: str,
-                                                    status: int) -> None:
+def test_failure_at_each_stage_raises_and_releases(
+    atb_double: Any, context: ext.Context, stage: str, status: int
+) -> None:
     atb_double.inject(stage, status)
     run = Launch(atb_double, context, make_call(), workspace=64)
     with pytest.raises(BackendError) as caught:
@@ -308,8 +363,9 @@ def test_workspace_allocation_failure_releases_everything(atb_double: Any, conte
 
 
 @pytest.mark.parametrize(("index", "name"), [(0, "q"), (3, "k_rope"), (6, "q_seqlen"), (7, "kv_seqlen")])
-def test_acl_create_tensor_failure_releases_the_tensors_made_so_far(atb_double: Any, context: ext.Context,
-                                                                     index: int, name: str) -> None:
+def test_acl_create_tensor_failure_releases_the_tensors_made_so_far(
+    atb_double: Any, context: ext.Context, index: int, name: str
+) -> None:
     atb_double.fail_create_tensor(index)
     with pytest.raises(RuntimeError, match=f"aclCreateTensor returned null for {name}$"):
         Launch(atb_double, context, make_call())()
@@ -355,12 +411,16 @@ def test_context_lifecycle(atb_double: Any) -> None:
     with pytest.raises(ext.AtbStatusError) as caught:
         ext.Context(library)
     assert (caught.value.status, caught.value.status_name, caught.value.stage) == (
-        27, "ERROR_OUT_OF_HOST_MEMORY", "create")
+        27,
+        "ERROR_OUT_OF_HOST_MEMORY",
+        "create",
+    )
     assert atb_double.record()["live"]["contexts"] == before
 
 
-def test_library_search_order_and_messages(monkeypatch: pytest.MonkeyPatch, atb_double: Any, tmp_path: Path,
-                                           symbolless_lib: Path) -> None:
+def test_library_search_order_and_messages(
+    monkeypatch: pytest.MonkeyPatch, atb_double: Any, tmp_path: Path, symbolless_lib: Path
+) -> None:
     monkeypatch.setenv("ATB_HOME_PATH", str(tmp_path))
     missing = tmp_path / "nowhere" / "libatb.so"
     monkeypatch.setenv("MLA_ATB_LIB", str(missing))

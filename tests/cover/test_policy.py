@@ -1,4 +1,4 @@
-"""judge.policy: the shipped policies, every rule, overrides and load errors."""
+"""mlaconf.judge.policy: the shipped policies, every rule, overrides and load errors."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from golden.error_model import ModelResult
-from golden.metrics import Metrics, compute_metrics, round_to_dtype
-from golden.spec import CaseSpec
-from judge.policy import DEFAULT_PATH, Check, PolicyError, PolicySet, VerdictContext, load_policies
+from mlaconf.golden.error_model import ModelResult
+from mlaconf.golden.metrics import Metrics, compute_metrics, round_to_dtype
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.judge.policy import DEFAULT_PATH, Check, PolicyError, PolicySet, VerdictContext, load_policies
 
 POLICIES = load_policies()
 SHIPPED = len(POLICIES.overrides)  # overrides appended by a test come after the shipped ones
@@ -22,9 +22,19 @@ SHIPPED = len(POLICIES.overrides)  # overrides appended by a test come after the
 
 def _model_fn(ratio: float) -> Callable[[float, float], ModelResult]:
     """A stand-in for the error-model evaluation that reports ``ratio`` (as if measured)."""
+
     def model(false_alarm: float, safety: float) -> ModelResult:
-        return ModelResult(ratio, 100, int(ratio > 1), 7.0, "batch 0 row 1 (token 1) head 0 col 2", 1e-4, 1e-4 / ratio
-                           if ratio else 1.0, {"p_round": 1e-4})
+        return ModelResult(
+            ratio,
+            100,
+            int(ratio > 1),
+            7.0,
+            "batch 0 row 1 (token 1) head 0 col 2",
+            1e-4,
+            1e-4 / ratio if ratio else 1.0,
+            {"p_round": 1e-4},
+        )
+
     return model
 
 
@@ -48,10 +58,27 @@ def _judge(name: str, m: Metrics, baseline: Metrics | None, ctx: VerdictContext 
 def _base_metrics(**changes: float) -> Metrics:
     """A clean fp16 result (all errors small), with ``changes`` applied."""
     fields = dict(
-        dtype="fp16", n_elements=20000, n_rows=160, max_abs_err=1e-4, max_rel_err=2**-11, mean_rel_err=2**-13,
-        rmse=1e-4, eb_rel=0.0, mean_signed_err=0.0, cosine=1.0, max_ulp_err=1.0, frac_beyond_thousandth=0.0,
-        atb_max_scaled_err=1e-4, max_abs_expected=1.0, rms_expected=0.5, nan_count=0, inf_count=0,
-        expected_nan_count=0, expected_inf_count=0, nan_positions_match=True, inf_positions_match=True,
+        dtype="fp16",
+        n_elements=20000,
+        n_rows=160,
+        max_abs_err=1e-4,
+        max_rel_err=2**-11,
+        mean_rel_err=2**-13,
+        rmse=1e-4,
+        eb_rel=0.0,
+        mean_signed_err=0.0,
+        cosine=1.0,
+        max_ulp_err=1.0,
+        frac_beyond_thousandth=0.0,
+        atb_max_scaled_err=1e-4,
+        max_abs_expected=1.0,
+        rms_expected=0.5,
+        nan_count=0,
+        inf_count=0,
+        expected_nan_count=0,
+        expected_inf_count=0,
+        nan_positions_match=True,
+        inf_positions_match=True,
     )
     fields.update(changes)
     return Metrics(**fields)  # type: ignore[arg-type]
@@ -101,7 +128,8 @@ def test_nonfinite_fails_every_policy(policy: str, bad: float) -> None:
     baseline = _metrics_of(actual, expected, "fp16")
     actual[5, 1, 1] = bad
     verdict = POLICIES.resolve(policy, "x", "fp16", "causal", "c").evaluate(
-        _metrics_of(actual, expected, "fp16"), baseline, CTX16)
+        _metrics_of(actual, expected, "fp16"), baseline, CTX16
+    )
     assert not verdict.passed
     assert any(c.rule == "finite" for c in verdict.failing)
     assert verdict.worst_slack == math.inf
@@ -166,7 +194,8 @@ def test_benchmark_ratios_and_floors() -> None:
     assert _judge("benchmark", ok, perfect)
     for field, value in (("max_rel_err", 10.1 * u), ("mean_rel_err", 1.01 * u), ("rmse", 2.01 * u * 0.5)):
         verdict = POLICIES.resolve("benchmark", "x", "fp16", "m", "c").evaluate(
-            dataclasses.replace(ok, **{field: value}), perfect, CTX16)
+            dataclasses.replace(ok, **{field: value}), perfect, CTX16
+        )
         assert not verdict.passed
         assert len(verdict.failing) == 1 and verdict.failing[0].rule == "benchmark"
     # a worse baseline loosens the bound proportionally
@@ -283,8 +312,7 @@ def test_unknown_policy_is_named() -> None:
         ('[[override]]\nbackend = "x"\nrules = { atb = { eps_small = 0.1 } }\n', "override #0", "reason"),
         ('[[override]]\nreason = "r"\nrules = { atb = { eps = 1 } }\n', "override #0", "rules.atb.eps"),
         ('[[override]]\nreason = "r"\nrules = { bogus = { x = 1 } }\n', "override #0", "rules.bogus"),
-        ('[[override]]\nreason = "r"\nrules = { atb = { eps_small = -1 } }\n', "override #0",
-         "rules.atb.eps_small"),
+        ('[[override]]\nreason = "r"\nrules = { atb = { eps_small = -1 } }\n', "override #0", "rules.atb.eps_small"),
         ('[[override]]\nreason = "r"\nbackends = "x"\nrules = {}\n', "override #0", "backends"),
         ('[policy.mine]\nrules = ["atb", "nonesuch"]\n', "policy 'mine'", "rules"),
         ('[policy.mine]\nrules = ["atb"]\nlimit = 3\n', "policy 'mine'", "limit"),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from reports.records import (
+from mlaconf.reports.records import (
     SCHEMA_VERSION,
     ErrorEvidence,
     Failure,
@@ -23,16 +23,25 @@ from reports.records import (
 
 def test_round_trip_keeps_every_field_and_unknown_keys() -> None:
     record = ResultRecord(
-        suite="metamorphic", test="cases/test_metamorphic.py::test_determinism[x-torch-cpu]", backend="torch-cpu",
-        verdict="failed", case_id="x", relation="determinism", message="run 2 vs run 1: 3 differ",
+        suite="metamorphic",
+        test="cases/test_metamorphic.py::test_determinism[x-torch-cpu]",
+        backend="torch-cpu",
+        verdict="failed",
+        case_id="x",
+        relation="determinism",
+        message="run 2 vs run 1: 3 differ",
         difference=RelationEvidence("exact", 0.5, 3, ("run 2 vs run 1: 3 differ",)),
         failure=Failure("timeout", "Timeout", "Timeout (>5.0s)", "backend.run", 5.0),
         extra={"outcome": "failed", "custom": [1, 2]},
     )
     data = json.loads(json.dumps(record.to_dict()))
     assert data["schema_version"] == SCHEMA_VERSION and data["custom"] == [1, 2]
-    assert data["difference"] == {"kind": "exact", "max_abs_diff": 0.5, "differing": 3,
-                                  "problems": ["run 2 vs run 1: 3 differ"]}
+    assert data["difference"] == {
+        "kind": "exact",
+        "max_abs_diff": 0.5,
+        "differing": 3,
+        "problems": ["run 2 vs run 1: 3 differ"],
+    }
     assert ResultRecord.from_dict(data) == record
     assert record.failure is not None and record.failure.text() == "timed out after 5 s in backend.run"
     assert failing_summary(data) == "timed out after 5 s in backend.run"
@@ -49,25 +58,43 @@ def test_keys_tell_suites_apart() -> None:
     assert key(suite="property", relation="random case", case_id="shrunk") == ("property:random case", "b")
 
 
-@pytest.mark.parametrize(("values", "fragment"), [
-    ({"suite": "nope"}, "'suite': 'nope' is not one of"),
-    ({"verdict": "great"}, "'verdict': 'great' is not one of"),
-    ({"backend": ""}, "'backend' is empty"),
-    ({"case_id": ""}, "needs a 'case_id' or a 'relation'"),
-    ({"failure": {"kind": "meltdown"}}, "'failure.kind': 'meltdown'"),
-    ({"error": "ERROR_X"}, "'error': expected an object"),
-])
+@pytest.mark.parametrize(
+    ("values", "fragment"),
+    [
+        ({"suite": "nope"}, "'suite': 'nope' is not one of"),
+        ({"verdict": "great"}, "'verdict': 'great' is not one of"),
+        ({"backend": ""}, "'backend' is empty"),
+        ({"case_id": ""}, "needs a 'case_id' or a 'relation'"),
+        ({"failure": {"kind": "meltdown"}}, "'failure.kind': 'meltdown'"),
+        ({"error": "ERROR_X"}, "'error': expected an object"),
+    ],
+)
 def test_invalid_records_name_the_field(values: dict[str, object], fragment: str) -> None:
-    data = {"schema_version": 2, "suite": "conformance", "test": "t", "backend": "b", "verdict": "passed",
-            "case_id": "c", **values}
+    data = {
+        "schema_version": 2,
+        "suite": "conformance",
+        "test": "t",
+        "backend": "b",
+        "verdict": "passed",
+        "case_id": "c",
+        **values,
+    }
     with pytest.raises(RecordError, match=fragment.replace("(", r"\(")):
         ResultRecord.from_dict(data)
 
 
 def test_schema_1_records_are_read_as_conformance(tmp_path: Path) -> None:
-    old = {"case_id": "c", "backend": "atb", "suite": "smoke", "nodeid": "cases/test_conformance.py::t[c-atb]",
-           "verdict": "failed", "error": {"status": 8, "name": "ERROR_INVALID_TENSOR_DIM", "stage": "setup"},
-           "worst_slack": None, "metrics": {}, "checks": []}
+    old = {
+        "case_id": "c",
+        "backend": "atb",
+        "suite": "smoke",
+        "nodeid": "cases/test_conformance.py::t[c-atb]",
+        "verdict": "failed",
+        "error": {"status": 8, "name": "ERROR_INVALID_TENSOR_DIM", "stage": "setup"},
+        "worst_slack": None,
+        "metrics": {},
+        "checks": [],
+    }
     path = tmp_path / "results.jsonl"
     path.write_text(json.dumps(old) + "\n")
     (record,) = read_results(path)
@@ -81,11 +108,17 @@ def test_schema_1_records_are_read_as_conformance(tmp_path: Path) -> None:
 
 
 def test_a_test_that_crashed_before_its_setup_report_is_still_named() -> None:
-    from runner.collect import identity_from_nodeid
+    from mlaconf.runner.collect import identity_from_nodeid
 
-    nodeid = ("cases/test_metamorphic.py::test_batch_order"
-              "[fp16-undefined-krope_ctkv-b3-s64-h4-q3d-packed-33abb953-my.mod:f]")
+    nodeid = (
+        "cases/test_metamorphic.py::test_batch_order[fp16-undefined-krope_ctkv-b3-s64-h4-q3d-packed-33abb953-my.mod:f]"
+    )
     ident = identity_from_nodeid(nodeid, {"my.mod:f": "my-kernel", "f": "other"})
-    assert ident == {"suite": "metamorphic", "test": nodeid, "backend": "my-kernel", "relation": "batch order",
-                     "case_id": "fp16-undefined-krope_ctkv-b3-s64-h4-q3d-packed-33abb953"}
+    assert ident == {
+        "suite": "metamorphic",
+        "test": nodeid,
+        "backend": "my-kernel",
+        "relation": "batch order",
+        "case_id": "fp16-undefined-krope_ctkv-b3-s64-h4-q3d-packed-33abb953",
+    }
     assert identity_from_nodeid("cases/test_conformance.py::test_conformance[c1-x]")["backend"] == "?"

@@ -1,7 +1,7 @@
 """The blocked float64 reference against independent implementations written from the spec.
 
 ``simple_attention`` below re-derives layouts from spec section 2 and the mathematics from section
-4 with a per-row loop; it shares no code with ``golden.reference`` or ``golden.layout``.
+4 with a per-row loop; it shares no code with ``mlaconf.golden.reference`` or ``mlaconf.golden.layout``.
 """
 
 from __future__ import annotations
@@ -10,17 +10,17 @@ import mpmath
 import numpy as np
 import pytest
 
-from golden import reference
-from golden.inputs import generate_inputs
-from golden.reference import (
+from mlaconf.golden import reference
+from mlaconf.golden.inputs import generate_inputs
+from mlaconf.golden.reference import (
     DEFAULT_TILE,
     attention,
     float64_tile,
     reference_attention,
     torch_attention,
 )
-from golden.spec import CaseSpec, build_case
-from golden.types import OpInputs
+from mlaconf.golden.spec import CaseSpec, build_case
+from mlaconf.golden.types import OpInputs
 
 NOPE, ROPE, VD = 128, 64, 128
 
@@ -79,19 +79,43 @@ def case(**fields: object) -> CaseSpec:
     return build_case(dict(fields), source="test_reference")
 
 
-LAYOUT_CASES = [
-    case(q_seqlen=[5, 0, 33, 1], head_num=2, mask_type=m, dtype=d, q_layout=ql, kv_layout=kl)
-    for m in (0, 2)
-    for d, ql, kl in (("fp16", "2d", "padded"), ("bf16", "3d", "packed"), ("fp16", "3d", "packed"),
-                      ("bf16", "2d", "padded"))
-] + [
-    case(q_seqlen=[7, 0, 20], kv_seqlen=[135, 4, 20], head_num=4, kv_head_num=2, mask_type=3,
-         dtype="bf16", q_layout=ql, kv_layout="padded")
-    for ql in ("2d", "3d")
-] + [
-    case(q_seqlen=[9], kv_seqlen=[21], head_num=3, kv_head_num=1, mask_type=3, dtype="fp16",
-         kv_layout="padded", distribution="large_logits"),
-]
+LAYOUT_CASES = (
+    [
+        case(q_seqlen=[5, 0, 33, 1], head_num=2, mask_type=m, dtype=d, q_layout=ql, kv_layout=kl)
+        for m in (0, 2)
+        for d, ql, kl in (
+            ("fp16", "2d", "padded"),
+            ("bf16", "3d", "packed"),
+            ("fp16", "3d", "packed"),
+            ("bf16", "2d", "padded"),
+        )
+    ]
+    + [
+        case(
+            q_seqlen=[7, 0, 20],
+            kv_seqlen=[135, 4, 20],
+            head_num=4,
+            kv_head_num=2,
+            mask_type=3,
+            dtype="bf16",
+            q_layout=ql,
+            kv_layout="padded",
+        )
+        for ql in ("2d", "3d")
+    ]
+    + [
+        case(
+            q_seqlen=[9],
+            kv_seqlen=[21],
+            head_num=3,
+            kv_head_num=1,
+            mask_type=3,
+            dtype="fp16",
+            kv_layout="padded",
+            distribution="large_logits",
+        ),
+    ]
+)
 
 
 @pytest.mark.parametrize("spec", LAYOUT_CASES, ids=lambda s: s.readable_id)
@@ -134,8 +158,15 @@ def test_numpy_exp_fallback_gives_the_same_reference(monkeypatch: pytest.MonkeyP
 
 
 def test_against_mpmath_at_40_digits() -> None:
-    spec = case(q_seqlen=[3, 5], kv_seqlen=[4, 5], head_num=2, mask_type=3, kv_layout="padded",
-                distribution="normal", qk_scale=0.3)
+    spec = case(
+        q_seqlen=[3, 5],
+        kv_seqlen=[4, 5],
+        head_num=2,
+        mask_type=3,
+        kv_layout="padded",
+        distribution="normal",
+        qk_scale=0.3,
+    )
     inputs = generate_inputs(spec)
     out, _ = reference_attention(inputs, spec, tile=2)
     out = out.reshape(-1, 2, VD)
@@ -147,8 +178,10 @@ def test_against_mpmath_at_40_digits() -> None:
             q, k, v = head_rows(inputs, spec, b, h)
             for i in range(spec.q_seqlen[b]):
                 n = allowed_keys(3, i, spec.q_seqlen[b], spec.kv_seqlen[b])
-                dots = [mpmath.fsum(mpmath.mpf(a) * mpmath.mpf(c) for a, c in zip(q[i], k[j], strict=True))
-                        for j in range(n)]
+                dots = [
+                    mpmath.fsum(mpmath.mpf(a) * mpmath.mpf(c) for a, c in zip(q[i], k[j], strict=True))
+                    for j in range(n)
+                ]
                 s = [scale * dot for dot in dots]
                 top = max(s)
                 p = [mpmath.exp(x - top) for x in s]
@@ -160,8 +193,9 @@ def test_against_mpmath_at_40_digits() -> None:
 
 
 def test_row_valid_is_false_exactly_on_zero_length_batches() -> None:
-    spec = build_case({"q_seqlen": [2, 3, 0, 1, 2], "kv_seqlen": [2, 0, 4, 1, 5], "head_num": 1},
-                      source="test", validate=False)
+    spec = build_case(
+        {"q_seqlen": [2, 3, 0, 1, 2], "kv_seqlen": [2, 0, 4, 1, 5], "head_num": 1}, source="test", validate=False
+    )
     out, valid = reference_attention(generate_inputs(spec), spec)
     assert valid.tolist() == [True, True, False, False, False, True, True, True]
     assert np.isfinite(out[valid]).all()
@@ -176,10 +210,10 @@ def test_threads_do_not_change_a_single_bit() -> None:
 
 
 def test_useful_flops_counts_allowed_pairs() -> None:
-    spec = case(q_seqlen=[5, 0, 3], kv_seqlen=[9, 2, 3], head_num=4, kv_head_num=2, mask_type=3,
-                kv_layout="padded")
-    pairs = sum(allowed_keys(3, i, q, kv) for q, kv in zip(spec.q_seqlen, spec.kv_seqlen, strict=True)
-                for i in range(q) if kv)
+    spec = case(q_seqlen=[5, 0, 3], kv_seqlen=[9, 2, 3], head_num=4, kv_head_num=2, mask_type=3, kv_layout="padded")
+    pairs = sum(
+        allowed_keys(3, i, q, kv) for q, kv in zip(spec.q_seqlen, spec.kv_seqlen, strict=True) for i in range(q) if kv
+    )
     assert spec.useful_flops == 2 * (192 + 128) * pairs * 4
     square = case(q_seqlen=[6], head_num=1)
     assert square.useful_flops == 640 * 36
@@ -187,8 +221,15 @@ def test_useful_flops_counts_allowed_pairs() -> None:
 
 def test_torch_path_matches_numpy_path_on_cpu() -> None:
     pytest.importorskip("torch")
-    spec = case(q_seqlen=[37, 0, 20], kv_seqlen=[60, 3, 20], head_num=4, kv_head_num=2, mask_type=3,
-                kv_layout="padded", dtype="fp16")
+    spec = case(
+        q_seqlen=[37, 0, 20],
+        kv_seqlen=[60, 3, 20],
+        head_num=4,
+        kv_head_num=2,
+        mask_type=3,
+        kv_layout="padded",
+        dtype="fp16",
+    )
     inputs = generate_inputs(spec)
     expected, valid = reference_attention(inputs, spec)
     got = torch_attention(inputs, spec, device="cpu", tile=16).reshape(expected.shape)

@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from harness import registry
-from harness.backend import Backend
+from mlaconf.harness import registry
+from mlaconf.harness.backend import Backend
 
 REPO = Path(__file__).resolve().parents[2]
 
 #: The README's ten-line external backend; ``my_lib.mla_prefill`` stands in as torch-cpu.
 MY_LIB = textwrap.dedent("""
-    from harness.backend import MlaPrefillCall
-    from harness.torch_backend import torch_cpu
+    from mlaconf.harness.backend import MlaPrefillCall
+    from mlaconf.harness.torch_backend import torch_cpu
 
     _kernel = torch_cpu()
 
@@ -26,7 +26,7 @@ MY_LIB = textwrap.dedent("""
         return _kernel.run(MlaPrefillCall(**arguments))
 """)
 EXTERNAL = textwrap.dedent("""
-    from harness.backend import Availability, BackendInfo
+    from mlaconf.harness.backend import Availability, BackendInfo
     from my_lib import mla_prefill
 
     class MyKernel:
@@ -53,10 +53,15 @@ def test_selection_from_option_and_environment(monkeypatch: pytest.MonkeyPatch) 
     assert registry.selected_names(["torch-cuda,torch-cpu", "torch-cpu"]) == ["torch-cuda", "torch-cpu"]
 
 
-@pytest.mark.parametrize(("name", "fragment"), [("nonsense", "built-in name or 'pkg.module:factory'"),
-                                                ("no_such_module_xyz:f", "cannot import"),
-                                                ("harness.registry:missing", "has no 'missing'"),
-                                                ("harness.registry:resolve_auto", "lacks the Backend protocol")])
+@pytest.mark.parametrize(
+    ("name", "fragment"),
+    [
+        ("nonsense", "built-in name or 'pkg.module:factory'"),
+        ("no_such_module_xyz:f", "cannot import"),
+        ("mlaconf.harness.registry:missing", "has no 'missing'"),
+        ("mlaconf.harness.registry:resolve_auto", "lacks the Backend protocol"),
+    ],
+)
 def test_bad_selection_is_explained(name: str, fragment: str) -> None:
     with pytest.raises(registry.BackendSelectionError, match=fragment):
         registry.create(name)
@@ -65,9 +70,25 @@ def test_bad_selection_is_explained(name: str, fragment: str) -> None:
 def run_pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env_path = f"{tmp_path}:{REPO}"
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "cases/test_conformance.py", "-p", "no:cacheprovider", "-q", "-rs",
-         "--golden-dir", str(tmp_path / "golden"), "--report-dir", str(tmp_path / "report"), *args],
-        cwd=REPO, capture_output=True, text=True, env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"},
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "cases/test_conformance.py",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-rs",
+            "--golden-dir",
+            str(tmp_path / "golden"),
+            "--report-dir",
+            str(tmp_path / "report"),
+            *args,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"},
         timeout=300,
     )
 
@@ -95,12 +116,15 @@ def test_named_unavailable_backend_fails_the_run_with_its_reason(tmp_path: Path)
     assert any(line.startswith("atb ") for line in result.stdout.splitlines())  # a row of the group table
 
 
-@pytest.mark.parametrize(("value", "fragment"), [
-    ("torch-cpuu", "unknown backend 'torch-cpuu'"),
-    ("raising_module:factory", "cannot import 'raising_module': boom on import"),
-    ("harness.registry:resolve_auto", "lacks the Backend protocol"),
-    ("raising_factory:factory", "the factory raised RuntimeError: no device"),
-])
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        ("torch-cpuu", "unknown backend 'torch-cpuu'"),
+        ("raising_module:factory", "cannot import 'raising_module': boom on import"),
+        ("mlaconf.harness.registry:resolve_auto", "lacks the Backend protocol"),
+        ("raising_factory:factory", "the factory raised RuntimeError: no device"),
+    ],
+)
 def test_bad_backend_is_one_usage_error(tmp_path: Path, value: str, fragment: str) -> None:
     (tmp_path / "raising_module.py").write_text("raise ImportError('boom on import')\n")
     (tmp_path / "raising_factory.py").write_text("def factory():\n    raise RuntimeError('no device')\n")

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from reports import cli, diff
-from reports.records import write_json, write_results
+from mlaconf.reports import cli, diff
+from mlaconf.reports.records import write_json, write_results
 
 
 def rec(
@@ -173,8 +173,9 @@ def test_known_deviation_that_now_fails_differently_regresses() -> None:
 def test_piped_terminal_output_keeps_full_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     long = "bf16-causal-krope_ctkv-b1-s129-kv300-h16-g2-q3d-padded-2122cd9a"
     base = write_run(tmp_path / "old", [rec(long, "my_kernels.module:factory")])
-    cand = write_run(tmp_path / "new", [rec(long, "my_kernels.module:factory", verdict="failed", slack=1.5,
-                                            digest="b")])
+    cand = write_run(
+        tmp_path / "new", [rec(long, "my_kernels.module:factory", verdict="failed", slack=1.5, digest="b")]
+    )
     assert mlaconf("report", "diff", str(base), str(cand)) == 1  # capsys: stdout is not a terminal
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("REGRESSED"))
     assert line.endswith("slack 0.200->1.500 passed -> failed") and "~" not in line and len(line) > 100

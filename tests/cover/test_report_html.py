@@ -8,8 +8,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
-from reports import cli, html, summary, svg
-from reports.records import group_stats, write_json, write_results
+from mlaconf.reports import cli, html, summary, svg
+from mlaconf.reports.records import group_stats, write_json, write_results
 
 
 def rec(i: int, backend: str = "npu", verdict: str = "passed", **extra: Any) -> dict[str, Any]:
@@ -163,11 +163,26 @@ def realistic(i: int) -> dict[str, Any]:
     """A correct bf16/fp16 kernel: max rel err about 2^-8 (bf16) apart only in the fifth digit."""
     dtype = ("bf16", "fp16")[i % 2]
     kv = 16 << (i % 5)
-    return rec(i, dtype=dtype, mask="causal", worst_slack=0.2495 + 1e-5 * i,
-               metrics={"max_rel_err": (0.0038910 if dtype == "bf16" else 0.000534) * (1 + 1e-5 * i),
-                        "rmse": 7.6e-05 * (1 + 1e-4 * i), "n_rows": 129},
-               spec={"q_seqlen": [kv], "kv_seqlen": [kv], "head_num": 4, "kv_head_num": (4, 2, 1)[i % 3],
-                     "q_layout": ("3d", "2d")[i % 2], "kv_layout": "padded", "distribution": "uniform"})
+    return rec(
+        i,
+        dtype=dtype,
+        mask="causal",
+        worst_slack=0.2495 + 1e-5 * i,
+        metrics={
+            "max_rel_err": (0.0038910 if dtype == "bf16" else 0.000534) * (1 + 1e-5 * i),
+            "rmse": 7.6e-05 * (1 + 1e-4 * i),
+            "n_rows": 129,
+        },
+        spec={
+            "q_seqlen": [kv],
+            "kv_seqlen": [kv],
+            "head_num": 4,
+            "kv_head_num": (4, 2, 1)[i % 3],
+            "q_layout": ("3d", "2d")[i % 2],
+            "kv_layout": "padded",
+            "distribution": "uniform",
+        },
+    )
 
 
 def test_every_chart_labels_its_ticks_distinctly() -> None:
@@ -188,8 +203,13 @@ def test_tick_labels_are_distinct_engineering_notation() -> None:
 
 
 def test_statistics_print_in_their_own_type() -> None:
-    failed = rec(1, verdict="failed", worst_slack=2.0, failing=["atb:rmse"],
-                 metrics={"n_elements": 66048, "nan_positions_match": True, "rmse": 1.5e-3})
+    failed = rec(
+        1,
+        verdict="failed",
+        worst_slack=2.0,
+        failing=["atb:rmse"],
+        metrics={"n_elements": 66048, "nan_positions_match": True, "rmse": 1.5e-3},
+    )
     page = html.render([failed], {})
     assert ">66048<" in page and ">True<" in page and ">1.5000e-03<" in page and "e+0" not in page
     digest = failed["output_sha256"]
@@ -213,8 +233,13 @@ def test_worst_case_row_names_the_check_its_slack_comes_from() -> None:
         {"rule": "benchmark", "metric": "mere_ratio", "value": 6.8, "bound": 2.0, "slack": 3.4, "passed": False},
         {"rule": "benchmark", "metric": "rmse_ratio", "value": 0.2, "bound": 2.0, "slack": 0.1, "passed": True},
     ]
-    failing = rec(1, verdict="failed", worst_slack=3.4, checks=checks,
-                  failing=["atb: atb_max_scaled_err = 1.2 vs bound 1 (slack 1.2)", "benchmark: ..."])
+    failing = rec(
+        1,
+        verdict="failed",
+        worst_slack=3.4,
+        checks=checks,
+        failing=["atb: atb_max_scaled_err = 1.2 vs bound 1 (slack 1.2)", "benchmark: ..."],
+    )
     row = summary.plain(summary.worst_table([failing])).splitlines()[1].split()
     assert row[:4] == ["1", "3.400", "failed", "npu"]
     assert " ".join(row[4:]) == "benchmark:mere_ratio (+1 more failing)"
@@ -223,8 +248,15 @@ def test_worst_case_row_names_the_check_its_slack_comes_from() -> None:
 def test_worst_case_row_ignores_evidence_only_checks() -> None:
     checks = [
         {"rule": "model", "metric": "max_err_over_bound", "value": 79.0, "bound": 1.0, "slack": 79.0, "passed": False},
-        {"rule": "benchmark", "metric": "mere_ratio", "value": 1322.0, "bound": 2.0, "slack": 661.0, "passed": False,
-         "decisive": False},
+        {
+            "rule": "benchmark",
+            "metric": "mere_ratio",
+            "value": 1322.0,
+            "bound": 2.0,
+            "slack": 661.0,
+            "passed": False,
+            "decisive": False,
+        },
     ]
     failing = rec(1, verdict="failed", worst_slack=79.0, checks=checks, failing=["model: ..."])
     row = summary.plain(summary.worst_table([failing])).splitlines()[1].split()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from reports import cli
-from reports.records import read_results, without_volatile
+from mlaconf.reports import cli
+from mlaconf.reports.records import read_results, without_volatile
 
 pytest_plugins = ["pytester"]
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from facts.operator import DEFAULT_QK_SCALE
-from golden.spec import SpecError, build_case, load_suite, load_suites
+from mlaconf.facts.operator import DEFAULT_QK_SCALE
+from mlaconf.golden.spec import SpecError, build_case, load_suite, load_suites
 
 
 def write_suite(tmp_path: Path, body: str) -> Path:
@@ -20,8 +20,9 @@ def write_suite(tmp_path: Path, body: str) -> Path:
 def test_smoke_covers_every_dtype_mask_and_layout() -> None:
     cases = load_suites(["smoke"])
     seen = {(c.dtype, c.mask_type, c.q_layout, c.kv_layout) for c in cases}
-    for dtype, mask, q_layout, kv_layout in itertools.product(("fp16", "bf16"), (0, 2, 3), ("2d", "3d"),
-                                                              ("padded", "packed")):
+    for dtype, mask, q_layout, kv_layout in itertools.product(
+        ("fp16", "bf16"), (0, 2, 3), ("2d", "3d"), ("padded", "packed")
+    ):
         if mask == 3 and kv_layout == "packed":
             continue  # CAUSAL accepts only the padded layout (spec section 2)
         assert (dtype, mask, q_layout, kv_layout) in seen, f"smoke lacks {dtype}/{mask}/{q_layout}/{kv_layout}"
@@ -53,7 +54,9 @@ def test_deepseek_and_edge_shapes() -> None:
 
 
 def test_matrix_expands_products_and_zipped_axes(tmp_path: Path) -> None:
-    path = write_suite(tmp_path, """
+    path = write_suite(
+        tmp_path,
+        """
 [[matrix]]
 dtype = ["fp16", "bf16"]
 mask_type = [0, 2]
@@ -66,7 +69,8 @@ pair = [{ head_num = 4, kv_head_num = 2, q_seqlen = [3], kv_seqlen = [9] }, { he
 [[case]]
 head_num = 1
 q_seqlen = { pattern = [1, 2], times = 3 }
-""")
+""",
+    )
     cases = load_suite(path)
     assert len(cases) == 2 * 2 * 2 + 2 + 1
     assert cases[0].q_seqlen == (1, 2, 1, 2, 1, 2)  # [[case]] tables come first
@@ -102,8 +106,9 @@ q_seqlen = { pattern = [1, 2], times = 3 }
         ({"kv_capacity": 3, "kv_layout": "padded"}, "kv_capacity", ">= max kv_seqlen"),
     ],
 )
-def test_validation_names_file_case_and_field(tmp_path: Path, fields: dict[str, object], field_name: str,
-                                              fragment: str) -> None:
+def test_validation_names_file_case_and_field(
+    tmp_path: Path, fields: dict[str, object], field_name: str, fragment: str
+) -> None:
     table = {"name": "bad-one", "head_num": 4, "q_seqlen": [4], **fields}
     body = "[[case]]\n" + "\n".join(f"{k} = {_toml(v)}" for k, v in table.items())
     path = write_suite(tmp_path, body)
@@ -138,31 +143,70 @@ def test_duplicate_cases_are_rejected(tmp_path: Path) -> None:
 
 
 def test_expect_error_skips_value_validation() -> None:
-    spec = build_case({"head_num": 0, "q_seqlen": [4], "cache_mode": 3, "expect_error": "ERROR_INVALID_PARAM",
-                       "expect_stage": "create"}, source="x")
+    spec = build_case(
+        {
+            "head_num": 0,
+            "q_seqlen": [4],
+            "cache_mode": 3,
+            "expect_error": "ERROR_INVALID_PARAM",
+            "expect_stage": "create",
+        },
+        source="x",
+    )
     assert spec.head_num == 0 and spec.cache_mode == 3
     with pytest.raises(SpecError, match="expect_error"):
         build_case({"head_num": 1, "q_seqlen": [4], "expect_error": "oops"}, source="x")
 
 
 def test_case_id_is_readable_and_content_addressed() -> None:
-    spec = build_case({"head_num": 16, "q_seqlen": [1024] * 4, "kv_seqlen": [1024] * 4, "dtype": "bf16",
-                       "mask_type": "causal", "kv_layout": "padded"}, source="x")
+    spec = build_case(
+        {
+            "head_num": 16,
+            "q_seqlen": [1024] * 4,
+            "kv_seqlen": [1024] * 4,
+            "dtype": "bf16",
+            "mask_type": "causal",
+            "kv_layout": "padded",
+        },
+        source="x",
+    )
     assert spec.case_id.startswith("bf16-causal-krope_ctkv-b4-s1024-h16-")
     assert spec.case_id.endswith(spec.short_hash) and len(spec.short_hash) == 8
-    renamed = build_case({"name": "other", "head_num": 16, "q_seqlen": [1024] * 4, "dtype": "bf16",
-                          "mask_type": 3, "kv_layout": "padded"}, source="y")
+    renamed = build_case(
+        {
+            "name": "other",
+            "head_num": 16,
+            "q_seqlen": [1024] * 4,
+            "dtype": "bf16",
+            "mask_type": 3,
+            "kv_layout": "padded",
+        },
+        source="y",
+    )
     assert renamed.content_hash == spec.content_hash  # names and sources do not change content
-    reseeded = build_case({"head_num": 16, "q_seqlen": [1024] * 4, "dtype": "bf16", "mask_type": 3,
-                           "kv_layout": "padded", "seed": 9}, source="x")
+    reseeded = build_case(
+        {"head_num": 16, "q_seqlen": [1024] * 4, "dtype": "bf16", "mask_type": 3, "kv_layout": "padded", "seed": 9},
+        source="x",
+    )
     assert reseeded.content_hash != spec.content_hash
     assert spec.qk_scale == DEFAULT_QK_SCALE
 
 
 def test_toml_snippet_round_trips(tmp_path: Path) -> None:
-    spec = build_case({"head_num": 4, "kv_head_num": 2, "q_seqlen": [3, 0], "kv_seqlen": [7, 5],
-                       "mask_type": 3, "kv_layout": "padded", "distribution": "near_tie", "qk_scale": 0.5,
-                       "seed": 11}, source="x")
+    spec = build_case(
+        {
+            "head_num": 4,
+            "kv_head_num": 2,
+            "q_seqlen": [3, 0],
+            "kv_seqlen": [7, 5],
+            "mask_type": 3,
+            "kv_layout": "padded",
+            "distribution": "near_tie",
+            "qk_scale": 0.5,
+            "seed": 11,
+        },
+        source="x",
+    )
     path = write_suite(tmp_path, spec.to_toml())
     (loaded,) = load_suite(path)
     assert loaded.content_hash == spec.content_hash

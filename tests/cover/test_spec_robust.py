@@ -15,13 +15,31 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from facts.operator import MAX_BATCH
-from golden import cli
-from golden.spec import CaseSpec, SpecError, build_case, load_suite, validate_case
+from mlaconf.facts.operator import MAX_BATCH
+from mlaconf.golden import cli
+from mlaconf.golden.spec import CaseSpec, SpecError, build_case, load_suite, validate_case
 
-FIELDS = ["q_seqlen", "kv_seqlen", "head_num", "kv_head_num", "dtype", "mask_type", "cache_mode", "qk_scale",
-          "q_layout", "kv_layout", "kv_capacity", "distribution", "seed", "expect_error", "expect_stage",
-          "perturb", "name", "suite", "source"]
+FIELDS = [
+    "q_seqlen",
+    "kv_seqlen",
+    "head_num",
+    "kv_head_num",
+    "dtype",
+    "mask_type",
+    "cache_mode",
+    "qk_scale",
+    "q_layout",
+    "kv_layout",
+    "kv_capacity",
+    "distribution",
+    "seed",
+    "expect_error",
+    "expect_stage",
+    "perturb",
+    "name",
+    "suite",
+    "source",
+]
 SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
 
@@ -62,13 +80,13 @@ def write(tmp_path: Path, body: str, name: str = "suite.toml") -> Path:
 @pytest.mark.parametrize(
     ("body", "case", "field_name", "fragment"),
     [
-        ('[[case]]\nhead_num = 1\nq_seqlen = [1]\ndtype = 1', "#0", "dtype", "must be one of"),
+        ("[[case]]\nhead_num = 1\nq_seqlen = [1]\ndtype = 1", "#0", "dtype", "must be one of"),
         ("[suite]\nname = 5\n", "<file>", "suite.name", "must match"),
         ("suite = 5\n", "<file>", "suite", "must be a table"),
         ("defaults = [1]\n", "<file>", "defaults", "must be a table"),
         ("case = 5\n", "<file>", "case", "array of tables"),
         ("matrix = [1]\n", "<file>", "matrix", "array of tables"),
-        ('[[case]]\nhead_num = 1\nq_seqlen = [1]\nexpect_error = 1979-05-27', "#0", "expect_error", "ATB status"),
+        ("[[case]]\nhead_num = 1\nq_seqlen = [1]\nexpect_error = 1979-05-27", "#0", "expect_error", "ATB status"),
         ("[[case]]\nhead_num = 1\nq_seqlen = { pattern = 5, times = 2 }", "#0", "q_seqlen", "'pattern'"),
         ("[[case]]\nhead_num = 1\nq_seqlen = { pattern = [1], times = 50000000 }", "#0", "q_seqlen", "8192"),
         ("[[case]]\nhead_num = 1\nq_seqlen = [1]\nseed = -1", "#0", "seed", "[0, 9223372036854775807]"),
@@ -77,23 +95,39 @@ def write(tmp_path: Path, body: str, name: str = "suite.toml") -> Path:
         ("[[case]]\nhead_num = 1\nq_seqlen = [1]\nkv_seqlen = [-2147483649]", "#0", "kv_seqlen", "int32"),
         ("[[case]]\nhead_num = 99999999999999999999\nq_seqlen = [1]", "#0", "head_num", "integer in"),
         ('[[case]]\nname = "s"\nhead_num = 1\nq_seqlen = [1]\nqk_scale = 1e400', "s", "qk_scale", "must be in (0, 1]"),
-        ("[[case]]\nhead_num = 1\nq_seqlen = [1]\nqk_scale = 99999999999999999999999999999999999999999999999"
-         "9999999999999999999999999999999999999999999999999999999999999999999999999999999999999999999999999999"
-         "9999999999999999999999999999999999999999999999999999999999999999999999999999999999999999999999999999"
-         "9999999999999999999999999999999999999999999999999999999999999999999999999999999999999999999999999999",
-         "#0", "qk_scale", "must be a number"),
-        ('[[case]]\nhead_num = 1\nq_seqlen = [4]\nexpect_error = "ERROR_X"\nperturb = "../../etc/x"', "#0",
-         "perturb", "no path separators"),
+        (
+            "[[case]]\nhead_num = 1\nq_seqlen = [1]\nqk_scale = 99999999999999999999999999999999999999999999999"
+            "9999999999999999999999999999999999999999999999999999999999999999999999999999999999999999999999999999"
+            "9999999999999999999999999999999999999999999999999999999999999999999999999999999999999999999999999999"
+            "9999999999999999999999999999999999999999999999999999999999999999999999999999999999999999999999999999",
+            "#0",
+            "qk_scale",
+            "must be a number",
+        ),
+        (
+            '[[case]]\nhead_num = 1\nq_seqlen = [4]\nexpect_error = "ERROR_X"\nperturb = "../../etc/x"',
+            "#0",
+            "perturb",
+            "no path separators",
+        ),
         ('[[case]]\nhead_num = 1\nq_seqlen = [4]\nname = "a/b"', "#0", "name", "no path separators"),
         ('[[case]]\nhead_num = 1\nq_seqlen = [4]\nname = ".hidden"', "#0", "name", "no path separators"),
-        ('[[case]]\nhead_num = 1\nq_seqlen = [4]\nsuite = 5', "#0", "suite", "must be a string matching"),
-        ('[[case]]\nhead_num = 1\nq_seqlen = [4]\nexpect_stage = 3\nexpect_error = "ERROR_X"', "#0",
-         "expect_stage", "must be one of"),
-        ('[[case]]\nhead_num = 1\nq_seqlen = [4]\nmask_type = 4294967296', "#0", "mask_type", "int32"),
+        ("[[case]]\nhead_num = 1\nq_seqlen = [4]\nsuite = 5", "#0", "suite", "must be a string matching"),
+        (
+            '[[case]]\nhead_num = 1\nq_seqlen = [4]\nexpect_stage = 3\nexpect_error = "ERROR_X"',
+            "#0",
+            "expect_stage",
+            "must be one of",
+        ),
+        ("[[case]]\nhead_num = 1\nq_seqlen = [4]\nmask_type = 4294967296", "#0", "mask_type", "int32"),
         ('[[case]]\nhead_num = 1\nq_seqlen = [4]\nkv_capacity = "x"', "#0", "kv_capacity", "integer in"),
         ("[[matrix]]\nhead_num = 1\nq_seqlen = [[1]]\ndtype = []", "matrix #0", "dtype", "at least one value"),
-        ("[[matrix]]\nq_seqlen = [[1]]\n" + "\n".join(f"k{i} = [{{seed = 1}}, {{seed = 2}}]" for i in range(30)),
-         "matrix #0", "<matrix>", "at most 10000"),
+        (
+            "[[matrix]]\nq_seqlen = [[1]]\n" + "\n".join(f"k{i} = [{{seed = 1}}, {{seed = 2}}]" for i in range(30)),
+            "matrix #0",
+            "<matrix>",
+            "at most 10000",
+        ),
         ("[[case]]\n" * 10_001, "<file>", "case", "at most 10000"),
     ],
 )
@@ -135,14 +169,21 @@ def test_stored_spec_json_is_checked_like_a_suite() -> None:
 
 
 def test_unknown_suite_names_cannot_escape_the_cases_directory() -> None:
-    from golden.spec import load_suites
+    from mlaconf.golden.spec import load_suites
 
     with pytest.raises(SpecError, match=re.escape("no suite named '../cases/smoke'")):
         load_suites(["../cases/smoke"])
 
 
-@pytest.mark.parametrize("body", ["case = 5\n", "[[case]]\nhead_num = 1\nq_seqlen = [1]\nseed = -1\n", "x = [\n",
-                                  "[[case]]\nhead_num = 1\nq_seqlen = { pattern = [1], times = 50000000 }\n"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        "case = 5\n",
+        "[[case]]\nhead_num = 1\nq_seqlen = [1]\nseed = -1\n",
+        "x = [\n",
+        "[[case]]\nhead_num = 1\nq_seqlen = { pattern = [1], times = 50000000 }\n",
+    ],
+)
 def test_mlaconf_list_reports_a_bad_file_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str
 ) -> None:
@@ -160,19 +201,44 @@ SCALARS = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
     st.booleans(),
     st.text(max_size=12),
-    st.sampled_from(["fp16", "bf16", "causal", "mask_free", "undefined", "padded", "packed", "2d", "3d", "normal",
-                     "krope_ctkv", "ERROR_INVALID_PARAM", "setup", "drop_mask", "../x", "a/b", "", "x" * 200]),
+    st.sampled_from(
+        [
+            "fp16",
+            "bf16",
+            "causal",
+            "mask_free",
+            "undefined",
+            "padded",
+            "packed",
+            "2d",
+            "3d",
+            "normal",
+            "krope_ctkv",
+            "ERROR_INVALID_PARAM",
+            "setup",
+            "drop_mask",
+            "../x",
+            "a/b",
+            "",
+            "x" * 200,
+        ]
+    ),
     st.dates(),
     st.datetimes(),
     st.times(),
 )
 LENGTHS = st.one_of(
     st.lists(st.integers(-3, 300), max_size=5),
-    st.fixed_dictionaries({"pattern": st.one_of(st.lists(st.integers(0, 9), max_size=3), SCALARS),
-                           "times": st.one_of(st.integers(-2, 9), st.just(50_000_000), SCALARS)}),
+    st.fixed_dictionaries(
+        {
+            "pattern": st.one_of(st.lists(st.integers(0, 9), max_size=3), SCALARS),
+            "times": st.one_of(st.integers(-2, 9), st.just(50_000_000), SCALARS),
+        }
+    ),
 )
-VALUES = st.one_of(SCALARS, LENGTHS, st.lists(SCALARS, max_size=3),
-                   st.dictionaries(st.sampled_from(FIELDS), SCALARS, max_size=2))
+VALUES = st.one_of(
+    SCALARS, LENGTHS, st.lists(SCALARS, max_size=3), st.dictionaries(st.sampled_from(FIELDS), SCALARS, max_size=2)
+)
 KEYS = st.sampled_from([*FIELDS, "heads", "pattern", "batch", "x"])
 TABLES = st.dictionaries(KEYS, VALUES, max_size=6)
 
@@ -181,16 +247,31 @@ TABLES = st.dictionaries(KEYS, VALUES, max_size=6)
 def plausible_case(draw: st.DrawFn) -> dict[str, Any]:
     """Mostly valid fields, sometimes one random replacement: reaches deep into validation."""
     small = st.lists(st.integers(0, 64), min_size=1, max_size=3)
-    case: dict[str, Any] = {"head_num": draw(st.sampled_from([1, 2, 4])),
-                            "q_seqlen": draw(st.one_of(small, small, LENGTHS))}
-    case.update(draw(st.fixed_dictionaries({}, optional={
-        "dtype": st.sampled_from(["fp16", "bf16"]), "mask_type": st.sampled_from([0, 2, 3, "causal", 1]),
-        "kv_layout": st.sampled_from(["padded", "packed"]), "seed": st.integers(0, 2**64),
-        "q_layout": st.sampled_from(["2d", "3d"]), "kv_capacity": st.integers(0, 70),
-        "kv_seqlen": st.one_of(small, LENGTHS), "kv_head_num": st.sampled_from([1, 2, 3]),
-        "qk_scale": st.floats(0, 2), "expect_error": st.sampled_from(["ERROR_INVALID_PARAM", "bad"]),
-        "perturb": st.sampled_from(["drop_mask", "../x", ""]),
-        "name": st.one_of(st.sampled_from(["n1", "case.2", "a/b", ".x"]), st.text(max_size=6))})))
+    case: dict[str, Any] = {
+        "head_num": draw(st.sampled_from([1, 2, 4])),
+        "q_seqlen": draw(st.one_of(small, small, LENGTHS)),
+    }
+    case.update(
+        draw(
+            st.fixed_dictionaries(
+                {},
+                optional={
+                    "dtype": st.sampled_from(["fp16", "bf16"]),
+                    "mask_type": st.sampled_from([0, 2, 3, "causal", 1]),
+                    "kv_layout": st.sampled_from(["padded", "packed"]),
+                    "seed": st.integers(0, 2**64),
+                    "q_layout": st.sampled_from(["2d", "3d"]),
+                    "kv_capacity": st.integers(0, 70),
+                    "kv_seqlen": st.one_of(small, LENGTHS),
+                    "kv_head_num": st.sampled_from([1, 2, 3]),
+                    "qk_scale": st.floats(0, 2),
+                    "expect_error": st.sampled_from(["ERROR_INVALID_PARAM", "bad"]),
+                    "perturb": st.sampled_from(["drop_mask", "../x", ""]),
+                    "name": st.one_of(st.sampled_from(["n1", "case.2", "a/b", ".x"]), st.text(max_size=6)),
+                },
+            )
+        )
+    )
     if draw(st.integers(0, 2)) == 0:
         case.update(draw(st.dictionaries(KEYS, VALUES, max_size=1)))
     return case
@@ -210,17 +291,24 @@ def suite_documents(draw: st.DrawFn) -> str | bytes:
         top = draw(st.dictionaries(st.sampled_from(["suite", "defaults", "case", "matrix", "x"]), VALUES, max_size=1))
     tables: list[tuple[str, dict[str, Any]]] = []
     if draw(st.booleans()):
-        suite = st.fixed_dictionaries({}, optional={"name": st.one_of(st.just("mine"), st.just("mine"), SCALARS),
-                                                    "description": st.one_of(st.text(max_size=9), SCALARS)})
+        suite = st.fixed_dictionaries(
+            {},
+            optional={
+                "name": st.one_of(st.just("mine"), st.just("mine"), SCALARS),
+                "description": st.one_of(st.text(max_size=9), SCALARS),
+            },
+        )
         tables.append(("[suite]", draw(suite)))
     if draw(st.booleans()):
         tables.append(("[defaults]", draw(st.one_of(st.just({"head_num": 2}), st.just({"seed": 3}), TABLES))))
-    tables += [("[[case]]", c) for c in draw(st.lists(st.one_of(plausible_case(), plausible_case(), TABLES),
-                                                       max_size=3))]
+    tables += [
+        ("[[case]]", c) for c in draw(st.lists(st.one_of(plausible_case(), plausible_case(), TABLES), max_size=3))
+    ]
     matrix = st.dictionaries(KEYS, st.one_of(VALUES, st.lists(VALUES, max_size=3)), max_size=4)
     tables += [("[[matrix]]", m) for m in draw(st.lists(st.one_of(matrix, plausible_case()), max_size=2))]
-    return toml_document(top if not any(h == f"[{k}]" or h == f"[[{k}]]" for k in top for h, _ in tables) else {},
-                         tables)
+    return toml_document(
+        top if not any(h == f"[{k}]" or h == f"[[{k}]]" for k in top for h, _ in tables) else {}, tables
+    )
 
 
 @pytest.fixture(scope="module")

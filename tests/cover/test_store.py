@@ -15,11 +15,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from facts.shard import in_shard, parse_shard
-from golden import regen as rg
-from golden.generate import GENERATOR_VERSION, build_golden
-from golden.spec import CaseSpec, build_case
-from golden.store import (
+from mlaconf.facts.shard import in_shard, parse_shard
+from mlaconf.golden import regen as rg
+from mlaconf.golden.generate import GENERATOR_VERSION, build_golden
+from mlaconf.golden.spec import CaseSpec, build_case
+from mlaconf.golden.store import (
     ENV_DIR,
     GoldenCorruptError,
     GoldenMissingError,
@@ -29,13 +29,22 @@ from golden.store import (
     read_golden,
     reseal,
 )
-from golden.types import GoldenCase
+from mlaconf.golden.types import GoldenCase
 
 FP16 = build_case({"q_seqlen": [3, 0, 5], "head_num": 2, "dtype": "fp16"}, source="test")
-BF16 = build_case({"q_seqlen": [4, 6], "head_num": 2, "dtype": "bf16", "mask_type": 2, "q_layout": "2d"},
-                  source="test")
-CAUSAL = build_case({"q_seqlen": [2, 3], "kv_seqlen": [5, 3], "head_num": 4, "kv_head_num": 2,
-                     "dtype": "bf16", "mask_type": 3, "kv_layout": "padded"}, source="test")
+BF16 = build_case({"q_seqlen": [4, 6], "head_num": 2, "dtype": "bf16", "mask_type": 2, "q_layout": "2d"}, source="test")
+CAUSAL = build_case(
+    {
+        "q_seqlen": [2, 3],
+        "kv_seqlen": [5, 3],
+        "head_num": 4,
+        "kv_head_num": 2,
+        "dtype": "bf16",
+        "mask_type": 3,
+        "kv_layout": "padded",
+    },
+    source="test",
+)
 
 
 class CountingBuilder:
@@ -138,9 +147,7 @@ def test_file_schema_and_attributes(store: GoldenStore) -> None:
     assert not list(store.root.glob("*.tmp")) and not list(store.root.glob(".*.tmp"))
 
 
-@pytest.mark.parametrize(
-    "dataset", ["inputs/q", "inputs/kv_seqlen", "golden/out", "golden/row_valid", "baseline/out"]
-)
+@pytest.mark.parametrize("dataset", ["inputs/q", "inputs/kv_seqlen", "golden/out", "golden/row_valid", "baseline/out"])
 def test_flipped_byte_is_detected_and_ensure_rebuilds(
     store: GoldenStore, dataset: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -151,7 +158,7 @@ def test_flipped_byte_is_detected_and_ensure_rebuilds(
     assert info.value.dataset == dataset and str(path) in str(info.value) and dataset in str(info.value)
     assert "raw data changed" in str(info.value)
     builder = CountingBuilder()
-    with caplog.at_level(logging.WARNING, logger="golden.store"):
+    with caplog.at_level(logging.WARNING, logger="mlaconf.golden.store"):
         repaired = store.ensure(FP16, builder)
     assert builder.calls == [FP16.case_id]
     assert str(path) in caplog.text and "GoldenCorruptError" in caplog.text
@@ -341,10 +348,10 @@ def test_resolve_builder_binds_threads() -> None:
 
     rg.resolve_builder(with_threads, 3)(FP16)
     assert calls == [3]
-    builder: Callable[[CaseSpec], GoldenCase] = rg.resolve_builder("golden.generate:build_golden", 2)
+    builder: Callable[[CaseSpec], GoldenCase] = rg.resolve_builder("mlaconf.golden.generate:build_golden", 2)
     assert builder(FP16).out.shape == build_golden(FP16).out.shape
     with pytest.raises(ValueError, match=re.escape("pkg.mod:func")):
-        rg.resolve_builder("golden.generate", 1)
+        rg.resolve_builder("mlaconf.golden.generate", 1)
 
 
 def test_magnitudes_of_the_wrong_dtype_are_refused_on_write(store: GoldenStore) -> None:
@@ -355,9 +362,14 @@ def test_magnitudes_of_the_wrong_dtype_are_refused_on_write(store: GoldenStore) 
     assert not store.path_for(BF16).exists()
 
 
-@pytest.mark.parametrize("fields", [{"q_seqlen": [1], "head_num": 2, "dtype": "fp16", "mask_type": 0},
-                                    {"q_seqlen": [97, 1, 5], "head_num": 2, "dtype": "fp16", "mask_type": 2}],
-                         ids=["fp16-one-token", "fp16-mask_free-short-rows"])
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"q_seqlen": [1], "head_num": 2, "dtype": "fp16", "mask_type": 0},
+        {"q_seqlen": [97, 1, 5], "head_num": 2, "dtype": "fp16", "mask_type": 2},
+    ],
+    ids=["fp16-one-token", "fp16-mask_free-short-rows"],
+)
 def test_the_device_path_recomputes_within_tolerance(
     fields: dict[str, object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -370,7 +382,9 @@ def test_the_device_path_recomputes_within_tolerance(
     assert fresh.provenance["reference_device"] == "cpu:0"
     assert rg.compare_recomputed(Path("x.h5"), stored, fresh) == []
     if spec.total_q > 1:  # rows with many keys carry real S values: doubling them is drift
-        doubled = dict(fresh.magnitudes, pvs_rss=(fresh.magnitudes["pvs_rss"].astype(np.float64) * 2).astype(
-            fresh.magnitudes["pvs_rss"].dtype))
+        doubled = dict(
+            fresh.magnitudes,
+            pvs_rss=(fresh.magnitudes["pvs_rss"].astype(np.float64) * 2).astype(fresh.magnitudes["pvs_rss"].dtype),
+        )
         moved = rg.compare_recomputed(Path("x.h5"), stored, dataclasses.replace(fresh, magnitudes=doubled))
         assert [p.dataset for p in moved] == ["golden/pvs_rss"]

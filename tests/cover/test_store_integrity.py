@@ -16,11 +16,11 @@ import h5py
 import numpy as np
 import pytest
 
-import golden.store as gs
-from golden.generate import build_golden
-from golden.spec import CaseSpec, build_case
-from golden.store import GoldenCorruptError, GoldenStaleError, GoldenStore, GoldenWriteError
-from golden.types import GoldenCase
+import mlaconf.golden.store as gs
+from mlaconf.golden.generate import build_golden
+from mlaconf.golden.spec import CaseSpec, build_case
+from mlaconf.golden.store import GoldenCorruptError, GoldenStaleError, GoldenStore, GoldenWriteError
+from mlaconf.golden.types import GoldenCase
 
 SMALL = build_case({"q_seqlen": [3, 0, 5], "head_num": 2, "dtype": "fp16"}, source="test")
 BIG = build_case({"q_seqlen": [1024], "head_num": 2, "dtype": "fp16", "name": "big"}, source="test")  # 4.5 MB
@@ -66,7 +66,7 @@ def test_header_sits_in_the_hdf5_user_block_and_lists_every_dataset(store: Golde
         assert f.userblock_size == size
         for name, (_, _, offset, count, sha) in listed.items():
             assert int(offset) == f[name].id.get_offset() and sha == f[name].attrs["sha256"], name
-            assert hashlib.sha256(data[int(offset):int(offset) + int(count)]).hexdigest() == sha
+            assert hashlib.sha256(data[int(offset) : int(offset) + int(count)]).hexdigest() == sha
         stored: list[str] = []
         f.visititems(lambda n, o: stored.append(n) if isinstance(o, h5py.Dataset) else None)
     assert sorted(listed) == sorted(stored)
@@ -89,8 +89,9 @@ def test_every_header_byte_is_protected(store: GoldenStore) -> None:
     store.load(SMALL)
 
 
-@pytest.mark.parametrize("attribute", ["hostname", "created_utc", "provenance_json", "blas", "checksums_json",
-                                       "spec_json"])
+@pytest.mark.parametrize(
+    "attribute", ["hostname", "created_utc", "provenance_json", "blas", "checksums_json", "spec_json"]
+)
 def test_provenance_attributes_are_protected_like_the_data(store: GoldenStore, attribute: str) -> None:
     path = store.save(build_golden(SMALL))
     with h5py.File(path, "r", locking=False) as f:
@@ -215,9 +216,7 @@ class FillingFile(io.FileIO):
         return super().write(data)
 
 
-def test_a_write_that_fails_inside_hdf5_names_the_os_error(
-    store: GoldenStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_write_that_fails_inside_hdf5_names_the_os_error(store: GoldenStore, monkeypatch: pytest.MonkeyPatch) -> None:
     """No reservation (a file system that cannot reserve) and the disk fills while HDF5 writes: the
     message is the OS error, and nothing is left behind."""
     path = store.save(build_golden(SMALL))

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from golden.inputs import generate_inputs
-from golden.reference import reference_attention
-from golden.spec import CaseSpec, build_case
-from harness.torch_backend import torch_cpu
-from runner.execution import execute, make_call
+from mlaconf.golden.inputs import generate_inputs
+from mlaconf.golden.reference import reference_attention
+from mlaconf.golden.spec import CaseSpec, build_case
+from mlaconf.harness.torch_backend import torch_cpu
+from mlaconf.runner.execution import execute, make_call
 
 CASES = [
     {"mask_type": 0, "q_layout": "2d", "kv_layout": "padded", "q_seqlen": [7, 20]},
@@ -42,10 +42,11 @@ def test_padded_layout_that_looks_packed() -> None:
 
 @pytest.mark.parametrize("budget", [2000, 40], ids=["head-groups", "row-blocks"])
 @pytest.mark.parametrize("fields", CASES, ids=lambda f: f"mask{f['mask_type']}")
-def test_bounded_working_memory_keeps_the_math(monkeypatch: pytest.MonkeyPatch, budget: int,
-                                              fields: dict[str, object]) -> None:
+def test_bounded_working_memory_keeps_the_math(
+    monkeypatch: pytest.MonkeyPatch, budget: int, fields: dict[str, object]
+) -> None:
     """Under a tiny score budget the backend splits heads (then query rows) and still matches."""
-    import harness.torch_backend as backend_module
+    import mlaconf.harness.torch_backend as backend_module
 
     spec: CaseSpec = build_case({"head_num": 4, "dtype": "bf16", **fields}, source="test")
     inputs = generate_inputs(spec)

@@ -11,17 +11,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from golden.generate import build_golden
-from golden.spec import CaseSpec, build_case
-from judge.policy import load_policies
-from judge.verdict import judge_output
-from runner.execution import execute, make_call
+from mlaconf.golden.generate import build_golden
+from mlaconf.golden.spec import CaseSpec, build_case
+from mlaconf.judge.policy import load_policies
+from mlaconf.judge.verdict import judge_output
+from mlaconf.runner.execution import execute, make_call
 from tests import zoo
 
 POLICIES = load_policies()
-SPECS = [build_case(dict(dtype=dtype, mask_type=mask, q_seqlen=[n], head_num=1, seed=seed), source="issue 9")
-         for dtype in ("fp16", "bf16") for mask in ("undefined", "mask_free") for n in (1, 2, 3, 5, 8)
-         for seed in range(1, 6)]
+SPECS = [
+    build_case(dict(dtype=dtype, mask_type=mask, q_seqlen=[n], head_num=1, seed=seed), source="issue 9")
+    for dtype in ("fp16", "bf16")
+    for mask in ("undefined", "mask_free")
+    for n in (1, 2, 3, 5, 8)
+    for seed in range(1, 6)
+]
 MEMBERS = [getattr(zoo, name)() for name in zoo.ZOO]
 
 
@@ -44,7 +48,7 @@ def test_a_few_rounding_steps_in_one_element_still_fail(dtype: str) -> None:
     bad = out.copy().reshape(-1)
     flat = bad.astype(np.float64)
     index = int(np.argmax(np.abs(golden.out.reshape(-1))))  # the largest |g|: the loosest element
-    step = 2.0 ** -10 if dtype == "fp16" else 2.0 ** -7  # one ulp at |g| in [1, 2)
+    step = 2.0**-10 if dtype == "fp16" else 2.0**-7  # one ulp at |g| in [1, 2)
     bad[index] = flat[index] + 6 * step * max(1.0, abs(flat[index]))
     _, verdict = judge_output(golden, bad.reshape(out.shape), POLICIES, "default", "planted")
     assert not verdict.passed, verdict.summary()

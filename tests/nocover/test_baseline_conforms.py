@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from golden.generate import build_golden
-from golden.metrics import Metrics
-from golden.spec import CaseSpec, load_suites
-from judge.policy import load_policies
-from judge.verdict import verdict_context
+from mlaconf.golden.generate import build_golden
+from mlaconf.golden.metrics import Metrics
+from mlaconf.golden.spec import CaseSpec, load_suites
+from mlaconf.judge.policy import load_policies
+from mlaconf.judge.verdict import verdict_context
 
 pytestmark = pytest.mark.slow
 

@@ -87,14 +87,42 @@ def parse_junit(path: Path) -> tuple[dict[str, str], dict[str, str]]:
 def run_pytest(backend: str, work: Path, golden_dir: Path, *extra: str, suites: tuple[str, ...] = SUITES) -> Run:
     label = re.sub(r"[^A-Za-z0-9_]+", "_", backend)
     junit = work / f"{label}.xml"
-    command = [sys.executable, "-m", "pytest", *suites, "--backend", backend, "--suite", "smoke",
-               "--golden-dir", str(golden_dir), "--report-dir", str(work / f"report-{label}"),
-               "-p", "no:cacheprovider", "-q", f"--junitxml={junit}", *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        *suites,
+        "--backend",
+        backend,
+        "--suite",
+        "smoke",
+        "--golden-dir",
+        str(golden_dir),
+        "--report-dir",
+        str(work / f"report-{label}"),
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        f"--junitxml={junit}",
+        *extra,
+    ]
     start = time.perf_counter()
-    done = subprocess.run(command, cwd=ROOT, env={**os.environ, **THREAD_ENV}, capture_output=True, text=True,
-                          timeout=TIMEOUT_S, check=False)
-    run = Run(backend, done.returncode, time.perf_counter() - start, output=done.stdout + done.stderr,
-              report=work / f"report-{label}")
+    done = subprocess.run(
+        command,
+        cwd=ROOT,
+        env={**os.environ, **THREAD_ENV},
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
+    )
+    run = Run(
+        backend,
+        done.returncode,
+        time.perf_counter() - start,
+        output=done.stdout + done.stderr,
+        report=work / f"report-{label}",
+    )
     if junit.exists():
         run.outcomes, run.messages = parse_junit(junit)
     return run
@@ -115,8 +143,9 @@ def clean(work: Path) -> Run:
 def defect_runs(work: Path, clean: Run) -> Iterator[dict[str, Run]]:
     names = ["control_math", *DEFECTS]
     with ThreadPoolExecutor(PARALLEL) as pool:
-        runs = dict(zip(names, pool.map(lambda n: run_pytest(f"tests.defects:{n}", work, work / "golden"), names),
-                        strict=True))
+        runs = dict(
+            zip(names, pool.map(lambda n: run_pytest(f"tests.defects:{n}", work, work / "golden"), names), strict=True)
+        )
     yield runs
     summary = os.environ.get("MLA_DEFECT_SUMMARY")
     if summary:
@@ -125,14 +154,21 @@ def defect_runs(work: Path, clean: Run) -> Iterator[dict[str, Run]]:
 
 def _summary(work: Path, clean: Run, runs: dict[str, Run]) -> dict[str, object]:
     return {
-        "clean": {"seconds": round(clean.seconds, 1), "outcomes": clean.outcomes,
-                  "results": str(work / "report-torch_cpu" / "results.jsonl")},
-        "defects": {name: {"description": DEFECTS[name].description if name in DEFECTS else "control",
-                           "seconds": round(run.seconds, 1),
-                           "failed": {t: run.messages[t] for t in run.with_outcome("failed")},
-                           "largest_slack": run.largest_slack(),
-                           "counts": {o: len(run.with_outcome(o)) for o in ("passed", "failed", "error", "skipped")}}
-                    for name, run in runs.items()},
+        "clean": {
+            "seconds": round(clean.seconds, 1),
+            "outcomes": clean.outcomes,
+            "results": str(work / "report-torch_cpu" / "results.jsonl"),
+        },
+        "defects": {
+            name: {
+                "description": DEFECTS[name].description if name in DEFECTS else "control",
+                "seconds": round(run.seconds, 1),
+                "failed": {t: run.messages[t] for t in run.with_outcome("failed")},
+                "largest_slack": run.largest_slack(),
+                "counts": {o: len(run.with_outcome(o)) for o in ("passed", "failed", "error", "skipped")},
+            }
+            for name, run in runs.items()
+        },
     }
 
 
@@ -158,13 +194,19 @@ def test_defect_is_caught(name: str, defect_runs: dict[str, Run]) -> None:
     assert not run.with_outcome("error"), run.describe()
     if any("test_conformance" in test for test in run.with_outcome("failed")):
         largest = run.largest_slack()
-        assert largest >= NEAR_MISS, f"defect {name}: conformance fails only near its bound (largest slack " \
+        assert largest >= NEAR_MISS, (
+            f"defect {name}: conformance fails only near its bound (largest slack "
             f"{largest:.3g} < {NEAR_MISS}): a near miss\n{run.describe()}"
+        )
 
 
 def test_forgetful_contract_model_fails_the_error_suite(work: Path) -> None:
-    run = run_pytest("tests.defects:strict_forgets_seqlen_values", work, work / "golden-errors",
-                     suites=("cases/test_error_contract.py",))
+    run = run_pytest(
+        "tests.defects:strict_forgets_seqlen_values",
+        work,
+        work / "golden-errors",
+        suites=("cases/test_error_contract.py",),
+    )
     failed = run.with_outcome("failed")
     assert run.returncode == 1 and failed, run.describe()
     assert all("err-param" in test for test in failed), run.describe()

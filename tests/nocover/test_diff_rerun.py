@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from reports import cli
-from reports.records import read_results
+from mlaconf.reports import cli
+from mlaconf.reports.records import read_results
 
 pytestmark = pytest.mark.slow
 
@@ -50,8 +50,8 @@ BACKEND = textwrap.dedent("""
 
     import torch
 
-    from harness.backend import BackendError
-    from harness.contract import strict_torch_cpu
+    from mlaconf.harness.backend import BackendError
+    from mlaconf.harness.contract import strict_torch_cpu
 
     class Upgraded:
         name, error_contract, deterministic = "upgraded", True, True
@@ -98,11 +98,35 @@ def run_suites(tmp_path: Path, name: str, mode: str) -> Path:
     report = tmp_path / name
     env = {"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin", "MODE": mode}
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "cases/test_conformance.py", "cases/test_error_contract.py",
-         "cases/test_metamorphic.py", "-p", "no:cacheprovider", "-n", "0", "--cases", str(tmp_path / "rerun.toml"),
-         "--backend", "upgraded:factory", "--golden-dir", str(tmp_path / "golden"), "--report-dir", str(report),
-         "--mla-timeout", "6", "-k", SELECT],
-        cwd=REPO, capture_output=True, text=True, timeout=280, env=env,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "cases/test_conformance.py",
+            "cases/test_error_contract.py",
+            "cases/test_metamorphic.py",
+            "-p",
+            "no:cacheprovider",
+            "-n",
+            "0",
+            "--cases",
+            str(tmp_path / "rerun.toml"),
+            "--backend",
+            "upgraded:factory",
+            "--golden-dir",
+            str(tmp_path / "golden"),
+            "--report-dir",
+            str(report),
+            "--mla-timeout",
+            "6",
+            "-k",
+            SELECT,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env=env,
     )
     assert result.returncode == (0 if mode == "base" else 1), result.stdout[-4000:] + result.stderr[-2000:]
     return report
@@ -120,8 +144,12 @@ def test_rerun_diff_lists_each_new_kind_under_its_heading(tmp_path: Path, capsys
     assert mlaconf("report", "diff", str(base), str(cand)) == 1
     out = capsys.readouterr().out
     heads = [line for line in out.splitlines() if line.startswith("-- ")]
-    for heading in ("Error status or stage changed (1)", "Metamorphic relations broken (1)",
-                    "Determinism lost (1)", "Timeouts (1)"):
+    for heading in (
+        "Error status or stage changed (1)",
+        "Metamorphic relations broken (1)",
+        "Determinism lost (1)",
+        "Timeouts (1)",
+    ):
         assert any(heading in h and "fails the gate" in h for h in heads), (heading, out)
     assert "ERROR_INVALID_PARAM at create -> ERROR_INVALID_PARAM at execute" in out
     assert "timed out after 6 s in backend.run" in out

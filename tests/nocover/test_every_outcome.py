@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from reports.records import ResultRecord, read_results
+from mlaconf.reports.records import ResultRecord, read_results
 
 pytestmark = pytest.mark.slow
 
@@ -39,8 +39,8 @@ BACKEND = textwrap.dedent("""
 
     import numpy as np
 
-    from harness.backend import Availability, BackendInfo
-    from harness.torch_backend import torch_cpu
+    from mlaconf.harness.backend import Availability, BackendInfo
+    from mlaconf.harness.torch_backend import torch_cpu
 
     class Misbehaving:
         name, error_contract, deterministic = "misbehaving", False, True
@@ -81,8 +81,15 @@ BACKEND = textwrap.dedent("""
 def pytest_counts(stdout: str) -> Counter[str]:
     """pytest's own summary line ('5 failed, 2 passed in 3.1s') as counts in record vocabulary."""
     line = next(line for line in reversed(stdout.splitlines()) if re.search(r"\d+ (passed|failed)", line))
-    words = {"passed": "passed", "failed": "failed", "skipped": "skipped", "xfailed": "xfailed",
-             "xpassed": "xpassed", "error": "error", "errors": "error"}
+    words = {
+        "passed": "passed",
+        "failed": "failed",
+        "skipped": "skipped",
+        "xfailed": "xfailed",
+        "xpassed": "xpassed",
+        "error": "error",
+        "errors": "error",
+    }
     counts: Counter[str] = Counter()
     for number, word in re.findall(r"(\d+) (\w+)", line):
         if word in words:
@@ -122,15 +129,33 @@ def test_report_counts_equal_pytests_whatever_the_backend_does(tmp_path: Path) -
     assert all(by_heads[h].verdict == "passed" for h in (7, 8))
 
 
-def run_misbehaving(tmp_path: Path, *args: str, paths: tuple[str, ...] = ("cases/test_conformance.py",)
-                    ) -> subprocess.CompletedProcess[str]:
+def run_misbehaving(
+    tmp_path: Path, *args: str, paths: tuple[str, ...] = ("cases/test_conformance.py",)
+) -> subprocess.CompletedProcess[str]:
     (tmp_path / "misbehaving.py").write_text(BACKEND)
     (tmp_path / "outcomes.toml").write_text(CASES)
     return subprocess.run(
-        [sys.executable, "-m", "pytest", *paths, "-p", "no:cacheprovider", "--cases", str(tmp_path / "outcomes.toml"),
-         "--backend", "misbehaving:factory", "--golden-dir", str(tmp_path / "golden"),
-         "--report-dir", str(tmp_path / "report"), *args],
-        cwd=REPO, capture_output=True, text=True, timeout=280,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *paths,
+            "-p",
+            "no:cacheprovider",
+            "--cases",
+            str(tmp_path / "outcomes.toml"),
+            "--backend",
+            "misbehaving:factory",
+            "--golden-dir",
+            str(tmp_path / "golden"),
+            "--report-dir",
+            str(tmp_path / "report"),
+            *args,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=280,
         env={"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin"},
     )
 
@@ -139,8 +164,7 @@ def run_misbehaving(tmp_path: Path, *args: str, paths: tuple[str, ...] = ("cases
 def test_thread_method_timeout_kills_the_worker_and_says_so(tmp_path: Path) -> None:
     """A hang inside C code needs pytest-timeout's thread method, which kills the xdist worker:
     the record still says the test timed out, and the run goes on with a new worker."""
-    result = run_misbehaving(tmp_path, "-n", "1", "--timeout-method", "thread", "--mla-timeout", "5",
-                             "-k", "h5 or h7")
+    result = run_misbehaving(tmp_path, "-n", "1", "--timeout-method", "thread", "--mla-timeout", "5", "-k", "h5 or h7")
     assert result.returncode == 1, result.stdout[-3000:]
     assert pytest_counts(result.stdout) == Counter({"failed": 1, "passed": 1}), result.stdout[-3000:]
     records = {r["spec"]["head_num"]: r for r in read_results(tmp_path / "report" / "results.jsonl")}
@@ -152,7 +176,7 @@ def test_thread_method_timeout_kills_the_worker_and_says_so(tmp_path: Path) -> N
 
 #: Fails every bf16 case by a wide margin (fp16 is computed right): hypothesis must shrink to bf16.
 BF16_BROKEN = textwrap.dedent("""
-    from harness.torch_backend import torch_cpu
+    from mlaconf.harness.torch_backend import torch_cpu
 
     class Bf16Broken:
         name, error_contract, deterministic = "bf16-broken", False, True
@@ -182,10 +206,28 @@ BF16_BROKEN = textwrap.dedent("""
 def test_property_failure_records_the_shrunk_spec(tmp_path: Path) -> None:
     (tmp_path / "bf16_broken.py").write_text(BF16_BROKEN)
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "cases/test_properties.py", "-p", "no:cacheprovider", "-n", "0",
-         "--backend", "bf16_broken:factory", "--report-dir", str(tmp_path / "report"),
-         "--hypothesis-profile", "ci", "--hypothesis-seed", "1"],
-        cwd=REPO, capture_output=True, text=True, timeout=280,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "cases/test_properties.py",
+            "-p",
+            "no:cacheprovider",
+            "-n",
+            "0",
+            "--backend",
+            "bf16_broken:factory",
+            "--report-dir",
+            str(tmp_path / "report"),
+            "--hypothesis-profile",
+            "ci",
+            "--hypothesis-seed",
+            "1",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=280,
         env={"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin"},
     )
     assert result.returncode == 1, result.stdout[-3000:]

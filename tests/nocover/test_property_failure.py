@@ -15,9 +15,29 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_property_failure_ends_with_verdict_and_shrunk_spec() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "cases/test_properties.py", "-p", "no:cacheprovider", "-q", "-n", "0",
-         "-x", "--backend", "tests.defects:scale_twice", "--hypothesis-profile", "ci", "-W", "ignore"],
-        cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "cases/test_properties.py",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-n",
+            "0",
+            "-x",
+            "--backend",
+            "tests.defects:scale_twice",
+            "--hypothesis-profile",
+            "ci",
+            "-W",
+            "ignore",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
     lines = done.stdout.splitlines()

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from reports import diff, html
+from mlaconf.reports import diff, html
 
 pytestmark = pytest.mark.slow
 
@@ -69,8 +69,16 @@ window.addEventListener('load', function () {
 def error_map(rows: int, heads: int) -> dict[str, Any]:
     """A failing case's map: the error sits in the tail rows past the 128-token tile."""
     values = [[(3.0 if r >= 128 else 0.2) + 0.01 * h for h in range(heads)] for r in range(rows)]
-    return {"values": values, "row_stride": 1, "head_stride": 1, "rows": rows, "heads": heads,
-            "q_seqlen": [rows], "bound": 0.0039, "quantity": "max |out-g| / max(1,|g|) / e"}
+    return {
+        "values": values,
+        "row_stride": 1,
+        "head_stride": 1,
+        "rows": rows,
+        "heads": heads,
+        "q_seqlen": [rows],
+        "bound": 0.0039,
+        "quantity": "max |out-g| / max(1,|g|) / e",
+    }
 
 
 def records() -> list[dict[str, Any]]:
@@ -88,14 +96,32 @@ def records() -> list[dict[str, Any]]:
             "cache": "krope_ctkv",
             "verdict": "failed" if failed else "passed",
             "worst_slack": 3.2 if failed else 0.2495 + 1e-5 * i,
-            "metrics": {"max_rel_err": (0.0038910 if dtype == "bf16" else 0.000534) * (1 + 1e-5 * i),
-                        "rmse": 7.6e-05 * (1 + 1e-4 * i), "n_elements": 129 * 512, "n_rows": 129},
-            "checks": [{"rule": "atb", "metric": "atb_max_scaled_err", "value": 0.001, "bound": 0.0039,
-                        "slack": 3.2 if failed else 0.2495, "passed": not failed}],
+            "metrics": {
+                "max_rel_err": (0.0038910 if dtype == "bf16" else 0.000534) * (1 + 1e-5 * i),
+                "rmse": 7.6e-05 * (1 + 1e-4 * i),
+                "n_elements": 129 * 512,
+                "n_rows": 129,
+            },
+            "checks": [
+                {
+                    "rule": "atb",
+                    "metric": "atb_max_scaled_err",
+                    "value": 0.001,
+                    "bound": 0.0039,
+                    "slack": 3.2 if failed else 0.2495,
+                    "passed": not failed,
+                }
+            ],
             "policy": "default",
-            "spec": {"q_seqlen": [kv], "kv_seqlen": [kv], "head_num": 4, "kv_head_num": (4, 2, 1)[i % 3],
-                     "q_layout": ("3d", "2d")[i % 2], "kv_layout": ("padded", "packed")[i % 4 < 2],
-                     "distribution": ("uniform", "normal", "outliers")[i % 3]},
+            "spec": {
+                "q_seqlen": [kv],
+                "kv_seqlen": [kv],
+                "head_num": 4,
+                "kv_head_num": (4, 2, 1)[i % 3],
+                "q_layout": ("3d", "2d")[i % 2],
+                "kv_layout": ("padded", "packed")[i % 4 < 2],
+                "distribution": ("uniform", "normal", "outliers")[i % 3],
+            },
             "failing": ["atb: atb_max_scaled_err = 0.0125 vs bound 0.0039 (slack 3.2)"] if failed else [],
             "message": "",
             "output_sha256": f"{i:064x}",
@@ -108,9 +134,22 @@ def records() -> list[dict[str, Any]]:
     return out
 
 
-RUN = {"run_name": "browser", "environment": {"host": "h", "args": " ".join(
-    ["cases/test_conformance.py", "--backend", "my_kernels.module:factory", "--golden-dir",
-     "/very/long/path/to/a/shared/golden/store/on/a/network/filesystem/mounted/somewhere"] * 4)}}
+RUN = {
+    "run_name": "browser",
+    "environment": {
+        "host": "h",
+        "args": " ".join(
+            [
+                "cases/test_conformance.py",
+                "--backend",
+                "my_kernels.module:factory",
+                "--golden-dir",
+                "/very/long/path/to/a/shared/golden/store/on/a/network/filesystem/mounted/somewhere",
+            ]
+            * 4
+        ),
+    },
+}
 
 
 def load(tmp_path: Path, name: str, page: str) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
@@ -118,16 +157,37 @@ def load(tmp_path: Path, name: str, page: str) -> tuple[dict[str, Any], subproce
     assert CHROMIUM is not None and page.count("<head>") == 1
     path = tmp_path / name
     path.write_text(page.replace("<head>", "<head>" + PROBE, 1), encoding="utf-8")
-    common = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-              "--disable-background-networking", "--disable-component-update", "--disable-sync",
-              "--disable-dev-shm-usage", "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}",
-              f"--window-size={WIDTH},1000", "--virtual-time-budget=5000"]
-    proc = subprocess.run([*common, "--enable-logging=stderr", "--v=0", "--dump-dom", path.as_uri()],
-                          capture_output=True, text=True, timeout=120, check=False)
+    common = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--hide-scrollbars",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        f"--window-size={WIDTH},1000",
+        "--virtual-time-budget=5000",
+    ]
+    proc = subprocess.run(
+        [*common, "--enable-logging=stderr", "--v=0", "--dump-dom", path.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     match = re.search(r"PROBE(\{.*?\})</pre>", proc.stdout)
     assert match, f"probe missing (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
-    subprocess.run([*common, f"--screenshot={path.with_suffix('.png')}", path.as_uri()],
-                   capture_output=True, timeout=120, check=False)
+    subprocess.run(
+        [*common, f"--screenshot={path.with_suffix('.png')}", path.as_uri()],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
     return json.loads(match.group(1).replace("&quot;", '"')), proc
 
 

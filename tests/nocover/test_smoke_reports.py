@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from golden.spec import load_suites
-from reports.records import read_results, without_volatile
+from mlaconf.golden.spec import load_suites
+from mlaconf.reports.records import read_results, without_volatile
 
 pytestmark = pytest.mark.slow
 
@@ -19,9 +19,27 @@ REPO = Path(__file__).resolve().parents[2]
 def conformance(tmp_path: Path, name: str, *args: str) -> Path:
     out = tmp_path / name
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "cases/test_conformance.py", "-p", "no:cacheprovider", "-q",
-         "--backend", "torch-cpu", "--golden-dir", str(tmp_path / "golden"), "--report-dir", str(out), *args],
-        cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "cases/test_conformance.py",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "--backend",
+            "torch-cpu",
+            "--golden-dir",
+            str(tmp_path / "golden"),
+            "--report-dir",
+            str(out),
+            *args,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     return out
@@ -38,7 +56,13 @@ def test_serial_parallel_and_sharded_runs_agree(tmp_path: Path) -> None:
     shards = [conformance(tmp_path, f"shard{k}", "-n", "0", "--shard", f"{k}/3") for k in (1, 2, 3)]
     assert all(0 < len(records(s)) < len(serial) for s in shards)
     merged = tmp_path / "merged"
-    done = subprocess.run([sys.executable, "-m", "mlaconf", "report", "merge", str(merged), *map(str, shards)],
-                          cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "mlaconf", "report", "merge", str(merged), *map(str, shards)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert records(merged) == serial

@@ -1,7 +1,7 @@
 """Golden store under real processes: concurrent regens compute each case once; SIGKILL never leaves a
 partial file under a final name.
 
-Child processes run ``python -m golden.cli regen --builder test_store_concurrency:<builder>`` with this
+Child processes run ``python -m mlaconf.golden.cli regen --builder test_store_concurrency:<builder>`` with this
 directory on PYTHONPATH; the builders below log every build to ``$MLA_TEST_BUILD_LOG``.
 """
 
@@ -19,14 +19,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from golden.generate import build_golden
-from golden.inputs import generate_inputs
-from golden.layout import out_shape, row_valid
-from golden.magnitudes import ROW_MAGNITUDES, element_magnitudes, round_up_bf16
-from golden.regen import verify
-from golden.spec import CaseSpec, load_suite
-from golden.store import GoldenStore, read_golden
-from golden.types import GoldenCase
+from mlaconf.golden.generate import build_golden
+from mlaconf.golden.inputs import generate_inputs
+from mlaconf.golden.layout import out_shape, row_valid
+from mlaconf.golden.magnitudes import ROW_MAGNITUDES, element_magnitudes, round_up_bf16
+from mlaconf.golden.regen import verify
+from mlaconf.golden.spec import CaseSpec, load_suite
+from mlaconf.golden.store import GoldenStore, read_golden
+from mlaconf.golden.types import GoldenCase
 
 pytestmark = pytest.mark.slow
 
@@ -76,8 +76,16 @@ def big_builder(spec: CaseSpec, *, threads: int = 1) -> GoldenCase:
     t, h = spec.total_q, spec.head_num
     magnitudes = {name: round_up_bf16(np.abs(out)) for name in element_magnitudes(spec)}
     magnitudes.update({name: np.ones((t, h), dtype=np.float32) for name in ROW_MAGNITUDES})
-    return GoldenCase(spec, inputs, out, row_valid(spec), out.astype(inputs.q.dtype), {"stand_in": True},
-                      {"builder": f"big_builder threads={threads}"}, magnitudes)
+    return GoldenCase(
+        spec,
+        inputs,
+        out,
+        row_valid(spec),
+        out.astype(inputs.q.dtype),
+        {"stand_in": True},
+        {"builder": f"big_builder threads={threads}"},
+        magnitudes,
+    )
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -89,8 +97,19 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 
 def _regen(suite: Path, store: Path, builder: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "golden.cli", "regen", "--cases", str(suite), "--out", str(store),
-            "--builder", f"test_store_concurrency:{builder}", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "mlaconf.golden.cli",
+        "regen",
+        "--cases",
+        str(suite),
+        "--out",
+        str(store),
+        "--builder",
+        f"test_store_concurrency:{builder}",
+        *extra,
+    ]
 
 
 def _builds(tmp_path: Path) -> collections.Counter[str]:
@@ -109,8 +128,16 @@ def test_four_concurrent_regens_compute_each_case_once(tmp_path: Path) -> None:
     suite, specs = _suite(tmp_path, SMALL_SUITE)
     store = tmp_path / "store"
     env = _env(tmp_path)
-    procs = [subprocess.Popen(_regen(suite, store, "counting_builder", "--jobs", str(1 + i % 2)), env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(4)]
+    procs = [
+        subprocess.Popen(
+            _regen(suite, store, "counting_builder", "--jobs", str(1 + i % 2)),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(4)
+    ]
     results = [proc.communicate(timeout=300) for proc in procs]
     for proc, (out, err) in zip(procs, results, strict=True):
         assert proc.returncode == 0, err
@@ -150,8 +177,9 @@ def test_sigkill_during_write_leaves_no_final_file(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     assert list(store.glob("*.h5")) == []
-    rerun = subprocess.run(_regen(suite, store, "big_builder"), env=_env(tmp_path), capture_output=True,
-                           text=True, timeout=300)
+    rerun = subprocess.run(
+        _regen(suite, store, "big_builder"), env=_env(tmp_path), capture_output=True, text=True, timeout=300
+    )
     assert rerun.returncode == 0, rerun.stderr
     assert f"{len(specs)} generated" in rerun.stdout
     assert verify(GoldenStore(store), specs).problems == []
@@ -164,8 +192,12 @@ def test_sigkill_at_random_moments_never_exposes_a_bad_file(tmp_path: Path) -> N
     rng = random.Random(20240611)
     killed_running = left_temp = 0
     for _ in range(8):  # a full --force run takes ~2 s here: python start-up, 4 builds, ~190 MB written
-        proc = subprocess.Popen(_regen(suite, store, "big_builder", "--force"), env=_env(tmp_path),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            _regen(suite, store, "big_builder", "--force"),
+            env=_env(tmp_path),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(rng.uniform(0.5, 2.0))
         killed_running += proc.poll() is None
         proc.send_signal(signal.SIGKILL)
@@ -174,8 +206,9 @@ def test_sigkill_at_random_moments_never_exposes_a_bad_file(tmp_path: Path) -> N
         for path in store.glob("*.h5"):
             read_golden(path)  # raises GoldenCorruptError on any partial or damaged file
     assert killed_running > 0, "every regen finished before its kill: nothing was tested"
-    final = subprocess.run(_regen(suite, store, "big_builder"), env=_env(tmp_path), capture_output=True,
-                           text=True, timeout=300)
+    final = subprocess.run(
+        _regen(suite, store, "big_builder"), env=_env(tmp_path), capture_output=True, text=True, timeout=300
+    )
     assert final.returncode == 0, final.stderr
     assert verify(GoldenStore(store), specs).problems == []
     print(f"kills of a running regen: {killed_running}/8, leaving a temp file: {left_temp}")

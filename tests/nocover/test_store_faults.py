@@ -2,7 +2,7 @@
 and rebuilt; regen workers die with a SIGKILLed parent; a full disk ends ``mlaconf regen`` with a
 message and exit status 1.
 
-Child processes run ``python -m golden.cli regen --builder test_store_faults:<builder>`` with this
+Child processes run ``python -m mlaconf.golden.cli regen --builder test_store_faults:<builder>`` with this
 directory on PYTHONPATH.
 """
 
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from golden.regen import regen
-from golden.spec import CaseSpec, build_case, load_suites
-from golden.store import GoldenStore
-from golden.types import GoldenCase
+from mlaconf.golden.regen import regen
+from mlaconf.golden.spec import CaseSpec, build_case, load_suites
+from mlaconf.golden.store import GoldenStore
+from mlaconf.golden.types import GoldenCase
 from tests import flips
 
 pytestmark = pytest.mark.slow
@@ -82,10 +82,23 @@ def test_regen_workers_die_with_their_sigkilled_parent(tmp_path: Path) -> None:
     suite = tmp_path / "suite.toml"
     suite.write_text("[[matrix]]\nhead_num = 1\nq_seqlen = [[4]]\nseed = [1, 2, 3, 4]\n")
     log = tmp_path / "pids.log"
-    command = [sys.executable, "-m", "golden.cli", "regen", "--cases", str(suite), "--out", str(tmp_path / "store"),
-               "-j", "2", "--builder", "test_store_faults:sleeping_builder"]
-    parent = subprocess.Popen(command, env=_env(**{PID_LOG: str(log)}), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    command = [
+        sys.executable,
+        "-m",
+        "mlaconf.golden.cli",
+        "regen",
+        "--cases",
+        str(suite),
+        "--out",
+        str(tmp_path / "store"),
+        "-j",
+        "2",
+        "--builder",
+        "test_store_faults:sleeping_builder",
+    ]
+    parent = subprocess.Popen(
+        command, env=_env(**{PID_LOG: str(log)}), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     workers: list[int] = []
     try:
         deadline = time.monotonic() + 120
@@ -105,7 +118,7 @@ def test_regen_workers_die_with_their_sigkilled_parent(tmp_path: Path) -> None:
 WATCHED_CHILD = """
 import sys, threading, time
 from pathlib import Path
-from golden.regen import watch_parent
+from mlaconf.golden.regen import watch_parent
 if sys.argv[1] == "watch":
     threading.Thread(target=watch_parent, args=(int(sys.argv[2]), 0.1), daemon=True).start()
 Path(sys.argv[3]).write_text("ready")
@@ -123,8 +136,9 @@ time.sleep(600)
 def test_the_parent_watcher_alone_ends_an_orphaned_worker(tmp_path: Path) -> None:
     """The fallback behind PR_SET_PDEATHSIG; a child without the watcher is the control."""
     ready = tmp_path / "ready-"
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, WATCHED_CHILD, str(ready)], env=_env(),
-                              stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, WATCHED_CHILD, str(ready)], env=_env(), stdout=subprocess.PIPE, text=True
+    )
     assert parent.stdout is not None
     watched, control = int(parent.stdout.readline()), int(parent.stdout.readline())
     try:
@@ -147,8 +161,9 @@ def test_random_byte_flips_in_smoke_goldens_are_detected_and_rebuilt(tmp_path: P
     summary = regen(load_suites(["smoke"]), GoldenStore(store))
     assert not summary.count("failed"), summary.format()
     seed = random.randrange(2**32)
-    tally = flips.run(store, tmp_path / "work", "smoke", flips.plan(store, FLIPS, seed), timeout=60,
-                      budget=FLIP_BUDGET_S)
+    tally = flips.run(
+        store, tmp_path / "work", "smoke", flips.plan(store, FLIPS, seed), timeout=60, budget=FLIP_BUDGET_S
+    )
     report = "\n".join([f"seed {seed}", *tally.lines(), *tally.examples])
     assert tally.bad() == 0, report
     assert tally.done >= 100, f"too few flips judged within {FLIP_BUDGET_S:g}s\n{report}"
@@ -158,11 +173,17 @@ def test_random_byte_flips_in_smoke_goldens_are_detected_and_rebuilt(tmp_path: P
 
 def test_regen_on_a_full_disk_reports_the_case_and_exits_1(tiny_tmpfs: Path, tmp_path: Path) -> None:
     suite = tmp_path / "suite.toml"
-    suite.write_text('[[case]]\nq_seqlen = [3, 0, 5]\nhead_num = 2\n[[case]]\nq_seqlen = [1024]\nhead_num = 2\n')
+    suite.write_text("[[case]]\nq_seqlen = [3, 0, 5]\nhead_num = 2\n[[case]]\nq_seqlen = [1024]\nhead_num = 2\n")
     big = build_case({"q_seqlen": [1024], "head_num": 2}, source="t")  # 4.5 MB > 2 MiB
     small = build_case({"q_seqlen": [3, 0, 5], "head_num": 2}, source="t")
-    done = subprocess.run([sys.executable, "-m", "golden.cli", "regen", "--cases", str(suite), "--out",
-                           str(tiny_tmpfs)], capture_output=True, text=True, env=_env(), cwd=REPO, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "mlaconf.golden.cli", "regen", "--cases", str(suite), "--out", str(tiny_tmpfs)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=REPO,
+        timeout=300,
+    )
     assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
     assert f"failed {big.case_id}: GoldenWriteError: " in done.stdout
     assert f"cannot write case {big.case_id!r} into store {tiny_tmpfs}" in done.stdout

@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from cases.test_properties import case_specs
-from golden.generate import build_golden
-from golden.spec import CaseSpec, load_suites
-from judge.policy import load_policies
-from judge.verdict import judge_output, mode_text
-from runner.execution import execute, make_call
+from mlaconf.cases.test_properties import case_specs
+from mlaconf.golden.generate import build_golden
+from mlaconf.golden.spec import CaseSpec, load_suites
+from mlaconf.judge.policy import load_policies
+from mlaconf.judge.verdict import judge_output, mode_text
+from mlaconf.runner.execution import execute, make_call
 from tests import zoo
 from tests.slack_table import groups, table
 
@@ -42,11 +42,28 @@ THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THRE
 
 def _pytest(work: Path, label: str, *args: str) -> tuple[subprocess.CompletedProcess[str], Path]:
     report = work / f"report-{label}"
-    command = [sys.executable, "-m", "pytest", *args, "--backend", BACKENDS, "--seeds", SEEDS,
-               "--golden-dir", str(work / "golden"), "--report-dir", str(report), "-p", "no:cacheprovider",
-               "-q", "-n", "2"]
-    done = subprocess.run(command, cwd=ROOT, env={**os.environ, **THREAD_ENV}, capture_output=True, text=True,
-                          timeout=7200, check=False)
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        *args,
+        "--backend",
+        BACKENDS,
+        "--seeds",
+        SEEDS,
+        "--golden-dir",
+        str(work / "golden"),
+        "--report-dir",
+        str(report),
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "-n",
+        "2",
+    ]
+    done = subprocess.run(
+        command, cwd=ROOT, env={**os.environ, **THREAD_ENV}, capture_output=True, text=True, timeout=7200, check=False
+    )
     return done, report
 
 
@@ -56,8 +73,9 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_zoo_passes_conformance_on_five_seeds(work: Path) -> None:
-    done, report = _pytest(work, "conformance", "cases/test_conformance.py", "--suite", "smoke", "--suite",
-                           "standard", "--suite", "edge")
+    done, report = _pytest(
+        work, "conformance", "cases/test_conformance.py", "--suite", "smoke", "--suite", "standard", "--suite", "edge"
+    )
     found = groups([report])
     summary = os.environ.get("MLA_ZOO_SUMMARY")
     if summary:
@@ -80,8 +98,13 @@ POLICIES = load_policies()
 WORST: dict[str, float] = {}
 
 
-@settings(max_examples=ZOO_EXAMPLES, derandomize=True, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=ZOO_EXAMPLES,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(spec=case_specs())
 def test_zoo_passes_property_cases(spec: CaseSpec) -> None:
     golden = build_golden(spec)
