@@ -16,6 +16,7 @@ ACL_INT64 = 9
 ACL_BF16 = 27
 #: aclFormat codes: ATB reads every tensor as contiguous ND; the others exist to be rejected.
 ACL_FORMAT_NCHW = 0
+ACL_FORMAT_NHWC = 1
 ACL_FORMAT_ND = 2
 ACL_FORMAT_FRACTAL_NZ = 29
 
