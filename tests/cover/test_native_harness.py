@@ -485,7 +485,7 @@ def test_a_synchronize_that_keeps_failing_leaks_instead_of_freeing(atb_double: A
         raise SyncFailure(raised[-1])
 
     try:
-        with pytest.raises(SyncFailure, match="^failure 1$"):
+        with pytest.raises(SyncFailure, match=r"^failure 1$"):
             launch(
                 context,
                 run.call,
