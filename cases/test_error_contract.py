@@ -31,7 +31,7 @@ def test_error_contract(
         )
     verdict = judge_error_case(error_case, backend, deviation_set)
     observed, stage = verdict.got if verdict.got is not None else (None, None)
-    evidence = ErrorEvidence(error_case.expect_error, error_case.expect_stage, observed, stage)
+    evidence = ErrorEvidence(*verdict.expected, observed, stage)
     mla_report.attach(
         mla_report.record(
             verdict=verdict.outcome, message=verdict.message, error=evidence, device=backend.info().device

@@ -21,7 +21,16 @@ import torch
 from mlaconf.facts.versions import atb_version_near
 from mlaconf.harness.backend import Availability, BackendError, BackendInfo, MlaPrefillCall
 from mlaconf.harness.devices import worker_device_index
-from mlaconf.native.harness import ACL_BF16, ACL_FLOAT, ACL_FLOAT16, ACL_INT32, ACL_INT64, HostTensorDesc, TensorDesc
+from mlaconf.native.harness import (
+    ACL_BF16,
+    ACL_BOOL,
+    ACL_FLOAT,
+    ACL_FLOAT16,
+    ACL_INT32,
+    ACL_INT64,
+    HostTensorDesc,
+    TensorDesc,
+)
 
 if TYPE_CHECKING:
     from mlaconf.native._atb_harness import Context, Library
@@ -32,6 +41,7 @@ _ACL_DTYPES: dict[torch.dtype, int] = {
     torch.int32: ACL_INT32,
     torch.int64: ACL_INT64,
     torch.float32: ACL_FLOAT,
+    torch.bool: ACL_BOOL,
 }
 
 

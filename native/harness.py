@@ -13,6 +13,7 @@ ACL_FLOAT = 0
 ACL_FLOAT16 = 1
 ACL_INT32 = 3
 ACL_INT64 = 9
+ACL_BOOL = 12
 ACL_BF16 = 27
 #: aclFormat codes: ATB reads every tensor as contiguous ND; the others exist to be rejected.
 ACL_FORMAT_NCHW = 0

@@ -406,6 +406,7 @@ PYBIND11_MODULE(_atb_harness, m) {
     m.attr("ACL_FLOAT16") = mla_abi::kAclFloat16;
     m.attr("ACL_INT32") = mla_abi::kAclInt32;
     m.attr("ACL_INT64") = mla_abi::kAclInt64;
+    m.attr("ACL_BOOL") = mla_abi::kAclBool;
     m.attr("ACL_BF16") = mla_abi::kAclBf16;
     m.attr("ACL_FORMAT_NCHW") = mla_abi::kAclFormatNchw;
     m.attr("ACL_FORMAT_NHWC") = mla_abi::kAclFormatNhwc;

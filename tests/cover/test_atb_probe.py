@@ -208,7 +208,7 @@ def test_run_drives_the_harness_on_the_current_stream(monkeypatch: pytest.Monkey
     assert len(contexts) == 1  # one atb::Context per process and library
 
 
-ACL_CODES = {torch.float16: 1, torch.bfloat16: 27, torch.float32: 0, torch.int32: 3, torch.int64: 9}
+ACL_CODES = {torch.float16: 1, torch.bfloat16: 27, torch.float32: 0, torch.int32: 3, torch.int64: 9, torch.bool: 12}
 
 
 def passed_as(call: MlaPrefillCall, name: str) -> dict[str, Any] | None:

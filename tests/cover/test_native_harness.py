@@ -95,11 +95,12 @@ def test_native_tables_match_the_python_ones() -> None:
     assert len(STATUS_NAMES) == ext.STATUS_COUNT
     for code in range(-2, len(STATUS_NAMES) + 2):
         assert ext.status_name(code) == status_name(code)
-    assert (ext.ACL_FLOAT, ext.ACL_FLOAT16, ext.ACL_INT32, ext.ACL_INT64, ext.ACL_BF16) == (
+    assert (ext.ACL_FLOAT, ext.ACL_FLOAT16, ext.ACL_INT32, ext.ACL_INT64, ext.ACL_BOOL, ext.ACL_BF16) == (
         pyside.ACL_FLOAT,
         pyside.ACL_FLOAT16,
         pyside.ACL_INT32,
         pyside.ACL_INT64,
+        pyside.ACL_BOOL,
         pyside.ACL_BF16,
     )
     assert (ext.ACL_FORMAT_NCHW, ext.ACL_FORMAT_NHWC, ext.ACL_FORMAT_ND, ext.ACL_FORMAT_FRACTAL_NZ) == (
