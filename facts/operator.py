@@ -19,6 +19,9 @@ MAX_HEADS = 128
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 #: MASK_FREE's compressed causal mask is MASK_SIZE x MASK_SIZE.
 MASK_SIZE = 512
+#: The value above the diagonal of that mask (0 on and below): fp16 kernels add it, bf16 kernels
+#: multiply it by -3e38 (docs/operator.md §4; ATB's RingMLA kernels read their triu mask the same way).
+MASKED_VALUE = {"fp16": -10000.0, "bf16": 1.0}
 
 DTYPES = ("fp16", "bf16")
 MASK_NAMES = {0: "undefined", 1: "spec", 2: "mask_free", 3: "causal", 4: "swa_norm"}
