@@ -131,7 +131,7 @@ def identity(item: pytest.Item) -> dict[str, Any]:
     if suite in ("metamorphic", "property"):
         ident["relation"] = function.removeprefix("test_").replace("_", " ")
     if suite in ("conformance", "property"):  # judged under the run's policy
-        ident["policy"] = item.config.getoption("policy", None)
+        ident["policy"] = item.config.getoption("mla_policy", None)
     if not ident.get("case_id") and not ident.get("relation"):
         ident["case_id"] = getattr(getattr(item, "callspec", None), "id", "") or item.name
     return ident
@@ -472,7 +472,7 @@ class Collector:
 
         state, config = self.state, self.config
         if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and any(
-            config.getoption(name, None) for name in ("cases", "suite", "backend")
+            config.getoption(name, None) for name in ("mla_cases", "mla_suite", "mla_backend")
         ):  # pytest exits 5 'no tests ran': say why that is no pass
             state.problems.append("empty selection: no MLA test was selected (a -k or -m that matches nothing?)")
         if state.problems and session.exitstatus == pytest.ExitCode.OK:
