@@ -13,6 +13,7 @@ deviation of the backend covers are not drawn for it (they would fail by design)
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, NoReturn
 
 import pytest
@@ -28,13 +29,15 @@ from mlaconf.judge.policy import PolicySet
 from mlaconf.judge.verdict import judge_output, mode_text
 from mlaconf.reports.records import ErrorEvidence
 from mlaconf.runner.collect import MlaReport, failure_of
-from mlaconf.runner.execution import execute, make_call
+from mlaconf.runner.execution import execute, make_call, output_digest
 
 pytestmark = pytest.mark.property
 
 MAX_BATCH = 3
 MAX_Q = 48
 MAX_PREFIX = 80
+#: The passing examples so far: a running digest of (case id, output digest) and their count.
+EXAMPLES = pytest.StashKey[tuple[Any, int]]()
 
 
 @st.composite
@@ -120,7 +123,26 @@ def test_random_case_matches_float64_golden(
         )
         if not verdict.passed:
             fail(f"{mode_text(spec, backend.name)}: {verdict.summary()}{paste}")
+        record_pass(mla_report, spec.case_id, output_digest(out))
     except Exception as exc:  # outside the verdict path (pytest.fail's exception is no Exception)
         evidence["failure"] = failure_of(mla_report.node, pytest.ExceptionInfo.from_exception(exc))
         mla_report.pending(mla_report.record(verdict="failed", message=str(exc).split("\n")[0], **evidence))
         raise
+
+
+def record_pass(mla_report: MlaReport, case_id: str, digest: str) -> None:
+    """Attach the passing record so far: a digest over every passing example's case and output,
+    so two runs over the same examples compare as identical (or not) in ``report diff``."""
+    node = mla_report.node
+    running, count = node.stash.get(EXAMPLES, (hashlib.sha256(), 0))
+    running.update(f"{case_id}:{digest};".encode())
+    node.stash[EXAMPLES] = (running, count + 1)
+    examples = {"count": count + 1, "derandomized": bool(settings().derandomize)}
+    mla_report.attach(
+        mla_report.record(
+            verdict="passed",
+            message=f"{count + 1} examples passed",
+            output_sha256=running.hexdigest(),
+            examples=examples,
+        )
+    )
