@@ -1,6 +1,6 @@
 """Numerical conformance: every selected case on every selected backend, judged against its golden.
 
-Run with ``--suite``, ``--backend``, ``--policy``; one test per case x backend.
+Run with ``--mla-suite``, ``--mla-backend``, ``--mla-policy``; one test per case x backend.
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ def test_conformance(
         golden,
         backend,
         policy_set=policy_set,
-        policy=pytestconfig.getoption("policy"),
+        policy=pytestconfig.getoption("mla_policy"),
         deviations=deviation_set,
-        repeats=pytestconfig.getoption("timing_repeats"),
-        warmup=pytestconfig.getoption("warmup"),
+        repeats=pytestconfig.getoption("mla_timing_repeats"),
+        warmup=pytestconfig.getoption("mla_warmup"),
     )
     mla_report.attach(result.record)  # type: ignore[attr-defined]
     outputs_dir = getattr(mla_report, "outputs_dir", None)

@@ -12,7 +12,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from mlaconf.reports import svg
+from mlaconf.reports import safeio, svg
 from mlaconf.reports.records import (
     HTML_FILE,
     VERDICTS,
@@ -426,8 +426,4 @@ def render(records: Sequence[Record], run: Mapping[str, Any]) -> str:
 
 
 def write_report(directory: Path, records: Sequence[Record], run: Mapping[str, Any]) -> Path:
-    path = directory / HTML_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(render(records, run), encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return safeio.atomic_write(directory / HTML_FILE, render(records, run))

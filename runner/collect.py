@@ -75,6 +75,8 @@ class ReportState:
     setup_seen: dict[str, float] = field(default_factory=dict)
     #: Lines to print at the end of the run (unavailable explicit backends, empty selection ...).
     problems: list[str] = field(default_factory=list)
+    #: Tests that ended with an outcome pytest counts (run.json ``counts.run``).
+    ran: set[str] = field(default_factory=set)
 
 
 STATE = pytest.StashKey[ReportState]()
@@ -131,7 +133,7 @@ def identity(item: pytest.Item) -> dict[str, Any]:
     if suite in ("metamorphic", "property"):
         ident["relation"] = function.removeprefix("test_").replace("_", " ")
     if suite in ("conformance", "property"):  # judged under the run's policy
-        ident["policy"] = item.config.getoption("policy", None)
+        ident["policy"] = item.config.getoption("mla_policy", None)
     if not ident.get("case_id") and not ident.get("relation"):
         ident["case_id"] = getattr(getattr(item, "callspec", None), "id", "") or item.name
     return ident
@@ -252,14 +254,15 @@ def complete_report(item: pytest.Item, call: pytest.CallInfo[None], report: pyte
     entries = _record_entries(report)
     excinfo = call.excinfo
     pending = item.stash.get(PENDING, None)
-    if entries:
+    if pending is not None and outcome in ("failed", "error"):  # the failing example beats passes so far
+        report.user_properties[:] = [p for p in report.user_properties if p[0] != PROPERTY_NAME]
+        record, index = pending, -1
+    elif entries:
         index = entries[-1]
         for extra in reversed(entries[:-1]):  # one record per outcome: the last attached wins
             del report.user_properties[extra]
             index -= 1
         record = ResultRecord.from_dict(json.loads(str(report.user_properties[index][1])))
-    elif pending is not None and outcome in ("failed", "error"):
-        record, index = pending, -1
     else:
         record, index = _from_outcome(ident, outcome, report, item, excinfo), -1
     changes: dict[str, Any] = {}
@@ -362,7 +365,8 @@ class MlaReport:
         except RecordError as exc:
             raise ValueError(f"mla_report.attach: {exc}") from exc
         props = self._node.user_properties
-        props[:] = [p for p in props if p[0] != PROPERTY_NAME]
+        if any(p[0] == PROPERTY_NAME for p in props):  # a replaced record takes its JUnit properties along
+            props[:] = [p for p in props if p[0] not in (PROPERTY_NAME, *JUNIT_FIELDS, *JUNIT_METRICS)]
         props.append((PROPERTY_NAME, json.dumps(data, sort_keys=True, default=str)))
         props.extend((name, data[name]) for name in JUNIT_FIELDS if data.get(name) is not None)
         metrics = data.get("metrics")
@@ -394,6 +398,7 @@ class Collector:
                 state.setup_seen[report.nodeid] = time.time()
         if not counts_for_pytest(report):
             return
+        state.ran.add(report.nodeid)
         found = False
         outcome = outcome_of_report(report)
         for name, value in report.user_properties:
@@ -472,7 +477,7 @@ class Collector:
 
         state, config = self.state, self.config
         if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and any(
-            config.getoption(name, None) for name in ("cases", "suite", "backend")
+            config.getoption(name, None) for name in ("mla_cases", "mla_suite", "mla_backend")
         ):  # pytest exits 5 'no tests ran': say why that is no pass
             state.problems.append("empty selection: no MLA test was selected (a -k or -m that matches nothing?)")
         if state.problems and session.exitstatus == pytest.ExitCode.OK:
@@ -480,7 +485,17 @@ class Collector:
         if not state.records:
             return
         state.report_dir.mkdir(parents=True, exist_ok=True)
-        run = self.run_document(time.time())
+        interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
+        ran = len(state.ran)
+        run = (
+            self.run_document(time.time())
+            | records.RunState.build(
+                "interrupted" if interrupted else "complete",
+                selected=max(session.testscollected, ran),
+                run=ran,
+                recorded=len(state.records),
+            ).to_dict()
+        )
         ordered = records.sort_records(state.records)
         records.write_results(state.report_dir / records.RESULTS_FILE, ordered)
         records.write_json(state.report_dir / records.RUN_FILE, run)
@@ -524,7 +539,7 @@ class Collector:
                 "workers": getattr(config.option, "numprocesses", None) or 0,
                 "args": list(config.invocation_params.args),
                 "records": len(state.records),
-                "counts": counts,
+                "verdicts": counts,
                 "counts_by_suite": suites,
                 "problems": list(state.problems),
                 "policies": sorted({str(r["policy"]) for r in state.records if r.get("policy")}),

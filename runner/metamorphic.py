@@ -7,6 +7,7 @@ The relations themselves (which transform, which cases, exact or tolerance) are 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Callable
 
 import numpy as np
@@ -25,7 +26,7 @@ from mlaconf.judge.policy import PolicySet
 from mlaconf.judge.verdict import judge_output, mode_text
 from mlaconf.reports.records import RelationEvidence
 from mlaconf.runner.collect import MlaReport
-from mlaconf.runner.execution import BackendOutputError, execute, make_call
+from mlaconf.runner.execution import BackendOutputError, array_digest, execute, make_call
 
 # -- running and comparing -------------------------------------------------------------------------
 
@@ -51,6 +52,9 @@ class Problems:
         self.device = backend.info().device
         self.max_abs_diff: float | None = None
         self.differing: int | None = None
+        #: Digest of every compared output's valid rows, in order: equal across runs = same outputs.
+        self.outputs = hashlib.sha256()
+        self.compared = 0
 
     def add(self, text: str | None) -> None:
         if text:
@@ -59,6 +63,10 @@ class Problems:
     def compare(self, a: np.ndarray, b: np.ndarray, spec: CaseSpec, *, exact: bool, label: str = "") -> str | None:
         """:func:`difference` of two outputs, added as a problem (prefixed by ``label``) when an
         exact relation finds one; the largest difference is kept as the record's evidence."""
+        valid = row_valid(spec)
+        for out in (a, b):
+            self.outputs.update(array_digest(out[valid]).encode())
+        self.compared += 1
         count, gap = difference_stats(a, b, spec)
         if self.differing is None or count > self.differing:
             self.differing = count
@@ -79,6 +87,7 @@ class Problems:
                     verdict=outcome,
                     message=message or self.header,
                     difference=evidence,
+                    output_sha256=self.outputs.hexdigest() if self.compared else None,
                     device=self.device,
                     deviation=self.deviation.id if self.deviation is not None and self.items else None,
                 )

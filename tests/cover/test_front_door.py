@@ -62,7 +62,7 @@ def pytest_run(tmp_path: Path, *args: str, paths: tuple[str, ...] = ("cases",)) 
             "-p",
             "no:cacheprovider",
             "-q",
-            "--report-dir",
+            "--mla-report-dir",
             str(tmp_path / "report"),
             *args,
         ],
@@ -81,9 +81,9 @@ def test_own_suite_file_collects_and_feeds_the_error_suite(tmp_path: Path) -> No
         tmp_path,
         "--collect-only",
         "--strict-markers",
-        "--cases",
+        "--mla-cases",
         str(mine),
-        "--backend",
+        "--mla-backend",
         "torch-cpu-strict",
         "-m",
         "mine",
@@ -99,10 +99,10 @@ def test_own_suite_file_collects_and_feeds_the_error_suite(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (("--policy", "no-such-policy"), "--policy 'no-such-policy': no such policy; choose from"),
-        (("--golden-dir", "__FILE__"), "not a directory"),
-        (("--cases", "__EMPTY__"), "the file holds no case; an empty selection is not a pass"),
-        (("--cases", "__MISSING__"), "no such file"),
+        (("--mla-policy", "no-such-policy"), "--mla-policy 'no-such-policy': no such policy; choose from"),
+        (("--mla-golden-dir", "__FILE__"), "not a directory"),
+        (("--mla-cases", "__EMPTY__"), "the file holds no case; an empty selection is not a pass"),
+        (("--mla-cases", "__MISSING__"), "no such file"),
     ],
 )
 def test_usage_errors_come_before_any_test(tmp_path: Path, args: tuple[str, ...], fragment: str) -> None:
@@ -113,7 +113,7 @@ def test_usage_errors_come_before_any_test(tmp_path: Path, args: tuple[str, ...]
         "__EMPTY__": str(tmp_path / "empty.toml"),
         "__MISSING__": str(tmp_path / "missing.toml"),
     }
-    result = pytest_run(tmp_path, "--backend", "torch-cpu", *(subst.get(a, a) for a in args))
+    result = pytest_run(tmp_path, "--mla-backend", "torch-cpu", *(subst.get(a, a) for a in args))
     assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
     assert fragment in result.stderr and "Traceback" not in result.stderr + result.stdout
     assert "passed" not in result.stdout and "failed" not in result.stdout
@@ -132,7 +132,7 @@ def test_unwritable_empty_golden_dir_is_refused(tmp_path: Path, monkeypatch: pyt
 
 def test_k_matching_nothing_is_not_a_pass(tmp_path: Path) -> None:
     result = pytest_run(
-        tmp_path, "--backend", "torch-cpu", "-k", "no_such_test_anywhere", paths=("cases/test_conformance.py",)
+        tmp_path, "--mla-backend", "torch-cpu", "-k", "no_such_test_anywhere", paths=("cases/test_conformance.py",)
     )
     assert result.returncode != 0
     assert "empty selection: no MLA test was selected" in result.stdout

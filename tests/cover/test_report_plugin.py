@@ -96,7 +96,7 @@ def run(pytester: pytest.Pytester, out: Path, *args: str) -> pytest.RunResult:
         "no:cacheprovider",
         "-W",
         "ignore::pytest.PytestAssertRewriteWarning",
-        "--report-dir",
+        "--mla-report-dir",
         str(out),
         *args,
     )
@@ -117,7 +117,7 @@ def test_serial_and_xdist_runs_write_equal_results(suite: pytest.Pytester, tmp_p
     serial = run(suite, tmp_path / "serial", "-n", "0")
     serial.assert_outcomes(passed=20, failed=2, skipped=2, xfailed=1)
     junit = tmp_path / "junit.xml"
-    parallel = run(suite, tmp_path / "parallel", "-n", "2", "--save-outputs", f"--junitxml={junit}")
+    parallel = run(suite, tmp_path / "parallel", "-n", "2", "--mla-save-outputs", f"--junitxml={junit}")
     parallel.assert_outcomes(passed=20, failed=2, skipped=2, xfailed=1)
 
     a, b = canonical(tmp_path / "serial"), canonical(tmp_path / "parallel")
@@ -157,7 +157,7 @@ def test_shards_merge_to_the_unsharded_run(suite: pytest.Pytester, tmp_path: Pat
     run(suite, tmp_path / "full")
     selected = 0
     for k in (1, 2, 3):
-        result = run(suite, tmp_path / f"s{k}", f"--shard={k}/3", f"--run-name=s{k}", "-v")
+        result = run(suite, tmp_path / f"s{k}", f"--mla-shard={k}/3", f"--mla-run-name=s{k}", "-v")
         outcomes = result.parseoutcomes()
         selected += sum(outcomes.get(name, 0) for name in ("passed", "failed", "skipped", "xfailed"))
         assert outcomes.get("deselected", 0) > 0

@@ -141,9 +141,9 @@ RUN = {
         "args": " ".join(
             [
                 "cases/test_conformance.py",
-                "--backend",
+                "--mla-backend",
                 "my_kernels.module:factory",
-                "--golden-dir",
+                "--mla-golden-dir",
                 "/very/long/path/to/a/shared/golden/store/on/a/network/filesystem/mounted/somewhere",
             ]
             * 4
