@@ -8,6 +8,8 @@ exactly the documented rejection does not count as a deviation here.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from mlaconf.golden.spec import CaseSpec
@@ -31,7 +33,7 @@ def test_error_contract(
         )
     verdict = judge_error_case(error_case, backend, deviation_set)
     observed, stage = verdict.got if verdict.got is not None else (None, None)
-    evidence = ErrorEvidence(*verdict.expected, observed, stage)
+    evidence = dataclasses.asdict(ErrorEvidence(*verdict.expected, observed, stage))  # records take JSON form
     mla_report.attach(
         mla_report.record(
             verdict=verdict.outcome, message=verdict.message, error=evidence, device=backend.info().device
