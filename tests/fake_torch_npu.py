@@ -13,6 +13,7 @@ Never a real torch_npu: ``install(monkeypatch)`` puts it into ``sys.modules`` fo
 
 from __future__ import annotations
 
+import importlib.machinery
 import sys
 from dataclasses import dataclass, field
 from types import ModuleType, SimpleNamespace
@@ -312,6 +313,7 @@ class FakeTorchNpu:
 
     def module(self) -> ModuleType:
         module = ModuleType("torch_npu")
+        module.__spec__ = importlib.machinery.ModuleSpec("torch_npu", None)  # find_spec() must work
         module.__version__ = "2.5.1-fake"  # type: ignore[attr-defined]
         module.atb = SimpleNamespace(npu_ring_mla=self.npu_ring_mla)  # type: ignore[attr-defined]
         module.npu_fused_infer_attention_score = self.npu_fused_infer_attention_score  # type: ignore[attr-defined]
