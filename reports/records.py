@@ -90,7 +90,7 @@ VERDICTS = ("passed", "failed", "xfailed", "xpassed", "skipped", "error")
 #: Verdicts that count as "the case conforms" when diffing runs.
 PASSING = frozenset({"passed", "xpassed"})
 #: Kinds of :class:`Failure`.
-FAILURE_KINDS = ("exception", "crash", "timeout")
+FAILURE_KINDS = ("exception", "crash", "timeout", "not_run")
 #: Keys that depend on the machine's speed, never on the computation.
 VOLATILE_KEYS = ("timing",)
 

@@ -21,8 +21,10 @@ workers to the controller), so the controller alone gathers them and writes ``re
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
+import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from mlaconf.reports import env, records
+from mlaconf.reports import env, records, safeio
 from mlaconf.reports.records import PROPERTY_NAME, Failure, Record, RecordError, ResultRecord
 
 if TYPE_CHECKING:
@@ -75,8 +77,12 @@ class ReportState:
     setup_seen: dict[str, float] = field(default_factory=dict)
     #: Lines to print at the end of the run (unavailable explicit backends, empty selection ...).
     problems: list[str] = field(default_factory=list)
-    #: Tests that ended with an outcome pytest counts (run.json ``counts.run``).
+    #: MLA tests that ended with an outcome pytest counts (run.json ``counts.run``).
     ran: set[str] = field(default_factory=set)
+    #: MLA tests selected (after deselection): nodeid -> identity (None: known by nodeid only, xdist).
+    selected: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    #: Whether this process claimed the report directory (wrote run.json ``in_progress``).
+    claimed: bool = False
 
 
 STATE = pytest.StashKey[ReportState]()
@@ -100,6 +106,12 @@ def set_run_info(config: pytest.Config, key: str, value: Any) -> None:
 def is_mla_item(item: pytest.Item) -> bool:
     """A test of the MLA suites: one that runs on a selected backend."""
     return "backend_name" in getattr(item, "fixturenames", ())
+
+
+def is_mla_nodeid(nodeid: str) -> bool:
+    """A test of the MLA suites, known by its id only (the xdist controller collects nothing)."""
+    module = nodeid.partition("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+    return module in SUITE_OF_MODULE and nodeid.endswith("]")
 
 
 def _spec_fields(spec: CaseSpec) -> dict[str, Any]:
@@ -378,6 +390,19 @@ class MlaReport:
         self._node.stash[PENDING] = record
 
 
+def _alive(pid: object) -> bool:
+    """Whether a process of this host with that pid is running."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _iso(timestamp: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(timestamp))
 
@@ -389,6 +414,62 @@ class Collector:
         self.config = config
         self.state = state
 
+    def claim(self) -> str | None:
+        """Own the report directory before any test: run.json ``in_progress``, created exclusively.
+
+        A directory is never silently reused: one whose run is still alive (same host, its pid
+        running) is a usage error; one that holds a finished or dead run has that run moved to a
+        fresh sibling name (``<dir>.previous-N``), so nothing is lost and the directory never shows
+        an old run as this one.  Returns the line that says so, or None."""
+        state = self.state
+        parent = safeio.safe_dir(state.report_dir.parent)
+        lock = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # claims in one parent directory happen one at a time
+            moved = self._move_earlier_run()
+            safeio.safe_dir(state.report_dir)
+            text = json.dumps(self.run_document(None, "in_progress"), indent=2, sort_keys=True, default=str)
+            safeio.create_exclusive(state.report_dir / records.RUN_FILE, text + "\n")
+            safeio.create_exclusive(state.report_dir / records.RESULTS_FILE, "")
+        except (OSError, safeio.ReportFileError) as exc:
+            raise pytest.UsageError(f"report directory {state.report_dir}: {exc}") from None
+        finally:
+            os.close(lock)
+        state.claimed = True
+        return moved
+
+    def _move_earlier_run(self) -> str | None:
+        directory = self.state.report_dir
+        if not directory.exists() or not any(directory.iterdir()):
+            return None
+        try:
+            earlier = records.read_run(directory)
+        except (records.RecordError, safeio.ReportFileError, ValueError):
+            earlier = {}
+        environment = earlier.get("environment")
+        host = environment.get("host") if isinstance(environment, dict) else None
+        pid = earlier.get("pid")
+        if earlier.get("status") == "in_progress" and host == socket.gethostname() and _alive(pid):
+            raise pytest.UsageError(
+                f"{directory}: run {earlier.get('run_name')!r} (pid {pid}) is still writing there; "
+                "give this run another --mla-run-name or --mla-report-dir"
+            )
+        number = 1
+        while (aside := directory.with_name(f"{directory.name}.previous-{number}")).exists():
+            number += 1
+        os.rename(directory, aside)
+        status = earlier.get("status", "no status")
+        return f"{directory} held an earlier run ({status}, started {earlier.get('started', '?')}): moved to {aside}"
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Without xdist: the selected MLA tests, each with its identity (for a record if it never runs)."""
+        self.state.selected.update({item.nodeid: identity(item) for item in session.items if is_mla_item(item)})
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        """Under xdist: the selected MLA tests, as every worker collected them."""
+        self.state.selected.update({nodeid: None for nodeid in ids if is_mla_nodeid(nodeid)})
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Take the record of every report pytest counts; make one for a crashed worker's test."""
         state = self.state
@@ -398,7 +479,8 @@ class Collector:
                 state.setup_seen[report.nodeid] = time.time()
         if not counts_for_pytest(report):
             return
-        state.ran.add(report.nodeid)
+        if report.nodeid in state.selected or report.nodeid in state.identities:
+            state.ran.add(report.nodeid)
         found = False
         outcome = outcome_of_report(report)
         for name, value in report.user_properties:
@@ -472,7 +554,7 @@ class Collector:
             return None
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        """Write the report files, only if some test attached a record; fail a run that cannot pass."""
+        """Account for every selected test, then complete run.json; fail a run that cannot pass."""
         from mlaconf.reports import html
 
         state, config = self.state, self.config
@@ -480,26 +562,39 @@ class Collector:
             config.getoption(name, None) for name in ("mla_cases", "mla_suite", "mla_backend")
         ):  # pytest exits 5 'no tests ran': say why that is no pass
             state.problems.append("empty selection: no MLA test was selected (a -k or -m that matches nothing?)")
+        status = self.account_for_unrun(exitstatus)
         if state.problems and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        if not state.records:
+        if not state.claimed and not state.records:
             return
-        state.report_dir.mkdir(parents=True, exist_ok=True)
-        interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
-        ran = len(state.ran)
-        run = (
-            self.run_document(time.time())
-            | records.RunState.build(
-                "interrupted" if interrupted else "complete",
-                selected=max(session.testscollected, ran),
-                run=ran,
-                recorded=len(state.records),
-            ).to_dict()
-        )
+        safeio.safe_dir(state.report_dir)
+        run = self.run_document(time.time(), status)
         ordered = records.sort_records(state.records)
         records.write_results(state.report_dir / records.RESULTS_FILE, ordered)
         records.write_json(state.report_dir / records.RUN_FILE, run)
         html.write_report(state.report_dir, ordered, run)
+
+    def account_for_unrun(self, exitstatus: int) -> str:
+        """A record for every selected test that never ran, and the run's final status."""
+        state = self.state
+        unrun = [nodeid for nodeid in state.selected if nodeid not in state.ran]
+        interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
+        if not unrun:
+            return "interrupted" if interrupted else "complete"
+        crashed = any((record.get("failure") or {}).get("kind") == "crash" for record in state.records)
+        status = "crashed" if crashed and not interrupted else "interrupted"
+        why = {
+            "interrupted": "the session was interrupted or stopped before it ran",
+            "crashed": "xdist stopped restarting crashed workers before it ran",
+        }[status]
+        labels = self._backend_labels()
+        for nodeid in unrun:
+            ident = state.selected[nodeid] or state.identities.get(nodeid) or identity_from_nodeid(nodeid, labels)
+            failure = Failure("not_run", "", f"never ran: {why}", "")
+            record = ResultRecord(verdict="error", message=failure.text(), failure=failure, **ident)
+            state.records.append(record.to_dict() | {"outcome": "error"})
+        state.problems.append(f"{len(unrun)} of {len(state.selected)} selected MLA tests never ran: {why}")
+        return status
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         from mlaconf.reports import summary
@@ -511,9 +606,13 @@ class Collector:
             for line in self.state.problems:
                 terminalreporter.line(f"ERROR: {line}", red=True)
 
-    def run_document(self, finished: float) -> dict[str, Any]:
-        """run.json: the lead's run info, then run facts and the environment (these win)."""
+    def run_document(self, finished: float | None, status: str) -> dict[str, Any]:
+        """run.json: the lead's run info, then run facts, status and the environment (these win);
+        ``finished`` is None while the run is in progress."""
         state, config = self.state, self.config
+        run_state = records.RunState.build(
+            status, selected=len(state.selected.keys() | state.ran), run=len(state.ran), recorded=len(state.records)
+        )
         counts = dict.fromkeys(records.VERDICTS, 0)
         suites: dict[str, dict[str, int]] = {}
         for record in state.records:
@@ -533,8 +632,9 @@ class Collector:
             {
                 "schema_version": records.SCHEMA_VERSION,
                 "run_name": state.run_name,
+                "pid": os.getpid(),
                 "started": _iso(state.started),
-                "finished": _iso(finished),
+                "finished": None if finished is None else _iso(finished),
                 "shard": f"{state.shard[0]}/{state.shard[1]}" if state.shard else None,
                 "workers": getattr(config.option, "numprocesses", None) or 0,
                 "args": list(config.invocation_params.args),
@@ -548,5 +648,6 @@ class Collector:
                 ),
                 "environment": env.collect(Path(__file__).resolve().parent.parent),
             }
+            | run_state.to_dict()
         )
         return doc
