@@ -43,14 +43,20 @@ def judge_output(
     return metrics, resolved.evaluate(metrics, baseline, verdict_context(golden, out))
 
 
-def outcome_of(passed: bool, error_status: str | None, deviation: Deviation | None) -> Outcome:
-    """The outcome of a numeric verdict (``passed``) or a rejection (``error_status``), deviations applied."""
+def outcome_of(conforms: bool, observed_status: str | None, deviation: Deviation | None) -> Outcome:
+    """The one rule, for every suite, from what happened and a known deviation to a test outcome.
+
+    ``conforms``: the documented behaviour happened (a numeric pass, a relation that holds, the
+    documented rejection); ``observed_status``: the status the backend raised, or None.  Without a
+    deviation that is passed or failed; with one, what it predicts is xfailed, conforming is xpassed
+    (the deviation may be stale), anything else failed (see :meth:`Deviation.classify`)."""
     if deviation is None:
-        return "passed" if passed and error_status is None else "failed"
-    return DEVIATION_OUTCOMES[deviation.classify(error_status, None if error_status else passed)]
+        return "passed" if conforms else "failed"
+    return DEVIATION_OUTCOMES[deviation.classify(conforms, observed_status)]
 
 
-def outcome_message(spec: CaseSpec, backend: str, outcome: Outcome, detail: str, deviation: Deviation | None) -> str:
+def outcome_message(subject: str, outcome: Outcome, detail: str, deviation: Deviation | None) -> str:
+    """``subject: detail``, prefixed for a known deviation's outcome and followed by the deviation."""
     prefix = {
         "passed": "",
         "failed": "",
@@ -58,7 +64,7 @@ def outcome_message(spec: CaseSpec, backend: str, outcome: Outcome, detail: str,
         "xpassed": "UNEXPECTED PASS of known deviation: ",
     }[outcome]
     known = f" [{deviation.describe()}]" if deviation else ""
-    return f"{prefix}{mode_text(spec, backend)}: {detail}{known}"
+    return f"{prefix}{subject}: {detail}{known}"
 
 
 def error_map(golden: GoldenCase, out: np.ndarray, bound: float | None) -> dict[str, Any]:

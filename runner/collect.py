@@ -26,6 +26,7 @@ import json
 import os
 import socket
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,13 +39,15 @@ from mlaconf.reports.records import PROPERTY_NAME, Failure, Record, RecordError,
 
 if TYPE_CHECKING:
     from mlaconf.golden.spec import CaseSpec
+    from mlaconf.judge.verdict import Outcome
 
 #: Scalar record fields also attached as plain properties, so ``--junitxml`` shows them.
 JUNIT_FIELDS = ("verdict", "worst_slack", "policy", "backend")
 JUNIT_METRICS = ("max_rel_err", "rmse")
 #: user_properties name of a test's identity, sent with its setup report (for crash records).
 IDENTITY_NAME = "mla_identity"
-#: Test modules of the suites -> the record's ``suite``.
+#: Test modules of the suites -> the record's ``suite``, for the xdist controller only, which knows a
+#: test by its id alone (a test's own process reads its suite marker, :func:`identity`).
 SUITE_OF_MODULE = {
     "test_conformance": "conformance",
     "test_error_contract": "error_contract",
@@ -127,13 +130,8 @@ def _spec_fields(spec: CaseSpec) -> dict[str, Any]:
 
 def identity(item: pytest.Item) -> dict[str, Any]:
     """Which suite, test, case or relation and backend an item is (the record's identity fields)."""
-    module = getattr(getattr(item, "module", None), "__name__", "").rsplit(".", 1)[-1]
     function = getattr(item, "originalname", item.name)
-    suite = SUITE_OF_MODULE.get(module)
-    if suite is None:
-        suite = next(
-            (s for s in ("error_contract", "metamorphic", "property") if item.get_closest_marker(s)), "conformance"
-        )
+    suite = next((s for s in records.SUITES if item.get_closest_marker(s)), records.SUITES[0])
     params: Mapping[str, Any] = getattr(getattr(item, "callspec", None), "params", {})
     name = str(params.get("backend_name", "?"))
     ident: dict[str, Any] = {"suite": suite, "test": item.nodeid, "backend": BACKEND_LABELS.get(name, name)}
@@ -388,6 +386,22 @@ class MlaReport:
     def pending(self, record: ResultRecord) -> None:
         """Keep ``record`` for the test, to be used only if the test ends failing."""
         self._node.stash[PENDING] = record
+
+    def conclude(self, record: ResultRecord, outcome: Outcome, message: str, *, pending: bool = False) -> None:
+        """The one way an MLA test ends: its record attached (``pending``: kept for the test only if it
+        ends failing), then pytest's outcome from it: an xfail, a loud warning for an unexpected pass
+        (a known deviation that did not reproduce), or a failure without a traceback."""
+        (self.pending if pending else self.attach)(record)
+        if outcome == "xfailed":
+            pytest.xfail(message)
+        if outcome == "xpassed":
+            warnings.warn(UnexpectedPassWarning(message), stacklevel=2)
+        if outcome == "failed":
+            pytest.fail(message, pytrace=False)
+
+
+class UnexpectedPassWarning(UserWarning):
+    """A known deviation did not reproduce: confirm it and update judge/known_deviations.toml."""
 
 
 def _alive(pid: object) -> bool:

@@ -185,6 +185,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def marker_lines() -> list[str]:
     markers = [
         f"{MARKER}(case_id, content_hash): a conformance case; --mla-shard splits by content_hash",
+        "conformance: the numerical conformance suite (every case against its float64 golden)",
         "metamorphic: invariance tests (batch order, padding, heads, layouts, determinism)",
         "property: hypothesis-driven tests against an on-the-fly float64 golden",
         "error_contract: invalid inputs must be rejected with the documented status",
