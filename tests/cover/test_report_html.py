@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from mlaconf.reports import cli, html, summary, svg
-from mlaconf.reports.records import group_stats, write_json, write_results
+from mlaconf.reports.records import group_stats
+from tests.runs import write_run_dir
 
 
 def rec(i: int, backend: str = "npu", verdict: str = "passed", **extra: Any) -> dict[str, Any]:
@@ -113,8 +114,7 @@ def test_histogram_counts_dropped_values() -> None:
 
 
 def test_html_verb_rerenders(tmp_path: Path) -> None:
-    write_results(tmp_path / "results.jsonl", records())
-    write_json(tmp_path / "run.json", {"run_name": "again"})
+    write_run_dir(tmp_path, records(), run_name="again")
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers(dest="verb", required=True))
     args = parser.parse_args(["report", "html", str(tmp_path)])
