@@ -302,7 +302,8 @@ def validate_types(data: Mapping[str, Any]) -> None:
         if data.get(name) is not None and not isinstance(data[name], str):
             raise RecordError(f"record field {name!r}: expected a string, got {_type_name(data[name])}")
     for name in _OBJECT_FIELDS:
-        if data.get(name) is not None and not isinstance(data[name], Mapping):
+        value = data.get(name)
+        if value is not None and not isinstance(value, Mapping | ErrorEvidence | RelationEvidence | Failure):
             raise RecordError(f"record field {name!r}: expected an object, got {_type_name(data[name])}")
     for name in _LIST_FIELDS:
         if data.get(name) is not None and not isinstance(data[name], list | tuple):

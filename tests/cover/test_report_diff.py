@@ -34,11 +34,11 @@ def rec(
         "policy": policy,
         "metrics": {"max_rel_err": slack * 1e-3, "rmse": slack * 1e-4},
         "output_sha256": hashlib.sha256(f"{case}{backend}{digest}".encode()).hexdigest(),
-        "timing": {"latency_ms_median": latency, "repeats": 7, "tflops": 1.0, "latencies_ms": calls(latency)},
+        "timing": {"latency_ms_median": latency, "repeats": 12, "tflops": 1.0, "latencies_ms": calls(latency)},
     }
 
 
-def calls(median: float, n: int = 7) -> list[float]:
+def calls(median: float, n: int = 12) -> list[float]:
     """Per-call latencies around ``median`` with 2 % spread (timing noise)."""
     return [median * (1 + 0.02 * ((k * 3) % n - n // 2) / n) for k in range(n)]
 
