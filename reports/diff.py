@@ -140,6 +140,8 @@ class CaseDiff:
     evidence_checks: list[str] = field(default_factory=list)
     #: What the latency comparison found: "not compared (...)", "unchanged (...)", "slower ...".
     latency: str = ""
+    #: Candidate / base median latency, where compared.
+    latency_ratio: float | None = None
 
 
 @dataclass
@@ -402,6 +404,7 @@ def judge_latency(tests: Sequence[tuple[CaseDiff, LatencyTest]], threshold: floa
     significant = holm_significant([t.p_value for _, t in tests])
     for (d, t), sig in zip(tests, significant, strict=True):
         ratio = t.cand_ms / t.base_ms if t.base_ms > 0 else math.inf
+        d.latency_ratio = ratio
         if sig and t.slower(threshold):
             d.latency = f"slower {ratio:.2f}x (p = {t.p_value:.2g})"
             perf.append(PerfDiff(d.case_id, d.backend, t.base_ms, t.cand_ms, t.p_value, t.repeats))
@@ -559,6 +562,12 @@ def diff_dirs(
         _env_changes(base_run, cand_run),
         gate_failures,
     )
+    ratios = [c.latency_ratio for c in cases if c.latency_ratio is not None]
+    if ratios:
+        result.notes.append(
+            f"median latency ratio over {len(ratios)} compared pairs: {statistics.median(ratios):.2f}x "
+            "(far from 1 everywhere: a busier or slower host, or a slower toolkit; rerun both on a quiet host)"
+        )
     if result.not_compared():
         result.notes.append(
             f"latency not compared for {result.not_compared()} pairs: fewer than {MIN_REPEATS} timed calls "

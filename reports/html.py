@@ -324,15 +324,25 @@ def error_map_chart(r: Record) -> str:
     stride, head_stride = emap.get("row_stride"), emap.get("head_stride")
     q_seqlen = [n for n in emap.get("q_seqlen") or [] if isinstance(n, int)]
     title = f"where the error sits: {r.get('case_id', '?')}"
-    bound = _num(emap.get("bound"))
     return svg.error_map(
         values,
         title,
         row_stride=stride if isinstance(stride, int) and stride > 0 else 1,
         q_seqlen=q_seqlen,
-        bound=bound,
+        legend=map_legend(emap),
         head_stride=head_stride if isinstance(head_stride, int) and head_stride > 0 else 1,
     )
+
+
+def map_legend(emap: Mapping[str, Any]) -> list[str]:
+    """What an error map's colours mean: the deciding rule's slack (or, for maps written before the
+    rule was recorded, the atb bound's or the largest value's)."""
+    rule = emap.get("rule")
+    if isinstance(rule, str) and rule:
+        return ["slack of the deciding check", rule, "(scaled to its slack)" if emap.get("scaled") else "(per element)"]
+    if _num(emap.get("bound")) is not None:
+        return ["slack of atb (error / e)", "(not the deciding rule)"]
+    return ["error / largest error"]
 
 
 def case_details(r: Record, open_: bool = False) -> str:
