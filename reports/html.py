@@ -374,6 +374,7 @@ def case_details(r: Record, open_: bool = False) -> str:
             Num(fmt(_num(c.get("bound")), ".3e")),
             Num(fmt(_num(c.get("slack")))),
             tag("span", "pass" if c.get("passed") else "FAIL", "passed" if c.get("passed") else "failed"),
+            "evidence only" if c.get("decisive") is False else "deciding",
         ]
         for c in checks
     ]
@@ -389,7 +390,7 @@ def case_details(r: Record, open_: bool = False) -> str:
         + f"<p>policy {escape(str(r.get('policy', '-')))}, "
         f"node <code>{escape(str(r.get('test') or r.get('nodeid') or ''))}</code></p>"
         f"<pre>{escape(str(r.get('message') or ''))}</pre>"
-        + table(["rule", "metric", "value", "bound", "slack", ""], check_rows, "checks")
+        + table(["rule", "metric", "value", "bound", "slack", "", "role"], check_rows, "checks")
         + table(["metric", "value"], [[k, stat(v)] for k, v in sorted(metrics.items())])
         + _evidence(r)
         + f"<pre>{escape(json.dumps(r.get('spec'), indent=1, sort_keys=True, default=str))}</pre></details>"
