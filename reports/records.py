@@ -36,11 +36,13 @@ Fields (``schema_version`` 2), field by field:
 ``failing``            the failing checks or contract violations, as short texts
 ``overrides``          ``[[override]]`` tables of the policy that applied, with their reasons
 ``error_map``          failing conformance records (numeric verdict) only: where the error sits,
-                       ``{values, row_stride, head_stride, q_seqlen, bound, quantity}``; ``values``
-                       is ``max_v |out - g| / max(1, |g|)`` per (token row, head) divided by the
-                       atb rule's bound e (above 1 fails; without that rule, by the largest
-                       value), max-pooled to at most 256 x 128 cells (inf = NaN/inf output,
-                       null = a row of an empty batch); the HTML report draws it; else null
+                       ``{values, row_stride, head_stride, q_seqlen, bound, rule, slack, scaled,
+                       quantity}``; ``values`` per (token row, head), max-pooled to at most
+                       256 x 128 cells, in units of the deciding check ``rule`` (its ``slack``;
+                       above 1 fails): the error model's per-element slack when ``model``
+                       decides, ``max_v |out - g| / max(1, |g|) / e`` for ``atb``, else that
+                       quantity scaled to the check's slack (``scaled`` true); inf = NaN/inf
+                       output, null = a row of an empty batch; the HTML report draws it; else null
 ``error``              error evidence ``{expected_status, expected_stage, observed_status,
                        observed_stage}``: the error contract's expectation and what the backend
                        did (observed null = the call was accepted); conformance records carry the
@@ -55,8 +57,12 @@ Fields (``schema_version`` 2), field by field:
                        ``crash`` (the xdist worker died), ``timeout`` (``where`` names the
                        function it hung in, e.g. ``backend.run``); null when the test ended with
                        its own verdict
-``timing``             ``{latency_ms_median, repeats, tflops}`` or null; never part of a verdict
-``output_sha256``      SHA-256 of the output bytes (identical digests = bitwise identical)
+``timing``             ``{latency_ms_median, repeats, latencies_ms, tflops}`` or null (``latencies_ms``:
+                       every timed call, what ``report diff`` tests); never part of a verdict
+``output_sha256``      SHA-256 of the output bytes (identical digests = bitwise identical);
+                       metamorphic: over the valid rows of every output the relation compared;
+                       property: over every passing example's case id and output digest
+``examples``           property records: ``{count, derandomized}`` of the passing examples (extra key)
 =====================  ==========================================================================
 
 Keys a record does not know are kept as they are (:attr:`ResultRecord.extra`), so the suites can
@@ -302,7 +308,8 @@ def validate_types(data: Mapping[str, Any]) -> None:
         if data.get(name) is not None and not isinstance(data[name], str):
             raise RecordError(f"record field {name!r}: expected a string, got {_type_name(data[name])}")
     for name in _OBJECT_FIELDS:
-        if data.get(name) is not None and not isinstance(data[name], Mapping):
+        value = data.get(name)
+        if value is not None and not isinstance(value, Mapping | ErrorEvidence | RelationEvidence | Failure):
             raise RecordError(f"record field {name!r}: expected an object, got {_type_name(data[name])}")
     for name in _LIST_FIELDS:
         if data.get(name) is not None and not isinstance(data[name], list | tuple):

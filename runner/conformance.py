@@ -123,8 +123,11 @@ def run_case(
     message = outcome_message(subject, outcome, verdict.summary(), deviation)
     emap = None
     if outcome == "failed":  # only failing records carry a map: records stay small
-        atb = next((c.bound for c in verdict.checks if c.rule == "atb"), None)
-        emap = error_map(golden, execution.out, atb)
+        resolved = policy_set.resolve(policy, backend.name, spec.dtype, spec.mask_name, spec.case_id)
+        model = None
+        if "model" in resolved.params:
+            model = (resolved.param("model", "false_alarm", spec.dtype), resolved.param("model", "safety", spec.dtype))
+        emap = error_map(golden, execution.out, verdict.worst_check(), model)
     record = ResultRecord(
         verdict=outcome,
         checks=tuple(c.to_dict() for c in verdict.checks),

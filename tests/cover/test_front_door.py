@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from mlaconf.reports import cli
-from mlaconf.reports.records import write_json, write_results
 from mlaconf.runner import plugin
+from tests.runs import write_run_dir
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -166,11 +166,8 @@ def test_report_html_on_malformed_results_is_one_line(tmp_path: Path) -> None:
 def test_merge_with_a_shard_missing_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     dirs = []
     for k in (1, 3):
-        directory = tmp_path / f"s{k}"
-        directory.mkdir()
-        write_results(directory / "results.jsonl", [{"case_id": f"c{k}", "backend": "b", "verdict": "passed"}])
-        write_json(directory / "run.json", {"shard": f"{k}/3", "run_name": f"s{k}"})
-        dirs.append(str(directory))
+        record = {"case_id": f"c{k}", "backend": "b", "verdict": "passed"}
+        dirs.append(str(write_run_dir(tmp_path / f"s{k}", [record], shard=f"{k}/3")))
     assert mlaconf("report", "merge", str(tmp_path / "m"), *dirs) == 1
     assert "error: shard set incomplete: shards missing: 2/3" in capsys.readouterr().err
     assert mlaconf("report", "merge", str(tmp_path / "m"), *dirs, "--allow-partial") == 0
