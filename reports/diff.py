@@ -40,7 +40,6 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-
 from mlaconf.reports import html, safeio, svg
 from mlaconf.reports.records import (
     EVIDENCE_KEYS,
