@@ -12,7 +12,10 @@ from mlaconf.golden.store import GoldenStore
 from mlaconf.harness.backend import Backend
 from mlaconf.judge.deviations import DeviationSet
 from mlaconf.judge.policy import PolicySet
-from mlaconf.runner.conformance import conclude, run_case, save_output
+from mlaconf.runner.collect import MlaReport
+from mlaconf.runner.conformance import run_case, save_output
+
+pytestmark = pytest.mark.conformance
 
 
 def test_conformance(
@@ -21,7 +24,7 @@ def test_conformance(
     golden_store: GoldenStore,
     policy_set: PolicySet,
     deviation_set: DeviationSet,
-    mla_report: object,
+    mla_report: MlaReport,
     pytestconfig: pytest.Config,
 ) -> None:
     golden = golden_store.ensure(conformance_case)
@@ -34,8 +37,6 @@ def test_conformance(
         repeats=pytestconfig.getoption("mla_timing_repeats"),
         warmup=pytestconfig.getoption("mla_warmup"),
     )
-    mla_report.attach(result.record)  # type: ignore[attr-defined]
-    outputs_dir = getattr(mla_report, "outputs_dir", None)
-    if outputs_dir is not None and result.output is not None:
-        save_output(outputs_dir, conformance_case, backend.name, result.output)
-    conclude(result.outcome, result.message)
+    if mla_report.outputs_dir is not None and result.output is not None:
+        save_output(mla_report.outputs_dir, conformance_case, backend.name, result.output)
+    mla_report.conclude(result.record, result.outcome, result.message)

@@ -1,14 +1,13 @@
 """Error contract: every case of ``cases/errors.toml`` must be rejected with its documented status
 at its documented stage (docs/operator.md §1-3), by backends that declare an error contract.
 
-Known deviations (``judge/known_deviations.toml``) turn a predicted misbehaviour into an xfail and
-a documented rejection despite a deviation into an unexpected-pass warning; an entry that predicts
-exactly the documented rejection does not count as a deviation here.
+Where ATB releases differ, a case's ``expect_by_release`` gives the rejection of the backend's
+release (``BackendInfo.version``).  Known deviations (``judge/known_deviations.toml``) turn a
+predicted misbehaviour into an xfail and a documented rejection despite a deviation into an
+unexpected-pass warning; an entry that predicts exactly the expected rejection is no deviation here.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 
@@ -17,7 +16,6 @@ from mlaconf.harness.backend import Backend
 from mlaconf.judge.deviations import DeviationSet
 from mlaconf.reports.records import ErrorEvidence
 from mlaconf.runner.collect import MlaReport
-from mlaconf.runner.conformance import conclude
 from mlaconf.runner.perturb import judge_error_case
 
 pytestmark = pytest.mark.error_contract
@@ -33,10 +31,8 @@ def test_error_contract(
         )
     verdict = judge_error_case(error_case, backend, deviation_set)
     observed, stage = verdict.got if verdict.got is not None else (None, None)
-    evidence = dataclasses.asdict(ErrorEvidence(*verdict.expected, observed, stage))  # records take JSON form
-    mla_report.attach(
-        mla_report.record(
-            verdict=verdict.outcome, message=verdict.message, error=evidence, device=backend.info().device
-        )
+    evidence = ErrorEvidence(*verdict.expected, observed, stage)  # the expectation of the backend's release
+    record = mla_report.record(
+        verdict=verdict.outcome, message=verdict.message, error=evidence, device=backend.info().device
     )
-    conclude(verdict.outcome, verdict.message)
+    mla_report.conclude(record, verdict.outcome, verdict.message)

@@ -14,7 +14,7 @@ deviation of the backend covers are not drawn for it (they would fail by design)
 from __future__ import annotations
 
 import hashlib
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, assume, given, note, settings
@@ -101,33 +101,33 @@ def test_random_case_matches_float64_golden(
         "device": backend.info().device,
     }
 
-    def fail(message: str) -> NoReturn:
-        """Record the failure, then fail without a traceback: pytest would print every fixture's
-        repr (the policy set's ~300 lines) around the verdict and the shrunk TOML."""
-        mla_report.pending(mla_report.record(verdict="failed", message=message.split("\n")[0], **evidence))
-        pytest.fail(message, pytrace=False)
-
+    subject = mode_text(spec, backend.name)
     try:
         golden = build_golden(spec)
         try:
-            out = execute(backend, make_call(golden.inputs, spec), spec).out
+            out: Any = execute(backend, make_call(golden.inputs, spec), spec).out
         except BackendError as exc:  # a failure like any other, so hypothesis shrinks it
             evidence["error"] = ErrorEvidence(observed_status=exc.status_name, observed_stage=exc.stage)
-            fail(f"{mode_text(spec, backend.name)}: backend rejected a valid case: {exc}{paste}")
-        metrics, verdict = judge_output(golden, out, policy_set, policy, backend.name)
-        evidence.update(
-            checks=[c.to_dict() for c in verdict.checks],
-            worst_slack=float(verdict.worst_slack),
-            metrics=metrics.to_dict(),
-            failing=[c.text() for c in verdict.failing],
-        )
-        if not verdict.passed:
-            fail(f"{mode_text(spec, backend.name)}: {verdict.summary()}{paste}")
-        record_pass(mla_report, spec.case_id, output_digest(out))
-    except Exception as exc:  # outside the verdict path (pytest.fail's exception is no Exception)
+            failure: str | None = f"{subject}: backend rejected a valid case: {exc}"
+        else:
+            metrics, verdict = judge_output(golden, out, policy_set, policy, backend.name)
+            evidence.update(
+                checks=[c.to_dict() for c in verdict.checks],
+                worst_slack=float(verdict.worst_slack),
+                metrics=metrics.to_dict(),
+                failing=[c.text() for c in verdict.failing],
+            )
+            failure = None if verdict.passed else f"{subject}: {verdict.summary()}"
+    except Exception as exc:  # outside the verdict path
         evidence["failure"] = failure_of(mla_report.node, pytest.ExceptionInfo.from_exception(exc))
         mla_report.pending(mla_report.record(verdict="failed", message=str(exc).split("\n")[0], **evidence))
         raise
+    if failure is None:
+        record_pass(mla_report, spec.case_id, output_digest(out))
+        return
+    # kept pending: hypothesis replays the shrunk example last, and its record is the one that stays
+    record = mla_report.record(verdict="failed", message=failure.split("\n")[0], **evidence)
+    mla_report.conclude(record, "failed", f"{failure}{paste}", pending=True)
 
 
 def record_pass(mla_report: MlaReport, case_id: str, digest: str) -> None:

@@ -55,8 +55,9 @@ def register(subparsers: Any) -> None:
         "--latency-threshold",
         type=float,
         default=1.2,
-        help="median latency ratio cand/base listed as a perf regression, when significant (one-sided "
-        f"Mann-Whitney U, p < {diff.ALPHA:g}, at least {diff.MIN_REPEATS} timed calls per side; default 1.2)",
+        help="latency ratio cand/base (median and fastest call) listed as a perf regression when significant "
+        f"(one-sided Mann-Whitney U, Holm-corrected at {diff.ALPHA:g}, at least {diff.MIN_REPEATS} timed calls "
+        "per side; default 1.2)",
     )
     p.add_argument("--fail-on-perf", action="store_true", help="perf regressions also fail the exit status")
     p.add_argument(

@@ -7,62 +7,11 @@ are written to ``results.jsonl`` as flat JSON objects (:meth:`ResultRecord.to_di
 readers in ``reports`` work on those dicts (:data:`Record`), so a record from an older run
 (schema 1, conformance only, no ``schema_version``) is read through :func:`upgrade`.
 
-Fields (``schema_version`` 2), field by field:
-
-=====================  ==========================================================================
-``schema_version``     2
-``suite``              ``conformance`` | ``error_contract`` | ``metamorphic`` | ``property``
-``test``               the pytest node id that produced the record
-``case_id``            the case: a suite case's id (conformance, error contract), the spec a
-                       relation ran on (metamorphic), the shrunk case (property, when one failed)
-``relation``           metamorphic: the relation (``batch order``, ``determinism`` ...);
-                       property: the property (the test function); else ``""``
-``backend``            the backend under test (its ``--backend`` name)
-``verdict``            ``passed`` ``failed`` ``xfailed`` ``xpassed`` ``skipped`` ``error``
-                       (pytest's outcome; ``error`` = a setup error)
-``message``            one line (or a few) saying why: the verdict summary, skip reason, failure
-``device``             where the backend ran (``cpu``, ``npu:0`` ...); ``""`` if it never ran
-``backend_versions``   versions the backend reports (``{}`` if unknown)
-``case_suite``         the TOML suite the case came from (``smoke``, ``errors``, ``mine``) or ``""``
-``spec``               the case spec's content (every field the content hash covers), or null
-``dtype`` ``mask``     grouping labels of the case (``?`` when the record has no case, e.g. a
-``cache``              passing property test)
-``policy``             the tolerance policy of a numeric verdict, else null
-``deviation``          the id of the known deviation that matched, else null
-``checks``             numeric evidence: every check ``{rule, metric, value, bound, slack, passed,
-                       note}``; slack = value / bound, > 1 fails
-``metrics``            numeric evidence: metric name -> value (max_rel_err, rmse ...)
-``worst_slack``        the largest slack of ``checks`` (null without a numeric verdict)
-``failing``            the failing checks or contract violations, as short texts
-``overrides``          ``[[override]]`` tables of the policy that applied, with their reasons
-``error_map``          failing conformance records (numeric verdict) only: where the error sits,
-                       ``{values, row_stride, head_stride, q_seqlen, bound, quantity}``; ``values``
-                       is ``max_v |out - g| / max(1, |g|)`` per (token row, head) divided by the
-                       atb rule's bound e (above 1 fails; without that rule, by the largest
-                       value), max-pooled to at most 256 x 128 cells (inf = NaN/inf output,
-                       null = a row of an empty batch); the HTML report draws it; else null
-``error``              error evidence ``{expected_status, expected_stage, observed_status,
-                       observed_stage}``: the error contract's expectation and what the backend
-                       did (observed null = the call was accepted); conformance records carry the
-                       observed rejection of a valid case here (expected null)
-``difference``         metamorphic evidence ``{kind, max_abs_diff, differing, problems}``: exact or
-                       tolerance relation, the largest difference between the related outputs,
-                       how many elements differ, and each problem found
-``shrunk``             property evidence: the shrunk failing spec ``{spec, toml}`` (the TOML is a
-                       ``[[case]]`` snippet to paste into a suite), else null
-``failure``            a failure outside the verdict path ``{kind, type, message, where,
-                       timeout_s}``: kind ``exception`` (type and message of what was raised),
-                       ``crash`` (the xdist worker died), ``timeout`` (``where`` names the
-                       function it hung in, e.g. ``backend.run``); null when the test ended with
-                       its own verdict
-``timing``             ``{latency_ms_median, repeats, tflops}`` or null; never part of a verdict
-``output_sha256``      SHA-256 of the output bytes (identical digests = bitwise identical)
-=====================  ==========================================================================
+The fields one by one: docs/reports.md, "The record schema" (that table's one home).
 
 Keys a record does not know are kept as they are (:attr:`ResultRecord.extra`), so the suites can
 add information without a schema change; a field's meaning never changes without a new
-``schema_version``.
-"""
+``schema_version``."""
 
 from __future__ import annotations
 
@@ -90,7 +39,7 @@ VERDICTS = ("passed", "failed", "xfailed", "xpassed", "skipped", "error")
 #: Verdicts that count as "the case conforms" when diffing runs.
 PASSING = frozenset({"passed", "xpassed"})
 #: Kinds of :class:`Failure`.
-FAILURE_KINDS = ("exception", "crash", "timeout")
+FAILURE_KINDS = ("exception", "crash", "timeout", "not_run")
 #: Keys that depend on the machine's speed, never on the computation.
 VOLATILE_KEYS = ("timing",)
 
@@ -302,7 +251,8 @@ def validate_types(data: Mapping[str, Any]) -> None:
         if data.get(name) is not None and not isinstance(data[name], str):
             raise RecordError(f"record field {name!r}: expected a string, got {_type_name(data[name])}")
     for name in _OBJECT_FIELDS:
-        if data.get(name) is not None and not isinstance(data[name], Mapping):
+        value = data.get(name)
+        if value is not None and not isinstance(value, Mapping | ErrorEvidence | RelationEvidence | Failure):
             raise RecordError(f"record field {name!r}: expected an object, got {_type_name(data[name])}")
     for name in _LIST_FIELDS:
         if data.get(name) is not None and not isinstance(data[name], list | tuple):

@@ -48,6 +48,16 @@ def atomic_write(path: Path, text: str) -> Path:
     return path
 
 
+def create_exclusive(path: Path, text: str) -> Path:
+    """Create ``path`` with ``text`` only if nothing (no file, no link) is there: FileExistsError otherwise."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    return path
+
+
 def safe_dir(path: Path) -> Path:
     """Create ``path`` (and parents) as a directory; a symlink there is refused."""
     if path.is_symlink():

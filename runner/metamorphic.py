@@ -11,7 +11,6 @@ import hashlib
 from collections.abc import Callable
 
 import numpy as np
-import pytest
 
 from mlaconf.facts.operator import V_DIM
 from mlaconf.golden.generate import build_golden
@@ -23,7 +22,7 @@ from mlaconf.golden.types import GoldenCase, OpInputs
 from mlaconf.harness.backend import Backend, BackendError
 from mlaconf.judge.deviations import Deviation, DeviationSet
 from mlaconf.judge.policy import PolicySet
-from mlaconf.judge.verdict import judge_output, mode_text
+from mlaconf.judge.verdict import judge_output, mode_text, outcome_message, outcome_of
 from mlaconf.reports.records import RelationEvidence
 from mlaconf.runner.collect import MlaReport
 from mlaconf.runner.execution import BackendOutputError, array_digest, execute, make_call
@@ -42,7 +41,7 @@ class Problems:
         spec: CaseSpec,
         backend: Backend,
         deviations: DeviationSet,
-        report: MlaReport | None = None,
+        report: MlaReport,
     ) -> None:
         self.header = f"metamorphic {relation} ({kind}) on {mode_text(spec, backend.name)}"
         self.kind = kind
@@ -78,25 +77,20 @@ class Problems:
         return found
 
     def finish(self) -> None:
-        message = f"{self.header}: " + " | ".join(self.items) if self.items else ""
-        outcome = "passed" if not self.items else "xfailed" if self.deviation is not None else "failed"
-        if self.report is not None:
-            evidence = RelationEvidence(self.kind, self.max_abs_diff, self.differing, tuple(self.items))
-            self.report.attach(
-                self.report.record(
-                    verdict=outcome,
-                    message=message or self.header,
-                    difference=evidence,
-                    output_sha256=self.outputs.hexdigest() if self.compared else None,
-                    device=self.device,
-                    deviation=self.deviation.id if self.deviation is not None and self.items else None,
-                )
-            )
-        if not self.items:
-            return
-        if self.deviation is not None:
-            pytest.xfail(f"known deviation: {message} [{self.deviation.describe()}]")
-        pytest.fail(message, pytrace=False)
+        """End the test: the relation held or broke, a known deviation applied by the one rule."""
+        holds = not self.items
+        outcome = outcome_of(holds, None, self.deviation)
+        message = outcome_message(self.header, outcome, "holds" if holds else " | ".join(self.items), self.deviation)
+        evidence = RelationEvidence(self.kind, self.max_abs_diff, self.differing, tuple(self.items))
+        record = self.report.record(
+            verdict=outcome,
+            message=message,
+            difference=evidence,
+            output_sha256=self.outputs.hexdigest() if self.compared else None,
+            device=self.device,
+            deviation=self.deviation.id if self.deviation is not None else None,
+        )
+        self.report.conclude(record, outcome, message)
 
 
 def run(backend: Backend, inputs: OpInputs, spec: CaseSpec) -> np.ndarray:

@@ -32,6 +32,7 @@ from mlaconf.runner.collect import (
     MlaReport,
     ReportState,
     complete_report,
+    has_record,
     is_mla_item,
     set_run_info,
 )
@@ -179,6 +180,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def marker_lines() -> list[str]:
     markers = [
         f"{MARKER}(case_id, content_hash): a conformance case; --mla-shard splits by content_hash",
+        "conformance: the numerical conformance suite (every case against its float64 golden)",
         "metamorphic: invariance tests (batch order, padding, heads, layouts, determinism)",
         "property: hypothesis-driven tests against an on-the-fly float64 golden",
         "error_contract: invalid inputs must be rejected with the documented status",
@@ -433,7 +435,7 @@ def add_timeouts(config: pytest.Config, items: list[pytest.Item]) -> None:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     """Every phase pytest counts of an MLA test leaves with exactly one record (see runner.collect)."""
     report = yield
-    if is_mla_item(item):
+    if is_mla_item(item) or has_record(item):
         complete_report(item, call, report)
     return report
 

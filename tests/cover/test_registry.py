@@ -114,7 +114,7 @@ def test_named_unavailable_backend_fails_the_run_with_its_reason(tmp_path: Path)
     run = json.loads((tmp_path / "report" / "run.json").read_text())
     atb = next(b for b in run["backends"] if b["name"] == "atb")
     assert atb["available"] is False and "torch_npu" in atb["reason"]
-    assert run["counts"]["skipped"] == 2 and run["counts"]["passed"] == 2
+    assert run["verdicts"]["skipped"] == 2 and run["verdicts"]["passed"] == 2
     assert any(line.startswith("atb ") for line in result.stdout.splitlines())  # a row of the group table
 
 

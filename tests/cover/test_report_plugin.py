@@ -129,7 +129,9 @@ def test_serial_and_xdist_runs_write_equal_results(suite: pytest.Pytester, tmp_p
 
     run_doc = json.loads((tmp_path / "parallel" / "run.json").read_text())
     assert run_doc["records"] == N_RECORDS and run_doc["workers"] == 2
-    assert run_doc["counts"] == {
+    assert run_doc["status"] == "complete" and run_doc["counts"]["recorded"] == N_RECORDS
+    assert run_doc["counts"]["run"] == run_doc["counts"]["selected"] == N_RECORDS  # the plain test is no MLA test
+    assert run_doc["verdicts"] == {
         "passed": 19,
         "failed": 2,
         "xfailed": 1,
@@ -178,6 +180,8 @@ def test_merge_conflict_fails(suite: pytest.Pytester, tmp_path: Path) -> None:
     lines = (tmp_path / "a" / "results.jsonl").read_text().splitlines()
     changed = json.loads(lines[0]) | {"output_sha256": "0" * 64}
     (other / "results.jsonl").write_text(json.dumps(changed) + "\n")
+    one = {"status": "complete", "counts": {"selected": 1, "run": 1, "recorded": 1}}
+    (other / "run.json").write_text(json.dumps(json.loads((tmp_path / "a" / "run.json").read_text()) | one))
     assert mlaconf("report", "merge", str(tmp_path / "m"), str(tmp_path / "a"), str(other)) == 1
 
 
