@@ -9,8 +9,11 @@
 * ``npu-fia``: ``torch_npu.npu_fused_infer_attention_score`` (aclnn FusedInferAttentionScore; op-plugin
   ``docs/zh/custom_APIs/torch_npu/torch_npu-npu_fused_infer_attention_score.md``): ``input_layout="TND"``
   with ``query_rope``/``key_rope`` (MLA with D 128 + rope 64), cumulative ``actual_seq_lengths`` and
-  ``actual_seq_lengths_kv`` (at most 4096 batches), ``sparse_mode=3`` (bottom-right causal, the
-  2048x2048 optimised mask, True = not computed) or 0 (no mask), GQA ratio at most 64.
+  ``actual_seq_lengths_kv`` (at most 4096 batches), ``sparse_mode=3`` (bottom-right causal) or 0 (no
+  mask), GQA ratio at most 64.  The 2048x2048 "optimised" mask of sparse modes 2-4 is written out only
+  in the sibling op's page (``torch_npu-npu_fusion_attention.md``: ``torch.triu(torch.ones(2048, 2048,
+  dtype=torch.bool), diagonal=1)``, True = not computed); that it means the same here is unconfirmed
+  until a device run, like fp16 for the MLA head split.
 
 Both map an :class:`MlaPrefillCall` (the C interface's arguments) onto the op: the padded kv layout is
 packed (batch b's rows ``b*S .. b*S + kv_b``, as documented), batches without query or key rows are left
