@@ -18,7 +18,8 @@ from mlaconf.facts.status import STATUS_CODES
 from mlaconf.golden.spec import CaseSpec, as_c_float, load_suites
 from mlaconf.harness.atb import AtbBackend
 from mlaconf.harness.backend import TENSOR_ARGS, Backend, BackendError, MlaPrefillCall
-from mlaconf.runner.perturb import error_call
+from mlaconf.judge.deviations import DeviationSet
+from mlaconf.runner.perturb import error_call, judge_error_case
 
 FAKE_STREAM = 0x7E57_0000_4560
 
@@ -301,6 +302,29 @@ def test_every_error_case_reaches_atb_as_built_and_its_status_comes_back(
         assert setup["qk_scale"] == "nan"
     else:  # recorded with 9 significant digits: exact once rounded to the float ATB receives
         assert as_c_float(setup["qk_scale"]) == as_c_float(call.qk_scale)
+
+
+@pytest.mark.parametrize(
+    ("release", "returned", "outcome"),
+    [
+        ("8.2.RC1", "ERROR_INVALID_TENSOR_DIM_NUM", "passed"),
+        ("8.3.RC1", "ERROR_INVALID_TENSOR_DIM_NUM", "failed"),
+        ("8.3.RC1", "ERROR_RT_FAIL", "passed"),
+        ("8.2.RC1", "ERROR_RT_FAIL", "failed"),
+    ],
+)
+def test_the_installed_release_chooses_the_rank3_mask_expectation(
+    monkeypatch: pytest.MonkeyPatch, atb_double: Any, release: str, returned: str, outcome: str
+) -> None:
+    """Through AtbBackend, the extension and the double: what "libatb" returns is judged against the
+    rejection of the release it reports ($MLA_ATB_VERSION stands in for its version.info)."""
+    install_torch_npu(monkeypatch, FakeNpu())
+    monkeypatch.setenv("MLA_ATB_LIB", atb_double.path)
+    monkeypatch.setenv("MLA_ATB_VERSION", release)
+    atb_double.inject("setup", STATUS_CODES[returned])
+    rank3 = next(c for c in load_suites(["errors"]) if c.name == "mask-free-mask-rank3")
+    verdict = judge_error_case(rank3, CpuAtbBackend(), DeviationSet("<none>", []))
+    assert (verdict.outcome, verdict.got) == (outcome, (returned, "setup")), verdict.message
 
 
 def test_run_maps_atb_status_to_backend_error(monkeypatch: pytest.MonkeyPatch, atb_double: Any) -> None:
