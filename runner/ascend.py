@@ -181,6 +181,10 @@ def run_steps(
                         str(out / "runs" / other),
                         "--out",
                         str(out / "diffs" / f"{base}-vs-{other}"),
+                        "--base-backend",
+                        base,
+                        "--cand-backend",
+                        other,
                         "--allow-missing",
                     ],
                     gates=False,
@@ -221,16 +225,23 @@ def _write_json(path: Path, data: Any) -> None:
     os.replace(temp, path)
 
 
-def pack(out: Path) -> Path:
-    """``<out>.tar.gz`` holding everything under ``out`` (links stored as links, never followed)."""
+def pack(out: Path, leave_out: Sequence[str] = ("golden",)) -> Path:
+    """``<out>.tar.gz`` holding everything under ``out`` but ``leave_out`` (the goldens: large, and
+    rebuilt from the case specs by ``mlaconf regen``); links are stored as links, never followed."""
     archive = out.with_name(out.name + ".tar.gz")
     if archive.is_symlink():
         raise OSError(f"{archive} is a symlink: refusing to write through it")
+    skipped = {f"{out.name}/{name}" for name in leave_out}
+
+    def keep(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        return None if member.name in skipped else member
+
     with tempfile.NamedTemporaryFile(dir=archive.parent, prefix=f".{archive.name}.", delete=False) as handle:
         temp = Path(handle.name)
     try:
         with tarfile.open(temp, "w:gz") as tar:
-            tar.add(out, arcname=out.name)
+            tar.add(out, arcname=out.name, filter=keep)
+        temp.chmod(0o644)
         os.replace(temp, archive)
     finally:
         temp.unlink(missing_ok=True)

@@ -113,6 +113,12 @@ def test_atb_is_the_base_of_every_diff_and_brings_its_own_tests(tmp_path: Path) 
     assert [s.gates for s in steps][-2:] == [False, False]  # backends differ: a diff informs, never gates
     smoke_atb = steps[2].argv
     assert smoke_atb[smoke_atb.index("--report-dir") + 1] == str(tmp_path / "runs" / "atb")
+    diff = steps[-1].argv  # two backends case by case: report diff pairs them by case, not by backend
+    assert diff[diff.index("--base-backend") + 1 : diff.index("--base-backend") + 4] == [
+        "atb",
+        "--cand-backend",
+        "torch-cpu",
+    ]
 
 
 def test_build_steps_check_the_headers_when_cann_is_sourced(monkeypatch: pytest.MonkeyPatch) -> None:
