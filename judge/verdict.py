@@ -8,11 +8,12 @@ from typing import Any, Literal
 import numpy as np
 
 from mlaconf.facts.operator import V_DIM
-from mlaconf.golden.error_model import ModelResult, model_ratio
-from mlaconf.golden.metrics import CHUNK_ELEMENTS, Metrics, compute_metrics
 from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.stats import CHUNK_ELEMENTS, ErrorStats
 from mlaconf.golden.types import GoldenCase
 from mlaconf.judge.deviations import Deviation
+from mlaconf.judge.error_model import ModelResult, model_ratio
+from mlaconf.judge.metrics import Metrics, compute_metrics
 from mlaconf.judge.policy import PolicySet, Verdict, VerdictContext
 
 #: An error map has at most this many token rows x heads (each cell the largest error it covers).
@@ -38,7 +39,7 @@ def judge_output(
     metrics = compute_metrics(
         out.reshape(shape), golden.out.reshape(shape), golden.row_valid, spec.dtype, spec.q_seqlen
     )
-    baseline = Metrics.from_dict(golden.baseline_stats) if golden.baseline_stats else None
+    baseline = ErrorStats.from_dict(golden.baseline_stats) if golden.baseline_stats else None
     resolved = policy_set.resolve(policy, backend, spec.dtype, spec.mask_name, spec.case_id)
     return metrics, resolved.evaluate(metrics, baseline, verdict_context(golden, out))
 

@@ -16,11 +16,11 @@ from mlaconf.facts.operator import V_DIM
 from mlaconf.golden.generate import build_golden
 from mlaconf.golden.inputs import case_rng, round_to
 from mlaconf.golden.layout import offsets, row_valid
-from mlaconf.golden.metrics import locate
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.types import GoldenCase, OpInputs
 from mlaconf.harness.backend import Backend, BackendError
 from mlaconf.judge.deviations import Deviation, DeviationSet
+from mlaconf.judge.metrics import locate
 from mlaconf.judge.policy import PolicySet
 from mlaconf.judge.verdict import judge_output, mode_text
 from mlaconf.reports.records import RelationEvidence

@@ -1,4 +1,4 @@
-"""mlaconf.golden.magnitudes and golden.error_model: the stored magnitudes and the per-element bound."""
+"""mlaconf.golden.magnitudes and judge.error_model: the stored magnitudes and the per-element bound."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from mlaconf.golden.error_model import fp16_score_path, model_ratio, scale_cast_error, tail_factor
+from mlaconf.facts.operator import V_DIM
 from mlaconf.golden.generate import build_golden
 from mlaconf.golden.inputs import generate_inputs
 from mlaconf.golden.layout import causal_offset, kv_views, offsets, q_views
@@ -24,11 +24,13 @@ from mlaconf.golden.magnitudes import (
     round_up_bf16,
     torch_magnitudes,
 )
-from mlaconf.golden.metrics import Metrics
 from mlaconf.golden.reference import effective_scale, reference_attention
 from mlaconf.golden.spec import CaseSpec, build_case
+from mlaconf.golden.stats import ErrorStats
 from mlaconf.golden.store import SCHEMA_VERSION, GoldenStore, reseal
 from mlaconf.golden.types import GoldenCase
+from mlaconf.judge.error_model import fp16_score_path, model_ratio, scale_cast_error, tail_factor
+from mlaconf.judge.metrics import compute_metrics
 from mlaconf.judge.policy import load_policies
 from mlaconf.judge.verdict import verdict_context
 
@@ -193,9 +195,17 @@ def test_emulated_atb_path_is_inside_and_one_planted_error_is_not(spec: CaseSpec
 
 def test_default_policy_on_a_real_golden_and_baseline() -> None:
     golden = build_golden(CAUSAL)
-    baseline = Metrics.from_dict(golden.baseline_stats)
+    baseline = ErrorStats.from_dict(golden.baseline_stats)
+    shape = (golden.spec.total_q, golden.spec.head_num, V_DIM)
+    metrics = compute_metrics(
+        golden.baseline_out.reshape(shape),
+        golden.out.reshape(shape),
+        golden.row_valid,
+        golden.spec.dtype,
+        golden.spec.q_seqlen,
+    )
     policy = load_policies().resolve("default", "emulated-baseline", "bf16", "causal", CAUSAL.case_id)
-    verdict = policy.evaluate(baseline, baseline, verdict_context(golden, golden.baseline_out))
+    verdict = policy.evaluate(metrics, baseline, verdict_context(golden, golden.baseline_out))
     assert verdict.passed, verdict.summary()
     model = next(c for c in verdict.checks if c.rule == "model")
     assert model.decisive and 0 < model.slack < 0.5

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlaconf.golden.error_model import ModelResult
-from mlaconf.golden.metrics import Metrics, compute_metrics, round_to_dtype
 from mlaconf.golden.spec import CaseSpec
+from mlaconf.judge.error_model import ModelResult
+from mlaconf.judge.metrics import Metrics, compute_metrics, round_to_dtype
 from mlaconf.judge.policy import DEFAULT_PATH, Check, PolicyError, PolicySet, VerdictContext, load_policies
 
 POLICIES = load_policies()
