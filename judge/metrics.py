@@ -160,10 +160,10 @@ def ordered_bits(values: np.ndarray) -> np.ndarray:
 
 
 #: Exponent field of a 16-bit float (all ones: Inf or NaN).
-_EXPONENT_BITS = {"fp16": 0x7C00, "bf16": 0x7F80}
+EXPONENT_BITS = {"fp16": 0x7C00, "bf16": 0x7F80}
 
 
-def _bits16_finite(values: np.ndarray, dtype: str) -> np.ndarray:
+def bits16_finite(values: np.ndarray, dtype: str) -> np.ndarray:
     """Bit patterns of finite float64 ``values`` correctly rounded to the dtype (as :func:`round_to_dtype`).
 
     bf16: round to float32 *to odd*, then to nearest-even on the bit pattern with integers (exact
@@ -185,9 +185,9 @@ def _bits16_finite(values: np.ndarray, dtype: str) -> np.ndarray:
 
 def _max_ulp_finite(a: np.ndarray, g: np.ndarray, dtype: str, a16: np.ndarray | None) -> float:
     """max of :func:`ulp_distance` for finite chunks (``a16``: ``a``'s own 16-bit values, when it has them)."""
-    a_bits = a16.view(np.uint16) if a16 is not None else _bits16_finite(a, dtype)
-    e_bits = _bits16_finite(g, dtype)
-    inf = _EXPONENT_BITS[dtype]
+    a_bits = a16.view(np.uint16) if a16 is not None else bits16_finite(a, dtype)
+    e_bits = bits16_finite(g, dtype)
+    inf = EXPONENT_BITS[dtype]
     if ((a_bits & inf) == inf).any() or ((e_bits & inf) == inf).any():  # overflow to Inf: the general path
         return float(ulp_distance(a, g, dtype).max())
     return float(np.abs(ordered_bits(a_bits) - ordered_bits(e_bits)).max())

@@ -22,6 +22,7 @@ from mlaconf.golden.spec import CaseSpec, read_toml
 from mlaconf.golden.stats import UNIT_ROUNDOFF, ErrorStats
 from mlaconf.judge.error_model import ModelResult
 from mlaconf.judge.metrics import Metrics
+from mlaconf.judge.systematic import Significance
 
 DEFAULT_PATH = Path(__file__).resolve().parent / "tolerances.toml"
 
@@ -36,6 +37,7 @@ RULE_PARAMS: dict[str, tuple[str, ...]] = {
     "thousandth": ("max_fraction",),
     "ulp": ("max_ulp",),
     "relative": ("k", "floor_u"),
+    "systematic": ("false_alarm",),
 }
 OVERRIDE_SELECTORS = ("policy", "backend", "dtype", "mask", "case")
 
@@ -51,6 +53,8 @@ class PolicyError(ValueError):
 #: The error-model rule's evaluation for given ``(false_alarm, safety)``: needs the output, the
 #: golden and its stored magnitudes, so the caller that has them supplies it.
 ModelFn = Callable[[float, float], ModelResult]
+#: The systematic-error tests (temperature, format signature) at a false-alarm rate, bound like the model.
+SystematicFn = Callable[[float], tuple[Significance, ...]]
 
 
 @dataclass(frozen=True)
@@ -61,10 +65,13 @@ class VerdictContext:
     head_num: int
     max_seq: int
     model: ModelFn | None = None
+    systematic: SystematicFn | None = None
 
     @classmethod
-    def from_spec(cls, spec: CaseSpec, model: ModelFn | None = None) -> VerdictContext:
-        return cls(dtype=spec.dtype, head_num=spec.head_num, max_seq=spec.max_q, model=model)
+    def from_spec(
+        cls, spec: CaseSpec, model: ModelFn | None = None, systematic: SystematicFn | None = None
+    ) -> VerdictContext:
+        return cls(dtype=spec.dtype, head_num=spec.head_num, max_seq=spec.max_q, model=model, systematic=systematic)
 
 
 @dataclass(frozen=True)
@@ -265,6 +272,19 @@ def _relative(p: Callable[[str], float], m: Metrics, b: ErrorStats | None, ctx: 
     return [_check("relative", "max_abs_err", m.max_abs_err, bound, note)]
 
 
+def _systematic(p: Callable[[str], float], m: Metrics, b: ErrorStats | None, ctx: VerdictContext) -> list[Check]:
+    """The systematic-error tests (judge.systematic): evidence on every verdict, deciding only when
+    significant at ``false_alarm`` (split between the two tests).  They can only fail a verdict, so
+    a context without an output to test (metrics alone) has none: nothing is passed vacuously."""
+    if ctx.systematic is None:
+        return []
+    checks = []
+    for result in ctx.systematic(p("false_alarm")):
+        check = _check("systematic", f"{result.name}_z", result.z, result.critical, result.text)
+        checks.append(dataclasses.replace(check, decisive=result.significant))
+    return checks
+
+
 RULES: dict[str, RuleFn] = {
     "model": _model,
     "atb": _atb,
@@ -272,6 +292,7 @@ RULES: dict[str, RuleFn] = {
     "thousandth": _thousandth,
     "ulp": _ulp,
     "relative": _relative,
+    "systematic": _systematic,
 }
 
 

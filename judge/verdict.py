@@ -15,6 +15,7 @@ from mlaconf.judge.deviations import Deviation
 from mlaconf.judge.error_model import ModelResult, model_ratio
 from mlaconf.judge.metrics import Metrics, compute_metrics
 from mlaconf.judge.policy import PolicySet, Verdict, VerdictContext
+from mlaconf.judge.systematic import Significance, format_check, temperature_check
 
 #: An error map has at most this many token rows x heads (each cell the largest error it covers).
 MAP_ROWS, MAP_HEADS = 256, 128
@@ -95,11 +96,21 @@ def error_map(golden: GoldenCase, out: np.ndarray, bound: float | None) -> dict[
 
 
 def verdict_context(golden: GoldenCase, out: np.ndarray) -> VerdictContext:
-    """The case's context, with the error-model rule bound to ``out`` and the golden's magnitudes
-    (no model when the golden carries none: that rule then fails rather than pass vacuously)."""
+    """The case's context, with the error-model rule and the systematic tests bound to ``out`` and the
+    golden's magnitudes (no model when the golden carries none: that rule then fails rather than pass
+    vacuously)."""
     spec = golden.spec
+
+    @functools.cache
+    def systematic(false_alarm: float) -> tuple[Significance, ...]:
+        each = false_alarm / 2.0  # two tests share the case's false-alarm rate
+        return (
+            temperature_check(out, golden.out, golden.row_valid, golden.magnitudes, spec, each),
+            format_check(out, golden.out, golden.row_valid, spec, each),
+        )
+
     if not golden.magnitudes:
-        return VerdictContext.from_spec(spec)
+        return VerdictContext.from_spec(spec, systematic=systematic)
 
     @functools.cache
     def model(false_alarm: float, safety: float) -> ModelResult:
@@ -107,4 +118,4 @@ def verdict_context(golden: GoldenCase, out: np.ndarray) -> VerdictContext:
             out, golden.out, golden.row_valid, golden.magnitudes, spec, false_alarm=false_alarm, safety=safety
         )
 
-    return VerdictContext.from_spec(spec, model)
+    return VerdictContext.from_spec(spec, model, systematic)

@@ -206,7 +206,7 @@ def test_worst_is_first_of_equal_violations_across_chunks(monkeypatch: pytest.Mo
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_fast_finite_rounding_matches_round_to_dtype(dtype: str) -> None:
     """The finite fast path's integer rounding gives round_to_dtype's bits, ties and overflow included."""
-    from mlaconf.judge.metrics import _bits16_finite, round_to_dtype
+    from mlaconf.judge.metrics import bits16_finite, round_to_dtype
 
     rng = np.random.default_rng(7)
     x = np.concatenate(
@@ -220,7 +220,7 @@ def test_fast_finite_rounding_matches_round_to_dtype(dtype: str) -> None:
         exact = round_to_dtype(x, dtype).astype(np.float64)
         x = np.concatenate([x, exact, np.nextafter(exact, np.inf), (exact + np.nextafter(exact, np.inf)) / 2])
         x = x[np.isfinite(x)]
-        assert np.array_equal(_bits16_finite(x, dtype), round_to_dtype(x, dtype).view(np.uint16))
+        assert np.array_equal(bits16_finite(x, dtype), round_to_dtype(x, dtype).view(np.uint16))
 
 
 def test_baseline_statistics_are_the_metrics_own_numbers() -> None:

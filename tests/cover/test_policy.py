@@ -86,7 +86,7 @@ def _base_metrics(**changes: float) -> Metrics:
 
 def test_shipped_file_has_the_documented_policies() -> None:
     assert {"default", "model", "atb", "benchmark", "thousandth", "relative", "strict"} <= set(POLICIES.policies)
-    assert POLICIES.policies["default"].rules == ("model", "benchmark")
+    assert POLICIES.policies["default"].rules == ("model", "benchmark", "systematic")
     assert POLICIES.policies["default"].evidence == ("atb",)
     default = POLICIES.policies["default"]
     assert default.param("model", "false_alarm", "fp16") == 1e-6 and default.param("model", "safety", "bf16") == 2
