@@ -8,11 +8,11 @@ Each test transforms a case's inputs, runs the backend on both versions and stat
 * **tolerance**: the transformed input is a different but equivalent problem whose arithmetic a
   kernel may legitimately order differently (batch order, head order, kv layout, batch
   composition, a prefix cache for the earlier tokens), so both outputs are judged against their own
-  float64 golden, computed here, with the run's tolerance policy (``--policy``); no new threshold is
-  invented.  Failure messages still report the largest difference between the related outputs.
+  float64 golden, computed here, with the run's tolerance policy (``--mla-policy``); no new threshold
+  is invented.  Failure messages still report the largest difference between the related outputs.
 
 Cases are a handful of small specs (fp16/bf16, maskType 0/2/3, GQA, 2-D/3-D q, padded/packed kv);
-``--seeds`` reseeds them like the conformance suite.  A case covered by a known deviation of the
+``--mla-seeds`` reseeds them like the conformance suite.  A case covered by a known deviation of the
 backend turns a failure into an xfail.
 """
 
@@ -155,7 +155,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     names = RELATION_SPECS.get(metafunc.function.__name__)
     if names is None:
         return
-    option = metafunc.config.getoption("seeds")
+    option = metafunc.config.getoption("mla_seeds")
     seeds: list[int | None] = [int(s) for s in option.split(",") if s.strip()] if option else [None]
     specs = [_spec(name, seed) for name in names for seed in seeds]
     metafunc.parametrize(
@@ -184,7 +184,7 @@ def test_batch_order(
         problems,
         backend,
         policy_set,
-        pytestconfig.getoption("policy"),
+        pytestconfig.getoption("mla_policy"),
         ("original", inputs, meta_spec),
         (f"batch order {order}", new_inputs, new_spec),
         lambda out: out[token_map(meta_spec, order)],
@@ -209,7 +209,7 @@ def test_head_order(
         problems,
         backend,
         policy_set,
-        pytestconfig.getoption("policy"),
+        pytestconfig.getoption("mla_policy"),
         ("original", inputs, meta_spec),
         (f"heads {q_heads.tolist()}", new_inputs, meta_spec),
         lambda out: out[:, q_heads],
@@ -275,7 +275,7 @@ def test_padded_vs_packed(
         problems,
         backend,
         policy_set,
-        pytestconfig.getoption("policy"),
+        pytestconfig.getoption("mla_policy"),
         ("padded", inputs, meta_spec),
         ("packed", packed, packed_spec),
         lambda out: out,
@@ -294,7 +294,7 @@ def test_alone_vs_batch(
     """Tolerance: each sequence run alone (padded S cut to its own length) and within the batch;
     every output passes the policy."""
     problems = Problems("alone vs batch", "tolerance", meta_spec, backend, deviation_set, mla_report)
-    policy = pytestconfig.getoption("policy")
+    policy = pytestconfig.getoption("mla_policy")
     inputs = generate_inputs(meta_spec)
     base = attempt(problems, lambda: run(backend, inputs, meta_spec), "batch")
     if base is not None:
@@ -353,7 +353,7 @@ def test_chunked_prefill(
         problems,
         backend,
         policy_set,
-        pytestconfig.getoption("policy"),
+        pytestconfig.getoption("mla_policy"),
         ("one prefill", inputs, meta_spec),
         (f"last {last} tokens after a prefix of {list(chunk_spec.kv_seqlen)} - {last}", chunk_inputs, chunk_spec),
         lambda out: out[rows],
@@ -372,7 +372,7 @@ def test_split_queries(
     """Tolerance: each sequence's queries split into two calls, the second with the first's tokens
     as its prefix, give the rows of the one call; all three outputs pass the policy."""
     problems = Problems("split queries", "tolerance", meta_spec, backend, deviation_set, mla_report)
-    policy = pytestconfig.getoption("policy")
+    policy = pytestconfig.getoption("mla_policy")
     inputs = generate_inputs(meta_spec)
     split = [max(1, min(q - 1, 3 * q // 8 + b)) for b, q in enumerate(meta_spec.q_seqlen)]
     zeros, ends = [0] * meta_spec.batch, list(meta_spec.q_seqlen)
