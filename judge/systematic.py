@@ -9,8 +9,9 @@ statistic ``z`` on the Gaussian-tail scale and the critical value at the case's 
 * **Temperature.**  A kernel whose scores are scaled by qkScale (1 + eps) outputs
   g + eps T + O(eps^2), T = dg / d log qkScale the stored magnitude ``pv_scale``.  The estimate is
   the least-squares projection eps_hat = sum e T / sum T^2 of the error e = out - g.  Legitimate
-  kernels have eps in [min(0, eps_L), max(0, eps_L)] (eps_L: qkScale cast to fp16 on ATB's fp16 score
-  path, else 0), widened by SCALE_SLACK for a scale rounded once more in fp32.  Under that null,
+  kernels have eps between 0, eps_L (qkScale cast to fp16 on ATB's fp16 score path, else 0) and the
+  emulated baseline's own estimate (the documented path's roundings projected on T), widened by
+  SCALE_SLACK for a scale rounded once more in fp32.  Under that null,
   with eps0 the interval's nearest end, the per-(row, head) sums u_c = sum_c T (e - eps0 T) are
   independent (every rounding of the model is shared by the elements of one row and head at most)
   and symmetric, so z = sum u_c / sqrt(sum u_c^2) exceeds x with probability at most exp(-x^2 / 2)
@@ -71,6 +72,26 @@ def critical_value(alpha: float, tests: int = 1) -> float:
     return math.sqrt(2.0 * math.log(tests / alpha))
 
 
+def _projections(
+    actual: np.ndarray, golden: np.ndarray, valid: np.ndarray, direction: np.ndarray, spec: CaseSpec
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per valid (row, head): sum_c T^2 and sum_c T (actual - golden); None when ``actual`` is not finite."""
+    shape = (spec.total_q, spec.head_num, V_DIM)
+    a_all, g_all, d_all = actual.reshape(shape), golden.reshape(shape), direction.reshape(shape)
+    tt = np.zeros((valid.size, spec.head_num))
+    te = np.zeros((valid.size, spec.head_num))
+    step = max(CHUNK_ELEMENTS // (spec.head_num * V_DIM), 1)
+    for start in range(0, valid.size, step):
+        tok = valid[start : start + step]
+        err = a_all[tok].astype(np.float64) - g_all[tok]
+        if not np.isfinite(err).all():
+            return None
+        d = d_all[tok].astype(np.float64)
+        tt[start : start + tok.size] = np.einsum("rhc,rhc->rh", d, d)
+        te[start : start + tok.size] = np.einsum("rhc,rhc->rh", d, err)
+    return tt, te
+
+
 def temperature_check(
     actual: np.ndarray,
     golden: np.ndarray,
@@ -78,32 +99,30 @@ def temperature_check(
     magnitudes: Mapping[str, np.ndarray],
     spec: CaseSpec,
     alpha: float,
+    baseline: np.ndarray | None = None,
 ) -> Significance:
-    """The temperature error's estimate, its standard error and significance (two-sided, ``alpha``)."""
+    """The temperature error's estimate, its standard error and significance (two-sided, ``alpha``).
+
+    ``baseline`` (the golden's emulation of ATB's documented path) widens the legitimate interval to
+    its own estimate: where the inputs make the documented roundings project on T (scores within a
+    few fp16 ulps of each other round alike: a flatter softmax), a kernel on that path does too."""
     critical = critical_value(alpha, 2)
     if "pv_scale" not in magnitudes:
         return Significance("temperature", math.nan, math.nan, math.nan, critical, "no stored T (pv_scale)")
-    t, h = spec.total_q, spec.head_num
-    shape = (t, h, V_DIM)
-    a_all, g_all, d_all = actual.reshape(shape), golden.reshape(shape), magnitudes["pv_scale"].reshape(shape)
     valid = np.flatnonzero(np.asarray(row_valid, dtype=bool))
-    tt = np.zeros((valid.size, h))
-    te = np.zeros((valid.size, h))
-    step = max(CHUNK_ELEMENTS // (h * V_DIM), 1)
-    for start in range(0, valid.size, step):
-        tok = valid[start : start + step]
-        err = a_all[tok].astype(np.float64) - g_all[tok]
-        if not np.isfinite(err).all():
-            return Significance("temperature", math.nan, math.nan, math.nan, critical, "output not finite")
-        d = d_all[tok].astype(np.float64)
-        tt[start : start + tok.size] = np.einsum("rhc,rhc->rh", d, d)
-        te[start : start + tok.size] = np.einsum("rhc,rhc->rh", d, err)
+    sums = _projections(actual, golden, valid, magnitudes["pv_scale"], spec)
+    if sums is None:
+        return Significance("temperature", math.nan, math.nan, math.nan, critical, "output not finite")
+    tt, te = sums
     total = float(tt.sum())
     if total == 0.0:
         return Significance("temperature", math.nan, math.nan, 0.0, critical, "T is 0 on every element")
     estimate = float(te.sum()) / total
-    legit = scale_cast_error(spec)
-    low, high = min(0.0, legit) - SCALE_SLACK, max(0.0, legit) + SCALE_SLACK
+    ends = [0.0, scale_cast_error(spec)]
+    documented = None if baseline is None else _projections(baseline, golden, valid, magnitudes["pv_scale"], spec)
+    if documented is not None:
+        ends.append(float(documented[1].sum()) / total)
+    low, high = min(ends) - SCALE_SLACK, max(ends) + SCALE_SLACK
     nearest = min(max(estimate, low), high)
     fitted = te - estimate * tt
     standard_error = math.sqrt(float(np.square(fitted).sum())) / total

@@ -153,7 +153,7 @@ def verdict_context(golden: GoldenCase, out: np.ndarray) -> VerdictContext:
     def systematic(false_alarm: float) -> tuple[Significance, ...]:
         each = false_alarm / 2.0  # two tests share the case's false-alarm rate
         return (
-            temperature_check(out, golden.out, golden.row_valid, golden.magnitudes, spec, each),
+            temperature_check(out, golden.out, golden.row_valid, golden.magnitudes, spec, each, golden.baseline_out),
             format_check(out, golden.out, golden.row_valid, spec, each),
         )
 

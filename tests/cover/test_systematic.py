@@ -68,6 +68,16 @@ def test_a_wrong_temperature_is_estimated_and_significant(bf16_golden: GoldenCas
     assert smaller.significant and smaller.estimate == pytest.approx(-2e-3, rel=0.1)
 
 
+def test_the_documented_paths_own_projection_is_legitimate(bf16_golden: GoldenCase) -> None:
+    """Where the emulated baseline itself projects on T, a kernel on its path may too (near-tie scores)."""
+    g = bf16_golden
+    wrong = _at_temperature(g, 1 + 2e-3)
+    alike = temperature_check(wrong, g.out, g.row_valid, g.magnitudes, BF16, ALPHA, baseline=wrong)
+    assert not alike.significant and alike.z == 0.0, alike.text
+    beyond = temperature_check(_at_temperature(g, 1 + 6e-3), g.out, g.row_valid, g.magnitudes, BF16, ALPHA, wrong)
+    assert beyond.significant and beyond.estimate == pytest.approx(6e-3, rel=0.1), beyond.text
+
+
 def test_the_fp16_score_path_may_cast_the_scale(fp16_golden: GoldenCase) -> None:
     """qkScale cast to fp16 is ATB's own path there: inside the legitimate interval, no alarm."""
     g = fp16_golden
