@@ -688,7 +688,7 @@ def terminal(result: DiffResult, width: int | None = None) -> str:
                 + (f" {why}" if why else "")
                 + (f" | {failing}" if failing else "")
             )
-            lines.append(line if width is None or len(line) <= width else line[: width - 1] + "~")
+            lines.append(line)
     if result.perf:
         lines.append(f"-- Perf regressions ({len(result.perf)})")
     lines += [
@@ -696,6 +696,8 @@ def terminal(result: DiffResult, width: int | None = None) -> str:
         f"Mann-Whitney U p = {fmt(p.p_value, '.2g')}, {p.repeats[0]} / {p.repeats[1]} timed calls)"
         for p in result.perf
     ]
+    if width is not None:  # every line after the counts, notes too, cut to the terminal
+        lines[2:] = [line if len(line) <= width else line[: width - 1] + "~" for line in lines[2:]]
     return "\n".join(lines)
 
 
