@@ -243,10 +243,7 @@ def test_the_diff_says_the_gates_verdict_first(tmp_path: Path, capsys: pytest.Ca
     same = diff.diff_dirs(base, base)
     assert same.verdict() == "GATE PASSES: 2 identical, 0 changed within tolerance"
     assert 'class="banner pass"' in diff.render_html(same)
-    import argparse
-
-    from mlaconf.reports import cli
-
+    # the verb prints the verdict right after the counts
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers(dest="verb", required=True))
     args = parser.parse_args(["report", "diff", str(base), str(cand), "--allow-missing"])
