@@ -84,8 +84,10 @@ class ReportState:
     ran: set[str] = field(default_factory=set)
     #: MLA tests selected (after deselection): nodeid -> identity (None: known by nodeid only, xdist).
     selected: dict[str, dict[str, Any] | None] = field(default_factory=dict)
-    #: Whether this process claimed the report directory (wrote run.json ``in_progress``).
+    #: Whether this process claimed the report directory (wrote run.json ``in_progress``), or was
+    #: refused it (another run owns it: this run then writes nothing there).
     claimed: bool = False
+    refused: bool = False
 
 
 STATE = pytest.StashKey[ReportState]()
@@ -478,11 +480,26 @@ class Collector:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Without xdist: the selected MLA tests, each with its identity (for a record if it never runs)."""
         self.state.selected.update({item.nodeid: identity(item) for item in session.items if is_mla_item(item)})
+        self._claim_for_selection()
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
-        """Under xdist: the selected MLA tests, as every worker collected them."""
+        """Under xdist: the selected MLA tests, as every worker collected them (before any test runs)."""
         self.state.selected.update({nodeid: None for nodeid in ids if is_mla_nodeid(nodeid)})
+        self._claim_for_selection()
+
+    def _claim_for_selection(self) -> None:
+        """Claim the report directory once MLA tests are selected to run (not for --collect-only)."""
+        if self.state.claimed or not self.state.selected or self.config.option.collectonly:
+            return
+        try:
+            moved = self.claim()
+        except pytest.UsageError as exc:
+            self.state.refused = True
+            pytest.exit(f"ERROR: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if moved and reporter is not None:
+            reporter.write_line(f"mla: {moved}", yellow=True)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Take the record of every report pytest counts; make one for a crashed worker's test."""
@@ -576,7 +593,9 @@ class Collector:
             config.getoption(name, None) for name in ("mla_cases", "mla_suite", "mla_backend")
         ):  # pytest exits 5 'no tests ran': say why that is no pass
             state.problems.append("empty selection: no MLA test was selected (a -k or -m that matches nothing?)")
-        status = self.account_for_unrun(exitstatus)
+        if state.refused:
+            return
+        status = "complete" if config.option.collectonly else self.account_for_unrun(exitstatus)
         if state.problems and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if not state.claimed and not state.records:

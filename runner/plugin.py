@@ -174,12 +174,6 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", line)
     if not hasattr(config, "workerinput"):
         check_front_door(config)
-        collector = config.pluginmanager.get_plugin("mla-report-collector")
-        assert isinstance(collector, Collector)
-        moved = collector.claim()
-        reporter = config.pluginmanager.get_plugin("terminalreporter")
-        if moved and reporter is not None:
-            reporter.write_line(f"mla: {moved}", yellow=True)
 
 
 def marker_lines() -> list[str]:

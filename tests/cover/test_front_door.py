@@ -172,3 +172,44 @@ def test_merge_with_a_shard_missing_fails(tmp_path: Path, capsys: pytest.Capture
     assert "error: shard set incomplete: shards missing: 2/3" in capsys.readouterr().err
     assert mlaconf("report", "merge", str(tmp_path / "m"), *dirs, "--allow-partial") == 0
     assert json.loads((tmp_path / "m" / "run.json").read_text())["records"] == 2
+
+
+def test_a_suite_file_in_the_suites_folder_is_a_suite_everywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`mlaconf list`, `--mla-suite` and `mlaconf run --suite` read suite names from the folder."""
+    from mlaconf import build_parser
+    from mlaconf.golden import spec
+    from mlaconf.runner.selection import suite_choices
+
+    shipped = spec.suites_dir()
+    for name in ("smoke", "errors"):
+        (tmp_path / f"{name}.toml").write_text((shipped / f"{name}.toml").read_text())
+    (tmp_path / "mine.toml").write_text(MINE)
+    monkeypatch.setattr(spec, "suites_dir", lambda: tmp_path)
+    assert suite_choices() == ["mine", "smoke", "all"]
+    assert {c.suite for c in spec.load_suites(["mine"])} == {"mine"}
+    args = build_parser().parse_args(["run", "--suite", "mine"])
+    assert args.suite == ["mine"]
+
+
+def test_a_misspelt_suite_is_our_usage_error(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "mlaconf", "run", "--suite", "smok"], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 2 and "invalid choice: 'smok'" in run.stderr and "Traceback" not in run.stderr
+    result = pytest_run(tmp_path, "--mla-suite", "smok", paths=("cases/test_conformance.py",))
+    assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "--mla-suite 'smok': no such suite; choose from deepseek, edge, smoke, standard, all" in result.stderr
+
+
+def test_mlaconf_run_keeps_pytests_cache_for_lf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``mlaconf run -- --lf``: the cache provider stays on, its folder in the working directory."""
+    from mlaconf import build_parser
+    from mlaconf.runner.run import pytest_command
+
+    monkeypatch.chdir(tmp_path)
+    command = pytest_command(build_parser().parse_args(["run", "--backend", "torch-cpu", "--", "--lf"]))
+    assert "no:cacheprovider" not in command and command[-1] == "--lf"
+    assert f"cache_dir={tmp_path / '.pytest_cache'}" in command
+    assert command[command.index("--mla-backend") + 1] == "torch-cpu" and "--backend" not in command

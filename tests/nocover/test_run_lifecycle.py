@@ -206,5 +206,5 @@ def test_a_directory_a_live_run_is_writing_is_refused(work: Path) -> None:
     (report / "run.json").write_text(json.dumps(live))
     result = run(work, report)
     assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "is still writing there" in result.stderr
+    assert "is still writing there" in result.stdout + result.stderr
     assert json.loads((report / "run.json").read_text()) == live
