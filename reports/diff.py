@@ -609,17 +609,12 @@ def _check_text(d: CaseDiff, name: str) -> str:
     return f"{name}{role}{mark} slack {fmt_slack(b)}->{fmt_slack(c)}"
 
 
-def _deltas(d: CaseDiff, only_failing: bool = False) -> str:
-    """The deciding check's slack first, then every other check and metric that moved (with
-    ``only_failing``, the deciding checks and failing metrics only)."""
+def _deltas(d: CaseDiff) -> str:
+    """The deciding check's slack first, then every other check and metric that moved (a failing
+    deciding check's metric always)."""
     parts = [_check_text(d, n) for n in d.deciding]
-    others = [n for n in d.check_deltas if n not in d.deciding]
-    if not only_failing:
-        parts += [_check_text(d, n) for n in others if d.check_deltas[n][0] != d.check_deltas[n][1]]
-    names = [*d.failing_metrics, *(n for n in d.metric_deltas if n not in d.failing_metrics)]
-    if only_failing:
-        names = list(d.failing_metrics)
-    for name in names:
+    parts += [_check_text(d, n) for n, (b, c) in d.check_deltas.items() if n not in d.deciding and b != c]
+    for name in [*d.failing_metrics, *(n for n in d.metric_deltas if n not in d.failing_metrics)]:
         if name not in d.metric_deltas:
             continue
         b, c = d.metric_deltas[name]
