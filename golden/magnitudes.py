@@ -70,7 +70,6 @@ SCORE_PATH_MAGNITUDES = ("pvs_rss",)
 #: Expanded sums that cancel: two correct float64 evaluations differ by :func:`cancellation_noise`.
 CANCELLING_MAGNITUDES = ("pvs_rss", "pv_scale")
 ROW_MAGNITUDES = ("score_absmax", "score_dot", "p_rss")
-MAGNITUDES = ELEMENT_MAGNITUDES + ROW_MAGNITUDES
 EPS64 = float(np.finfo(np.float64).eps)
 
 

@@ -43,7 +43,6 @@ U16 = 2.0**-11
 RANDOM_TERMS = 4
 #: Elements per chunk of the vectorised evaluation.
 CHUNK_ELEMENTS = 2 * 1024 * 1024
-TERM_NAMES = ("output", "p_round", "score_round", "qk_accum", "scale_cast", "pv_accum")
 
 
 def fp16_score_path(spec: CaseSpec) -> bool:

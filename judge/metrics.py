@@ -124,12 +124,6 @@ def locate(token: int, head: int, column: int, q_seqlen: Sequence[int]) -> Locat
     return Location(batch, token - int(starts[batch]), token, head, column)
 
 
-def locate_flat(flat_index: int, shape: tuple[int, int, int], q_seqlen: Sequence[int]) -> Location:
-    """:func:`locate` for a flat (C-order) index into a ``[T, H, D]`` array."""
-    token, head, column = (int(i) for i in np.unravel_index(flat_index, shape))
-    return locate(token, head, column, q_seqlen)
-
-
 def round_to_dtype(values: np.ndarray, dtype: str) -> np.ndarray:
     """Correctly round float64 values to the output dtype (single rounding).
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from mlaconf.judge import metrics as gm
-from mlaconf.judge.metrics import Metrics, compute_metrics, locate, locate_flat, round_to_dtype, ulp_distance
+from mlaconf.judge.metrics import Metrics, compute_metrics, locate, round_to_dtype, ulp_distance
 
 BF16 = ml_dtypes.bfloat16
 
@@ -158,7 +158,6 @@ def test_chunked_equals_unchunked(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_locate_with_empty_batches() -> None:
     assert locate(2, 5, 7, [2, 0, 3]) == gm.Location(batch=2, row_in_batch=0, token=2, head=5, column=7)
     assert locate(1, 0, 0, [2, 0, 3]).batch == 0
-    assert locate_flat(2 * 4 * 3 + 1 * 3 + 2, (5, 4, 3), [2, 0, 3]) == gm.Location(2, 0, 2, 1, 2)
     with pytest.raises(IndexError):
         locate(5, 0, 0, [2, 0, 3])
 
