@@ -57,6 +57,15 @@ def _common(parser: argparse.ArgumentParser, *, selects: bool = True) -> None:
     parser.add_argument("--builder", default=None, help=argparse.SUPPRESS)
 
 
+def _oversize_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allow-oversize",
+        action="store_true",
+        help="build cases whose estimated peak memory exceeds this host's memory or whose file exceeds "
+        "the store's free disk (refused otherwise, before any work)",
+    )
+
+
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "regen",
@@ -67,6 +76,7 @@ def register(subparsers: Any) -> None:
     _common(p)
     p.add_argument("--jobs", "-j", type=int, default=1, metavar="N", help="worker processes (default 1)")
     p.add_argument("--force", action="store_true", help="rebuild even valid files")
+    _oversize_flag(p)
     p.set_defaults(func=cmd_regen)
 
     p = subparsers.add_parser(
@@ -102,6 +112,9 @@ def register(subparsers: Any) -> None:
         "it with --jobs 1, and the golden's state; then the totals.",
     )
     _common(p)
+    p.add_argument(
+        "--jobs", "-j", type=int, default=1, metavar="N", help="judge the fit for regen with N jobs (default 1)"
+    )
     p.set_defaults(func=cmd_list)
 
     p = subparsers.add_parser(
@@ -131,9 +144,42 @@ def _select(args: argparse.Namespace, default_all: bool) -> list[CaseSpec] | Non
     return rg.select_cases(suites, args.cases, args.shard)
 
 
+#: Exit status of a command stopped by Ctrl-C (128 + SIGINT, as shells report it).
+INTERRUPTED = 130
+
+
 def _fail(message: str) -> int:
     print(f"error: {message}", file=sys.stderr)
     return 2
+
+
+def regen_threads(todo: Sequence[CaseSpec], jobs: int) -> tuple[int, int]:
+    """(jobs, builder threads per job) as :func:`mlaconf.golden.regen.regen` will use them."""
+    jobs = max(1, min(jobs, len(todo)))
+    return jobs, max(1, rg.cpu_count() // jobs)
+
+
+def fit_here(store: GoldenStore, todo: Sequence[CaseSpec], jobs: int, *, force: bool = False) -> cost.Fit:
+    """The cases to be built judged against this host's memory and the store's free disk.  A case
+    whose file exists is presumed current (the worker checks it) unless it would be refused and
+    is not current: an oversize case built elsewhere into a shared store is not refused here."""
+    jobs, threads = regen_threads(todo, jobs)
+    memory, disk = cost.host_memory_bytes(), cost.free_disk_bytes(store.root)
+
+    def needs_room(spec: CaseSpec) -> bool:
+        path = store.path_for(spec)
+        if force or not path.exists():
+            return True
+        refused = cost.check_fit([spec], memory=memory, disk=disk, threads=threads).refused
+        return bool(refused) and not _current(store, path, spec)
+
+    pending = [spec for spec in todo if needs_room(spec)]
+    return cost.check_fit(pending, memory=memory, disk=disk, jobs=jobs, threads=threads)
+
+
+def _warn_fit(fit: cost.Fit, verb: str) -> None:
+    for line in fit.warnings:
+        print(f"{verb}: warning: {line}", file=sys.stderr)
 
 
 def cmd_regen(args: argparse.Namespace) -> int:
@@ -145,6 +191,15 @@ def cmd_regen(args: argparse.Namespace) -> int:
         return _fail("--jobs must be >= 1")
     store = GoldenStore(args.out)
     todo = [s for s in specs if s.expect_error is None]
+    fit = fit_here(store, todo, args.jobs, force=args.force)
+    if fit.refused and not args.allow_oversize:
+        for case_id, why in fit.refused.items():
+            print(f"error: case {case_id}: {why}", file=sys.stderr)
+        return _fail(
+            f"{len(fit.refused)} case(s) cannot be generated on this host; nothing was built "
+            "(--allow-oversize forces them)"
+        )
+    _warn_fit(fit, "regen")
     print(
         f"regen: {len(specs)} cases -> {store.root} (jobs {args.jobs}); all of them: "
         f"{flops_text(sum(s.useful_flops for s in todo))} useful, "
@@ -154,6 +209,8 @@ def cmd_regen(args: argparse.Namespace) -> int:
     )
     summary = rg.regen(specs, store, jobs=args.jobs, force=args.force, builder=args.builder)
     print(summary.format())
+    if summary.interrupted:
+        return INTERRUPTED
     return 1 if summary.count("failed") else 0
 
 
@@ -175,11 +232,16 @@ def cmd_list(args: argparse.Namespace) -> int:
         specs = _select(args, default_all=True) or []
     except SpecError as exc:
         return _fail(str(exc))
+    if args.jobs < 1:
+        return _fail("--jobs must be >= 1")
     store = GoldenStore(args.out)
+    fit = fit_here(store, [s for s in specs if s.expect_error is None], args.jobs)
     valid = 0
     flops = disk = peak = 0
     for spec in specs:
         state = "error-case" if spec.expect_error else _state(store, spec)
+        if spec.case_id in fit.refused:
+            state = f"REFUSED here: {fit.refused[spec.case_id]}"
         valid += state == "ok"
         path = store.path_for(spec)
         size = path.stat().st_size if path.exists() else cost.stored_bytes(spec)
@@ -195,6 +257,14 @@ def cmd_list(args: argparse.Namespace) -> int:
         f"peak ~{cost.human_bytes(peak)} per worker (largest case)"
     )
     print(f"list: {len(specs)} cases, {valid} with a valid golden in {store.root}", file=sys.stderr)
+    _warn_fit(fit, "list")
+    if fit.refused:
+        print(
+            f"list: {len(fit.refused)} case(s) too large to generate on this host (regen refuses them "
+            "unless --allow-oversize)",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
@@ -341,7 +411,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="golden", description=__doc__)
     register(parser.add_subparsers(dest="verb", required=True, metavar="VERB"))
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:  # outside regen's own handling (e.g. while cases are selected)
+        print("interrupted", file=sys.stderr)
+        return INTERRUPTED
 
 
 if __name__ == "__main__":
