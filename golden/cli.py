@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from mlaconf.facts.cluster import LOCAL, ClusterUnavailable, connected, node_resources
 from mlaconf.facts.operator import NOPE_DIM
 from mlaconf.facts.shard import parse_shard
 from mlaconf.golden import cost
@@ -77,6 +78,22 @@ def register(subparsers: Any) -> None:
     p.add_argument("--jobs", "-j", type=int, default=1, metavar="N", help="worker processes (default 1)")
     p.add_argument("--force", action="store_true", help="rebuild even valid files")
     _oversize_flag(p)
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const=LOCAL,
+        default=None,
+        metavar="ADDRESS",
+        help="run every case as a task on a Ray cluster (auto, HOST:PORT, ray://HOST:10001; none: "
+        "$RAY_ADDRESS or a local cluster); needs the 'ray' extra; see docs/cluster.md",
+    )
+    p.add_argument(
+        "--ray-store",
+        choices=("shared", "driver"),
+        default="shared",
+        help="with --ray: tasks write into the store (shared: a filesystem every node mounts at the same "
+        "path, with atomic rename and locks), or return the golden for this process to write (driver)",
+    )
     p.set_defaults(func=cmd_regen)
 
     p = subparsers.add_parser(
@@ -191,6 +208,14 @@ def cmd_regen(args: argparse.Namespace) -> int:
         return _fail("--jobs must be >= 1")
     store = GoldenStore(args.out)
     todo = [s for s in specs if s.expect_error is None]
+    if args.ray is not None:
+        if args.jobs != 1:
+            return _fail("--jobs does not apply with --ray: the cluster's CPUs and memory decide")
+        try:
+            with connected(args.ray) as ray:
+                return regen_on_cluster(ray, args, specs, store)
+        except ClusterUnavailable as exc:
+            return _fail(str(exc))
     fit = fit_here(store, todo, args.jobs, force=args.force)
     if fit.refused and not args.allow_oversize:
         for case_id, why in fit.refused.items():
@@ -208,6 +233,36 @@ def cmd_regen(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     summary = rg.regen(specs, store, jobs=args.jobs, force=args.force, builder=args.builder)
+    print(summary.format())
+    if summary.interrupted:
+        return INTERRUPTED
+    return 1 if summary.count("failed") else 0
+
+
+def regen_on_cluster(ray: Any, args: argparse.Namespace, specs: Sequence[CaseSpec], store: GoldenStore) -> int:
+    """``regen --ray``: the fit judged against the cluster's largest node, then one task per case."""
+    from mlaconf.golden import ray_regen
+
+    todo = [s for s in specs if s.expect_error is None]
+    try:
+        shape = ray_regen.ClusterShape.of(node_resources(ray))
+    except ValueError as exc:
+        return _fail(str(exc))
+    pending = [s for s in todo if args.force or not store.path_for(s).exists()]
+    fit = shape.fit(pending, cost.free_disk_bytes(store.root))
+    if fit.refused and not args.allow_oversize:
+        for case_id, why in fit.refused.items():
+            print(f"error: case {case_id}: {why.replace('this host', 'the largest Ray node')}", file=sys.stderr)
+        return _fail(f"{len(fit.refused)} case(s) fit on no node of the cluster; nothing was built (--allow-oversize)")
+    _warn_fit(fit, "regen")
+    cpus = sum(float(n.get("CPU", 0.0)) for n in node_resources(ray))
+    print(
+        f"regen: {len(specs)} cases -> {store.root} on Ray ({cpus:g} CPUs, store {args.ray_store}); "
+        f"{flops_text(sum(s.useful_flops for s in todo))} useful, "
+        f"~{cost.human_bytes(sum(cost.stored_bytes(s) for s in todo))} on disk",
+        file=sys.stderr,
+    )
+    summary = ray_regen.regen_on_ray(ray, specs, store, force=args.force, builder=args.builder, mode=args.ray_store)
     print(summary.format())
     if summary.interrupted:
         return INTERRUPTED
