@@ -1,0 +1,291 @@
+"""``mlaconf run --ray``: the conformance run spread over a Ray cluster's devices, gathered into one run.
+
+One shard per device slot: every NPU (Ray's ``NPU`` resource; Ray sets ``ASCEND_RT_VISIBLE_DEVICES``
+for the task), else every GPU (``CUDA_VISIBLE_DEVICES``), else every CPU.  Shard K of N is a Ray task that
+runs ``pytest --shard K/N`` (the plugin's shard rule, the one ``regen --shard`` uses) in a subprocess
+pinned to the task's device, into a report directory of its own, and returns its ``results.jsonl`` and
+``run.json``.  The driver writes each shard under ``<run dir>/shards/`` and merges them with
+:func:`mlaconf.reports.merge.merge_dirs` into the run directory, so the report is an unsharded run's:
+the same records and counts.
+
+A shard whose worker or node dies (or whose pytest dies by a signal or leaves no report) is run again
+by Ray, up to ``retries`` times; a shard lost for good has its tests collected (a short Ray task) and
+recorded as not run (a failed record with a ``crash`` failure), so no test is ever missing from the
+report, and the run fails.  Ctrl-C cancels every shard, writes the shards that finished and marks the
+run interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import importlib.resources
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlaconf.facts.cluster import node_resources
+from mlaconf.golden.spec import SUITES_PACKAGE
+from mlaconf.golden.store import DEFAULT_DIR_NAME, ENV_DIR
+from mlaconf.harness import registry
+from mlaconf.reports import merge
+from mlaconf.reports.records import RESULTS_FILE, RUN_FILE, Failure, ResultRecord, write_json, write_results
+
+#: Ray retries of a shard whose worker, node or pytest process died.
+DEFAULT_RETRIES = 2
+THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+PR_SET_PDEATHSIG = 1
+#: The pytest exit status of a session that collected no test (a shard can be empty).
+NO_TESTS = 5
+OUTPUT_TAIL = 4000
+
+
+@dataclass(frozen=True)
+class Slots:
+    """The kind of device a shard runs on and how many the cluster has."""
+
+    kind: str  # "NPU", "GPU" or "CPU"
+    count: int
+
+    @classmethod
+    def of(cls, nodes: Sequence[dict[str, float]]) -> Slots:
+        for kind in ("NPU", "GPU", "CPU"):
+            count = int(sum(n.get(kind, 0.0) for n in nodes))
+            if count:
+                return cls(kind, count)
+        raise ValueError("the Ray cluster has no NPU, GPU or CPU")
+
+    def options(self) -> dict[str, Any]:
+        """The Ray resources of one shard: one device (and one CPU for its pytest process)."""
+        if self.kind == "NPU":
+            return {"num_cpus": 1, "resources": {"NPU": 1}}
+        if self.kind == "GPU":
+            return {"num_cpus": 1, "num_gpus": 1}
+        return {"num_cpus": 1}
+
+
+class ShardCrashed(Exception):
+    """The shard's pytest died (signal) or left no report: Ray runs the shard again."""
+
+
+@dataclass(frozen=True)
+class ShardResult:
+    shard: str
+    returncode: int
+    files: dict[str, bytes]
+    host: str
+    seconds: float
+    output_tail: str
+
+
+class Attempts:
+    """Actor: every shard attempt registers here (host, pid), so the run says which shards were rerun."""
+
+    def __init__(self) -> None:
+        self.starts: dict[str, list[tuple[str, int]]] = {}
+
+    def start(self, shard: str, host: str, pid: int) -> None:
+        self.starts.setdefault(shard, []).append((host, pid))
+
+    def get(self) -> dict[str, list[tuple[str, int]]]:
+        return self.starts
+
+
+def _die_with_parent() -> None:
+    """preexec: the shard's pytest is killed with the Ray worker that started it (Linux)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _pytest(plugin_args: Sequence[str], *extra: str, threads: int) -> subprocess.CompletedProcess[str]:
+    """pytest over this node's installed suites, BLAS/torch threads capped to the task's CPU share."""
+    suites = str(importlib.resources.files(SUITES_PACKAGE))
+    command = [sys.executable, "-m", "pytest", suites, *plugin_args, *extra]
+    env = dict(os.environ) | {name: str(threads) for name in THREAD_ENV}
+    return subprocess.run(command, env=env, capture_output=True, text=True, preexec_fn=_die_with_parent, check=False)
+
+
+def run_shard(plugin_args: Sequence[str], shard: str, threads: int, attempts: Any) -> ShardResult:
+    """Task: one shard's pytest run into a fresh report directory; its files come back."""
+    with contextlib.suppress(Exception):
+        attempts.start.remote(shard, socket.gethostname(), os.getpid())
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="mla-ray-shard-") as tmp:
+        report = Path(tmp) / "run"
+        done = _pytest(plugin_args, "--shard", shard, "--report-dir", str(report), threads=threads)
+        tail = (done.stdout + done.stderr)[-OUTPUT_TAIL:]
+        if done.returncode < 0 or (done.returncode != NO_TESTS and not (report / RESULTS_FILE).exists()):
+            raise ShardCrashed(f"shard {shard}: pytest exit status {done.returncode}, no report\n{tail}")
+        files = {name: (report / name).read_bytes() for name in (RESULTS_FILE, RUN_FILE) if (report / name).exists()}
+    return ShardResult(shard, done.returncode, files, socket.gethostname(), time.monotonic() - start, tail)
+
+
+def collect_shard(plugin_args: Sequence[str], shard: str) -> list[str]:
+    """Task: the node ids of a shard's tests (to record a lost shard's tests as not run)."""
+    done = _pytest(plugin_args, "--shard", shard, "--collect-only", "-q", threads=1)
+    return [line.strip() for line in done.stdout.splitlines() if "::" in line and not line.startswith(" ")]
+
+
+def not_run_records(nodeids: Sequence[str], shard: str, why: str) -> list[dict[str, Any]]:
+    """A failed record per test of a lost shard: it is in the report's counts, and the run fails."""
+    from mlaconf.runner.collect import BACKEND_LABELS, identity_from_nodeid
+
+    labels = {name: BACKEND_LABELS.get(name, name) for name in registry.BUILTIN}
+    text = f"not run: shard {shard} was lost on the Ray cluster ({why})"
+    out = []
+    for nodeid in nodeids:
+        ident = identity_from_nodeid(nodeid, labels)
+        failure = Failure("crash", "ShardLost", text, "")
+        out.append(ResultRecord(verdict="failed", message=failure.text(), failure=failure, **ident).to_dict())
+    return out
+
+
+def plugin_arguments(args: argparse.Namespace) -> list[str]:
+    """``mlaconf run``'s pytest arguments after the suites' path, for a shard: no xdist (one device per
+    shard), the store as an absolute path (the tasks run elsewhere), no report directory (each shard
+    has its own)."""
+    from mlaconf.runner.run import pytest_command
+
+    store = args.golden_dir or os.environ.get(ENV_DIR) or str(Path.cwd() / DEFAULT_DIR_NAME)
+    shard_args = argparse.Namespace(**vars(args))
+    shard_args.jobs, shard_args.report_dir, shard_args.run_name = "0", None, None
+    shard_args.golden_dir = str(Path(store).expanduser().resolve())
+    command = pytest_command(shard_args)
+    return command[4:]  # [python, -m, pytest, suites, ...]
+
+
+def report_dir(args: argparse.Namespace) -> Path:
+    from mlaconf.runner.plugin import REPORTS_DIR
+
+    if args.report_dir:
+        return Path(args.report_dir)
+    name = args.run_name or time.strftime("%Y%m%d-%H%M%S") + "-ray"
+    return REPORTS_DIR / name
+
+
+def run_on_ray(ray: Any, args: argparse.Namespace, *, retries: int = DEFAULT_RETRIES) -> int:
+    """The run over the connected cluster; the exit status is pytest's (1 when a shard was lost)."""
+    slots = Slots.of(node_resources(ray))
+    out = report_dir(args).resolve()
+    if out.exists() and any(out.iterdir()):
+        print(f"error: run directory {out} exists and is not empty; choose another --run-name/--report-dir")
+        return 4
+    plugin_args = plugin_arguments(args)
+    attempts = ray.remote(num_cpus=0)(Attempts).remote()
+    task = ray.remote(run_shard).options(**slots.options(), max_retries=retries, retry_exceptions=[ShardCrashed])
+    shards = [f"{k}/{slots.count}" for k in range(1, slots.count + 1)]
+    print(f"run --ray: {slots.count} shards, one per {slots.kind} slot -> {out}", file=sys.stderr, flush=True)
+    pending = {task.remote(plugin_args, shard, 1, attempts): shard for shard in shards}
+    results: dict[str, ShardResult] = {}
+    lost: dict[str, str] = {}
+    problems: list[str] = []
+    interrupted = False
+    try:
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            shard = pending.pop(ready[0])
+            try:
+                result: ShardResult = ray.get(ready[0])
+            except Exception as exc:  # retries exhausted
+                lost[shard] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                print(f"shard {shard}: lost after {retries} retries: {lost[shard]}", file=sys.stderr, flush=True)
+                continue
+            results[shard] = result
+            print(
+                f"shard {shard} on {result.host}: pytest exit {result.returncode} in {result.seconds:.1f}s "
+                f"({len(results)}/{len(shards)} done)",
+                file=sys.stderr,
+                flush=True,
+            )
+    except KeyboardInterrupt:
+        interrupted = True
+        for ref in pending:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True)
+        problems.append(f"interrupted: shards {', '.join(sorted(pending.values()))} did not finish")
+    starts: dict[str, list[tuple[str, int]]] = {}
+    with contextlib.suppress(Exception):
+        starts = ray.get(attempts.get.remote(), timeout=10)
+    for shard, why in lost.items():
+        try:
+            nodeids = ray.get(
+                ray.remote(collect_shard).options(**slots.options(), max_retries=retries).remote(plugin_args, shard)
+            )
+        except Exception as exc:
+            problems.append(f"shard {shard} lost ({why}) and its tests could not be listed: {exc}")
+            continue
+        results[shard] = ShardResult(
+            shard, 1, {RESULTS_FILE: _jsonl(not_run_records(nodeids, shard, why))}, "", 0.0, ""
+        )
+        problems.append(f"shard {shard} lost ({why}): its {len(nodeids)} tests recorded as not run")
+    return _gather(out, shards, results, starts, problems, interrupted)
+
+
+def _jsonl(records: Sequence[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(r, sort_keys=True) + "\n" for r in records).encode()
+
+
+def _gather(
+    out: Path,
+    shards: Sequence[str],
+    results: dict[str, ShardResult],
+    starts: dict[str, list[tuple[str, int]]],
+    problems: list[str],
+    interrupted: bool,
+) -> int:
+    """Write every shard's files under ``out/shards`` and their merge into ``out``; the exit status."""
+    dirs = []
+    for shard, result in sorted(results.items(), key=lambda item: int(item[0].split("/")[0])):
+        directory = out / "shards" / shard.replace("/", "-of-")
+        directory.mkdir(parents=True, exist_ok=True)
+        for name, data in result.files.items():
+            (directory / name).write_bytes(data)
+        if RUN_FILE not in result.files:
+            write_json(directory / RUN_FILE, {"shard": shard, "problems": ["no run.json (not run)"]})
+        if RESULTS_FILE not in result.files:
+            write_results(directory / RESULTS_FILE, [])
+        dirs.append(directory)
+    merged = merge.merge_dirs(dirs)
+    run = merged.run
+    run.update(
+        {
+            "run_name": out.name,
+            "problems": [*(run.get("problems") or []), *problems],
+            "ray": {
+                "shards": len(shards),
+                "attempts": {shard: [f"{h}:{p}" for h, p in starts.get(shard, [])] for shard in shards},
+                "interrupted": interrupted,
+            },
+        }
+    )
+    merge.write_merged(merged, out)
+    for line in [*merged.conflicts, *[w for w in merged.warnings if not interrupted], *problems]:
+        print(f"run --ray: {line}", file=sys.stderr)
+    for result in results.values():
+        if result.returncode not in (0, 1, NO_TESTS):
+            print(f"run --ray: shard {result.shard} ended with pytest exit {result.returncode}:\n{result.output_tail}")
+    counts = run.get("counts", {})
+    print(
+        f"run --ray: {len(merged.records)} records ("
+        + ", ".join(f"{v} {k}" for k, v in counts.items() if v)
+        + f") -> {out}"
+    )
+    if interrupted:
+        return 130
+    codes = [r.returncode for r in results.values()]
+    if problems or merged.conflicts or any(c not in (0, 1, NO_TESTS) for c in codes):
+        return max([1, *[c for c in codes if c not in (0, NO_TESTS)]])
+    if all(c == NO_TESTS for c in codes):
+        return NO_TESTS
+    return 1 if 1 in codes else 0
