@@ -101,8 +101,10 @@ class ProgressBoard:
 
 def _with_board(board: Any, case_id: str, run: Callable[[], Any]) -> Any:
     """In a task: tell the board where it runs, forward in-case progress, run."""
-    with contextlib.suppress(Exception):
-        board.started.remote(case_id, socket.gethostname(), os.getpid())
+    import ray  # in a Ray worker: installed
+
+    with contextlib.suppress(Exception):  # waited for, so a cancellation finds the pid of every started task
+        ray.get(board.started.remote(case_id, socket.gethostname(), os.getpid()))
 
     def forward(work: work_progress.CaseWork) -> None:
         with contextlib.suppress(Exception):
@@ -224,7 +226,8 @@ def regen_on_ray(
                     progress.partial(sum(flops.get(c, 0.0) * f for c, f in running.items()), note)
     except KeyboardInterrupt:
         summary.interrupted = True
-        _cancel(ray, pending, board, store)
+        for spec, result in _cancel(ray, pending, board, store):  # those that finished meanwhile count
+            summary.outcomes.append(result if mode == "shared" else _write_on_driver(store, spec, result, force))
         finished = {o.case_id for o in summary.outcomes}
         summary.outcomes += [CaseOutcome(s.case_id, "cancelled") for s in todo if s.case_id not in finished]
     finally:
@@ -235,16 +238,23 @@ def regen_on_ray(
     return summary
 
 
-def _cancel(ray: Any, pending: dict[Any, CaseSpec], board: Any, store: GoldenStore) -> None:
-    """Kill every unfinished task, then remove the temp files of those that were writing."""
+def _cancel(ray: Any, pending: dict[Any, CaseSpec], board: Any, store: GoldenStore) -> list[tuple[CaseSpec, Any]]:
+    """Kill every unfinished task and remove the temp files of those that were writing; returns the
+    results of the tasks that finished before the cancellation reached them."""
     for ref in pending:
         with contextlib.suppress(Exception):
             ray.cancel(ref, force=True)
+    finished: list[tuple[CaseSpec, Any]] = []
     with contextlib.suppress(Exception):
-        ray.wait(list(pending), num_returns=len(pending), timeout=5.0)
+        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=5.0)
+        for ref in ready:
+            with contextlib.suppress(Exception):  # a cancelled task raises TaskCancelledError
+                finished.append((pending[ref], ray.get(ref, timeout=1.0)))
+    done = {spec.case_id for spec, _ in finished}
     with contextlib.suppress(Exception):
         _, pids = ray.get(board.take.remote(), timeout=5.0)
         for spec in pending.values():
-            if spec.case_id in pids:
+            if spec.case_id in pids and spec.case_id not in done:
                 temp = store.root / f".{spec.case_id}.h5.{pids[spec.case_id][1]}.tmp"
                 temp.unlink(missing_ok=True)
+    return finished

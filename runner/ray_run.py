@@ -118,8 +118,9 @@ def _pytest(plugin_args: Sequence[str], *extra: str, threads: int) -> subprocess
 
 def run_shard(plugin_args: Sequence[str], shard: str, threads: int, attempts: Any) -> ShardResult:
     """Task: one shard's pytest run into a fresh report directory; its files come back."""
-    with contextlib.suppress(Exception):
-        attempts.start.remote(shard, socket.gethostname(), os.getpid())
+    import ray  # in a Ray worker: installed
+
+    ray.get(attempts.start.remote(shard, socket.gethostname(), os.getpid()))  # waited for: it outlives a kill
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="mla-ray-shard-") as tmp:
         report = Path(tmp) / "run"
