@@ -101,10 +101,8 @@ class ProgressBoard:
 
 def _with_board(board: Any, case_id: str, run: Callable[[], Any]) -> Any:
     """In a task: tell the board where it runs, forward in-case progress, run."""
-    import ray  # in a Ray worker: installed
-
-    with contextlib.suppress(Exception):  # waited for, so a cancellation finds the pid of every started task
-        ray.get(board.started.remote(case_id, socket.gethostname(), os.getpid()))
+    with contextlib.suppress(Exception):  # not waited for: a task blocked in ray.get lends its CPU to a new worker
+        board.started.remote(case_id, socket.gethostname(), os.getpid())
 
     def forward(work: work_progress.CaseWork) -> None:
         with contextlib.suppress(Exception):

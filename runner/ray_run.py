@@ -108,12 +108,14 @@ def _die_with_parent() -> None:
             ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _pytest(plugin_args: Sequence[str], *extra: str, threads: int) -> subprocess.CompletedProcess[str]:
+def _pytest(plugin_args: Sequence[str], *extra: str, threads: int, cwd: Path) -> subprocess.CompletedProcess[str]:
     """pytest over this node's installed suites, BLAS/torch threads capped to the task's CPU share."""
     suites = str(importlib.resources.files(SUITES_PACKAGE))
     command = [sys.executable, "-m", "pytest", suites, *plugin_args, *extra]
     env = dict(os.environ) | {name: str(threads) for name in THREAD_ENV}
-    return subprocess.run(command, env=env, capture_output=True, text=True, preexec_fn=_die_with_parent, check=False)
+    return subprocess.run(
+        command, env=env, cwd=cwd, capture_output=True, text=True, preexec_fn=_die_with_parent, check=False
+    )
 
 
 def run_shard(plugin_args: Sequence[str], shard: str, threads: int, attempts: Any) -> ShardResult:
@@ -124,7 +126,7 @@ def run_shard(plugin_args: Sequence[str], shard: str, threads: int, attempts: An
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="mla-ray-shard-") as tmp:
         report = Path(tmp) / "run"
-        done = _pytest(plugin_args, "--shard", shard, "--report-dir", str(report), threads=threads)
+        done = _pytest(plugin_args, "--shard", shard, "--report-dir", str(report), threads=threads, cwd=Path(tmp))
         tail = (done.stdout + done.stderr)[-OUTPUT_TAIL:]
         if done.returncode < 0 or (done.returncode != NO_TESTS and not (report / RESULTS_FILE).exists()):
             raise ShardCrashed(f"shard {shard}: pytest exit status {done.returncode}, no report\n{tail}")
@@ -134,7 +136,8 @@ def run_shard(plugin_args: Sequence[str], shard: str, threads: int, attempts: An
 
 def collect_shard(plugin_args: Sequence[str], shard: str) -> list[str]:
     """Task: the node ids of a shard's tests (to record a lost shard's tests as not run)."""
-    done = _pytest(plugin_args, "--shard", shard, "--collect-only", "-q", threads=1)
+    with tempfile.TemporaryDirectory(prefix="mla-ray-collect-") as tmp:
+        done = _pytest(plugin_args, "--shard", shard, "--collect-only", "-q", threads=1, cwd=Path(tmp))
     return [line.strip() for line in done.stdout.splitlines() if "::" in line and not line.startswith(" ")]
 
 
@@ -180,9 +183,13 @@ def run_on_ray(ray: Any, args: argparse.Namespace, *, retries: int = DEFAULT_RET
     slots = Slots.of(node_resources(ray))
     out = report_dir(args).resolve()
     if out.exists() and any(out.iterdir()):
-        print(f"error: run directory {out} exists and is not empty; choose another --run-name/--report-dir")
-        return 4
+        print(
+            f"error: run directory {out} exists and is not empty; choose another --run-name/--report-dir",
+            file=sys.stderr,
+        )
+        return 2
     plugin_args = plugin_arguments(args)
+    print("+ pytest SUITES " + " ".join(plugin_args) + " --shard K/N --report-dir (per shard)", flush=True)
     attempts = ray.remote(num_cpus=0)(Attempts).remote()
     task = ray.remote(run_shard).options(**slots.options(), max_retries=retries, retry_exceptions=[ShardCrashed])
     shards = [f"{k}/{slots.count}" for k in range(1, slots.count + 1)]
