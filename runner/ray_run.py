@@ -2,7 +2,7 @@
 
 One shard per device slot: every NPU (Ray's ``NPU`` resource; Ray sets ``ASCEND_RT_VISIBLE_DEVICES``
 for the task), else every GPU (``CUDA_VISIBLE_DEVICES``), else every CPU.  Shard K of N is a Ray task that
-runs ``pytest --shard K/N`` (the plugin's shard rule, the one ``regen --shard`` uses) in a subprocess
+runs ``pytest --mla-shard K/N`` (the plugin's shard rule, the one ``regen --shard`` uses) in a subprocess
 pinned to the task's device, into a report directory of its own, and returns its ``results.jsonl`` and
 ``run.json``.  The driver writes each shard under ``<run dir>/shards/`` and merges them with
 :func:`mlaconf.reports.merge.merge_dirs` into the run directory, so the report is an unsharded run's:
@@ -10,9 +10,9 @@ the same records and counts.
 
 A shard whose worker or node dies (or whose pytest dies by a signal or leaves no report) is run again
 by Ray, up to ``retries`` times; a shard lost for good has its tests collected (a short Ray task) and
-recorded as not run (a failed record with a ``crash`` failure), so no test is ever missing from the
-report, and the run fails.  Ctrl-C cancels every shard, writes the shards that finished and marks the
-run interrupted.
+recorded as not run (an ``error`` record with a ``not_run`` failure, as the plugin records a test that
+never ran), so no test is ever missing from the report, and the run is marked crashed and fails.
+Ctrl-C cancels every shard, writes the shards that finished and marks the run interrupted.
 """
 
 from __future__ import annotations
@@ -38,8 +38,16 @@ from mlaconf.facts.cluster import node_resources
 from mlaconf.golden.spec import SUITES_PACKAGE
 from mlaconf.golden.store import DEFAULT_DIR_NAME, ENV_DIR
 from mlaconf.harness import registry
-from mlaconf.reports import merge
-from mlaconf.reports.records import RESULTS_FILE, RUN_FILE, Failure, ResultRecord, write_json, write_results
+from mlaconf.reports import merge, safeio
+from mlaconf.reports.records import (
+    RESULTS_FILE,
+    RUN_FILE,
+    Failure,
+    ResultRecord,
+    RunState,
+    write_json,
+    write_results,
+)
 
 #: Ray retries of a shard whose worker, node or pytest process died.
 DEFAULT_RETRIES = 2
@@ -48,6 +56,7 @@ PR_SET_PDEATHSIG = 1
 #: The pytest exit status of a session that collected no test (a shard can be empty).
 NO_TESTS = 5
 OUTPUT_TAIL = 4000
+SHARD, REPORT_DIR = "--mla-shard", "--mla-report-dir"
 
 
 @dataclass(frozen=True)
@@ -126,7 +135,7 @@ def run_shard(plugin_args: Sequence[str], shard: str, threads: int, attempts: An
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="mla-ray-shard-") as tmp:
         report = Path(tmp) / "run"
-        done = _pytest(plugin_args, "--shard", shard, "--report-dir", str(report), threads=threads, cwd=Path(tmp))
+        done = _pytest(plugin_args, SHARD, shard, REPORT_DIR, str(report), threads=threads, cwd=Path(tmp))
         tail = (done.stdout + done.stderr)[-OUTPUT_TAIL:]
         if done.returncode < 0 or (done.returncode != NO_TESTS and not (report / RESULTS_FILE).exists()):
             raise ShardCrashed(f"shard {shard}: pytest exit status {done.returncode}, no report\n{tail}")
@@ -137,21 +146,23 @@ def run_shard(plugin_args: Sequence[str], shard: str, threads: int, attempts: An
 def collect_shard(plugin_args: Sequence[str], shard: str) -> list[str]:
     """Task: the node ids of a shard's tests (to record a lost shard's tests as not run)."""
     with tempfile.TemporaryDirectory(prefix="mla-ray-collect-") as tmp:
-        done = _pytest(plugin_args, "--shard", shard, "--collect-only", "-q", threads=1, cwd=Path(tmp))
+        done = _pytest(plugin_args, SHARD, shard, "--collect-only", "-q", threads=1, cwd=Path(tmp))
     return [line.strip() for line in done.stdout.splitlines() if "::" in line and not line.startswith(" ")]
 
 
 def not_run_records(nodeids: Sequence[str], shard: str, why: str) -> list[dict[str, Any]]:
-    """A failed record per test of a lost shard: it is in the report's counts, and the run fails."""
+    """A record per test of a lost shard, as the plugin records a test that never ran: in the
+    report's counts, and the run fails."""
     from mlaconf.runner.collect import BACKEND_LABELS, identity_from_nodeid
 
     labels = {name: BACKEND_LABELS.get(name, name) for name in registry.BUILTIN}
-    text = f"not run: shard {shard} was lost on the Ray cluster ({why})"
+    failure = Failure("not_run", "", f"never ran: shard {shard} was lost on the Ray cluster ({why})", "")
     out = []
     for nodeid in nodeids:
-        ident = identity_from_nodeid(nodeid, labels)
-        failure = Failure("crash", "ShardLost", text, "")
-        out.append(ResultRecord(verdict="failed", message=failure.text(), failure=failure, **ident).to_dict())
+        record = ResultRecord(
+            verdict="error", message=failure.text(), failure=failure, **identity_from_nodeid(nodeid, labels)
+        )
+        out.append(record.to_dict() | {"outcome": "error"})
     return out
 
 
@@ -165,8 +176,10 @@ def plugin_arguments(args: argparse.Namespace) -> list[str]:
     shard_args = argparse.Namespace(**vars(args))
     shard_args.jobs, shard_args.report_dir, shard_args.run_name = "0", None, None
     shard_args.golden_dir = str(Path(store).expanduser().resolve())
-    command = pytest_command(shard_args)
-    return command[4:]  # [python, -m, pytest, suites, ...]
+    command = pytest_command(shard_args)[4:]  # [python, -m, pytest, suites, ...]
+    if command[:1] == ["-o"] and command[1].startswith("cache_dir="):  # the driver's directory: not on the nodes
+        command[:2] = ["-p", "no:cacheprovider"]
+    return command
 
 
 def report_dir(args: argparse.Namespace) -> Path:
@@ -188,8 +201,12 @@ def run_on_ray(ray: Any, args: argparse.Namespace, *, retries: int = DEFAULT_RET
             file=sys.stderr,
         )
         return 2
+    safeio.safe_dir(out)
+    write_json(
+        out / RUN_FILE, {"run_name": out.name, **RunState.build("in_progress", selected=0, run=0, recorded=0).to_dict()}
+    )
     plugin_args = plugin_arguments(args)
-    print("+ pytest SUITES " + " ".join(plugin_args) + " --shard K/N --report-dir (per shard)", flush=True)
+    print("+ pytest SUITES " + " ".join(plugin_args) + f" {SHARD} K/N {REPORT_DIR} (per shard)", flush=True)
     attempts = ray.remote(num_cpus=0)(Attempts).remote()
     task = ray.remote(run_shard).options(**slots.options(), max_retries=retries, retry_exceptions=[ShardCrashed])
     shards = [f"{k}/{slots.count}" for k in range(1, slots.count + 1)]
@@ -237,7 +254,7 @@ def run_on_ray(ray: Any, args: argparse.Namespace, *, retries: int = DEFAULT_RET
             shard, 1, {RESULTS_FILE: _jsonl(not_run_records(nodeids, shard, why))}, "", 0.0, ""
         )
         problems.append(f"shard {shard} lost ({why}): its {len(nodeids)} tests recorded as not run")
-    return _gather(out, shards, results, starts, problems, interrupted)
+    return _gather(out, shards, results, starts, problems, interrupted, set(lost))
 
 
 def _jsonl(records: Sequence[dict[str, Any]]) -> bytes:
@@ -251,6 +268,7 @@ def _gather(
     starts: dict[str, list[tuple[str, int]]],
     problems: list[str],
     interrupted: bool,
+    lost: set[str],
 ) -> int:
     """Write every shard's files under ``out/shards`` and their merge into ``out``; the exit status."""
     dirs = []
@@ -259,13 +277,18 @@ def _gather(
         directory.mkdir(parents=True, exist_ok=True)
         for name, data in result.files.items():
             (directory / name).write_bytes(data)
-        if RUN_FILE not in result.files:
-            write_json(directory / RUN_FILE, {"shard": shard, "problems": ["no run.json (not run)"]})
         if RESULTS_FILE not in result.files:
             write_results(directory / RESULTS_FILE, [])
+        if RUN_FILE not in result.files:  # a lost shard (its tests never ran), or one without MLA tests
+            recorded = len(result.files.get(RESULTS_FILE, b"").splitlines())
+            status = "crashed" if shard in lost else "complete"
+            state = RunState.build(status, selected=recorded, run=0, recorded=recorded)
+            write_json(directory / RUN_FILE, {"schema_version": 2, "shard": shard, **state.to_dict()})
         dirs.append(directory)
-    merged = merge.merge_dirs(dirs)
+    merged = merge.merge_dirs(dirs, allow_incomplete=True)  # the merged status is the worst shard's
     run = merged.run
+    if interrupted:
+        run["status"] = "interrupted"
     run.update(
         {
             "run_name": out.name,
@@ -283,16 +306,17 @@ def _gather(
     for result in results.values():
         if result.returncode not in (0, 1, NO_TESTS):
             print(f"run --ray: shard {result.shard} ended with pytest exit {result.returncode}:\n{result.output_tail}")
-    counts = run.get("counts", {})
+    verdicts = run.get("verdicts", {})
     print(
-        f"run --ray: {len(merged.records)} records ("
-        + ", ".join(f"{v} {k}" for k, v in counts.items() if v)
+        f"run --ray: {run['status']}, {len(merged.records)} records ("
+        + ", ".join(f"{v} {k}" for k, v in verdicts.items() if v)
         + f") -> {out}"
     )
     if interrupted:
         return 130
     codes = [r.returncode for r in results.values()]
-    if problems or merged.conflicts or any(c not in (0, 1, NO_TESTS) for c in codes):
+    failed = problems or merged.conflicts or run["status"] != "complete"
+    if failed or any(c not in (0, 1, NO_TESTS) for c in codes):
         return max([1, *[c for c in codes if c not in (0, NO_TESTS)]])
     if all(c == NO_TESTS for c in codes):
         return NO_TESTS

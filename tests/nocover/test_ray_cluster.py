@@ -4,8 +4,9 @@ rerun or recorded, Ctrl-C cancels.  Skipped without the ``ray`` extra.
 
 To keep CI short the regen checks cover two thirds of smoke (``--shard 1/3`` through a shared store,
 ``2/3`` written by the driver), and the runs cover the smoke subset ``-k "fp16 and causal or
-test_properties"`` (18 tests: conformance, metamorphic, error contract and the property test); the
-equality claims are made for exactly what they cover.
+test_properties"`` with hypothesis's derandomized ``mla-ci`` profile (18 tests: conformance,
+metamorphic, error contract and the property test); the equality claims are made for exactly what
+they cover.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 DIE_ONCE = "MLA_TEST_DIE_ONCE_DIR"
 SUBSET = "fp16 and causal or test_properties"
+#: pytest arguments of both runs: the subset, and hypothesis derandomized (the same examples in every run).
+PYTEST_ARGS = ["-k", SUBSET, "--hypothesis-profile", "mla-ci"]
 THREADS = {name: "1" for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
 
 
@@ -185,7 +188,7 @@ def local_run(cluster: Any, golden_dir: Path, tmp_path_factory: pytest.TempPathF
     """The subset run locally, one process with one BLAS/torch thread (as each Ray shard runs)."""
     out = tmp_path_factory.mktemp("local") / "run"
     command = [sys.executable, "-m", "mlaconf", "run", "--backend", "torch-cpu", "--golden-dir", str(golden_dir)]
-    command += ["--report-dir", str(out), "-n", "0", "--", "-k", SUBSET]
+    command += ["--report-dir", str(out), "-n", "0", "--", *PYTEST_ARGS]
     done = subprocess.run(command, env=os.environ | THREADS, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return out
@@ -193,7 +196,7 @@ def local_run(cluster: Any, golden_dir: Path, tmp_path_factory: pytest.TempPathF
 
 def _ray_run(golden_dir: Path, out: Path, *extra: str) -> int:
     argv = ["run", "--ray", "--backend", "torch-cpu", "--golden-dir", str(golden_dir), "--report-dir", str(out)]
-    return main([*argv, *extra, "--", "-k", SUBSET])
+    return main([*argv, *extra, "--", *PYTEST_ARGS])
 
 
 def _records(run: Path) -> dict[tuple[str, str], dict[str, Any]]:
@@ -206,11 +209,12 @@ def _assert_same_report(local: Path, cand: Path) -> None:
     assert got == expected
     local_run_json = json.loads((local / "run.json").read_text())
     ray_run_json = json.loads((cand / "run.json").read_text())
-    assert ray_run_json["counts"] == local_run_json["counts"] and ray_run_json["records"] == 18
-    result = diff_dirs(local, cand)
+    assert ray_run_json["verdicts"] == local_run_json["verdicts"] and ray_run_json["records"] == 18
+    assert ray_run_json["counts"] == local_run_json["counts"] and ray_run_json["status"] == "complete"
+    result = diff_dirs(local, cand)  # `mlaconf report diff`: identical, nothing else
     counts = result.counts()
-    assert counts["added"] == counts["missing"] == 0 and not result.regressions(), counts
-    assert result.exit_status(fail_on_perf=False) == 0
+    assert counts["identical"] == 18 and sum(counts.values()) == 18 and not result.perf, (counts, result.perf)
+    assert result.exit_status(fail_on_perf=True) == 0
 
 
 def test_run_through_ray_gives_the_local_records(local_run: Path, golden_dir: Path, tmp_path: Path) -> None:
@@ -230,7 +234,7 @@ def _shard_worker(shard: str) -> int | None:
         with contextlib.suppress(OSError):
             argv = (proc / "cmdline").read_bytes().split(b"\0")
             ours = any(b"mla-ray-shard-" in a for a in argv)
-            if ours and b"--shard" in argv and argv[argv.index(b"--shard") + 1] == shard.encode():
+            if ours and b"--mla-shard" in argv and argv[argv.index(b"--mla-shard") + 1] == shard.encode():
                 return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
     return None
 
@@ -268,9 +272,9 @@ def test_a_shard_lost_for_good_is_recorded_as_not_run(local_run: Path, golden_di
     assert _run_killing_shard_1(golden_dir, out, "--ray-retries", "0") == 1
     expected, got = _records(local_run), _records(out)
     assert set(got) == set(expected)  # every selected test has its record
-    lost = {key for key, r in got.items() if (r.get("failure") or {}).get("type") == "ShardLost"}
-    assert lost and all(got[key]["verdict"] == "failed" for key in lost)
+    lost = {key for key, r in got.items() if (r.get("failure") or {}).get("kind") == "not_run"}
+    assert lost and all(got[key]["verdict"] == "error" and "shard 1/2 was lost" in got[key]["message"] for key in lost)
     assert all(got[key] == expected[key] for key in set(got) - lost)  # shard 2 as it ran locally
     run = json.loads((out / "run.json").read_text())
     assert any("shard 1/2 lost" in p and "recorded as not run" in p for p in run["problems"]), run["problems"]
-    assert run["records"] == 18 and run["counts"]["failed"] == len(lost)
+    assert run["records"] == 18 and run["verdicts"]["error"] == len(lost) and run["status"] == "crashed"
