@@ -238,13 +238,14 @@ def test_regen_on_a_full_disk_reports_the_case_and_exits_1(tiny_tmpfs: Path, tmp
     suite.write_text("[[case]]\nq_seqlen = [3, 0, 5]\nhead_num = 2\n[[case]]\nq_seqlen = [1024]\nhead_num = 2\n")
     big = build_case({"q_seqlen": [1024], "head_num": 2}, source="t")  # 4.5 MB > 2 MiB
     small = build_case({"q_seqlen": [3, 0, 5], "head_num": 2}, source="t")
+    command = [sys.executable, "-m", "mlaconf.golden.cli", "regen", "--cases", str(suite), "--out", str(tiny_tmpfs)]
+    refused = subprocess.run(command, capture_output=True, text=True, env=_env(), cwd=REPO, timeout=300)
+    assert refused.returncode == 2, (refused.returncode, refused.stderr[-2000:])  # the estimate sees it first
+    assert f"error: case {big.case_id}: its file ~" in refused.stderr and "free disk" in refused.stderr
+    assert not [p for p in tiny_tmpfs.rglob("*") if p.is_file() and ".locks" not in p.parts]
+    # forced past the estimate, the writer meets the full disk itself
     done = subprocess.run(
-        [sys.executable, "-m", "mlaconf.golden.cli", "regen", "--cases", str(suite), "--out", str(tiny_tmpfs)],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        cwd=REPO,
-        timeout=300,
+        [*command, "--allow-oversize"], capture_output=True, text=True, env=_env(), cwd=REPO, timeout=300
     )
     assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
     assert f"failed {big.case_id}: GoldenWriteError: " in done.stdout
