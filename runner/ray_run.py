@@ -287,6 +287,9 @@ def _gather(
         dirs.append(directory)
     merged = merge.merge_dirs(dirs, allow_incomplete=True)  # the merged status is the worst shard's
     run = merged.run
+    if "status" not in run:  # a shard's run.json could not say whether it finished
+        count = len(merged.records)
+        run.update(RunState.build("crashed", selected=count, run=0, recorded=count).to_dict())
     if interrupted:
         run["status"] = "interrupted"
     run.update(
