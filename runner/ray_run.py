@@ -57,6 +57,8 @@ PR_SET_PDEATHSIG = 1
 NO_TESTS = 5
 OUTPUT_TAIL = 4000
 SHARD, REPORT_DIR = "--mla-shard", "--mla-report-dir"
+#: Outputs saved by the shards stay on their nodes (in a temp directory): refused rather than lost.
+SAVE_OUTPUTS = ("--mla-save-outputs", "--save-outputs")
 
 
 @dataclass(frozen=True)
@@ -193,6 +195,9 @@ def report_dir(args: argparse.Namespace) -> Path:
 
 def run_on_ray(ray: Any, args: argparse.Namespace, *, retries: int = DEFAULT_RETRIES) -> int:
     """The run over the connected cluster; the exit status is pytest's (1 when a shard was lost)."""
+    if any(a.split("=")[0] in SAVE_OUTPUTS for a in args.pytest_args):
+        print("error: --ray does not gather saved outputs (--mla-save-outputs); run without --ray", file=sys.stderr)
+        return 2
     slots = Slots.of(node_resources(ray))
     out = report_dir(args).resolve()
     if out.exists() and any(out.iterdir()):
