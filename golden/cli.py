@@ -176,12 +176,23 @@ def regen_threads(todo: Sequence[CaseSpec], jobs: int) -> tuple[int, int]:
     return jobs, max(1, rg.cpu_count() // jobs)
 
 
-def fit_here(store: GoldenStore, todo: Sequence[CaseSpec], jobs: int, *, force: bool = False) -> cost.Fit:
-    """The cases to be built judged against this host's memory and the store's free disk.  A case
-    whose file exists is presumed current (the worker checks it) unless it would be refused and
-    is not current: an oversize case built elsewhere into a shared store is not refused here."""
-    jobs, threads = regen_threads(todo, jobs)
-    memory, disk = cost.host_memory_bytes(), cost.free_disk_bytes(store.root)
+def fit_here(
+    store: GoldenStore,
+    todo: Sequence[CaseSpec],
+    jobs: int,
+    *,
+    force: bool = False,
+    memory: int | None = None,
+    threads: int | None = None,
+) -> cost.Fit:
+    """The cases to be built judged against ``memory`` (default: this host's) and the store's free
+    disk, with regen's threads per job unless given.  A case whose file exists is presumed current
+    (the worker checks it) unless it would be refused and is not current: an oversize case built
+    elsewhere into a shared store is not refused here."""
+    jobs, regen_threads_per_job = regen_threads(todo, jobs)
+    threads = regen_threads_per_job if threads is None else threads
+    memory = cost.host_memory_bytes() if memory is None else memory
+    disk = cost.free_disk_bytes(store.root)
 
     def needs_room(spec: CaseSpec) -> bool:
         path = store.path_for(spec)
@@ -248,8 +259,7 @@ def regen_on_cluster(ray: Any, args: argparse.Namespace, specs: Sequence[CaseSpe
         shape = ray_regen.ClusterShape.of(node_resources(ray))
     except ValueError as exc:
         return _fail(str(exc))
-    pending = [s for s in todo if args.force or not store.path_for(s).exists()]
-    fit = shape.fit(pending, cost.free_disk_bytes(store.root))
+    fit = fit_here(store, todo, 1, force=args.force, memory=shape.largest_memory, threads=1)  # no node holds it
     if fit.refused and not args.allow_oversize:
         for case_id, why in fit.refused.items():
             print(f"error: case {case_id}: {why.replace('this host', 'the largest Ray node')}", file=sys.stderr)

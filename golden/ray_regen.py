@@ -76,10 +76,6 @@ class ClusterShape:
         cpus = min(max(1, math.ceil(cost.peak_bytes(spec, 1) / self.memory_per_cpu)), self.largest_cpus)
         return cpus, cost.peak_bytes(spec, cpus)
 
-    def fit(self, specs: Sequence[CaseSpec], disk: int) -> cost.Fit:
-        """Refuse what no node can hold (peak over the largest node's memory) or the store cannot."""
-        return cost.check_fit(specs, memory=self.largest_memory, disk=disk)
-
 
 class ProgressBoard:
     """Actor: running tasks post in-case progress and their pid here; the driver takes it."""

@@ -63,7 +63,7 @@ def test_a_case_asks_for_the_cpus_whose_memory_covers_its_peak() -> None:
     between = (cost.peak_bytes(small) + cost.peak_bytes(big)) / 2
     tight = ClusterShape.of([{"CPU": 2.0, "memory": between}])
     assert tight.size(big)[0] == 2  # never more CPUs than the largest node has
-    assert list(tight.fit([small, big], disk=10 * GB).refused) == [big.case_id]  # no node holds it
+    assert list(cost.check_fit([small, big], memory=tight.largest_memory, disk=10 * GB).refused) == [big.case_id]
     with pytest.raises(ValueError, match="no node with CPUs and memory"):
         ClusterShape.of([{"GPU": 1.0}])
 

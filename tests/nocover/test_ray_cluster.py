@@ -113,6 +113,12 @@ def test_regen_through_ray_equals_local_regen(cluster: Any, tmp_path: Path, caps
     assert " 0 generated, " in capsys.readouterr().out
     assert cli.main(["regen", "smoke", "--shard", "2/3", "--out", str(driver), "--ray", "--ray-store", "driver"]) == 0
     assert " 0 generated, " in capsys.readouterr().out
+    # a case no node can hold is refused before any task
+    huge = tmp_path / "huge.toml"
+    huge.write_text("[[case]]\nq_seqlen = [1000000000]\nhead_num = 1\n")
+    assert cli.main(["regen", "--cases", str(huge), "--out", str(tmp_path / "huge"), "--ray"]) == 2
+    assert "exceeds the largest Ray node's" in capsys.readouterr().err
+    assert not (tmp_path / "huge").exists()
 
 
 def test_a_task_lost_with_its_worker_is_retried(
