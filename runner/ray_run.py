@@ -206,10 +206,13 @@ def run_on_ray(ray: Any, args: argparse.Namespace, *, retries: int = DEFAULT_RET
             file=sys.stderr,
         )
         return 2
-    safeio.safe_dir(out)
-    write_json(
-        out / RUN_FILE, {"run_name": out.name, **RunState.build("in_progress", selected=0, run=0, recorded=0).to_dict()}
-    )
+    try:  # claim the run directory: a killed driver leaves a run in progress, never a stale one
+        safeio.safe_dir(out)
+        claim = RunState.build("in_progress", selected=0, run=0, recorded=0).to_dict()
+        write_json(out / RUN_FILE, {"schema_version": 2, "run_name": out.name, **claim})
+    except (OSError, safeio.ReportFileError) as exc:
+        print(f"error: cannot claim run directory {out}: {exc}", file=sys.stderr)
+        return 2
     plugin_args = plugin_arguments(args)
     print("+ pytest SUITES " + " ".join(plugin_args) + f" {SHARD} K/N {REPORT_DIR} (per shard)", flush=True)
     attempts = ray.remote(num_cpus=0)(Attempts).remote()
@@ -278,10 +281,9 @@ def _gather(
     """Write every shard's files under ``out/shards`` and their merge into ``out``; the exit status."""
     dirs = []
     for shard, result in sorted(results.items(), key=lambda item: int(item[0].split("/")[0])):
-        directory = out / "shards" / shard.replace("/", "-of-")
-        directory.mkdir(parents=True, exist_ok=True)
+        directory = safeio.safe_dir(out / "shards" / shard.replace("/", "-of-"))
         for name, data in result.files.items():
-            (directory / name).write_bytes(data)
+            safeio.atomic_write(directory / name, data.decode("utf-8"))
         if RESULTS_FILE not in result.files:
             write_results(directory / RESULTS_FILE, [])
         if RUN_FILE not in result.files:  # a lost shard (its tests never ran), or one without MLA tests
