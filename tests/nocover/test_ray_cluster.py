@@ -232,15 +232,16 @@ def test_run_through_ray_gives_the_local_records(local_run: Path, golden_dir: Pa
     assert sorted(p.name for p in (out / "shards").iterdir()) == ["1-of-2", "2-of-2"]
 
 
-def _shard_worker(shard: str) -> int | None:
-    """The Ray worker process running ``shard``: the parent of its pytest process."""
+def _shard_worker(shard: str, golden_dir: Path) -> int | None:
+    """The Ray worker process running ``shard`` of this test's run (its store names it among parallel
+    test runs): the parent of the shard's pytest process."""
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, ValueError, IndexError):
             argv = (proc / "cmdline").read_bytes().split(b"\0")
-            ours = any(b"mla-ray-shard-" in a for a in argv)
-            if ours and b"--mla-shard" in argv and argv[argv.index(b"--mla-shard") + 1] == shard.encode():
+            ours = str(golden_dir).encode() in argv and any(b"mla-ray-shard-" in a for a in argv)
+            if ours and argv[argv.index(b"--mla-shard") + 1] == shard.encode():
                 return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
     return None
 
@@ -255,7 +256,7 @@ def _run_killing_shard_1(golden_dir: Path, out: Path, *extra: str) -> int:
         worker = None
         while worker is None and time.monotonic() < deadline and thread.is_alive():
             time.sleep(0.1)
-            worker = _shard_worker("1/2")
+            worker = _shard_worker("1/2", golden_dir)
         assert worker is not None, "shard 1/2 never started"
         time.sleep(1.0)
         os.kill(worker, signal.SIGKILL)
