@@ -19,11 +19,12 @@ import math
 import multiprocessing
 import os
 import signal
+import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -35,7 +36,7 @@ from mlaconf.golden import progress as work_progress
 from mlaconf.golden.magnitudes import SCORE_PATH_MAGNITUDES, cancellation_noise
 from mlaconf.golden.progress import CaseWork, Progress
 from mlaconf.golden.spec import CaseSpec, load_suite, load_suites
-from mlaconf.golden.store import Builder, GoldenStore, GoldenStoreError, read_golden
+from mlaconf.golden.store import Builder, GoldenStore, GoldenStoreError, read_golden, read_meta
 from mlaconf.golden.types import GoldenCase
 
 DEFAULT_BUILDER = "mlaconf.golden.generate:build_golden"
@@ -293,6 +294,27 @@ def stop_workers(workers: Sequence[multiprocessing.process.BaseProcess], root: P
                 leftover.unlink()
 
 
+def _finished(
+    future: Future[CaseOutcome], task: RegenTask, workers: Sequence[multiprocessing.process.BaseProcess]
+) -> CaseOutcome | None:
+    """A case that finished although the interrupt stopped its worker: its result arrived, or the
+    worker had renamed the file into place (the file names its writer's host and pid) before it was
+    killed.  None: it did not finish (cancelled)."""
+    if future.done() and not future.cancelled() and future.exception() is None:
+        return future.result()
+    store = GoldenStore(task.root, generator_version=task.generator_version)
+    path = store.path_for(task.spec)
+    try:
+        meta = read_meta(path)
+        store.check_stale(meta, task.spec)
+    except (GoldenStoreError, OSError):
+        return None
+    ours = meta.attrs.get("hostname") == socket.gethostname() and meta.attrs.get("created_pid") in {
+        w.pid for w in workers
+    }
+    return CaseOutcome(task.spec.case_id, "generated", "", path.stat().st_size) if ours else None
+
+
 def _regen_in_workers(
     tasks: Sequence[RegenTask],
     jobs: int,
@@ -315,13 +337,16 @@ def _regen_in_workers(
     listener = threading.Thread(target=drain, name="regen-progress", daemon=True)
     listener.start()
     pool: ProcessPoolExecutor | None = None
+    futures: dict[Future[CaseOutcome], RegenTask] = {}
+    handled: set[Future[CaseOutcome]] = set()
     try:
         with thread_env(threads), sigint_blocked():
             pool = ProcessPoolExecutor(
                 jobs, mp_context=context, initializer=_init_worker, initargs=(queue, os.getpid())
             )
-            futures = {pool.submit(regen_one, task): task for task in tasks}
+            futures.update({pool.submit(regen_one, task): task for task in tasks})
         for future in as_completed(futures):
+            handled.add(future)
             try:
                 record(future.result())
             except Exception as exc:  # a crashed worker fails its case, not the run
@@ -334,6 +359,9 @@ def _regen_in_workers(
                 pool.shutdown(wait=False, cancel_futures=True)
                 stop_workers(workers, root)
                 pool.shutdown(wait=True)
+                for future, task in futures.items():  # those that finished while the interrupt came
+                    if future not in handled and (outcome := _finished(future, task, workers)) is not None:
+                        record(outcome)
         finally:
             signal.signal(signal.SIGINT, previous)
         raise
