@@ -12,6 +12,7 @@ medians and the overhead per case / per test.  Usage::
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -20,8 +21,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-CASES, TESTS = 47, 123  # smoke: goldens, and tests of a torch-cpu run
 
 
 def timed(command: list[str]) -> float:
@@ -50,6 +49,7 @@ def main() -> None:
     times: dict[str, list[float]] = {"regen local": [], "regen ray": [], "run local": [], "run ray": []}
     goldens = work / "goldens"
     timed([*mla, "regen", "smoke", "--out", str(goldens), "-j", jobs])
+    cases, tests = len(list(goldens.glob("*.h5"))), 0
     try:
         for round_ in range(args.rounds):
             pairs = [
@@ -70,6 +70,7 @@ def main() -> None:
             for name, command in runs:
                 out = work / f"{name.replace(' ', '-')}-{round_}"
                 times[name].append(timed([*command, "--golden-dir", str(goldens), "--report-dir", str(out)]))
+                tests = json.loads((out / "run.json").read_text())["records"]
             print(f"round {round_ + 1}: " + ", ".join(f"{k} {v[-1]:.1f}s" for k, v in times.items()), flush=True)
     finally:
         ray.shutdown()
@@ -82,11 +83,11 @@ def main() -> None:
     run = median["run ray"] - median["run local"]
     print(
         f"regen --ray: {median['regen ray'] / median['regen local']:.2f}x local, "
-        f"{regen:+.1f}s = {1000 * regen / CASES:+.0f} ms per case ({CASES} cases)"
+        f"{regen:+.1f}s = {1000 * regen / cases:+.0f} ms per case ({cases} cases)"
     )
     print(
         f"run --ray: {median['run ray'] / median['run local']:.2f}x local, "
-        f"{run:+.1f}s = {1000 * run / TESTS:+.0f} ms per test ({TESTS} tests, {args.cpus} shards)"
+        f"{run:+.1f}s = {1000 * run / tests:+.0f} ms per test ({tests} tests, {args.cpus} shards)"
     )
 
 
