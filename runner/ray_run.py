@@ -23,6 +23,7 @@ import ctypes
 import importlib.resources
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -57,6 +58,8 @@ PR_SET_PDEATHSIG = 1
 NO_TESTS = 5
 OUTPUT_TAIL = 4000
 SHARD, REPORT_DIR = "--mla-shard", "--mla-report-dir"
+#: A shard's temp directory: ``mla-ray-shard-<worker pid>-<random>`` (so a dead worker's can be found).
+SHARD_DIR_PREFIX = "mla-ray-shard-"
 #: Outputs saved by the shards stay on their nodes (in a temp directory): refused rather than lost.
 SAVE_OUTPUTS = ("--mla-save-outputs", "--save-outputs")
 
@@ -129,13 +132,32 @@ def _pytest(plugin_args: Sequence[str], *extra: str, threads: int, cwd: Path) ->
     )
 
 
+def remove_dead_shard_dirs() -> None:
+    """Remove this node's shard directories whose worker died (a killed worker cannot clean up)."""
+    for path in Path(tempfile.gettempdir()).glob(f"{SHARD_DIR_PREFIX}*-*"):
+        pid = path.name.removeprefix(SHARD_DIR_PREFIX).split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def run_shard(plugin_args: Sequence[str], shard: str, threads: int, attempts: Any) -> ShardResult:
     """Task: one shard's pytest run into a fresh report directory; its files come back."""
     import ray  # in a Ray worker: installed
 
     ray.get(attempts.start.remote(shard, socket.gethostname(), os.getpid()))  # waited for: it outlives a kill
     start = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="mla-ray-shard-") as tmp:
+    remove_dead_shard_dirs()
+    with tempfile.TemporaryDirectory(prefix=f"{SHARD_DIR_PREFIX}{os.getpid()}-") as tmp:
         report = Path(tmp) / "run"
         done = _pytest(plugin_args, SHARD, shard, REPORT_DIR, str(report), threads=threads, cwd=Path(tmp))
         tail = (done.stdout + done.stderr)[-OUTPUT_TAIL:]
@@ -147,6 +169,7 @@ def run_shard(plugin_args: Sequence[str], shard: str, threads: int, attempts: An
 
 def collect_shard(plugin_args: Sequence[str], shard: str) -> list[str]:
     """Task: the node ids of a shard's tests (to record a lost shard's tests as not run)."""
+    remove_dead_shard_dirs()
     with tempfile.TemporaryDirectory(prefix="mla-ray-collect-") as tmp:
         done = _pytest(plugin_args, SHARD, shard, "--collect-only", "-q", threads=1, cwd=Path(tmp))
     return [line.strip() for line in done.stdout.splitlines() if "::" in line and not line.startswith(" ")]

@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -272,6 +273,8 @@ def test_a_killed_ray_worker_has_its_shard_rerun(local_run: Path, golden_dir: Pa
     _assert_same_report(local_run, out)
     attempts = json.loads((out / "run.json").read_text())["ray"]["attempts"]
     assert len(attempts["1/2"]) == 2 and len(attempts["2/2"]) == 1, attempts
+    killed = attempts["1/2"][0].rsplit(":", 1)[1]  # its temp directory was removed by the rerun
+    assert not list(Path(tempfile.gettempdir()).glob(f"mla-ray-shard-{killed}-*"))
 
 
 def test_a_shard_lost_for_good_is_recorded_as_not_run(local_run: Path, golden_dir: Path, tmp_path: Path) -> None:
