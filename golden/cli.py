@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from mlaconf.facts.cluster import LOCAL, ClusterUnavailable, connected, node_resources
 from mlaconf.facts.operator import NOPE_DIM
 from mlaconf.facts.shard import parse_shard
 from mlaconf.golden import cost
@@ -57,6 +58,15 @@ def _common(parser: argparse.ArgumentParser, *, selects: bool = True) -> None:
     parser.add_argument("--builder", default=None, help=argparse.SUPPRESS)
 
 
+def _oversize_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allow-oversize",
+        action="store_true",
+        help="build cases whose estimated peak memory exceeds this host's memory or whose file exceeds "
+        "the store's free disk (refused otherwise, before any work)",
+    )
+
+
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "regen",
@@ -67,6 +77,23 @@ def register(subparsers: Any) -> None:
     _common(p)
     p.add_argument("--jobs", "-j", type=int, default=1, metavar="N", help="worker processes (default 1)")
     p.add_argument("--force", action="store_true", help="rebuild even valid files")
+    _oversize_flag(p)
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const=LOCAL,
+        default=None,
+        metavar="ADDRESS",
+        help="run every case as a task on a Ray cluster (auto, HOST:PORT, ray://HOST:10001; none: "
+        "$RAY_ADDRESS or a local cluster); needs the 'ray' extra; see docs/cluster.md",
+    )
+    p.add_argument(
+        "--ray-store",
+        choices=("shared", "driver"),
+        default="shared",
+        help="with --ray: tasks write into the store (shared: a filesystem every node mounts at the same "
+        "path, with atomic rename and locks), or return the golden for this process to write (driver)",
+    )
     p.set_defaults(func=cmd_regen)
 
     p = subparsers.add_parser(
@@ -102,6 +129,9 @@ def register(subparsers: Any) -> None:
         "it with --jobs 1, and the golden's state; then the totals.",
     )
     _common(p)
+    p.add_argument(
+        "--jobs", "-j", type=int, default=1, metavar="N", help="judge the fit for regen with N jobs (default 1)"
+    )
     p.set_defaults(func=cmd_list)
 
     p = subparsers.add_parser(
@@ -131,9 +161,53 @@ def _select(args: argparse.Namespace, default_all: bool) -> list[CaseSpec] | Non
     return rg.select_cases(suites, args.cases, args.shard)
 
 
+#: Exit status of a command stopped by Ctrl-C (128 + SIGINT, as shells report it).
+INTERRUPTED = 130
+
+
 def _fail(message: str) -> int:
     print(f"error: {message}", file=sys.stderr)
     return 2
+
+
+def regen_threads(todo: Sequence[CaseSpec], jobs: int) -> tuple[int, int]:
+    """(jobs, builder threads per job) as :func:`mlaconf.golden.regen.regen` will use them."""
+    jobs = max(1, min(jobs, len(todo)))
+    return jobs, max(1, rg.cpu_count() // jobs)
+
+
+def fit_here(
+    store: GoldenStore,
+    todo: Sequence[CaseSpec],
+    jobs: int,
+    *,
+    force: bool = False,
+    memory: int | None = None,
+    threads: int | None = None,
+) -> cost.Fit:
+    """The cases to be built judged against ``memory`` (default: this host's) and the store's free
+    disk, with regen's threads per job unless given.  A case whose file exists is presumed current
+    (the worker checks it) unless it would be refused and is not current: an oversize case built
+    elsewhere into a shared store is not refused here."""
+    jobs, regen_threads_per_job = regen_threads(todo, jobs)
+    threads = regen_threads_per_job if threads is None else threads
+    memory = cost.host_memory_bytes() if memory is None else memory
+    disk = cost.free_disk_bytes(store.root)
+
+    def needs_room(spec: CaseSpec) -> bool:
+        path = store.path_for(spec)
+        if force or not path.exists():
+            return True
+        refused = cost.check_fit([spec], memory=memory, disk=disk, threads=threads).refused
+        return bool(refused) and not _current(store, path, spec)
+
+    pending = [spec for spec in todo if needs_room(spec)]
+    return cost.check_fit(pending, memory=memory, disk=disk, jobs=jobs, threads=threads)
+
+
+def _warn_fit(fit: cost.Fit, verb: str) -> None:
+    for line in fit.warnings:
+        print(f"{verb}: warning: {line}", file=sys.stderr)
 
 
 def cmd_regen(args: argparse.Namespace) -> int:
@@ -145,6 +219,23 @@ def cmd_regen(args: argparse.Namespace) -> int:
         return _fail("--jobs must be >= 1")
     store = GoldenStore(args.out)
     todo = [s for s in specs if s.expect_error is None]
+    if args.ray is not None:
+        if args.jobs != 1:
+            return _fail("--jobs does not apply with --ray: the cluster's CPUs and memory decide")
+        try:
+            with connected(args.ray) as ray:
+                return regen_on_cluster(ray, args, specs, store)
+        except ClusterUnavailable as exc:
+            return _fail(str(exc))
+    fit = fit_here(store, todo, args.jobs, force=args.force)
+    if fit.refused and not args.allow_oversize:
+        for case_id, why in fit.refused.items():
+            print(f"error: case {case_id}: {why}", file=sys.stderr)
+        return _fail(
+            f"{len(fit.refused)} case(s) cannot be generated on this host; nothing was built "
+            "(--allow-oversize forces them)"
+        )
+    _warn_fit(fit, "regen")
     print(
         f"regen: {len(specs)} cases -> {store.root} (jobs {args.jobs}); all of them: "
         f"{flops_text(sum(s.useful_flops for s in todo))} useful, "
@@ -154,6 +245,37 @@ def cmd_regen(args: argparse.Namespace) -> int:
     )
     summary = rg.regen(specs, store, jobs=args.jobs, force=args.force, builder=args.builder)
     print(summary.format())
+    if summary.interrupted:
+        return INTERRUPTED
+    return 1 if summary.count("failed") else 0
+
+
+def regen_on_cluster(ray: Any, args: argparse.Namespace, specs: Sequence[CaseSpec], store: GoldenStore) -> int:
+    """``regen --ray``: the fit judged against the cluster's largest node, then one task per case."""
+    from mlaconf.golden import ray_regen
+
+    todo = [s for s in specs if s.expect_error is None]
+    try:
+        shape = ray_regen.ClusterShape.of(node_resources(ray))
+    except ValueError as exc:
+        return _fail(str(exc))
+    fit = fit_here(store, todo, 1, force=args.force, memory=shape.largest_memory, threads=1)  # no node holds it
+    if fit.refused and not args.allow_oversize:
+        for case_id, why in fit.refused.items():
+            print(f"error: case {case_id}: {why.replace('this host', 'the largest Ray node')}", file=sys.stderr)
+        return _fail(f"{len(fit.refused)} case(s) fit on no node of the cluster; nothing was built (--allow-oversize)")
+    _warn_fit(fit, "regen")
+    cpus = sum(float(n.get("CPU", 0.0)) for n in node_resources(ray))
+    print(
+        f"regen: {len(specs)} cases -> {store.root} on Ray ({cpus:g} CPUs, store {args.ray_store}); "
+        f"{flops_text(sum(s.useful_flops for s in todo))} useful, "
+        f"~{cost.human_bytes(sum(cost.stored_bytes(s) for s in todo))} on disk",
+        file=sys.stderr,
+    )
+    summary = ray_regen.regen_on_ray(ray, specs, store, force=args.force, builder=args.builder, mode=args.ray_store)
+    print(summary.format())
+    if summary.interrupted:
+        return INTERRUPTED
     return 1 if summary.count("failed") else 0
 
 
@@ -175,11 +297,16 @@ def cmd_list(args: argparse.Namespace) -> int:
         specs = _select(args, default_all=True) or []
     except SpecError as exc:
         return _fail(str(exc))
+    if args.jobs < 1:
+        return _fail("--jobs must be >= 1")
     store = GoldenStore(args.out)
+    fit = fit_here(store, [s for s in specs if s.expect_error is None], args.jobs)
     valid = 0
     flops = disk = peak = 0
     for spec in specs:
         state = "error-case" if spec.expect_error else _state(store, spec)
+        if spec.case_id in fit.refused:
+            state = f"REFUSED here: {fit.refused[spec.case_id]}"
         valid += state == "ok"
         path = store.path_for(spec)
         size = path.stat().st_size if path.exists() else cost.stored_bytes(spec)
@@ -195,6 +322,14 @@ def cmd_list(args: argparse.Namespace) -> int:
         f"peak ~{cost.human_bytes(peak)} per worker (largest case)"
     )
     print(f"list: {len(specs)} cases, {valid} with a valid golden in {store.root}", file=sys.stderr)
+    _warn_fit(fit, "list")
+    if fit.refused:
+        print(
+            f"list: {len(fit.refused)} case(s) too large to generate on this host (regen refuses them "
+            "unless --allow-oversize)",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 
@@ -341,7 +476,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="golden", description=__doc__)
     register(parser.add_subparsers(dest="verb", required=True, metavar="VERB"))
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:  # outside regen's own handling (e.g. while cases are selected)
+        print("interrupted", file=sys.stderr)
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -15,6 +15,12 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
 from mlaconf.facts.operator import NOPE_DIM, ROPE_DIM, V_DIM
 from mlaconf.golden.magnitudes import ROW_MAGNITUDES, element_magnitudes
 from mlaconf.golden.reference import DEFAULT_TILE
@@ -25,6 +31,8 @@ FILE_OVERHEAD = 64 * 1024
 #: The interpreter with numpy, h5py, ml_dtypes and torch imported (VmRSS, measured).
 PROCESS_BASE = 300 * 1024 * 1024
 MASK_BYTES = 512 * 512 * 2
+#: cgroup v1/v2 memory limits (a container's memory is its cgroup's, not the host's).
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 
 
 def input_elements(spec: CaseSpec) -> int:
@@ -69,3 +77,75 @@ def human_bytes(count: float) -> str:
         if count >= scale:
             return f"{count / scale:.{2 if scale == 1e9 else 1}f} {unit}"
     return f"{count:.0f} B"
+
+
+# -- does it fit here? -----------------------------------------------------------------------------
+
+
+def host_memory_bytes() -> int:
+    """Physical memory this process may use: the host's, or its cgroup limit when lower."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for limit_file in CGROUP_LIMITS:
+        try:
+            text = Path(limit_file).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
+
+
+def free_disk_bytes(root: Path) -> int:
+    """Free bytes on the filesystem that holds (or will hold) ``root``."""
+    probe = root
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return shutil.disk_usage(probe).free
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Which cases cannot be generated here (``refused``: case id -> why) and what only the
+    requested parallelism or the whole selection would overrun (``warnings``)."""
+
+    refused: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def check_fit(specs: Sequence[CaseSpec], *, memory: int, disk: int, jobs: int = 1, threads: int = 1) -> Fit:
+    """Judge the cases to be built against ``memory`` bytes of RAM and ``disk`` free bytes.
+
+    A case whose estimated peak (with ``threads`` builder threads) exceeds the memory, or whose file
+    exceeds the free disk, is refused; ``jobs`` cases that fit one by one but whose largest ``jobs``
+    peaks together exceed the memory, or files that fit one by one but not all together, are warned of.
+    """
+    refused: dict[str, str] = {}
+    peaks: list[int] = []
+    total_disk = 0
+    for spec in specs:
+        if spec.expect_error is not None:
+            continue
+        peak, size = peak_bytes(spec, threads), stored_bytes(spec)
+        why = []
+        if peak > memory:
+            why.append(f"estimated peak memory ~{human_bytes(peak)} exceeds this host's {human_bytes(memory)}")
+        if size > disk:
+            why.append(f"its file ~{human_bytes(size)} exceeds the store's free disk {human_bytes(disk)}")
+        if why:
+            refused[spec.case_id] = "; ".join(why)
+        else:
+            peaks.append(peak)
+            total_disk += size
+    warnings = []
+    together = sum(sorted(peaks, reverse=True)[: max(jobs, 1)])
+    if jobs > 1 and len(peaks) > 1 and together > memory:
+        warnings.append(
+            f"with {jobs} jobs the largest cases running together peak at ~{human_bytes(together)}, more than "
+            f"this host's {human_bytes(memory)}: they may fail with MemoryError (use fewer --jobs)"
+        )
+    if total_disk > disk:
+        warnings.append(
+            f"the cases' files together (~{human_bytes(total_disk)}) exceed the store's free disk "
+            f"{human_bytes(disk)}: the last ones will fail to write"
+        )
+    return Fit(refused, warnings)

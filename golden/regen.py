@@ -19,11 +19,12 @@ import math
 import multiprocessing
 import os
 import signal
+import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -35,7 +36,7 @@ from mlaconf.golden import progress as work_progress
 from mlaconf.golden.magnitudes import CANCELLING_MAGNITUDES, cancellation_noise
 from mlaconf.golden.progress import CaseWork, Progress
 from mlaconf.golden.spec import CaseSpec, load_suite, load_suites
-from mlaconf.golden.store import Builder, GoldenStore, GoldenStoreError, read_golden
+from mlaconf.golden.store import Builder, GoldenStore, GoldenStoreError, read_golden, read_meta
 from mlaconf.golden.types import GoldenCase
 
 DEFAULT_BUILDER = "mlaconf.golden.generate:build_golden"
@@ -142,7 +143,7 @@ class RegenTask:
 @dataclass(frozen=True)
 class CaseOutcome:
     case_id: str
-    action: str  # "generated", "up-to-date" or "failed"
+    action: str  # "generated", "up-to-date", "failed" or "cancelled" (Ctrl-C: not started or stopped)
     why: str = ""
     bytes_written: int = 0
     seconds: float = 0.0
@@ -158,7 +159,10 @@ def _report_to_queue(work: CaseWork) -> None:
 
 
 def _init_worker(queue: Any, parent_pid: int) -> None:
-    """Worker process start: die with the parent, report in-case progress through ``queue``."""
+    """Worker process start: die with the parent, report in-case progress through ``queue``, and leave
+    Ctrl-C to the parent (the terminal sends SIGINT to the whole group; the parent stops the workers)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the parent while spawning
     die_with_parent(parent_pid)
     global _worker_queue
     _worker_queue = queue
@@ -184,6 +188,7 @@ class RegenSummary:
     outcomes: list[CaseOutcome] = field(default_factory=list)
     skipped: int = 0
     elapsed: float = 0.0
+    interrupted: bool = False
 
     def count(self, action: str) -> int:
         return sum(o.action == action for o in self.outcomes)
@@ -194,10 +199,11 @@ class RegenSummary:
 
     def format(self) -> str:
         lines = [f"failed {o.case_id}: {o.why}" for o in self.outcomes if o.action == "failed"]
+        cancelled = f", {self.count('cancelled')} cancelled" if self.interrupted else ""
         lines.append(
-            f"regen: {self.count('generated')} generated, {self.count('up-to-date')} up-to-date, "
-            f"{self.count('failed')} failed, {self.skipped} skipped (error cases) in {self.elapsed:.1f}s, "
-            f"{self.bytes_written / 1e6:.1f} MB written"
+            f"regen{': interrupted' if self.interrupted else ''}: {self.count('generated')} generated, "
+            f"{self.count('up-to-date')} up-to-date, {self.count('failed')} failed{cancelled}, "
+            f"{self.skipped} skipped (error cases) in {self.elapsed:.1f}s, {self.bytes_written / 1e6:.1f} MB written"
         )
         return "\n".join(lines)
 
@@ -244,44 +250,126 @@ def regen(
             skipped=outcome.action != "generated",
         )
 
-    if jobs == 1:
-        remove = work_progress.add_listener(lambda w: in_case(w.case_id, w.fraction, w.text()))
-        try:
-            for task in tasks:
-                record(regen_one(task))
-        finally:
-            remove()
-    else:
-        context = multiprocessing.get_context("spawn")
-        queue = context.Queue()
-        stop = threading.Event()
-
-        def drain() -> None:
-            while not stop.is_set():
-                with contextlib.suppress(Exception):
-                    in_case(*queue.get(timeout=0.2))
-
-        listener = threading.Thread(target=drain, name="regen-progress", daemon=True)
-        listener.start()
-        try:
-            with (
-                thread_env(threads),
-                ProcessPoolExecutor(
-                    jobs, mp_context=context, initializer=_init_worker, initargs=(queue, os.getpid())
-                ) as pool,
-            ):
-                futures = {pool.submit(regen_one, task): task for task in tasks}
-                for future in as_completed(futures):
-                    try:
-                        record(future.result())
-                    except Exception as exc:  # a crashed worker fails its case, not the run
-                        record(CaseOutcome(futures[future].spec.case_id, "failed", f"worker died: {exc!r}"))
-        finally:
-            stop.set()
-            listener.join()
+    try:
+        if jobs == 1:
+            remove = work_progress.add_listener(lambda w: in_case(w.case_id, w.fraction, w.text()))
+            try:
+                for task in tasks:
+                    record(regen_one(task))
+            finally:
+                remove()
+        else:
+            _regen_in_workers(tasks, jobs, threads, store.root, record, in_case)
+    except KeyboardInterrupt:
+        summary.interrupted = True
+        finished = {o.case_id for o in summary.outcomes}
+        summary.outcomes += [CaseOutcome(t.spec.case_id, "cancelled") for t in tasks if t.spec.case_id not in finished]
     progress.close()
     summary.elapsed = time.monotonic() - start
     return summary
+
+
+@contextlib.contextmanager
+def sigint_blocked() -> Iterator[None]:
+    """Hold Ctrl-C back while worker processes are spawned: they inherit the blocked mask (and ignore
+    SIGINT before unblocking it), and a Ctrl-C pressed meanwhile is raised here once the block ends."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def stop_workers(workers: Sequence[multiprocessing.process.BaseProcess], root: Path) -> None:
+    """Kill the pool's worker processes and remove their temp files: nothing they were writing reaches
+    a final name (a golden is renamed into place only once complete), so finished files are kept."""
+    for worker in workers:
+        with contextlib.suppress(Exception):
+            worker.kill()
+    for worker in workers:
+        with contextlib.suppress(Exception):
+            worker.join(5.0)
+        for leftover in root.glob(f".*.h5.{worker.pid}.tmp"):
+            with contextlib.suppress(OSError):
+                leftover.unlink()
+
+
+def _finished(
+    future: Future[CaseOutcome], task: RegenTask, workers: Sequence[multiprocessing.process.BaseProcess]
+) -> CaseOutcome | None:
+    """A case that finished although the interrupt stopped its worker: its result arrived, or the
+    worker had renamed the file into place (the file names its writer's host and pid) before it was
+    killed.  None: it did not finish (cancelled)."""
+    if future.done() and not future.cancelled() and future.exception() is None:
+        return future.result()
+    store = GoldenStore(task.root, generator_version=task.generator_version)
+    path = store.path_for(task.spec)
+    try:
+        meta = read_meta(path)
+        store.check_stale(meta, task.spec)
+    except (GoldenStoreError, OSError):
+        return None
+    ours = meta.attrs.get("hostname") == socket.gethostname() and meta.attrs.get("created_pid") in {
+        w.pid for w in workers
+    }
+    return CaseOutcome(task.spec.case_id, "generated", "", path.stat().st_size) if ours else None
+
+
+def _regen_in_workers(
+    tasks: Sequence[RegenTask],
+    jobs: int,
+    threads: int,
+    root: Path,
+    record: Callable[[CaseOutcome], None],
+    in_case: Callable[[str, float, str], None],
+) -> None:
+    """Run ``tasks`` in ``jobs`` spawned worker processes; Ctrl-C cancels the queued ones, stops the
+    workers and propagates (as KeyboardInterrupt) once they are gone."""
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    stop = threading.Event()
+
+    def drain() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(Exception):
+                in_case(*queue.get(timeout=0.2))
+
+    listener = threading.Thread(target=drain, name="regen-progress", daemon=True)
+    listener.start()
+    pool: ProcessPoolExecutor | None = None
+    futures: dict[Future[CaseOutcome], RegenTask] = {}
+    handled: set[Future[CaseOutcome]] = set()
+    try:
+        with thread_env(threads), sigint_blocked():
+            pool = ProcessPoolExecutor(
+                jobs, mp_context=context, initializer=_init_worker, initargs=(queue, os.getpid())
+            )
+            futures.update({pool.submit(regen_one, task): task for task in tasks})
+        for future in as_completed(futures):
+            handled.add(future)
+            try:
+                record(future.result())
+            except Exception as exc:  # a crashed worker fails its case, not the run
+                record(CaseOutcome(futures[future].spec.case_id, "failed", f"worker died: {exc!r}"))
+    except KeyboardInterrupt:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
+        try:
+            if pool is not None:
+                workers = multiprocessing.active_children()
+                pool.shutdown(wait=False, cancel_futures=True)
+                stop_workers(workers, root)
+                pool.shutdown(wait=True)
+                for future, task in futures.items():  # those that finished while the interrupt came
+                    if future not in handled and (outcome := _finished(future, task, workers)) is not None:
+                        record(outcome)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        raise
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        stop.set()
+        listener.join(2.0)
 
 
 # -- verify ----------------------------------------------------------------------------------------

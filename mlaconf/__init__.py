@@ -40,8 +40,12 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args.func(args))
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.func(args))
+    except KeyboardInterrupt:  # a verb's own handling prints its summary; this one only ends quietly
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ def pytest_command(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.ray is not None:
+        return run_on_cluster(args)
     command = pytest_command(args)
     print("+ python " + " ".join(command[1:]), flush=True)
     child = subprocess.Popen(command)  # from the caller's directory: relative paths mean what they say
@@ -46,6 +48,20 @@ def run(args: argparse.Namespace) -> int:
             return child.wait()
         except KeyboardInterrupt:  # the terminal sent pytest the same SIGINT: wait for its own clean stop
             continue
+
+
+def run_on_cluster(args: argparse.Namespace) -> int:
+    """``run --ray``: shards on the cluster's devices (runner.ray_run), one merged run directory."""
+    from mlaconf.facts.cluster import ClusterUnavailable, connected
+
+    try:
+        with connected(args.ray) as ray:
+            from mlaconf.runner.ray_run import run_on_ray
+
+            return run_on_ray(ray, args, retries=args.ray_retries)
+    except ClusterUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -71,5 +87,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--report-dir", default=None, help="report folder (overrides --run-name)")
     parser.add_argument("-n", "--jobs", default="auto", help="xdist workers (default auto: one per accelerator)")
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="spread the run over a Ray cluster, one pytest shard per NPU/GPU/CPU slot (auto, HOST:PORT, "
+        "ray://HOST:10001; none: $RAY_ADDRESS or a local cluster); needs the 'ray' extra; docs/cluster.md",
+    )
+    parser.add_argument(
+        "--ray-retries",
+        type=int,
+        default=2,
+        metavar="N",
+        help="with --ray: times a shard whose worker or node died is run again (default 2)",
+    )
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="extra pytest arguments after --")
     parser.set_defaults(func=run)

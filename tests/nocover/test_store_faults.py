@@ -1,6 +1,6 @@
 """Golden store under faults, in real processes: random byte flips in real smoke goldens are detected
-and rebuilt; regen workers die with a SIGKILLed parent; a full disk ends ``mlaconf regen`` with a
-message and exit status 1.
+and rebuilt; regen workers die with a SIGKILLed parent; one Ctrl-C stops ``regen -j 2`` cleanly; a
+full disk ends ``mlaconf regen`` with a message and exit status 1.
 
 Child processes run ``python -m mlaconf.golden.cli regen --builder test_store_faults:<builder>`` with this
 directory on PYTHONPATH.
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from mlaconf.golden.regen import regen
-from mlaconf.golden.spec import CaseSpec, build_case, load_suites
+from mlaconf.golden.spec import CaseSpec, build_case, load_suite, load_suites
 from mlaconf.golden.store import GoldenStore
 from mlaconf.golden.types import GoldenCase
 from tests import flips
@@ -46,6 +46,16 @@ def sleeping_builder(spec: CaseSpec, *, threads: int = 1) -> GoldenCase:
         fh.write(f"{os.getpid()}\n")
     time.sleep(600)
     raise AssertionError(f"{spec.case_id}: the sleeping builder was not killed")
+
+
+def napping_builder(spec: CaseSpec, *, threads: int = 1) -> GoldenCase:
+    """The real builder, two seconds late (a regen slow enough to interrupt); logs the worker's pid."""
+    from mlaconf.golden.generate import build_golden
+
+    with open(os.environ[PID_LOG], "a") as fh:
+        fh.write(f"{os.getpid()}\n")
+    time.sleep(2.0)
+    return build_golden(spec, threads=threads)
 
 
 def _gone(pid: int) -> bool:
@@ -115,6 +125,58 @@ def test_regen_workers_die_with_their_sigkilled_parent(tmp_path: Path) -> None:
         _kill(workers)
 
 
+def test_one_ctrl_c_stops_regen_jobs_2_keeping_finished_files(tmp_path: Path) -> None:
+    """SIGINT to the whole process group (what a terminal's Ctrl-C does) once two files exist: queued
+    cases are cancelled, workers stop, finished files verify, no partial file, exit 130 with a summary."""
+    suite = tmp_path / "suite.toml"
+    suite.write_text("[[matrix]]\nhead_num = 1\nq_seqlen = [[4]]\nseed = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n")
+    store, log = tmp_path / "store", tmp_path / "pids.log"
+    command = [sys.executable, "-m", "mlaconf.golden.cli", "regen", "--cases", str(suite), "--out", str(store)]
+    command += ["-j", "2", "--builder", "test_store_faults:napping_builder"]
+    parent = subprocess.Popen(
+        command,
+        env=_env(**{PID_LOG: str(log)}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(store.glob("*.h5"))) < 2 and time.monotonic() < deadline and parent.poll() is None:
+            time.sleep(0.05)
+        assert parent.poll() is None, f"regen ended before the interrupt: {parent.communicate()}"
+        assert len(list(store.glob("*.h5"))) >= 2, "no two files within 120 s"
+        sent = time.monotonic()
+        os.killpg(parent.pid, signal.SIGINT)
+        out, err = parent.communicate(timeout=30)
+        took = time.monotonic() - sent
+        workers = [int(line) for line in log.read_text().split()]
+        assert parent.returncode == 130, (parent.returncode, out, err[-2000:])
+        assert took < 10, f"exit {took:.1f}s after one Ctrl-C"
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+        summary = out.strip().splitlines()[-1]
+        assert summary.startswith("regen: interrupted: "), out
+        generated = int(summary.split("interrupted: ")[1].split(" generated")[0])
+        cancelled = int(summary.split(" failed, ")[1].split(" cancelled")[0])
+        assert generated + cancelled == 10 and cancelled >= 1, summary
+        assert not _wait_gone(workers, 3.0), "workers outlived the interrupted regen"
+        time.sleep(2.5)  # a queued case that still started would have written by now
+        files = sorted(store.glob("*.h5"))
+        assert len(files) == generated, (summary, [p.name for p in files])
+        assert not list(store.glob(".*.tmp")), "a temp file was left behind"
+        golden = GoldenStore(store)
+        for spec in load_suite(suite):
+            if golden.path_for(spec).exists():
+                golden.load(spec)  # every file under a final name is complete and verifies
+    finally:
+        if parent.poll() is None:
+            os.killpg(parent.pid, signal.SIGKILL)
+        _kill(workers)
+
+
 WATCHED_CHILD = """
 import sys, threading, time
 from pathlib import Path
@@ -176,13 +238,14 @@ def test_regen_on_a_full_disk_reports_the_case_and_exits_1(tiny_tmpfs: Path, tmp
     suite.write_text("[[case]]\nq_seqlen = [3, 0, 5]\nhead_num = 2\n[[case]]\nq_seqlen = [1024]\nhead_num = 2\n")
     big = build_case({"q_seqlen": [1024], "head_num": 2}, source="t")  # 4.5 MB > 2 MiB
     small = build_case({"q_seqlen": [3, 0, 5], "head_num": 2}, source="t")
+    command = [sys.executable, "-m", "mlaconf.golden.cli", "regen", "--cases", str(suite), "--out", str(tiny_tmpfs)]
+    refused = subprocess.run(command, capture_output=True, text=True, env=_env(), cwd=REPO, timeout=300)
+    assert refused.returncode == 2, (refused.returncode, refused.stderr[-2000:])  # the estimate sees it first
+    assert f"error: case {big.case_id}: its file ~" in refused.stderr and "free disk" in refused.stderr
+    assert not [p for p in tiny_tmpfs.rglob("*") if p.is_file() and ".locks" not in p.parts]
+    # forced past the estimate, the writer meets the full disk itself
     done = subprocess.run(
-        [sys.executable, "-m", "mlaconf.golden.cli", "regen", "--cases", str(suite), "--out", str(tiny_tmpfs)],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        cwd=REPO,
-        timeout=300,
+        [*command, "--allow-oversize"], capture_output=True, text=True, env=_env(), cwd=REPO, timeout=300
     )
     assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
     assert f"failed {big.case_id}: GoldenWriteError: " in done.stdout
