@@ -20,6 +20,10 @@ which short rows reach first); lam = sqrt(2 ln(2 K N / alpha)) makes the chance 
 of the K = 4 random terms of any of the N elements exceeds its bound at most alpha (the
 ``false_alarm`` parameter).  F (``safety``) covers what the first-order model leaves out.
 
+On fp16 cases the bound adds, outside F, the exact worst case of a device that flushes subnormal fp16
+values to zero: D (every key whose P is subnormal dropped) plus |g| where |g| < 2^-13 (an output
+flushed to 0); docs/conformance.md "Flush-to-zero" gives the reasons.
+
 The rule's statistic is ``max_e |a_e - g_e| / bound_e`` over checked elements (NaN/Inf -> inf).
 """
 
@@ -42,7 +46,10 @@ U16 = 2.0**-11
 RANDOM_TERMS = 4
 #: Elements per chunk of the vectorised evaluation.
 CHUNK_ELEMENTS = 2 * 1024 * 1024
-TERM_NAMES = ("output", "p_round", "score_round", "qk_accum", "scale_cast", "pv_accum")
+TERM_NAMES = ("output", "p_round", "score_round", "qk_accum", "scale_cast", "pv_accum", "flush_to_zero")
+#: An fp16 output whose |g| is below this may come out 0 on a flush-to-zero device (twice the smallest
+#: normal 2^-14, so a computed value that rounding moved below it is covered).
+FTZ_OUTPUT_LIMIT = 2.0**-13
 
 
 def fp16_score_path(spec: CaseSpec) -> bool:
@@ -145,6 +152,10 @@ def model_ratio(
         for term in terms.values():
             bound += term
         bound *= safety
+        if "pv_sub" in elem:  # exact, not first order: outside the safety factor
+            flushed = elem["pv_sub"][tok].astype(np.float64) + np.where(ag < FTZ_OUTPUT_LIMIT, ag, 0.0)
+            bound += flushed
+            terms["flush_to_zero"] = flushed / safety
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             err = np.abs(a - g)  # NaN for a NaN output, inf for an infinite one
             ratio = err / bound  # err > 0 over a zero bound: inf
