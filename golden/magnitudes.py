@@ -82,7 +82,7 @@ EPS64 = float(np.finfo(np.float64).eps)
 
 def element_magnitudes(spec: CaseSpec) -> tuple[str, ...]:
     """The element magnitudes stored for ``spec``."""
-    skip = () if scores_in_fp16(spec.dtype, spec.mask_type) else SCORE_PATH_MAGNITUDES
+    skip: tuple[str, ...] = () if scores_in_fp16(spec.dtype, spec.mask_type) else SCORE_PATH_MAGNITUDES
     skip += () if spec.dtype == "fp16" else FP16_MAGNITUDES
     return tuple(n for n in ELEMENT_MAGNITUDES if n not in skip)
 
