@@ -12,9 +12,9 @@ per element, attenOut's layout (stored as ``golden/<name>``):
 * ``pvs_rss``  S = sqrt(sum_j (P_ij w_ij)^2 (V_jc - g_ic)^2),  w_ij = 2|s_ij| + |s_ij - m_i|
                                                            (score roundings, each ~ |score|)
 * ``pv_scale`` T = sum_j P_ij s_ij (V_jc - g_ic)          (d g / d log(qkScale): a rounded scale)
-* ``pv_sub``   D = sum_j P_ij f(e_ij) (|V_jc| + |g_ic|),  e_ij = exp(s_ij - m_i), f = 1 below 2^-13
-               falling linearly to 0 at 2^-12              (fp16 P flushed to zero: every key whose
-                                                           fp16 P is subnormal has f = 1; fp16 only)
+* ``pv_sub``   D = sum_j P_ij f_ij (|V_jc| + |g_ic|) / (1 - sum_j P_ij f_ij),  f_ij = f(exp(s_ij - m_i)),
+               f = 1 below 2^-13 falling linearly to 0 at 2^-12   (fp16 P flushed to zero: every key
+                                                           whose fp16 P is subnormal has f = 1; fp16 only)
 
 per row and head, ``[T, H]``:
 
@@ -205,7 +205,8 @@ def numpy_tile(
     out["pv_abs"] = (s @ np.abs(v)) / denom
     if subnormal_terms:
         sub = s * subnormal_weight(s)
-        out["pv_sub"] = (sub @ np.abs(v) + sub.sum(axis=1, keepdims=True) * np.abs(golden)) / denom
+        dropped = sub.sum(axis=1, keepdims=True)  # over the kept sum: a flushed row renormalises by it
+        out["pv_sub"] = (sub @ np.abs(v) + dropped * np.abs(golden)) / (denom - dropped)
     if s0 is not None:
         p = s / denom
         weight = p * (2.0 * np.abs(s0) + np.abs(s0 - m))
@@ -288,7 +289,8 @@ def torch_tile(
     out: dict[str, Any] = {"pv_abs": p @ v.abs()}
     if weight is not None:
         sub = p * weight
-        out["pv_sub"] = sub @ v.abs() + sub.sum(dim=1, keepdim=True) * (p @ v).abs()
+        dropped = sub.sum(dim=1, keepdim=True)
+        out["pv_sub"] = (sub @ v.abs() + dropped * (p @ v).abs()) / (1.0 - dropped)
     extra: dict[str, np.ndarray] = {}
     if score_terms:
         weight = p * (2.0 * s0.abs() + (s0 - m).abs())

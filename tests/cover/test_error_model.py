@@ -82,7 +82,7 @@ def _brute(spec: CaseSpec, golden: GoldenCase) -> dict[str, np.ndarray]:
                 out["pvs_rss"][tok, head] = np.sqrt((w**2) @ (v[:n] - gv) ** 2)
                 out["pv_scale"][tok, head] = (p * s) @ (v[:n] - gv)
                 sub = np.clip((2.0**-12 - np.exp(s - m)) / 2.0**-13, 0.0, 1.0)  # 1 below 2^-13, 0 from 2^-12
-                out["pv_sub"][tok, head] = (p * sub) @ (np.abs(v[:n]) + np.abs(gv))
+                out["pv_sub"][tok, head] = (p * sub) @ (np.abs(v[:n]) + np.abs(gv)) / (1 - (p * sub).sum())
                 out["score_absmax"][tok, head] = np.abs(s).max()
                 out["score_dot"][tok, head] = scale * np.linalg.norm(q) * np.linalg.norm(k[:n], axis=1).max()
                 out["p_rss"][tok, head] = np.sqrt((p**2).sum())
