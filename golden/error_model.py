@@ -20,7 +20,7 @@ which short rows reach first); lam = sqrt(2 ln(2 K N / alpha)) makes the chance 
 of the K = 4 random terms of any of the N elements exceeds its bound at most alpha (the
 ``false_alarm`` parameter).  F (``safety``) covers what the first-order model leaves out.
 
-On fp16 cases the bound adds, outside F, the exact worst case of a device that flushes subnormal fp16
+On fp16 cases the bound adds (inside F) the exact worst case of a device that flushes subnormal fp16
 values to zero: D (every key whose P is subnormal dropped) plus |g| where |g| < 2^-13 (an output
 flushed to 0); docs/conformance.md "Flush-to-zero" gives the reasons.
 
@@ -151,14 +151,12 @@ def model_ratio(
             "scale_cast": eps * np.abs(elem["pv_scale"][tok].astype(np.float64)) if eps else 0.0,
             "pv_accum": U32 * np.minimum(lam * np.sqrt(n), n) * total + U32 * ag,
         }
+        if "pv_sub" in elem:  # exact; inside F too, so a flushing device uses at most half the bound
+            terms["flush_to_zero"] = elem["pv_sub"][tok].astype(np.float64) + np.where(ag < FTZ_OUTPUT_LIMIT, ag, 0.0)
         bound = np.zeros_like(ag)
         for term in terms.values():
             bound += term
         bound *= safety
-        if "pv_sub" in elem:  # exact, not first order: outside the safety factor
-            flushed = elem["pv_sub"][tok].astype(np.float64) + np.where(ag < FTZ_OUTPUT_LIMIT, ag, 0.0)
-            bound += flushed
-            terms["flush_to_zero"] = flushed / safety
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             err = np.abs(a - g)  # NaN for a NaN output, inf for an infinite one
             ratio = err / bound  # err > 0 over a zero bound: inf
