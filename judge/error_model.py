@@ -37,8 +37,9 @@ import numpy as np
 
 from mlaconf.facts.operator import SCORE_DIM, V_DIM, scores_in_fp16
 from mlaconf.golden.magnitudes import ROW_MAGNITUDES, allowed_keys, element_magnitudes
-from mlaconf.golden.metrics import UNIT_ROUNDOFF, locate
 from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.stats import UNIT_ROUNDOFF
+from mlaconf.judge.metrics import locate
 
 U32 = 2.0**-24
 U16 = 2.0**-11
@@ -46,7 +47,6 @@ U16 = 2.0**-11
 RANDOM_TERMS = 4
 #: Elements per chunk of the vectorised evaluation.
 CHUNK_ELEMENTS = 2 * 1024 * 1024
-TERM_NAMES = ("output", "p_round", "score_round", "qk_accum", "scale_cast", "pv_accum", "flush_to_zero")
 #: An fp16 output whose |g| is below this may come out 0 on a flush-to-zero device (twice the smallest
 #: normal 2^-14, so a computed value that rounding moved below it is covered).
 FTZ_OUTPUT_LIMIT = 2.0**-13
