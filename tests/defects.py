@@ -371,31 +371,6 @@ class LateRescaleMissing(Defect):
         return flash_attend(q, k, v, group, scale, mask_type, skip_rescale=True)
 
 
-def _dtype_name(tensor: torch.Tensor) -> str:
-    return "fp16" if tensor.dtype == torch.float16 else "bf16"
-
-
-class ScaleInputDtype(ControlMath):
-    description = "qkScale rounded to the input dtype where ATB keeps it in fp32 (bf16, fp16 CAUSAL)"
-
-    def before(self, call: MlaPrefillCall) -> MlaPrefillCall:
-        if scores_in_fp16(_dtype_name(call.q), call.mask_type):
-            return call  # the fp16 maskType 0/2 path does round it to fp16: correct there
-        rounded = float(torch.tensor(call.qk_scale, dtype=torch.float32).to(call.q.dtype).float())
-        return _replace(call, qk_scale=rounded)
-
-
-class OddHeadsBf16Out(ControlMath):
-    description = "fp16 output of every odd query head rounded through bf16 (only bf16-precise there)"
-
-    def after(self, call: MlaPrefillCall, out: torch.Tensor) -> torch.Tensor:
-        if out.dtype != torch.float16:
-            return out
-        heads = out.reshape(out.shape[0], call.head_num, VDIM)
-        heads[:, 1::2] = heads[:, 1::2].to(torch.bfloat16).to(torch.float16)
-        return out
-
-
 def causal_attend(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -463,8 +438,6 @@ DEFECTS: dict[str, type[Defect]] = {
     "last_key_long": LastKeyLong,
     "frozen_max": FrozenMax,
     "late_rescale_missing": LateRescaleMissing,
-    "scale_input_dtype": ScaleInputDtype,
-    "odd_heads_bf16_out": OddHeadsBf16Out,
     "causal_offset_batch0": CausalOffsetBatch0,
     "prefix_tail_dropped": PrefixTailDropped,
 }
@@ -544,14 +517,6 @@ def frozen_max() -> Defect:
 
 def late_rescale_missing() -> Defect:
     return LateRescaleMissing("late_rescale_missing")
-
-
-def scale_input_dtype() -> Defect:
-    return ScaleInputDtype("scale_input_dtype")
-
-
-def odd_heads_bf16_out() -> Defect:
-    return OddHeadsBf16Out("odd_heads_bf16_out")
 
 
 def causal_offset_batch0() -> Defect:
