@@ -20,8 +20,9 @@ from mlaconf.golden.types import GoldenCase, OpInputs
 
 #: Bump when a change to inputs, reference or baseline alters stored values: every golden written
 #: by another version is stale and gets regenerated.
-GENERATOR_VERSION = "2.3"  # 2.1: per-role input streams in chunks, magnitudes; 2.2: magnitudes rounded up to bf16;
+GENERATOR_VERSION = "2.4"  # 2.1: per-role input streams in chunks, magnitudes; 2.2: magnitudes rounded up to bf16;
 # 2.3: baseline statistics are golden.stats.ErrorStats (the baseline-relative rules' denominators only)
+# 2.4: pv_sub (fp16 flush-to-zero magnitude), structured inputs, a flushing baseline
 
 
 def _version(package: str) -> str:

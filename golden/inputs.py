@@ -15,7 +15,7 @@ import ml_dtypes
 import numpy as np
 
 from mlaconf.facts.operator import MASK_SIZE, MASKED_VALUE, NOPE_DIM, ROPE_DIM, SCORE_DIM, V_DIM
-from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.spec import CaseSpec, Structure
 from mlaconf.golden.types import OpInputs
 
 #: Target standard deviation of the scaled logits for the ``large_logits`` distribution, per dtype.
@@ -68,7 +68,8 @@ CHUNK_ELEMENTS = 1 << 20
 
 #: One independent random stream per role, spawned from the case's seed sequence, so each tensor
 #: can be drawn chunk by chunk without interleaving another tensor's draws.
-STREAMS = ("q", "q_rope", "k", "k_rope", "v", "v_hits", "v_signs", "tie_base", "pad_k", "pad_k_rope", "pad_v")
+#: New roles go at the end: a stream is the spawned child at its index, so earlier streams keep their values.
+STREAMS = ("q", "q_rope", "k", "k_rope", "v", "v_hits", "v_signs", "tie_base", "pad_k", "pad_k_rope", "pad_v", "v_mean")
 
 
 def case_streams(spec: CaseSpec) -> dict[str, np.random.Generator]:
@@ -77,16 +78,89 @@ def case_streams(spec: CaseSpec) -> dict[str, np.random.Generator]:
     return {name: np.random.default_rng(child) for name, child in zip(STREAMS, children, strict=True)}
 
 
+def trend_amplitude(spec: CaseSpec) -> float:
+    """The value a of the reserved score dimension: q carries a, k carries f(position) * a, so the
+    scaled logit gains qkScale * a^2 * f = rise * f (a^2 = rise / qkScale splits the product evenly)."""
+    assert spec.structure is not None and spec.structure.rise is not None
+    return math.sqrt(spec.structure.rise / spec.qk_scale)
+
+
+def key_trend(structure: Structure, positions: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """f in [0, 1] at each key position of a sequence of the given length (:class:`Structure`)."""
+    if structure.logits == "recency":
+        trend: np.ndarray = positions / np.maximum(lengths - 1, 1)
+        return trend
+    if structure.logits == "sinks":
+        return (positions < (structure.sink_keys or 0)).astype(np.float64)
+    return (positions >= (structure.late_from or 0)).astype(np.float64)
+
+
+def head_temperatures(structure: Structure, heads: int) -> np.ndarray:
+    """Multiplier of q's random part per query head: geometric from the first value to the second."""
+    if structure.head_temperature is None:
+        return np.ones(heads)
+    first, last = structure.head_temperature
+    return first * (last / first) ** (np.arange(heads) / max(heads - 1, 1))
+
+
+def value_scales(structure: Structure, positions: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """|V| multiplier at each key position: geometric from the first key's value to the last key's."""
+    if structure.v_scale is None:
+        return np.ones(positions.shape)
+    first, last = structure.v_scale
+    scales: np.ndarray = first * (last / first) ** (positions / np.maximum(lengths - 1, 1))
+    return scales
+
+
 class _Source:
-    """Draws one logical tensor ``[rows, heads, dim]`` chunk by chunk, in row order."""
+    """Draws one logical tensor ``[rows, heads, dim]`` chunk by chunk, in row order.
+
+    With a :class:`Structure` the float64 draws are shaped before the one rounding: kv rows are drawn
+    in batch order (packed and padded alike), so the i-th drawn row's sequence position follows from
+    the cumulative kvSeqLen."""
 
     def __init__(
         self, spec: CaseSpec, streams: dict[str, np.random.Generator], role: str, heads: int, dim: int
     ) -> None:
         self.spec, self.streams, self.role, self.heads, self.dim = spec, streams, role, heads, dim
+        self.row = 0
+        self.starts = np.cumsum([0, *spec.kv_seqlen])
+        structure = spec.structure
+        self.offsets = None
+        if structure is not None and structure.v_mean is not None and role == "v":
+            signs = np.where(streams["v_mean"].random((heads, dim)) < 0.5, -1.0, 1.0)
+            self.offsets = (structure.v_mean * signs).reshape(-1)
 
     def draw(self, rows: int) -> np.ndarray:
         """The next ``rows`` rows as float64 ``[rows, heads * dim]``."""
+        values = self._random(rows)
+        if self.spec.structure is not None:
+            self._shape(values)
+        self.row += rows
+        return values
+
+    def _shape(self, values: np.ndarray) -> None:
+        """Apply the structure to drawn rows in place (``values`` is ``[rows, heads * dim]``)."""
+        structure, spec = self.spec.structure, self.spec
+        assert structure is not None
+        per_head = values.reshape(values.shape[0], self.heads, self.dim)
+        if self.role in ("q", "q_rope"):
+            per_head *= head_temperatures(structure, self.heads)[None, :, None]
+            if self.role == "q_rope" and structure.logits is not None:
+                per_head[:, :, 0] = trend_amplitude(spec)
+            return
+        index = np.arange(self.row, self.row + values.shape[0])
+        batch = np.searchsorted(self.starts, index, side="right") - 1
+        positions = (index - self.starts[batch]).astype(np.float64)
+        lengths = np.asarray(spec.kv_seqlen, dtype=np.float64)[batch]
+        if self.role == "k_rope" and structure.logits is not None:
+            per_head[:, :, 0] = (key_trend(structure, positions, lengths) * trend_amplitude(spec))[:, None]
+        if self.role == "v":
+            values *= value_scales(structure, positions, lengths)[:, None]
+            if self.offsets is not None:
+                values += self.offsets[None, :]
+
+    def _random(self, rows: int) -> np.ndarray:
         shape = (rows, self.heads * self.dim)
         rng, dist, kind = self.streams[self.role], self.spec.distribution, self.role.split("_")[0]
         if dist == "normal":

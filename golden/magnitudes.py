@@ -12,6 +12,9 @@ per element, attenOut's layout (stored as ``golden/<name>``):
 * ``pvs_rss``  S = sqrt(sum_j (P_ij w_ij)^2 (V_jc - g_ic)^2),  w_ij = 2|s_ij| + |s_ij - m_i|
                                                            (score roundings, each ~ |score|)
 * ``pv_scale`` T = sum_j P_ij s_ij (V_jc - g_ic)          (d g / d log(qkScale): a rounded scale)
+* ``pv_sub``   D = sum_j P_ij f_ij (|V_jc| + |g_ic|) / (1 - sum_j P_ij f_ij),  f_ij = f(exp(s_ij - m_i)),
+               f = 1 below 2^-13 falling linearly to 0 at 2^-12   (fp16 P flushed to zero: every key
+                                                           whose fp16 P is subnormal has f = 1; fp16 only)
 
 per row and head, ``[T, H]``:
 
@@ -63,21 +66,37 @@ from mlaconf.golden.reference import (
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.types import OpInputs
 
-ELEMENT_MAGNITUDES = ("pv_abs", "pv_rss", "pvs_rss", "pv_scale")
+ELEMENT_MAGNITUDES = ("pv_abs", "pv_rss", "pvs_rss", "pv_scale", "pv_sub")
 #: Element magnitudes only the fp16 score path needs (T is stored on every case: the judge projects
 #: every output's error on it, judge/systematic.py).
 SCORE_PATH_MAGNITUDES = ("pvs_rss",)
 #: Expanded sums that cancel: two correct float64 evaluations differ by :func:`cancellation_noise`.
 CANCELLING_MAGNITUDES = ("pvs_rss", "pv_scale")
+#: Element magnitudes only fp16 cases need (P below fp16's smallest normal 2^-14 may be flushed to zero).
+FP16_MAGNITUDES = ("pv_sub",)
+#: e = exp(s - m) at or below SUBNORMAL_WEIGHT_FULL counts fully in ``pv_sub``, above SUBNORMAL_WEIGHT_ZERO
+#: not at all, linearly in between: twice fp16's smallest normal, so a key whose kernel-side e (its
+#: scores off by rounding, its max a running one <= the row's) is subnormal always counts fully, and
+#: continuous, so two correct float64 evaluations agree within rounding.
+SUBNORMAL_WEIGHT_FULL = 2.0**-13
+SUBNORMAL_WEIGHT_ZERO = 2.0**-12
 ROW_MAGNITUDES = ("score_absmax", "score_dot", "p_rss")
 EPS64 = float(np.finfo(np.float64).eps)
 
 
 def element_magnitudes(spec: CaseSpec) -> tuple[str, ...]:
     """The element magnitudes stored for ``spec``."""
-    if scores_in_fp16(spec.dtype, spec.mask_type):
-        return ELEMENT_MAGNITUDES
-    return tuple(n for n in ELEMENT_MAGNITUDES if n not in SCORE_PATH_MAGNITUDES)
+    skip: tuple[str, ...] = () if scores_in_fp16(spec.dtype, spec.mask_type) else SCORE_PATH_MAGNITUDES
+    skip += () if spec.dtype == "fp16" else FP16_MAGNITUDES
+    return tuple(n for n in ELEMENT_MAGNITUDES if n not in skip)
+
+
+def subnormal_weight(e: np.ndarray) -> np.ndarray:
+    """f(e) of ``pv_sub``: 1 at or below 2^-13, 0 from 2^-12, linear in between (masked keys: e = 0)."""
+    weight: np.ndarray = np.clip(
+        (SUBNORMAL_WEIGHT_ZERO - e) / (SUBNORMAL_WEIGHT_ZERO - SUBNORMAL_WEIGHT_FULL), 0.0, 1.0
+    )
+    return weight
 
 
 def magnitude_names(spec: CaseSpec) -> tuple[str, ...]:
@@ -151,7 +170,13 @@ def _largest_key_norm(knorm: np.ndarray, rows: int, diag: tuple[int, int] | None
 
 
 def numpy_tile(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, diag: tuple[int, int] | None, score_terms: bool
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    scale: float,
+    diag: tuple[int, int] | None,
+    score_terms: bool,
+    subnormal_terms: bool = False,
 ) -> dict[str, np.ndarray]:
     """One tile of query rows against keys ``k``: the golden ``out``, computed exactly like
     :func:`mlaconf.golden.reference.float64_tile` (same operations, same bits), and the float64 magnitudes,
@@ -180,6 +205,10 @@ def numpy_tile(
     golden /= denom
     out["out"] = golden
     out["pv_abs"] = (s @ np.abs(v)) / denom
+    if subnormal_terms:
+        sub = s * subnormal_weight(s)
+        dropped = sub.sum(axis=1, keepdims=True)  # over the kept sum: a flushed row renormalises by it
+        out["pv_sub"] = (sub @ np.abs(v) + dropped * np.abs(golden)) / (denom - dropped)
     p = s / denom
     ps = p * s0
     ps_sums = (np.abs(ps).sum(axis=1, keepdims=True), ps.sum(axis=1, keepdims=True))
@@ -219,7 +248,15 @@ def _scale_derivative(
 
 
 def torch_tile(
-    q: Any, k: Any, v: Any, knorm: Any, i0: int, diag: tuple[int, int] | None, score_terms: bool, torch: Any
+    q: Any,
+    k: Any,
+    v: Any,
+    knorm: Any,
+    i0: int,
+    diag: tuple[int, int] | None,
+    score_terms: bool,
+    torch: Any,
+    subnormal_terms: bool = False,
 ) -> dict[str, np.ndarray]:
     """:func:`numpy_tile` in torch float64 on the golden device (``q`` already scaled)."""
     s = q @ k.T
@@ -234,8 +271,16 @@ def torch_tile(
         s0 = s
     m = s.amax(dim=1, keepdim=True)
     p = torch.exp(s - m)
+    weight = None
+    if subnormal_terms:
+        ramp = SUBNORMAL_WEIGHT_ZERO - SUBNORMAL_WEIGHT_FULL
+        weight = torch.clamp((SUBNORMAL_WEIGHT_ZERO - p) / ramp, 0.0, 1.0)
     p /= p.sum(dim=1, keepdim=True)  # masked keys: exp(-inf) = 0
     out: dict[str, Any] = {"pv_abs": p @ v.abs()}
+    if weight is not None:
+        sub = p * weight
+        dropped = sub.sum(dim=1, keepdim=True)
+        out["pv_sub"] = (sub @ v.abs() + dropped * (p @ v).abs()) / (1.0 - dropped)
     g = p @ v
     ps = p * s0
     psv, ps_abs, ps_sum, g64, vmax = (
@@ -297,8 +342,10 @@ def reference_and_magnitudes(
     scale = effective_scale(spec)
     score_terms = scores_in_fp16(spec.dtype, spec.mask_type)
 
+    subnormal_terms = spec.dtype == "fp16"
+
     def visit(task: HeadTask, i0: int, i1: int, k_end: int, diag: tuple[int, int] | None) -> None:
-        part = numpy_tile(task.q[i0:i1], task.k[:k_end], task.v[:k_end], scale, diag, score_terms)
+        part = numpy_tile(task.q[i0:i1], task.k[:k_end], task.v[:k_end], scale, diag, score_terms, subnormal_terms)
         golden[task.q_start + i0 : task.q_start + i1, task.head] = part["out"]
         put(task, i0, i1, part)
 
@@ -325,7 +372,9 @@ def torch_magnitudes(
         _, k, v, knorm = cache
         q = torch.from_numpy(task.q).to(dev) * scale
         for i0, i1, k_end, diag in tile_bounds(task, tile):
-            part = torch_tile(q[i0:i1], k[:k_end], v[:k_end], knorm[:k_end], i0, diag, score_terms, torch)
+            part = torch_tile(
+                q[i0:i1], k[:k_end], v[:k_end], knorm[:k_end], i0, diag, score_terms, torch, spec.dtype == "fp16"
+            )
             put(task, i0, i1, part)
             progress.add_work(tile_flops(i1 - i0, k_end, diag))
     return _shaped(spec, stored)

@@ -62,6 +62,16 @@ SAFE_PERTURB = re.compile(r"[a-z0-9_]{1,64}")
 SAFE_STATUS = re.compile(r"ERROR_[A-Z0-9_]{1,64}")
 
 DISTRIBUTIONS = ("uniform", "normal", "large_logits", "near_tie", "v_outliers")
+#: Trends of the logits along the key position (:class:`Structure`; docs/conformance.md "Structured inputs").
+LOGIT_TRENDS = ("recency", "sinks", "late_max")
+#: Bounds of the structure's parameters: wide enough for every documented use, narrow enough that the
+#: fp16 score path (raw Q.K stored in fp16) stays far from overflow (:data:`FP16_RAW_SCORE_LIMIT`).
+MAX_RISE = 128.0
+MAX_TEMPERATURE = 16.0
+MAX_V_SCALE = 64.0
+#: Largest |qkScale^-1 * rise| allowed in an fp16 case: the trend's raw Q.K product, which the fp16
+#: maskType 0/2 kernels store as fp16 (max 65504), stays 8x below overflow with the random part on top.
+FP16_RAW_SCORE_LIMIT = 8192.0
 
 #: The package whose ``*.toml`` files are the shipped suites (package data, so installs carry them).
 SUITES_PACKAGE = "mlaconf.cases"
@@ -81,6 +91,107 @@ class SpecError(ValueError):
 
 
 @dataclass(frozen=True)
+class Structure:
+    """Inputs with structure along the key position and across heads (what i.i.d. draws never have).
+
+    ``logits`` adds a trend to every row's scaled logits through one reserved score dimension (the
+    first rope column: q carries a constant, k a function of the key's position in its sequence):
+    ``recency`` rises linearly by ``rise`` from the first to the last key (ALiBi-like: for a softmax,
+    a bias on j equals one on j - i), ``sinks`` lifts the first ``sink_keys`` keys by ``rise``,
+    ``late_max`` lifts every key from position ``late_from`` on by ``rise`` (a maximum that appears
+    only after several key blocks).  ``head_temperature`` multiplies the random part of q of head 0
+    by the first value and of the last head by the second (geometric in between).  ``v_scale``
+    multiplies V at the first and the last key of a sequence (geometric in between); ``v_mean``
+    adds ``+-v_mean`` (one sign per kv head and column) to V.  golden/inputs.py draws them.
+    """
+
+    logits: str | None = None
+    rise: float | None = None
+    sink_keys: int | None = None
+    late_from: int | None = None
+    head_temperature: tuple[float, float] | None = None
+    v_scale: tuple[float, float] | None = None
+    v_mean: float | None = None
+
+    def content(self) -> dict[str, Any]:
+        """The fields that are set (what the case hash covers)."""
+        return {
+            f.name: _jsonable(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) is not None
+        }
+
+    @property
+    def label(self) -> str:
+        """A short name for case ids, e.g. ``late_max-temp-vpos``."""
+        parts = [self.logits] if self.logits else []
+        parts += [
+            tag
+            for tag, value in (("temp", self.head_temperature), ("vpos", self.v_scale), ("vmean", self.v_mean))
+            if value is not None
+        ]
+        return "-".join(p for p in parts if p)
+
+    def toml(self) -> str:
+        """An inline TOML table."""
+        return "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in self.content().items()) + " }"
+
+
+_STRUCTURE_FIELDS = {f.name for f in dataclasses.fields(Structure)}
+
+
+def _positive(value: Any, limit: float) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 < value <= limit
+
+
+def _pair(value: Any, low: float, high: float) -> bool:
+    return isinstance(value, (list, tuple)) and len(value) == 2 and all(_positive(v, high) and v >= low for v in value)
+
+
+def build_structure(raw: Any, fail: Fail) -> Structure:
+    """Parse a ``structure = { ... }`` table; any problem names the field ``structure.<key>``."""
+    if isinstance(raw, Structure):
+        return raw
+    if not isinstance(raw, Mapping):
+        raise fail("structure", f"must be a table such as {{ logits = 'sinks', rise = 8.0 }}, got {_show(raw)}")
+    unknown = set(raw) - _STRUCTURE_FIELDS
+    if unknown:
+        raise fail(f"structure.{sorted(unknown)[0]}", f"unknown key; known keys: {sorted(_STRUCTURE_FIELDS)}")
+    if not raw:
+        raise fail("structure", "an empty structure table; leave it out instead")
+    logits = raw.get("logits")
+    if logits is not None and logits not in LOGIT_TRENDS:
+        raise fail("structure.logits", f"must be one of {list(LOGIT_TRENDS)}, got {_show(logits)}")
+    needs = {"rise": logits is not None, "sink_keys": logits == "sinks", "late_from": logits == "late_max"}
+    for key, needed in needs.items():
+        if needed and key not in raw:
+            raise fail(f"structure.{key}", f"is required with logits = {logits!r}")
+        if not needed and key in raw:
+            what = "a logits trend" if key == "rise" else f"logits = {'sinks' if key == 'sink_keys' else 'late_max'}"
+            raise fail(f"structure.{key}", f"only allowed with {what}")
+    if "rise" in raw and not _positive(raw["rise"], MAX_RISE):
+        raise fail("structure.rise", f"must be a number in (0, {MAX_RISE:g}], got {_show(raw['rise'])}")
+    for key in ("sink_keys", "late_from"):
+        if key in raw and not (_is_int(raw[key]) and 1 <= raw[key] <= INT32_MAX):
+            raise fail(f"structure.{key}", f"must be a positive integer, got {_show(raw[key])}")
+    pairs = {"head_temperature": MAX_TEMPERATURE, "v_scale": MAX_V_SCALE}
+    for key, limit in pairs.items():
+        if key in raw and not _pair(raw[key], 1.0 / limit, limit):
+            raise fail(f"structure.{key}", f"must be two numbers in [{1 / limit:g}, {limit:g}], got {_show(raw[key])}")
+    if "v_mean" in raw and not _positive(raw["v_mean"], MAX_V_SCALE):
+        raise fail("structure.v_mean", f"must be a number in (0, {MAX_V_SCALE:g}], got {_show(raw['v_mean'])}")
+    return Structure(
+        logits=logits,
+        rise=float(raw["rise"]) if "rise" in raw else None,
+        sink_keys=raw.get("sink_keys"),
+        late_from=raw.get("late_from"),
+        head_temperature=tuple(float(v) for v in raw["head_temperature"]) if "head_temperature" in raw else None,  # type: ignore[arg-type]
+        v_scale=tuple(float(v) for v in raw["v_scale"]) if "v_scale" in raw else None,  # type: ignore[arg-type]
+        v_mean=float(raw["v_mean"]) if "v_mean" in raw else None,
+    )
+
+
+@dataclass(frozen=True)
 class CaseSpec:
     """One MLA prefill invocation, fully determined (inputs derive from it and its seed)."""
 
@@ -97,6 +208,9 @@ class CaseSpec:
     #: Padded layout only: rows per batch S of ``[B, S, Hkv*D]`` (None: max kvSeqLen).
     kv_capacity: int | None = None
     distribution: str = "uniform"
+    #: Structured inputs (None: i.i.d. draws only); absent from the content when None, so the hashes of
+    #: unstructured cases did not change when it was added.
+    structure: Structure | None = None
     seed: int = 0
     expect_error: str | None = None
     expect_stage: str | None = None
@@ -152,8 +266,11 @@ class CaseSpec:
     def content(self) -> dict[str, Any]:
         """The fields that determine inputs and outputs (what the hash covers).
 
-        ``expect_by_release`` counts only when given, so the cases without one keep their hashes."""
+        ``expect_by_release`` and ``structure`` count only when given, so the cases without them keep
+        their hashes."""
         skip = {"name", "suite", "source", "source_commit", "expect_by_release"}
+        if self.structure is None:
+            skip.add("structure")
         data = {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in skip}
         if self.expect_by_release:
             data["expect_by_release"] = [
@@ -194,6 +311,8 @@ class CaseSpec:
             parts.append(f"cap{self.kv_capacity}")
         if self.distribution != "uniform":
             parts.append(self.distribution)
+        if self.structure is not None:
+            parts.append(self.structure.label)
         if self.expect_error:
             parts.append(f"err-{self.perturb or 'param'}")
         return "-".join(parts)
@@ -216,7 +335,8 @@ class CaseSpec:
         for key, value in self.content().items():
             if value is None or (key == "qk_scale" and value == DEFAULT_QK_SCALE):
                 continue
-            lines.append(f"{key} = {json.dumps(value)}")
+            text = self.structure.toml() if key == "structure" and self.structure else json.dumps(value)
+            lines.append(f"{key} = {text}")
         return "\n".join(lines) + "\n"
 
     @classmethod
@@ -234,6 +354,8 @@ class CaseSpec:
 def _jsonable(value: Any) -> Any:
     if isinstance(value, tuple):
         return list(value)
+    if isinstance(value, Structure):
+        return value.content()
     return value
 
 
@@ -404,6 +526,8 @@ def build_case(
     kwargs.setdefault("kv_head_num", raw["head_num"])
     kwargs["mask_type"] = _coerce_enum(raw.get("mask_type", 0), MASK_CODES, fail, "mask_type")
     kwargs["cache_mode"] = _coerce_enum(raw.get("cache_mode", 1), CACHE_CODES, fail, "cache_mode")
+    if kwargs.get("structure") is not None:
+        kwargs["structure"] = build_structure(kwargs["structure"], fail)
     scale = float(kwargs.get("qk_scale", DEFAULT_QK_SCALE))
     commit = kwargs.get("source_commit", "")
     if not isinstance(commit, str) or (commit and not _is_commit(commit)):
@@ -471,6 +595,8 @@ def validate_case(spec: CaseSpec) -> None:
         fail("cache_mode", f"prefill accepts only KROPE_CTKV (1), got {spec.cache_mode}")
     if not (math.isfinite(spec.qk_scale) and 0.0 < spec.qk_scale <= 1.0):
         fail("qk_scale", f"must be in (0, 1], got {spec.qk_scale}")
+    if spec.structure is not None:
+        _validate_structure(spec, fail)
     if spec.mask_type == 3:
         if spec.head_num % spec.kv_head_num:
             fail("kv_head_num", f"headNum {spec.head_num} must be a multiple of kvHeadNum {spec.kv_head_num}")
@@ -483,6 +609,26 @@ def validate_case(spec: CaseSpec) -> None:
             fail("kv_head_num", f"must equal headNum ({spec.head_num}) unless mask_type is 3 (causal)")
         if spec.q_seqlen != spec.kv_seqlen:
             fail("kv_seqlen", f"must equal q_seqlen element-wise for mask_type {spec.mask_type}")
+
+
+def _validate_structure(spec: CaseSpec, fail: Callable[[str, str], None]) -> None:
+    """What a structure asks of its case: keys for the trend to act on, and an fp16 score path that a
+    correct kernel can still compute (raw Q.K far below fp16's 65504)."""
+    structure = spec.structure
+    assert structure is not None
+    if structure.logits is not None and structure.rise is not None:
+        if spec.distribution == "near_tie":
+            fail("structure", "a logits trend would undo near_tie's nearly equal logits")
+        if spec.dtype == "fp16" and structure.rise / spec.qk_scale > FP16_RAW_SCORE_LIMIT:
+            fail(
+                "structure.rise",
+                f"rise / qk_scale = {structure.rise / spec.qk_scale:.0f} > {FP16_RAW_SCORE_LIMIT:g}: fp16 "
+                "kernels store raw Q.K in fp16 (max 65504), keep it far from overflow",
+            )
+        marker = structure.sink_keys or structure.late_from or 1
+        if marker >= spec.max_kv:
+            name = "structure.sink_keys" if structure.sink_keys else "structure.late_from"
+            fail(name, f"must be below the longest kv sequence ({spec.max_kv}), got {marker}")
 
 
 # -- suites ----------------------------------------------------------------------------------
@@ -560,6 +706,10 @@ def load_suite(path: str | Path, *, validate: bool = True) -> list[CaseSpec]:
     for what, table in (("suite", meta), ("defaults", defaults)):
         if not isinstance(table, Mapping):
             raise file_fail(what, f"must be a table ([{what}]), got {_show(table)}")
+    for what, table, known in (("suite", meta, {"name", "description"}), ("defaults", defaults, _FIELD_NAMES)):
+        extra = set(table) - known
+        if extra:
+            raise file_fail(f"{what}.{sorted(extra)[0]}", f"unknown key in table [{what}]; known keys: {sorted(known)}")
     suite = meta.get("name", path.stem)
     if not isinstance(suite, str) or not SAFE_NAME.fullmatch(suite):
         raise file_fail("suite.name", f"must match {SAFE_NAME.pattern} (default: the file name), got {_show(suite)}")

@@ -24,10 +24,10 @@ the spec's content)::
                               ``(a.astype(uint32) << 16).view(float32)``); seqlens int32
     /golden/out               float64 reference in the op's output layout (q's layout)
     /golden/row_valid         bool [T]: False for rows of zero-length batches ("don't care")
-    /golden/{pv_abs,pv_rss,pv_scale[,pvs_rss]}
+    /golden/{pv_abs,pv_rss,pv_scale[,pvs_rss][,pv_sub]}
                               magnitudes per output element (golden.magnitudes), bf16 rounded away
                               from zero, stored like bf16 inputs; pvs_rss only where scores are
-                              fp16 (fp16 with maskType 0/2)
+                              fp16 (fp16 with maskType 0/2), pv_sub only for fp16
     /golden/{score_absmax,score_dot,p_rss}
                               float32 magnitudes per row and head [T, H], rounded up
     /baseline/out             emulated same-dtype baseline, stored like the inputs

@@ -20,6 +20,10 @@ which short rows reach first); lam = sqrt(2 ln(2 K N / alpha)) makes the chance 
 of the K = 4 random terms of any of the N elements exceeds its bound at most alpha (the
 ``false_alarm`` parameter).  F (``safety``) covers what the first-order model leaves out.
 
+On fp16 cases the bound adds (inside F) the exact worst case of a device that flushes subnormal fp16
+values to zero: D (every key whose P is subnormal dropped) plus |g| where |g| < 2^-13 (an output
+flushed to 0); docs/conformance.md "Flush-to-zero" gives the reasons.
+
 The rule's statistic is ``max_e |a_e - g_e| / bound_e`` over checked elements (NaN/Inf -> inf).
 """
 
@@ -43,6 +47,9 @@ U16 = 2.0**-11
 RANDOM_TERMS = 4
 #: Elements per chunk of the vectorised evaluation.
 CHUNK_ELEMENTS = 2 * 1024 * 1024
+#: An fp16 output whose |g| is below this may come out 0 on a flush-to-zero device (twice the smallest
+#: normal 2^-14, so a computed value that rounding moved below it is covered).
+FTZ_OUTPUT_LIMIT = 2.0**-13
 
 
 def fp16_score_path(spec: CaseSpec) -> bool:
@@ -144,6 +151,8 @@ def model_ratio(
             "scale_cast": eps * np.abs(elem["pv_scale"][tok].astype(np.float64)) if eps else 0.0,
             "pv_accum": U32 * np.minimum(lam * np.sqrt(n), n) * total + U32 * ag,
         }
+        if "pv_sub" in elem:  # exact; inside F too, so a flushing device uses at most half the bound
+            terms["flush_to_zero"] = elem["pv_sub"][tok].astype(np.float64) + np.where(ag < FTZ_OUTPUT_LIMIT, ag, 0.0)
         bound = np.zeros_like(ag)
         for term in terms.values():
             bound += term

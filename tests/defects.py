@@ -24,6 +24,9 @@ from mlaconf.harness.torch_backend import NOPE, ROPE, VDIM, TorchSdpaBackend
 LONG_ROW_KEYS = 128  # nan_long_rows: rows that may see more keys than this get NaN
 ACC_FLUSH_KEYS = 64  # bf16_acc_64: the accumulator is rounded to bf16 after every block of this many keys
 LONG_SEQUENCE = 1000  # last_key_long: sequences with more keys than this never read their last key
+FLASH_BLOCK = 128  # frozen_max, late_rescale_missing: keys per block of their online softmax
+HEALTHY_BLOCKS = 2  # frozen_max, late_rescale_missing: blocks handled correctly before the bug sets in
+PREFIX_BLOCK = 128  # prefix_tail_dropped: the prefix is read in whole blocks of this many keys
 
 
 def _replace(call: MlaPrefillCall, **changes: object) -> MlaPrefillCall:
@@ -307,6 +310,115 @@ class LastKeyLong(Defect):
         return (torch.softmax(scores, dim=-1) @ vh).transpose(0, 1).to(q.dtype)
 
 
+def flash_attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group: int,
+    scale: float,
+    mask_type: int,
+    *,
+    frozen_max: bool = False,
+    skip_rescale: bool = False,
+) -> torch.Tensor:
+    """Online softmax over blocks of :data:`FLASH_BLOCK` keys, P rounded to the input dtype per block;
+    after :data:`HEALTHY_BLOCKS` blocks the running max stops moving (``frozen_max``) or the
+    accumulator is no longer rescaled when it moves (``skip_rescale``; the running sum still is)."""
+    from tests.zoo import _allowed, _heads
+
+    qh, kh, vh = _heads(q, k, v, group)
+    allowed = _allowed(q.shape[0], k.shape[0], mask_type)
+    heads, rows, kv = qh.shape[0], qh.shape[1], kh.shape[1]
+    acc = torch.zeros(heads, rows, vh.shape[2])
+    m = torch.full((heads, rows, 1), float("-inf"))
+    total = torch.zeros(heads, rows, 1)
+    for index, j0 in enumerate(range(0, kv, FLASH_BLOCK)):
+        j1 = min(j0 + FLASH_BLOCK, kv)
+        s = (qh @ kh[:, j0:j1].transpose(1, 2)) * torch.tensor(scale, dtype=torch.float32)
+        if allowed is not None:
+            s = s.masked_fill(~allowed[:, j0:j1], float("-inf"))
+        late = index >= HEALTHY_BLOCKS
+        m_new = m if frozen_max and late else torch.maximum(m, s.amax(dim=-1, keepdim=True))
+        safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        p = torch.exp(s - safe)
+        alpha = torch.exp(m - safe)
+        total = total * alpha + p.sum(dim=-1, keepdim=True)
+        acc = (acc if skip_rescale and late else acc * alpha) + p.to(q.dtype).float() @ vh[:, j0:j1]
+        m = m_new
+    return (acc / total).transpose(0, 1).to(q.dtype)
+
+
+class FrozenMax(Defect):
+    description = (
+        f"online softmax whose running max stops being updated after {HEALTHY_BLOCKS} blocks of {FLASH_BLOCK} keys"
+    )
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
+    ) -> torch.Tensor:
+        return flash_attend(q, k, v, group, scale, mask_type, frozen_max=True)
+
+
+class LateRescaleMissing(Defect):
+    description = (
+        f"online softmax that stops rescaling its accumulator when the max moves after {HEALTHY_BLOCKS} blocks "
+        f"of {FLASH_BLOCK} keys (the running sum is still rescaled)"
+    )
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
+    ) -> torch.Tensor:
+        return flash_attend(q, k, v, group, scale, mask_type, skip_rescale=True)
+
+
+def causal_attend(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    group: int,
+    scale: float,
+    allowed: torch.Tensor,
+) -> torch.Tensor:
+    """float32 attention of one sequence over an explicit ``[q, kv]`` key mask (every row keeps a key)."""
+    allowed = allowed.clone()
+    allowed[allowed.sum(dim=1) == 0, 0] = True
+    qh = q.transpose(0, 1).float()
+    kh = k.transpose(0, 1).float().repeat_interleave(group, dim=0)
+    vh = v.transpose(0, 1).float().repeat_interleave(group, dim=0)
+    scores = ((qh @ kh.transpose(1, 2)) * scale).masked_fill(~allowed, float("-inf"))
+    return (torch.softmax(scores, dim=-1) @ vh).transpose(0, 1).to(q.dtype)
+
+
+class CausalOffsetBatch0(ControlMath):
+    description = "CAUSAL: every batch aligned with batch 0's kv - q offset instead of its own"
+
+    def before(self, call: MlaPrefillCall) -> MlaPrefillCall:
+        self._offset = int(call.kv_seqlen[0]) - int(call.q_seqlen[0])
+        return call
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
+    ) -> torch.Tensor:
+        if mask_type != 3:
+            return super()._attend(q, k, v, group, scale, mask_type)
+        rows, cols = torch.arange(q.shape[0])[:, None], torch.arange(k.shape[0])[None, :]
+        return causal_attend(q, k, v, group, scale, cols <= rows + self._offset)
+
+
+class PrefixTailDropped(ControlMath):
+    description = f"CAUSAL: the prefix is read in whole blocks of {PREFIX_BLOCK} keys, its partial last block skipped"
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
+    ) -> torch.Tensor:
+        prefix = k.shape[0] - q.shape[0]
+        if mask_type != 3 or prefix % PREFIX_BLOCK == 0:
+            return super()._attend(q, k, v, group, scale, mask_type)
+        rows, cols = torch.arange(q.shape[0])[:, None], torch.arange(k.shape[0])[None, :]
+        skipped = (cols >= prefix - prefix % PREFIX_BLOCK) & (cols < prefix)
+        return causal_attend(q, k, v, group, scale, (cols <= rows + prefix) & ~skipped)
+
+
 DEFECTS: dict[str, type[Defect]] = {
     "scale_ignored": ScaleIgnored,
     "scale_twice": ScaleTwice,
@@ -324,6 +436,10 @@ DEFECTS: dict[str, type[Defect]] = {
     "nan_long_rows": NanLongRows,
     "bf16_acc_64": Bf16Acc64,
     "last_key_long": LastKeyLong,
+    "frozen_max": FrozenMax,
+    "late_rescale_missing": LateRescaleMissing,
+    "causal_offset_batch0": CausalOffsetBatch0,
+    "prefix_tail_dropped": PrefixTailDropped,
 }
 
 
@@ -393,6 +509,22 @@ def bf16_acc_64() -> Defect:
 
 def last_key_long() -> Defect:
     return LastKeyLong("last_key_long")
+
+
+def frozen_max() -> Defect:
+    return FrozenMax("frozen_max")
+
+
+def late_rescale_missing() -> Defect:
+    return LateRescaleMissing("late_rescale_missing")
+
+
+def causal_offset_batch0() -> Defect:
+    return CausalOffsetBatch0("causal_offset_batch0")
+
+
+def prefix_tail_dropped() -> Defect:
+    return PrefixTailDropped("prefix_tail_dropped")
 
 
 def strict_forgets_seqlen_values() -> ContractBackend:

@@ -19,9 +19,17 @@ every accumulation in fp32; they differ where spec section 4 allows a correct ke
 * ``split_reverse`` another accumulation order: keys split into 3 parts processed last part first,
                    each with its own max, sum and fp32 accumulator over blocks of 48 keys (P
                    rounded), the parts merged by their log-sum-exp in fp32 (split-KV / flash-decoding).
+* ``p_normalised`` the softmax normalised in fp32, then P/sum rounded to the input dtype before an
+                   fp32 P.V (JAX ``dot_product_attention``, flex_attention eager, SDPA's math path).
+* ``split_rounded`` split-KV as FlashInfer and vLLM store it: 4 kv parts, each part's normalised
+                   output rounded to the input dtype and its log-sum-exp kept in fp32, merged in fp32.
+* ``ftz_fp16``     ``atb_fp16`` on a device that flushes fp16 subnormals to zero: P below 2^-14 becomes 0
+                   before P.V and outputs below 2^-14 become 0 (docs/conformance.md "Flush-to-zero").
 """
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 
@@ -71,7 +79,15 @@ class ZooMember(TorchSdpaBackend):
         dtype = q.dtype
         qh, kh, vh = _heads(q, k, v, group)
         out = self.attend32(qh, kh, vh, scale, _allowed(q.shape[0], k.shape[0], mask_type), dtype, mask_type)
-        return out.transpose(0, 1).to(dtype)
+        return self.round_out(out.transpose(0, 1), dtype)
+
+    def round_p(self, p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """P rounded to the input dtype, back in fp32 (the one rounding of P on the documented paths)."""
+        return p.to(dtype).float()
+
+    def round_out(self, out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The fp32 output rounded once to the case dtype."""
+        return out.to(dtype)
 
     def attend32(
         self,
@@ -118,7 +134,7 @@ class PRounded(ZooMember):
     ) -> torch.Tensor:
         s = _scores32(qh, kh, scale, allowed)
         e = torch.exp(s - s.amax(dim=-1, keepdim=True))
-        return (e.to(dtype).float() @ vh) / e.sum(dim=-1, keepdim=True)
+        return (self.round_p(e, dtype) @ vh) / e.sum(dim=-1, keepdim=True)
 
 
 class AtbFp16(PRounded):
@@ -141,7 +157,7 @@ class AtbFp16(PRounded):
             s = s + torch.where(allowed, 0.0, -10000.0).half()
         m = s.amax(dim=-1, keepdim=True)
         e = torch.exp((s - m).float())  # s - m in fp16, exp in fp32
-        return (e.half().float() @ vh) / e.sum(dim=-1, keepdim=True)
+        return (self.round_p(e, dtype) @ vh) / e.sum(dim=-1, keepdim=True)
 
 
 class Flash(ZooMember):
@@ -163,6 +179,79 @@ class Flash(ZooMember):
     ) -> torch.Tensor:
         acc, _, total = blockwise(qh, kh, vh, scale, allowed, dtype, self.block, range(0, kh.shape[1], self.block))
         return acc / total
+
+
+class PNormalised(ZooMember):
+    description = "fp32 softmax normalised, then P rounded to the input dtype; fp32 P.V"
+
+    def attend32(
+        self,
+        qh: torch.Tensor,
+        kh: torch.Tensor,
+        vh: torch.Tensor,
+        scale: float,
+        allowed: torch.Tensor | None,
+        dtype: torch.dtype,
+        mask_type: int,
+    ) -> torch.Tensor:
+        return self.round_p(torch.softmax(_scores32(qh, kh, scale, allowed), dim=-1), dtype) @ vh
+
+
+class SplitRounded(ZooMember):
+    description = "4 kv parts, each part's normalised output rounded to the input dtype, merged by fp32 log-sum-exp"
+
+    PARTS = 4
+    BLOCK = 64
+
+    def attend32(
+        self,
+        qh: torch.Tensor,
+        kh: torch.Tensor,
+        vh: torch.Tensor,
+        scale: float,
+        allowed: torch.Tensor | None,
+        dtype: torch.dtype,
+        mask_type: int,
+    ) -> torch.Tensor:
+        kv = kh.shape[1]
+        cuts = [round(kv * i / self.PARTS) for i in range(self.PARTS + 1)]
+        outs, lses = [], []
+        for lo, hi in itertools.pairwise(cuts):
+            if hi <= lo:
+                continue
+            acc, m, total = _part(
+                qh, kh[:, :hi], vh[:, :hi], scale, allowed, dtype, self.BLOCK, list(range(lo, hi, self.BLOCK))
+            )
+            seen = total > 0  # a causal row may see no key of this part: its partial is empty
+            partial = torch.where(seen, acc / torch.where(seen, total, torch.ones_like(total)), torch.zeros_like(acc))
+            outs.append(partial.to(dtype).float())  # the partial output is stored in the input dtype
+            lses.append(torch.where(seen, m + torch.log(torch.where(seen, total, torch.ones_like(total))), m))
+        lse = torch.stack(lses)
+        top = lse.amax(dim=0)
+        weights = torch.exp(lse - top)  # parts without keys: exp(-inf) = 0
+        return (torch.stack(outs) * weights).sum(dim=0) / weights.sum(dim=0)
+
+
+#: Smallest normal fp16 value: below it a flush-to-zero device stores 0.
+FP16_MIN_NORMAL = 2.0**-14
+
+
+class FtzFp16(AtbFp16):
+    description = "atb_fp16 on a flush-to-zero device: fp16 P and outputs below 2^-14 become 0"
+
+    def round_p(self, p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        rounded = super().round_p(p, dtype)
+        return (
+            torch.where(rounded.abs() < FP16_MIN_NORMAL, torch.zeros_like(rounded), rounded)
+            if dtype == torch.float16
+            else rounded
+        )
+
+    def round_out(self, out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        rounded = out.to(dtype)
+        if dtype != torch.float16:
+            return rounded
+        return torch.where(rounded.abs() < FP16_MIN_NORMAL, torch.zeros_like(rounded), rounded)
 
 
 def blockwise(
@@ -278,6 +367,18 @@ def split_reverse() -> ZooMember:
     return SplitReverse("split_reverse")
 
 
+def p_normalised() -> ZooMember:
+    return PNormalised("p_normalised")
+
+
+def split_rounded() -> ZooMember:
+    return SplitRounded("split_rounded")
+
+
+def ftz_fp16() -> ZooMember:
+    return FtzFp16("ftz_fp16")
+
+
 #: Factory name -> what its path does differently.
 ZOO: dict[str, str] = {
     "fp32_p": Fp32P.description,
@@ -287,4 +388,7 @@ ZOO: dict[str, str] = {
     "flash_64": Flash.description + " (blocks of 64)",
     "flash_128": Flash.description + " (blocks of 128)",
     "split_reverse": SplitReverse.description,
+    "p_normalised": PNormalised.description,
+    "split_rounded": SplitRounded.description,
+    "ftz_fp16": FtzFp16.description,
 }

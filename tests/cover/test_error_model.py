@@ -56,7 +56,7 @@ FP16_MASK_FREE = _spec(dtype="fp16", mask_type="mask_free", q_seqlen=[6, 19], he
 def _brute(spec: CaseSpec, golden: GoldenCase) -> dict[str, np.ndarray]:
     """Every magnitude from its definition, one row at a time in float64."""
     t, h = spec.total_q, spec.head_num
-    out = {n: np.zeros((t, h, 128)) for n in ("pv_abs", "pv_rss", "pvs_rss", "pv_scale")}
+    out = {n: np.zeros((t, h, 128)) for n in ("pv_abs", "pv_rss", "pvs_rss", "pv_scale", "pv_sub")}
     out.update({n: np.zeros((t, h)) for n in ("score_absmax", "score_dot", "p_rss")})
     qn, qr = q_views(golden.inputs, spec)
     scale = effective_scale(spec)
@@ -83,6 +83,8 @@ def _brute(spec: CaseSpec, golden: GoldenCase) -> dict[str, np.ndarray]:
                 out["pv_rss"][tok, head] = np.sqrt((p**2) @ v[:n] ** 2)
                 out["pvs_rss"][tok, head] = np.sqrt((w**2) @ (v[:n] - gv) ** 2)
                 out["pv_scale"][tok, head] = (p * s) @ (v[:n] - gv)
+                sub = np.clip((2.0**-12 - np.exp(s - m)) / 2.0**-13, 0.0, 1.0)  # 1 below 2^-13, 0 from 2^-12
+                out["pv_sub"][tok, head] = (p * sub) @ (np.abs(v[:n]) + np.abs(gv)) / (1 - (p * sub).sum())
                 out["score_absmax"][tok, head] = np.abs(s).max()
                 out["score_dot"][tok, head] = scale * np.linalg.norm(q) * np.linalg.norm(k[:n], axis=1).max()
                 out["p_rss"][tok, head] = np.sqrt((p**2).sum())

@@ -218,3 +218,22 @@ def test_qk_scale_is_held_as_the_fp32_the_operator_receives() -> None:
     spec = build_case({"head_num": 1, "q_seqlen": [3], "qk_scale": 0.01}, source="x")
     assert spec.qk_scale == float(np.float32(0.01)) and spec.qk_scale != 0.01
     assert float(np.float32(192**-0.5)) == DEFAULT_QK_SCALE
+
+
+@pytest.mark.parametrize(
+    ("body", "field_name"),
+    [
+        ("case = 5\n", "suite.case"),  # still inside write_suite's [suite] table
+        ("[defaults]\nheads = 4\n", "defaults.heads"),
+        ("[[matrix]]\nhead_num = 1\nq_seqlen = [[3]]\nheads = 4\n", "heads"),
+        ("[[case]]\nhead_num = 1\nq_seqlen = { pattern = [3], times = 2, every = 1 }\n", "q_seqlen"),
+        ("[[case]]\nhead_num = 1\nq_seqlen = [640]\nstructure = { v_mean = 1.0, hue = 2 }\n", "structure.hue"),
+    ],
+)
+def test_unknown_keys_are_rejected_in_every_table(tmp_path: Path, body: str, field_name: str) -> None:
+    """Issue 19: a key no table knows (``[suite]`` holding ``case = 5``) fails, naming file, table and key."""
+    path = write_suite(tmp_path, body)
+    with pytest.raises(SpecError) as info:
+        load_suite(path)
+    assert info.value.field_name == field_name and str(path) in str(info.value)
+    assert "unknown" in str(info.value) or "needs 'pattern'" in str(info.value)
