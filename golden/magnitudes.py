@@ -36,7 +36,10 @@ golden device out of a torch pass (:func:`torch_magnitudes`).  Rows of zero-leng
 
 from __future__ import annotations
 
+import math
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import ml_dtypes
@@ -47,13 +50,17 @@ from mlaconf.golden import progress
 from mlaconf.golden.layout import out_shape
 from mlaconf.golden.reference import (
     DEFAULT_GPU_TILE,
-    DEFAULT_TILE,
+    FUSED_TILE,
+    ROUNDED_UP_FLOOR,
     HeadTask,
+    Workspace,
     apply_causal,
     causal_block,
     effective_scale,
     exp_inplace,
     for_each_tile,
+    fused_scores,
+    gemm,
     iter_head_tasks,
     tile_bounds,
     tile_flops,
@@ -67,6 +74,11 @@ SCORE_PATH_MAGNITUDES = ("pvs_rss", "pv_scale")
 ROW_MAGNITUDES = ("score_absmax", "score_dot", "p_rss")
 MAGNITUDES = ELEMENT_MAGNITUDES + ROW_MAGNITUDES
 EPS64 = float(np.finfo(np.float64).eps)
+#: Unit roundoff of float32 (half its machine epsilon).
+U32 = 2.0**-24
+#: Floor of the float32 GEMM operands (P, P^2, |V'|, V'^2): products stay >= 2^-120, above float32's
+#: smallest normal, so no product or sum is ever subnormal (no underflow error, no slow subnormal path).
+OPERAND_FLOOR = ROUNDED_UP_FLOOR
 
 
 def element_magnitudes(spec: CaseSpec) -> tuple[str, ...]:
@@ -202,6 +214,102 @@ def numpy_tile(
     return out
 
 
+@dataclass(frozen=True)
+class ValueOperands:
+    """One kv head's V for the magnitudes' float32 GEMMs: each column c scaled by 2^-e_c so that its
+    largest |V| lies in [1/2, 1) (V^2 cannot overflow or underflow to nothing), then |V'| and V'^2
+    rounded up to float32 and floored at :data:`OPERAND_FLOOR`: each operand >= its exact value."""
+
+    abs32: np.ndarray  # [kv_len, 128] float32
+    sq32: np.ndarray  # [kv_len, 128] float32
+    scale: np.ndarray  # [128] float64, 2^e_c
+
+    @classmethod
+    def of(cls, v: np.ndarray) -> ValueOperands:
+        largest = np.abs(v).max(axis=0) if v.shape[0] else np.zeros(v.shape[1])
+        exponent = np.where(largest > 0, np.frexp(largest)[1], 0)
+        scale = np.ldexp(1.0, exponent)
+        scaled = np.abs(v) / scale  # exact: a power of two, and every |V'| <= 1 stays a normal float64
+        abs32 = np.maximum(round_up_float32(scaled), np.float32(OPERAND_FLOOR))
+        sq32 = np.maximum(round_up_float32(scaled * scaled), np.float32(OPERAND_FLOOR))
+        return cls(np.ascontiguousarray(abs32), np.ascontiguousarray(sq32), scale)
+
+
+def float32_sum_factor(keys: int) -> float:
+    """Multiplier that lifts a float32 GEMM of non-negative rounded-up operands over ``keys`` terms,
+    divided by the float64 row sum, above the float64 value of the same quantity.
+
+    Any summation order (blocked, SIMD, FMA) of ``n`` non-negative float32 products without underflow
+    is within gamma32 = n u32 / (1 - n u32) of the exact sum (Higham, Thm 3.1): exact <= computed /
+    (1 - gamma32).  The float64 value being bounded (sums of n terms, a division, exp's ulp) lies within
+    (1 + 4 (n + 8) eps64) of its exact value and so does ours (different summation orders, exp within
+    an ulp or two, a few final roundings), hence 8 (n + 8) eps64; for ``pv_rss`` the factor goes under
+    the square root, which halves it, still above what the two float64 values can differ by."""
+    n = max(keys, 1)
+    if n * U32 >= 0.5:  # pragma: no cover - far beyond the operator's sequence limits
+        raise ValueError(f"{keys} keys: too many for the float32 magnitude bound")
+    gamma32 = n * U32 / (1 - n * U32)
+    return (1 + 8 * (n + 8) * EPS64) / (1 - gamma32)
+
+
+def fused_tile(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    operands: ValueOperands,
+    scale: float,
+    diag: tuple[int, int] | None,
+    score_terms: bool,
+    work: Workspace,
+) -> dict[str, np.ndarray]:
+    """The golden ``out`` exactly as :func:`mlaconf.golden.reference.fused_tile` computes it, and the
+    magnitudes from the same exponentials: ``pv_abs`` and ``pv_rss`` from float32 GEMMs of the
+    rounded-up operands lifted by :func:`float32_sum_factor` (never below their float64 values), the
+    row magnitudes from the kernel's float64 row statistics."""
+    qs = q * scale
+    raw = None
+    if score_terms:  # the fp16 score path's S and T need the raw scores (masked keys as 0)
+        raw = gemm(qs, k.T, np.empty((q.shape[0], k.shape[0])))
+        apply_causal(raw, diag, 0.0)
+    p, stats, rounded = fused_scores(qs, k, diag, work, rounded_up=True)
+    assert rounded is not None
+    p32, p2_32 = rounded
+    denom = stats[2][:, None]
+    golden = gemm(p, v, np.empty((q.shape[0], v.shape[1])))
+    golden /= denom
+    factor = float32_sum_factor(k.shape[0])
+    abs_sum = gemm(p32, operands.abs32[: k.shape[0]], np.empty((q.shape[0], v.shape[1]), dtype=np.float32))
+    sq_sum = gemm(p2_32, operands.sq32[: k.shape[0]], np.empty((q.shape[0], v.shape[1]), dtype=np.float32))
+    out = {
+        "out": golden,
+        "pv_abs": abs_sum.astype(np.float64) * factor * operands.scale / denom,
+        "pv_rss": np.sqrt(sq_sum.astype(np.float64) * factor) * operands.scale / denom,
+        "p_rss": np.sqrt(stats[3]) / stats[2],
+        "score_absmax": np.maximum(np.abs(stats[0]), np.abs(stats[1])),
+        "score_dot": np.linalg.norm(qs, axis=1) * _largest_key_norm(np.linalg.norm(k, axis=1), q.shape[0], diag),
+    }
+    if raw is not None:
+        m = stats[0][:, None]
+        probs = p / denom
+        weight = probs * (2.0 * np.abs(raw) + np.abs(raw - m))
+        w2 = weight * weight
+        ps = probs * raw
+        out.update(
+            _score_path_sums(
+                golden,
+                w2 @ (v * v),
+                w2 @ v,
+                w2.sum(axis=1, keepdims=True),
+                ps @ v,
+                np.abs(ps).sum(axis=1, keepdims=True),
+                ps.sum(axis=1, keepdims=True),
+                np.abs(v).max(axis=0),
+                keys=k.shape[0],
+            )
+        )
+    return out
+
+
 def _score_path_sums(
     g: np.ndarray,
     w2v2: np.ndarray,
@@ -310,13 +418,27 @@ def reference_and_magnitudes(
     stored, put = _sink(spec)
     scale = effective_scale(spec)
     score_terms = scores_in_fp16(spec.dtype, spec.mask_type)
+    work = Workspace()
+    operands: dict[int, tuple[np.ndarray, ValueOperands]] = {}  # id(task.v) -> (task.v, its operands)
+    lock = threading.Lock()
+
+    def value_operands(v: np.ndarray) -> ValueOperands:
+        """Built once per (batch, kv head): the query heads of a group share their V array."""
+        with lock:
+            known = operands.get(id(v))
+            if known is None or known[0] is not v:
+                while len(operands) >= 4:  # tasks arrive in (batch, kv head) order: the oldest are done
+                    operands.pop(next(iter(operands)))
+                known = operands[id(v)] = (v, ValueOperands.of(v))
+            return known[1]
 
     def visit(task: HeadTask, i0: int, i1: int, k_end: int, diag: tuple[int, int] | None) -> None:
-        part = numpy_tile(task.q[i0:i1], task.k[:k_end], task.v[:k_end], scale, diag, score_terms)
+        ops = value_operands(task.v)
+        part = fused_tile(task.q[i0:i1], task.k[:k_end], task.v[:k_end], ops, scale, diag, score_terms, work)
         golden[task.q_start + i0 : task.q_start + i1, task.head] = part["out"]
         put(task, i0, i1, part)
 
-    for_each_tile(inputs, spec, visit, np.float64, tile=tile or DEFAULT_TILE, threads=threads)
+    for_each_tile(inputs, spec, visit, np.float64, tile=tile or FUSED_TILE, threads=threads)
     return golden.reshape(out_shape(spec)), _shaped(spec, stored)
 
 
