@@ -30,13 +30,14 @@ a stored magnitude never understates its float64 value and overstates it by at m
 (inside the rule's safety factor, in the safe direction), so they cost 4 bytes per output element on
 most cases (8 where scores are fp16) instead of 32 in float64.  Computed in float64 tile by tile like
 the reference (memory O(tile x S) per thread); on the CPU they come out of the golden's own pass
-(:func:`reference_and_magnitudes`: two more GEMMs with V per tile, not a second attention), on the
-golden device out of a torch pass (:func:`torch_magnitudes`).  Rows of zero-length batches are 0.
+(:func:`reference_and_magnitudes`: the same exponentials, and two more GEMMs per tile, in float32
+on operands rounded up, lifted by a rigorous factor (:func:`lift_float32_sum`), so never below the
+float64 value), on the golden device out of a float64 torch pass (:func:`torch_magnitudes`).
+Rows of zero-length batches are 0.
 """
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,9 +56,7 @@ from mlaconf.golden.reference import (
     HeadTask,
     Workspace,
     apply_causal,
-    causal_block,
     effective_scale,
-    exp_inplace,
     for_each_tile,
     fused_scores,
     gemm,
@@ -76,9 +75,12 @@ MAGNITUDES = ELEMENT_MAGNITUDES + ROW_MAGNITUDES
 EPS64 = float(np.finfo(np.float64).eps)
 #: Unit roundoff of float32 (half its machine epsilon).
 U32 = 2.0**-24
-#: Floor of the float32 GEMM operands (P, P^2, |V'|, V'^2): products stay >= 2^-120, above float32's
-#: smallest normal, so no product or sum is ever subnormal (no underflow error, no slow subnormal path).
+#: Floor of the float32 GEMM operands (P, P^2, |V'|, V'^2): float32's smallest normal.  A subnormal
+#: operand makes a float32 GEMM ~100x slower on this hardware; the floor only raises the bound, by at
+#: most n 2^-126 in the column's scale (sqrt of that for pv_rss, ~2^-56 of it at 16 K keys).
 OPERAND_FLOOR = ROUNDED_UP_FLOOR
+#: Largest absolute error of one float32 operation whose result is subnormal (half float32's smallest step).
+UNDERFLOW32 = 2.0**-150
 
 
 def element_magnitudes(spec: CaseSpec) -> tuple[str, ...]:
@@ -158,62 +160,6 @@ def _largest_key_norm(knorm: np.ndarray, rows: int, diag: tuple[int, int] | None
     return largest
 
 
-def numpy_tile(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, diag: tuple[int, int] | None, score_terms: bool
-) -> dict[str, np.ndarray]:
-    """One tile of query rows against keys ``k``: the golden ``out``, computed exactly like
-    :func:`mlaconf.golden.reference.float64_tile` (same operations, same bits), and the float64 magnitudes,
-    from the same scores and exponentials (every pass over the tile x keys scores in place)."""
-    qs = q * scale
-    s = qs @ k.T
-    block = causal_block(diag, s.shape)
-    if block is not None:  # the smallest allowed score: masked keys read +inf for a moment
-        part, masked = s[:, block[0] :], block[1]
-        part[masked] = np.inf
-        low = s.min(axis=1)
-        part[masked] = -np.inf
-    else:
-        low = s.min(axis=1)
-    m = s.max(axis=1, keepdims=True)
-    out = {
-        "score_absmax": np.maximum(np.abs(m[:, 0]), np.abs(low)),
-        "score_dot": np.linalg.norm(qs, axis=1) * _largest_key_norm(np.linalg.norm(k, axis=1), q.shape[0], diag),
-    }
-    s0 = None
-    if score_terms:
-        s0 = s.copy()
-        apply_causal(s0, diag, 0.0)  # masked keys have P = 0; 0 keeps inf * 0 out of the sums
-    np.subtract(s, m, out=s)
-    exp_inplace(s)
-    denom = s.sum(axis=1, keepdims=True)
-    golden = s @ v
-    golden /= denom
-    out["out"] = golden
-    out["pv_abs"] = (s @ np.abs(v)) / denom
-    if s0 is not None:
-        p = s / denom
-        weight = p * (2.0 * np.abs(s0) + np.abs(s0 - m))
-        w2 = weight * weight
-        ps = p * s0
-        out.update(
-            _score_path_sums(
-                p @ v,
-                w2 @ (v * v),
-                w2 @ v,
-                w2.sum(axis=1, keepdims=True),
-                ps @ v,
-                np.abs(ps).sum(axis=1, keepdims=True),
-                ps.sum(axis=1, keepdims=True),
-                np.abs(v).max(axis=0),
-                keys=k.shape[0],
-            )
-        )
-    np.multiply(s, s, out=s)
-    out["pv_rss"] = np.sqrt(s @ (v * v)) / denom
-    out["p_rss"] = np.sqrt(s.sum(axis=1)) / denom[:, 0]
-    return out
-
-
 @dataclass(frozen=True)
 class ValueOperands:
     """One kv head's V for the magnitudes' float32 GEMMs: each column c scaled by 2^-e_c so that its
@@ -223,6 +169,7 @@ class ValueOperands:
     abs32: np.ndarray  # [kv_len, 128] float32
     sq32: np.ndarray  # [kv_len, 128] float32
     scale: np.ndarray  # [128] float64, 2^e_c
+    largest: np.ndarray  # [128] float64, max_j |V_jc|: pv_abs and pv_rss never exceed it
 
     @classmethod
     def of(cls, v: np.ndarray) -> ValueOperands:
@@ -232,16 +179,17 @@ class ValueOperands:
         scaled = np.abs(v) / scale  # exact: a power of two, and every |V'| <= 1 stays a normal float64
         abs32 = np.maximum(round_up_float32(scaled), np.float32(OPERAND_FLOOR))
         sq32 = np.maximum(round_up_float32(scaled * scaled), np.float32(OPERAND_FLOOR))
-        return cls(np.ascontiguousarray(abs32), np.ascontiguousarray(sq32), scale)
+        return cls(np.ascontiguousarray(abs32), np.ascontiguousarray(sq32), scale, largest)
 
 
-def float32_sum_factor(keys: int) -> float:
-    """Multiplier that lifts a float32 GEMM of non-negative rounded-up operands over ``keys`` terms,
-    divided by the float64 row sum, above the float64 value of the same quantity.
+def lift_float32_sum(computed: np.ndarray, keys: int) -> np.ndarray:
+    """A float32 GEMM of non-negative rounded-up operands over ``keys`` terms, lifted (in float64) above
+    the float64 value of the same sum; the caller divides by the float64 row sum afterwards.
 
-    Any summation order (blocked, SIMD, FMA) of ``n`` non-negative float32 products without underflow
-    is within gamma32 = n u32 / (1 - n u32) of the exact sum (Higham, Thm 3.1): exact <= computed /
-    (1 - gamma32).  The float64 value being bounded (sums of n terms, a division, exp's ulp) lies within
+    Any summation order (blocked, SIMD, FMA) of ``n`` non-negative float32 products is within
+    gamma32 = n u32 / (1 - n u32) of the exact sum (Higham, Thm 3.1) plus, where products or partial
+    sums fall below float32's normal range, at most 2 n x 2^-150 absolute: exact <= (computed +
+    n 2^-149) / (1 - gamma32).  The float64 value being bounded (sums of n terms, a division, exp's ulp) lies within
     (1 + 4 (n + 8) eps64) of its exact value and so does ours (different summation orders, exp within
     an ulp or two, a few final roundings), hence 8 (n + 8) eps64; for ``pv_rss`` the factor goes under
     the square root, which halves it, still above what the two float64 values can differ by."""
@@ -249,7 +197,9 @@ def float32_sum_factor(keys: int) -> float:
     if n * U32 >= 0.5:  # pragma: no cover - far beyond the operator's sequence limits
         raise ValueError(f"{keys} keys: too many for the float32 magnitude bound")
     gamma32 = n * U32 / (1 - n * U32)
-    return (1 + 8 * (n + 8) * EPS64) / (1 - gamma32)
+    factor = (1 + 8 * (n + 8) * EPS64) / (1 - gamma32)
+    lifted: np.ndarray = (computed.astype(np.float64) + 2 * n * UNDERFLOW32) * factor
+    return lifted
 
 
 def fused_tile(
@@ -264,7 +214,7 @@ def fused_tile(
 ) -> dict[str, np.ndarray]:
     """The golden ``out`` exactly as :func:`mlaconf.golden.reference.fused_tile` computes it, and the
     magnitudes from the same exponentials: ``pv_abs`` and ``pv_rss`` from float32 GEMMs of the
-    rounded-up operands lifted by :func:`float32_sum_factor` (never below their float64 values), the
+    rounded-up operands lifted by :func:`lift_float32_sum` (never below their float64 values), the
     row magnitudes from the kernel's float64 row statistics."""
     qs = q * scale
     raw = None
@@ -277,13 +227,15 @@ def fused_tile(
     denom = stats[2][:, None]
     golden = gemm(p, v, np.empty((q.shape[0], v.shape[1])))
     golden /= denom
-    factor = float32_sum_factor(k.shape[0])
+    # The exact A and R never exceed max |V| (A is a mean of |V|, R <= max |V| sqrt(sum P^2) <= max |V|): capped
+    # there, the bound stays inside bf16's range (rounded up to bf16 it can never become inf)
+    cap = operands.largest
     abs_sum = gemm(p32, operands.abs32[: k.shape[0]], np.empty((q.shape[0], v.shape[1]), dtype=np.float32))
     sq_sum = gemm(p2_32, operands.sq32[: k.shape[0]], np.empty((q.shape[0], v.shape[1]), dtype=np.float32))
     out = {
         "out": golden,
-        "pv_abs": abs_sum.astype(np.float64) * factor * operands.scale / denom,
-        "pv_rss": np.sqrt(sq_sum.astype(np.float64) * factor) * operands.scale / denom,
+        "pv_abs": np.minimum(lift_float32_sum(abs_sum, k.shape[0]) * operands.scale / denom, cap),
+        "pv_rss": np.minimum(np.sqrt(lift_float32_sum(sq_sum, k.shape[0])) * operands.scale / denom, cap),
         "p_rss": np.sqrt(stats[3]) / stats[2],
         "score_absmax": np.maximum(np.abs(stats[0]), np.abs(stats[1])),
         "score_dot": np.linalg.norm(qs, axis=1) * _largest_key_norm(np.linalg.norm(k, axis=1), q.shape[0], diag),

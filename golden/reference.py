@@ -46,7 +46,7 @@ DEFAULT_TILE = 256
 #: Query rows per tile of the fused CPU kernel (its GEMMs run closer to BLAS's peak on taller tiles).
 FUSED_TILE = 512
 #: Floor of the rounded-up float32 P and P^2 (the magnitudes' GEMM operands; see mlaconf.golden.magnitudes).
-ROUNDED_UP_FLOOR = 2.0**-60
+ROUNDED_UP_FLOOR = 2.0**-126
 #: GPU tiles are larger: a tile of scores is tile x S x 8 bytes of device memory.
 DEFAULT_GPU_TILE = 2048
 #: Environment variable ``build_golden`` reads to pick the reference's device ("cpu" or "cuda").
@@ -204,17 +204,23 @@ def fused_scores(
 ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
     """``P = e^(q k^T - row max)`` (0 on masked keys) in a workspace tile, and its row statistics
     ``[4, rows]`` (max and min of the allowed scores, sum of P, sum of P^2); with ``rounded_up``
-    also P and P^2 as float32 rounded up (floored at 2^-60: :mod:`mlaconf.golden.magnitudes`)."""
+    also P and P^2 as float32 rounded up (floored at float32's smallest normal: :mod:`mlaconf.golden.magnitudes`)."""
     rows, cols = q.shape[0], k.shape[0]
     scores = gemm(q, k.T, work.take("scores", (rows, cols), np.float64))
     stats = np.empty((4, rows))
-    p32 = (work.take("p32", (rows, cols), np.float32), work.take("p2_32", (rows, cols), np.float32)) if rounded_up else None
+    p32 = (
+        (work.take("p32", (rows, cols), np.float32), work.take("p2_32", (rows, cols), np.float32))
+        if rounded_up
+        else None
+    )
     first = None if diag is None else diag[0] + diag[1]
     tile_kernel().softmax_tile(scores, stats, first, *(p32 or (None, None)), ROUNDED_UP_FLOOR)
     return scores, stats, p32
 
 
-def fused_tile(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, diag: tuple[int, int] | None, work: Workspace) -> np.ndarray:
+def fused_tile(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, diag: tuple[int, int] | None, work: Workspace
+) -> np.ndarray:
     """:func:`float64_tile` with the elementwise steps fused in the compiled kernel (same scaled q,
     same row max; the sums and exp round differently, within ~1e-15 of the result)."""
     p, stats, _ = fused_scores(q * scale, k, diag, work)
@@ -400,7 +406,9 @@ def reference_attention(
     if device == "cpu":
         work = Workspace()
 
-        def kernel(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, diag: tuple[int, int] | None) -> np.ndarray:
+        def kernel(
+            q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, diag: tuple[int, int] | None
+        ) -> np.ndarray:
             return fused_tile(q, k, v, scale, diag, work)
 
         out = attention(inputs, spec, kernel, np.float64, tile=tile or FUSED_TILE, threads=threads)
