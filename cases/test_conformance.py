@@ -1,6 +1,6 @@
 """Numerical conformance: every selected case on every selected backend, judged against its golden.
 
-Run with ``--suite``, ``--backend``, ``--policy``; one test per case x backend.
+Run with ``--mla-suite``, ``--mla-backend``, ``--mla-policy``; one test per case x backend.
 """
 
 from __future__ import annotations
@@ -12,7 +12,10 @@ from mlaconf.golden.store import GoldenStore
 from mlaconf.harness.backend import Backend
 from mlaconf.judge.deviations import DeviationSet
 from mlaconf.judge.policy import PolicySet
-from mlaconf.runner.conformance import conclude, run_case, save_output
+from mlaconf.runner.collect import MlaReport
+from mlaconf.runner.conformance import run_case, save_output
+
+pytestmark = pytest.mark.conformance
 
 
 def test_conformance(
@@ -21,7 +24,7 @@ def test_conformance(
     golden_store: GoldenStore,
     policy_set: PolicySet,
     deviation_set: DeviationSet,
-    mla_report: object,
+    mla_report: MlaReport,
     pytestconfig: pytest.Config,
 ) -> None:
     golden = golden_store.ensure(conformance_case)
@@ -29,13 +32,11 @@ def test_conformance(
         golden,
         backend,
         policy_set=policy_set,
-        policy=pytestconfig.getoption("policy"),
+        policy=pytestconfig.getoption("mla_policy"),
         deviations=deviation_set,
-        repeats=pytestconfig.getoption("timing_repeats"),
-        warmup=pytestconfig.getoption("warmup"),
+        repeats=pytestconfig.getoption("mla_timing_repeats"),
+        warmup=pytestconfig.getoption("mla_warmup"),
     )
-    mla_report.attach(result.record)  # type: ignore[attr-defined]
-    outputs_dir = getattr(mla_report, "outputs_dir", None)
-    if outputs_dir is not None and result.output is not None:
-        save_output(outputs_dir, conformance_case, backend.name, result.output)
-    conclude(result.outcome, result.message)
+    if mla_report.outputs_dir is not None and result.output is not None:
+        save_output(mla_report.outputs_dir, conformance_case, backend.name, result.output)
+    mla_report.conclude(result.record, result.outcome, result.message)

@@ -15,7 +15,6 @@ from mlaconf.harness.backend import Backend
 from mlaconf.judge.deviations import DeviationSet
 from mlaconf.reports.records import ErrorEvidence
 from mlaconf.runner.collect import MlaReport
-from mlaconf.runner.conformance import conclude
 from mlaconf.runner.perturb import judge_error_case
 
 pytestmark = pytest.mark.error_contract
@@ -32,9 +31,7 @@ def test_error_contract(
     verdict = judge_error_case(error_case, backend, deviation_set)
     observed, stage = verdict.got if verdict.got is not None else (None, None)
     evidence = ErrorEvidence(error_case.expect_error, error_case.expect_stage, observed, stage)
-    mla_report.attach(
-        mla_report.record(
-            verdict=verdict.outcome, message=verdict.message, error=evidence, device=backend.info().device
-        )
+    record = mla_report.record(
+        verdict=verdict.outcome, message=verdict.message, error=evidence, device=backend.info().device
     )
-    conclude(verdict.outcome, verdict.message)
+    mla_report.conclude(record, verdict.outcome, verdict.message)

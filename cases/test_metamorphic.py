@@ -8,11 +8,11 @@ Each test transforms a case's inputs, runs the backend on both versions and stat
 * **tolerance**: the transformed input is a different but equivalent problem whose arithmetic a
   kernel may legitimately order differently (batch order, head order, kv layout, batch
   composition), so both outputs are judged against their own float64 golden, computed here, with
-  the run's tolerance policy (``--policy``); no new threshold is invented.  Failure messages still
+  the run's tolerance policy (``--mla-policy``); no new threshold is invented.  Failure messages still
   report the largest difference between the related outputs.
 
 Cases are a handful of small specs (fp16/bf16, maskType 0/2/3, GQA, 2-D/3-D q, padded/packed kv);
-``--seeds`` reseeds them like the conformance suite.  A case covered by a known deviation of the
+``--mla-seeds`` reseeds them like the conformance suite.  A case covered by a known deviation of the
 backend turns a failure into an xfail.
 """
 
@@ -131,7 +131,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     names = RELATION_SPECS.get(metafunc.function.__name__)
     if names is None:
         return
-    option = metafunc.config.getoption("seeds")
+    option = metafunc.config.getoption("mla_seeds")
     seeds: list[int | None] = [int(s) for s in option.split(",") if s.strip()] if option else [None]
     specs = [_spec(name, seed) for name in names for seed in seeds]
     metafunc.parametrize(
@@ -160,7 +160,7 @@ def test_batch_order(
         problems,
         backend,
         policy_set,
-        pytestconfig.getoption("policy"),
+        pytestconfig.getoption("mla_policy"),
         ("original", inputs, meta_spec),
         (f"batch order {order}", new_inputs, new_spec),
         lambda out: out[token_map(meta_spec, order)],
@@ -185,7 +185,7 @@ def test_head_order(
         problems,
         backend,
         policy_set,
-        pytestconfig.getoption("policy"),
+        pytestconfig.getoption("mla_policy"),
         ("original", inputs, meta_spec),
         (f"heads {q_heads.tolist()}", new_inputs, meta_spec),
         lambda out: out[:, q_heads],
@@ -251,7 +251,7 @@ def test_padded_vs_packed(
         problems,
         backend,
         policy_set,
-        pytestconfig.getoption("policy"),
+        pytestconfig.getoption("mla_policy"),
         ("padded", inputs, meta_spec),
         ("packed", packed, packed_spec),
         lambda out: out,
@@ -270,7 +270,7 @@ def test_alone_vs_batch(
     """Tolerance: each sequence run alone (padded S cut to its own length) and within the batch;
     every output passes the policy."""
     problems = Problems("alone vs batch", "tolerance", meta_spec, backend, deviation_set, mla_report)
-    policy = pytestconfig.getoption("policy")
+    policy = pytestconfig.getoption("mla_policy")
     inputs = generate_inputs(meta_spec)
     base = attempt(problems, lambda: run(backend, inputs, meta_spec), "batch")
     if base is not None:

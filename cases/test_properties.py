@@ -1,5 +1,5 @@
 """Property-based conformance: random valid cases, each judged against a float64 golden built on the
-fly (``mlaconf.golden.generate.build_golden``, no store) with the run's tolerance policy (``--policy``).
+fly (``mlaconf.golden.generate.build_golden``, no store) with the run's tolerance policy (``--mla-policy``).
 
 Cases are small enough for a CPU: up to 3 batches of up to 48 query rows (zero lengths included),
 1-4 heads (CAUSAL: 1 or 2 kv heads shared by 1, 2 or 4 query heads each, prefixes up to 80 keys),
@@ -7,13 +7,14 @@ both dtypes, maskType 0/2/3, both q and kv layouts, every input distribution, an
 or random qkScale in [0.01, 1].
 When a case fails, hypothesis shrinks it and the failure message prints it as a ``[[case]]``
 TOML snippet to paste into a suite.  Examples per run come from the hypothesis profile
-(``cases/hypothesis_profiles.py``; ``--hypothesis-profile ci|dev|thorough``).  Cases that a known
+(``runner/hypothesis_profiles.py``; ``--hypothesis-profile mla-ci|mla-dev|mla-thorough``).  Cases that a known
 deviation of the backend covers are not drawn for it (they would fail by design).
 """
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+import hashlib
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, assume, given, note, settings
@@ -27,15 +28,16 @@ from mlaconf.judge.deviations import DeviationSet
 from mlaconf.judge.policy import PolicySet
 from mlaconf.judge.verdict import judge_output, mode_text
 from mlaconf.reports.records import ErrorEvidence
-from mlaconf.runner import hypothesis_profiles  # noqa: F401  (registers and selects the profiles)
 from mlaconf.runner.collect import MlaReport, failure_of
-from mlaconf.runner.execution import execute, make_call
+from mlaconf.runner.execution import execute, make_call, output_digest
 
 pytestmark = pytest.mark.property
 
 MAX_BATCH = 3
 MAX_Q = 48
 MAX_PREFIX = 80
+#: The passing examples so far: a running digest of (case id, output digest) and their count.
+EXAMPLES = pytest.StashKey[tuple[Any, int]]()
 
 
 @st.composite
@@ -84,7 +86,7 @@ def test_random_case_matches_float64_golden(
     """
     note(f"case as a suite entry:\n{spec.to_toml()}")
     assume(deviation_set.match(backend.name, backend.info().version, spec) is None)
-    policy = pytestconfig.getoption("policy")
+    policy = pytestconfig.getoption("mla_policy")
     paste = f"\nPaste into a suite to keep it:\n{spec.to_toml()}"
     shrunk = {"spec": spec.content(), "toml": spec.to_toml()}
     evidence: dict[str, Any] = {
@@ -99,29 +101,48 @@ def test_random_case_matches_float64_golden(
         "device": backend.info().device,
     }
 
-    def fail(message: str) -> NoReturn:
-        """Record the failure, then fail without a traceback: pytest would print every fixture's
-        repr (the policy set's ~300 lines) around the verdict and the shrunk TOML."""
-        mla_report.pending(mla_report.record(verdict="failed", message=message.split("\n")[0], **evidence))
-        pytest.fail(message, pytrace=False)
-
+    subject = mode_text(spec, backend.name)
     try:
         golden = build_golden(spec)
         try:
-            out = execute(backend, make_call(golden.inputs, spec), spec).out
+            out: Any = execute(backend, make_call(golden.inputs, spec), spec).out
         except BackendError as exc:  # a failure like any other, so hypothesis shrinks it
             evidence["error"] = ErrorEvidence(observed_status=exc.status_name, observed_stage=exc.stage)
-            fail(f"{mode_text(spec, backend.name)}: backend rejected a valid case: {exc}{paste}")
-        metrics, verdict = judge_output(golden, out, policy_set, policy, backend.name)
-        evidence.update(
-            checks=[c.to_dict() for c in verdict.checks],
-            worst_slack=float(verdict.worst_slack),
-            metrics=metrics.to_dict(),
-            failing=[c.text() for c in verdict.failing],
-        )
-        if not verdict.passed:
-            fail(f"{mode_text(spec, backend.name)}: {verdict.summary()}{paste}")
-    except Exception as exc:  # outside the verdict path (pytest.fail's exception is no Exception)
+            failure: str | None = f"{subject}: backend rejected a valid case: {exc}"
+        else:
+            metrics, verdict = judge_output(golden, out, policy_set, policy, backend.name)
+            evidence.update(
+                checks=[c.to_dict() for c in verdict.checks],
+                worst_slack=float(verdict.worst_slack),
+                metrics=metrics.to_dict(),
+                failing=[c.text() for c in verdict.failing],
+            )
+            failure = None if verdict.passed else f"{subject}: {verdict.summary()}"
+    except Exception as exc:  # outside the verdict path
         evidence["failure"] = failure_of(mla_report.node, pytest.ExceptionInfo.from_exception(exc))
         mla_report.pending(mla_report.record(verdict="failed", message=str(exc).split("\n")[0], **evidence))
         raise
+    if failure is None:
+        record_pass(mla_report, spec.case_id, output_digest(out))
+        return
+    # kept pending: hypothesis replays the shrunk example last, and its record is the one that stays
+    record = mla_report.record(verdict="failed", message=failure.split("\n")[0], **evidence)
+    mla_report.conclude(record, "failed", f"{failure}{paste}", pending=True)
+
+
+def record_pass(mla_report: MlaReport, case_id: str, digest: str) -> None:
+    """Attach the passing record so far: a digest over every passing example's case and output,
+    so two runs over the same examples compare as identical (or not) in ``report diff``."""
+    node = mla_report.node
+    running, count = node.stash.get(EXAMPLES, (hashlib.sha256(), 0))
+    running.update(f"{case_id}:{digest};".encode())
+    node.stash[EXAMPLES] = (running, count + 1)
+    examples = {"count": count + 1, "derandomized": bool(settings().derandomize)}
+    mla_report.attach(
+        mla_report.record(
+            verdict="passed",
+            message=f"{count + 1} examples passed",
+            output_sha256=running.hexdigest(),
+            examples=examples,
+        )
+    )

@@ -95,8 +95,11 @@ def model_ratio(
     *,
     false_alarm: float,
     safety: float,
+    cells: np.ndarray | None = None,
 ) -> ModelResult:
-    """max |actual - golden| / bound over valid rows; ``actual``/``golden`` in any layout of [T, H*128]."""
+    """max |actual - golden| / bound over valid rows; ``actual``/``golden`` in any layout of [T, H*128].
+    ``cells`` (a [T, H] float array), when given, receives each valid (token, head)'s largest
+    ratio: the rule's slack per cell, for the report's error map."""
     t, h = spec.total_q, spec.head_num
     shape = (t, h, V_DIM)
     a_all = actual.reshape(shape)
@@ -151,6 +154,8 @@ def model_ratio(
         ratio[err == 0.0] = 0.0  # including 0 / 0
         ratio[np.isnan(ratio)] = np.inf
         n_over += int(np.count_nonzero(ratio > 1.0))
+        if cells is not None:
+            cells[tok] = ratio.max(axis=2)
         flat = int(np.argmax(ratio))
         value = float(ratio.flat[flat])
         if value > best:

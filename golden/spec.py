@@ -145,11 +145,6 @@ class CaseSpec:
     def cache_name(self) -> str:
         return CACHE_NAMES.get(self.cache_mode, f"cache{self.cache_mode}")
 
-    @property
-    def group_size(self) -> int:
-        """Query heads per kv head (GQA ratio)."""
-        return self.head_num // self.kv_head_num if self.kv_head_num else 0
-
     def content(self) -> dict[str, Any]:
         """The fields that determine inputs and outputs (what the hash covers)."""
         skip = {"name", "suite", "source", "source_commit"}

@@ -26,7 +26,7 @@ mlaconf regen smoke --out "$STORE"                          # CPU goldens
 MLA_GOLDEN_DEVICE=cuda mlaconf verify smoke --recompute --out "$STORE"   # recomputed on the GPU
 
 echo "== conformance: smoke on torch-cuda, flash-attn, flashinfer"
-pytest cases -n auto -p no:cacheprovider --suite smoke --golden-dir "$STORE" \
-    --backend torch-cuda --backend flash-attn --backend flashinfer \
-    --timing-repeats 5 --warmup 2 --run-name "$RUN_NAME" -rs
+pytest cases -n auto -p no:cacheprovider --mla-suite smoke --mla-golden-dir "$STORE" \
+    --mla-backend torch-cuda --mla-backend flash-attn --mla-backend flashinfer \
+    --mla-timing-repeats 5 --mla-warmup 2 --mla-run-name "$RUN_NAME" -rs
 echo "report: reports/out/$RUN_NAME/report.html"

@@ -185,18 +185,20 @@ class Deviation:
                 return False
         return True
 
-    def classify(self, error_status: str | None, numeric_passed: bool | None) -> Classification:
+    def classify(self, conforms: bool, observed_status: str | None) -> Classification:
         """Compare what happened with what this entry expects.
 
-        ``error_status``: the status name the backend raised, or None; ``numeric_passed``: the
-        verdict when it returned an output.  A clean pass is ``unexpected_pass`` (the deviation
-        may be fixed); the expected misbehaviour is ``expected``; anything else is ``different``.
+        ``conforms``: the documented behaviour happened (a numeric pass, a relation that holds, the
+        documented rejection); ``observed_status``: the status name the backend raised, or None
+        (it returned an output, or accepted an invalid call).  Conforming is ``unexpected_pass``
+        (the deviation may be fixed); the predicted misbehaviour is ``expected``; anything else is
+        ``different``.
         """
-        if error_status is None and numeric_passed:
+        if conforms:
             return "unexpected_pass"
         if self.outcome == "error":
-            return "expected" if error_status == self.error_status else "different"
-        return "expected" if error_status is None and numeric_passed is False else "different"
+            return "expected" if observed_status == self.error_status else "different"
+        return "expected" if observed_status is None else "different"
 
     def describe(self) -> str:
         what = f"error {self.error_status}" if self.outcome == "error" else "numeric failure"
@@ -206,11 +208,10 @@ class Deviation:
 
 @dataclass
 class DeviationSet:
-    """Every deviation of a file; remembers which ones matched a case in this process."""
+    """Every deviation of a file."""
 
     source: str
     entries: list[Deviation]
-    _used: set[str] = field(default_factory=set)
 
     def __repr__(self) -> str:
         """Short: test reports (hypothesis's failing-example line, in CI) print fixtures by repr."""
@@ -221,14 +222,8 @@ class DeviationSet:
         printer.text(repr(self))
 
     def match(self, backend: str, version: str | None, spec: CaseSpec) -> Deviation | None:
-        """The first entry (file order) covering this case; every covering entry counts as used."""
-        found = [d for d in self.entries if d.selects(backend, version, spec)]
-        self._used.update(d.id for d in found)
-        return found[0] if found else None
-
-    def unused(self) -> list[Deviation]:
-        """Entries that matched no case so far (stale data, or a suite that no longer covers them)."""
-        return [d for d in self.entries if d.id not in self._used]
+        """The first entry (file order) covering this case."""
+        return next((d for d in self.entries if d.selects(backend, version, spec)), None)
 
 
 def _entry(raw: Any, index: int, source: str) -> Deviation:

@@ -166,16 +166,6 @@ class Verdict:
             body += "Evidence over its bound: " + "; ".join(c.text() for c in self.evidence_over) + ". "
         return f"{head}{body}Worst element: {self.worst_element}."
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(
-            policy=self.policy,
-            passed=self.passed,
-            worst_slack=float(self.worst_slack),
-            checks=[c.to_dict() for c in self.checks],
-            overrides=[o.to_dict() for o in self.overrides],
-            worst_element=self.worst_element,
-        )
-
 
 # -- rules ---------------------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Literal
 
 import numpy as np
@@ -13,7 +14,7 @@ from mlaconf.golden.metrics import CHUNK_ELEMENTS, Metrics, compute_metrics
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.types import GoldenCase
 from mlaconf.judge.deviations import Deviation
-from mlaconf.judge.policy import PolicySet, Verdict, VerdictContext
+from mlaconf.judge.policy import Check, PolicySet, Verdict, VerdictContext
 
 #: An error map has at most this many token rows x heads (each cell the largest error it covers).
 MAP_ROWS, MAP_HEADS = 256, 128
@@ -43,14 +44,20 @@ def judge_output(
     return metrics, resolved.evaluate(metrics, baseline, verdict_context(golden, out))
 
 
-def outcome_of(passed: bool, error_status: str | None, deviation: Deviation | None) -> Outcome:
-    """The outcome of a numeric verdict (``passed``) or a rejection (``error_status``), deviations applied."""
+def outcome_of(conforms: bool, observed_status: str | None, deviation: Deviation | None) -> Outcome:
+    """The one rule, for every suite, from what happened and a known deviation to a test outcome.
+
+    ``conforms``: the documented behaviour happened (a numeric pass, a relation that holds, the
+    documented rejection); ``observed_status``: the status the backend raised, or None.  Without a
+    deviation that is passed or failed; with one, what it predicts is xfailed, conforming is xpassed
+    (the deviation may be stale), anything else failed (see :meth:`Deviation.classify`)."""
     if deviation is None:
-        return "passed" if passed and error_status is None else "failed"
-    return DEVIATION_OUTCOMES[deviation.classify(error_status, None if error_status else passed)]
+        return "passed" if conforms else "failed"
+    return DEVIATION_OUTCOMES[deviation.classify(conforms, observed_status)]
 
 
-def outcome_message(spec: CaseSpec, backend: str, outcome: Outcome, detail: str, deviation: Deviation | None) -> str:
+def outcome_message(subject: str, outcome: Outcome, detail: str, deviation: Deviation | None) -> str:
+    """``subject: detail``, prefixed for a known deviation's outcome and followed by the deviation."""
     prefix = {
         "passed": "",
         "failed": "",
@@ -58,30 +65,53 @@ def outcome_message(spec: CaseSpec, backend: str, outcome: Outcome, detail: str,
         "xpassed": "UNEXPECTED PASS of known deviation: ",
     }[outcome]
     known = f" [{deviation.describe()}]" if deviation else ""
-    return f"{prefix}{mode_text(spec, backend)}: {detail}{known}"
+    return f"{prefix}{subject}: {detail}{known}"
 
 
-def error_map(golden: GoldenCase, out: np.ndarray, bound: float | None) -> dict[str, Any]:
-    """Where the error sits, for the report: ``max_v |out - g| / max(1, |g|)`` per (token row, head)
-    divided by ``bound`` (the atb rule's e, so a cell above 1 fails; without it, by the largest
-    value), max-pooled to at most MAP_ROWS x MAP_HEADS cells.  NaN/Inf outputs are inf, rows of
-    zero-length batches None.  Values keep 3 significant digits: the record stays small."""
+def error_map(
+    golden: GoldenCase, out: np.ndarray, deciding: Check | None, model: tuple[float, float] | None = None
+) -> dict[str, Any]:
+    """Where the error sits, for the report, in units of the deciding check's slack (above 1 fails):
+    per (token row, head), max-pooled to at most MAP_ROWS x MAP_HEADS cells.
+
+    * deciding rule ``model`` (``model`` = its ``(false_alarm, safety)``): the largest
+      ``|out - g| / bound_e`` of the error model, i.e. the rule's own per-element slack;
+    * ``atb``: ``max_v |out - g| / max(1, |g|)`` divided by the rule's e;
+    * any other rule (benchmark ratios, ...), which has no per-element bound: that quantity scaled
+      so the worst cell equals the check's slack (``scaled``: true), so it shows where, not how much.
+
+    NaN/Inf outputs are inf, rows of zero-length batches None.  Values keep 3 significant digits."""
     spec = golden.spec
     rows, heads = spec.total_q, spec.head_num
-    a, g = out.reshape(rows, heads, V_DIM), golden.out.reshape(rows, heads, V_DIM)
     row_stride, head_stride = -(-rows // MAP_ROWS), -(-heads // MAP_HEADS)
     grid = np.full((-(-rows // row_stride) * row_stride, -(-heads // head_stride) * head_stride), np.nan)
-    step = max(CHUNK_ELEMENTS // (heads * V_DIM) // row_stride, 1) * row_stride
-    for start in range(0, rows, step):
-        stop = min(start + step, rows)
-        got, want = a[start:stop].astype(np.float64), g[start:stop]
-        with np.errstate(invalid="ignore", over="ignore"):
-            err = np.abs(got - want) / np.maximum(np.abs(want), 1.0)
-        err = np.where(np.isfinite(err), err, np.inf).max(axis=2)
-        grid[start:stop, :heads] = np.where(golden.row_valid[start:stop, None], err, np.nan)
+    rule = f"{deciding.rule}:{deciding.metric}" if deciding is not None else ""
+    if deciding is not None and deciding.rule == "model" and model is not None and golden.magnitudes:
+        cells = np.full((rows, heads), np.nan)
+        model_ratio(
+            out,
+            golden.out,
+            golden.row_valid,
+            golden.magnitudes,
+            spec,
+            false_alarm=model[0],
+            safety=model[1],
+            cells=cells,
+        )
+        grid[:rows, :heads] = cells
+        bound, scale, quantity = 1.0, 1.0, "max_v |out - g| / bound_e (the error model's per-element bound)"
+    else:
+        _scaled_error(golden, out, grid)
+        finite = grid[np.isfinite(grid)]
+        largest = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+        if deciding is not None and deciding.rule == "atb":
+            bound, scale, quantity = deciding.bound, deciding.bound, "max_v |out - g| / max(1, |g|) / the atb bound e"
+        elif deciding is not None and math.isfinite(deciding.slack) and deciding.slack > 0:
+            bound, scale = None, largest / deciding.slack
+            quantity = f"max_v |out - g| / max(1, |g|), scaled so the worst cell is {rule}'s slack"
+        else:
+            bound, scale, quantity = None, largest, "max_v |out - g| / max(1, |g|) / its largest value"
     pooled = np.fmax.reduce(grid.reshape(grid.shape[0] // row_stride, row_stride, -1, head_stride), axis=(1, 3))
-    finite = pooled[np.isfinite(pooled)]
-    scale = bound if bound else float(finite.max()) if finite.size and finite.max() > 0 else 1.0
     values = [[None if np.isnan(v) else float(f"{v / scale:.3g}") for v in row] for row in pooled]
     return {
         "values": values,
@@ -89,8 +119,26 @@ def error_map(golden: GoldenCase, out: np.ndarray, bound: float | None) -> dict[
         "head_stride": head_stride,
         "q_seqlen": list(spec.q_seqlen),
         "bound": bound,
-        "quantity": "max_v |out - g| / max(1, |g|) / " + ("the atb bound e" if bound else "its largest value"),
+        "rule": rule,
+        "slack": float(deciding.slack) if deciding is not None else None,
+        "scaled": bound is None,
+        "quantity": quantity,
     }
+
+
+def _scaled_error(golden: GoldenCase, out: np.ndarray, grid: np.ndarray) -> None:
+    """``max_v |out - g| / max(1, |g|)`` per valid (token, head) into ``grid`` (inf for NaN/Inf)."""
+    spec = golden.spec
+    rows, heads = spec.total_q, spec.head_num
+    a, g = out.reshape(rows, heads, V_DIM), golden.out.reshape(rows, heads, V_DIM)
+    step = max(CHUNK_ELEMENTS // (heads * V_DIM), 1)
+    for start in range(0, rows, step):
+        stop = min(start + step, rows)
+        got, want = a[start:stop].astype(np.float64), g[start:stop]
+        with np.errstate(invalid="ignore", over="ignore"):
+            err = np.abs(got - want) / np.maximum(np.abs(want), 1.0)
+        err = np.where(np.isfinite(err), err, np.inf).max(axis=2)
+        grid[start:stop, :heads] = np.where(golden.row_valid[start:stop, None], err, np.nan)
 
 
 def verdict_context(golden: GoldenCase, out: np.ndarray) -> VerdictContext:

@@ -33,6 +33,6 @@ PY
 python -m pytest -m npu -q -p no:cacheprovider
 
 echo "== 4/4 smoke conformance run"
-python -m pytest cases -n auto --backend atb --suite smoke --run-name "$run_name"
+python -m pytest cases -n auto --mla-backend atb --mla-suite smoke --mla-run-name "$run_name"
 
 echo "report: reports/out/$run_name/ (results.jsonl, run.json, report.html)"

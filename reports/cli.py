@@ -9,7 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from mlaconf.reports import diff, html, merge
-from mlaconf.reports.records import RESULTS_FILE, read_results, read_run, sort_records
+from mlaconf.reports.records import RESULTS_FILE, IncompleteRun, load_run_dir, sort_records
+
+ALLOW_INCOMPLETE_HELP = (
+    "use runs that are in progress, interrupted, crashed, from before run statuses, or whose counts "
+    "disagree with results.jsonl (refused by default: exit 2)"
+)
 
 
 def _existing_dir(text: str) -> Path:
@@ -34,7 +39,8 @@ def register(subparsers: Any) -> None:
         description="Compare a candidate run with a baseline case by case: identical, changed within "
         "tolerance, regressed, fixed, added or missing, plus latency changes.  Prints one line per "
         "changed case (full lines unless on a terminal) and writes diff.md, diff.html (with a slack "
-        "before/after chart) and diff.json.  Exit 1 when a case regressed or is missing.",
+        "before/after chart) and diff.json.  Exit 1 when a case regressed or is missing, or the candidate "
+        "ran fewer tests than it selected; exit 2 when a run is not complete (see --allow-incomplete).",
     )
     p.add_argument("base", type=_existing_dir, help="baseline report directory")
     p.add_argument("cand", type=_existing_dir, help="candidate report directory")
@@ -49,7 +55,9 @@ def register(subparsers: Any) -> None:
         "--latency-threshold",
         type=float,
         default=1.2,
-        help="latency ratio cand/base listed as a perf regression (default 1.2)",
+        help="latency ratio cand/base (median and fastest call) listed as a perf regression when significant "
+        f"(one-sided Mann-Whitney U, Holm-corrected at {diff.ALPHA:g}, at least {diff.MIN_REPEATS} timed calls "
+        "per side; default 1.2)",
     )
     p.add_argument("--fail-on-perf", action="store_true", help="perf regressions also fail the exit status")
     p.add_argument(
@@ -65,6 +73,7 @@ def register(subparsers: Any) -> None:
         "case, e.g. --base-backend atb --cand-backend torch-cuda; BASE and CAND may be the same run)",
     )
     p.add_argument("--cand-backend", default=None, metavar="NAME", help="compare only this backend's records of CAND")
+    p.add_argument("--allow-incomplete", action="store_true", help=ALLOW_INCOMPLETE_HELP)
     p.set_defaults(func=run_diff)
 
     p = verbs.add_parser(
@@ -80,6 +89,7 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="merge even when shards of the K/N set are missing or repeated (exit 0)",
     )
+    p.add_argument("--allow-incomplete", action="store_true", help=ALLOW_INCOMPLETE_HELP)
     p.set_defaults(func=run_merge)
 
     p = verbs.add_parser(
@@ -89,6 +99,7 @@ def register(subparsers: Any) -> None:
         "merge or with a newer version of the report.",
     )
     p.add_argument("dir", type=_existing_dir, help="report directory")
+    p.add_argument("--allow-incomplete", action="store_true", help=ALLOW_INCOMPLETE_HELP)
     p.set_defaults(func=run_html)
 
 
@@ -99,6 +110,9 @@ def _guarded(func: Any) -> Any:
     def run(args: argparse.Namespace) -> int:
         try:
             return int(func(args))
+        except IncompleteRun as exc:
+            print(f"mlaconf report {args.report_verb}: error: {exc}; --allow-incomplete to use it", file=sys.stderr)
+            return 2
         except (ValueError, OSError) as exc:
             print(f"mlaconf report {args.report_verb}: error: {exc}", file=sys.stderr)
             return 2
@@ -116,6 +130,7 @@ def run_diff(args: argparse.Namespace) -> int:
         latency_threshold=args.latency_threshold,
         base_backend=args.base_backend,
         cand_backend=args.cand_backend,
+        allow_incomplete=args.allow_incomplete,
     )
     out = args.out or args.cand / "diff"
     files = diff.write_outputs(result, out)
@@ -126,7 +141,7 @@ def run_diff(args: argparse.Namespace) -> int:
 
 @_guarded
 def run_merge(args: argparse.Namespace) -> int:
-    result = merge.merge_dirs(args.dirs)
+    result = merge.merge_dirs(args.dirs, allow_incomplete=args.allow_incomplete)
     merge.write_merged(result, args.out)
     incomplete = [w for w in result.warnings if w.startswith(merge.INCOMPLETE)]
     for warning in result.warnings:
@@ -143,6 +158,7 @@ def run_merge(args: argparse.Namespace) -> int:
 
 @_guarded
 def run_html(args: argparse.Namespace) -> int:
-    path = html.write_report(args.dir, sort_records(read_results(args.dir / RESULTS_FILE)), read_run(args.dir))
+    records, run, _ = load_run_dir(args.dir, allow_incomplete=args.allow_incomplete)
+    path = html.write_report(args.dir, sort_records(records), run)
     print(f"wrote {path}")
     return 0

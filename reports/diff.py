@@ -15,36 +15,59 @@ Every pair falls in one class (:data:`CATEGORIES`, each under its own heading):
 ``timed_out``         a test that now runs past its timeout
 ``fixed`` ``changed`` ``identical`` ``added`` ``missing``  as before
 
-The six first classes are regressions: they fail the gate, as do missing cases (unless allowed).
-Latency is listed separately and gates only when asked (``--fail-on-perf``), since timing is noisy.
+The six first classes are regressions: they fail the gate, as do missing cases (unless allowed)
+and a candidate that ran fewer tests than it selected.  Two records are ``identical`` when their
+outputs' digests match (conformance, metamorphic relations, properties), or, without digests,
+when their verdict and evidence match (:func:`mlaconf.reports.records.evidence_sha256`).
+
+Latency is compared only where both runs recorded at least :data:`MIN_REPEATS` timed calls per
+case (``--timing-repeats``): the candidate is slower when a one-sided Mann-Whitney U test (scipy)
+of its per-call latencies against the base's is significant at family-wise level :data:`ALPHA`
+over all compared pairs (Holm-Bonferroni), and both the median and the fastest call got slower
+by more than the latency threshold (load on a shared host inflates some calls; a slower kernel is
+slower on its fastest call too).  Every other pair is "not compared" (too few repeats) or
+"unchanged".  Latency gates only when asked (``--fail-on-perf``).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from html import escape
 from pathlib import Path
 from typing import Any
 
-from mlaconf.reports import html, svg
+from scipy import stats
+
+from mlaconf.reports import html, safeio, svg
 from mlaconf.reports.records import (
+    EVIDENCE_KEYS,
     PASSING,
-    RESULTS_FILE,
     Record,
+    RunState,
+    evidence,
+    evidence_sha256,
     failure_text,
     fmt,
     fmt_slack,
-    read_results,
-    read_run,
+    load_run_dir,
+    number,
     record_id,
     record_key,
     slack,
-    timing_value,
     upgrade,
     verdict,
 )
+
+#: Fewest timed calls per side before latencies are compared at all: with n calls a side the
+#: smallest one-sided p is 1 / C(2n, n) (5.4e-6 at n = 10), so a slowdown can stay significant
+#: after the Holm correction over up to ~1,800 compared pairs.
+MIN_REPEATS = 10
+#: Family-wise significance level of the one-sided Mann-Whitney U tests "the candidate is slower".
+ALPHA = 0.01
 
 CATEGORIES = (
     "regressed",
@@ -106,9 +129,19 @@ class CaseDiff:
     cand_slack: float | None
     reasons: list[str] = field(default_factory=list)
     metric_deltas: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
-    #: Metrics whose check fails in either run (their deltas are always shown).
+    #: Metrics whose deciding check fails in either run (their deltas are always shown).
     failing_metrics: list[str] = field(default_factory=list)
     suite: str = "conformance"
+    #: Slack of every check, ``rule:metric`` -> (base, candidate).
+    check_deltas: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
+    #: The checks that decide the verdict: failing deciding checks, else the tightest deciding one.
+    deciding: list[str] = field(default_factory=list)
+    #: Checks recorded as evidence only (never deciding, never listed as failing).
+    evidence_checks: list[str] = field(default_factory=list)
+    #: What the latency comparison found: "not compared (...)", "unchanged (...)", "slower ...".
+    latency: str = ""
+    #: Candidate / base median latency, where compared.
+    latency_ratio: float | None = None
 
 
 @dataclass
@@ -117,6 +150,9 @@ class PerfDiff:
     backend: str
     base_ms: float
     cand_ms: float
+    #: p-value of the one-sided Mann-Whitney U test (candidate slower) and the repeats per side.
+    p_value: float | None = None
+    repeats: tuple[int, int] = (0, 0)
 
     @property
     def ratio(self) -> float:
@@ -131,6 +167,8 @@ class DiffResult:
     perf: list[PerfDiff]
     notes: list[str]
     env_changes: list[tuple[str, str, str]]
+    #: Why the candidate cannot pass whatever its records say (it ran fewer tests than it selected).
+    gate_failures: list[str] = field(default_factory=list)
 
     def by_category(self, category: str) -> list[CaseDiff]:
         return [c for c in self.cases if c.category == category]
@@ -141,12 +179,17 @@ class DiffResult:
     def regressions(self) -> list[CaseDiff]:
         return [c for c in self.cases if c.category in REGRESSIONS]
 
+    def not_compared(self) -> int:
+        """Pairs whose latency was not compared (too few timed calls on a side)."""
+        return sum(c.latency.startswith("not compared") for c in self.cases)
+
     def exit_status(self, fail_on_perf: bool, allow_missing: bool = False) -> int:
         """1 when anything regressed (any class of :data:`REGRESSIONS`), when a compared case is
         missing or no longer runs (a backend that became unavailable must not pass an upgrade gate)
-        unless allowed, or on perf if asked."""
+        unless allowed, when the candidate ran fewer tests than it selected, or on perf if asked."""
         missing = bool(self.by_category("missing")) and not allow_missing
-        return 1 if self.regressions() or missing or (fail_on_perf and self.perf) else 0
+        failing = self.regressions() or missing or self.gate_failures or (fail_on_perf and self.perf)
+        return 1 if failing else 0
 
 
 def _state(record: Record) -> str:
@@ -180,9 +223,68 @@ def _observed(record: Record) -> str:
     return f"{error.get('observed_status')} at {error.get('observed_stage') or '?'}"
 
 
-def _failing_metrics(record: Record) -> list[str]:
+def _check_map(record: Record) -> dict[str, Mapping[str, Any]]:
+    """``rule:metric`` -> check, for every check of the record."""
     checks = [c for c in record.get("checks") or [] if isinstance(c, Mapping)]
-    return [str(c.get("metric")) for c in checks if c.get("passed") is False and c.get("metric")]
+    return {f"{c.get('rule', '?')}:{c.get('metric', '?')}": c for c in checks}
+
+
+def _decisive(check: Mapping[str, Any]) -> bool:
+    return check.get("decisive", True) is not False
+
+
+def _failing_metrics(record: Record) -> list[str]:
+    """Metrics of the deciding checks that fail (evidence-only checks never count)."""
+    checks = _check_map(record).values()
+    return [str(c.get("metric")) for c in checks if _decisive(c) and c.get("passed") is False and c.get("metric")]
+
+
+def deciding_checks(base: Record, cand: Record) -> list[str]:
+    """The deciding checks of a pair: those failing in either run, else the tightest in the candidate."""
+    checks = [(n, c) for record in (cand, base) for n, c in _check_map(record).items() if _decisive(c)]
+    failing = sorted({n for n, c in checks if c.get("passed") is False})
+    if failing:
+        return failing
+    tightest = max(checks, key=lambda nc: number(nc[1].get("slack")) or -1.0, default=None)
+    return [tightest[0]] if tightest else []
+
+
+def _evidence_reason(base: Record, cand: Record) -> str:
+    """What differs between two records that carry no output digest."""
+    b, c = evidence(base), evidence(cand)
+    differ = [k for k in (*EVIDENCE_KEYS, "failure") if b.get(k) != c.get(k)]
+    return "evidence differs: " + ", ".join(differ) if differ else ""
+
+
+def _digests(base: Record, cand: Record) -> tuple[str | None, str | None]:
+    return base.get("output_sha256") or None, cand.get("output_sha256") or None
+
+
+def _random_examples(record: Record) -> bool:
+    """A property record whose examples were drawn at random (not derandomized)."""
+    examples = record.get("examples")
+    return isinstance(examples, Mapping) and examples.get("derandomized") is False
+
+
+def same_result(base: Record, cand: Record) -> bool:
+    """Identical for the gate: equal output digests where both have one, else equal evidence; a
+    property that held on both sides over randomly drawn examples is identical too (its examples
+    differ by design)."""
+    b_sha, c_sha = _digests(base, cand)
+    if b_sha and c_sha:
+        if b_sha == c_sha:
+            return True
+        return _state(base) == _state(cand) == "pass" and (_random_examples(base) or _random_examples(cand))
+    return evidence_sha256(base) == evidence_sha256(cand)
+
+
+def _changed_reason(base: Record, cand: Record) -> str:
+    b_sha, c_sha = _digests(base, cand)
+    if b_sha and c_sha and b_sha != c_sha:
+        return f"output differs (sha256 {b_sha[:8]} -> {c_sha[:8]})"
+    if bool(b_sha) != bool(c_sha):
+        return "output digest only in the " + ("base" if b_sha else "candidate")
+    return _evidence_reason(base, cand) or "records differ"
 
 
 def _relation_reason(record: Record) -> str:
@@ -207,7 +309,6 @@ def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
     b_kind, c_kind = _failure_kind(base), _failure_kind(cand)
     if base.get("policy") and cand.get("policy") and base.get("policy") != cand.get("policy"):
         d.reasons.append(f"policy {base.get('policy')} -> {cand.get('policy')}")
-    same_output = bool(base.get("output_sha256")) and base.get("output_sha256") == cand.get("output_sha256")
     moved = f"{verdict(base)} -> {verdict(cand)}"
     if c_state == "fail" and c_kind in ("crash", "timeout") and b_kind != c_kind:
         d.category = "crashed" if c_kind == "crash" else "timed_out"
@@ -229,18 +330,87 @@ def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
     elif b_state != c_state:
         d.category = "missing" if c_state == "skip" else "added"
         d.reasons.append(f"{moved} (not comparable)")
-    elif same_output or (b_state == c_state == "skip"):
+    elif b_state == c_state == "skip" or (verdict(base) == verdict(cand) and same_result(base, cand)):
         d.category = "identical"
     elif b_state == "pass" and cs is not None and cs > 0.5 and (bs is None or bs <= 0 or cs > slack_threshold * bs):
         d.category = "regressed"
         d.reasons.append(f"slack {fmt_slack(bs)} -> {fmt_slack(cs)} (threshold {slack_threshold:g}x)")
+    if d.category == "changed":
+        d.reasons.append(moved if verdict(base) != verdict(cand) else _changed_reason(base, cand))
+        if suite == "metamorphic":
+            d.reasons.append(_relation_reason(cand))
     if d.category not in ("identical", "added", "missing"):
         bm, cm = _metrics(base), _metrics(cand)
         d.failing_metrics = sorted(set(_failing_metrics(base)) | set(_failing_metrics(cand)))
         d.metric_deltas = {k: (bm.get(k), cm.get(k)) for k in sorted(bm.keys() | cm.keys())}
+        b_checks, c_checks = _check_map(base), _check_map(cand)
+        d.check_deltas = {
+            n: (number((b_checks.get(n) or {}).get("slack")), number((c_checks.get(n) or {}).get("slack")))
+            for n in sorted(b_checks.keys() | c_checks.keys())
+        }
+        d.evidence_checks = [n for n, c in {**b_checks, **c_checks}.items() if not _decisive(c)]
+        d.deciding = deciding_checks(base, cand)
     if d.category == "changed" and b_state == "fail":
         d.reasons.append("still failing")
     return d
+
+
+@dataclass(frozen=True)
+class LatencyTest:
+    """One pair's per-call latencies compared: medians, fastest calls, the one-sided p-value."""
+
+    base_ms: float
+    cand_ms: float
+    base_min: float
+    cand_min: float
+    p_value: float
+    repeats: tuple[int, int]
+
+    def slower(self, threshold: float) -> bool:
+        """Slower by more than ``threshold`` on the median and on the fastest call."""
+        return self.cand_ms > threshold * self.base_ms and self.cand_min > threshold * self.base_min
+
+
+def latency_test(base: Record, cand: Record) -> LatencyTest | str:
+    """The pair's latency test, or why it is not compared ("" when neither side was timed)."""
+    samples = []
+    for record in (base, cand):
+        timing = record.get("timing")
+        raw = timing.get("latencies_ms") if isinstance(timing, Mapping) else None
+        samples.append([float(v) for v in raw or [] if number(v) is not None and math.isfinite(float(v))])
+    b, c = samples
+    if not (isinstance(base.get("timing"), Mapping) or isinstance(cand.get("timing"), Mapping)):
+        return ""  # nothing timed (a rejection, a relation, a skip)
+    if len(b) < MIN_REPEATS or len(c) < MIN_REPEATS:
+        return f"not compared ({len(b)} vs {len(c)} timed calls; needs {MIN_REPEATS} each)"
+    p = float(stats.mannwhitneyu(c, b, alternative="greater").pvalue)
+    return LatencyTest(statistics.median(b), statistics.median(c), min(b), min(c), p, (len(b), len(c)))
+
+
+def holm_significant(p_values: Sequence[float], alpha: float = ALPHA) -> list[bool]:
+    """Holm-Bonferroni step-down: which hypotheses are rejected at family-wise level ``alpha``."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    rejected = [False] * len(p_values)
+    for rank, i in enumerate(order):
+        if p_values[i] > alpha / (len(p_values) - rank):
+            break
+        rejected[i] = True
+    return rejected
+
+
+def judge_latency(tests: Sequence[tuple[CaseDiff, LatencyTest]], threshold: float) -> list[PerfDiff]:
+    """Set each pair's latency verdict; the significant slowdowns beyond ``threshold``."""
+    perf = []
+    significant = holm_significant([t.p_value for _, t in tests])
+    for (d, t), sig in zip(tests, significant, strict=True):
+        ratio = t.cand_ms / t.base_ms if t.base_ms > 0 else math.inf
+        d.latency_ratio = ratio
+        if sig and t.slower(threshold):
+            d.latency = f"slower {ratio:.2f}x (p = {t.p_value:.2g})"
+            perf.append(PerfDiff(d.case_id, d.backend, t.base_ms, t.cand_ms, t.p_value, t.repeats))
+        else:
+            d.latency = f"unchanged ({ratio:.2f}x, p = {t.p_value:.2g}{'' if sig else ', not significant'})"
+    return perf
 
 
 def diff_records(
@@ -267,7 +437,7 @@ def diff_records(
 
     base_by, cand_by = keyed(base, base_backend), keyed(cand, cand_backend)
     cases: list[CaseDiff] = []
-    perf: list[PerfDiff] = []
+    timed: list[tuple[CaseDiff, LatencyTest]] = []
     for key in sorted(base_by.keys() | cand_by.keys()):
         b, c = base_by.get(key), cand_by.get(key)
         if b is None or c is None:
@@ -282,31 +452,62 @@ def diff_records(
                     None if c is None else verdict(c),
                     None if b is None else slack(b),
                     None if c is None else slack(c),
+                    ["only in the " + ("candidate" if b is None else "base")],
                     suite=str(present.get("suite") or "conformance"),
                 )
             )
             continue
         d = classify(b, c, slack_threshold)
         d.backend = key[1]
+        test = latency_test(b, c)
+        if isinstance(test, LatencyTest):
+            timed.append((d, test))
+        else:
+            d.latency = test
         cases.append(d)
-        b_ms, c_ms = timing_value(b, "latency_ms_median"), timing_value(c, "latency_ms_median")
-        if b_ms and c_ms and b_ms > 0 and c_ms / b_ms > latency_threshold:
-            perf.append(PerfDiff(key[0], key[1], b_ms, c_ms))
+    perf = judge_latency(timed, latency_threshold)
     perf.sort(key=lambda p: -p.ratio)
     return cases, perf
 
 
-def _run_notes(base_run: Mapping[str, Any], cand_run: Mapping[str, Any], cases: Sequence[CaseDiff]) -> list[str]:
+def _backends(records: Sequence[Record]) -> list[str]:
+    return sorted({str(r.get("backend")) for r in records})
+
+
+def _run_notes(
+    base_run: Mapping[str, Any],
+    cand_run: Mapping[str, Any],
+    cases: Sequence[CaseDiff],
+    backends: tuple[list[str], list[str]] = ([], []),
+) -> list[str]:
     notes: list[str] = []
     added = sum(c.category == "added" for c in cases)
     missing = sum(c.category == "missing" for c in cases)
     if added or missing:
         notes.append(f"case sets differ: {added} added, {missing} missing (or skipped on one side)")
+    base_b, cand_b = backends
+    paired = any(c.category not in ("added", "missing") for c in cases)
+    if base_b and cand_b and not paired and not set(base_b) & set(cand_b):
+        notes.append(
+            f"no record paired: the base ran backend {', '.join(base_b)}, the candidate {', '.join(cand_b)}; "
+            f"compare them case by case with --base-backend {base_b[0]} --cand-backend {cand_b[0]}"
+        )
     bp = base_run.get("policies") or base_run.get("policy")  # policies: what the records were judged by
     cp = cand_run.get("policies") or cand_run.get("policy")
     if bp != cp:
         notes.append(f"policies differ: base {bp}, candidate {cp}; verdicts were judged by different rules")
     return notes
+
+
+def _state_notes(side: str, state: RunState | None) -> tuple[list[str], list[str]]:
+    """Notes on a side's run state, and (candidate only) why the gate fails regardless."""
+    if state is None:
+        return [f"the {side} run's run.json has no status: whether it completed is unknown"], []
+    notes = [] if state.status == "complete" else [f"the {side} run is {state.status} (--allow-incomplete)"]
+    if state.short <= 0:
+        return notes, []
+    short = f"the {side} run ran {state.counts.run} of {state.counts.selected} selected tests"
+    return (notes, [short]) if side == "candidate" else ([*notes, short], [])
 
 
 def _env_changes(base_run: Mapping[str, Any], cand_run: Mapping[str, Any]) -> list[tuple[str, str, str]]:
@@ -322,12 +523,21 @@ def diff_dirs(
     latency_threshold: float = 1.2,
     base_backend: str | None = None,
     cand_backend: str | None = None,
+    allow_incomplete: bool = False,
 ) -> DiffResult:
-    base_records, cand_records = read_results(base / RESULTS_FILE), read_results(cand / RESULTS_FILE)
+    """Diff two run directories; a run that is not complete and consistent raises
+    IncompleteRun unless ``allow_incomplete``."""
+    base_records, base_run, base_state = load_run_dir(base, allow_incomplete=allow_incomplete)
+    cand_records, cand_run, cand_state = load_run_dir(cand, allow_incomplete=allow_incomplete)
     notes: list[str] = []
+    gate_failures: list[str] = []
+    for side, state in (("base", base_state), ("candidate", cand_state)):
+        more, failing = _state_notes(side, state)
+        notes += more
+        gate_failures += failing
     for side, records, backend in (("base", base_records, base_backend), ("candidate", cand_records, cand_backend)):
         if backend is not None and not any(r.get("backend") == backend for r in records):
-            have = sorted({str(r.get("backend")) for r in records})
+            have = _backends(records)
             notes.append(f"the {side} run has no records of backend {backend!r} (it has {', '.join(have) or 'none'})")
     cases, perf = diff_records(
         base_records,
@@ -337,20 +547,33 @@ def diff_dirs(
         base_backend=base_backend,
         cand_backend=cand_backend,
     )
-    base_run, cand_run = read_run(base), read_run(cand)
     if base_backend is not None or cand_backend is not None:
         notes.append(
             f"comparing backend {base_backend or '(all)'} of the base with {cand_backend or '(all)'} "
             "of the candidate, case by case"
         )
-    return DiffResult(
+    backends = ([], []) if base_backend or cand_backend else (_backends(base_records), _backends(cand_records))
+    result = DiffResult(
         str(base),
         str(cand),
         cases,
         perf,
-        notes + _run_notes(base_run, cand_run, cases),
+        notes + _run_notes(base_run, cand_run, cases, backends),
         _env_changes(base_run, cand_run),
+        gate_failures,
     )
+    ratios = [c.latency_ratio for c in cases if c.latency_ratio is not None]
+    if ratios:
+        result.notes.append(
+            f"median latency ratio over {len(ratios)} compared pairs: {statistics.median(ratios):.2f}x "
+            "(far from 1 everywhere: a busier or slower host, or a slower toolkit; rerun both on a quiet host)"
+        )
+    if result.not_compared():
+        result.notes.append(
+            f"latency not compared for {result.not_compared()} pairs: fewer than {MIN_REPEATS} timed calls "
+            "on a side (--timing-repeats)"
+        )
+    return result
 
 
 # ---- rendering -------------------------------------------------------------------------------
@@ -363,21 +586,31 @@ def _value(value: float | None, spec: str) -> str:
     return fmt(value, spec)
 
 
+def _check_text(d: CaseDiff, name: str) -> str:
+    b, c = d.check_deltas.get(name, (None, None))
+    role = " (evidence)" if name in d.evidence_checks else ""
+    mark = " FAILING" if name in d.deciding and c is not None and c > 1.0 else ""
+    return f"{name}{role}{mark} slack {fmt_slack(b)}->{fmt_slack(c)}"
+
+
 def _deltas(d: CaseDiff, only_failing: bool = False) -> str:
-    """Metric deltas, failing metrics first; every failing metric always, the rest unless asked."""
+    """The deciding check's slack first, then every other check and metric that moved (with
+    ``only_failing``, the deciding checks and failing metrics only)."""
+    parts = [_check_text(d, n) for n in d.deciding]
+    others = [n for n in d.check_deltas if n not in d.deciding]
+    if not only_failing:
+        parts += [_check_text(d, n) for n in others if d.check_deltas[n][0] != d.check_deltas[n][1]]
     names = [*d.failing_metrics, *(n for n in d.metric_deltas if n not in d.failing_metrics)]
     if only_failing:
         names = list(d.failing_metrics)
-    parts = []
     for name in names:
         if name not in d.metric_deltas:
             continue
         b, c = d.metric_deltas[name]
-        mark = " FAILING" if name in d.failing_metrics else ""
-        if b == c and not mark:
+        if b == c and name not in d.failing_metrics:
             continue  # unchanged: nothing to say
         delta = _value(c - b, "+.2e") if b is not None and c is not None else "n/a"
-        parts.append(f"{name}{mark} {_value(b, '.2e')}->{_value(c, '.2e')} ({delta})")
+        parts.append(f"{name} {_value(b, '.2e')}->{_value(c, '.2e')} ({delta})")
     return "; ".join(parts)
 
 
@@ -395,8 +628,8 @@ def _rows(result: DiffResult, category: str) -> list[list[str]]:
     ]
 
 
-HEADERS = ["case", "backend", "verdict", "slack", "why", "metric deltas (base->cand)"]
-PERF_HEADERS = ["case", "backend", "base ms", "cand ms", "ratio"]
+HEADERS = ["case", "backend", "verdict", "slack", "why", "deciding check, then other deltas (base->cand)"]
+PERF_HEADERS = ["case", "backend", "base ms", "cand ms", "ratio", "p (Mann-Whitney U)", "timed calls"]
 
 
 def _ms(value: float) -> str:
@@ -405,7 +638,18 @@ def _ms(value: float) -> str:
 
 
 def _perf_rows(result: DiffResult) -> list[list[str]]:
-    return [[p.case_id, p.backend, _ms(p.base_ms), _ms(p.cand_ms), f"{p.ratio:.2f}x"] for p in result.perf]
+    return [
+        [
+            p.case_id,
+            p.backend,
+            _ms(p.base_ms),
+            _ms(p.cand_ms),
+            f"{p.ratio:.2f}x",
+            fmt(p.p_value, ".2g"),
+            f"{p.repeats[0]} / {p.repeats[1]}",
+        ]
+        for p in result.perf
+    ]
 
 
 def _heading(category: str, count: int) -> str:
@@ -422,6 +666,7 @@ def terminal(result: DiffResult, width: int | None = None) -> str:
         f"diff {result.base} -> {result.cand}",
         "  " + "  ".join(f"{k}: {v}" for k, v in counts.items()) + f"  perf: {len(result.perf)}",
     ]
+    lines += [f"  GATE FAILS: {g}" for g in result.gate_failures]
     lines += [f"  NOTE: {n}" for n in result.notes]
     lines += [f"  env {k}: {b} -> {c}" for k, b, c in result.env_changes]
     for category in LISTED:
@@ -431,7 +676,7 @@ def terminal(result: DiffResult, width: int | None = None) -> str:
         lines.append(f"-- {_heading(category, len(found))}")
         for d in found:
             why = "; ".join(r for r in d.reasons if r)
-            failing = _deltas(d, only_failing=True) or ("" if why else _deltas(d))
+            failing = _deltas(d)
             slacks = (
                 f" slack {fmt_slack(d.base_slack)}->{fmt_slack(d.cand_slack)}"
                 if d.base_slack is not None or d.cand_slack is not None
@@ -447,7 +692,8 @@ def terminal(result: DiffResult, width: int | None = None) -> str:
     if result.perf:
         lines.append(f"-- Perf regressions ({len(result.perf)})")
     lines += [
-        f"PERF      {p.case_id} [{p.backend}] {_ms(p.base_ms)} ms -> {_ms(p.cand_ms)} ms ({p.ratio:.2f}x)"
+        f"PERF      {p.case_id} [{p.backend}] {_ms(p.base_ms)} ms -> {_ms(p.cand_ms)} ms ({p.ratio:.2f}x, "
+        f"Mann-Whitney U p = {fmt(p.p_value, '.2g')}, {p.repeats[0]} / {p.repeats[1]} timed calls)"
         for p in result.perf
     ]
     return "\n".join(lines)
@@ -467,6 +713,7 @@ def markdown(result: DiffResult) -> str:
         f"# Run diff\n\nbase `{result.base}` → candidate `{result.cand}`\n",
         _md_table([*result.counts(), "perf"], [[str(v) for v in result.counts().values()] + [str(len(result.perf))]]),
     ]
+    parts += [f"\n> **Gate fails:** {g}" for g in result.gate_failures]
     parts += [f"\n> **Note:** {n}" for n in result.notes]
     if result.env_changes:
         parts.append("\n## Environment changes\n\n" + _md_table(["key", "base", "candidate"], result.env_changes))
@@ -513,6 +760,7 @@ def render_html(result: DiffResult) -> str:
         ),
         f"<p>base <code>{escape(result.base)}</code> → candidate <code>{escape(result.cand)}</code></p>",
     ]
+    sections += [f'<p class="failed">Gate fails: {escape(g)}</p>' for g in result.gate_failures]
     sections += [f'<p class="note">Note: {escape(n)}</p>' for n in result.notes]
     chart = slack_chart(result)
     if chart:
@@ -535,8 +783,9 @@ def render_html(result: DiffResult) -> str:
 
 
 def write_outputs(result: DiffResult, out: Path) -> list[Path]:
-    """diff.md, diff.html and diff.json (machine-readable) under ``out``."""
-    out.mkdir(parents=True, exist_ok=True)
+    """diff.md, diff.html and diff.json (machine-readable) under ``out``, each written atomically
+    (a symlink planted at any of them, or at ``out``, is refused)."""
+    safeio.safe_dir(out)
     files = {
         "diff.md": markdown(result),
         "diff.html": render_html(result),
@@ -544,6 +793,14 @@ def write_outputs(result: DiffResult, out: Path) -> list[Path]:
             {
                 "counts": result.counts(),
                 "notes": result.notes,
+                "gate_failures": result.gate_failures,
+                "latency_not_compared": result.not_compared(),
+                "latency_test": {
+                    "test": "Mann-Whitney U, one-sided (candidate slower), Holm-Bonferroni over the compared pairs",
+                    "alpha": ALPHA,
+                    "min_repeats": MIN_REPEATS,
+                    "effect": "median and fastest call both slower by more than the latency threshold",
+                },
                 "gate_failing_classes": list(REGRESSIONS),
                 "regressions": len(result.regressions()),
                 "categories": {category: [asdict(c) for c in result.by_category(category)] for category in LISTED},
@@ -556,5 +813,5 @@ def write_outputs(result: DiffResult, out: Path) -> list[Path]:
         ),
     }
     for name, text in files.items():
-        (out / name).write_text(text, encoding="utf-8")
+        safeio.atomic_write(out / name, text)
     return [out / name for name in files]

@@ -7,20 +7,24 @@ and in a CI artifact viewer.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from html import escape
 from pathlib import Path
 from typing import Any
 
-from mlaconf.reports import svg
+from mlaconf.reports import safeio, svg
 from mlaconf.reports.records import (
     HTML_FILE,
     VERDICTS,
+    GroupKey,
+    GroupStats,
     Record,
     case_records,
     failing_summary,
     fmt,
     fmt_slack,
+    group_key,
     group_stats,
     metric,
     slack,
@@ -48,6 +52,12 @@ th{background:#f0f0f0}abbr{text-decoration:underline dotted;white-space:nowrap}
 .errmap .tile{stroke:#000;stroke-dasharray:2 2;stroke-opacity:.6}.errmap .batch{stroke:#000;stroke-width:1.5}
 pre{background:#f7f7f7;padding:4px;white-space:pre-wrap;overflow-wrap:anywhere}details{margin:4px 0}
 .note{color:#8a6100}
+.banner{padding:.5em .8em;font-size:1.3em;font-weight:bold;color:#fff;border-radius:4px;margin:.4em 0}
+.banner.fail{background:#b00020}.banner.pass{background:#176b1d}.banner.incomplete{background:#8a6100}
+.banner.nothing{background:#555}.counts span{margin-right:1em;font-size:1.1em}
+.counts .zero{color:#999;font-weight:normal}
+nav.toc ol{margin:.3em 0;padding-left:1.4em;columns:2}nav.toc li{margin:1px 0}
+summary{cursor:pointer}details.case>summary{font-weight:bold}
 """
 
 #: Failing cases shown expanded (error map visible) before the rest collapse.
@@ -126,14 +136,22 @@ def _verdict_cell(record: Record) -> Raw:
     return tag("span", v, v)
 
 
-def _group_section(records: Sequence[Record]) -> str:
+def _count_cell(g: GroupStats, name: str, failing_groups: set[GroupKey]) -> Any:
+    """A verdict count; a failing group's failure counts link to its cases in the failures section."""
+    n = g.counts[name]
+    if n and name in BAD and g.key in failing_groups:
+        return Raw(f'<a class="{name}" href="#{group_anchor(g.key)}">{n}</a>')
+    return n
+
+
+def _group_section(records: Sequence[Record], failing_groups: set[GroupKey] | None = None) -> str:
     rows = []
     for g in group_stats(records):
         rows.append(
             [
                 *g.key,
                 g.total,
-                *(g.counts[v] for v in VERDICTS),
+                *(_count_cell(g, v, failing_groups or set()) for v in VERDICTS),
                 Num(fmt_slack(g.worst_slack)),
                 Num(fmt(g.max_rel_err, ".2e")),
                 Num(fmt(g.median_rmse, ".2e")),
@@ -155,7 +173,7 @@ def _group_section(records: Sequence[Record]) -> str:
         "median TFLOP/s",
     ]
     return (
-        "<h2>Summary by group</h2>"
+        '<h2 id="groups">Summary by group</h2>'
         + table(headers, rows, "groups")
         + ('<p class="note">Timing is informational and never part of a verdict.</p>')
     )
@@ -258,7 +276,7 @@ def _overview_section(records: Sequence[Record]) -> str:
     if not charts and not breakdowns:
         return ""
     return (
-        "<h2>Across groups</h2>"
+        '<h2 id="across">Across groups</h2>'
         + (f'<div class="plots">{"".join(charts)}</div>' if charts else "")
         + (
             f'<h3>Breakdowns by case property (all backends)</h3><div class="plots">{"".join(breakdowns)}</div>'
@@ -269,7 +287,7 @@ def _overview_section(records: Sequence[Record]) -> str:
 
 
 def _plots_section(records: Sequence[Record]) -> str:
-    parts = ["<h2>Distributions per group</h2>"]
+    parts = ['<h2 id="distributions">Distributions per group</h2>']
     for g in group_stats(records):
         slacks = [v for v in (slack(r) for r in _measured(g.records)) if v is not None]
         rmse = [v for v in (metric(r, "rmse") for r in g.records) if v is not None]
@@ -324,15 +342,25 @@ def error_map_chart(r: Record) -> str:
     stride, head_stride = emap.get("row_stride"), emap.get("head_stride")
     q_seqlen = [n for n in emap.get("q_seqlen") or [] if isinstance(n, int)]
     title = f"where the error sits: {r.get('case_id', '?')}"
-    bound = _num(emap.get("bound"))
     return svg.error_map(
         values,
         title,
         row_stride=stride if isinstance(stride, int) and stride > 0 else 1,
         q_seqlen=q_seqlen,
-        bound=bound,
+        legend=map_legend(emap),
         head_stride=head_stride if isinstance(head_stride, int) and head_stride > 0 else 1,
     )
+
+
+def map_legend(emap: Mapping[str, Any]) -> list[str]:
+    """What an error map's colours mean: the deciding rule's slack (or, for maps written before the
+    rule was recorded, the atb bound's or the largest value's)."""
+    rule = emap.get("rule")
+    if isinstance(rule, str) and rule:
+        return ["slack of the deciding check", rule, "(scaled to its slack)" if emap.get("scaled") else "(per element)"]
+    if _num(emap.get("bound")) is not None:
+        return ["slack of atb (error / e)", "(not the deciding rule)"]
+    return ["error / largest error"]
 
 
 def case_details(r: Record, open_: bool = False) -> str:
@@ -346,6 +374,7 @@ def case_details(r: Record, open_: bool = False) -> str:
             Num(fmt(_num(c.get("bound")), ".3e")),
             Num(fmt(_num(c.get("slack")))),
             tag("span", "pass" if c.get("passed") else "FAIL", "passed" if c.get("passed") else "failed"),
+            "evidence only" if c.get("decisive") is False else "deciding",
         ]
         for c in checks
     ]
@@ -356,12 +385,12 @@ def case_details(r: Record, open_: bool = False) -> str:
         f"{failing_summary(r)}"
     )
     return (
-        f"<details{' open' if open_ else ''}><summary>{escape(summary)}</summary>"
+        f'<details class="case" id="{case_anchor(r)}"{" open" if open_ else ""}><summary>{escape(summary)}</summary>'
         + error_map_chart(r)
         + f"<p>policy {escape(str(r.get('policy', '-')))}, "
         f"node <code>{escape(str(r.get('test') or r.get('nodeid') or ''))}</code></p>"
         f"<pre>{escape(str(r.get('message') or ''))}</pre>"
-        + table(["rule", "metric", "value", "bound", "slack", ""], check_rows, "checks")
+        + table(["rule", "metric", "value", "bound", "slack", "", "role"], check_rows, "checks")
         + table(["metric", "value"], [[k, stat(v)] for k, v in sorted(metrics.items())])
         + _evidence(r)
         + f"<pre>{escape(json.dumps(r.get('spec'), indent=1, sort_keys=True, default=str))}</pre></details>"
@@ -385,13 +414,91 @@ def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+#: Verdicts that make a run red (an unexpected pass of a known deviation too: the deviation file is stale).
+BAD = ("failed", "error", "xpassed")
+
+
+def anchor(*parts: str) -> str:
+    """An HTML id from free text (case ids, group keys): letters, digits, '-', '_' and '.' only."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", "-".join(parts)).strip("-") or "x"
+
+
+def case_anchor(r: Record) -> str:
+    return anchor(
+        "case",
+        str(r.get("suite") or "conformance"),
+        str(r.get("case_id") or r.get("relation") or "?"),
+        str(r.get("backend", "?")),
+        str(r.get("test") or ""),
+    )
+
+
+def group_anchor(key: Sequence[str]) -> str:
+    return anchor("fail", *key)
+
+
+def verdict_banner(records: Sequence[Record], run: Mapping[str, Any]) -> str:
+    """The run's verdict in one coloured line, then every verdict's count (failures in red)."""
+    counts = {v: sum(verdict(r) == v for r in records) for v in VERDICTS}
+    bad = sum(counts[v] for v in BAD)
+    problems = [str(p) for p in run.get("problems") or [] if p]
+    status = run.get("status")
+    raw = run.get("counts")
+    state = raw if isinstance(raw, Mapping) else {}
+    selected, ran = state.get("selected"), state.get("run")
+    short = isinstance(selected, int) and isinstance(ran, int) and ran < selected
+    if status not in (None, "complete"):
+        cls, text = (
+            "incomplete",
+            f"INCOMPLETE: the run is {status} after {ran} of {selected} selected tests; no verdict",
+        )
+    elif short:
+        assert isinstance(selected, int) and isinstance(ran, int)
+        cls, text = "incomplete", f"INCOMPLETE: {selected - ran} of {selected} selected tests never ran; no verdict"
+    elif bad or problems:
+        why = f"{bad} of {len(records)} tests failed" if bad else "the run cannot pass"
+        cls, text = "fail", f"FAIL: {why}" + (f"; {len(problems)} run problems" if problems else "")
+    elif counts["skipped"] == len(records):
+        cls, text = "nothing", f"NOTHING TESTED: all {len(records)} tests skipped"
+    else:
+        cls, text = "pass", f"PASS: {counts['passed'] + counts['xfailed']} of {len(records)} tests conform"
+    if status is None:
+        text += " (run.json has no status: completeness unknown)"
+    chips = "".join(f'<span class="{v if counts[v] else "zero"}">{counts[v]} {escape(v)}</span>' for v in VERDICTS)
+    lines = "".join(f'<p class="failed">ERROR: {escape(p)}</p>' for p in problems)
+    return f'<div class="banner {cls}" id="verdict">{escape(text)}</div><p class="counts">{chips}</p>{lines}'
+
+
+def contents(entries: Sequence[tuple[str, str]]) -> str:
+    items = "".join(f'<li><a href="#{escape(i)}">{escape(t)}</a></li>' for i, t in entries)
+    return f'<nav class="toc" id="contents"><b>Contents</b><ol>{items}</ol></nav>'
+
+
+def _failures_section(bad: Sequence[Record]) -> str:
+    """Failing and unexpected records grouped by backend x dtype x mask x cache, worst first."""
+    if not bad:
+        return '<h2 id="failures">Failing and unexpected cases (0)</h2><p>None.</p>'
+    groups: dict[tuple[str, ...], list[Record]] = {}
+    for r in sorted(bad, key=lambda r: (-(slack(r) or 0.0) if slack(r) is not None else 0.0, str(r.get("case_id")))):
+        groups.setdefault(group_key(r), []).append(r)
+    parts = [f'<h2 id="failures">Failing and unexpected cases ({len(bad)})</h2>']
+    shown = 0
+    for key in sorted(groups, key=lambda k: (-len(groups[k]), k)):
+        parts.append(f'<h3 id="{group_anchor(key)}">{escape(" / ".join(key))} ({len(groups[key])})</h3>')
+        for r in groups[key]:
+            parts.append(case_details(r, shown < OPEN_DETAILS))
+            shown += 1
+    return "".join(parts)
+
+
 def render(records: Sequence[Record], run: Mapping[str, Any]) -> str:
     counts = {v: sum(verdict(r) == v for r in records) for v in VERDICTS}
     head = table(
-        ["run", "started", "finished", "shard", "policies", *VERDICTS],
+        ["run", "status", "started", "finished", "shard", "policies", *VERDICTS],
         [
             [
                 run.get("run_name", "?"),
+                run.get("status", "unknown"),
                 run.get("started", "?"),
                 run.get("finished", "?"),
                 run.get("shard") or "-",
@@ -401,33 +508,50 @@ def render(records: Sequence[Record], run: Mapping[str, Any]) -> str:
         ],
         "run",
     )
-    bad = [r for r in records if verdict(r) in ("failed", "error", "xpassed")]
+    bad = [r for r in records if verdict(r) in BAD]
     cases = case_records(records) or list(records)
+    failing_groups = {group_key(r) for r in bad}
+    ordered = sorted(records, key=lambda r: verdict(r) not in BAD)  # failures first, then the run's order
     sections = [
-        head,
-        "<h2>Suites</h2>"
-        + table(
-            ["suite", "backend", *VERDICTS],
-            [[s, b, *(c[v] for v in VERDICTS)] for s, b, c in suite_counts(records)],
+        ("failures", f"Failing and unexpected cases ({len(bad)})", _failures_section(bad)),
+        (
             "suites",
+            "Suites",
+            '<h2 id="suites">Suites</h2>'
+            + table(
+                ["suite", "backend", *VERDICTS],
+                [[s, b, *(c[v] for v in VERDICTS)] for s, b, c in suite_counts(records)],
+                "suites",
+            ),
         ),
-        _group_section(cases),
-        _overview_section(cases),
-        _plots_section(cases),
-        "<h2>Worst cases by slack</h2>" + table(CASE_HEADERS, [_case_row(r) for r in worst_cases(records)]),
-        f"<h2>Failing and unexpected cases ({len(bad)})</h2>"
-        + ("".join(case_details(r, n < OPEN_DETAILS) for n, r in enumerate(bad)) or "<p>None.</p>"),
-        f"<h2>All cases ({len(records)})</h2><details><summary>show</summary>"
-        + table(CASE_HEADERS, [_case_row(r) for r in records], "cases")
-        + "</details>",
-        "<h2>Environment</h2>" + table(["key", "value"], flatten(dict(run)), "env"),
+        ("groups", "Summary by group", _group_section(cases, failing_groups)),
+        ("across", "Across groups", _overview_section(cases)),
+        ("distributions", "Distributions per group", _plots_section(cases)),
+        (
+            "worst",
+            "Worst cases by slack",
+            '<h2 id="worst">Worst cases by slack</h2>'
+            + table(CASE_HEADERS, [_case_row(r) for r in worst_cases(records)]),
+        ),
+        (
+            "all",
+            f"All cases ({len(records)})",
+            f'<h2 id="all">All cases ({len(records)}, failures first)</h2><details><summary>show</summary>'
+            + table(CASE_HEADERS, [_case_row(r) for r in ordered], "cases")
+            + "</details>",
+        ),
+        (
+            "environment",
+            "Environment",
+            '<h2 id="environment">Environment</h2>' + table(["key", "value"], flatten(dict(run)), "env"),
+        ),
     ]
-    return page(f"MLA prefill conformance: {run.get('run_name', '')}", sections)
+    present = [(i, t, body) for i, t, body in sections if body]
+    return page(
+        f"MLA prefill conformance: {run.get('run_name', '')}",
+        [verdict_banner(records, run), contents([(i, t) for i, t, _ in present]), head, *(b for _, _, b in present)],
+    )
 
 
 def write_report(directory: Path, records: Sequence[Record], run: Mapping[str, Any]) -> Path:
-    path = directory / HTML_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(render(records, run), encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return safeio.atomic_write(directory / HTML_FILE, render(records, run))

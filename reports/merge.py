@@ -11,15 +11,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlaconf.reports import html
+from mlaconf.reports import html, safeio
 from mlaconf.reports.records import (
     RESULTS_FILE,
     RUN_FILE,
     VERDICTS,
     Record,
+    RunState,
     dumps,
-    read_results,
-    read_run,
+    load_run_dir,
     record_key,
     sort_records,
     verdict,
@@ -59,11 +59,14 @@ def _shard_warnings(runs: Sequence[dict[str, Any]]) -> list[str]:
     return out
 
 
-def merge_dirs(dirs: Sequence[Path]) -> MergeResult:
+def merge_dirs(dirs: Sequence[Path], *, allow_incomplete: bool = False) -> MergeResult:
+    """Join shard directories; a shard that is not complete and consistent raises IncompleteRun
+    unless ``allow_incomplete`` (then the merged run is marked with the worst shard status)."""
     seen: dict[tuple[str, str], tuple[Path, Record]] = {}
     conflicts: list[str] = []
-    for directory in dirs:
-        for record in read_results(directory / RESULTS_FILE):
+    loaded = [load_run_dir(d, allow_incomplete=allow_incomplete) for d in dirs]
+    for directory, (shard_records, _, _) in zip(dirs, loaded, strict=True):
+        for record in shard_records:
             key = record_key(record)
             if key not in seen:
                 seen[key] = (directory, record)
@@ -73,7 +76,8 @@ def merge_dirs(dirs: Sequence[Path]) -> MergeResult:
                     f"({verdict(seen[key][1])} vs {verdict(record)})"
                 )
     merged = sort_records(r for _, r in seen.values())
-    runs = [read_run(d) for d in dirs]
+    runs = [run for _, run, _ in loaded]
+    states = [state for _, _, state in loaded]
     run: dict[str, Any] = dict(runs[0]) if runs else {}
     started = [str(r["started"]) for r in runs if r.get("started")]
     finished = [str(r["finished"]) for r in runs if r.get("finished")]
@@ -84,7 +88,8 @@ def merge_dirs(dirs: Sequence[Path]) -> MergeResult:
             "started": min(started, default=None),
             "finished": max(finished, default=None),
             "records": len(merged),
-            "counts": {v: sum(verdict(r) == v for r in merged) for v in VERDICTS},
+            **_merged_state(states, len(merged)).to_dict(),
+            "verdicts": {v: sum(verdict(r) == v for r in merged) for v in VERDICTS},
             "policies": sorted({p for r in runs for p in r.get("policies") or []}),
             "devices_seen": sorted({d for r in runs for d in r.get("devices_seen") or []}),
             "shards": [
@@ -106,8 +111,19 @@ def merge_dirs(dirs: Sequence[Path]) -> MergeResult:
     return MergeResult(merged, run, conflicts, _shard_warnings(runs))
 
 
+def _merged_state(states: Sequence[RunState | None], recorded: int) -> RunState:
+    """Complete when every shard is; else the first shard status that is not (unknown: crashed)."""
+    known = [s for s in states if s is not None]
+    status = next((s.status for s in known if s.status != "complete"), "complete")
+    if len(known) < len(states):
+        status = "crashed" if status == "complete" else status
+    selected = sum(s.counts.selected for s in known)
+    ran = sum(s.counts.run for s in known)
+    return RunState.build(status, selected=max(selected, ran), run=ran, recorded=recorded)
+
+
 def write_merged(result: MergeResult, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
+    safeio.safe_dir(out)
     write_results(out / RESULTS_FILE, result.records)
     write_json(out / RUN_FILE, result.run | {"merge_conflicts": result.conflicts, "merge_warnings": result.warnings})
     html.write_report(out, result.records, result.run)

@@ -36,11 +36,13 @@ Fields (``schema_version`` 2), field by field:
 ``failing``            the failing checks or contract violations, as short texts
 ``overrides``          ``[[override]]`` tables of the policy that applied, with their reasons
 ``error_map``          failing conformance records (numeric verdict) only: where the error sits,
-                       ``{values, row_stride, head_stride, q_seqlen, bound, quantity}``; ``values``
-                       is ``max_v |out - g| / max(1, |g|)`` per (token row, head) divided by the
-                       atb rule's bound e (above 1 fails; without that rule, by the largest
-                       value), max-pooled to at most 256 x 128 cells (inf = NaN/inf output,
-                       null = a row of an empty batch); the HTML report draws it; else null
+                       ``{values, row_stride, head_stride, q_seqlen, bound, rule, slack, scaled,
+                       quantity}``; ``values`` per (token row, head), max-pooled to at most
+                       256 x 128 cells, in units of the deciding check ``rule`` (its ``slack``;
+                       above 1 fails): the error model's per-element slack when ``model``
+                       decides, ``max_v |out - g| / max(1, |g|) / e`` for ``atb``, else that
+                       quantity scaled to the check's slack (``scaled`` true); inf = NaN/inf
+                       output, null = a row of an empty batch; the HTML report draws it; else null
 ``error``              error evidence ``{expected_status, expected_stage, observed_status,
                        observed_stage}``: the error contract's expectation and what the backend
                        did (observed null = the call was accepted); conformance records carry the
@@ -55,8 +57,12 @@ Fields (``schema_version`` 2), field by field:
                        ``crash`` (the xdist worker died), ``timeout`` (``where`` names the
                        function it hung in, e.g. ``backend.run``); null when the test ended with
                        its own verdict
-``timing``             ``{latency_ms_median, repeats, tflops}`` or null; never part of a verdict
-``output_sha256``      SHA-256 of the output bytes (identical digests = bitwise identical)
+``timing``             ``{latency_ms_median, repeats, latencies_ms, tflops}`` or null (``latencies_ms``:
+                       every timed call, what ``report diff`` tests); never part of a verdict
+``output_sha256``      SHA-256 of the output bytes (identical digests = bitwise identical);
+                       metamorphic: over the valid rows of every output the relation compared;
+                       property: over every passing example's case id and output digest
+``examples``           property records: ``{count, derandomized}`` of the passing examples (extra key)
 =====================  ==========================================================================
 
 Keys a record does not know are kept as they are (:attr:`ResultRecord.extra`), so the suites can
@@ -66,6 +72,8 @@ add information without a schema change; a field's meaning never changes without
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import math
 import statistics
@@ -74,9 +82,13 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from mlaconf.reports import safeio
+
 Record = dict[str, Any]
 
 SCHEMA_VERSION = 2
+#: Schema versions this reader understands (1: conformance records before the four suites).
+KNOWN_SCHEMAS = (1, 2)
 #: The suites that attach records.
 SUITES = ("conformance", "error_contract", "metamorphic", "property")
 #: Verdicts in display order; ``error`` covers setup/backend errors.
@@ -84,7 +96,7 @@ VERDICTS = ("passed", "failed", "xfailed", "xpassed", "skipped", "error")
 #: Verdicts that count as "the case conforms" when diffing runs.
 PASSING = frozenset({"passed", "xpassed"})
 #: Kinds of :class:`Failure`.
-FAILURE_KINDS = ("exception", "crash", "timeout")
+FAILURE_KINDS = ("exception", "crash", "timeout", "not_run")
 #: Keys that depend on the machine's speed, never on the computation.
 VOLATILE_KEYS = ("timing",)
 
@@ -224,36 +236,21 @@ class ResultRecord:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ResultRecord:
-        """Build (and validate) a record from its JSON form, any schema version."""
+        """Build (and validate) a record from its JSON form, any known schema version; a field of
+        the wrong type raises RecordError naming it."""
         data = upgrade(data)
+        validate_types(data)
         known = {f.name for f in fields(cls)}
-        args: dict[str, Any] = {k: v for k, v in data.items() if k in known and k != "extra"}
+        args: dict[str, Any] = {k: v for k, v in data.items() if k in known and k != "extra" and v is not None}
         args["extra"] = {k: v for k, v in data.items() if k not in known}
         for name in ("checks", "overrides", "failing"):
             if name in args:
-                args[name] = tuple(args[name] or ())
-        for name in ("metrics", "backend_versions"):
-            if name in args and args[name] is None:
-                args[name] = {}
+                args[name] = tuple(args[name])
+        for name in ("spec", "policy", "deviation", "worst_slack", "error_map", "shrunk", "timing", "output_sha256"):
+            args.setdefault(name, None)
         args["error"] = _sub(ErrorEvidence, args.get("error"), "error")
         args["difference"] = _sub(RelationEvidence, args.get("difference"), "difference")
         args["failure"] = _sub(Failure, args.get("failure"), "failure")
-        for name in (
-            "suite",
-            "test",
-            "backend",
-            "verdict",
-            "case_id",
-            "relation",
-            "message",
-            "device",
-            "case_suite",
-            "dtype",
-            "mask",
-            "cache",
-        ):
-            if name in args and args[name] is not None and not isinstance(args[name], str):
-                args[name] = str(args[name])
         missing = [n for n in ("suite", "test", "backend", "verdict") if n not in args]
         if missing:
             raise RecordError(f"record lacks {', '.join(repr(m) for m in missing)}")
@@ -261,6 +258,80 @@ class ResultRecord:
             return cls(**args)
         except TypeError as exc:
             raise RecordError(str(exc)) from exc
+
+
+#: JSON types of the record fields (null is always allowed and means "absent").
+_TEXT_FIELDS = (
+    "suite",
+    "test",
+    "backend",
+    "verdict",
+    "case_id",
+    "relation",
+    "message",
+    "device",
+    "case_suite",
+    "dtype",
+    "mask",
+    "cache",
+    "policy",
+    "deviation",
+    "output_sha256",
+)
+_OBJECT_FIELDS = (
+    "backend_versions",
+    "spec",
+    "metrics",
+    "error_map",
+    "error",
+    "difference",
+    "shrunk",
+    "failure",
+    "timing",
+)
+_LIST_FIELDS = ("checks", "failing", "overrides")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _type_name(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")
+
+
+def validate_types(data: Mapping[str, Any]) -> None:
+    """Raise RecordError naming the first field whose JSON type is wrong (a string where a number
+    belongs, an array where an object belongs ...)."""
+    for name in _TEXT_FIELDS:
+        if data.get(name) is not None and not isinstance(data[name], str):
+            raise RecordError(f"record field {name!r}: expected a string, got {_type_name(data[name])}")
+    for name in _OBJECT_FIELDS:
+        value = data.get(name)
+        if value is not None and not isinstance(value, Mapping | ErrorEvidence | RelationEvidence | Failure):
+            raise RecordError(f"record field {name!r}: expected an object, got {_type_name(data[name])}")
+    for name in _LIST_FIELDS:
+        if data.get(name) is not None and not isinstance(data[name], list | tuple):
+            raise RecordError(f"record field {name!r}: expected an array, got {_type_name(data[name])}")
+    if data.get("worst_slack") is not None and not _is_number(data["worst_slack"]):
+        raise RecordError(f"record field 'worst_slack': expected a number, got {_type_name(data['worst_slack'])}")
+    for n, check in enumerate(data.get("checks") or ()):
+        if not isinstance(check, Mapping):
+            raise RecordError(f"record field 'checks[{n}]': expected an object, got {_type_name(check)}")
+        for key in ("value", "bound", "slack"):
+            if check.get(key) is not None and not _is_number(check[key]):
+                raise RecordError(f"record field 'checks[{n}].{key}': expected a number, got {_type_name(check[key])}")
+        for key in ("passed", "decisive"):
+            if check.get(key) is not None and not isinstance(check[key], bool):
+                raise RecordError(f"record field 'checks[{n}].{key}': expected a boolean, got {_type_name(check[key])}")
+    for name, value in (data.get("metrics") or {}).items():
+        if isinstance(value, Mapping | list):
+            raise RecordError(f"record field 'metrics.{name}': expected a number, got {_type_name(value)}")
+    for name, value in (data.get("timing") or {}).items():
+        numbers = value if name == "latencies_ms" and isinstance(value, list) else [value]
+        if not all(v is None or _is_number(v) for v in numbers):
+            raise RecordError(f"record field 'timing.{name}': expected numbers, got {_type_name(value)}")
 
 
 def _plain(value: Any) -> Any:
@@ -276,7 +347,15 @@ def upgrade(data: Mapping[str, Any]) -> Record:
     ``suite`` was the case's TOML suite, ``nodeid`` the test, ``error`` held ``{status, name,
     stage}``)."""
     out = dict(data)
-    if int(out.get("schema_version") or 1) >= SCHEMA_VERSION:
+    version = out.get("schema_version", 1)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise RecordError(f"record field 'schema_version': expected an integer, got {version!r}")
+    if version not in KNOWN_SCHEMAS:
+        raise RecordError(
+            f"record field 'schema_version': {version} is not a known version "
+            f"({', '.join(map(str, KNOWN_SCHEMAS))}); written by a newer mlaconf?"
+        )
+    if version >= SCHEMA_VERSION:
         return out
     out["schema_version"] = SCHEMA_VERSION
     out["case_suite"] = str(out.pop("suite", "") or "")
@@ -326,50 +405,215 @@ def without_volatile(record: Mapping[str, Any]) -> Record:
     return {k: v for k, v in record.items() if k not in VOLATILE_KEYS}
 
 
+#: What two records must share to be "identical" when they carry no output digest (metamorphic
+#: relations of old runs, error-contract cases, properties): the verdict and all evidence, never
+#: timing, messages (they name workers and paths) or the node id.
+EVIDENCE_KEYS = (
+    "verdict",
+    "output_sha256",
+    "checks",
+    "metrics",
+    "worst_slack",
+    "failing",
+    "error",
+    "difference",
+    "shrunk",
+    "spec",
+    "deviation",
+    "policy",
+)
+
+
+def evidence(record: Mapping[str, Any]) -> Record:
+    """The record's verdict and evidence (:data:`EVIDENCE_KEYS`; of a failure its kind, type and place)."""
+    out = {k: record.get(k) for k in EVIDENCE_KEYS}
+    failure = record.get("failure")
+    if isinstance(failure, Mapping):
+        out["failure"] = {k: failure.get(k) for k in ("kind", "type", "where")}
+    return out
+
+
+def evidence_sha256(record: Mapping[str, Any]) -> str:
+    """SHA-256 of :func:`evidence`: equal digests = the same verdict on the same evidence."""
+    return hashlib.sha256(dumps(evidence(record)).encode()).hexdigest()
+
+
 def write_results(path: Path, records: Iterable[Record]) -> None:
-    """Write sorted records as JSON lines, atomically (temporary name, then rename)."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(dumps(r) + "\n" for r in sort_records(records)), encoding="utf-8")
-    tmp.replace(path)
+    """Write sorted records as JSON lines, atomically (:func:`safeio.atomic_write`)."""
+    safeio.atomic_write(path, "".join(dumps(r) + "\n" for r in sort_records(records)))
 
 
 def read_results(path: Path) -> list[Record]:
-    """Read a results.jsonl (any schema version, upgraded to the current one); a malformed line
-    raises ValueError naming the file and line number."""
+    """Read a results.jsonl (any known schema version, upgraded to the current one).  A malformed
+    line (not JSON, too deep, a duplicate key, a field of the wrong type, an unknown schema
+    version) or a record repeated on two lines raises ValueError naming the file and line."""
     records: list[Record] = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    first_line: dict[tuple[str, str], int] = {}
+    for lineno, line in enumerate(safeio.read_text(path).splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{lineno}: not JSON: {exc}") from exc
+        value = safeio.loads(line, f"{path}:{lineno}")
         if not isinstance(value, dict):
-            raise ValueError(f"{path}:{lineno}: a record must be a JSON object")
+            raise ValueError(f"{path}:{lineno}: a record must be a JSON object, got {_type_name(value)}")
         try:
-            records.append(ResultRecord.from_dict(value).to_dict())
+            record = ResultRecord.from_dict(value).to_dict()
         except RecordError as exc:
             raise ValueError(f"{path}:{lineno}: {exc}") from exc
+        key = record_key(record)
+        if key in first_line and not str(record.get("test", "")).endswith("@teardown"):
+            raise ValueError(
+                f"{path}:{lineno}: duplicate record of {key[0]} [{key[1]}] (first on line {first_line[key]})"
+            )
+        first_line.setdefault(key, lineno)
+        records.append(record)
     return records
 
 
 def write_json(path: Path, value: Any) -> None:
     """Pretty JSON, atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(value, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    safeio.atomic_write(path, json.dumps(value, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def read_run(directory: Path) -> dict[str, Any]:
-    """run.json of a report directory, or {} when absent (records alone are still diffable)."""
+# ---- run.json: the run's status and counts -------------------------------------------------------
+
+#: ``run.json["status"]``: written ``in_progress`` before the first test, then one of the others.
+RUN_STATUSES = ("in_progress", "complete", "interrupted", "crashed")
+#: Statuses a report verb accepts without ``--allow-incomplete``.
+FINISHED = "complete"
+
+
+class IncompleteRun(ValueError):
+    """A run directory that must not be diffed, merged or rendered as if it were complete."""
+
+
+@dataclass(frozen=True)
+class RunCounts:
+    """How many tests the run selected (after -k/-m/--deselect), ran, and recorded (lines of
+    results.jsonl, one per test outcome pytest counts, incl. tests that never ran)."""
+
+    selected: int
+    run: int
+    recorded: int
+
+    def __post_init__(self) -> None:
+        for name in ("selected", "run", "recorded"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise RecordError(f"'counts.{name}': expected a count (an integer >= 0), got {value!r}")
+        if self.run > self.selected:
+            raise RecordError(f"'counts': {self.run} tests ran but only {self.selected} were selected")
+
+
+@dataclass(frozen=True)
+class RunState:
+    """The part of run.json that says whether the run finished: ``status`` (:data:`RUN_STATUSES`)
+    and ``counts``.  The run side writes ``RunState(...).to_dict()`` into run.json (before the
+    first test with ``in_progress``, at the end with the final status); readers build it with
+    :meth:`from_run` and ask :meth:`problem`."""
+
+    status: str
+    counts: RunCounts
+
+    def __post_init__(self) -> None:
+        if self.status not in RUN_STATUSES:
+            raise RecordError(f"'status': {self.status!r} is not one of {', '.join(RUN_STATUSES)}")
+
+    @classmethod
+    def build(cls, status: str, *, selected: int, run: int, recorded: int) -> RunState:
+        """Validated state for the writer (raises RecordError on a bad status or counts)."""
+        return cls(status, RunCounts(selected, run, recorded))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The run.json keys: ``{"status": ..., "counts": {"selected", "run", "recorded"}}``."""
+        return {"status": self.status, "counts": dataclasses.asdict(self.counts)}
+
+    @classmethod
+    def from_run(cls, run: Mapping[str, Any]) -> RunState:
+        """Read status and counts from a run.json; raises RecordError saying what is missing or wrong."""
+        if "status" not in run:
+            raise RecordError(
+                "has no 'status' (written by an mlaconf from before run statuses, or not by a run at all)"
+            )
+        counts = run.get("counts")
+        if not isinstance(counts, Mapping) or not all(k in counts for k in ("selected", "run", "recorded")):
+            raise RecordError("'counts' must be an object with 'selected', 'run' and 'recorded'")
+        status = run["status"]
+        if not isinstance(status, str):
+            raise RecordError(f"'status': expected a string, got {status!r}")
+        return cls(status, RunCounts(counts["selected"], counts["run"], counts["recorded"]))
+
+    def problem(self, records: int) -> str | None:
+        """Why this run is not a complete one whose results.jsonl holds ``records`` records, or None."""
+        c = self.counts
+        if self.status == "in_progress":
+            return f"is still in progress, or was killed (ran {c.run} of {c.selected} tests so far)"
+        if self.status != FINISHED:
+            return f"was {self.status} after {c.run} of {c.selected} selected tests"
+        if c.recorded != records:
+            return f"says {c.recorded} records but results.jsonl holds {records}"
+        return None
+
+    @property
+    def short(self) -> int:
+        """Selected tests that never ran (0 for a run that ran everything)."""
+        return self.counts.selected - self.counts.run
+
+
+def read_run(directory: Path, *, required: bool = False) -> dict[str, Any]:
+    """run.json of a report directory, validated as an object with a known schema version; {} when
+    absent and not ``required``."""
     path = directory / RUN_FILE
-    if not path.exists():
+    if not path.exists() and not path.is_symlink():
+        if required:
+            raise IncompleteRun(f"{path}: missing; is {directory} a run directory?")
         return {}
+    value = safeio.loads(safeio.read_text(path), str(path))
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"{path}: run.json must be a JSON object, got {'null' if value is None else _type_name(value)}"
+        )
+    version = value.get("schema_version")
+    if version is not None and (
+        not isinstance(version, int) or isinstance(version, bool) or version not in KNOWN_SCHEMAS
+    ):
+        raise ValueError(
+            f"{path}: 'schema_version' {version!r} is not a known version ({', '.join(map(str, KNOWN_SCHEMAS))})"
+        )
+    return value
+
+
+def run_state(directory: Path, run: Mapping[str, Any]) -> RunState:
+    """The run's :class:`RunState`; an old or malformed run.json raises IncompleteRun naming it."""
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not JSON: {exc}") from exc
-    return value if isinstance(value, dict) else {}
+        return RunState.from_run(run)
+    except RecordError as exc:
+        raise IncompleteRun(f"{directory / RUN_FILE}: {exc}") from exc
+
+
+def check_complete(directory: Path, run: Mapping[str, Any], records: int) -> RunState:
+    """The run's state, or IncompleteRun (one line naming run.json) for a run in progress,
+    interrupted, crashed, old (no status) or inconsistent with its results.jsonl."""
+    state = run_state(directory, run)
+    problem = state.problem(records)
+    if problem:
+        raise IncompleteRun(f"{directory / RUN_FILE}: the run {problem}")
+    return state
+
+
+def load_run_dir(
+    directory: Path, *, allow_incomplete: bool = False
+) -> tuple[list[Record], dict[str, Any], RunState | None]:
+    """A run directory's records, run.json and state.  Unless ``allow_incomplete``, a run that is
+    not complete and consistent raises IncompleteRun; with it, the state is None when run.json
+    cannot say (missing, old)."""
+    records = read_results(directory / RESULTS_FILE)
+    run = read_run(directory, required=not allow_incomplete)
+    if not allow_incomplete:
+        return records, run, check_complete(directory, run, len(records))
+    try:
+        return records, run, run_state(directory, run)
+    except IncompleteRun:
+        return records, run, None
 
 
 def number(value: Any) -> float | None:

@@ -149,7 +149,7 @@ def _frame(
     return (
         f'<svg class="{cls}" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}" role="img"><title>{escape(title)}</title>'
-        f'<text x="{width / 2}" y="14" text-anchor="middle" class="t">{escape(title)}</text>'
+        f'<text x="{width / 2}" y="14" text-anchor="middle" class="t">{escape(fitted(title, width))}</text>'
         f'<line x1="{LEFT}" y1="{height - BOTTOM}" x2="{width - right}" y2="{height - BOTTOM}" class="axis"/>'
         f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{height - BOTTOM}" class="axis"/>'
         + "".join(body)
@@ -157,6 +157,20 @@ def _frame(
         + f'<text x="{(LEFT + width - right) / 2}" y="{height - 4}" text-anchor="middle" class="l">'
         f"{escape(xlabel)}</text></svg>"
     )
+
+
+#: Width of a title character (11 px bold sans-serif), generous so an estimate never overflows.
+TITLE_CHAR = 6.6
+
+
+def title_width(title: str) -> float:
+    return len(title) * TITLE_CHAR + 16
+
+
+def fitted(title: str, width: float) -> str:
+    """``title`` cut (with an ellipsis) to what fits ``width``; the full text is the chart's <title>."""
+    keep = int((width - 16) / TITLE_CHAR)
+    return title if len(title) <= keep else title[: max(keep - 1, 1)] + "…"
 
 
 def _no_data(title: str, xlabel: str) -> str:
@@ -392,25 +406,33 @@ def map_colour(value: float | None) -> str:
     return next(fill for edge, fill in MAP_LEVELS if value <= edge)
 
 
+#: Widest error map (a title never widens it beyond); its legend column.
+MAP_MAX_WIDTH, MAP_LEGEND = 900, 150
+
+
 def error_map(
     values: Sequence[Sequence[float | None]],
     title: str,
     *,
     row_stride: int,
     q_seqlen: Sequence[int],
-    bound: float | None,
+    legend: Sequence[str],
     head_stride: int = 1,
 ) -> str:
-    """Error over token rows (x, pooled by ``row_stride``) and heads (y, by ``head_stride``), one colour level per
-    slack band; batch starts are solid lines, tile boundaries (every 128 rows of a sequence)
-    dashed, so layout, masking and tail bugs show as stripes and blocks."""
+    """Error over token rows (x, pooled by ``row_stride``) and heads (y, by ``head_stride``), one colour
+    level per slack band (above 1 fails: red); ``legend`` says what the values are (the deciding
+    rule).  Batch starts are solid lines, tile boundaries (every 128 rows of a sequence) dashed,
+    so layout, masking and tail bugs show as stripes and blocks."""
     rows, heads = len(values), max((len(r) for r in values), default=0)
     if not rows or not heads:
         return _no_data(title, "token position")
+    legend = [*legend, "red (above 1): fails"]
     cell_w = max(1.0, min(8.0, 720 / rows))
-    cell_h = max(2.0, min(14.0, 224 / heads), 120 / heads)  # at least as tall as the legend
+    top = TOP + 11 * (len(legend) - 1)
+    cell_h = max(2.0, min(14.0, 224 / heads), (12 + 13 * len(MAP_LEVELS) + 11 * len(legend)) / heads)
     pw, ph = cell_w * rows, cell_h * heads
-    width, height = int(LEFT + pw + RIGHT + 110), int(TOP + ph + BOTTOM)
+    width = int(max(LEFT + pw + RIGHT + MAP_LEGEND, min(title_width(title), MAP_MAX_WIDTH)))
+    height = int(TOP + ph + BOTTOM)
     body: list[str] = []
     for h in range(heads):
         r = 0
@@ -447,15 +469,16 @@ def error_map(
         body.append(_xtick(LEFT + token / row_stride * cell_w, str(token), height))
     for h in sorted({0, heads // 2, heads - 1}):
         body.append(_ytick(TOP + (h + 0.5) * cell_h, f"h{h * head_stride}"))
-    legend = "slack (error / bound)" if bound is not None else "error / largest error"
-    body.append(f'<text x="{width - 104}" y="{TOP + 6}" class="l">{escape(legend)}</text>')
+    x0 = LEFT + pw + RIGHT
+    for n, line in enumerate(legend):
+        body.append(f'<text x="{x0}" y="{TOP + 6 + 11 * n}" class="l">{escape(line)}</text>')
     edges = [edge for edge, _ in MAP_LEVELS]
     for n, (edge, fill) in enumerate(MAP_LEVELS):
         text = f"> {edges[n - 1]:g}" if math.isinf(edge) else f"<= {edge:g}"
-        y = TOP + 12 + 13 * n
+        y = top + 12 + 13 * n
         body.append(
-            f'<rect x="{width - 104}" y="{y}" width="10" height="10" fill="{fill}" stroke="#999"/>'
-            f'<text x="{width - 90}" y="{y + 9}" class="l">{escape(text)}</text>'
+            f'<rect x="{x0}" y="{y}" width="10" height="10" fill="{fill}" stroke="#999"/>'
+            f'<text x="{x0 + 14}" y="{y + 9}" class="l">{escape(text)}</text>'
         )
     xlabel = f"token row (1 column = {row_stride} rows; solid: batch start, dashed: every {TILE} rows)"
     return _frame(

@@ -21,9 +21,12 @@ workers to the controller), so the controller alone gathers them and writes ``re
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
+import socket
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,18 +34,20 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from mlaconf.reports import env, records
+from mlaconf.reports import env, records, safeio
 from mlaconf.reports.records import PROPERTY_NAME, Failure, Record, RecordError, ResultRecord
 
 if TYPE_CHECKING:
     from mlaconf.golden.spec import CaseSpec
+    from mlaconf.judge.verdict import Outcome
 
 #: Scalar record fields also attached as plain properties, so ``--junitxml`` shows them.
 JUNIT_FIELDS = ("verdict", "worst_slack", "policy", "backend")
 JUNIT_METRICS = ("max_rel_err", "rmse")
 #: user_properties name of a test's identity, sent with its setup report (for crash records).
 IDENTITY_NAME = "mla_identity"
-#: Test modules of the suites -> the record's ``suite``.
+#: Test modules of the suites -> the record's ``suite``, for the xdist controller only, which knows a
+#: test by its id alone (a test's own process reads its suite marker, :func:`identity`).
 SUITE_OF_MODULE = {
     "test_conformance": "conformance",
     "test_error_contract": "error_contract",
@@ -75,6 +80,14 @@ class ReportState:
     setup_seen: dict[str, float] = field(default_factory=dict)
     #: Lines to print at the end of the run (unavailable explicit backends, empty selection ...).
     problems: list[str] = field(default_factory=list)
+    #: MLA tests that ended with an outcome pytest counts (run.json ``counts.run``).
+    ran: set[str] = field(default_factory=set)
+    #: MLA tests selected (after deselection): nodeid -> identity (None: known by nodeid only, xdist).
+    selected: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    #: Whether this process claimed the report directory (wrote run.json ``in_progress``), or was
+    #: refused it (another run owns it: this run then writes nothing there).
+    claimed: bool = False
+    refused: bool = False
 
 
 STATE = pytest.StashKey[ReportState]()
@@ -100,6 +113,12 @@ def is_mla_item(item: pytest.Item) -> bool:
     return "backend_name" in getattr(item, "fixturenames", ())
 
 
+def is_mla_nodeid(nodeid: str) -> bool:
+    """A test of the MLA suites, known by its id only (the xdist controller collects nothing)."""
+    module = nodeid.partition("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+    return module in SUITE_OF_MODULE and nodeid.endswith("]")
+
+
 def _spec_fields(spec: CaseSpec) -> dict[str, Any]:
     return {
         "case_id": spec.case_id,
@@ -113,13 +132,8 @@ def _spec_fields(spec: CaseSpec) -> dict[str, Any]:
 
 def identity(item: pytest.Item) -> dict[str, Any]:
     """Which suite, test, case or relation and backend an item is (the record's identity fields)."""
-    module = getattr(getattr(item, "module", None), "__name__", "").rsplit(".", 1)[-1]
     function = getattr(item, "originalname", item.name)
-    suite = SUITE_OF_MODULE.get(module)
-    if suite is None:
-        suite = next(
-            (s for s in ("error_contract", "metamorphic", "property") if item.get_closest_marker(s)), "conformance"
-        )
+    suite = next((s for s in records.SUITES if item.get_closest_marker(s)), records.SUITES[0])
     params: Mapping[str, Any] = getattr(getattr(item, "callspec", None), "params", {})
     name = str(params.get("backend_name", "?"))
     ident: dict[str, Any] = {"suite": suite, "test": item.nodeid, "backend": BACKEND_LABELS.get(name, name)}
@@ -131,7 +145,7 @@ def identity(item: pytest.Item) -> dict[str, Any]:
     if suite in ("metamorphic", "property"):
         ident["relation"] = function.removeprefix("test_").replace("_", " ")
     if suite in ("conformance", "property"):  # judged under the run's policy
-        ident["policy"] = item.config.getoption("policy", None)
+        ident["policy"] = item.config.getoption("mla_policy", None)
     if not ident.get("case_id") and not ident.get("relation"):
         ident["case_id"] = getattr(getattr(item, "callspec", None), "id", "") or item.name
     return ident
@@ -252,14 +266,15 @@ def complete_report(item: pytest.Item, call: pytest.CallInfo[None], report: pyte
     entries = _record_entries(report)
     excinfo = call.excinfo
     pending = item.stash.get(PENDING, None)
-    if entries:
+    if pending is not None and outcome in ("failed", "error"):  # the failing example beats passes so far
+        report.user_properties[:] = [p for p in report.user_properties if p[0] != PROPERTY_NAME]
+        record, index = pending, -1
+    elif entries:
         index = entries[-1]
         for extra in reversed(entries[:-1]):  # one record per outcome: the last attached wins
             del report.user_properties[extra]
             index -= 1
         record = ResultRecord.from_dict(json.loads(str(report.user_properties[index][1])))
-    elif pending is not None and outcome in ("failed", "error"):
-        record, index = pending, -1
     else:
         record, index = _from_outcome(ident, outcome, report, item, excinfo), -1
     changes: dict[str, Any] = {}
@@ -362,7 +377,8 @@ class MlaReport:
         except RecordError as exc:
             raise ValueError(f"mla_report.attach: {exc}") from exc
         props = self._node.user_properties
-        props[:] = [p for p in props if p[0] != PROPERTY_NAME]
+        if any(p[0] == PROPERTY_NAME for p in props):  # a replaced record takes its JUnit properties along
+            props[:] = [p for p in props if p[0] not in (PROPERTY_NAME, *JUNIT_FIELDS, *JUNIT_METRICS)]
         props.append((PROPERTY_NAME, json.dumps(data, sort_keys=True, default=str)))
         props.extend((name, data[name]) for name in JUNIT_FIELDS if data.get(name) is not None)
         metrics = data.get("metrics")
@@ -372,6 +388,35 @@ class MlaReport:
     def pending(self, record: ResultRecord) -> None:
         """Keep ``record`` for the test, to be used only if the test ends failing."""
         self._node.stash[PENDING] = record
+
+    def conclude(self, record: ResultRecord, outcome: Outcome, message: str, *, pending: bool = False) -> None:
+        """The one way an MLA test ends: its record attached (``pending``: kept for the test only if it
+        ends failing), then pytest's outcome from it: an xfail, a loud warning for an unexpected pass
+        (a known deviation that did not reproduce), or a failure without a traceback."""
+        (self.pending if pending else self.attach)(record)
+        if outcome == "xfailed":
+            pytest.xfail(message)
+        if outcome == "xpassed":
+            warnings.warn(UnexpectedPassWarning(message), stacklevel=2)
+        if outcome == "failed":
+            pytest.fail(message, pytrace=False)
+
+
+class UnexpectedPassWarning(UserWarning):
+    """A known deviation did not reproduce: confirm it and update judge/known_deviations.toml."""
+
+
+def _alive(pid: object) -> bool:
+    """Whether a process of this host with that pid is running."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _iso(timestamp: float) -> str:
@@ -385,6 +430,77 @@ class Collector:
         self.config = config
         self.state = state
 
+    def claim(self) -> str | None:
+        """Own the report directory before any test: run.json ``in_progress``, created exclusively.
+
+        A directory is never silently reused: one whose run is still alive (same host, its pid
+        running) is a usage error; one that holds a finished or dead run has that run moved to a
+        fresh sibling name (``<dir>.previous-N``), so nothing is lost and the directory never shows
+        an old run as this one.  Returns the line that says so, or None."""
+        state = self.state
+        parent = safeio.safe_dir(state.report_dir.parent)
+        lock = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # claims in one parent directory happen one at a time
+            moved = self._move_earlier_run()
+            safeio.safe_dir(state.report_dir)
+            text = json.dumps(self.run_document(None, "in_progress"), indent=2, sort_keys=True, default=str)
+            safeio.create_exclusive(state.report_dir / records.RUN_FILE, text + "\n")
+            safeio.create_exclusive(state.report_dir / records.RESULTS_FILE, "")
+        except (OSError, safeio.ReportFileError) as exc:
+            raise pytest.UsageError(f"report directory {state.report_dir}: {exc}") from None
+        finally:
+            os.close(lock)
+        state.claimed = True
+        return moved
+
+    def _move_earlier_run(self) -> str | None:
+        directory = self.state.report_dir
+        if not directory.exists() or not any(directory.iterdir()):
+            return None
+        try:
+            earlier = records.read_run(directory)
+        except (records.RecordError, safeio.ReportFileError, ValueError):
+            earlier = {}
+        environment = earlier.get("environment")
+        host = environment.get("host") if isinstance(environment, dict) else None
+        pid = earlier.get("pid")
+        if earlier.get("status") == "in_progress" and host == socket.gethostname() and _alive(pid):
+            raise pytest.UsageError(
+                f"{directory}: run {earlier.get('run_name')!r} (pid {pid}) is still writing there; "
+                "give this run another --mla-run-name or --mla-report-dir"
+            )
+        number = 1
+        while (aside := directory.with_name(f"{directory.name}.previous-{number}")).exists():
+            number += 1
+        os.rename(directory, aside)
+        status = earlier.get("status", "no status")
+        return f"{directory} held an earlier run ({status}, started {earlier.get('started', '?')}): moved to {aside}"
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Without xdist: the selected MLA tests, each with its identity (for a record if it never runs)."""
+        self.state.selected.update({item.nodeid: identity(item) for item in session.items if is_mla_item(item)})
+        self._claim_for_selection()
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        """Under xdist: the selected MLA tests, as every worker collected them (before any test runs)."""
+        self.state.selected.update({nodeid: None for nodeid in ids if is_mla_nodeid(nodeid)})
+        self._claim_for_selection()
+
+    def _claim_for_selection(self) -> None:
+        """Claim the report directory once MLA tests are selected to run (not for --collect-only)."""
+        if self.state.claimed or not self.state.selected or self.config.option.collectonly:
+            return
+        try:
+            moved = self.claim()
+        except pytest.UsageError as exc:
+            self.state.refused = True
+            pytest.exit(f"ERROR: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if moved and reporter is not None:
+            reporter.write_line(f"mla: {moved}", yellow=True)
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Take the record of every report pytest counts; make one for a crashed worker's test."""
         state = self.state
@@ -394,6 +510,8 @@ class Collector:
                 state.setup_seen[report.nodeid] = time.time()
         if not counts_for_pytest(report):
             return
+        if report.nodeid in state.selected or report.nodeid in state.identities:
+            state.ran.add(report.nodeid)
         found = False
         outcome = outcome_of_report(report)
         for name, value in report.user_properties:
@@ -467,24 +585,49 @@ class Collector:
             return None
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        """Write the report files, only if some test attached a record; fail a run that cannot pass."""
+        """Account for every selected test, then complete run.json; fail a run that cannot pass."""
         from mlaconf.reports import html
 
         state, config = self.state, self.config
         if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and any(
-            config.getoption(name, None) for name in ("cases", "suite", "backend")
+            config.getoption(name, None) for name in ("mla_cases", "mla_suite", "mla_backend")
         ):  # pytest exits 5 'no tests ran': say why that is no pass
             state.problems.append("empty selection: no MLA test was selected (a -k or -m that matches nothing?)")
+        if state.refused:
+            return
+        status = "complete" if config.option.collectonly else self.account_for_unrun(exitstatus)
         if state.problems and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        if not state.records:
+        if not state.claimed and not state.records:
             return
-        state.report_dir.mkdir(parents=True, exist_ok=True)
-        run = self.run_document(time.time())
+        safeio.safe_dir(state.report_dir)
+        run = self.run_document(time.time(), status)
         ordered = records.sort_records(state.records)
         records.write_results(state.report_dir / records.RESULTS_FILE, ordered)
         records.write_json(state.report_dir / records.RUN_FILE, run)
         html.write_report(state.report_dir, ordered, run)
+
+    def account_for_unrun(self, exitstatus: int) -> str:
+        """A record for every selected test that never ran, and the run's final status."""
+        state = self.state
+        unrun = [nodeid for nodeid in state.selected if nodeid not in state.ran]
+        interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
+        if not unrun:
+            return "interrupted" if interrupted else "complete"
+        crashed = any((record.get("failure") or {}).get("kind") == "crash" for record in state.records)
+        status = "crashed" if crashed and not interrupted else "interrupted"
+        why = {
+            "interrupted": "the session was interrupted or stopped before it ran",
+            "crashed": "xdist stopped restarting crashed workers before it ran",
+        }[status]
+        labels = self._backend_labels()
+        for nodeid in unrun:
+            ident = state.selected[nodeid] or state.identities.get(nodeid) or identity_from_nodeid(nodeid, labels)
+            failure = Failure("not_run", "", f"never ran: {why}", "")
+            record = ResultRecord(verdict="error", message=failure.text(), failure=failure, **ident)
+            state.records.append(record.to_dict() | {"outcome": "error"})
+        state.problems.append(f"{len(unrun)} of {len(state.selected)} selected MLA tests never ran: {why}")
+        return status
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         from mlaconf.reports import summary
@@ -496,9 +639,13 @@ class Collector:
             for line in self.state.problems:
                 terminalreporter.line(f"ERROR: {line}", red=True)
 
-    def run_document(self, finished: float) -> dict[str, Any]:
-        """run.json: the lead's run info, then run facts and the environment (these win)."""
+    def run_document(self, finished: float | None, status: str) -> dict[str, Any]:
+        """run.json: the lead's run info, then run facts, status and the environment (these win);
+        ``finished`` is None while the run is in progress."""
         state, config = self.state, self.config
+        run_state = records.RunState.build(
+            status, selected=len(state.selected.keys() | state.ran), run=len(state.ran), recorded=len(state.records)
+        )
         counts = dict.fromkeys(records.VERDICTS, 0)
         suites: dict[str, dict[str, int]] = {}
         for record in state.records:
@@ -518,13 +665,14 @@ class Collector:
             {
                 "schema_version": records.SCHEMA_VERSION,
                 "run_name": state.run_name,
+                "pid": os.getpid(),
                 "started": _iso(state.started),
-                "finished": _iso(finished),
+                "finished": None if finished is None else _iso(finished),
                 "shard": f"{state.shard[0]}/{state.shard[1]}" if state.shard else None,
                 "workers": getattr(config.option, "numprocesses", None) or 0,
                 "args": list(config.invocation_params.args),
                 "records": len(state.records),
-                "counts": counts,
+                "verdicts": counts,
                 "counts_by_suite": suites,
                 "problems": list(state.problems),
                 "policies": sorted({str(r["policy"]) for r in state.records if r.get("policy")}),
@@ -533,5 +681,6 @@ class Collector:
                 ),
                 "environment": env.collect(Path(__file__).resolve().parent.parent),
             }
+            | run_state.to_dict()
         )
         return doc

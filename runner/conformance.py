@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import h5py
 import numpy as np
-import pytest
 
 from mlaconf.golden.inputs import numpy_dtype
 from mlaconf.golden.spec import CaseSpec
@@ -17,7 +15,7 @@ from mlaconf.golden.types import GoldenCase
 from mlaconf.harness.backend import Backend, BackendError
 from mlaconf.judge.deviations import DeviationSet
 from mlaconf.judge.policy import PolicySet
-from mlaconf.judge.verdict import Outcome, error_map, judge_output, outcome_message, outcome_of
+from mlaconf.judge.verdict import Outcome, error_map, judge_output, mode_text, outcome_message, outcome_of
 from mlaconf.reports.records import ErrorEvidence, ResultRecord
 from mlaconf.runner.execution import BackendOutputError, Execution, execute, input_digest, make_call, output_digest
 
@@ -30,20 +28,6 @@ class CaseResult:
     message: str
     record: ResultRecord
     output: np.ndarray | None
-
-
-class UnexpectedPassWarning(UserWarning):
-    """A known deviation did not reproduce: confirm it and update judge/known_deviations.toml."""
-
-
-def conclude(outcome: Outcome, message: str) -> None:
-    """Turn an outcome into pytest's: xfail, a loud warning for an unexpected pass, or a failure."""
-    if outcome == "xfailed":
-        pytest.xfail(message)
-    if outcome == "xpassed":
-        warnings.warn(UnexpectedPassWarning(message), stacklevel=2)
-    if outcome == "failed":
-        pytest.fail(message, pytrace=False)
 
 
 def input_digests(golden: GoldenCase) -> dict[str, str]:
@@ -76,6 +60,7 @@ def run_case(
 ) -> CaseResult:
     """Run, judge and classify one case on one backend (never raises for a backend's error)."""
     spec = golden.spec
+    subject = mode_text(spec, backend.name)
     info = backend.info()
     deviation = deviations.match(backend.name, info.version, spec)
     error: BackendError | None = None
@@ -104,14 +89,14 @@ def run_case(
         "deviation": deviation.id if deviation else None,
     }
     if wrong_type is not None:  # no known deviation excuses a broken interface
-        message = outcome_message(spec, backend.name, "failed", f"interface contract broken: {wrong_type}", None)
+        message = outcome_message(subject, "failed", f"interface contract broken: {wrong_type}", None)
         record = ResultRecord(verdict="failed", failing=(wrong_type,), message=message, **base)
         return CaseResult("failed", message, record, None)
     if execution is None:
         assert error is not None
-        outcome = outcome_of(False, error.status_name, deviation)
+        outcome = outcome_of(False, error.status_name, deviation)  # a valid case rejected never conforms
         detail = f"backend raised {error}"
-        message = outcome_message(spec, backend.name, outcome, detail, deviation)
+        message = outcome_message(subject, outcome, detail, deviation)
         record = ResultRecord(
             verdict=outcome,
             failing=(f"error: {error}",),
@@ -123,7 +108,7 @@ def run_case(
     violations = contract_violations(golden, execution.out, digests)
     if violations:  # no known deviation excuses a broken interface
         broken = "interface contract broken: " + "; ".join(violations)
-        message = outcome_message(spec, backend.name, "failed", broken, None)
+        message = outcome_message(subject, "failed", broken, None)
         record = ResultRecord(
             verdict="failed",
             failing=tuple(violations),
@@ -135,11 +120,14 @@ def run_case(
         return CaseResult("failed", message, record, execution.out)
     metrics, verdict = judge_output(golden, execution.out, policy_set, policy, backend.name)
     outcome = outcome_of(verdict.passed, None, deviation)
-    message = outcome_message(spec, backend.name, outcome, verdict.summary(), deviation)
+    message = outcome_message(subject, outcome, verdict.summary(), deviation)
     emap = None
     if outcome == "failed":  # only failing records carry a map: records stay small
-        atb = next((c.bound for c in verdict.checks if c.rule == "atb"), None)
-        emap = error_map(golden, execution.out, atb)
+        resolved = policy_set.resolve(policy, backend.name, spec.dtype, spec.mask_name, spec.case_id)
+        model = None
+        if "model" in resolved.params:
+            model = (resolved.param("model", "false_alarm", spec.dtype), resolved.param("model", "safety", spec.dtype))
+        emap = error_map(golden, execution.out, verdict.worst_check(), model)
     record = ResultRecord(
         verdict=outcome,
         checks=tuple(c.to_dict() for c in verdict.checks),

@@ -67,11 +67,12 @@ class Execution:
     def median_ms(self) -> float:
         return statistics.median(self.latencies_ms)
 
-    def timing(self) -> dict[str, float | int]:
+    def timing(self) -> dict[str, float | int | list[float]]:
         seconds = self.median_ms / 1e3
         return {
             "latency_ms_median": round(self.median_ms, 4),
             "repeats": len(self.latencies_ms),
+            "latencies_ms": [round(v, 4) for v in self.latencies_ms],  # per call: what the diff's test compares
             "tflops": round(self.flops / seconds / 1e12, 6) if seconds > 0 else 0.0,
         }
 

@@ -20,7 +20,7 @@ from mlaconf.golden.inputs import generate_inputs
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.harness.backend import Backend, BackendError, MlaPrefillCall
 from mlaconf.judge.deviations import Deviation, DeviationSet
-from mlaconf.judge.verdict import DEVIATION_OUTCOMES, Outcome
+from mlaconf.judge.verdict import Outcome, outcome_message, outcome_of
 from mlaconf.native.harness import ACL_FORMAT_FRACTAL_NZ, ACL_FORMAT_NCHW
 from mlaconf.runner.execution import make_call
 
@@ -221,20 +221,10 @@ def judge_error_case(spec: CaseSpec, backend: Backend, deviations: DeviationSet)
     expected = f"{spec.expect_error} at {spec.expect_stage or 'any stage'}"
     seen = "the call was accepted" if got is None else f"got {got[0]} at {got[1]}"
     perturb = f", perturb {spec.perturb}: {PERTURBATIONS[spec.perturb][0]}" if spec.perturb else ""
-    text = (
+    subject = (
         f"{spec.name} ({spec.case_id}) [backend {backend.name}, mask {spec.mask_name}, cache {spec.cache_name}, "
-        f"headNum {spec.head_num}, kvHeadNum {spec.kv_head_num}, qkScale {spec.qk_scale}{perturb}]: "
-        f"expected {expected}, {seen}"
+        f"headNum {spec.head_num}, kvHeadNum {spec.kv_head_num}, qkScale {spec.qk_scale}{perturb}]"
     )
     deviation = _deviation(spec, backend, deviations)
-    if deviation is None:
-        return ErrorVerdict("passed" if met else "failed", text, got)
-    if met:
-        kind = deviation.classify(None, True)  # the documented behaviour: an unexpected pass
-    elif got is None:
-        kind = deviation.classify(None, False)  # accepted: what an outcome "fail" entry predicts
-    else:
-        kind = deviation.classify(got[0], None)
-    outcome = DEVIATION_OUTCOMES[kind]
-    prefix = {"xfailed": "known deviation: ", "xpassed": "UNEXPECTED PASS of known deviation: "}.get(outcome, "")
-    return ErrorVerdict(outcome, f"{prefix}{text} [{deviation.describe()}]", got)
+    outcome = outcome_of(met, None if got is None else got[0], deviation)
+    return ErrorVerdict(outcome, outcome_message(subject, outcome, f"expected {expected}, {seen}", deviation), got)

@@ -8,7 +8,9 @@ report is written unless a test asks for one.
 
 from __future__ import annotations
 
+import importlib.resources
 import os
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -17,11 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-import mlaconf.runner.hypothesis_profiles  # noqa: F401  (profiles must exist before --hypothesis-profile is read)
 from mlaconf.facts.operator import CACHE_NAMES, MASK_NAMES
 from mlaconf.facts.shard import in_shard, parse_shard
+from mlaconf.golden.spec import SUITES_PACKAGE
 from mlaconf.harness import registry
 from mlaconf.reports import env
+from mlaconf.runner import hypothesis_profiles
 from mlaconf.runner.collect import (
     BACKEND_LABELS,
     STATE,
@@ -33,13 +36,15 @@ from mlaconf.runner.collect import (
     set_run_info,
 )
 from mlaconf.runner.selection import (
-    SUITES,
+    ALL_SUITES,
+    DEFAULT_SUITE,
     case_param,
     error_cases,
     load_cases,
     mark,
     marker_name,
     selected_cases,
+    suite_choices,
     unmatched_deviations,
 )
 
@@ -53,6 +58,10 @@ MARKER = "mla_case"
 #: Where reports go when neither --report-dir nor --run-name's default is overridden (working directory).
 REPORTS_DIR = Path("reports") / "out"
 BACKENDS = pytest.StashKey[list[str]]()
+#: Whether this session is an MLA run (:func:`mla_requested`).
+ACTIVE = pytest.StashKey[bool]()
+#: dest -> default of every option of the plugin, filled by pytest_addoption (for mla_requested).
+OPTION_DEFAULTS: dict[str, Any] = {}
 #: Default per-test timeout of the MLA suites, in seconds (``--mla-timeout``).
 DEFAULT_TIMEOUT_S = 900.0
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
@@ -64,7 +73,7 @@ _TERMINAL_FD = os.dup(2)
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("mla", "MLA prefill conformance")
     group.addoption(
-        "--backend",
+        "--mla-backend",
         action="append",
         default=None,
         metavar="NAME",
@@ -73,41 +82,40 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         f"Default: ${registry.ENV_VAR} or auto.",
     )
     group.addoption(
-        "--suite",
+        "--mla-suite",
         action="append",
         default=None,
-        choices=SUITES,
-        help="case suite(s) to run (default smoke; 'all' = every value suite)",
+        help="case suite(s) to run: a suite file's name in the suites folder (default smoke; 'all': every one)",
     )
     group.addoption(
-        "--cases",
+        "--mla-cases",
         default=None,
         metavar="FILE",
         help="run the cases of this TOML suite file instead (its expect_error cases go to the error-contract suite)",
     )
     group.addoption(
-        "--seeds",
+        "--mla-seeds",
         default=None,
         metavar="S1,S2,...",
         help="run every case once per seed (replacing the suite's seed; new goldens)",
     )
     group.addoption(
-        "--golden-dir",
+        "--mla-golden-dir",
         default=None,
         metavar="DIR",
         help="golden store directory (default $MLA_GOLDEN_DIR, else .golden in the working directory)",
     )
-    group.addoption("--policy", default="default", help="tolerance policy from judge/tolerances.toml")
-    group.addoption("--tolerances", default=None, metavar="FILE", help="tolerance policy file")
-    group.addoption("--deviations", default=None, metavar="FILE", help="known-deviations file")
+    group.addoption("--mla-policy", default="default", help="tolerance policy from judge/tolerances.toml")
+    group.addoption("--mla-tolerances", default=None, metavar="FILE", help="tolerance policy file")
+    group.addoption("--mla-deviations", default=None, metavar="FILE", help="known-deviations file")
     group.addoption(
-        "--timing-repeats",
+        "--mla-timing-repeats",
         type=int,
         default=1,
         metavar="N",
         help="timed backend calls per case (median reported; never part of the verdict)",
     )
-    group.addoption("--warmup", type=int, default=0, metavar="N", help="untimed backend calls before timing")
+    group.addoption("--mla-warmup", type=int, default=0, metavar="N", help="untimed backend calls before timing")
     group.addoption(
         "--mla-timeout",
         type=float,
@@ -120,34 +128,58 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
     report = parser.getgroup("mla-report", "MLA conformance report")
     report.addoption(
-        "--report-dir",
+        "--mla-report-dir",
         default=None,
         metavar="DIR",
         help="where results.jsonl, run.json and report.html go (default reports/out/<run-name>/ in "
         "the working directory); nothing is written when no test attached a record",
     )
     report.addoption(
-        "--run-name", default=None, metavar="NAME", help="name of this run (default: timestamp + short host name)"
+        "--mla-run-name", default=None, metavar="NAME", help="name of this run (default: timestamp + short host name)"
     )
     report.addoption(
-        "--shard",
+        "--mla-shard",
         default=None,
         metavar="K/N",
         help="run only shard K of N: cases (mla_case marker) are split by their content hash, by "
         "the rule `mlaconf regen --shard` uses; tests without the marker run on shard 1 only",
     )
     report.addoption(
-        "--save-outputs",
+        "--mla-save-outputs",
         action="store_true",
         default=False,
         help="save each backend output (HDF5) under <report-dir>/outputs/",
     )
+    for option in [*group.options, *report.options]:
+        OPTION_DEFAULTS[option.dest] = option.attrs().get("default")
 
 
+hypothesis_profiles.register()
+
+
+@pytest.hookimpl(trylast=True)  # after hypothesis has loaded a --hypothesis-profile
 def pytest_configure(config: pytest.Config) -> None:
+    """Inert unless the run is an MLA run (:func:`mla_requested`): a guest in other projects' sessions."""
+    config.stash[STATE] = report_state(config)
+    config.stash[ACTIVE] = mla_requested(config)
+    if not hasattr(config, "workerinput"):  # acts only on records, so it is inert without MLA tests
+        config.pluginmanager.register(Collector(config, config.stash[STATE]), "mla-report-collector")
+    if not config.stash[ACTIVE]:
+        return
     share_cpu_threads(config)
+    if hasattr(config, "workerinput"):  # Ctrl-C is the controller's to handle: it stops the workers cleanly
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    hypothesis_profiles.load_default()
+    for line in marker_lines():
+        config.addinivalue_line("markers", line)
+    if not hasattr(config, "workerinput"):
+        check_front_door(config)
+
+
+def marker_lines() -> list[str]:
     markers = [
-        f"{MARKER}(case_id, content_hash): a conformance case; --shard splits by content_hash",
+        f"{MARKER}(case_id, content_hash): a conformance case; --mla-shard splits by content_hash",
+        "conformance: the numerical conformance suite (every case against its float64 golden)",
         "metamorphic: invariance tests (batch order, padding, heads, layouts, determinism)",
         "property: hypothesis-driven tests against an on-the-fly float64 golden",
         "error_contract: invalid inputs must be rejected with the documented status",
@@ -156,19 +188,35 @@ def pytest_configure(config: pytest.Config) -> None:
     markers += [f"{d}: dtype {d}" for d in ("fp16", "bf16")]
     markers += [f"{name}: maskType {code}" for code, name in MASK_NAMES.items()]
     markers += [f"{name}: cacheMode {code}" for code, name in CACHE_NAMES.items()]
-    markers += [f"{s}: the {s} suite" for s in SUITES if s != "all"]
+    markers += [f"{s}: the {s} suite" for s in suite_choices() if s != ALL_SUITES]
     markers += [f"{marker_name(n)}: backend {n}" for n in registry.BUILTIN]
-    for line in markers:
-        config.addinivalue_line("markers", line)
-    config.stash[STATE] = report_state(config)
-    if not hasattr(config, "workerinput"):
-        config.pluginmanager.register(Collector(config, config.stash[STATE]), "mla-report-collector")
-        check_front_door(config)
+    return markers
+
+
+def mla_requested(config: pytest.Config) -> bool:
+    """An MLA run: an ``--mla-*`` option was given, or the run's paths reach the shipped suites.
+
+    This is the plugin's one switch: outside such a run it registers no marker, loads no hypothesis
+    profile, sets no thread variable, overrides no ``-n auto`` and imports no torch."""
+    if any(getattr(config.option, dest, default) != default for dest, default in OPTION_DEFAULTS.items()):
+        return True
+    suites = Path(str(importlib.resources.files(SUITES_PACKAGE))).resolve()
+    root = config.invocation_params.dir
+    for arg in config.args:
+        target = arg.split("::", 1)[0]
+        if config.option.pyargs and target.split(".")[0] == "mlaconf":
+            return True
+        path = (root / target).resolve()
+        if path == suites or suites in path.parents or path in suites.parents:
+            return True
+    return False
 
 
 def _explicit_backends(config: pytest.Config) -> list[str] | None:
-    """The backends the user named (--backend or $MLA_BACKEND), None when none was named."""
-    values = config.getoption("backend") or [v for v in os.environ.get(registry.ENV_VAR, "").split(",") if v.strip()]
+    """The backends the user named (--mla-backend or $MLA_BACKEND), None when none was named."""
+    values = config.getoption("mla_backend") or [
+        v for v in os.environ.get(registry.ENV_VAR, "").split(",") if v.strip()
+    ]
     if not values:
         return None
     names = [part.strip() for value in values for part in value.split(",") if part.strip()]
@@ -213,32 +261,36 @@ def check_front_door(config: pytest.Config) -> None:
                 }
             )
         set_run_info(config, "backends", backends)
-    golden = config.getoption("golden_dir")
+    golden = config.getoption("mla_golden_dir")
     if golden:
         problem = golden_dir_problem(Path(golden))
         if problem:
-            raise pytest.UsageError(f"--golden-dir {golden}: {problem}")
+            raise pytest.UsageError(f"--mla-golden-dir {golden}: {problem}")
         set_run_info(config, "golden_store", str(Path(golden).resolve()))
     else:  # what the golden_store fixture will open (golden.store's rule)
         set_run_info(config, "golden_store", str(Path(os.environ.get("MLA_GOLDEN_DIR") or ".golden").resolve()))
-    policy, tolerances = config.getoption("policy"), config.getoption("tolerances")
+    policy, tolerances = config.getoption("mla_policy"), config.getoption("mla_tolerances")
     if policy != "default" or tolerances:
         from mlaconf.judge.policy import load_policies
 
         try:
             names = set(load_policies(Path(tolerances) if tolerances else None).policies)
         except Exception as exc:
-            raise pytest.UsageError(f"--tolerances {tolerances or '(built-in)'}: {exc}") from exc
+            raise pytest.UsageError(f"--mla-tolerances {tolerances or '(built-in)'}: {exc}") from exc
         if policy not in names:
-            raise pytest.UsageError(f"--policy {policy!r}: no such policy; choose from {', '.join(sorted(names))}")
+            raise pytest.UsageError(f"--mla-policy {policy!r}: no such policy; choose from {', '.join(sorted(names))}")
     set_run_info(config, "policy", policy)
-    set_run_info(config, "suites", config.getoption("suite") or ([] if config.getoption("cases") else ["smoke"]))
-    if config.getoption("cases"):
-        cases = config.getoption("cases")
+    suites = config.getoption("mla_suite") or ([] if config.getoption("mla_cases") else [DEFAULT_SUITE])
+    unknown = [name for name in suites if name not in suite_choices()]
+    if unknown:
+        raise pytest.UsageError(f"--mla-suite {unknown[0]!r}: no such suite; choose from {', '.join(suite_choices())}")
+    set_run_info(config, "suites", suites)
+    if config.getoption("mla_cases"):
+        cases = config.getoption("mla_cases")
         if not Path(cases).is_file():
-            raise pytest.UsageError(f"--cases {cases}: no such file")
+            raise pytest.UsageError(f"--mla-cases {cases}: no such file")
         if not load_cases(config):
-            raise pytest.UsageError(f"--cases {cases}: the file holds no case; an empty selection is not a pass")
+            raise pytest.UsageError(f"--mla-cases {cases}: the file holds no case; an empty selection is not a pass")
         set_run_info(config, "cases_file", str(Path(cases).resolve()))
 
 
@@ -259,20 +311,20 @@ def golden_dir_problem(path: Path) -> str | None:
 
 def report_state(config: pytest.Config) -> ReportState:
     workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
-    run_name = config.getoption("run_name") or (time.strftime("%Y%m%d-%H%M%S") + "-" + env.short_host())
+    run_name = config.getoption("mla_run_name") or (time.strftime("%Y%m%d-%H%M%S") + "-" + env.short_host())
     if workerinput is not None and "mla_report_dir" in workerinput:
         report_dir = Path(workerinput["mla_report_dir"])
-    elif config.getoption("report_dir"):
-        report_dir = Path(config.getoption("report_dir")).resolve()
+    elif config.getoption("mla_report_dir"):
+        report_dir = Path(config.getoption("mla_report_dir")).resolve()
     else:
         report_dir = (REPORTS_DIR / run_name).resolve()
-    shard_text = config.getoption("shard")
+    shard_text = config.getoption("mla_shard")
     try:
         shard = parse_shard(shard_text) if shard_text else None
     except ValueError as exc:
-        raise pytest.UsageError(f"--shard: {exc}") from exc
+        raise pytest.UsageError(f"--mla-shard: {exc}") from exc
     return ReportState(
-        report_dir=report_dir, run_name=run_name, save_outputs=bool(config.getoption("save_outputs")), shard=shard
+        report_dir=report_dir, run_name=run_name, save_outputs=bool(config.getoption("mla_save_outputs")), shard=shard
     )
 
 
@@ -289,8 +341,11 @@ def share_cpu_threads(config: pytest.Config) -> None:
         sys.modules["torch"].set_num_threads(threads)
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
-    """``-n auto``: one worker per NPU or GPU; xdist's default on a CPU-only host."""
+    """``-n auto`` in an MLA run: one worker per NPU or GPU; xdist's default on a CPU-only host."""
+    if not config.stash.get(ACTIVE, False):
+        return None
     from mlaconf.harness.devices import accelerator_count, auto_workers
 
     return auto_workers(accelerator_count())
@@ -309,7 +364,7 @@ def backend_names(config: pytest.Config) -> list[str]:
     """The run's backends, ``auto`` resolved once per process."""
     if BACKENDS not in config.stash:
         try:
-            config.stash[BACKENDS] = registry.selected_names(config.getoption("backend"))
+            config.stash[BACKENDS] = registry.selected_names(config.getoption("mla_backend"))
         except registry.BackendSelectionError as exc:
             raise pytest.UsageError(str(exc)) from exc
     return config.stash[BACKENDS]
@@ -414,7 +469,7 @@ def golden_store(pytestconfig: pytest.Config) -> Iterator[GoldenStore]:
     from mlaconf.golden.store import GoldenStore
 
     remove = progress.add_listener(progress.Announcer(progress.fd_writer(_TERMINAL_FD)))
-    root = pytestconfig.getoption("golden_dir") or os.environ.get("MLA_GOLDEN_DIR")
+    root = pytestconfig.getoption("mla_golden_dir") or os.environ.get("MLA_GOLDEN_DIR")
     yield GoldenStore(Path(root) if root else None)
     remove()
 
@@ -423,7 +478,7 @@ def golden_store(pytestconfig: pytest.Config) -> Iterator[GoldenStore]:
 def policy_set(pytestconfig: pytest.Config) -> PolicySet:
     from mlaconf.judge.policy import load_policies
 
-    path = pytestconfig.getoption("tolerances")
+    path = pytestconfig.getoption("mla_tolerances")
     return load_policies(Path(path) if path else None)
 
 
@@ -431,7 +486,7 @@ def policy_set(pytestconfig: pytest.Config) -> PolicySet:
 def deviation_set(pytestconfig: pytest.Config) -> DeviationSet:
     from mlaconf.judge.deviations import load_deviations
 
-    path = pytestconfig.getoption("deviations")
+    path = pytestconfig.getoption("mla_deviations")
     return load_deviations(Path(path) if path else None)
 
 
@@ -454,7 +509,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     )
     if not ran_conformance or hasattr(config, "workerinput"):
         return
-    path = config.getoption("deviations")
+    path = config.getoption("mla_deviations")
     stale = unmatched_deviations(config, load_deviations(Path(path) if path else None), backend_names(config))
     if stale:
         terminalreporter.section("known deviations matching no selected case", yellow=True)

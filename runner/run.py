@@ -6,34 +6,46 @@ import argparse
 import importlib.resources
 import subprocess
 import sys
+from pathlib import Path
 
 from mlaconf.golden.spec import SUITES_PACKAGE
 from mlaconf.harness.registry import AUTO_ORDER, BUILTIN
+from mlaconf.runner.selection import DEFAULT_SUITE, suite_choices
+
+#: ``mlaconf run``'s short spellings -> the plugin's options (namespaced, so they collide with no project's).
+PLUGIN_OPTIONS = {
+    "suite": "--mla-suite",
+    "backend": "--mla-backend",
+    "policy": "--mla-policy",
+    "golden_dir": "--mla-golden-dir",
+    "run_name": "--mla-run-name",
+    "report_dir": "--mla-report-dir",
+}
 
 
 def pytest_command(args: argparse.Namespace) -> list[str]:
     """The pytest invocation ``run`` stands for (printed, so it can be rerun or adapted)."""
     suites = str(importlib.resources.files(SUITES_PACKAGE))  # the installed suites, from any directory
-    command = [sys.executable, "-m", "pytest", suites, "-p", "no:cacheprovider", "-n", str(args.jobs)]
-    for suite in args.suite or ["smoke"]:
-        command += ["--suite", suite]
-    for backend in args.backend or ["auto"]:
-        command += ["--backend", backend]
-    if args.policy:
-        command += ["--policy", args.policy]
-    if args.golden_dir:
-        command += ["--golden-dir", args.golden_dir]
-    if args.run_name:
-        command += ["--run-name", args.run_name]
-    if args.report_dir:
-        command += ["--report-dir", args.report_dir]
+    # pytest's cache (--lf, --ff) in the working directory, not beside the installed suites
+    cache = Path.cwd() / ".pytest_cache"
+    command = [sys.executable, "-m", "pytest", suites, "-o", f"cache_dir={cache}", "-n", str(args.jobs)]
+    defaults = {"suite": [DEFAULT_SUITE], "backend": ["auto"]}
+    for dest, option in PLUGIN_OPTIONS.items():
+        value = getattr(args, dest) or defaults.get(dest)
+        for item in value if isinstance(value, list) else [value] if value else []:
+            command += [option, item]
     return command + [a for a in args.pytest_args if a != "--"]
 
 
 def run(args: argparse.Namespace) -> int:
     command = pytest_command(args)
     print("+ python " + " ".join(command[1:]), flush=True)
-    return subprocess.call(command)  # from the caller's directory: relative paths mean what they say
+    child = subprocess.Popen(command)  # from the caller's directory: relative paths mean what they say
+    while True:
+        try:
+            return child.wait()
+        except KeyboardInterrupt:  # the terminal sent pytest the same SIGINT: wait for its own clean stop
+            continue
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -41,9 +53,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "run",
         help="conformance run (default: smoke suite on the best available backend, -n auto)",
         description="Runs the conformance suites under pytest; goldens missing from the store are "
-        "generated on demand. Arguments after '--' go to pytest unchanged.",
+        "generated on demand. Arguments after '--' go to pytest unchanged (e.g. -- --lf -k causal).",
     )
-    parser.add_argument("--suite", action="append", help="smoke (default), standard, deepseek, edge, all")
+    parser.add_argument(
+        "--suite", action="append", choices=suite_choices(), help=f"a suite (default {DEFAULT_SUITE}); repeatable"
+    )
     parser.add_argument(
         "--backend",
         action="append",

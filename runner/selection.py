@@ -8,11 +8,19 @@ from fnmatch import fnmatchcase
 
 import pytest
 
-from mlaconf.golden.spec import CaseSpec, SpecError, load_suite, load_suites
+from mlaconf.golden.spec import CaseSpec, SpecError, available_suites, load_suite, load_suites
 from mlaconf.judge.deviations import DeviationSet
 
-SUITES = ("smoke", "standard", "deepseek", "edge", "all")
 ERROR_SUITE = "errors"
+ALL_SUITES = "all"
+DEFAULT_SUITE = "smoke"
+
+
+def suite_choices() -> list[str]:
+    """What ``--mla-suite`` and ``mlaconf run --suite`` accept: the value suites in the suites folder, and all."""
+    return [name for name in available_suites() if name != ERROR_SUITE] + [ALL_SUITES]
+
+
 _NOT_IDENTIFIER = re.compile(r"[^0-9A-Za-z_]")
 
 
@@ -38,23 +46,23 @@ def load_cases(config: pytest.Config) -> list[CaseSpec]:
 
 def _load(config: pytest.Config) -> list[CaseSpec]:
     """Every case the run's suite options name, error cases included."""
-    cases_file = config.getoption("cases")
+    cases_file = config.getoption("mla_cases")
     try:
         if cases_file:
             return load_suite(cases_file)
-        return load_suites(config.getoption("suite") or ["smoke"])
+        return load_suites(config.getoption("mla_suite") or [DEFAULT_SUITE])
     except SpecError as exc:  # a bad suite file is the user's input: say what and where, no traceback
         raise pytest.UsageError(str(exc)) from exc
 
 
 def _reseeded(config: pytest.Config, cases: list[CaseSpec]) -> list[CaseSpec]:
-    seeds = config.getoption("seeds")
+    seeds = config.getoption("mla_seeds")
     if not seeds:
         return cases
     try:
         values = [int(s) for s in seeds.split(",") if s.strip()]
     except ValueError as exc:
-        raise pytest.UsageError(f"--seeds: expected comma-separated integers, got {seeds!r}") from exc
+        raise pytest.UsageError(f"--mla-seeds: expected comma-separated integers, got {seeds!r}") from exc
     return [with_seed(c, seed) for c in cases for seed in values]
 
 
@@ -65,7 +73,7 @@ def selected_cases(config: pytest.Config) -> list[CaseSpec]:
 
 def error_cases(config: pytest.Config) -> list[CaseSpec]:
     """The error-contract cases: a ``--cases`` file's ``expect_error`` cases, else the shipped suite."""
-    if config.getoption("cases"):
+    if config.getoption("mla_cases"):
         return [c for c in _load(config) if c.expect_error is not None]
     return load_suites([ERROR_SUITE])
 

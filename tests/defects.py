@@ -1,6 +1,6 @@
 """Planted defects: the torch CPU backend with one bug each, to prove the suites can fail.
 
-Each defect is a zero-argument factory usable as ``--backend tests.defects:<name>``;
+Each defect is a zero-argument factory usable as ``--mla-backend tests.defects:<name>``;
 :data:`DEFECTS` lists them with what they get wrong.  ``control_math`` is the defects' own float32
 attention path without a bug: it must pass, so failures of ``p_fp8`` and ``padding_nan_unsafe``
 come from their bug, not from the path.  Zero-length batches' rows are "don't care", so writing

@@ -2,7 +2,7 @@
 
 Not user-facing backends: they exist to prove that the default tolerance policy never fails a
 correct kernel (``tests/nocover/test_zoo.py``; docs/conformance.md reports their slack).  Each is a
-zero-argument factory usable as ``--backend tests.zoo:<name>`` and implements the Backend
+zero-argument factory usable as ``--mla-backend tests.zoo:<name>`` and implements the Backend
 protocol through :class:`mlaconf.harness.torch_backend.TorchSdpaBackend`'s batching and layouts, replacing
 only the per-sequence attention.  Every path rounds the output once to the case dtype and keeps
 every accumulation in fp32; they differ where spec section 4 allows a correct kernel to differ:

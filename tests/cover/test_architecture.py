@@ -13,6 +13,8 @@ ROOMS = {"facts", "golden", "harness", "native", "judge", "runner", "cases", "re
 NAMESPACE = "mlaconf"
 #: The console-script module itself (mlaconf/__init__.py), a room of its own for these rules.
 CLI = "cli"
+#: Public faces at the top of the namespace -> the room they stand for.
+FACES = {"backend": "harness"}
 
 #: room -> rooms it must never import (at any depth, lazily or not).
 FORBIDDEN = {
@@ -38,7 +40,8 @@ def imported_rooms(path: Path) -> set[str]:
     for module in modules:
         parts = module.split(".")
         if parts[0] == NAMESPACE:
-            names.add(parts[1] if len(parts) > 1 and parts[1] in ROOMS else CLI)
+            room = parts[1] if len(parts) > 1 else ""
+            names.add(room if room in ROOMS else FACES.get(room, CLI))
         elif parts[0] in ROOMS:
             names.add(f"bare:{parts[0]}")
     return names
@@ -76,6 +79,16 @@ def test_the_namespace_maps_every_room() -> None:
     for room in ROOMS:
         link = REPO / NAMESPACE / room
         assert link.is_symlink() and link.resolve() == (REPO / room).resolve(), f"{link} must link to ../{room}"
+
+
+def test_the_backend_module_is_the_public_face_of_the_protocol() -> None:
+    import mlaconf.backend
+    import mlaconf.harness.backend as home
+
+    assert mlaconf.backend.__all__ and all(
+        getattr(mlaconf.backend, n) is getattr(home, n) for n in mlaconf.backend.__all__
+    )
+    assert imported_rooms(REPO / NAMESPACE / "backend.py") == {"harness"}
 
 
 def test_cases_holds_suites_only() -> None:

@@ -75,8 +75,23 @@ def test_a_failing_record_carries_its_error_map(golden: GoldenCase) -> None:
     assert emap["row_stride"] == 1 and emap["q_seqlen"] == [9, 4] and emap["bound"] > 0
     values = np.array(emap["values"])
     assert values.shape == (13, 2) and values[10, 1] > 1  # only the corrupted (token, head) fails
+    # in units of the deciding check: its worst cell is that check's slack, whichever rule it is
+    deciding = max((c for c in record["checks"] if c["decisive"]), key=lambda c: c["slack"])
+    assert emap["rule"] == f"{deciding['rule']}:{deciding['metric']}" == "model:max_err_over_bound"
+    assert values[10, 1] == pytest.approx(record["worst_slack"], rel=2e-3)
     values[10, 1] = 0
     assert values.max() <= 1
+
+
+def test_error_map_takes_the_deciding_checks_scale_not_the_evidence_rule(golden: GoldenCase) -> None:
+    """The map of a case that fails the error model far beyond the atb evidence bound is painted by
+    the model's slack: before, it was scaled by the non-deciding atb bound and read as a pass."""
+    record = run_record(golden, "corrupt_row_10_head_1")
+    atb = next(c for c in record["checks"] if c["rule"] == "atb")
+    model = next(c for c in record["checks"] if c["rule"] == "model")
+    assert not atb["decisive"] and model["decisive"] and model["slack"] > 1
+    peak = max(v for row in record["error_map"]["values"] for v in row if v is not None)
+    assert peak == pytest.approx(model["slack"], rel=2e-3) and peak != pytest.approx(atb["slack"], rel=2e-3)
 
 
 def test_error_map_is_pooled_to_a_bounded_grid() -> None:
@@ -85,7 +100,7 @@ def test_error_map_is_pooled_to_a_bounded_grid() -> None:
     )
     out = big.out.astype(np.float16)
     out.reshape(360, -1)[299] = np.nan  # the last row of batch 1
-    emap = error_map(big, out, bound=None)
+    emap = error_map(big, out, None)
     assert emap["row_stride"] == 2 and len(emap["values"]) == 180 <= MAP_ROWS
     assert emap["values"][149] == [float("inf")]  # rows 298-299 hold the NaN
     assert max(v[0] for v in emap["values"] if v[0] != float("inf")) <= 1.0

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from mlaconf.reports import cli, diff
-from mlaconf.reports.records import ResultRecord, read_results, write_results
+from mlaconf.reports.records import ResultRecord, read_results
+from tests.runs import write_run_dir
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,10 +48,8 @@ def test_two_backends_case_by_case_with_every_failing_metric(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     names = ["a_metric", "b_metric", "c_metric", "d_metric", "e_metric", "z_metric"]
-    run = tmp_path / "run"
-    run.mkdir()
-    write_results(
-        run / "results.jsonl",
+    run = write_run_dir(
+        tmp_path / "run",
         [
             record("case-1", "atb"),
             record("case-2", "atb"),
@@ -75,7 +74,7 @@ def test_two_backends_case_by_case_with_every_failing_metric(
     )
     out = capsys.readouterr().out
     line = next(line for line in out.splitlines() if line.startswith("REGRESSED"))
-    assert "case-1 [atb -> torch-cuda]" in line and all(f"{n} FAILING" in line for n in names)  # all six, z too
+    assert "case-1 [atb -> torch-cuda]" in line and all(f"atb:{n} FAILING" in line for n in names)  # all six, z too
     assert "comparing backend atb of the base with torch-cuda of the candidate" in out
     cases, _ = diff.diff_records(
         read_results(run / "results.jsonl"),
@@ -90,9 +89,8 @@ def test_piped_diff_prints_whole_lines(tmp_path: Path) -> None:
     base, cand = tmp_path / "b", tmp_path / "c"
     long_case = "bf16-causal-krope_ctkv-b4-s1024-kv1152-h16-g4-q3d-padded-large_logits-3fa2c1d0"
     for directory, verdict in ((base, "passed"), (cand, "failed")):
-        directory.mkdir()
-        write_results(
-            directory / "results.jsonl",
+        write_run_dir(
+            directory,
             [record(long_case, "torch-cpu", verdict, values={"max_rel_err": 0.2 if verdict == "passed" else 3.0})],
         )
     result = subprocess.run(
@@ -105,4 +103,5 @@ def test_piped_diff_prints_whole_lines(tmp_path: Path) -> None:
     )
     assert result.returncode == 1
     line = next(line for line in result.stdout.splitlines() if line.startswith("REGRESSED"))
-    assert long_case in line and "max_rel_err FAILING 2.00e-01->3.00e+00" in line and not line.endswith("~")
+    assert long_case in line and "atb:max_rel_err FAILING slack 0.200->3.000" in line and not line.endswith("~")
+    assert "; max_rel_err 2.00e-01->3.00e+00" in line

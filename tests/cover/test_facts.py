@@ -30,7 +30,7 @@ def test_shard_index_is_the_content_hash_modulo_and_stable() -> None:
 
 
 def test_pytest_shard_equals_regen_shard(tmp_path: Path) -> None:
-    """A host's `mlaconf regen --shard K/N` pre-builds exactly what its `pytest --shard K/N` needs."""
+    """A host's `mlaconf regen --mla-shard K/N` pre-builds exactly what its `pytest --mla-shard K/N` needs."""
     for k in (1, 4):
         expected = {spec.case_id for spec in select_cases(["smoke"], shard=(k, 4))}
         done = subprocess.run(
@@ -43,13 +43,13 @@ def test_pytest_shard_equals_regen_shard(tmp_path: Path) -> None:
                 "-q",
                 "-p",
                 "no:cacheprovider",
-                "--suite",
+                "--mla-suite",
                 "smoke",
-                "--backend",
+                "--mla-backend",
                 "torch-cpu",
-                "--shard",
+                "--mla-shard",
                 f"{k}/4",
-                "--report-dir",
+                "--mla-report-dir",
                 str(tmp_path / "r"),
             ],
             cwd=REPO,

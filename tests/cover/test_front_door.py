@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from mlaconf.reports import cli
-from mlaconf.reports.records import write_json, write_results
 from mlaconf.runner import plugin
+from tests.runs import write_run_dir
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -62,7 +62,7 @@ def pytest_run(tmp_path: Path, *args: str, paths: tuple[str, ...] = ("cases",)) 
             "-p",
             "no:cacheprovider",
             "-q",
-            "--report-dir",
+            "--mla-report-dir",
             str(tmp_path / "report"),
             *args,
         ],
@@ -81,9 +81,9 @@ def test_own_suite_file_collects_and_feeds_the_error_suite(tmp_path: Path) -> No
         tmp_path,
         "--collect-only",
         "--strict-markers",
-        "--cases",
+        "--mla-cases",
         str(mine),
-        "--backend",
+        "--mla-backend",
         "torch-cpu-strict",
         "-m",
         "mine",
@@ -99,10 +99,10 @@ def test_own_suite_file_collects_and_feeds_the_error_suite(tmp_path: Path) -> No
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        (("--policy", "no-such-policy"), "--policy 'no-such-policy': no such policy; choose from"),
-        (("--golden-dir", "__FILE__"), "not a directory"),
-        (("--cases", "__EMPTY__"), "the file holds no case; an empty selection is not a pass"),
-        (("--cases", "__MISSING__"), "no such file"),
+        (("--mla-policy", "no-such-policy"), "--mla-policy 'no-such-policy': no such policy; choose from"),
+        (("--mla-golden-dir", "__FILE__"), "not a directory"),
+        (("--mla-cases", "__EMPTY__"), "the file holds no case; an empty selection is not a pass"),
+        (("--mla-cases", "__MISSING__"), "no such file"),
     ],
 )
 def test_usage_errors_come_before_any_test(tmp_path: Path, args: tuple[str, ...], fragment: str) -> None:
@@ -113,7 +113,7 @@ def test_usage_errors_come_before_any_test(tmp_path: Path, args: tuple[str, ...]
         "__EMPTY__": str(tmp_path / "empty.toml"),
         "__MISSING__": str(tmp_path / "missing.toml"),
     }
-    result = pytest_run(tmp_path, "--backend", "torch-cpu", *(subst.get(a, a) for a in args))
+    result = pytest_run(tmp_path, "--mla-backend", "torch-cpu", *(subst.get(a, a) for a in args))
     assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
     assert fragment in result.stderr and "Traceback" not in result.stderr + result.stdout
     assert "passed" not in result.stdout and "failed" not in result.stdout
@@ -132,7 +132,7 @@ def test_unwritable_empty_golden_dir_is_refused(tmp_path: Path, monkeypatch: pyt
 
 def test_k_matching_nothing_is_not_a_pass(tmp_path: Path) -> None:
     result = pytest_run(
-        tmp_path, "--backend", "torch-cpu", "-k", "no_such_test_anywhere", paths=("cases/test_conformance.py",)
+        tmp_path, "--mla-backend", "torch-cpu", "-k", "no_such_test_anywhere", paths=("cases/test_conformance.py",)
     )
     assert result.returncode != 0
     assert "empty selection: no MLA test was selected" in result.stdout
@@ -166,12 +166,50 @@ def test_report_html_on_malformed_results_is_one_line(tmp_path: Path) -> None:
 def test_merge_with_a_shard_missing_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     dirs = []
     for k in (1, 3):
-        directory = tmp_path / f"s{k}"
-        directory.mkdir()
-        write_results(directory / "results.jsonl", [{"case_id": f"c{k}", "backend": "b", "verdict": "passed"}])
-        write_json(directory / "run.json", {"shard": f"{k}/3", "run_name": f"s{k}"})
-        dirs.append(str(directory))
+        record = {"case_id": f"c{k}", "backend": "b", "verdict": "passed"}
+        dirs.append(str(write_run_dir(tmp_path / f"s{k}", [record], shard=f"{k}/3")))
     assert mlaconf("report", "merge", str(tmp_path / "m"), *dirs) == 1
     assert "error: shard set incomplete: shards missing: 2/3" in capsys.readouterr().err
     assert mlaconf("report", "merge", str(tmp_path / "m"), *dirs, "--allow-partial") == 0
     assert json.loads((tmp_path / "m" / "run.json").read_text())["records"] == 2
+
+
+def test_a_suite_file_in_the_suites_folder_is_a_suite_everywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`mlaconf list`, `--mla-suite` and `mlaconf run --suite` read suite names from the folder."""
+    from mlaconf import build_parser
+    from mlaconf.golden import spec
+    from mlaconf.runner.selection import suite_choices
+
+    shipped = spec.suites_dir()
+    for name in ("smoke", "errors"):
+        (tmp_path / f"{name}.toml").write_text((shipped / f"{name}.toml").read_text())
+    (tmp_path / "mine.toml").write_text(MINE)
+    monkeypatch.setattr(spec, "suites_dir", lambda: tmp_path)
+    assert suite_choices() == ["mine", "smoke", "all"]
+    assert {c.suite for c in spec.load_suites(["mine"])} == {"mine"}
+    args = build_parser().parse_args(["run", "--suite", "mine"])
+    assert args.suite == ["mine"]
+
+
+def test_a_misspelt_suite_is_our_usage_error(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, "-m", "mlaconf", "run", "--suite", "smok"], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 2 and "invalid choice: 'smok'" in run.stderr and "Traceback" not in run.stderr
+    result = pytest_run(tmp_path, "--mla-suite", "smok", paths=("cases/test_conformance.py",))
+    assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "--mla-suite 'smok': no such suite; choose from deepseek, edge, smoke, standard, all" in result.stderr
+
+
+def test_mlaconf_run_keeps_pytests_cache_for_lf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``mlaconf run -- --lf``: the cache provider stays on, its folder in the working directory."""
+    from mlaconf import build_parser
+    from mlaconf.runner.run import pytest_command
+
+    monkeypatch.chdir(tmp_path)
+    command = pytest_command(build_parser().parse_args(["run", "--backend", "torch-cpu", "--", "--lf"]))
+    assert "no:cacheprovider" not in command and command[-1] == "--lf"
+    assert f"cache_dir={tmp_path / '.pytest_cache'}" in command
+    assert command[command.index("--mla-backend") + 1] == "torch-cpu" and "--backend" not in command

@@ -240,14 +240,14 @@ def test_check_slack() -> None:
     assert Check("r", "m", math.nan, 1.0, False).slack == math.inf
 
 
-def test_verdict_to_dict_is_json() -> None:
+def test_checks_are_json() -> None:
     policy = POLICIES.resolve("default", "x", "fp16", "m", "c")
     verdict = policy.evaluate(_base_metrics(), _base_metrics(), CTX16)
-    data = json.loads(json.dumps(verdict.to_dict()))
-    assert data["passed"] is True and data["policy"] == "default"
-    assert {c["rule"] for c in data["checks"]} == {"finite", "model", "atb", "benchmark"}
-    assert {c["rule"] for c in data["checks"] if not c["decisive"]} == {"atb"}
-    assert all(c["slack"] == pytest.approx(c["value"] / c["bound"]) for c in data["checks"] if c["value"])
+    assert verdict.passed and verdict.policy == "default"
+    checks = json.loads(json.dumps([c.to_dict() for c in verdict.checks]))
+    assert {c["rule"] for c in checks} == {"finite", "model", "atb", "benchmark"}
+    assert {c["rule"] for c in checks if not c["decisive"]} == {"atb"}
+    assert all(c["slack"] == pytest.approx(c["value"] / c["bound"]) for c in checks if c["value"])
 
 
 def test_context_from_spec() -> None:
@@ -291,7 +291,7 @@ def test_override_applies_and_records_reason(tmp_path: Path) -> None:
     verdict = policy.evaluate(m, _base_metrics(dtype="bf16", mean_rel_err=0.0), ctx)
     assert verdict.passed
     assert "torch CPU bf16 rounds P differently" in verdict.summary()
-    assert verdict.to_dict()["overrides"][0]["reason"] == "torch CPU bf16 rounds P differently"
+    assert verdict.overrides[0].to_dict()["reason"] == "torch CPU bf16 rounds P differently"
     untouched = policies.resolve("default", "atb", "bf16", "causal", "bf16-causal-s128-abc")
     assert untouched.overrides == () and untouched.param("benchmark", "mere", "bf16") == 2
     assert not untouched.evaluate(m, _base_metrics(dtype="bf16", mean_rel_err=0.0), ctx).passed

@@ -79,9 +79,9 @@ def run_pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
             "no:cacheprovider",
             "-q",
             "-rs",
-            "--golden-dir",
+            "--mla-golden-dir",
             str(tmp_path / "golden"),
-            "--report-dir",
+            "--mla-report-dir",
             str(tmp_path / "report"),
             *args,
         ],
@@ -96,7 +96,7 @@ def run_pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_external_backend_runs_the_suite(tmp_path: Path) -> None:
     (tmp_path / "my_kernels.py").write_text(EXTERNAL)
     (tmp_path / "my_lib.py").write_text(MY_LIB)
-    result = run_pytest(tmp_path, "--backend", "my_kernels:factory", "-k", "fp16-undefined and b3 and q2d")
+    result = run_pytest(tmp_path, "--mla-backend", "my_kernels:factory", "-k", "fp16-undefined and b3 and q2d")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "2 passed" in result.stdout and "my-kernel" in (tmp_path / "report" / "results.jsonl").read_text()
 
@@ -104,7 +104,9 @@ def test_external_backend_runs_the_suite(tmp_path: Path) -> None:
 def test_named_unavailable_backend_fails_the_run_with_its_reason(tmp_path: Path) -> None:
     """Named explicitly, an unavailable backend is no green run of skips: exit 1 with the probe's
     reason, and it is in run.json and the tables next to the backend that ran."""
-    result = run_pytest(tmp_path, "--backend", "atb", "--backend", "torch-cpu", "-k", "fp16-undefined and b3 and q2d")
+    result = run_pytest(
+        tmp_path, "--mla-backend", "atb", "--mla-backend", "torch-cpu", "-k", "fp16-undefined and b3 and q2d"
+    )
     assert result.returncode == 1, result.stdout[-3000:]
     assert "2 skipped" in result.stdout and "2 passed" in result.stdout
     assert "backend atb unavailable: torch_npu" in result.stdout
@@ -112,7 +114,7 @@ def test_named_unavailable_backend_fails_the_run_with_its_reason(tmp_path: Path)
     run = json.loads((tmp_path / "report" / "run.json").read_text())
     atb = next(b for b in run["backends"] if b["name"] == "atb")
     assert atb["available"] is False and "torch_npu" in atb["reason"]
-    assert run["counts"]["skipped"] == 2 and run["counts"]["passed"] == 2
+    assert run["verdicts"]["skipped"] == 2 and run["verdicts"]["passed"] == 2
     assert any(line.startswith("atb ") for line in result.stdout.splitlines())  # a row of the group table
 
 
@@ -128,7 +130,7 @@ def test_named_unavailable_backend_fails_the_run_with_its_reason(tmp_path: Path)
 def test_bad_backend_is_one_usage_error(tmp_path: Path, value: str, fragment: str) -> None:
     (tmp_path / "raising_module.py").write_text("raise ImportError('boom on import')\n")
     (tmp_path / "raising_factory.py").write_text("def factory():\n    raise RuntimeError('no device')\n")
-    result = run_pytest(tmp_path, "--backend", value)
+    result = run_pytest(tmp_path, "--mla-backend", value)
     assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
     assert fragment in result.stderr and "valid backends: auto, atb, torch-cuda, torch-cpu" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout and len(result.stderr.splitlines()) <= 4

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 from mlaconf.reports import cli, html, summary, svg
-from mlaconf.reports.records import group_stats, write_json, write_results
+from mlaconf.reports.records import group_stats
+from tests.runs import write_run_dir
 
 
 def rec(i: int, backend: str = "npu", verdict: str = "passed", **extra: Any) -> dict[str, Any]:
@@ -65,10 +67,14 @@ class Counter(HTMLParser):
         self.tags: dict[str, int] = {}
         self.open: list[str] = []
         self.external: list[str] = []
+        self.links: list[str] = []
+        self.ids: list[str] = []
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         self.tags[tag] = self.tags.get(tag, 0) + 1
-        self.external += [v for k, v in attrs if k in ("src", "href") and v]
+        self.external += [v for k, v in attrs if k in ("src", "href") and v and not v.startswith("#")]
+        self.links += [v[1:] for k, v in attrs if k == "href" and v and v.startswith("#")]
+        self.ids += [v for k, v in attrs if k == "id" and v]
 
 
 def test_report_is_self_contained_and_complete() -> None:
@@ -113,8 +119,7 @@ def test_histogram_counts_dropped_values() -> None:
 
 
 def test_html_verb_rerenders(tmp_path: Path) -> None:
-    write_results(tmp_path / "results.jsonl", records())
-    write_json(tmp_path / "run.json", {"run_name": "again"})
+    write_run_dir(tmp_path, records(), run_name="again")
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers(dest="verb", required=True))
     args = parser.parse_args(["report", "html", str(tmp_path)])
@@ -221,7 +226,7 @@ def test_failing_case_shows_its_error_map() -> None:
     emap = {"values": values, "row_stride": 64, "q_seqlen": [150, 42], "bound": 0.004}
     failed = rec(1, verdict="failed", worst_slack=5.0, failing=["atb:x"], error_map=emap)
     page = html.render([failed, rec(2)], {})
-    assert page.count('class="plot errmap"') == 1 and "<details open>" in page
+    assert page.count('class="plot errmap"') == 1 and re.search(r'<details class="case" id="[^"]+" open>', page)
     assert 'class="batch"' in page and 'class="tile"' in page  # batch 2 starts at row 150; a tile at 128
     assert "head 1: max 5" in page and "not checked" in page
     assert html.render([rec(1, verdict="failed", error_map={"values": "garbage"})], {}).count("plot errmap") == 0
@@ -269,3 +274,66 @@ def test_piped_terminal_tables_keep_full_labels() -> None:
     assert "~" not in piped and "a_really_long_backend_name_for_testing_" * 2 in piped and "c" * 90 in piped
     tty = summary.plain(summary.group_table(long) + summary.worst_table(long))
     assert "~" in tty and all(len(line) <= 80 for line in tty.splitlines())
+
+
+def failing_run() -> list[dict[str, Any]]:
+    """20 passing records and 3 failures, two in one group, the worst one with an error map."""
+    emap = {"values": [[0.5, 6.4]], "row_stride": 1, "q_seqlen": [1], "bound": 1.0, "rule": "model:max_err_over_bound"}
+    bad = [
+        rec(100, verdict="failed", worst_slack=6.4, error_map=emap, failing=["model: ..."]),
+        rec(102, verdict="failed", worst_slack=1.5, failing=["model: ..."]),  # the same group (even: fp16)
+        rec(101, backend="cpu", verdict="error", failing=["boom"]),
+    ]
+    return [rec(i) for i in range(20)] + bad
+
+
+def test_page_says_the_verdict_first_with_coloured_counts_and_contents() -> None:
+    page = html.render(failing_run(), {"run_name": "r", "status": "complete"})
+    body = page.split("<body>", 1)[1]
+    assert body.index('class="banner fail"') < body.index("<table")  # the verdict before any table
+    assert "FAIL: 3 of 23 tests failed" in page
+    assert '<span class="failed">2 failed</span>' in page and '<span class="error">1 error</span>' in page
+    parser = Counter()
+    parser.feed(page)
+    assert parser.links and set(parser.links) <= set(parser.ids)  # every in-page link lands somewhere
+    toc = page.split('id="contents"', 1)[1].split("</nav>", 1)[0]
+    assert toc.index("#failures") < toc.index("#groups") < toc.index("#environment")
+    assert body.index('id="failures"') < body.index('id="suites"') < body.index('id="groups"')  # failures first
+    # worst failure first and open; each failure is expandable
+    first, second = re.findall(r'<details class="case" id="([^"]+)"', page)[:2]
+    assert "case100" in first and "case102" in second
+    assert page.count('<details class="case"') == 3
+
+
+def test_failing_groups_link_to_their_cases() -> None:
+    page = html.render(failing_run(), {"status": "complete"})
+    groups = page.split('id="groups"', 1)[1].split("</table>", 1)[0]
+    links = re.findall(r'<a class="(failed|error)" href="#([^"]+)">(\d+)</a>', groups)
+    assert sorted((cls, n) for cls, _, n in links) == [("error", "1"), ("failed", "2")]
+    for _, target, _ in links:
+        section = page.split(f'id="{target}"', 1)[1].split("<h3", 1)[0]
+        assert '<details class="case"' in section  # the group's heading is followed by its cases
+
+
+def test_banner_of_incomplete_passing_and_unknown_runs() -> None:
+    passing = [rec(i) for i in range(3)]
+    assert "PASS: 3 of 3 tests conform" in html.render(passing, {"status": "complete"})
+    interrupted = {"status": "interrupted", "counts": {"selected": 9, "run": 3, "recorded": 3}}
+    assert "INCOMPLETE: the run is interrupted after 3 of 9 selected tests" in html.render(passing, interrupted)
+    short = {"status": "complete", "counts": {"selected": 9, "run": 3, "recorded": 3}}
+    assert "INCOMPLETE: 6 of 9 selected tests never ran" in html.render(passing, short)
+    assert "completeness unknown" in html.render(passing, {})
+    skipped = [rec(i, verdict="skipped") for i in range(2)]
+    assert "NOTHING TESTED" in html.render(skipped, {"status": "complete"})
+
+
+def test_error_map_legend_names_the_deciding_rule_and_titles_fit() -> None:
+    (bad,) = [r for r in failing_run() if r.get("error_map")]
+    bad["case_id"] = "bf16-causal-krope_ctkv-b4-s1024-kv1152-h16-g4-q3d-padded-large_logits-3fa2c1d0"
+    chart = html.error_map_chart(bad)
+    assert "slack of the deciding check" in chart and "model:max_err_over_bound" in chart
+    width = float(re.search(r'<svg class="plot errmap" width="(\d+)"', chart).group(1))  # type: ignore[union-attr]
+    title = re.search(r'class="t">([^<]+)</text>', chart).group(1)  # type: ignore[union-attr]
+    assert svg.title_width(title) <= width  # the visible title fits its chart
+    assert bad["case_id"] in chart  # the full title is the chart's <title>
+    assert svg.map_colour(6.4) != svg.map_colour(0.5) and svg.map_colour(6.4) in chart  # 6.4 is red

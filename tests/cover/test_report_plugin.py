@@ -96,7 +96,7 @@ def run(pytester: pytest.Pytester, out: Path, *args: str) -> pytest.RunResult:
         "no:cacheprovider",
         "-W",
         "ignore::pytest.PytestAssertRewriteWarning",
-        "--report-dir",
+        "--mla-report-dir",
         str(out),
         *args,
     )
@@ -117,7 +117,7 @@ def test_serial_and_xdist_runs_write_equal_results(suite: pytest.Pytester, tmp_p
     serial = run(suite, tmp_path / "serial", "-n", "0")
     serial.assert_outcomes(passed=20, failed=2, skipped=2, xfailed=1)
     junit = tmp_path / "junit.xml"
-    parallel = run(suite, tmp_path / "parallel", "-n", "2", "--save-outputs", f"--junitxml={junit}")
+    parallel = run(suite, tmp_path / "parallel", "-n", "2", "--mla-save-outputs", f"--junitxml={junit}")
     parallel.assert_outcomes(passed=20, failed=2, skipped=2, xfailed=1)
 
     a, b = canonical(tmp_path / "serial"), canonical(tmp_path / "parallel")
@@ -129,7 +129,9 @@ def test_serial_and_xdist_runs_write_equal_results(suite: pytest.Pytester, tmp_p
 
     run_doc = json.loads((tmp_path / "parallel" / "run.json").read_text())
     assert run_doc["records"] == N_RECORDS and run_doc["workers"] == 2
-    assert run_doc["counts"] == {
+    assert run_doc["status"] == "complete" and run_doc["counts"]["recorded"] == N_RECORDS
+    assert run_doc["counts"]["run"] == run_doc["counts"]["selected"] == N_RECORDS + 1  # + the unmarked test
+    assert run_doc["verdicts"] == {
         "passed": 19,
         "failed": 2,
         "xfailed": 1,
@@ -157,7 +159,7 @@ def test_shards_merge_to_the_unsharded_run(suite: pytest.Pytester, tmp_path: Pat
     run(suite, tmp_path / "full")
     selected = 0
     for k in (1, 2, 3):
-        result = run(suite, tmp_path / f"s{k}", f"--shard={k}/3", f"--run-name=s{k}", "-v")
+        result = run(suite, tmp_path / f"s{k}", f"--mla-shard={k}/3", f"--mla-run-name=s{k}", "-v")
         outcomes = result.parseoutcomes()
         selected += sum(outcomes.get(name, 0) for name in ("passed", "failed", "skipped", "xfailed"))
         assert outcomes.get("deselected", 0) > 0
@@ -178,6 +180,8 @@ def test_merge_conflict_fails(suite: pytest.Pytester, tmp_path: Path) -> None:
     lines = (tmp_path / "a" / "results.jsonl").read_text().splitlines()
     changed = json.loads(lines[0]) | {"output_sha256": "0" * 64}
     (other / "results.jsonl").write_text(json.dumps(changed) + "\n")
+    one = {"status": "complete", "counts": {"selected": 1, "run": 1, "recorded": 1}}
+    (other / "run.json").write_text(json.dumps(json.loads((tmp_path / "a" / "run.json").read_text()) | one))
     assert mlaconf("report", "merge", str(tmp_path / "m"), str(tmp_path / "a"), str(other)) == 1
 
 

@@ -1,7 +1,7 @@
 """Discriminating power: the smoke suite plus the metamorphic tests fail every planted defect of
 ``tests/defects.py``, while the unmodified torch CPU backend passes them on five seeds.
 
-Each backend runs in its own ``pytest`` subprocess (``--suite smoke``, ``-p no:cacheprovider``,
+Each backend runs in its own ``pytest`` subprocess (``--mla-suite smoke``, ``-p no:cacheprovider``,
 JUnit XML parsed for the outcome), all sharing one golden directory: the clean run, under xdist
 with two workers, generates every golden first; the defect runs then go two at a time and only
 read goldens.  Set ``MLA_DEFECT_SUMMARY=<file>`` to keep a JSON summary of which tests caught each
@@ -92,13 +92,13 @@ def run_pytest(backend: str, work: Path, golden_dir: Path, *extra: str, suites: 
         "-m",
         "pytest",
         *suites,
-        "--backend",
+        "--mla-backend",
         backend,
-        "--suite",
+        "--mla-suite",
         "smoke",
-        "--golden-dir",
+        "--mla-golden-dir",
         str(golden_dir),
-        "--report-dir",
+        "--mla-report-dir",
         str(work / f"report-{label}"),
         "-p",
         "no:cacheprovider",
@@ -136,7 +136,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def clean(work: Path) -> Run:
     """torch-cpu on five seeds, two xdist workers; writes every golden the defect runs read."""
-    return run_pytest("torch-cpu", work, work / "golden", "--seeds", CLEAN_SEEDS, "-n", str(PARALLEL))
+    return run_pytest("torch-cpu", work, work / "golden", "--mla-seeds", CLEAN_SEEDS, "-n", str(PARALLEL))
 
 
 @pytest.fixture(scope="module")

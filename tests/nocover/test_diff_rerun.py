@@ -109,13 +109,13 @@ def run_suites(tmp_path: Path, name: str, mode: str) -> Path:
             "no:cacheprovider",
             "-n",
             "0",
-            "--cases",
+            "--mla-cases",
             str(tmp_path / "rerun.toml"),
-            "--backend",
+            "--mla-backend",
             "upgraded:factory",
-            "--golden-dir",
+            "--mla-golden-dir",
             str(tmp_path / "golden"),
-            "--report-dir",
+            "--mla-report-dir",
             str(report),
             "--mla-timeout",
             "6",
@@ -139,7 +139,7 @@ def test_rerun_diff_lists_each_new_kind_under_its_heading(tmp_path: Path, capsys
     base = run_suites(tmp_path, "base", "base")
     cand = run_suites(tmp_path, "cand", "rerun")
     suites = {r["suite"] for r in read_results(base / "results.jsonl")}
-    assert suites == {"conformance", "error_contract", "metamorphic"}  # --cases reached the error suite
+    assert suites == {"conformance", "error_contract", "metamorphic"}  # --mla-cases reached the error suite
 
     assert mlaconf("report", "diff", str(base), str(cand)) == 1
     out = capsys.readouterr().out

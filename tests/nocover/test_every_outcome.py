@@ -109,7 +109,7 @@ def test_report_counts_equal_pytests_whatever_the_backend_does(tmp_path: Path) -
     records = read_results(report / "results.jsonl")
     assert Counter(r["verdict"] for r in records) == expected
     run = json.loads((report / "run.json").read_text())
-    assert {k: v for k, v in run["counts"].items() if v} == dict(expected)
+    assert {k: v for k, v in run["verdicts"].items() if v} == dict(expected)
     assert "8 records, 6 failed" in result.stdout
 
     by_heads = {r["spec"]["head_num"]: ResultRecord.from_dict(r) for r in records if r.get("spec")}
@@ -142,13 +142,13 @@ def run_misbehaving(
             *paths,
             "-p",
             "no:cacheprovider",
-            "--cases",
+            "--mla-cases",
             str(tmp_path / "outcomes.toml"),
-            "--backend",
+            "--mla-backend",
             "misbehaving:factory",
-            "--golden-dir",
+            "--mla-golden-dir",
             str(tmp_path / "golden"),
-            "--report-dir",
+            "--mla-report-dir",
             str(tmp_path / "report"),
             *args,
         ],
@@ -215,12 +215,12 @@ def test_property_failure_records_the_shrunk_spec(tmp_path: Path) -> None:
             "no:cacheprovider",
             "-n",
             "0",
-            "--backend",
+            "--mla-backend",
             "bf16_broken:factory",
-            "--report-dir",
+            "--mla-report-dir",
             str(tmp_path / "report"),
             "--hypothesis-profile",
-            "ci",
+            "mla-ci",
             "--hypothesis-seed",
             "1",
         ],

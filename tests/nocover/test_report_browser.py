@@ -54,13 +54,40 @@ window.addEventListener('load', function () {
     return e.getBoundingClientRect().right > document.documentElement.clientWidth + 1
       && !e.closest('.scroll');
   }).map(function (e) { return e.tagName + '.' + e.className; }).slice(0, 5);
+  var top = function (sel) { var e = document.querySelector(sel); return e ? e.getBoundingClientRect().top : -1; };
+  var banner = document.querySelector('.banner');
+  var missing = Array.prototype.slice.call(document.querySelectorAll('a[href^="#"]')).filter(function (a) {
+    return !document.getElementById(a.getAttribute('href').slice(1));
+  }).map(function (a) { return a.getAttribute('href'); });
+  var groupLinks = Array.prototype.slice.call(document.querySelectorAll('table.groups a')).map(function (a) {
+    var target = document.getElementById(a.getAttribute('href').slice(1));
+    var next = target ? target.nextElementSibling : null;
+    return next ? next.tagName + '.' + next.className : 'none';
+  });
+  var overflowing = svgs.filter(function (s) {
+    var t = s.querySelector('text.t');
+    return t && t.getComputedTextLength() > s.getBoundingClientRect().width;
+  }).map(function (s) { return s.querySelector('title').textContent; });
+  var failedChip = document.querySelector('.counts .failed');
   var out = document.createElement('pre');
   out.id = 'probe';
   out.textContent = 'PROBE' + JSON.stringify({tables: document.querySelectorAll('table').length,
     rows: document.querySelectorAll('table.groups tbody tr').length, svgs: svgs.length, drawn: drawn,
     maps: document.querySelectorAll('svg.errmap').length,
     scrollWidth: document.documentElement.scrollWidth, clientWidth: document.documentElement.clientWidth,
-    wide: wide, duplicates: duplicates, errors: window.__errors});
+    wide: wide, duplicates: duplicates, errors: window.__errors,
+    bannerTop: banner ? banner.getBoundingClientRect().top : -1,
+    bannerBackground: banner ? getComputedStyle(banner).backgroundColor : '',
+    bannerText: banner ? banner.textContent : '',
+    failedChipColour: failedChip ? getComputedStyle(failedChip).color : '',
+    failedChipTop: failedChip ? failedChip.getBoundingClientRect().top : -1,
+    contentsTop: top('#contents'), firstMapTop: top('svg.errmap'), failuresTop: top('#failures'),
+    allCasesTop: top('#all'), missingTargets: missing, groupLinks: groupLinks,
+    cases: document.querySelectorAll('details.case').length,
+    openCases: document.querySelectorAll('details.case[open]').length,
+    legend: Array.prototype.map.call(document.querySelectorAll('svg.errmap text.l'), function (t) {
+      return t.textContent; }).join(' | '),
+    overflowing: overflowing});
   document.body.appendChild(out);
 });
 </script>"""
@@ -141,9 +168,9 @@ RUN = {
         "args": " ".join(
             [
                 "cases/test_conformance.py",
-                "--backend",
+                "--mla-backend",
                 "my_kernels.module:factory",
-                "--golden-dir",
+                "--mla-golden-dir",
                 "/very/long/path/to/a/shared/golden/store/on/a/network/filesystem/mounted/somewhere",
             ]
             * 4
@@ -208,6 +235,47 @@ def test_report_fits_1400px_with_distinct_ticks(tmp_path: Path) -> None:
     assert probe["tables"] >= 5 and probe["rows"] >= 4
     assert probe["svgs"] >= 6 and probe["drawn"] == probe["svgs"]
     assert probe["maps"] == 1  # the one failing case's error map
+
+
+FIRST_SCREEN = 1000  # px: the window's height
+
+
+def failing_run() -> list[dict[str, Any]]:
+    """62 failures among 123 records, as in the issue, each failing the error model (the atb check
+    is evidence only) with its error map; the worst at slack 6.4 with a long case id."""
+    out = []
+    for i, r in enumerate(records() * 5):
+        r = dict(r, case_id=f"{r['case_id']}-{i}", output_sha256=f"{i:064x}")
+        r.pop("error_map", None)
+        if i % 2 == 0 and i < 124:
+            slack = 6.4 if i == 0 else 1.0 + i / 50
+            emap = error_map(200, 4)
+            emap.update(values=[[slack if row >= 128 else 0.3] * 4 for row in range(200)], bound=1.0)
+            emap.update(rule="model:max_err_over_bound", quantity="max_v |out - g| / bound_e")
+            r.update(verdict="failed", worst_slack=slack, failing=["model: max_err_over_bound ..."], error_map=emap)
+            r["spec"] = dict(r["spec"], q_seqlen=[200], kv_seqlen=[200])
+        out.append(r)
+    out[0]["case_id"] = "bf16-causal-krope_ctkv-b4-s1024-kv1152-h16-g4-q3d-padded-large_logits-3fa2c1d0"
+    return out[:123]
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary on PATH (apt-get install chromium)")
+def test_report_says_the_verdict_on_the_first_screen(tmp_path: Path) -> None:
+    run = dict(RUN, status="complete", counts={"selected": 123, "run": 123, "recorded": 123})
+    recs = failing_run()
+    failures = sum(r["verdict"] == "failed" for r in recs)
+    probe, proc = load(tmp_path, "failing.html", html.render(recs, run))
+    check_layout(probe, proc)
+    assert 0 <= probe["bannerTop"] < FIRST_SCREEN and probe["bannerText"].startswith(f"FAIL: {failures} of 123")
+    assert probe["bannerBackground"] == "rgb(176, 0, 32)"  # red
+    assert 0 <= probe["failedChipTop"] < FIRST_SCREEN and probe["failedChipColour"] == "rgb(176, 0, 32)"
+    assert 0 <= probe["contentsTop"] < FIRST_SCREEN and probe["missingTargets"] == []
+    assert 0 <= probe["failuresTop"] < FIRST_SCREEN < probe["allCasesTop"]  # failures first
+    assert 0 <= probe["firstMapTop"] < FIRST_SCREEN  # was ~3,600 px down
+    assert probe["groupLinks"] and all(g == "DETAILS.case" for g in probe["groupLinks"])  # a group -> its cases
+    assert probe["cases"] == failures and probe["openCases"] == html.OPEN_DETAILS  # the rest expand on demand
+    assert "slack of the deciding check" in probe["legend"] and "model:max_err_over_bound" in probe["legend"]
+    assert probe["overflowing"] == []  # every chart title fits its chart
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium binary on PATH (apt-get install chromium)")

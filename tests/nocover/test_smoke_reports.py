@@ -27,11 +27,11 @@ def conformance(tmp_path: Path, name: str, *args: str) -> Path:
             "-p",
             "no:cacheprovider",
             "-q",
-            "--backend",
+            "--mla-backend",
             "torch-cpu",
-            "--golden-dir",
+            "--mla-golden-dir",
             str(tmp_path / "golden"),
-            "--report-dir",
+            "--mla-report-dir",
             str(out),
             *args,
         ],
@@ -53,7 +53,7 @@ def test_serial_parallel_and_sharded_runs_agree(tmp_path: Path) -> None:
     serial = records(conformance(tmp_path, "serial", "-n", "0"))
     assert len(serial) == len(load_suites(["smoke"])) and all(r["verdict"] == "passed" for r in serial)
     assert records(conformance(tmp_path, "parallel", "-n", "2")) == serial
-    shards = [conformance(tmp_path, f"shard{k}", "-n", "0", "--shard", f"{k}/3") for k in (1, 2, 3)]
+    shards = [conformance(tmp_path, f"shard{k}", "-n", "0", "--mla-shard", f"{k}/3") for k in (1, 2, 3)]
     assert all(0 < len(records(s)) < len(serial) for s in shards)
     merged = tmp_path / "merged"
     done = subprocess.run(

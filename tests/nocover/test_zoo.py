@@ -47,13 +47,13 @@ def _pytest(work: Path, label: str, *args: str) -> tuple[subprocess.CompletedPro
         "-m",
         "pytest",
         *args,
-        "--backend",
+        "--mla-backend",
         BACKENDS,
-        "--seeds",
+        "--mla-seeds",
         SEEDS,
-        "--golden-dir",
+        "--mla-golden-dir",
         str(work / "golden"),
-        "--report-dir",
+        "--mla-report-dir",
         str(report),
         "-p",
         "no:cacheprovider",
@@ -74,7 +74,15 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_zoo_passes_conformance_on_five_seeds(work: Path) -> None:
     done, report = _pytest(
-        work, "conformance", "cases/test_conformance.py", "--suite", "smoke", "--suite", "standard", "--suite", "edge"
+        work,
+        "conformance",
+        "cases/test_conformance.py",
+        "--mla-suite",
+        "smoke",
+        "--mla-suite",
+        "standard",
+        "--mla-suite",
+        "edge",
     )
     found = groups([report])
     summary = os.environ.get("MLA_ZOO_SUMMARY")

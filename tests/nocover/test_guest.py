@@ -1,0 +1,136 @@
+"""Installed beside an unrelated project, the plugin is a guest: that project's pytest runs the same.
+
+A fresh venv (no system site-packages) gets pytest, pytest-xdist and hypothesis; a foreign project with
+its own ``runner/`` and ``reports/`` packages, a conftest adding ``--backend`` and a hypothesis test runs
+under ``pytest``, ``pytest -p no:xdist``, ``pytest -n 2`` and ``pytest -n auto``.  Then this package is
+installed into the venv from a wheel (non-editable, with its dependencies, torch included) and the same
+four runs must give the same exit codes, the same test outcomes and the same facts: hypothesis profile
+and example count, thread variables, whether torch was imported (controller and workers), the worker count.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+RUNS = {"plain": [], "no-xdist": ["-p", "no:xdist"], "n2": ["-n", "2"], "nauto": ["-n", "auto"]}
+
+CONFTEST = """
+import json, os, sys
+from pathlib import Path
+
+import pytest
+
+
+def pytest_addoption(parser):
+    parser.addoption("--backend", default="theirs", help="the project's own option")
+
+
+def pytest_unconfigure(config):
+    where = os.environ.get("PYTEST_XDIST_WORKER", "controller")
+    facts = {"torch": "torch" in sys.modules, "omp": os.environ.get("OMP_NUM_THREADS"),
+             "workers": getattr(config.option, "numprocesses", None)}
+    Path(os.environ["FACTS_DIR"], where + ".json").write_text(json.dumps(facts))
+"""
+
+TEST_APP = """
+import json, os, sys
+from pathlib import Path
+
+from hypothesis import given, settings, strategies as st
+
+import reports
+import runner.plugin
+
+
+def test_own_packages_and_option(request):
+    assert runner.plugin.NAME == "theirs" and reports.env == "theirs"
+    assert request.config.getoption("backend") == "theirs"
+
+
+@given(st.integers())
+def test_hypothesis_defaults(value):
+    facts = {"profile": settings.get_current_profile_name(), "examples": settings.default.max_examples,
+             "deadline": str(settings.default.deadline), "omp": os.environ.get("OMP_NUM_THREADS"),
+             "torch": "torch" in sys.modules}
+    where = os.environ.get("PYTEST_XDIST_WORKER", "controller")
+    Path(os.environ["FACTS_DIR"], "test-" + where + ".json").write_text(json.dumps(facts))
+"""
+
+
+def make_project(root: Path) -> Path:
+    project = root / "foreign"
+    for package, body in (("runner", ""), ("reports", 'env = "theirs"\n')):
+        (project / package).mkdir(parents=True)
+        (project / package / "__init__.py").write_text(body)
+    (project / "runner" / "plugin.py").write_text('NAME = "theirs"\n')
+    (project / "conftest.py").write_text(CONFTEST)
+    (project / "test_app.py").write_text(TEST_APP)
+    (project / "pytest.ini").write_text("[pytest]\n")
+    return project
+
+
+def pip(env_dir: Path, *args: str) -> None:
+    result = subprocess.run(
+        [str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q", *args], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+
+
+def run_all(env_dir: Path, project: Path, facts_root: Path) -> dict[str, dict[str, object]]:
+    """Every run's exit code, outcome lines and recorded facts."""
+    seen: dict[str, dict[str, object]] = {}
+    for name, extra in RUNS.items():
+        facts_dir = facts_root / name
+        facts_dir.mkdir(parents=True)
+        result = subprocess.run(
+            [str(env_dir / "bin" / "python"), "-m", "pytest", "-rA", "-q", "-p", "no:cacheprovider", *extra],
+            cwd=project,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={"PATH": "/usr/bin:/bin", "FACTS_DIR": str(facts_dir), "HOME": str(facts_root)},
+        )
+        outcomes = sorted(line for line in result.stdout.splitlines() if line.startswith(("PASSED", "FAILED", "ERROR")))
+        facts = {p.stem.replace("gw1", "gw0"): json.loads(p.read_text()) for p in sorted(facts_dir.glob("*.json"))}
+        seen[name] = {"rc": result.returncode, "outcomes": outcomes, "facts": facts, "log": result.stdout[-3000:]}
+    return seen
+
+
+def test_a_foreign_project_runs_the_same_with_the_package_installed(tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(REPO)],
+        capture_output=True,
+        text=True,
+    )
+    assert built.returncode == 0, built.stderr[-3000:]
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    pip(env_dir, "pytest", "pytest-xdist", "hypothesis")
+    project = make_project(tmp_path)
+    without = run_all(env_dir, project, tmp_path / "without")
+    for name, run in without.items():
+        assert run["rc"] == 0 and len(run["outcomes"]) == 2, (name, run["log"])
+
+    pip(env_dir, str(next(wheels.glob("*.whl"))))
+    with_package = run_all(env_dir, project, tmp_path / "with")
+    for name in RUNS:
+        before, after = without[name], with_package[name]
+        for key in ("rc", "outcomes", "facts"):
+            assert before[key] == after[key], (
+                f"pytest {name}: {key} changed\n{before[key]}\n{after[key]}\n{after['log']}"
+            )
+    # the installed plugin did load (it is a guest, not absent)
+    listed = subprocess.run(
+        [str(env_dir / "bin" / "python"), "-m", "pytest", "--help"], cwd=project, capture_output=True, text=True
+    )
+    assert "--mla-backend" in listed.stdout and "--backend" in listed.stdout

@@ -1,0 +1,84 @@
+"""Two identical, deterministic runs of the smoke suites (conformance, metamorphic, property, error
+contract) diff to 0 changed and 0 perf: today's diff said "changed: 26" (every metamorphic and the
+property record) and "perf: 15" from one timed call per case."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlaconf.reports import cli
+from mlaconf.reports.records import read_results
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+#: The smoke suites without their heaviest cases (a long kv, 128 heads), so two runs stay short.
+SELECT = "not kv16384 and not h128 and not s1100"
+
+
+def smoke(tmp_path: Path, name: str) -> Path:
+    report = tmp_path / name
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "cases",
+            "-p",
+            "no:cacheprovider",
+            "-n",
+            "2",
+            "--suite",
+            "smoke",
+            "--backend",
+            "torch-cpu-strict",  # declares the error contract, so all four suites run
+            "--hypothesis-profile",
+            "ci",  # derandomized: the same examples both times
+            "--golden-dir",
+            str(tmp_path / "golden"),
+            "--report-dir",
+            str(report),
+            "-k",
+            SELECT,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    return report
+
+
+def mlaconf(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers(dest="verb", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+@pytest.mark.timeout(1200)
+def test_two_identical_smoke_runs_diff_to_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base, cand = smoke(tmp_path, "base"), smoke(tmp_path, "cand")
+    records = read_results(cand / "results.jsonl")
+    suites = {r["suite"] for r in records}
+    assert suites == {"conformance", "metamorphic", "property", "error_contract"}
+    assert all(r["output_sha256"] for r in records if r["suite"] in ("metamorphic", "property"))
+    assert all(r["examples"]["derandomized"] for r in records if r["suite"] == "property")
+    run = json.loads((cand / "run.json").read_text())
+    assert run["status"] == "complete" and run["counts"]["recorded"] == len(records)
+
+    assert mlaconf("report", "diff", str(base), str(cand)) == 0
+    out = capsys.readouterr().out
+    assert f"changed: 0  identical: {len(records)}" in out and "perf: 0" in out
+    assert "latency not compared" in out  # one timed call per case: never a perf verdict
+    data = json.loads((cand / "diff" / "diff.json").read_text())
+    assert data["regressions"] == 0 and data["perf"] == [] and data["cases"] == []

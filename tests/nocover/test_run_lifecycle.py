@@ -1,0 +1,210 @@
+"""A run owns its report directory from its first test to its end, and accounts for every test.
+
+run.json says ``in_progress`` before the first test and ``complete``, ``interrupted`` or ``crashed`` at the
+end, with the selected, run and recorded counts; a killed run is never mistaken for its predecessor, an
+earlier run is moved aside (never overwritten, never silently reused), and a test that never ran gets a
+record saying so and fails the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from mlaconf.reports.records import read_results
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+CASES = textwrap.dedent("""
+    [suite]
+    name = "lifecycle"
+
+    [defaults]
+    q_seqlen = [8, 5]
+    dtype = "fp16"
+
+    [[matrix]]
+    head_num = [1, 2, 3, 4, 5, 6]
+""")
+#: torch-cpu, except that it sleeps on every call ($SLOW_S) and kills its process on head_num == $EXIT_HEADS.
+BACKEND = textwrap.dedent("""
+    import os
+    import time
+
+    from mlaconf.harness.torch_backend import torch_cpu
+
+    class Slow:
+        name, error_contract, deterministic = "slow", False, True
+
+        def __init__(self):
+            self.cpu = torch_cpu()
+
+        def available(self):
+            return self.cpu.available()
+
+        def info(self):
+            return self.cpu.info()
+
+        def synchronize(self):
+            pass
+
+        def run(self, call):
+            time.sleep(float(os.environ.get("SLOW_S", "0")))
+            if call.head_num >= int(os.environ.get("EXIT_HEADS", "99")):
+                os._exit(3)
+            return self.cpu.run(call)
+
+    def factory():
+        return Slow()
+""")
+
+
+def command(work: Path, report: Path, *extra: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "pytest",
+        "cases/test_conformance.py",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--mla-cases",
+        str(work / "lifecycle.toml"),
+        "--mla-backend",
+        "slow:factory",
+        "--mla-golden-dir",
+        str(work / "golden"),
+        "--mla-report-dir",
+        str(report),
+        *extra,
+    ]
+
+
+def environment(work: Path, **extra: str) -> dict[str, str]:
+    return {"PYTHONPATH": f"{work}:{REPO}", "PATH": "/usr/bin:/bin", **extra}
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    (tmp_path / "slow.py").write_text(BACKEND)
+    (tmp_path / "lifecycle.toml").write_text(CASES)
+    return tmp_path
+
+
+def run(work: Path, report: Path, *extra: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command(work, report, *extra),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env=environment(work, **env),
+    )
+
+
+def mlaconf(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mlaconf", *args], capture_output=True, text=True, timeout=120)
+
+
+def started(work: Path, report: Path, *extra: str, **env: str) -> subprocess.Popen[str]:
+    """A run that has written its in-progress run.json and is into its tests (goldens being made)."""
+    child = subprocess.Popen(
+        command(work, report, *extra),
+        cwd=REPO,
+        env=environment(work, **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        run_json = report / "run.json"
+        in_progress = run_json.exists() and json.loads(run_json.read_text()).get("status") == "in_progress"
+        if in_progress and len(list((work / "golden").glob("*.h5"))) >= 2:
+            time.sleep(1)
+            return child
+        time.sleep(0.2)
+    child.kill()
+    pytest.fail("the run never wrote its in-progress run.json")
+
+
+def test_a_complete_run_says_so_and_an_earlier_run_is_moved_aside(work: Path) -> None:
+    report = work / "report"
+    first = run(work, report)
+    assert first.returncode == 0, first.stdout[-3000:]
+    doc = json.loads((report / "run.json").read_text())
+    assert doc["status"] == "complete" and doc["counts"] == {"selected": 6, "run": 6, "recorded": 6}
+    second = run(work, report, "-k", "h1 or h2")
+    assert second.returncode == 0, second.stdout[-3000:]
+    assert f"{report} held an earlier run (complete" in second.stdout
+    aside = work / "report.previous-1"
+    assert json.loads((aside / "run.json").read_text())["counts"]["recorded"] == 6  # kept whole
+    assert len(read_results(aside / "results.jsonl")) == 6
+    assert json.loads((report / "run.json").read_text())["counts"] == {"selected": 2, "run": 2, "recorded": 2}
+
+
+def test_a_sigkilled_run_is_never_mistaken_for_the_run_before_it(work: Path) -> None:
+    base, report = work / "base", work / "report"
+    assert run(work, base).returncode == 0
+    assert run(work, report).returncode == 0
+    assert mlaconf("report", "diff", str(base), str(report), "--out", str(work / "d1")).returncode == 0
+    child = started(work, report, SLOW_S="2")
+    os.killpg(child.pid, signal.SIGKILL)
+    child.wait()
+    diff = mlaconf("report", "diff", str(base), str(report), "--out", str(work / "d2"))
+    assert diff.returncode != 0, diff.stdout
+    assert "in progress" in diff.stderr and "Traceback" not in diff.stderr
+
+
+def test_one_ctrl_c_gives_an_interrupted_report_with_every_test_accounted_for(work: Path) -> None:
+    report = work / "report"
+    child = started(work, report, "-n", "2", SLOW_S="2")
+    os.killpg(child.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
+    out, _ = child.communicate(timeout=120)
+    assert child.returncode == 2, out[-3000:]  # pytest's "interrupted"
+    assert "Traceback" not in out and "crashed" not in out and "Segmentation" not in out, out[-3000:]
+    doc = json.loads((report / "run.json").read_text())
+    counts = doc["counts"]
+    assert doc["status"] == "interrupted" and counts["selected"] == 6 and counts["run"] < 6, doc
+    records = read_results(report / "results.jsonl")
+    assert len(records) == counts["recorded"] == 6
+    never = [r for r in records if (r.get("failure") or {}).get("kind") == "not_run"]
+    assert len(never) == 6 - counts["run"] and all(r["verdict"] == "error" for r in never)
+    assert mlaconf("report", "html", str(report)).returncode == 2  # an interrupted run is not rendered as done
+
+
+def test_tests_left_by_crashed_workers_get_records_and_fail_the_run(work: Path) -> None:
+    report = work / "report"
+    result = run(work, report, "-n", "2", "--max-worker-restart", "0", EXIT_HEADS="3")
+    assert result.returncode == 1, result.stdout[-3000:]
+    doc = json.loads((report / "run.json").read_text())
+    assert doc["status"] == "crashed" and doc["counts"]["selected"] == 6, doc
+    records = read_results(report / "results.jsonl")
+    assert {r["case_id"].split("-h")[1][0] for r in records} == set("123456")  # every test has its record
+    assert "never ran" in result.stdout
+
+
+def test_a_directory_a_live_run_is_writing_is_refused(work: Path) -> None:
+    report = work / "report"
+    report.mkdir()
+    live = {
+        "status": "in_progress",
+        "pid": os.getpid(),
+        "run_name": "other",
+        "environment": {"host": socket.gethostname()},
+    }
+    (report / "run.json").write_text(json.dumps(live))
+    result = run(work, report)
+    assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "is still writing there" in result.stdout + result.stderr
+    assert json.loads((report / "run.json").read_text()) == live
