@@ -40,8 +40,6 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from scipy import stats
-
 from mlaconf.reports import html, safeio, svg
 from mlaconf.reports.records import (
     EVIDENCE_KEYS,
@@ -383,6 +381,8 @@ def latency_test(base: Record, cand: Record) -> LatencyTest | str:
         return ""  # nothing timed (a rejection, a relation, a skip)
     if len(b) < MIN_REPEATS or len(c) < MIN_REPEATS:
         return f"not compared ({len(b)} vs {len(c)} timed calls; needs {MIN_REPEATS} each)"
+    from scipy import stats  # only here: the diff's other paths and the plugin never pay its import
+
     p = float(stats.mannwhitneyu(c, b, alternative="greater").pvalue)
     return LatencyTest(statistics.median(b), statistics.median(c), min(b), min(c), p, (len(b), len(c)))
 

@@ -7,68 +7,11 @@ are written to ``results.jsonl`` as flat JSON objects (:meth:`ResultRecord.to_di
 readers in ``reports`` work on those dicts (:data:`Record`), so a record from an older run
 (schema 1, conformance only, no ``schema_version``) is read through :func:`upgrade`.
 
-Fields (``schema_version`` 2), field by field:
-
-=====================  ==========================================================================
-``schema_version``     2
-``suite``              ``conformance`` | ``error_contract`` | ``metamorphic`` | ``property``
-``test``               the pytest node id that produced the record
-``case_id``            the case: a suite case's id (conformance, error contract), the spec a
-                       relation ran on (metamorphic), the shrunk case (property, when one failed)
-``relation``           metamorphic: the relation (``batch order``, ``determinism`` ...);
-                       property: the property (the test function); else ``""``
-``backend``            the backend under test (its ``--backend`` name)
-``verdict``            ``passed`` ``failed`` ``xfailed`` ``xpassed`` ``skipped`` ``error``
-                       (pytest's outcome; ``error`` = a setup error)
-``message``            one line (or a few) saying why: the verdict summary, skip reason, failure
-``device``             where the backend ran (``cpu``, ``npu:0`` ...); ``""`` if it never ran
-``backend_versions``   versions the backend reports (``{}`` if unknown)
-``case_suite``         the TOML suite the case came from (``smoke``, ``errors``, ``mine``) or ``""``
-``spec``               the case spec's content (every field the content hash covers), or null
-``dtype`` ``mask``     grouping labels of the case (``?`` when the record has no case, e.g. a
-``cache``              passing property test)
-``policy``             the tolerance policy of a numeric verdict, else null
-``deviation``          the id of the known deviation that matched, else null
-``checks``             numeric evidence: every check ``{rule, metric, value, bound, slack, passed,
-                       note}``; slack = value / bound, > 1 fails
-``metrics``            numeric evidence: metric name -> value (max_rel_err, rmse ...)
-``worst_slack``        the largest slack of ``checks`` (null without a numeric verdict)
-``failing``            the failing checks or contract violations, as short texts
-``overrides``          ``[[override]]`` tables of the policy that applied, with their reasons
-``error_map``          failing conformance records (numeric verdict) only: where the error sits,
-                       ``{values, row_stride, head_stride, q_seqlen, bound, rule, slack, scaled,
-                       quantity}``; ``values`` per (token row, head), max-pooled to at most
-                       256 x 128 cells, in units of the deciding check ``rule`` (its ``slack``;
-                       above 1 fails): the error model's per-element slack when ``model``
-                       decides, ``max_v |out - g| / max(1, |g|) / e`` for ``atb``, else that
-                       quantity scaled to the check's slack (``scaled`` true); inf = NaN/inf
-                       output, null = a row of an empty batch; the HTML report draws it; else null
-``error``              error evidence ``{expected_status, expected_stage, observed_status,
-                       observed_stage}``: the error contract's expectation and what the backend
-                       did (observed null = the call was accepted); conformance records carry the
-                       observed rejection of a valid case here (expected null)
-``difference``         metamorphic evidence ``{kind, max_abs_diff, differing, problems}``: exact or
-                       tolerance relation, the largest difference between the related outputs,
-                       how many elements differ, and each problem found
-``shrunk``             property evidence: the shrunk failing spec ``{spec, toml}`` (the TOML is a
-                       ``[[case]]`` snippet to paste into a suite), else null
-``failure``            a failure outside the verdict path ``{kind, type, message, where,
-                       timeout_s}``: kind ``exception`` (type and message of what was raised),
-                       ``crash`` (the xdist worker died), ``timeout`` (``where`` names the
-                       function it hung in, e.g. ``backend.run``); null when the test ended with
-                       its own verdict
-``timing``             ``{latency_ms_median, repeats, latencies_ms, tflops}`` or null (``latencies_ms``:
-                       every timed call, what ``report diff`` tests); never part of a verdict
-``output_sha256``      SHA-256 of the output bytes (identical digests = bitwise identical);
-                       metamorphic: over the valid rows of every output the relation compared;
-                       property: over every passing example's case id and output digest
-``examples``           property records: ``{count, derandomized}`` of the passing examples (extra key)
-=====================  ==========================================================================
+The fields one by one: docs/reports.md, "The record schema" (that table's one home).
 
 Keys a record does not know are kept as they are (:attr:`ResultRecord.extra`), so the suites can
 add information without a schema change; a field's meaning never changes without a new
-``schema_version``.
-"""
+``schema_version``."""
 
 from __future__ import annotations
 

@@ -96,6 +96,8 @@ BACKEND_LABELS: dict[str, str] = {}
 #: A record a test wants attached only if it ends failing (property tests: the last failing
 #: example, which hypothesis replays last, is the shrunk one).
 PENDING = pytest.StashKey[ResultRecord]()
+#: The record a test attached, kept as the object until its phase ends (then serialised once).
+ATTACHED = pytest.StashKey[ResultRecord]()
 
 
 def set_run_info(config: pytest.Config, key: str, value: Any) -> None:
@@ -111,6 +113,11 @@ def set_run_info(config: pytest.Config, key: str, value: Any) -> None:
 def is_mla_item(item: pytest.Item) -> bool:
     """A test of the MLA suites: one that runs on a selected backend."""
     return "backend_name" in getattr(item, "fixturenames", ())
+
+
+def has_record(item: pytest.Item) -> bool:
+    """Whether a test attached a record through ``mla_report`` (an MLA test or not)."""
+    return ATTACHED in item.stash or PENDING in item.stash
 
 
 def is_mla_nodeid(nodeid: str) -> bool:
@@ -243,10 +250,6 @@ def failure_of(item: pytest.Item, excinfo: pytest.ExceptionInfo[BaseException]) 
     return Failure("exception", excinfo.typename, _short(message), _where(excinfo))
 
 
-def _record_entries(report: pytest.TestReport) -> list[int]:
-    return [i for i, (name, _) in enumerate(report.user_properties) if name == PROPERTY_NAME]
-
-
 def complete_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport) -> None:
     """Give a finished phase of an MLA test its record (run where the test ran, worker or not).
 
@@ -261,22 +264,18 @@ def complete_report(item: pytest.Item, call: pytest.CallInfo[None], report: pyte
     if not counts_for_pytest(report):
         return
     outcome = outcome_of_report(report)
-    if report.when == "teardown":  # pytest counts a teardown error besides the test's outcome
-        report.user_properties[:] = [p for p in report.user_properties if p[0] != PROPERTY_NAME]
-    entries = _record_entries(report)
+    # the record travels as one JSON property; a teardown error (counted besides the test's outcome)
+    # gets a record of its own
+    report.user_properties[:] = [p for p in report.user_properties if p[0] != PROPERTY_NAME]
     excinfo = call.excinfo
     pending = item.stash.get(PENDING, None)
+    attached = item.stash.get(ATTACHED, None) if report.when != "teardown" else None
     if pending is not None and outcome in ("failed", "error"):  # the failing example beats passes so far
-        report.user_properties[:] = [p for p in report.user_properties if p[0] != PROPERTY_NAME]
-        record, index = pending, -1
-    elif entries:
-        index = entries[-1]
-        for extra in reversed(entries[:-1]):  # one record per outcome: the last attached wins
-            del report.user_properties[extra]
-            index -= 1
-        record = ResultRecord.from_dict(json.loads(str(report.user_properties[index][1])))
+        record = pending
+    elif attached is not None:
+        record = attached
     else:
-        record, index = _from_outcome(ident, outcome, report, item, excinfo), -1
+        record = _from_outcome(ident, outcome, report, item, excinfo)
     changes: dict[str, Any] = {}
     if record.verdict != agreed_verdict(record.verdict, outcome):
         changes["verdict"] = outcome
@@ -286,11 +285,10 @@ def complete_report(item: pytest.Item, call: pytest.CallInfo[None], report: pyte
             changes["message"] = f"{record.message} | then {failure.text()}" if record.message else failure.text()
     if changes:
         record = dataclasses.replace(record, **changes)
-    value = json.dumps(record.to_dict(), sort_keys=True, default=str)
-    if index >= 0:
-        report.user_properties[index] = (PROPERTY_NAME, value)
-    else:
-        report.user_properties.append((PROPERTY_NAME, value))
+    entry = (PROPERTY_NAME, json.dumps(record.to_dict(), sort_keys=True, default=str))
+    report.user_properties.append(entry)
+    if report.when != "teardown":  # the item's own list is what --junitxml reads, at teardown
+        item.user_properties[:] = [p for p in item.user_properties if p[0] != PROPERTY_NAME] + [entry]
 
 
 def _from_outcome(
@@ -359,31 +357,29 @@ class MlaReport:
         return ResultRecord.from_dict({"schema_version": records.SCHEMA_VERSION, **ident, **values})
 
     def attach(self, record: ResultRecord | Mapping[str, Any]) -> None:
-        """Attach the running test's record (one per test; a later one replaces an earlier one)."""
-        if isinstance(record, ResultRecord):
-            data = record.to_dict()
-        elif isinstance(record, Mapping):
+        """Attach the running test's record (one per test; a later one replaces an earlier one).
+
+        A mapping is validated into a record here; the record stays an object until the test's phase
+        ends, when :func:`complete_report` gives it pytest's outcome and serialises it once."""
+        if isinstance(record, Mapping):
             data = dict(record)
             data.setdefault("verdict", "error")  # until the test ends: then pytest's outcome
             for name in ("case_id", "backend"):
                 if not data.get(name) and not (name == "case_id" and data.get("relation")):
                     raise ValueError(f"mla_report.attach: record lacks {name!r}")
-        else:
+            try:
+                record = ResultRecord.from_dict(data)
+            except RecordError as exc:
+                raise ValueError(f"mla_report.attach: {exc}") from exc
+        elif not isinstance(record, ResultRecord):
             raise TypeError(f"mla_report.attach expects a ResultRecord or a dict, got {type(record).__name__}")
-        if not data.get("test") and not data.get("nodeid"):
-            data["test"] = self._node.nodeid
-        try:
-            data = ResultRecord.from_dict(data).to_dict()
-        except RecordError as exc:
-            raise ValueError(f"mla_report.attach: {exc}") from exc
+        if not record.test:
+            record = dataclasses.replace(record, test=self._node.nodeid)
+        self._node.stash[ATTACHED] = record
         props = self._node.user_properties
-        if any(p[0] == PROPERTY_NAME for p in props):  # a replaced record takes its JUnit properties along
-            props[:] = [p for p in props if p[0] not in (PROPERTY_NAME, *JUNIT_FIELDS, *JUNIT_METRICS)]
-        props.append((PROPERTY_NAME, json.dumps(data, sort_keys=True, default=str)))
-        props.extend((name, data[name]) for name in JUNIT_FIELDS if data.get(name) is not None)
-        metrics = data.get("metrics")
-        if isinstance(metrics, Mapping):
-            props.extend((name, metrics[name]) for name in JUNIT_METRICS if name in metrics)
+        props[:] = [p for p in props if p[0] not in (*JUNIT_FIELDS, *JUNIT_METRICS)]  # a replaced record's go
+        props.extend((name, getattr(record, name)) for name in JUNIT_FIELDS if getattr(record, name) is not None)
+        props.extend((name, record.metrics[name]) for name in JUNIT_METRICS if name in (record.metrics or {}))
 
     def pending(self, record: ResultRecord) -> None:
         """Keep ``record`` for the test, to be used only if the test ends failing."""
@@ -510,8 +506,6 @@ class Collector:
                 state.setup_seen[report.nodeid] = time.time()
         if not counts_for_pytest(report):
             return
-        if report.nodeid in state.selected or report.nodeid in state.identities:
-            state.ran.add(report.nodeid)
         found = False
         outcome = outcome_of_report(report)
         for name, value in report.user_properties:
@@ -521,6 +515,8 @@ class Collector:
                 record["outcome"] = outcome
                 state.records.append(record)
                 found = True
+        if found or report.nodeid in state.selected or report.nodeid in state.identities:
+            state.ran.add(report.nodeid)  # an MLA test, or any test that attached a record
         if found or report.when == "teardown":
             return
         ident = state.identities.get(report.nodeid)

@@ -32,6 +32,7 @@ from mlaconf.runner.collect import (
     MlaReport,
     ReportState,
     complete_report,
+    has_record,
     is_mla_item,
     set_run_info,
 )
@@ -434,7 +435,7 @@ def add_timeouts(config: pytest.Config, items: list[pytest.Item]) -> None:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     """Every phase pytest counts of an MLA test leaves with exactly one record (see runner.collect)."""
     report = yield
-    if is_mla_item(item):
+    if is_mla_item(item) or has_record(item):
         complete_report(item, call, report)
     return report
 

@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "native" / "README.md"]
+DOCUMENTS = [
+    REPO / "README.md",
+    REPO / "CHANGELOG.md",
+    *sorted((REPO / "docs").glob("*.md")),
+    REPO / "native" / "README.md",
+]
 LINK = re.compile(r"\]\(([^)\s#]*)(?:#([^)\s]*))?\)")
 README_LINES = 250
 

@@ -134,3 +134,31 @@ def test_a_foreign_project_runs_the_same_with_the_package_installed(tmp_path: Pa
         [str(env_dir / "bin" / "python"), "-m", "pytest", "--help"], cwd=project, capture_output=True, text=True
     )
     assert "--mla-backend" in listed.stdout and "--backend" in listed.stdout
+
+    # and the main job runs from the installed package alone, in an empty directory
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    job = subprocess.run(
+        [
+            str(env_dir / "bin" / "mlaconf"),
+            "run",
+            "--backend",
+            "torch-cpu",
+            "--run-name",
+            "r",
+            "-n",
+            "2",
+            "--",
+            "-k",
+            "b1-",
+        ],
+        cwd=empty,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={"PATH": f"{env_dir / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
+    assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-2000:]
+    run_json = json.loads((empty / "reports" / "out" / "r" / "run.json").read_text())
+    assert run_json["status"] == "complete" and run_json["counts"]["run"] > 0
+    assert str(env_dir) in run_json["args"][0] or "site-packages" in " ".join(run_json["args"])
