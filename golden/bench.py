@@ -21,6 +21,10 @@ Definitions (also in docs/benchmarks.md):
   (``write_golden`` into a temporary directory), once, in a fresh interpreter with torch already
   imported (a worker pays that once, not per case): "e2e s", its effective GF/s against GEMM, and
   "e2e MB" its peak memory.
+- ``--ab``: A/B interleaved in one fresh interpreter: per round a square float64 GEMM, the fused
+  reference, the unfused numpy reference it replaced and an end-to-end build, in rotating order; each
+  arm's effective GF/s divided by the GEMM GF/s of the same round, median and range over rounds, with
+  the load average per round (the figures docs/benchmarks.md reports on a shared machine).
 - peak MB: every measurement runs in a fresh interpreter; peak is its ``VmHWM`` (which, unlike
   tracemalloc, sees BLAS and torch buffers) minus its ``VmRSS`` right after imports.  "ref MB" is
   the same over the reference call alone (peak reset through ``/proc/self/clear_refs``), with the
