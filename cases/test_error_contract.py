@@ -1,9 +1,10 @@
 """Error contract: every case of ``cases/errors.toml`` must be rejected with its documented status
 at its documented stage (docs/operator.md §1-3), by backends that declare an error contract.
 
-Known deviations (``judge/known_deviations.toml``) turn a predicted misbehaviour into an xfail and
-a documented rejection despite a deviation into an unexpected-pass warning; an entry that predicts
-exactly the documented rejection does not count as a deviation here.
+Where ATB releases differ, a case's ``expect_by_release`` gives the rejection of the backend's
+release (``BackendInfo.version``).  Known deviations (``judge/known_deviations.toml``) turn a
+predicted misbehaviour into an xfail and a documented rejection despite a deviation into an
+unexpected-pass warning; an entry that predicts exactly the expected rejection is no deviation here.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def test_error_contract(
         )
     verdict = judge_error_case(error_case, backend, deviation_set)
     observed, stage = verdict.got if verdict.got is not None else (None, None)
-    evidence = ErrorEvidence(error_case.expect_error, error_case.expect_stage, observed, stage)
+    evidence = ErrorEvidence(*verdict.expected, observed, stage)  # the expectation of the backend's release
     record = mla_report.record(
         verdict=verdict.outcome, message=verdict.message, error=evidence, device=backend.info().device
     )

@@ -7,9 +7,9 @@ Each test transforms a case's inputs, runs the backend on both versions and stat
   only numbers it must never read: q layout 2-D vs 3-D, padding contents, reruns.
 * **tolerance**: the transformed input is a different but equivalent problem whose arithmetic a
   kernel may legitimately order differently (batch order, head order, kv layout, batch
-  composition), so both outputs are judged against their own float64 golden, computed here, with
-  the run's tolerance policy (``--mla-policy``); no new threshold is invented.  Failure messages still
-  report the largest difference between the related outputs.
+  composition, a prefix cache for the earlier tokens), so both outputs are judged against their own
+  float64 golden, computed here, with the run's tolerance policy (``--mla-policy``); no new threshold
+  is invented.  Failure messages still report the largest difference between the related outputs.
 
 Cases are a handful of small specs (fp16/bf16, maskType 0/2/3, GQA, 2-D/3-D q, padded/packed kv);
 ``--mla-seeds`` reseeds them like the conformance suite.  A case covered by a known deviation of the
@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import numpy as np
 import pytest
 
 from mlaconf.facts.operator import V_DIM
@@ -37,6 +38,7 @@ from mlaconf.runner.metamorphic import (
     judged,
     permute_heads,
     poison_padding,
+    query_chunk,
     rotation,
     run,
     select_batches,
@@ -95,6 +97,26 @@ SPECS: dict[str, dict[str, object]] = {
         kv_layout="padded",
         seed=27,
     ),
+    "fp16-causal-full": dict(
+        q_seqlen=[200, 77],
+        head_num=4,
+        kv_head_num=2,
+        dtype="fp16",
+        mask_type=3,
+        q_layout="3d",
+        kv_layout="padded",
+        seed=30,
+    ),
+    "bf16-causal-full": dict(
+        q_seqlen=[150, 260],
+        head_num=2,
+        kv_head_num=1,
+        dtype="bf16",
+        mask_type=3,
+        q_layout="2d",
+        kv_layout="padded",
+        seed=31,
+    ),
     "fp16-undefined-uniform-padded": dict(
         q_seqlen=[64, 64], head_num=2, dtype="fp16", mask_type=0, q_layout="3d", kv_layout="padded", seed=28
     ),
@@ -117,6 +139,8 @@ RELATION_SPECS: dict[str, tuple[str, ...]] = {
         "fp16-causal-ragged-padded",
     ),
     "test_padded_vs_packed": ("fp16-undefined-uniform-padded", "bf16-mask_free-uniform-padded"),
+    "test_chunked_prefill": ("fp16-causal-full", "bf16-causal-full", "fp16-causal-ragged-padded"),
+    "test_split_queries": ("fp16-causal-full", "bf16-causal-full", "fp16-causal-gqa"),
 }
 
 
@@ -306,4 +330,71 @@ def test_determinism(meta_spec: CaseSpec, backend: Backend, deviation_set: Devia
     for i, out in enumerate(outs[1:], start=2):
         if first is not None and out is not None:
             problems.compare(first, out, meta_spec, exact=True, label=f"run {i} vs run 1")
+    problems.finish()
+
+
+def test_chunked_prefill(
+    meta_spec: CaseSpec,
+    backend: Backend,
+    policy_set: PolicySet,
+    deviation_set: DeviationSet,
+    pytestconfig: pytest.Config,
+    mla_report: MlaReport,
+) -> None:
+    """Tolerance: a causal prefill of each sequence's last tokens with the earlier ones as a prefix
+    (a different length per batch, so a different bottom-right offset) gives the last rows of the
+    one causal prefill over all of them; both outputs pass the policy."""
+    problems = Problems("chunked prefill", "tolerance", meta_spec, backend, deviation_set, mla_report)
+    inputs = generate_inputs(meta_spec)
+    last = [min(q, q // (b + 2) + 3) for b, q in enumerate(meta_spec.q_seqlen)]
+    starts = [q - n for q, n in zip(meta_spec.q_seqlen, last, strict=True)]
+    chunk_inputs, chunk_spec, rows = query_chunk(inputs, meta_spec, starts, list(meta_spec.q_seqlen))
+    tolerance_pair(
+        problems,
+        backend,
+        policy_set,
+        pytestconfig.getoption("mla_policy"),
+        ("one prefill", inputs, meta_spec),
+        (f"last {last} tokens after a prefix of {list(chunk_spec.kv_seqlen)} - {last}", chunk_inputs, chunk_spec),
+        lambda out: out[rows],
+    )
+    problems.finish()
+
+
+def test_split_queries(
+    meta_spec: CaseSpec,
+    backend: Backend,
+    policy_set: PolicySet,
+    deviation_set: DeviationSet,
+    pytestconfig: pytest.Config,
+    mla_report: MlaReport,
+) -> None:
+    """Tolerance: each sequence's queries split into two calls, the second with the first's tokens
+    as its prefix, give the rows of the one call; all three outputs pass the policy."""
+    problems = Problems("split queries", "tolerance", meta_spec, backend, deviation_set, mla_report)
+    policy = pytestconfig.getoption("mla_policy")
+    inputs = generate_inputs(meta_spec)
+    split = [max(1, min(q - 1, 3 * q // 8 + b)) for b, q in enumerate(meta_spec.q_seqlen)]
+    zeros, ends = [0] * meta_spec.batch, list(meta_spec.q_seqlen)
+    parts = {
+        "first part": query_chunk(inputs, meta_spec, zeros, split),
+        "second part": query_chunk(inputs, meta_spec, split, ends),
+    }
+    base = attempt(problems, lambda: run(backend, inputs, meta_spec), "one call")
+    if base is not None:
+        problems.add(judged("one call", base, inputs, meta_spec, backend, policy_set, policy))
+    joined = None if base is None else np.empty_like(base)
+    for label, (part_inputs, part_spec, rows) in parts.items():
+        label = f"{label} (queries {'up to' if label == 'first part' else 'from'} {split})"
+        out = attempt(problems, functools.partial(run, backend, part_inputs, part_spec), label)
+        if out is None:
+            joined = None
+            continue
+        problems.add(judged(label, out, part_inputs, part_spec, backend, policy_set, policy))
+        if joined is not None:
+            joined[rows] = out
+    if base is not None and joined is not None:
+        found = problems.compare(base, joined, meta_spec, exact=False)
+        if problems.items:
+            problems.add(found)
     problems.finish()

@@ -19,6 +19,9 @@ MAX_HEADS = 128
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 #: MASK_FREE's compressed causal mask is MASK_SIZE x MASK_SIZE.
 MASK_SIZE = 512
+#: The value above the diagonal of that mask (0 on and below): fp16 kernels add it, bf16 kernels
+#: multiply it by -3e38 (docs/operator.md §4; ATB's RingMLA kernels read their triu mask the same way).
+MASKED_VALUE = {"fp16": -10000.0, "bf16": 1.0}
 
 DTYPES = ("fp16", "bf16")
 MASK_NAMES = {0: "undefined", 1: "spec", 2: "mask_free", 3: "causal", 4: "swa_norm"}
@@ -96,3 +99,18 @@ def kv_layout_of(k_shape: Sequence[int], kv_seqlen: Sequence[int], kv_head_num: 
     if shape[0] == len(kv_seqlen) and shape[2] == kv_head_num * NOPE_DIM:
         return "padded"
     return None
+
+
+def padded_kv_misread(q_seqlen: Sequence[int], kv_seqlen: Sequence[int], capacity: int) -> bool:
+    """Whether ATB's kernel reads a padded kv cache ``[B, S=capacity, Hkv*128]`` at the wrong rows.
+
+    The kernel never looks at S: batch b starts at row ``b * max(kvSeqLen)`` when ``B * max(kvSeqLen)``
+    equals k's first dim (here B, so only when max(kvSeqLen) is 1), else at ``sum(kvSeqLen[:b])``
+    (mla_tiling_dependency.cpp GetKvFactor).  A batch is misread when it has query and key rows and its
+    start differs from the padded ``b * S``: with max 1, any such batch after the first once S > 1;
+    otherwise any such batch after one shorter than S (docs/operator.md §2, §7).
+    """
+    checked = [b for b, (q, kv) in enumerate(zip(q_seqlen, kv_seqlen, strict=True)) if q > 0 and kv > 0]
+    if max(kv_seqlen, default=0) == 1:
+        return capacity != 1 and any(b > 0 for b in checked)
+    return any(min(kv_seqlen[:b], default=capacity) < capacity for b in checked)

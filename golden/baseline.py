@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlaconf.golden.inputs import FP16_MASK_VALUE, numpy_dtype
+from mlaconf.facts.operator import MASKED_VALUE
+from mlaconf.golden.inputs import numpy_dtype
 from mlaconf.golden.layout import out_shape
 from mlaconf.golden.reference import DEFAULT_TILE, TileKernel, _torch, apply_causal, attention, causal_block, gemm
 from mlaconf.golden.spec import CaseSpec
@@ -64,7 +65,7 @@ def round_to_bf16(values: np.ndarray) -> np.ndarray:
 def fp16_score_path(scale: float) -> TileKernel:
     """fp16 with maskType 0/2: scores, scale, mask and max in fp16; exp and sum in fp32."""
     scale16 = np.float32(np.float16(scale))
-    mask_value = np.float32(FP16_MASK_VALUE)
+    mask_value = np.float32(MASKED_VALUE["fp16"])
 
     def kernel(q: np.ndarray, k: np.ndarray, v: np.ndarray, _: float, diag: Diag) -> np.ndarray:
         scores = _to(_gemm32(q, k.T), _HALF)  # fp32 accumulation, stored as fp16

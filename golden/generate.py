@@ -7,7 +7,6 @@ import platform
 
 import numpy as np
 
-from mlaconf.facts.operator import V_DIM
 from mlaconf.facts.versions import package_version
 from mlaconf.golden import progress
 from mlaconf.golden.baseline import emulate_baseline
@@ -16,13 +15,15 @@ from mlaconf.golden.layout import row_valid
 from mlaconf.golden.magnitudes import reference_and_magnitudes, torch_magnitudes
 from mlaconf.golden.reference import DEVICE_ENV, reference_attention
 from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.stats import error_stats
 from mlaconf.golden.types import GoldenCase, OpInputs
 
 #: Bump when a change to inputs, reference or baseline alters stored values: every golden written
 #: by another version is stale and gets regenerated.
-#: 2.1: per-role input streams in chunks, magnitudes; 2.2: magnitudes rounded up to bf16; 2.3: fused tile kernel
-#: (its exp and summation order), pv_abs/pv_rss from float32 GEMMs lifted to bounds.
-GENERATOR_VERSION = "2.3"
+#: 2.1: per-role input streams in chunks, magnitudes; 2.2: magnitudes rounded up to bf16;
+#: 2.3: baseline statistics are golden.stats.ErrorStats (the baseline-relative rules' denominators only);
+#: 2.4: fused tile kernel (its exp and summation order), pv_abs/pv_rss from float32 GEMMs lifted to bounds.
+GENERATOR_VERSION = "2.4"
 
 
 def _version(package: str) -> str:
@@ -41,17 +42,6 @@ def provenance() -> dict[str, str]:
         "torch": _version("torch"),  # the reference's GEMMs run in torch's BLAS
         "reference_device": os.environ.get(DEVICE_ENV, "cpu"),
     }
-
-
-def baseline_stats(
-    spec: CaseSpec, baseline: np.ndarray, golden: np.ndarray, valid: np.ndarray
-) -> dict[str, float | int | bool | str]:
-    """The emulated baseline's error statistics against the golden (benchmark-rule denominators)."""
-    from mlaconf.golden.metrics import compute_metrics
-
-    shape = (spec.total_q, spec.head_num, V_DIM)
-    metrics = compute_metrics(baseline.reshape(shape), golden.reshape(shape), valid, spec.dtype, spec.q_seqlen)
-    return metrics.to_dict()
 
 
 def build_golden(spec: CaseSpec, *, threads: int = 1, inputs: OpInputs | None = None) -> GoldenCase:
@@ -75,14 +65,14 @@ def build_golden(spec: CaseSpec, *, threads: int = 1, inputs: OpInputs | None = 
         progress.set_stage("baseline")
         baseline = emulate_baseline(inputs, spec, threads=threads)
         progress.set_stage("statistics")
-        stats = baseline_stats(spec, baseline, out, valid)
+        stats = error_stats(baseline.reshape(out.shape), out, valid, spec.dtype)
     return GoldenCase(
         spec=spec,
         inputs=inputs,
         out=out,
         row_valid=valid,
         baseline_out=baseline,
-        baseline_stats=stats,
+        baseline_stats=stats.to_dict(),
         provenance=provenance(),
         magnitudes=magnitudes,
     )

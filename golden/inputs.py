@@ -14,13 +14,9 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from mlaconf.facts.operator import NOPE_DIM, ROPE_DIM, SCORE_DIM, V_DIM
+from mlaconf.facts.operator import MASK_SIZE, MASKED_VALUE, NOPE_DIM, ROPE_DIM, SCORE_DIM, V_DIM
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.types import OpInputs
-
-MASK_SIZE = 512
-FP16_MASK_VALUE = -10000.0  # fp16 kernels add the mask
-BF16_MASK_VALUE = 1.0  # bf16 kernels multiply the mask by -3e38
 
 #: Target standard deviation of the scaled logits for the ``large_logits`` distribution, per dtype.
 #: fp16 kernels store raw scores in fp16, so the spread is chosen where a kernel with ATB's
@@ -56,7 +52,7 @@ def case_rng(spec: CaseSpec) -> np.random.Generator:
 def build_mask(dtype: str) -> np.ndarray:
     """The 512x512 MASK_FREE mask encoded for the dtype's kernels (spec section 4)."""
     upper = np.triu(np.ones((MASK_SIZE, MASK_SIZE), dtype=bool), k=1)
-    value = FP16_MASK_VALUE if dtype == "fp16" else BF16_MASK_VALUE
+    value = MASKED_VALUE[dtype]
     return round_to(np.where(upper, value, 0.0), dtype)
 
 

@@ -19,15 +19,17 @@ per row and head, ``[T, H]``:
 * ``score_dot``     C = qkScale * ||q_i|| * max_{j in A(i)} ||k_j||   (bounds every |q_i|.|k_j| sum)
 * ``p_rss``         rho = sqrt(sum_j P_ij^2)
 
-(m_i is the row maximum of s.)  S and T are stored only where the kernel keeps scores in fp16
-(:func:`mlaconf.facts.operator.scores_in_fp16`): elsewhere scores are fp32, the rule's score term uses its
-cap 4 M (A + |g|) u32 instead of S (looser, and still ~2^-16 of the output-rounding term), and T's
-term is 0.  S and T are expanded sums that cancel where V is nearly constant, so each is moved away
-from zero by a bound on its float64 error before rounding.
+(m_i is the row maximum of s.)  S is stored only where the kernel keeps scores in fp16
+(:func:`mlaconf.facts.operator.scores_in_fp16`): elsewhere scores are fp32 and the rule's score term uses its
+cap 4 M (A + |g|) u32 instead of S (looser, and still ~2^-16 of the output-rounding term).  T is stored
+on every case: the bound's scale term uses it on the fp16 score path only, and the judge's temperature
+check (judge/systematic.py) projects every output's error on it.  S and T are expanded sums that
+cancel where V is nearly constant, so each is moved away from zero by a bound on its float64 error
+before rounding.
 
 Element magnitudes are stored as bf16 rounded away from zero, row magnitudes as float32 rounded up:
 a stored magnitude never understates its float64 value and overstates it by at most 2^-7 relative
-(inside the rule's safety factor, in the safe direction), so they cost 4 bytes per output element on
+(inside the rule's safety factor, in the safe direction), so they cost 6 bytes per output element on
 most cases (8 where scores are fp16) instead of 32 in float64.  Computed in float64 tile by tile like
 the reference (memory O(tile x S) per thread); on the CPU they come out of the golden's own pass
 (:func:`reference_and_magnitudes`: the same exponentials, and two more GEMMs per tile, in float32
@@ -68,10 +70,12 @@ from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.types import OpInputs
 
 ELEMENT_MAGNITUDES = ("pv_abs", "pv_rss", "pvs_rss", "pv_scale")
-#: Element magnitudes only the fp16 score path needs.
-SCORE_PATH_MAGNITUDES = ("pvs_rss", "pv_scale")
+#: Element magnitudes only the fp16 score path needs (T is stored on every case: the judge projects
+#: every output's error on it, judge/systematic.py).
+SCORE_PATH_MAGNITUDES = ("pvs_rss",)
+#: Expanded sums that cancel: two correct float64 evaluations differ by :func:`cancellation_noise`.
+CANCELLING_MAGNITUDES = ("pvs_rss", "pv_scale")
 ROW_MAGNITUDES = ("score_absmax", "score_dot", "p_rss")
-MAGNITUDES = ELEMENT_MAGNITUDES + ROW_MAGNITUDES
 EPS64 = float(np.finfo(np.float64).eps)
 #: Unit roundoff of float32 (half its machine epsilon).
 U32 = 2.0**-24
@@ -217,10 +221,8 @@ def fused_tile(
     rounded-up operands lifted by :func:`lift_float32_sum` (never below their float64 values), the
     row magnitudes from the kernel's float64 row statistics."""
     qs = q * scale
-    raw = None
-    if score_terms:  # the fp16 score path's S and T need the raw scores (masked keys as 0)
-        raw = gemm(qs, k.T, np.empty((q.shape[0], k.shape[0])))
-        apply_causal(raw, diag, 0.0)
+    raw = gemm(qs, k.T, np.empty((q.shape[0], k.shape[0])))  # T (and S) need the raw scores, masked keys as 0
+    apply_causal(raw, diag, 0.0)
     p, stats, rounded = fused_scores(qs, k, diag, work, rounded_up=True)
     assert rounded is not None
     p32, p2_32 = rounded
@@ -240,52 +242,40 @@ def fused_tile(
         "score_absmax": np.maximum(np.abs(stats[0]), np.abs(stats[1])),
         "score_dot": np.linalg.norm(qs, axis=1) * _largest_key_norm(np.linalg.norm(k, axis=1), q.shape[0], diag),
     }
-    if raw is not None:
-        m = stats[0][:, None]
-        probs = p / denom
+    m = stats[0][:, None]
+    probs = p / denom
+    ps = probs * raw
+    ps_sums = (np.abs(ps).sum(axis=1, keepdims=True), ps.sum(axis=1, keepdims=True))
+    out["pv_scale"] = _scale_derivative(ps @ v, *ps_sums, golden, np.abs(v).max(axis=0), k.shape[0])
+    if score_terms:
         weight = probs * (2.0 * np.abs(raw) + np.abs(raw - m))
         w2 = weight * weight
-        ps = probs * raw
-        out.update(
-            _score_path_sums(
-                golden,
-                w2 @ (v * v),
-                w2 @ v,
-                w2.sum(axis=1, keepdims=True),
-                ps @ v,
-                np.abs(ps).sum(axis=1, keepdims=True),
-                ps.sum(axis=1, keepdims=True),
-                np.abs(v).max(axis=0),
-                keys=k.shape[0],
-            )
-        )
+        out["pvs_rss"] = _score_rss(golden, w2 @ (v * v), w2 @ v, w2.sum(axis=1, keepdims=True), keys=k.shape[0])
     return out
 
 
-def _score_path_sums(
-    g: np.ndarray,
-    w2v2: np.ndarray,
-    w2v: np.ndarray,
-    w2sum: np.ndarray,
-    psv: np.ndarray,
-    ps_abs: np.ndarray,
-    ps_sum: np.ndarray,
-    vmax: np.ndarray,
-    *,
-    keys: int,
-) -> dict[str, np.ndarray]:
-    """S and T from their expanded sums, each moved away from zero by a bound on its float64 error.
+def _score_rss(g: np.ndarray, w2v2: np.ndarray, w2v: np.ndarray, w2sum: np.ndarray, *, keys: int) -> np.ndarray:
+    """S from its expanded sum, moved away from zero by a bound on its float64 error.
 
-    S^2 = sum w^2 V^2 - 2 g sum w^2 V + g^2 sum w^2 and T = sum (P s) V - g sum P s cancel where
-    V is nearly constant; without the guard the computed value could fall below the exact one by
-    the cancellation noise.  Guards (gamma = (keys + 4) eps64, Cauchy-Schwarz for sum w^2 |V|):
-    gamma (sqrt(sum w^2 V^2) + |g| sqrt(sum w^2))^2 for S^2, gamma (sum |P s| max|V| + |g sum P s|) for T."""
+    S^2 = sum w^2 V^2 - 2 g sum w^2 V + g^2 sum w^2 cancels where V is nearly constant; without the
+    guard the computed value could fall below the exact one by the cancellation noise.  Guard
+    (gamma = (keys + 4) eps64, Cauchy-Schwarz for sum w^2 |V|): gamma (sqrt(sum w^2 V^2) + |g| sqrt(sum w^2))^2."""
     gamma = (keys + 4) * EPS64
     sq = w2v2 - 2.0 * g * w2v + g * g * w2sum
     sq_guard = gamma * (np.sqrt(w2v2) + np.abs(g) * np.sqrt(w2sum)) ** 2
+    rss: np.ndarray = np.sqrt(np.maximum(sq, 0.0) + sq_guard)
+    return rss
+
+
+def _scale_derivative(
+    psv: np.ndarray, ps_abs: np.ndarray, ps_sum: np.ndarray, g: np.ndarray, vmax: np.ndarray, keys: int
+) -> np.ndarray:
+    """T = sum (P s) V - g sum P s, moved away from zero by gamma (sum |P s| max|V| + |g sum P s|),
+    a bound on the float64 error of the cancelling expanded sum (gamma = (keys + 4) eps64)."""
+    gamma = (keys + 4) * EPS64
     t = psv - ps_sum * g
-    t_guard = gamma * (ps_abs * vmax + np.abs(g * ps_sum))
-    return {"pvs_rss": np.sqrt(np.maximum(sq, 0.0) + sq_guard), "pv_scale": t + np.copysign(t_guard, t)}
+    guarded: np.ndarray = t + np.copysign(gamma * (ps_abs * vmax + np.abs(g * ps_sum)), t)
+    return guarded
 
 
 def torch_tile(
@@ -306,22 +296,18 @@ def torch_tile(
     p = torch.exp(s - m)
     p /= p.sum(dim=1, keepdim=True)  # masked keys: exp(-inf) = 0
     out: dict[str, Any] = {"pv_abs": p @ v.abs()}
-    extra: dict[str, np.ndarray] = {}
+    g = p @ v
+    ps = p * s0
+    psv, ps_abs, ps_sum, g64, vmax = (
+        x.cpu().numpy()
+        for x in (ps @ v, ps.abs().sum(dim=1, keepdim=True), ps.sum(dim=1, keepdim=True), g, v.abs().amax(dim=0))
+    )
+    extra = {"pv_scale": _scale_derivative(psv, ps_abs, ps_sum, g64, vmax, k.shape[0])}
     if score_terms:
         weight = p * (2.0 * s0.abs() + (s0 - m).abs())
         w2 = weight * weight
-        ps = p * s0
-        sums = (
-            p @ v,
-            w2 @ (v * v),
-            w2 @ v,
-            w2.sum(dim=1, keepdim=True),
-            ps @ v,
-            ps.abs().sum(dim=1, keepdim=True),
-            ps.sum(dim=1, keepdim=True),
-            v.abs().amax(dim=0),
-        )
-        extra = _score_path_sums(*[x.cpu().numpy() for x in sums], keys=k.shape[0])
+        w2v2, w2v, w2sum = (x.cpu().numpy() for x in (w2 @ (v * v), w2 @ v, w2.sum(dim=1, keepdim=True)))
+        extra["pvs_rss"] = _score_rss(g64, w2v2, w2v, w2sum, keys=k.shape[0])
     p2 = p * p
     out["pv_rss"] = (p2 @ (v * v)).sqrt()
     out["p_rss"] = p2.sum(dim=1).sqrt()

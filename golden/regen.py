@@ -32,7 +32,7 @@ import numpy as np
 
 from mlaconf.facts.shard import in_shard
 from mlaconf.golden import progress as work_progress
-from mlaconf.golden.magnitudes import SCORE_PATH_MAGNITUDES, cancellation_noise
+from mlaconf.golden.magnitudes import CANCELLING_MAGNITUDES, cancellation_noise
 from mlaconf.golden.progress import CaseWork, Progress
 from mlaconf.golden.spec import CaseSpec, load_suite, load_suites
 from mlaconf.golden.store import Builder, GoldenStore, GoldenStoreError, read_golden
@@ -395,7 +395,7 @@ def _within_one_step(stored: GoldenCase, name: str, fresh: np.ndarray) -> bool:
         tokens = slice(start, start + rows)
         a, b = a_all[tokens].astype(np.float64), b_all[tokens].astype(np.float64)
         allowed = step * np.minimum(np.abs(a), np.abs(b)) + floor
-        if name in SCORE_PATH_MAGNITUDES:
+        if name in CANCELLING_MAGNITUDES:
             noise = cancellation_noise(spec, stored.magnitudes, stored.out, tokens)[name]
             allowed = allowed + noise.reshape(a.shape)
         if not np.all(np.abs(a - b) <= allowed):

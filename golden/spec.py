@@ -39,6 +39,7 @@ from mlaconf.facts.operator import (
     as_c_float,
     useful_flops,
 )
+from mlaconf.facts.releases import in_range, parse_range
 from mlaconf.facts.status import STAGES
 
 if sys.version_info >= (3, 11):
@@ -100,6 +101,9 @@ class CaseSpec:
     expect_error: str | None = None
     expect_stage: str | None = None
     perturb: str | None = None
+    #: Error cases only: ``(versions, status, stage)`` for releases whose rejection differs from
+    #: ``expect_error``/``expect_stage`` (the documented, newest behaviour); the first matching range wins.
+    expect_by_release: tuple[tuple[str, str, str | None], ...] = ()
     name: str = field(default="", compare=False)
     suite: str = field(default="", compare=False)
     source: str = field(default="", compare=False)
@@ -146,9 +150,27 @@ class CaseSpec:
         return CACHE_NAMES.get(self.cache_mode, f"cache{self.cache_mode}")
 
     def content(self) -> dict[str, Any]:
-        """The fields that determine inputs and outputs (what the hash covers)."""
-        skip = {"name", "suite", "source", "source_commit"}
-        return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in skip}
+        """The fields that determine inputs and outputs (what the hash covers).
+
+        ``expect_by_release`` counts only when given, so the cases without one keep their hashes."""
+        skip = {"name", "suite", "source", "source_commit", "expect_by_release"}
+        data = {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in skip}
+        if self.expect_by_release:
+            data["expect_by_release"] = [
+                {"versions": v, "expect_error": e, "expect_stage": st} for v, e, st in self.expect_by_release
+            ]
+        return data
+
+    def expected_rejection(self, release: str | None) -> tuple[str | None, str | None]:
+        """``(status, stage)`` this error case expects from ``release`` (None: the documented one)."""
+        if release is not None:
+            for versions, error, stage in self.expect_by_release:
+                try:
+                    if in_range(release, parse_range(versions)):
+                        return error, stage
+                except ValueError:
+                    break  # an unparsable release cannot be placed: the documented expectation
+        return self.expect_error, self.expect_stage
 
     @property
     def content_hash(self) -> str:
@@ -320,6 +342,32 @@ def _check_fields(raw: Mapping[str, Any], fail: Fail) -> None:
         raise fail("qk_scale", f"must be a number within float64 range, got {_show(scale)}")
 
 
+def _by_release(value: Any, expect_error: Any, fail: Fail) -> tuple[tuple[str, str, str | None], ...]:
+    """``expect_by_release``: a list of ``{versions, expect_error, expect_stage}`` tables (error cases only)."""
+    if not isinstance(value, (list, tuple)):
+        raise fail("expect_by_release", f"must be a list of tables, got {_show(value)}")
+    if value and expect_error is None:
+        raise fail("expect_by_release", "only allowed with expect_error")
+    entries = []
+    for index, entry in enumerate(value):
+        where = f"expect_by_release[{index}]"
+        if not isinstance(entry, Mapping) or set(entry) - {"versions", "expect_error", "expect_stage"}:
+            raise fail(where, f"must be a table of versions, expect_error, expect_stage, got {_show(entry)}")
+        versions, error, stage = entry.get("versions"), entry.get("expect_error"), entry.get("expect_stage")
+        try:
+            parse_range(versions if isinstance(versions, str) else "")
+        except ValueError as exc:
+            raise fail(f"{where}.versions", f"must be a version range such as '<8.3.RC1': {exc}") from exc
+        if not isinstance(error, str) or not SAFE_STATUS.fullmatch(error):
+            raise fail(
+                f"{where}.expect_error", f"must be an ATB status such as 'ERROR_INVALID_PARAM', got {_show(error)}"
+            )
+        if stage is not None and stage not in STAGES:
+            raise fail(f"{where}.expect_stage", f"must be one of {list(STAGES)}, got {_show(stage)}")
+        entries.append((str(versions), error, stage))
+    return tuple(entries)
+
+
 def _is_commit(text: str) -> bool:
     return len(text) == 40 and all(c in "0123456789abcdef" for c in text)
 
@@ -360,6 +408,7 @@ def build_case(
     commit = kwargs.get("source_commit", "")
     if not isinstance(commit, str) or (commit and not _is_commit(commit)):
         raise fail("source_commit", f"must be a full 40-hex-digit commit, got {commit!r}")
+    kwargs["expect_by_release"] = _by_release(raw.get("expect_by_release", ()), raw.get("expect_error"), fail)
     try:  # the spec holds the fp32 value the operator receives, so every reference agrees on it
         kwargs["qk_scale"] = as_c_float(scale)
     except OverflowError:  # beyond fp32's range: only meaningful for error cases

@@ -24,14 +24,14 @@ the spec's content)::
                               ``(a.astype(uint32) << 16).view(float32)``); seqlens int32
     /golden/out               float64 reference in the op's output layout (q's layout)
     /golden/row_valid         bool [T]: False for rows of zero-length batches ("don't care")
-    /golden/{pv_abs,pv_rss[,pvs_rss,pv_scale]}
+    /golden/{pv_abs,pv_rss,pv_scale[,pvs_rss]}
                               magnitudes per output element (golden.magnitudes), bf16 rounded away
-                              from zero, stored like bf16 inputs; pvs_rss and pv_scale only where
-                              scores are fp16 (fp16 with maskType 0/2)
+                              from zero, stored like bf16 inputs; pvs_rss only where scores are
+                              fp16 (fp16 with maskType 0/2)
     /golden/{score_absmax,score_dot,p_rss}
                               float32 magnitudes per row and head [T, H], rounded up
     /baseline/out             emulated same-dtype baseline, stored like the inputs
-    /baseline (group attrs)   baseline error statistics (float / int / bool / str)
+    /baseline (group attrs)   baseline error statistics (golden.stats.ErrorStats)
 
 Every dataset carries ``xxh3_128`` (of its raw stored bytes, C order, little-endian) and
 ``device_dtype``.  Datasets are contiguous and uncompressed so ``h5dump`` shows them and a byte's
@@ -41,7 +41,7 @@ Whole-file integrity (schema >= 4).  HDF5 parses object headers and attributes b
 ours could be looked at, and a damaged header can crash or hang it; so every file starts with an
 HDF5 *user block* (HDF5 skips it; ``h5dump`` and h5py read the file as usual) holding a text header::
 
-    MLA-GOLDEN-HDF5 schema 6 header 4096
+    MLA-GOLDEN-HDF5 schema 7 header 4096
     size <file size in bytes>
     dataset <path> <file offset> <bytes> <xxh3-128 of those bytes>   (one line per dataset)
     xxh3_128 <xxh3-128 of the lines above + every byte after the header>
@@ -107,9 +107,9 @@ from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.types import INPUT_NAMES, GoldenCase, OpInputs
 
 #: 4: whole-file integrity header, error-model magnitudes, bf16 as uint16 bit patterns (2: none of them);
-#: 5: element magnitudes as bf16 rounded up, S and T only on the fp16 score path;
-#: 6: xxh3-128 digests instead of SHA-256 (header, datasets, statistics).
-SCHEMA_VERSION = 6
+#: 5: element magnitudes as bf16 rounded up, S and T only on the fp16 score path; 6: T on every case;
+#: 7: xxh3-128 digests instead of SHA-256 (header, datasets, statistics).
+SCHEMA_VERSION = 7
 #: The digest of every integrity check (header lines, datasets, statistics): 128-bit XXH3.
 DIGEST_NAME = "xxh3_128"
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"

@@ -18,10 +18,20 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mlaconf.facts.versions import atb_version_near
+from mlaconf.facts.releases import soc_rejection
+from mlaconf.facts.versions import ascend_versions, atb_version_near
 from mlaconf.harness.backend import Availability, BackendError, BackendInfo, MlaPrefillCall
 from mlaconf.harness.devices import worker_device_index
-from mlaconf.native.harness import ACL_BF16, ACL_FLOAT, ACL_FLOAT16, ACL_INT32, ACL_INT64, HostTensorDesc, TensorDesc
+from mlaconf.native.harness import (
+    ACL_BF16,
+    ACL_BOOL,
+    ACL_FLOAT,
+    ACL_FLOAT16,
+    ACL_INT32,
+    ACL_INT64,
+    HostTensorDesc,
+    TensorDesc,
+)
 
 if TYPE_CHECKING:
     from mlaconf.native._atb_harness import Context, Library
@@ -32,6 +42,7 @@ _ACL_DTYPES: dict[torch.dtype, int] = {
     torch.int32: ACL_INT32,
     torch.int64: ACL_INT64,
     torch.float32: ACL_FLOAT,
+    torch.bool: ACL_BOOL,
 }
 
 
@@ -139,15 +150,22 @@ def _first_line(err: BaseException) -> str:
 
 @dataclass(frozen=True)
 class Probe:
-    """What :func:`probe` found: availability, and the handles a run needs when available."""
+    """What :func:`probe` found: availability, the handles a run needs, the chip and the ATB release."""
 
     availability: Availability
     torch_npu: ModuleType | None = None
     library: Library | None = None
+    #: ``aclrtGetSocName`` through torch_npu, e.g. "Ascend910B3"; None when never read.
+    soc: str | None = None
+    #: The NNAL/ATB release next to the loaded libatb (facts.versions.atb_version_near).
+    release: str | None = None
 
 
 def probe() -> Probe:
-    """Check, cheapest first, what the ATB backend needs; never raises."""
+    """Check, cheapest first, what the ATB backend needs; never raises.
+
+    Order: torch_npu, a device, the chip (ATB's MLA runs on Atlas A2/A3 only, so another SoC skips
+    with the reason instead of failing every case), the extension, libatb and its release."""
     try:
         torch_npu = importlib.import_module("torch_npu")
     except Exception as err:  # without CANN torch_npu raises RuntimeError/OSError, not only ImportError
@@ -158,10 +176,18 @@ def probe() -> Probe:
         return Probe(Availability(False, f"no NPU device: the device query failed ({_first_line(err)})"))
     if devices == 0:
         return Probe(Availability(False, "no NPU device visible to torch_npu"))
+    index = worker_device_index(devices)
     try:  # pin this xdist worker to its NPU (gwN -> N mod K) before anything touches a device
-        torch_npu.npu.set_device(worker_device_index(devices))
+        torch_npu.npu.set_device(index)
     except Exception as err:
         return Probe(Availability(False, f"cannot select an NPU: {_first_line(err)}"))
+    try:
+        soc = str(torch_npu.npu.get_device_name(index))
+    except Exception as err:
+        return Probe(Availability(False, f"cannot read the NPU's SoC name: {_first_line(err)}"))
+    rejected = soc_rejection(soc)
+    if rejected is not None:
+        return Probe(Availability(False, rejected), soc=soc)
     try:
         from mlaconf.native import _atb_harness
     except Exception as err:
@@ -175,8 +201,8 @@ def probe() -> Probe:
     try:
         library = _atb_harness.Library()
     except Exception as err:  # AtbLoadError names the paths tried or the missing entry point
-        return Probe(Availability(False, str(err)))
-    return Probe(Availability(True), torch_npu, library)
+        return Probe(Availability(False, str(err)), soc=soc)
+    return Probe(Availability(True), torch_npu, library, soc, atb_version_near(library.path))
 
 
 #: One atb::Context per library and process, as ATB expects under torch_npu.
@@ -239,14 +265,17 @@ class AtbBackend:
             "torch_npu": str(getattr(found.torch_npu, "__version__", "?")),
             "libatb": found.library.path,
             "aclCreateTensor": found.library.acl_source,
+            "soc": str(found.soc),
         }
         for var in ("ATB_HOME_PATH", "ASCEND_HOME_PATH"):
             if var in os.environ:
                 versions[var] = os.environ[var]
-        version = atb_version_near(found.library.path)
-        if version:
-            versions["atb"] = version
-        return BackendInfo(self.name, f"npu:{index} ({npu.get_device_name(index)})", versions, version)
+        for part, found_file in ascend_versions().items():  # CANN toolkit and driver, when installed
+            if found_file and found_file.get("version") and part != "atb":
+                versions[part] = str(found_file["version"])
+        if found.release:
+            versions["atb"] = found.release
+        return BackendInfo(self.name, f"npu:{index} ({found.soc})", versions, found.release)
 
     def synchronize(self) -> None:
         torch_npu = self._probed().torch_npu

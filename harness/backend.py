@@ -91,6 +91,11 @@ class BackendError(RuntimeError):
         super().__init__(f"{message}: {detail}" if detail else message)
 
 
+class Unsupported(Exception):
+    """The backend cannot express this call: a limit of what it maps the interface onto, not a wrong
+    answer.  The runner skips the case with this reason; raise it before doing any work."""
+
+
 @dataclass(frozen=True)
 class Availability:
     """Whether a backend can run here, and a human reason when it cannot."""

@@ -4,9 +4,9 @@ The model validates an :class:`MlaPrefillCall` the way docs/operator.md §1-3 de
 order ATB runs its checks (read from hicann/ascend-transformer-boost at
 ddcc8b6225b8b7d4703c69c319244bdea0f0c9a1; paths relative to src/):
 
-* **create** (``CreateOperation``: ``ParamRangeCheck`` then ``ParamPrefillCheck`` in
-  ``ops/ops_infer/multi_latent_attention/multi_latent_attention_operation.cpp``): every scalar
-  problem is ``ERROR_INVALID_PARAM``;
+* **create** (``CreateOperation``: the chip gate ``Config::Is910B``, then ``ParamRangeCheck`` and
+  ``ParamPrefillCheck`` in ``ops/ops_infer/multi_latent_attention/multi_latent_attention_operation.cpp``):
+  an unsupported SoC and every scalar problem is ``ERROR_INVALID_PARAM``;
 * **setup** (``atb/operation/operation_base.cpp``, ``OperationBase::SetupCheck`` ->
   ``CheckVariantPack``): every input tensor, then attenOut, must have 1..8 dims (a null
   ``aclTensor*`` has 0; ``TensorCheck::CheckTensorShape`` -> ``ERROR_INVALID_TENSOR_DIM``); dtypes
@@ -19,6 +19,11 @@ ddcc8b6225b8b7d4703c69c319244bdea0f0c9a1; paths relative to src/):
   ``ModifyKernelGraph`` rejects unequal q/kv lengths without CAUSAL (``ERROR_INVALID_PARAM``), and
   ``OpsRunner::PlanKernel`` turns the kernel's failed InferShape (``MLAOperation::CheckNdMask``
   wants a 2-D mask) into ``ERROR_RT_FAIL``.
+
+The model stands for one :class:`Installation`: the SoC (checked only when given, since no call
+names it) and the ATB release, where releases differ (facts/releases.py: a rank-3 MASK_FREE mask is
+refused by the operation on 8.2.RC1, by the kernel from 8.3.RC1).  By default it is the documented,
+newest contract on a supported chip.
 
 Where ATB is known to disagree with its documentation the model follows the documentation: a NaN
 qkScale is rejected (ATB's ``qkScale <= 0 || qkScale > 1`` lets NaN through) and CAUSAL without a
@@ -39,6 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from mlaconf.facts.operator import CAUSAL, KROPE_CTKV, MASK_FREE, MASK_SIZE, MAX_BATCH, MAX_HEADS, NOPE_DIM, ROPE_DIM
+from mlaconf.facts.releases import MASK_FREE_OP_RANKS, SWA_NORM_REJECTION, soc_rejection
 from mlaconf.harness.backend import Availability, Backend, BackendError, BackendInfo, MlaPrefillCall, Stage
 from mlaconf.harness.torch_backend import TorchSdpaBackend
 from mlaconf.native.harness import ACL_FORMAT_ND
@@ -48,8 +54,21 @@ MAX_DIMS = 8  # atb::MAX_DIM
 SWA_NORM = 4
 DEVICE_DTYPES = (torch.float16, torch.bfloat16)
 
-#: A check returns what is wrong with a call, or None when the call passes it.
-CheckFn = Callable[[MlaPrefillCall], "str | None"]
+
+@dataclass(frozen=True)
+class Installation:
+    """The box the model stands for: its SoC name and ATB release (None: a supported chip, the newest
+    release, i.e. what the documentation describes)."""
+
+    soc: str | None = None
+    release: str | None = None
+
+
+#: The box the documentation describes: a supported chip and the newest release.
+DOCUMENTED = Installation()
+
+#: A check returns what is wrong with a call on an installation, or None when the call passes it.
+CheckFn = Callable[[MlaPrefillCall, Installation], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +79,11 @@ class ContractCheck:
     stage: Stage
     status: str
     check: CheckFn
+
+
+def _on_any(check: Callable[[MlaPrefillCall], str | None]) -> CheckFn:
+    """A check whose outcome is the same on every chip and release."""
+    return lambda call, _installation: check(call)
 
 
 def _shape(tensor: torch.Tensor | None) -> tuple[int, ...]:
@@ -87,7 +111,11 @@ def _out_shape(call: MlaPrefillCall) -> tuple[int, ...] | None:
     return None if "out" in call.null_args else call.atten_out_shape
 
 
-# -- create: parameters --------------------------------------------------------------------------
+# -- create: the chip, then parameters ------------------------------------------------------------
+
+
+def _soc(_call: MlaPrefillCall, installation: Installation) -> str | None:
+    return None if installation.soc is None else soc_rejection(installation.soc)
 
 
 def _qk_scale(call: MlaPrefillCall) -> str | None:
@@ -124,9 +152,9 @@ def _kv_head_num(call: MlaPrefillCall) -> str | None:
     return None
 
 
-def _swa_window(call: MlaPrefillCall) -> str | None:
+def _swa_window(call: MlaPrefillCall, installation: Installation) -> str | None:
     if call.mask_type == SWA_NORM:
-        return "SWA_NORM needs windowSize > 0, which the C interface cannot pass (docs/operator.md §3)"
+        return f"{SWA_NORM_REJECTION.at(installation.release)} (docs/operator.md §3, §7)"
     return None
 
 
@@ -174,15 +202,17 @@ def _formats(call: MlaPrefillCall) -> str | None:
     return None
 
 
-def _ranks(call: MlaPrefillCall) -> str | None:
+def _ranks(call: MlaPrefillCall, installation: Installation) -> str | None:
     ranks = {name: len(_shape(t)) for name, t in _attached(call).items()}
     wanted = {"q_rope": ranks["q"], "k": 3, "k_rope": 3, "v": 3, "q_seqlen": 1, "kv_seqlen": 1}
     bad = {name: ranks[name] for name, rank in wanted.items() if ranks[name] != rank}
-    mask_bad = call.mask_type == MASK_FREE and ranks["mask"] not in (2, 3)
+    mask_ranks = MASK_FREE_OP_RANKS.at(installation.release)
+    mask_bad = call.mask_type == MASK_FREE and ranks["mask"] not in mask_ranks
     if ranks["q"] not in (2, 3) or bad or mask_bad:
+        masks = " or ".join(f"{r}-D" for r in mask_ranks)
         return (
-            f"ranks {ranks}: q 2-D or 3-D, qRope like q, k/kRope/v 3-D, seqlens 1-D, mask 2-D or 3-D "
-            "(docs/operator.md §2)"
+            f"ranks {ranks}: q 2-D or 3-D, qRope like q, k/kRope/v 3-D, seqlens 1-D, mask {masks} "
+            "(docs/operator.md §2, §7)"
         )
     return None
 
@@ -266,26 +296,27 @@ _INI_MATCH = "ERROR_INVALID_TENSOR_INI_MATCH"
 
 #: The documented rejections in ATB's order; the first failing one decides status and stage.
 CHECKS: tuple[ContractCheck, ...] = (
-    ContractCheck("qk_scale", "create", _PARAM, _qk_scale),
-    ContractCheck("mask_type", "create", _PARAM, _mask_type),
-    ContractCheck("cache_mode", "create", _PARAM, _cache_mode),
-    ContractCheck("head_num", "create", _PARAM, _head_num),
-    ContractCheck("kv_head_num", "create", _PARAM, _kv_head_num),
+    ContractCheck("soc", "create", _PARAM, _soc),
+    ContractCheck("qk_scale", "create", _PARAM, _on_any(_qk_scale)),
+    ContractCheck("mask_type", "create", _PARAM, _on_any(_mask_type)),
+    ContractCheck("cache_mode", "create", _PARAM, _on_any(_cache_mode)),
+    ContractCheck("head_num", "create", _PARAM, _on_any(_head_num)),
+    ContractCheck("kv_head_num", "create", _PARAM, _on_any(_kv_head_num)),
     ContractCheck("swa_window", "create", _PARAM, _swa_window),
-    ContractCheck("tensor_dims", "setup", _DIM, _tensor_dims),
-    ContractCheck("out_tensor_dims", "setup", _DIM, _out_tensor_dims),
-    ContractCheck("dtypes", "setup", _INI_MATCH, _dtypes),
-    ContractCheck("formats", "setup", _INI_MATCH, _formats),
+    ContractCheck("tensor_dims", "setup", _DIM, _on_any(_tensor_dims)),
+    ContractCheck("out_tensor_dims", "setup", _DIM, _on_any(_out_tensor_dims)),
+    ContractCheck("dtypes", "setup", _INI_MATCH, _on_any(_dtypes)),
+    ContractCheck("formats", "setup", _INI_MATCH, _on_any(_formats)),
     ContractCheck("ranks", "setup", _DIM_NUM, _ranks),
-    ContractCheck("batch_limit", "setup", _DIM, _batch_limit),
-    ContractCheck("seqlen_lengths", "setup", _DIM, _seqlen_lengths),
-    ContractCheck("q_dims", "setup", _DIM, _q_dims),
-    ContractCheck("kv_dims", "setup", _DIM, _kv_dims),
-    ContractCheck("mask_dims", "setup", _DIM, _mask_dims),
-    ContractCheck("out_rank", "setup", _DIM_NUM, _out_rank),
-    ContractCheck("out_dims", "setup", _DIM, _out_dims),
-    ContractCheck("seqlen_values", "setup", _PARAM, _seqlen_values),
-    ContractCheck("kernel_mask", "setup", "ERROR_RT_FAIL", _kernel_mask),
+    ContractCheck("batch_limit", "setup", _DIM, _on_any(_batch_limit)),
+    ContractCheck("seqlen_lengths", "setup", _DIM, _on_any(_seqlen_lengths)),
+    ContractCheck("q_dims", "setup", _DIM, _on_any(_q_dims)),
+    ContractCheck("kv_dims", "setup", _DIM, _on_any(_kv_dims)),
+    ContractCheck("mask_dims", "setup", _DIM, _on_any(_mask_dims)),
+    ContractCheck("out_rank", "setup", _DIM_NUM, _on_any(_out_rank)),
+    ContractCheck("out_dims", "setup", _DIM, _on_any(_out_dims)),
+    ContractCheck("seqlen_values", "setup", _PARAM, _on_any(_seqlen_values)),
+    ContractCheck("kernel_mask", "setup", "ERROR_RT_FAIL", _on_any(_kernel_mask)),
 )
 CHECK_NAMES = tuple(c.name for c in CHECKS)
 
@@ -296,13 +327,13 @@ def _require_known(skip: frozenset[str]) -> None:
         raise ValueError(f"unknown contract checks {sorted(unknown)}; known: {list(CHECK_NAMES)}")
 
 
-def validate(call: MlaPrefillCall, skip: frozenset[str] = frozenset()) -> None:
-    """Raise :class:`BackendError` with the documented status and stage for an invalid call."""
+def validate(call: MlaPrefillCall, skip: frozenset[str] = frozenset(), installation: Installation = DOCUMENTED) -> None:
+    """Raise :class:`BackendError` with the status and stage ``installation`` gives an invalid call."""
     _require_known(skip)
     for entry in CHECKS:
         if entry.name in skip:
             continue
-        problem = entry.check(call)
+        problem = entry.check(call, installation)
         if problem is not None:
             raise BackendError(entry.status, entry.stage, f"{entry.name}: {problem}")
 
@@ -312,10 +343,17 @@ class ContractBackend:
 
     error_contract = True
 
-    def __init__(self, inner: Backend, name: str, skip: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        inner: Backend,
+        name: str,
+        skip: frozenset[str] = frozenset(),
+        installation: Installation = DOCUMENTED,
+    ) -> None:
         self.inner = inner
         self.name = name
         self.skip = skip
+        self.installation = installation
         self.deterministic = inner.deterministic
         _require_known(skip)
 
@@ -323,14 +361,19 @@ class ContractBackend:
         return self.inner.available()
 
     def info(self) -> BackendInfo:
+        """The inner backend's device and versions; *the* version is the ATB release the model stands
+        for (None: the documented contract), since release-bound expectations are compared with it."""
         inner = self.inner.info()
-        return BackendInfo(self.name, inner.device, dict(inner.versions), inner.version)
+        versions = dict(inner.versions)
+        if self.installation.soc is not None:
+            versions["soc"] = self.installation.soc
+        return BackendInfo(self.name, inner.device, versions, self.installation.release)
 
     def synchronize(self) -> None:
         self.inner.synchronize()
 
     def run(self, call: MlaPrefillCall) -> torch.Tensor:
-        validate(call, self.skip)
+        validate(call, self.skip, self.installation)
         return self.inner.run(call)
 
 

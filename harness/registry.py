@@ -18,7 +18,11 @@ BUILTIN: dict[str, str] = {
     "torch-cpu-strict": "mlaconf.harness.contract:strict_torch_cpu",
     "flash-attn": "mlaconf.harness.cuda_extras:FlashAttnBackend",
     "flashinfer": "mlaconf.harness.cuda_extras:FlashInferBackend",
+    "ring-mla": "mlaconf.harness.npu_ops:RingMlaBackend",
+    "npu-fia": "mlaconf.harness.npu_ops:FusedInferAttentionBackend",
 }
+#: The backends that run on an Ascend NPU (native/run_on_ascend.sh runs and diffs each of them).
+NPU_BACKENDS = ("atb", "ring-mla", "npu-fia")
 
 #: ``auto`` picks the first available of these.
 AUTO_ORDER = ("atb", "torch-cuda", "torch-cpu")

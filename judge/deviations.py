@@ -8,14 +8,14 @@ session can warn about stale data.
 
 from __future__ import annotations
 
-import operator
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Literal
 
+from mlaconf.facts.operator import padded_kv_misread
+from mlaconf.facts.releases import in_range, parse_range
 from mlaconf.facts.status import STATUS_CODES
 from mlaconf.golden.spec import CaseSpec, read_toml
 
@@ -25,7 +25,7 @@ Outcome = Literal["error", "fail"]
 Classification = Literal["expected", "unexpected_pass", "different"]
 
 _PATTERN_SELECTORS = ("dtype", "mask", "kv_layout", "case")
-_BOOL_SELECTORS = ("ragged", "causal_prefix_mod128", "over_capacity")
+_BOOL_SELECTORS = ("ragged", "causal_prefix_mod128", "over_capacity", "padded_kv_misread")
 _FIELDS = (
     "id",
     "backend",
@@ -47,79 +47,6 @@ class DeviationError(ValueError):
     def __init__(self, source: str, entry: str, field_name: str, message: str) -> None:
         self.source, self.entry, self.field_name = source, entry, field_name
         super().__init__(f"{source}: deviation {entry!r}: field {field_name!r}: {message}")
-
-
-# -- CANN-style versions -------------------------------------------------------------------------
-
-#: Rank of a tag segment; anything unknown (e.g. CANN's ``T`` test builds) sorts as alpha.
-_TAG_RANK = {"alpha": 0, "a": 0, "beta": 1, "b": 1, "rc": 2}
-_NUMBER_RANK = 3  # a bare number after a tag (8.2.RC1.1) sorts after the tag itself
-_END = (3, -1)  # terminates the segment list: shorter = earlier than any trailing number
-
-
-def version_key(version: str) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
-    """A sort key for versions such as ``8.2.RC1``, ``8.3.RC1.alpha002``, ``8.2.0``.
-
-    The leading numbers form the release (padded with zeros to three parts, so ``8.2`` is
-    ``8.2.0``); a release candidate belongs *before* its release (``8.2.RC1 < 8.2.0``), and tags
-    after it mark builds before the candidate (``8.3.RC1.alpha002 < 8.3.RC1``).  Anything before
-    the first digit is ignored, so ``v8.2.RC1`` and ``CANN 8.2.RC1`` read as ``8.2.RC1``.
-    """
-    first_digit = re.search(r"\d", version)
-    if first_digit is None:
-        raise ValueError(f"not a version: {version!r}")
-    tokens = re.findall(r"\d+|[A-Za-z]+", version[first_digit.start() :])
-    release: list[int] = []
-    while tokens and tokens[0].isdigit():
-        release.append(int(tokens.pop(0)))
-    segments: list[tuple[int, int]] = []
-    while tokens:
-        token = tokens.pop(0)
-        if token.isdigit():
-            segments.append((_NUMBER_RANK, int(token)))
-            continue
-        number = int(tokens.pop(0)) if tokens and tokens[0].isdigit() else 0
-        segments.append((_TAG_RANK.get(token.lower(), 0), number))
-    padded = tuple(release + [0] * max(0, 3 - len(release)))
-    return padded, (*segments, _END)
-
-
-_OPERATORS: dict[str, Callable[[Any, Any], bool]] = {
-    ">=": operator.ge,
-    "<=": operator.le,
-    "==": operator.eq,
-    "!=": operator.ne,
-    ">": operator.gt,
-    "<": operator.lt,
-}
-
-
-def compare_versions(a: str, b: str) -> int:
-    """-1, 0 or 1 as version ``a`` sorts before, equal to or after ``b`` (see :func:`version_key`)."""
-    (ra, sa), (rb, sb) = version_key(a), version_key(b)
-    width = max(len(ra), len(rb))  # 8.2.0 == 8.2.0.0
-    left = (ra + (0,) * (width - len(ra)), sa)
-    right = (rb + (0,) * (width - len(rb)), sb)
-    return (left > right) - (left < right)
-
-
-def parse_range(text: str) -> list[tuple[str, str]]:
-    """``">=8.2.RC1,<9"`` -> ``[(">=", "8.2.RC1"), ("<", "9")]``; a bare version means ``==``."""
-    clauses = []
-    for part in text.split(","):
-        part = part.strip()
-        match = re.fullmatch(r"(>=|<=|==|!=|>|<)?\s*(\d[\w.\-]*)", part)
-        if not match:
-            raise ValueError(f"bad version clause {part!r} in {text!r}")
-        op, version = match.group(1) or "==", match.group(2)
-        version_key(version)  # validates
-        clauses.append((op, version))
-    return clauses
-
-
-def in_range(version: str, clauses: list[tuple[str, str]]) -> bool:
-    """Whether ``version`` satisfies every clause."""
-    return all(_OPERATORS[op](compare_versions(version, bound), 0) for op, bound in clauses)
 
 
 # -- case selectors ------------------------------------------------------------------------------
@@ -144,6 +71,8 @@ def _case_fields(spec: CaseSpec) -> dict[str, str | bool]:
         ragged=is_ragged(spec),
         causal_prefix_mod128=has_prefix_not_mod128(spec),
         over_capacity=spec.kv_layout == "padded" and spec.padded_rows > spec.max_kv,
+        padded_kv_misread=spec.kv_layout == "padded"
+        and padded_kv_misread(spec.q_seqlen, spec.kv_seqlen, spec.padded_rows),
     )
 
 

@@ -1,10 +1,10 @@
 """Tolerance policies as data: load ``judge/tolerances.toml``, resolve overrides, judge metrics.
 
-A policy is a list of rules; each rule turns :class:`~golden.metrics.Metrics` (and, for the
-baseline-relative rules, the emulated same-dtype baseline's Metrics) into :class:`Check` records
-with a measured value, its bound and ``slack = value / bound``.  Every policy also runs the implicit
-``finite`` rule, so a NaN/Inf in the output fails whatever policy is chosen.  A check whose inputs
-are missing (no baseline) fails rather than passes: a verdict must never be vacuous.
+A policy is a list of rules; each rule turns :class:`~mlaconf.judge.metrics.Metrics` (and, for the
+baseline-relative rules, the emulated same-dtype baseline's :class:`~mlaconf.golden.stats.ErrorStats`)
+into :class:`Check` records with a measured value, its bound and ``slack = value / bound``.  Every policy
+also runs the implicit ``finite`` rule, so a NaN/Inf in the output fails whatever policy is chosen.  A
+check whose inputs are missing (no baseline) fails rather than passes: a verdict must never be vacuous.
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from mlaconf.facts.operator import DTYPES
-from mlaconf.golden.error_model import ModelResult
-from mlaconf.golden.metrics import UNIT_ROUNDOFF, Metrics
 from mlaconf.golden.spec import CaseSpec, read_toml
+from mlaconf.golden.stats import UNIT_ROUNDOFF, ErrorStats
+from mlaconf.judge.error_model import ModelResult
+from mlaconf.judge.metrics import Metrics
+from mlaconf.judge.systematic import Significance
 
 DEFAULT_PATH = Path(__file__).resolve().parent / "tolerances.toml"
 
@@ -35,6 +37,7 @@ RULE_PARAMS: dict[str, tuple[str, ...]] = {
     "thousandth": ("max_fraction",),
     "ulp": ("max_ulp",),
     "relative": ("k", "floor_u"),
+    "systematic": ("false_alarm",),
 }
 OVERRIDE_SELECTORS = ("policy", "backend", "dtype", "mask", "case")
 
@@ -50,6 +53,8 @@ class PolicyError(ValueError):
 #: The error-model rule's evaluation for given ``(false_alarm, safety)``: needs the output, the
 #: golden and its stored magnitudes, so the caller that has them supplies it.
 ModelFn = Callable[[float, float], ModelResult]
+#: The systematic-error tests (temperature, format signature) at a false-alarm rate, bound like the model.
+SystematicFn = Callable[[float], tuple[Significance, ...]]
 
 
 @dataclass(frozen=True)
@@ -60,10 +65,13 @@ class VerdictContext:
     head_num: int
     max_seq: int
     model: ModelFn | None = None
+    systematic: SystematicFn | None = None
 
     @classmethod
-    def from_spec(cls, spec: CaseSpec, model: ModelFn | None = None) -> VerdictContext:
-        return cls(dtype=spec.dtype, head_num=spec.head_num, max_seq=spec.max_q, model=model)
+    def from_spec(
+        cls, spec: CaseSpec, model: ModelFn | None = None, systematic: SystematicFn | None = None
+    ) -> VerdictContext:
+        return cls(dtype=spec.dtype, head_num=spec.head_num, max_seq=spec.max_q, model=model, systematic=systematic)
 
 
 @dataclass(frozen=True)
@@ -169,7 +177,7 @@ class Verdict:
 
 # -- rules ---------------------------------------------------------------------------------------
 
-RuleFn = Callable[[Callable[[str], float], Metrics, Metrics | None, VerdictContext], list[Check]]
+RuleFn = Callable[[Callable[[str], float], Metrics, ErrorStats | None, VerdictContext], list[Check]]
 
 
 def _finite(m: Metrics) -> list[Check]:
@@ -182,15 +190,15 @@ def _finite(m: Metrics) -> list[Check]:
     ]
 
 
-def _model(p: Callable[[str], float], m: Metrics, b: Metrics | None, ctx: VerdictContext) -> list[Check]:
-    """Every element within the error bound of the documented precision path (golden.error_model)."""
+def _model(p: Callable[[str], float], m: Metrics, b: ErrorStats | None, ctx: VerdictContext) -> list[Check]:
+    """Every element within the error bound of the documented precision path (judge.error_model)."""
     if ctx.model is None:
         return [Check("model", "max_err_over_bound", math.nan, 1.0, False, "no stored magnitudes to bound with")]
     result = ctx.model(p("false_alarm"), p("safety"))
     return [_check("model", "max_err_over_bound", result.max_ratio, 1.0, result.text())]
 
 
-def _atb(p: Callable[[str], float], m: Metrics, b: Metrics | None, ctx: VerdictContext) -> list[Check]:
+def _atb(p: Callable[[str], float], m: Metrics, b: ErrorStats | None, ctx: VerdictContext) -> list[Check]:
     size = ctx.head_num * ctx.max_seq + 4
     small = size < p("size_limit")
     eps = p("eps_small") if small else p("eps_large")
@@ -216,7 +224,7 @@ def _no_baseline(rule: str, metrics: tuple[str, ...]) -> list[Check]:
     return [Check(rule, name, math.nan, math.nan, False, "no emulated baseline to compare with") for name in metrics]
 
 
-def _benchmark(p: Callable[[str], float], m: Metrics, b: Metrics | None, ctx: VerdictContext) -> list[Check]:
+def _benchmark(p: Callable[[str], float], m: Metrics, b: ErrorStats | None, ctx: VerdictContext) -> list[Check]:
     if b is None:
         return _no_baseline("benchmark", ("mare_ratio", "mere_ratio", "rmse_ratio"))
     u = UNIT_ROUNDOFF[ctx.dtype]
@@ -237,21 +245,34 @@ def _benchmark(p: Callable[[str], float], m: Metrics, b: Metrics | None, ctx: Ve
     return checks
 
 
-def _thousandth(p: Callable[[str], float], m: Metrics, b: Metrics | None, ctx: VerdictContext) -> list[Check]:
+def _thousandth(p: Callable[[str], float], m: Metrics, b: ErrorStats | None, ctx: VerdictContext) -> list[Check]:
     return [_check("thousandth", "frac_beyond_thousandth", m.frac_beyond_thousandth, p("max_fraction"))]
 
 
-def _ulp(p: Callable[[str], float], m: Metrics, b: Metrics | None, ctx: VerdictContext) -> list[Check]:
+def _ulp(p: Callable[[str], float], m: Metrics, b: ErrorStats | None, ctx: VerdictContext) -> list[Check]:
     return [_check("ulp", "max_ulp_err", m.max_ulp_err, p("max_ulp"))]
 
 
-def _relative(p: Callable[[str], float], m: Metrics, b: Metrics | None, ctx: VerdictContext) -> list[Check]:
+def _relative(p: Callable[[str], float], m: Metrics, b: ErrorStats | None, ctx: VerdictContext) -> list[Check]:
     if b is None:
         return _no_baseline("relative", ("max_abs_err",))
     floor = p("floor_u") * UNIT_ROUNDOFF[ctx.dtype] * m.max_abs_expected
     bound = p("k") * b.max_abs_err + floor if math.isfinite(b.max_abs_err) else math.nan
     note = f"{p('k'):g} x baseline {b.max_abs_err:.3g} + floor {floor:.3g}"
     return [_check("relative", "max_abs_err", m.max_abs_err, bound, note)]
+
+
+def _systematic(p: Callable[[str], float], m: Metrics, b: ErrorStats | None, ctx: VerdictContext) -> list[Check]:
+    """The systematic-error tests (judge.systematic): evidence on every verdict, deciding only when
+    significant at ``false_alarm`` (split between the two tests).  They can only fail a verdict, so
+    a context without an output to test (metrics alone) has none: nothing is passed vacuously."""
+    if ctx.systematic is None:
+        return []
+    checks = []
+    for result in ctx.systematic(p("false_alarm")):
+        check = _check("systematic", f"{result.name}_z", result.z, result.critical, result.text)
+        checks.append(dataclasses.replace(check, decisive=result.significant))
+    return checks
 
 
 RULES: dict[str, RuleFn] = {
@@ -261,6 +282,7 @@ RULES: dict[str, RuleFn] = {
     "thousandth": _thousandth,
     "ulp": _ulp,
     "relative": _relative,
+    "systematic": _systematic,
 }
 
 
@@ -280,8 +302,8 @@ class Policy:
         value = self.params[rule][name]
         return float(value[dtype]) if isinstance(value, dict) else float(value)
 
-    def evaluate(self, metrics: Metrics, baseline: Metrics | None, context: VerdictContext) -> Verdict:
-        """Judge ``metrics`` (backend vs golden) given the baseline's metrics (baseline vs golden)."""
+    def evaluate(self, metrics: Metrics, baseline: ErrorStats | None, context: VerdictContext) -> Verdict:
+        """Judge ``metrics`` (backend vs golden) given the baseline's error statistics (baseline vs golden)."""
         if context.dtype not in DTYPES:
             raise ValueError(f"context dtype must be one of {DTYPES}, got {context.dtype!r}")
         checks = _finite(metrics)

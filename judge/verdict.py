@@ -9,12 +9,14 @@ from typing import Any, Literal
 import numpy as np
 
 from mlaconf.facts.operator import V_DIM
-from mlaconf.golden.error_model import ModelResult, model_ratio
-from mlaconf.golden.metrics import CHUNK_ELEMENTS, Metrics, compute_metrics
 from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.stats import CHUNK_ELEMENTS, ErrorStats
 from mlaconf.golden.types import GoldenCase
 from mlaconf.judge.deviations import Deviation
+from mlaconf.judge.error_model import ModelResult, model_ratio
+from mlaconf.judge.metrics import Metrics, compute_metrics
 from mlaconf.judge.policy import Check, PolicySet, Verdict, VerdictContext
+from mlaconf.judge.systematic import Significance, format_check, temperature_check
 
 #: An error map has at most this many token rows x heads (each cell the largest error it covers).
 MAP_ROWS, MAP_HEADS = 256, 128
@@ -39,7 +41,7 @@ def judge_output(
     metrics = compute_metrics(
         out.reshape(shape), golden.out.reshape(shape), golden.row_valid, spec.dtype, spec.q_seqlen
     )
-    baseline = Metrics.from_dict(golden.baseline_stats) if golden.baseline_stats else None
+    baseline = ErrorStats.from_dict(golden.baseline_stats) if golden.baseline_stats else None
     resolved = policy_set.resolve(policy, backend, spec.dtype, spec.mask_name, spec.case_id)
     return metrics, resolved.evaluate(metrics, baseline, verdict_context(golden, out))
 
@@ -142,11 +144,21 @@ def _scaled_error(golden: GoldenCase, out: np.ndarray, grid: np.ndarray) -> None
 
 
 def verdict_context(golden: GoldenCase, out: np.ndarray) -> VerdictContext:
-    """The case's context, with the error-model rule bound to ``out`` and the golden's magnitudes
-    (no model when the golden carries none: that rule then fails rather than pass vacuously)."""
+    """The case's context, with the error-model rule and the systematic tests bound to ``out`` and the
+    golden's magnitudes (no model when the golden carries none: that rule then fails rather than pass
+    vacuously)."""
     spec = golden.spec
+
+    @functools.cache
+    def systematic(false_alarm: float) -> tuple[Significance, ...]:
+        each = false_alarm / 2.0  # two tests share the case's false-alarm rate
+        return (
+            temperature_check(out, golden.out, golden.row_valid, golden.magnitudes, spec, each, golden.baseline_out),
+            format_check(out, golden.out, golden.row_valid, spec, each),
+        )
+
     if not golden.magnitudes:
-        return VerdictContext.from_spec(spec)
+        return VerdictContext.from_spec(spec, systematic=systematic)
 
     @functools.cache
     def model(false_alarm: float, safety: float) -> ModelResult:
@@ -154,4 +166,4 @@ def verdict_context(golden: GoldenCase, out: np.ndarray) -> VerdictContext:
             out, golden.out, golden.row_valid, golden.magnitudes, spec, false_alarm=false_alarm, safety=safety
         )
 
-    return VerdictContext.from_spec(spec, model)
+    return VerdictContext.from_spec(spec, model, systematic)

@@ -14,7 +14,13 @@ Conformance and golden-data testing of the ATB MLA prefill operator: build and c
 golden files, run the conformance suites on a backend, and compare, merge or render their reports.
 'mlaconf VERB --help' describes each verb."""
 #: Modules exposing ``register(subparsers)``; each verb sets ``func(args) -> int`` as its default.
-VERB_MODULES = ("mlaconf.golden.cli", "mlaconf.golden.bench", "mlaconf.reports.cli", "mlaconf.runner.run")
+VERB_MODULES = (
+    "mlaconf.golden.cli",
+    "mlaconf.golden.bench",
+    "mlaconf.reports.cli",
+    "mlaconf.runner.run",
+    "mlaconf.runner.ascend",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

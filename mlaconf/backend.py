@@ -5,6 +5,6 @@ A backend is any object with the :class:`Backend` protocol's members; ``--mla-ba
 the one module a backend needs to import; the definitions live in :mod:`mlaconf.harness.backend`.
 """
 
-from mlaconf.harness.backend import Availability, Backend, BackendError, BackendInfo, MlaPrefillCall
+from mlaconf.harness.backend import Availability, Backend, BackendError, BackendInfo, MlaPrefillCall, Unsupported
 
-__all__ = ["Availability", "Backend", "BackendError", "BackendInfo", "MlaPrefillCall"]
+__all__ = ["Availability", "Backend", "BackendError", "BackendInfo", "MlaPrefillCall", "Unsupported"]

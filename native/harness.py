@@ -13,9 +13,11 @@ ACL_FLOAT = 0
 ACL_FLOAT16 = 1
 ACL_INT32 = 3
 ACL_INT64 = 9
+ACL_BOOL = 12
 ACL_BF16 = 27
 #: aclFormat codes: ATB reads every tensor as contiguous ND; the others exist to be rejected.
 ACL_FORMAT_NCHW = 0
+ACL_FORMAT_NHWC = 1
 ACL_FORMAT_ND = 2
 ACL_FORMAT_FRACTAL_NZ = 29
 

@@ -133,8 +133,9 @@ def run_diff(args: argparse.Namespace) -> int:
         allow_incomplete=args.allow_incomplete,
     )
     out = args.out or args.cand / "diff"
-    files = diff.write_outputs(result, out)
-    print(diff.terminal(result, shutil.get_terminal_size().columns if sys.stdout.isatty() else None))
+    gate = (args.fail_on_perf, args.allow_missing)
+    files = diff.write_outputs(result, out, gate)
+    print(diff.terminal(result, shutil.get_terminal_size().columns if sys.stdout.isatty() else None, gate))
     print("wrote " + ", ".join(str(f) for f in files))
     return result.exit_status(args.fail_on_perf, args.allow_missing)
 

@@ -181,13 +181,29 @@ class DiffResult:
         """Pairs whose latency was not compared (too few timed calls on a side)."""
         return sum(c.latency.startswith("not compared") for c in self.cases)
 
+    def gate_reasons(self, fail_on_perf: bool = False, allow_missing: bool = False) -> list[str]:
+        """Why the gate fails (empty: it passes): regressions (any class of :data:`REGRESSIONS`),
+        cases missing or no longer run (a backend that became unavailable must not pass an upgrade
+        gate) unless allowed, a candidate that ran fewer tests than it selected, perf if asked."""
+        reasons = [f"{len(self.by_category(c))} {HEADINGS[c].lower()}" for c in REGRESSIONS if self.by_category(c)]
+        if self.by_category("missing") and not allow_missing:
+            reasons.append(f"{len(self.by_category('missing'))} missing")
+        reasons += self.gate_failures
+        if fail_on_perf and self.perf:
+            reasons.append(f"{len(self.perf)} perf regressions")
+        return reasons
+
     def exit_status(self, fail_on_perf: bool, allow_missing: bool = False) -> int:
-        """1 when anything regressed (any class of :data:`REGRESSIONS`), when a compared case is
-        missing or no longer runs (a backend that became unavailable must not pass an upgrade gate)
-        unless allowed, when the candidate ran fewer tests than it selected, or on perf if asked."""
-        missing = bool(self.by_category("missing")) and not allow_missing
-        failing = self.regressions() or missing or self.gate_failures or (fail_on_perf and self.perf)
-        return 1 if failing else 0
+        """1 when the gate fails (:meth:`gate_reasons`), else 0."""
+        return 1 if self.gate_reasons(fail_on_perf, allow_missing) else 0
+
+    def verdict(self, fail_on_perf: bool = False, allow_missing: bool = False) -> str:
+        """The gate's verdict in one line."""
+        reasons = self.gate_reasons(fail_on_perf, allow_missing)
+        if reasons:
+            return "GATE FAILS: " + "; ".join(reasons)
+        counts = self.counts()
+        return f"GATE PASSES: {counts['identical']} identical, {counts['changed']} changed within tolerance"
 
 
 def _state(record: Record) -> str:
@@ -593,17 +609,12 @@ def _check_text(d: CaseDiff, name: str) -> str:
     return f"{name}{role}{mark} slack {fmt_slack(b)}->{fmt_slack(c)}"
 
 
-def _deltas(d: CaseDiff, only_failing: bool = False) -> str:
-    """The deciding check's slack first, then every other check and metric that moved (with
-    ``only_failing``, the deciding checks and failing metrics only)."""
+def _deltas(d: CaseDiff) -> str:
+    """The deciding check's slack first, then every other check and metric that moved (a failing
+    deciding check's metric always)."""
     parts = [_check_text(d, n) for n in d.deciding]
-    others = [n for n in d.check_deltas if n not in d.deciding]
-    if not only_failing:
-        parts += [_check_text(d, n) for n in others if d.check_deltas[n][0] != d.check_deltas[n][1]]
-    names = [*d.failing_metrics, *(n for n in d.metric_deltas if n not in d.failing_metrics)]
-    if only_failing:
-        names = list(d.failing_metrics)
-    for name in names:
+    parts += [_check_text(d, n) for n, (b, c) in d.check_deltas.items() if n not in d.deciding and b != c]
+    for name in [*d.failing_metrics, *(n for n in d.metric_deltas if n not in d.failing_metrics)]:
         if name not in d.metric_deltas:
             continue
         b, c = d.metric_deltas[name]
@@ -657,16 +668,16 @@ def _heading(category: str, count: int) -> str:
     return f"{HEADINGS[category]} ({count}){gate}"
 
 
-def terminal(result: DiffResult, width: int | None = None) -> str:
+def terminal(result: DiffResult, width: int | None = None, gate: tuple[bool, bool] = (False, False)) -> str:
     """Plain text: counts, notes, then every non-identical case on one line, under its class's
     heading, cut to ``width`` (a terminal's) when given; whole lines otherwise (piped output is
-    meant for CI logs and grep)."""
+    meant for CI logs and grep).  ``gate``: (fail_on_perf, allow_missing), for the verdict line."""
     counts = result.counts()
     lines = [
         f"diff {result.base} -> {result.cand}",
         "  " + "  ".join(f"{k}: {v}" for k, v in counts.items()) + f"  perf: {len(result.perf)}",
     ]
-    lines += [f"  GATE FAILS: {g}" for g in result.gate_failures]
+    lines.append(f"  {result.verdict(*gate)}")
     lines += [f"  NOTE: {n}" for n in result.notes]
     lines += [f"  env {k}: {b} -> {c}" for k, b, c in result.env_changes]
     for category in LISTED:
@@ -688,7 +699,7 @@ def terminal(result: DiffResult, width: int | None = None) -> str:
                 + (f" {why}" if why else "")
                 + (f" | {failing}" if failing else "")
             )
-            lines.append(line if width is None or len(line) <= width else line[: width - 1] + "~")
+            lines.append(line)
     if result.perf:
         lines.append(f"-- Perf regressions ({len(result.perf)})")
     lines += [
@@ -696,6 +707,8 @@ def terminal(result: DiffResult, width: int | None = None) -> str:
         f"Mann-Whitney U p = {fmt(p.p_value, '.2g')}, {p.repeats[0]} / {p.repeats[1]} timed calls)"
         for p in result.perf
     ]
+    if width is not None:  # every line after the counts, notes too, cut to the terminal
+        lines[2:] = [line if len(line) <= width else line[: width - 1] + "~" for line in lines[2:]]
     return "\n".join(lines)
 
 
@@ -708,12 +721,12 @@ def _md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(out)
 
 
-def markdown(result: DiffResult) -> str:
+def markdown(result: DiffResult, gate: tuple[bool, bool] = (False, False)) -> str:
     parts = [
         f"# Run diff\n\nbase `{result.base}` → candidate `{result.cand}`\n",
         _md_table([*result.counts(), "perf"], [[str(v) for v in result.counts().values()] + [str(len(result.perf))]]),
     ]
-    parts += [f"\n> **Gate fails:** {g}" for g in result.gate_failures]
+    parts.append(f"\n**{result.verdict(*gate)}**")
     parts += [f"\n> **Note:** {n}" for n in result.notes]
     if result.env_changes:
         parts.append("\n## Environment changes\n\n" + _md_table(["key", "base", "candidate"], result.env_changes))
@@ -751,7 +764,7 @@ def slack_chart(result: DiffResult) -> str:
     )
 
 
-def render_html(result: DiffResult) -> str:
+def render_html(result: DiffResult, gate: tuple[bool, bool] = (False, False)) -> str:
     counts = result.counts()
     sections = [
         html.table(
@@ -760,7 +773,11 @@ def render_html(result: DiffResult) -> str:
         ),
         f"<p>base <code>{escape(result.base)}</code> → candidate <code>{escape(result.cand)}</code></p>",
     ]
-    sections += [f'<p class="failed">Gate fails: {escape(g)}</p>' for g in result.gate_failures]
+    sections.insert(
+        0,
+        f'<div class="banner {"fail" if result.gate_reasons(*gate) else "pass"}" id="verdict">'
+        f"{escape(result.verdict(*gate))}</div>",
+    )
     sections += [f'<p class="note">Note: {escape(n)}</p>' for n in result.notes]
     chart = slack_chart(result)
     if chart:
@@ -782,18 +799,19 @@ def render_html(result: DiffResult) -> str:
     return html.page("MLA prefill run diff", sections)
 
 
-def write_outputs(result: DiffResult, out: Path) -> list[Path]:
+def write_outputs(result: DiffResult, out: Path, gate: tuple[bool, bool] = (False, False)) -> list[Path]:
     """diff.md, diff.html and diff.json (machine-readable) under ``out``, each written atomically
     (a symlink planted at any of them, or at ``out``, is refused)."""
     safeio.safe_dir(out)
     files = {
-        "diff.md": markdown(result),
-        "diff.html": render_html(result),
+        "diff.md": markdown(result, gate),
+        "diff.html": render_html(result, gate),
         "diff.json": json.dumps(
             {
                 "counts": result.counts(),
                 "notes": result.notes,
-                "gate_failures": result.gate_failures,
+                "gate": result.verdict(*gate),
+                "gate_failures": result.gate_reasons(*gate),
                 "latency_not_compared": result.not_compared(),
                 "latency_test": {
                     "test": "Mann-Whitney U, one-sided (candidate slower), Holm-Bonferroni over the compared pairs",

@@ -88,7 +88,6 @@ def merge_dirs(dirs: Sequence[Path], *, allow_incomplete: bool = False) -> Merge
             "started": min(started, default=None),
             "finished": max(finished, default=None),
             "records": len(merged),
-            **_merged_state(states, len(merged)).to_dict(),
             "verdicts": {v: sum(verdict(r) == v for r in merged) for v in VERDICTS},
             "policies": sorted({p for r in runs for p in r.get("policies") or []}),
             "devices_seen": sorted({d for r in runs for d in r.get("devices_seen") or []}),
@@ -106,17 +105,22 @@ def merge_dirs(dirs: Sequence[Path], *, allow_incomplete: bool = False) -> Merge
             ],
         }
     )
+    state = _merged_state(states, len(merged))
+    run.pop("status", None)
+    run.pop("counts", None)
+    run.update(state.to_dict() if state is not None else {})  # unknown stays unknown: no status
     if len({dumps(r.get("environment") or {}) for r in runs}) > 1:
         run["environments"] = [r.get("environment") for r in runs]
     return MergeResult(merged, run, conflicts, _shard_warnings(runs))
 
 
-def _merged_state(states: Sequence[RunState | None], recorded: int) -> RunState:
-    """Complete when every shard is; else the first shard status that is not (unknown: crashed)."""
+def _merged_state(states: Sequence[RunState | None], recorded: int) -> RunState | None:
+    """Complete when every shard is; else the first shard status that is not; None (no status,
+    completeness unknown) when a shard's run.json could not say."""
+    if any(s is None for s in states):
+        return None
     known = [s for s in states if s is not None]
     status = next((s.status for s in known if s.status != "complete"), "complete")
-    if len(known) < len(states):
-        status = "crashed" if status == "complete" else status
     selected = sum(s.counts.selected for s in known)
     ran = sum(s.counts.run for s in known)
     return RunState.build(status, selected=max(selected, ran), run=ran, recorded=recorded)

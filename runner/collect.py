@@ -596,12 +596,16 @@ class Collector:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if not state.claimed and not state.records:
             return
-        safeio.safe_dir(state.report_dir)
-        run = self.run_document(time.time(), status)
         ordered = records.sort_records(state.records)
-        records.write_results(state.report_dir / records.RESULTS_FILE, ordered)
-        records.write_json(state.report_dir / records.RUN_FILE, run)
-        html.write_report(state.report_dir, ordered, run)
+        try:
+            safeio.safe_dir(state.report_dir)
+            run = self.run_document(time.time(), status)
+            records.write_results(state.report_dir / records.RESULTS_FILE, ordered)
+            records.write_json(state.report_dir / records.RUN_FILE, run)
+            html.write_report(state.report_dir, ordered, run)
+        except (OSError, safeio.ReportFileError) as exc:  # a planted link, a full disk: say so, fail the run
+            state.problems.append(f"the report could not be written: {exc}")
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def account_for_unrun(self, exitstatus: int) -> str:
         """A record for every selected test that never ran, and the run's final status."""

@@ -12,15 +12,15 @@ from collections.abc import Callable
 
 import numpy as np
 
-from mlaconf.facts.operator import V_DIM
+from mlaconf.facts.operator import CAUSAL, V_DIM
 from mlaconf.golden.generate import build_golden
 from mlaconf.golden.inputs import case_rng, round_to
 from mlaconf.golden.layout import offsets, row_valid
-from mlaconf.golden.metrics import locate
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.types import GoldenCase, OpInputs
 from mlaconf.harness.backend import Backend, BackendError
 from mlaconf.judge.deviations import Deviation, DeviationSet
+from mlaconf.judge.metrics import locate
 from mlaconf.judge.policy import PolicySet
 from mlaconf.judge.verdict import judge_output, mode_text, outcome_message, outcome_of
 from mlaconf.reports.records import RelationEvidence
@@ -194,6 +194,32 @@ def select_batches(inputs: OpInputs, spec: CaseSpec, order: list[int], *, trim: 
         kv_seqlen=np.asarray(kv_len, dtype=np.int32),
     )
     return new, dataclasses.replace(spec, q_seqlen=q_len, kv_seqlen=kv_len)
+
+
+def query_chunk(
+    inputs: OpInputs, spec: CaseSpec, starts: list[int], stops: list[int]
+) -> tuple[OpInputs, CaseSpec, np.ndarray]:
+    """A CAUSAL prefill of the queries ``[starts[b], stops[b])`` of every batch b with the keys they see:
+    the first ``kv_b - q_b + stops[b]`` (the earlier tokens are the prefix; bottom-right alignment
+    then gives every row the keys it had).  Returns the inputs, the spec and, per output row, the
+    original row it equals."""
+    if spec.mask_type != CAUSAL or spec.kv_layout != "padded":
+        raise ValueError(f"{spec.case_id}: a query chunk needs a causal (mask_type 3) case, padded kv")
+    starts_q = offsets(spec.q_seqlen)
+    bounds = list(zip(starts, stops, spec.q_seqlen, strict=True))
+    if any(not 0 <= s <= e <= q for s, e, q in bounds):
+        raise ValueError(f"{spec.case_id}: chunk bounds {starts}..{stops} outside q_seqlen {list(spec.q_seqlen)}")
+    rows = np.concatenate([np.arange(starts_q[b] + s, starts_q[b] + e) for b, (s, e, _) in enumerate(bounds)])
+    q_len = tuple(e - s for s, e, _ in bounds)
+    kv_len = tuple(kv - q + e for (_, e, q), kv in zip(bounds, spec.kv_seqlen, strict=True))
+    new = dataclasses.replace(
+        inputs,
+        q=np.ascontiguousarray(inputs.q[rows]),
+        q_rope=np.ascontiguousarray(inputs.q_rope[rows]),
+        q_seqlen=np.asarray(q_len, dtype=np.int32),
+        kv_seqlen=np.asarray(kv_len, dtype=np.int32),
+    )  # padded kv keeps its S: the keys beyond the new kv_seqlen are padding the kernel must not read
+    return new, dataclasses.replace(spec, q_seqlen=q_len, kv_seqlen=kv_len), rows.astype(np.int64)
 
 
 def rotation(n: int) -> list[int]:

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
-from mlaconf.facts.operator import DEFAULT_QK_SCALE, MAX_HEADS, SUPPORTED_MASKS
+from mlaconf.facts.operator import DEFAULT_QK_SCALE, MAX_HEADS, NOPE_DIM, SUPPORTED_MASKS
 from mlaconf.golden.inputs import generate_inputs
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.harness.backend import Backend, BackendError, MlaPrefillCall
 from mlaconf.judge.deviations import Deviation, DeviationSet
 from mlaconf.judge.verdict import Outcome, outcome_message, outcome_of
-from mlaconf.native.harness import ACL_FORMAT_FRACTAL_NZ, ACL_FORMAT_NCHW
+from mlaconf.native.harness import ACL_FORMAT_FRACTAL_NZ, ACL_FORMAT_NCHW, ACL_FORMAT_NHWC
 from mlaconf.runner.execution import make_call
 
 Perturbation = Callable[[MlaPrefillCall], MlaPrefillCall]
@@ -78,6 +78,44 @@ def _out_rows_short(call: MlaPrefillCall) -> MlaPrefillCall:
     return dataclasses.replace(call, out_shape=(rows - 1, *rest))
 
 
+def _packed_kv(call: MlaPrefillCall, what: str) -> None:
+    if call.k.dim() != 3 or tuple(call.k.shape[1:]) != (call.kv_head_num, NOPE_DIM):
+        raise ValueError(f"{what} needs the packed kv layout [Tk, Hkv, 128]")
+
+
+def _padded_kv(call: MlaPrefillCall, what: str) -> None:
+    if call.k.dim() != 3 or call.k.shape[0] != call.q_seqlen.shape[0] or call.k.shape[2] != call.kv_head_num * NOPE_DIM:
+        raise ValueError(f"{what} needs the padded kv layout [B, S, Hkv*128]")
+
+
+def _k_rows_long(call: MlaPrefillCall) -> MlaPrefillCall:
+    _packed_kv(call, "k_rows_long")
+    return dataclasses.replace(call, k=torch.cat([call.k, call.k[-1:]]).contiguous())
+
+
+def _k_heads_extra(call: MlaPrefillCall) -> MlaPrefillCall:
+    _packed_kv(call, "k_heads_extra")
+    return dataclasses.replace(call, k=torch.cat([call.k, call.k[:, -1:]], dim=1).contiguous())
+
+
+def _k_last_dim_long(call: MlaPrefillCall) -> MlaPrefillCall:
+    return dataclasses.replace(call, k=torch.cat([call.k, call.k[..., -1:]], dim=-1).contiguous())
+
+
+def _k_batch_extra(call: MlaPrefillCall) -> MlaPrefillCall:
+    _padded_kv(call, "k_batch_extra")
+    return dataclasses.replace(call, k=torch.cat([call.k, call.k[-1:]]).contiguous())
+
+
+def _k_capacity_long(call: MlaPrefillCall) -> MlaPrefillCall:
+    _padded_kv(call, "k_capacity_long")
+    return dataclasses.replace(call, k=torch.cat([call.k, call.k[:, -1:]], dim=1).contiguous())
+
+
+def _one_more(seqlen: torch.Tensor) -> torch.Tensor:
+    return torch.cat([seqlen, seqlen[-1:]]).contiguous()
+
+
 def _formatted(name: str, code: int) -> Perturbation:
     def perturb(call: MlaPrefillCall) -> MlaPrefillCall:
         if name == "mask":
@@ -107,6 +145,11 @@ PERTURBATIONS: dict[str, tuple[str, Perturbation]] = {
         "kvSeqLen with one entry fewer than qSeqLen",
         lambda c: dataclasses.replace(c, kv_seqlen=c.kv_seqlen[:-1].contiguous()),
     ),
+    "q_seqlen_long": (
+        "qSeqLen with one entry more than kvSeqLen",
+        lambda c: dataclasses.replace(c, q_seqlen=_one_more(c.q_seqlen)),
+    ),
+    "mask_bool": ("the MASK_FREE mask as bool", lambda c: dataclasses.replace(c, mask=_need_mask(c) != 0)),
     "q_rope_other_dtype": (
         "qRope in the other 16-bit float type",
         lambda c: dataclasses.replace(c, q_rope=_other_dtype(c.q_rope)),
@@ -126,6 +169,18 @@ PERTURBATIONS: dict[str, tuple[str, Perturbation]] = {
         lambda c: dataclasses.replace(c, k_rope=c.k_rope[..., : c.k_rope.shape[-1] // 2].contiguous()),
     ),
     "v_short": ("v with one row fewer than k", lambda c: dataclasses.replace(c, v=c.v[:-1].contiguous())),
+    # k's own dims (kRope and v keep theirs)
+    "k_rows_long": ("packed k with one row more than kRope and v", _k_rows_long),
+    "k_heads_extra": ("packed k with kvHeadNum + 1 heads", _k_heads_extra),
+    "k_last_dim_long": ("k's last dim one longer", _k_last_dim_long),
+    "k_batch_extra": ("padded k with one batch more than qSeqLen", _k_batch_extra),
+    "k_capacity_long": ("padded k with one row per batch more than kRope and v", _k_capacity_long),
+    # ranks of kRope and v
+    "k_rope_rank4": (
+        "kRope with a trailing unit dim (4-D)",
+        lambda c: dataclasses.replace(c, k_rope=c.k_rope[..., None]),
+    ),
+    "v_rank4": ("v with a trailing unit dim (4-D)", lambda c: dataclasses.replace(c, v=c.v[..., None])),
     # attenOut as the caller allocates it
     "out_other_dtype": (
         "attenOut in the other 16-bit float type",
@@ -139,6 +194,10 @@ PERTURBATIONS: dict[str, tuple[str, Perturbation]] = {
     "v_format_nchw": ("v passed as NCHW", _formatted("v", ACL_FORMAT_NCHW)),
     "mask_format_nz": ("the mask passed as FRACTAL_NZ", _formatted("mask", ACL_FORMAT_FRACTAL_NZ)),
     "kv_seqlen_format_nchw": ("kvSeqLen passed as NCHW", _formatted("kv_seqlen", ACL_FORMAT_NCHW)),
+    "q_rope_format_nhwc": ("qRope passed as NHWC", _formatted("q_rope", ACL_FORMAT_NHWC)),
+    "k_format_nhwc": ("k passed as NHWC", _formatted("k", ACL_FORMAT_NHWC)),
+    "k_rope_format_nhwc": ("kRope passed as NHWC", _formatted("k_rope", ACL_FORMAT_NHWC)),
+    "q_seqlen_format_nhwc": ("qSeqLen passed as NHWC", _formatted("q_seqlen", ACL_FORMAT_NHWC)),
     "out_format_nz": ("attenOut passed as FRACTAL_NZ", _formatted("out", ACL_FORMAT_FRACTAL_NZ)),
     # qSeqLen / kvSeqLen dtype and rank
     "q_seqlen_int64": ("qSeqLen as int64", lambda c: dataclasses.replace(c, q_seqlen=c.q_seqlen.long())),
@@ -195,20 +254,24 @@ class ErrorVerdict:
     outcome: Outcome
     message: str
     got: tuple[str, str] | None  # (status name, stage) raised, None when the call was accepted
+    #: (status name, stage) the case expects from this backend's release (CaseSpec.expected_rejection).
+    expected: tuple[str | None, str | None] = (None, None)
 
 
-def _deviation(spec: CaseSpec, backend: Backend, deviations: DeviationSet) -> Deviation | None:
+def _deviation(spec: CaseSpec, backend: Backend, version: str | None, deviations: DeviationSet) -> Deviation | None:
     """A known deviation that predicts something other than the contract for this case."""
-    found = deviations.match(backend.name, backend.info().version, spec)
-    if found is not None and found.outcome == "error" and found.error_status == spec.expect_error:
-        return None  # it predicts exactly the documented rejection: nothing deviates here
+    found = deviations.match(backend.name, version, spec)
+    if found is not None and found.outcome == "error" and found.error_status == spec.expected_rejection(version)[0]:
+        return None  # it predicts exactly the expected rejection: nothing deviates here
     return found
 
 
 def judge_error_case(spec: CaseSpec, backend: Backend, deviations: DeviationSet) -> ErrorVerdict:
-    """Run an error case; the contract is met when the backend raises the expected status at the stage."""
+    """Run an error case; the contract is met when the backend raises the status its release gives at the stage."""
     if spec.expect_error is None:
         raise ValueError(f"{spec.name}: an error case needs expect_error")
+    version = backend.info().version
+    want_error, want_stage = spec.expected_rejection(version)
     call = error_call(spec)
     try:
         backend.run(call)
@@ -216,15 +279,17 @@ def judge_error_case(spec: CaseSpec, backend: Backend, deviations: DeviationSet)
         got: tuple[str, str] | None = None
     except BackendError as exc:
         got = (exc.status_name, exc.stage)
-    stage_ok = spec.expect_stage is None or (got is not None and got[1] == spec.expect_stage)
-    met = got is not None and got[0] == spec.expect_error and stage_ok
-    expected = f"{spec.expect_error} at {spec.expect_stage or 'any stage'}"
+    stage_ok = want_stage is None or (got is not None and got[1] == want_stage)
+    met = got is not None and got[0] == want_error and stage_ok
+    release = f" (release {version})" if want_error != spec.expect_error or want_stage != spec.expect_stage else ""
+    expected = f"{want_error} at {want_stage or 'any stage'}{release}"
     seen = "the call was accepted" if got is None else f"got {got[0]} at {got[1]}"
     perturb = f", perturb {spec.perturb}: {PERTURBATIONS[spec.perturb][0]}" if spec.perturb else ""
     subject = (
         f"{spec.name} ({spec.case_id}) [backend {backend.name}, mask {spec.mask_name}, cache {spec.cache_name}, "
         f"headNum {spec.head_num}, kvHeadNum {spec.kv_head_num}, qkScale {spec.qk_scale}{perturb}]"
     )
-    deviation = _deviation(spec, backend, deviations)
+    deviation = _deviation(spec, backend, version, deviations)
     outcome = outcome_of(met, None if got is None else got[0], deviation)
-    return ErrorVerdict(outcome, outcome_message(subject, outcome, f"expected {expected}, {seen}", deviation), got)
+    message = outcome_message(subject, outcome, f"expected {expected}, {seen}", deviation)
+    return ErrorVerdict(outcome, message, got, (want_error, want_stage))

@@ -60,6 +60,10 @@ class AtbDouble:
     def reset(self) -> None:
         self._lib.atb_double_reset()
 
+    def abandon_live(self) -> None:
+        """Forget handles the harness leaked on purpose (never destroyed), so later counts start at 0."""
+        self._lib.atb_double_abandon_live()
+
     def inject(self, stage: str, status: int) -> None:
         self._lib.atb_double_inject(stage.encode(), status)
 

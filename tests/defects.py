@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from mlaconf.facts.operator import kv_layout_of
+from mlaconf.facts.operator import kv_layout_of, scores_in_fp16
 from mlaconf.harness.backend import MlaPrefillCall
 from mlaconf.harness.contract import ContractBackend
 from mlaconf.harness.torch_backend import NOPE, ROPE, VDIM, TorchSdpaBackend
@@ -404,3 +404,46 @@ def strict_forgets_seqlen_values() -> ContractBackend:
 
 def _is_packed(call: MlaPrefillCall) -> bool:
     return kv_layout_of(call.k.shape, call.kv_seqlen.tolist(), call.kv_head_num) == "packed"
+
+
+# -- systematic errors that stay inside the element bound (judge/systematic.py catches them) --------
+
+
+class ScaleInInputDtype(Defect):
+    description = (
+        "qkScale rounded to the input dtype where ATB keeps it fp32 (bf16, fp16 causal): "
+        "a temperature error of ~1e-3 in bf16"
+    )
+
+    def before(self, call: MlaPrefillCall) -> MlaPrefillCall:
+        dtype = "fp16" if call.q.dtype == torch.float16 else "bf16"
+        if scores_in_fp16(dtype, call.mask_type):
+            return call  # ATB's fp16 score path casts qkScale to fp16 itself: legitimate there
+        return _replace(call, qk_scale=float(torch.tensor(call.qk_scale, dtype=call.q.dtype)))
+
+
+class HalfHeadsBf16(Defect):
+    description = "fp16 output only bf16-precise (rounded through bf16) on the first half of the heads"
+
+    def after(self, call: MlaPrefillCall, out: torch.Tensor) -> torch.Tensor:
+        if out.dtype != torch.float16:
+            return out
+        heads = out.reshape(out.shape[0], call.head_num, -1)
+        half = (call.head_num + 1) // 2
+        heads[:, :half] = heads[:, :half].to(torch.bfloat16).to(torch.float16)
+        return out
+
+
+SYSTEMATIC_DEFECTS: dict[str, type[Defect]] = {
+    "scale_in_input_dtype": ScaleInInputDtype,
+    "half_heads_bf16": HalfHeadsBf16,
+}
+DEFECTS.update(SYSTEMATIC_DEFECTS)
+
+
+def scale_in_input_dtype() -> Defect:
+    return ScaleInInputDtype("scale_in_input_dtype")
+
+
+def half_heads_bf16() -> Defect:
+    return HalfHeadsBf16("half_heads_bf16")

@@ -24,8 +24,10 @@ constexpr std::int32_t kAclFloat = 0;
 constexpr std::int32_t kAclFloat16 = 1;
 constexpr std::int32_t kAclInt32 = 3;
 constexpr std::int32_t kAclInt64 = 9;
+constexpr std::int32_t kAclBool = 12;
 constexpr std::int32_t kAclBf16 = 27;
 constexpr std::int32_t kAclFormatNchw = 0;
+constexpr std::int32_t kAclFormatNhwc = 1;
 constexpr std::int32_t kAclFormatNd = 2;
 constexpr std::int32_t kAclFormatFractalNz = 29;
 

@@ -17,6 +17,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -219,6 +220,8 @@ public:
     OperationGuard &operator=(const OperationGuard &) = delete;
     atb::Operation **slot() { return &op_; }
     atb::Operation *get() const { return op_; }
+    // Gives up ownership: the operation is never destroyed (see keep_alive).
+    void release() { op_ = nullptr; }
 
 private:
     mla_abi::DestroyOperationFn destroy_;
@@ -253,6 +256,21 @@ TensorPtr make_tensor(const Api &api, const std::string &name, void *data, const
 // The C interface's tensor arguments; one that no descriptor names is passed as a null aclTensor*.
 constexpr const char *kDeviceArgs[] = {"q", "q_rope", "k", "k_rope", "v", "mask", "out"};
 constexpr const char *kHostArgs[] = {"q_seqlen", "kv_seqlen"};
+
+// ATB's ERROR_INVALID_PARAM (include/atb/types.h).
+constexpr mla_abi::Status kInvalidParam = 1;
+static_assert(std::string_view(mla_abi::kStatusNames[kInvalidParam]) == "ERROR_INVALID_PARAM");
+
+// After a synchronize that failed twice, device work may still read the operation, the tensors and the
+// seqlen buffers: they are leaked on purpose, so nothing the device may touch is ever freed.
+void keep_alive(std::map<std::string, std::vector<std::int64_t>> host_buffers, std::map<std::string, TensorPtr> tensors,
+                OperationGuard &op) {
+    for (auto &entry : tensors) {
+        static_cast<void>(entry.second.release());
+    }
+    static_cast<void>(new std::map<std::string, std::vector<std::int64_t>>(std::move(host_buffers)));
+    op.release();
+}
 
 template <std::size_t N>
 bool known(const std::string &name, const char *const (&names)[N]) {
@@ -326,12 +344,28 @@ std::uint64_t prefill(Context &context, const std::vector<TensorDesc> &tensors,
         throw StatusError(stage, status, "AtbMLAPreFillGetWorkspaceSize failed");
     }
     void *workspace = workspace_size == 0 ? nullptr : reinterpret_cast<void *>(alloc_workspace(workspace_size));
+    if (workspace == nullptr && workspace_size != 0) {
+        // What ATB's OperationBase::ExecuteCheck returns for it; refused here, before any device work.
+        throw StatusError("execute", kInvalidParam,
+                          "alloc_workspace returned a null workspace for " + std::to_string(workspace_size) + " bytes");
+    }
     {
         py::gil_scoped_release release;
         status = api.prefill(workspace, workspace_size, op.get(), ctx);
     }
-    // The op, tensors and seqlen buffers stay alive until queued work has finished.
-    synchronize();
+    // The op, tensors and seqlen buffers stay alive until queued work has finished. If synchronize
+    // raises, it is tried once more before anything is released; if that fails too, nothing is
+    // released (a leak, never device work reading freed memory) and the first error propagates.
+    try {
+        synchronize();
+    } catch (...) {
+        try {
+            synchronize();
+        } catch (...) {
+            keep_alive(std::move(host_buffers), std::move(by_name), op);
+        }
+        throw;
+    }
     if (status != 0) {
         throw StatusError("execute", status, "AtbMLAPreFill failed");
     }
@@ -372,8 +406,10 @@ PYBIND11_MODULE(_atb_harness, m) {
     m.attr("ACL_FLOAT16") = mla_abi::kAclFloat16;
     m.attr("ACL_INT32") = mla_abi::kAclInt32;
     m.attr("ACL_INT64") = mla_abi::kAclInt64;
+    m.attr("ACL_BOOL") = mla_abi::kAclBool;
     m.attr("ACL_BF16") = mla_abi::kAclBf16;
     m.attr("ACL_FORMAT_NCHW") = mla_abi::kAclFormatNchw;
+    m.attr("ACL_FORMAT_NHWC") = mla_abi::kAclFormatNhwc;
     m.attr("ACL_FORMAT_ND") = mla_abi::kAclFormatNd;
     m.attr("ACL_FORMAT_FRACTAL_NZ") = mla_abi::kAclFormatFractalNz;
 

@@ -46,9 +46,9 @@ static_assert(std::is_same_v<aclrtStream, mla_abi::Stream>, "aclrtStream changed
 // Enum values we pass or name.
 static_assert(ACL_FLOAT == mla_abi::kAclFloat && ACL_FLOAT16 == mla_abi::kAclFloat16);
 static_assert(ACL_INT32 == mla_abi::kAclInt32 && ACL_BF16 == mla_abi::kAclBf16);
-static_assert(ACL_INT64 == mla_abi::kAclInt64);
+static_assert(ACL_INT64 == mla_abi::kAclInt64 && ACL_BOOL == mla_abi::kAclBool);
 static_assert(ACL_FORMAT_NCHW == mla_abi::kAclFormatNchw && ACL_FORMAT_ND == mla_abi::kAclFormatNd);
-static_assert(ACL_FORMAT_FRACTAL_NZ == mla_abi::kAclFormatFractalNz);
+static_assert(ACL_FORMAT_FRACTAL_NZ == mla_abi::kAclFormatFractalNz && ACL_FORMAT_NHWC == mla_abi::kAclFormatNhwc);
 #define MLA_ABI_STATUS_ENUMERATOR(name) name,
 namespace status_order {
 enum Local : int { MLA_ABI_STATUS_LIST(MLA_ABI_STATUS_ENUMERATOR) };

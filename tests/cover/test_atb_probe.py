@@ -18,7 +18,8 @@ from mlaconf.facts.status import STATUS_CODES
 from mlaconf.golden.spec import CaseSpec, as_c_float, load_suites
 from mlaconf.harness.atb import AtbBackend
 from mlaconf.harness.backend import TENSOR_ARGS, Backend, BackendError, MlaPrefillCall
-from mlaconf.runner.perturb import error_call
+from mlaconf.judge.deviations import DeviationSet
+from mlaconf.runner.perturb import error_call, judge_error_case
 
 FAKE_STREAM = 0x7E57_0000_4560
 
@@ -26,8 +27,8 @@ FAKE_STREAM = 0x7E57_0000_4560
 class FakeNpu:
     """The slice of ``torch_npu.npu`` the backend uses; counts synchronizes."""
 
-    def __init__(self, available: bool = True, count: int = 1) -> None:
-        self.available, self.count, self.syncs = available, count, 0
+    def __init__(self, available: bool = True, count: int = 1, soc: str = "Ascend910B3") -> None:
+        self.available, self.count, self.syncs, self.soc = available, count, 0, soc
         self.on_sync: list[Any] = []
         self.pinned: int | None = None
 
@@ -44,7 +45,8 @@ class FakeNpu:
         return self.pinned or 0
 
     def get_device_name(self, index: int) -> str:
-        return f"FakeNPU{index}"
+        assert index == (self.pinned or 0), "the SoC is read for the device this worker pinned"
+        return self.soc
 
     def current_stream(self) -> SimpleNamespace:
         return SimpleNamespace(npu_stream=FAKE_STREAM)
@@ -143,9 +145,58 @@ def test_available_with_everything_present_and_probed_once(monkeypatch: pytest.M
     monkeypatch.setenv("MLA_ATB_LIB", "/nonexistent/libatb.so")
     assert backend.available().ok  # cached: the probe ran once
     info = backend.info()
-    assert (info.name, info.device) == ("atb", "npu:0 (FakeNPU0)")
+    assert (info.name, info.device) == ("atb", "npu:0 (Ascend910B3)")
+    assert info.versions["soc"] == "Ascend910B3"
     assert info.versions["libatb"] == atb_double.path
     assert info.versions["torch_npu"] == "0.0-fake"
+
+
+@pytest.mark.parametrize("soc", ["Ascend310P3", "Ascend910A", "Ascend910B", "Ascend310B1"])
+def test_an_unsupported_chip_skips_with_the_reason(monkeypatch: pytest.MonkeyPatch, atb_double: Any, soc: str) -> None:
+    """ATB's MLA CreateOperation refuses every call off Atlas A2/A3: skip, never 'valid case rejected'."""
+    install_torch_npu(monkeypatch, FakeNpu(soc=soc))
+    monkeypatch.setenv("MLA_ATB_LIB", atb_double.path)
+    text = reason()
+    assert text.startswith(f"SoC '{soc}': ATB's MLA runs only on Atlas 800I A2/A3")
+    assert "ERROR_INVALID_PARAM" in text and "Is910B" in text
+
+
+@pytest.mark.parametrize("soc", ["Ascend910B1", "Ascend910B4", "Ascend910_9382"])
+def test_atlas_a2_and_a3_chips_are_admitted(monkeypatch: pytest.MonkeyPatch, atb_double: Any, soc: str) -> None:
+    install_torch_npu(monkeypatch, FakeNpu(soc=soc))
+    monkeypatch.setenv("MLA_ATB_LIB", atb_double.path)
+    assert AtbBackend().available().ok
+
+
+def test_a_soc_query_that_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    npu = FakeNpu()
+    install_torch_npu(monkeypatch, npu)
+
+    def broken(index: int) -> str:
+        raise RuntimeError("aclrtGetSocName failed")
+
+    monkeypatch.setattr(npu, "get_device_name", broken)
+    assert reason() == "cannot read the NPU's SoC name: RuntimeError: aclrtGetSocName failed"
+
+
+def test_the_release_is_read_and_chooses_the_expectations(
+    monkeypatch: pytest.MonkeyPatch, atb_double: Any, tmp_path: Path
+) -> None:
+    """The NNAL version.info beside libatb is the backend's version: deviations and error cases use it."""
+    install_torch_npu(monkeypatch, FakeNpu())
+    home = tmp_path / "nnal" / "atb" / "8.2.RC1" / "atb" / "cxx_abi_1"
+    (home / "lib").mkdir(parents=True)
+    library = home / "lib" / "libatb.so"
+    library.write_bytes(Path(atb_double.path).read_bytes())
+    (tmp_path / "nnal" / "atb" / "8.2.RC1" / "version.info").write_text("Ascend-cann-atb Version : 8.2.RC1\n")
+    monkeypatch.setenv("MLA_ATB_LIB", str(library))
+    monkeypatch.delenv("MLA_ATB_VERSION", raising=False)
+    backend = AtbBackend()
+    assert backend.available().ok
+    info = backend.info()
+    assert (info.version, info.versions["atb"]) == ("8.2.RC1", "8.2.RC1")
+    rank3 = next(c for c in load_suites(["errors"]) if c.name == "mask-free-mask-rank3")
+    assert rank3.expected_rejection(info.version) == ("ERROR_INVALID_TENSOR_DIM_NUM", "setup")
 
 
 def test_unavailable_backend_keeps_the_protocol_and_refuses_to_run(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -208,7 +259,7 @@ def test_run_drives_the_harness_on_the_current_stream(monkeypatch: pytest.Monkey
     assert len(contexts) == 1  # one atb::Context per process and library
 
 
-ACL_CODES = {torch.float16: 1, torch.bfloat16: 27, torch.float32: 0, torch.int32: 3, torch.int64: 9}
+ACL_CODES = {torch.float16: 1, torch.bfloat16: 27, torch.float32: 0, torch.int32: 3, torch.int64: 9, torch.bool: 12}
 
 
 def passed_as(call: MlaPrefillCall, name: str) -> dict[str, Any] | None:
@@ -251,6 +302,29 @@ def test_every_error_case_reaches_atb_as_built_and_its_status_comes_back(
         assert setup["qk_scale"] == "nan"
     else:  # recorded with 9 significant digits: exact once rounded to the float ATB receives
         assert as_c_float(setup["qk_scale"]) == as_c_float(call.qk_scale)
+
+
+@pytest.mark.parametrize(
+    ("release", "returned", "outcome"),
+    [
+        ("8.2.RC1", "ERROR_INVALID_TENSOR_DIM_NUM", "passed"),
+        ("8.3.RC1", "ERROR_INVALID_TENSOR_DIM_NUM", "failed"),
+        ("8.3.RC1", "ERROR_RT_FAIL", "passed"),
+        ("8.2.RC1", "ERROR_RT_FAIL", "failed"),
+    ],
+)
+def test_the_installed_release_chooses_the_rank3_mask_expectation(
+    monkeypatch: pytest.MonkeyPatch, atb_double: Any, release: str, returned: str, outcome: str
+) -> None:
+    """Through AtbBackend, the extension and the double: what "libatb" returns is judged against the
+    rejection of the release it reports ($MLA_ATB_VERSION stands in for its version.info)."""
+    install_torch_npu(monkeypatch, FakeNpu())
+    monkeypatch.setenv("MLA_ATB_LIB", atb_double.path)
+    monkeypatch.setenv("MLA_ATB_VERSION", release)
+    atb_double.inject("setup", STATUS_CODES[returned])
+    rank3 = next(c for c in load_suites(["errors"]) if c.name == "mask-free-mask-rank3")
+    verdict = judge_error_case(rank3, CpuAtbBackend(), DeviationSet("<none>", []))
+    assert (verdict.outcome, verdict.got) == (outcome, (returned, "setup")), verdict.message
 
 
 def test_run_maps_atb_status_to_backend_error(monkeypatch: pytest.MonkeyPatch, atb_double: Any) -> None:

@@ -15,7 +15,7 @@ from mlaconf.golden.types import GoldenCase
 from mlaconf.harness.backend import BackendError, MlaPrefillCall
 from mlaconf.harness.torch_backend import TorchSdpaBackend
 from mlaconf.judge.deviations import load_deviations
-from mlaconf.judge.policy import load_policies
+from mlaconf.judge.policy import Check, load_policies
 from mlaconf.judge.verdict import MAP_ROWS, error_map
 from mlaconf.runner.conformance import run_case
 
@@ -160,3 +160,26 @@ def test_overhead_tool_times_every_stage_of_run_case(tmp_path: Path) -> None:
         assert 0.0 < row["wall:overhead"] < row["wall:total"]
     table = format_rows(rows)
     assert table.startswith("2 cases;") and "overhead" in table and "backend" in table
+
+
+@pytest.mark.parametrize(
+    ("check", "scaled"),
+    [
+        (Check("atb", "atb_max_scaled_err", 0.02, 0.004, False), False),
+        (Check("benchmark", "mare_ratio", 30.0, 10.0, False), True),
+    ],
+)
+def test_error_map_of_other_deciding_rules(golden: GoldenCase, check: Check, scaled: bool) -> None:
+    """atb: the scaled error over e; a rule without a per-element bound: scaled to its slack."""
+    out = golden.out.astype(np.float32)
+    out.reshape(golden.spec.total_q, -1)[10, 200] += 0.5  # token 10, head 1
+    out = out.astype(golden.out.dtype)
+    emap = error_map(golden, out, check)
+    assert emap["rule"] == f"{check.rule}:{check.metric}" and emap["scaled"] is scaled
+    peak = max(v for row in emap["values"] for v in row if v is not None)
+    assert emap["values"][10][1] == peak
+    if scaled:
+        assert peak == pytest.approx(check.slack, rel=2e-3)
+    else:
+        worst = float(np.max(np.abs(out.astype(np.float64) - golden.out) / np.maximum(np.abs(golden.out), 1.0)))
+        assert peak == pytest.approx(worst / check.bound, rel=2e-3)

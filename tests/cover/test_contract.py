@@ -13,7 +13,14 @@ from mlaconf.facts.status import STATUS_CODES
 from mlaconf.golden.inputs import generate_inputs
 from mlaconf.golden.spec import CaseSpec, SpecError, build_case, load_suites
 from mlaconf.harness.backend import Availability, BackendError, BackendInfo, MlaPrefillCall
-from mlaconf.harness.contract import CHECK_NAMES, ContractBackend, strict_torch_cpu, validate
+from mlaconf.harness.contract import (
+    CHECK_NAMES,
+    DOCUMENTED,
+    ContractBackend,
+    Installation,
+    strict_torch_cpu,
+    validate,
+)
 from mlaconf.judge.deviations import Deviation, DeviationSet
 from mlaconf.runner.execution import make_call
 from mlaconf.runner.perturb import PERTURBATIONS, error_call, judge_error_case, nearest_valid
@@ -49,8 +56,10 @@ class Zeros:
         return torch.zeros(call.q.shape, dtype=call.q_rope.dtype)
 
 
-def model(name: str = "model", skip: frozenset[str] = frozenset()) -> ContractBackend:
-    return ContractBackend(Zeros(), name, skip)
+def model(
+    name: str = "model", skip: frozenset[str] = frozenset(), installation: Installation = DOCUMENTED
+) -> ContractBackend:
+    return ContractBackend(Zeros(), name, skip, installation)
 
 
 def no_deviations() -> DeviationSet:
@@ -108,7 +117,20 @@ def test_source_commit_is_provenance_not_content() -> None:
     ("family", "names"),
     [
         ("attenOut", ("out-other-dtype", "out-fp32", "out-rank-differs", "out-rows-short")),
-        ("format", ("q-format-nz", "v-format-nchw", "mask-format-nz", "kv-seqlen-format-nchw", "out-format-nz")),
+        (
+            "format",
+            (
+                "q-format-nz",
+                "q-rope-format-nhwc",
+                "k-format-nhwc",
+                "k-rope-format-nhwc",
+                "v-format-nchw",
+                "mask-format-nz",
+                "q-seqlen-format-nhwc",
+                "kv-seqlen-format-nchw",
+                "out-format-nz",
+            ),
+        ),
         ("seqlen dtype/rank", ("q-seqlen-int64", "kv-seqlen-fp32", "kv-seqlen-rank2", "q-seqlen-scalar")),
         ("null argument", ("null-q", "null-k-rope", "null-kv-seqlen", "null-out")),
     ],
@@ -129,14 +151,103 @@ def test_model_rejects_each_error_case_as_documented(case: CaseSpec) -> None:
     assert (info.value.status_name, info.value.stage) == (case.expect_error, case.expect_stage), str(info.value)
 
 
+#: Releases the model is checked at: the first with the C interface, around the mask fix, later ones.
+RELEASES = ("8.2.RC1", "8.2.RC1.1", "8.3.RC1.alpha001", "8.3.RC1", "8.5.0", "9.0.0")
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_model_at_each_release_rejects_each_error_case_as_that_release_does(release: str) -> None:
+    """The model of a release and the cases' expect_by_release agree, and only where releases differ
+    does the release matter (the rank-3 MASK_FREE mask)."""
+    differs = []
+    for case in error_cases():
+        with pytest.raises(BackendError) as info:
+            validate(error_call(case), installation=Installation(release=release))
+        expected = case.expected_rejection(release)
+        assert (info.value.status_name, info.value.stage) == expected, f"{case.name} at {release}: {info.value}"
+        if expected != (case.expect_error, case.expect_stage):
+            differs.append(case.name)
+    before_fix = release.startswith("8.2") or release == "8.3.RC1.alpha001"
+    assert differs == (["mask-free-mask-rank3"] if before_fix else [])
+
+
+def test_error_cases_are_judged_by_the_backend_release() -> None:
+    rank3 = case_named("mask-free-mask-rank3")
+    old = model(installation=Installation(release="8.2.RC1"))
+    new = model(installation=Installation(release="8.3.RC1"))
+    assert old.info().version == "8.2.RC1"
+    verdict = judge_error_case(rank3, old, no_deviations())
+    assert (verdict.outcome, verdict.got, verdict.expected) == (
+        "passed",
+        ("ERROR_INVALID_TENSOR_DIM_NUM", "setup"),
+        ("ERROR_INVALID_TENSOR_DIM_NUM", "setup"),
+    )
+    assert "(release 8.2.RC1)" in verdict.message
+    assert judge_error_case(rank3, new, no_deviations()).outcome == "passed"
+    # a release's model judged against another release's expectation fails: the split is needed
+    pretends_new = ContractBackend(Zeros(), "model", installation=Installation(release="8.2.RC1"))
+    pretends_new.info = lambda: BackendInfo("model", "cpu", {}, "8.3.RC1")  # type: ignore[method-assign]
+    assert judge_error_case(rank3, pretends_new, no_deviations()).outcome == "failed"
+
+
+def test_expect_by_release_is_validated_and_round_trips() -> None:
+    rank3 = case_named("mask-free-mask-rank3")
+    assert CaseSpec.from_json(rank3.to_json()) == rank3
+    assert rank3.expected_rejection("not-a-version") == (rank3.expect_error, rank3.expect_stage)
+    base = {"q_seqlen": [4], "head_num": 1, "expect_error": "ERROR_INVALID_PARAM"}
+    bad = {
+        r"expect_by_release\[0\]\.versions": [{"versions": "later", "expect_error": "ERROR_RT_FAIL"}],
+        r"expect_by_release\[0\]\.expect_error": [{"versions": "<9", "expect_error": "oops"}],
+        r"expect_by_release\[0\]\.expect_stage": [
+            {"versions": "<9", "expect_error": "ERROR_RT_FAIL", "expect_stage": "x"}
+        ],
+        r"expect_by_release\[0\]": [{"versions": "<9", "status": "ERROR_RT_FAIL"}],
+    }
+    for field_name, value in bad.items():
+        with pytest.raises(SpecError, match=field_name):
+            build_case({**base, "expect_by_release": value}, source="<test>")
+    with pytest.raises(SpecError, match="only allowed with expect_error"):
+        build_case({"q_seqlen": [4], "head_num": 1, "expect_by_release": [{"versions": "<9"}]}, source="<test>")
+
+
+def test_valid_case_hashes_do_not_see_the_new_field() -> None:
+    case = valid_cases()[0]
+    assert "expect_by_release" not in case.content()
+
+
+@pytest.mark.parametrize("soc", ["Ascend310P3", "Ascend910A", "Ascend910B", "Ascend910ProB", "Ascend950PR"])
+def test_the_soc_gate_rejects_every_call_on_an_unsupported_chip(soc: str) -> None:
+    """CreateOperation refuses MLA outside Atlas A2/A3 before it looks at any parameter."""
+    on_chip = model(installation=Installation(soc=soc))
+    assert on_chip.info().versions["soc"] == soc
+    for case in valid_cases()[:5]:
+        with pytest.raises(BackendError, match=f"soc: SoC '{soc}'") as info:
+            on_chip.run(make_call(generate_inputs(case), case))
+        assert (info.value.status_name, info.value.stage) == ("ERROR_INVALID_PARAM", "create")
+    # first of all checks: even a call that breaks a later rule gets the chip's rejection
+    with pytest.raises(BackendError, match="soc:"):
+        on_chip.run(error_call(case_named("null-q")))
+    # and a model that forgets the gate accepts them: the check can fail
+    model(skip=frozenset({"soc"}), installation=Installation(soc=soc)).run(
+        make_call(generate_inputs(valid_cases()[0]), valid_cases()[0])
+    )
+
+
+@pytest.mark.parametrize("soc", ["Ascend910B1", "Ascend910B4", "Ascend910_9382", "Ascend910_9391"])
+def test_the_soc_gate_admits_atlas_a2_and_a3(soc: str) -> None:
+    case = valid_cases()[0]
+    model(installation=Installation(soc=soc)).run(make_call(generate_inputs(case), case))
+
+
 @pytest.mark.parametrize("case", valid_cases(), ids=lambda c: c.case_id)
 def test_model_accepts_every_valid_case(case: CaseSpec) -> None:
     validate(make_call(generate_inputs(case), case))
 
 
-@pytest.mark.parametrize("check", CHECK_NAMES)
+@pytest.mark.parametrize("check", [name for name in CHECK_NAMES if name != "soc"])
 def test_every_check_is_needed_by_some_error_case(check: str) -> None:
-    """A validator that forgets any one check fails at least one case: the suite can fail."""
+    """A validator that forgets any one check fails at least one case: the suite can fail.  (The chip
+    is no argument of a call, so the "soc" gate has its own tests below.)"""
     forgetful = model(skip=frozenset({check}))
     missed = []
     for case in error_cases():

@@ -7,15 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from mlaconf.facts.releases import compare_versions, in_range, parse_range
 from mlaconf.golden.spec import CaseSpec
-from mlaconf.judge.deviations import (
-    DEFAULT_PATH,
-    DeviationError,
-    compare_versions,
-    in_range,
-    load_deviations,
-    parse_range,
-)
+from mlaconf.judge.deviations import DEFAULT_PATH, DeviationError, load_deviations
 
 
 def _spec(q: tuple[int, ...], kv: tuple[int, ...] | None = None, **kw: object) -> CaseSpec:
@@ -38,6 +32,7 @@ def test_seeded_entries() -> None:
     assert [d.id for d in devs.entries] == [
         "atb-c-causal-in-tensor-num",
         "atb-c-swa-norm-window-size",
+        "atb-c-swa-norm-not-prefill",
         "atb-padded-kv-ragged",
         "atb-causal-prefix-not-128",
         "atb-nan-qk-scale-accepted",
@@ -48,12 +43,13 @@ def test_seeded_entries() -> None:
     assert outcomes == [
         ("error", "ERROR_INVALID_IN_TENSOR_NUM"),
         ("error", "ERROR_INVALID_PARAM"),
+        ("error", "ERROR_INVALID_PARAM"),
         ("fail", None),
         ("fail", None),
         ("fail", None),
         ("fail", None),
     ]
-    assert [d.stage for d in devs.entries[:2]] == ["setup", "create"]
+    assert [d.stage for d in devs.entries[:3]] == ["setup", "create", "create"]
     # every entry was reviewed against ATB's source at one pinned commit
     assert {d.source_commit for d in devs.entries} == {ATB_REVIEW_COMMIT}
     assert f"@ {ATB_REVIEW_COMMIT[:12]}]" in devs.entries[0].describe()
@@ -63,11 +59,14 @@ def test_seeded_entries() -> None:
     ("spec", "expected"),
     [
         (CAUSAL_PREFIX_100, "atb-c-causal-in-tensor-num"),
-        (SWA, "atb-c-swa-norm-window-size"),
+        (SWA, "atb-c-swa-norm-not-prefill"),  # 8.2.RC1: SWA_NORM is no prefill mask there
         (PADDED_RAGGED, "atb-padded-kv-ragged"),
+        (_spec((32, 16), mask_type=0, kv_layout="padded"), None),  # only the last batch short: read right
+        (_spec((16, 0, 8), mask_type=0, kv_layout="padded"), "atb-padded-kv-ragged"),
         (_spec((16, 32), mask_type=0, kv_layout="packed"), None),  # ragged, but packed
         (_spec((32, 32), mask_type=0, kv_layout="padded"), None),  # padded, not ragged
         (_spec((32, 32), mask_type=0, kv_layout="padded", kv_capacity=40), "atb-padded-kv-capacity"),
+        (_spec((32,), mask_type=0, kv_layout="padded", kv_capacity=40), None),  # one batch: starts at row 0
         (_spec((32, 32), mask_type=0, kv_layout="padded", kv_capacity=32), None),  # S == max kv
         (PLAIN, None),
     ],
@@ -75,6 +74,15 @@ def test_seeded_entries() -> None:
 def test_seeded_matching(spec: CaseSpec, expected: str | None) -> None:
     found = load_deviations().match("atb", "8.2.RC1", spec)
     assert (found.id if found else None) == expected
+
+
+def test_swa_norm_reason_follows_the_release() -> None:
+    devs = load_deviations()
+    assert [devs.match("atb", v, SWA).id for v in ("8.2.RC1", "8.3.RC1", "9.0.0")] == [  # type: ignore[union-attr]
+        "atb-c-swa-norm-not-prefill",
+        "atb-c-swa-norm-window-size",
+        "atb-c-swa-norm-window-size",
+    ]
 
 
 def test_backend_and_version_gate() -> None:
@@ -113,6 +121,8 @@ def _one(tmp_path: Path, select: str, backend: str = "*") -> Path:
         ('kv_layout = "padded"', _spec((4,), kv_layout="padded"), _spec((4,), kv_layout="packed")),
         ("ragged = true", _spec((4, 5)), _spec((4, 4))),
         ("ragged = false", _spec((4, 4)), _spec((4, 5))),
+        ("padded_kv_misread = true", _spec((4, 5), kv_layout="padded"), _spec((5, 4), kv_layout="padded")),
+        ("padded_kv_misread = true", _spec((2, 2), kv_layout="padded", kv_capacity=3), _spec((4, 5))),
         ("causal_prefix_mod128 = true", _spec((4,), (104,), mask_type=3), _spec((4,), (132,), mask_type=3)),
         ("causal_prefix_mod128 = false", _spec((4, 0), (260, 7)), _spec((4,), (5,))),  # q=0 batch ignored
         ('case = "*-h8-*"', _spec((4,), head_num=8, kv_head_num=8), _spec((4,))),
@@ -172,7 +182,7 @@ def test_ranges() -> None:
 
 def test_classify() -> None:
     devs = load_deviations()
-    error_dev, numeric_dev = devs.entries[0], devs.entries[2]
+    error_dev, numeric_dev = devs.entries[0], devs.entries[3]
     assert error_dev.classify(False, "ERROR_INVALID_IN_TENSOR_NUM") == "expected"
     assert error_dev.classify(False, "ERROR_INVALID_PARAM") == "different"
     assert error_dev.classify(True, None) == "unexpected_pass"

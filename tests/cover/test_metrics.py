@@ -1,4 +1,4 @@
-"""mlaconf.golden.metrics: every metric against a hand-computed example, ULP counting, NaN/Inf, chunking."""
+"""mlaconf.judge.metrics: every metric against a hand-computed example, ULP counting, NaN/Inf, chunking."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from mlaconf.golden import metrics as gm
-from mlaconf.golden.metrics import Metrics, compute_metrics, locate, locate_flat, round_to_dtype, ulp_distance
+from mlaconf.judge import metrics as gm
+from mlaconf.judge.metrics import Metrics, compute_metrics, locate, round_to_dtype, ulp_distance
 
 BF16 = ml_dtypes.bfloat16
 
@@ -158,7 +158,6 @@ def test_chunked_equals_unchunked(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_locate_with_empty_batches() -> None:
     assert locate(2, 5, 7, [2, 0, 3]) == gm.Location(batch=2, row_in_batch=0, token=2, head=5, column=7)
     assert locate(1, 0, 0, [2, 0, 3]).batch == 0
-    assert locate_flat(2 * 4 * 3 + 1 * 3 + 2, (5, 4, 3), [2, 0, 3]) == gm.Location(2, 0, 2, 1, 2)
     with pytest.raises(IndexError):
         locate(5, 0, 0, [2, 0, 3])
 
@@ -206,7 +205,7 @@ def test_worst_is_first_of_equal_violations_across_chunks(monkeypatch: pytest.Mo
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_fast_finite_rounding_matches_round_to_dtype(dtype: str) -> None:
     """The finite fast path's integer rounding gives round_to_dtype's bits, ties and overflow included."""
-    from mlaconf.golden.metrics import _bits16_finite, round_to_dtype
+    from mlaconf.judge.metrics import bits16_finite, round_to_dtype
 
     rng = np.random.default_rng(7)
     x = np.concatenate(
@@ -220,4 +219,26 @@ def test_fast_finite_rounding_matches_round_to_dtype(dtype: str) -> None:
         exact = round_to_dtype(x, dtype).astype(np.float64)
         x = np.concatenate([x, exact, np.nextafter(exact, np.inf), (exact + np.nextafter(exact, np.inf)) / 2])
         x = x[np.isfinite(x)]
-        assert np.array_equal(_bits16_finite(x, dtype), round_to_dtype(x, dtype).view(np.uint16))
+        assert np.array_equal(bits16_finite(x, dtype), round_to_dtype(x, dtype).view(np.uint16))
+
+
+def test_baseline_statistics_are_the_metrics_own_numbers() -> None:
+    """golden.stats.error_stats (what the golden stores for its baseline) and the judge's metrics are
+    one computation: the benchmark and relative rules divide like by like."""
+    from mlaconf.golden.stats import ErrorStats, error_stats
+
+    rng = np.random.default_rng(3)
+    expected = rng.standard_normal((40, 3, 8))
+    actual = (expected * (1 + 1e-3 * rng.standard_normal(expected.shape))).astype(np.float16)
+    valid = np.ones(40, bool)
+    valid[7] = False
+    m = compute_metrics(actual, expected, valid, "fp16", [40])
+    stats = error_stats(actual, expected, valid, "fp16")
+    assert stats == ErrorStats(m.n_elements, m.max_abs_err, m.max_rel_err, m.mean_rel_err, m.rmse)
+    assert ErrorStats.from_dict({k: np.float64(v) for k, v in stats.to_dict().items()}) == stats
+    broken = actual.copy()
+    broken[3, 1, 2] = np.nan
+    bad = error_stats(broken, expected, valid, "fp16")
+    assert bad.max_abs_err == bad.rmse == bad.mean_rel_err == math.inf
+    with pytest.raises(KeyError, match="rmse"):
+        ErrorStats.from_dict({k: v for k, v in stats.to_dict().items() if k != "rmse"})

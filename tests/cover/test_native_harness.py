@@ -95,15 +95,17 @@ def test_native_tables_match_the_python_ones() -> None:
     assert len(STATUS_NAMES) == ext.STATUS_COUNT
     for code in range(-2, len(STATUS_NAMES) + 2):
         assert ext.status_name(code) == status_name(code)
-    assert (ext.ACL_FLOAT, ext.ACL_FLOAT16, ext.ACL_INT32, ext.ACL_INT64, ext.ACL_BF16) == (
+    assert (ext.ACL_FLOAT, ext.ACL_FLOAT16, ext.ACL_INT32, ext.ACL_INT64, ext.ACL_BOOL, ext.ACL_BF16) == (
         pyside.ACL_FLOAT,
         pyside.ACL_FLOAT16,
         pyside.ACL_INT32,
         pyside.ACL_INT64,
+        pyside.ACL_BOOL,
         pyside.ACL_BF16,
     )
-    assert (ext.ACL_FORMAT_NCHW, ext.ACL_FORMAT_ND, ext.ACL_FORMAT_FRACTAL_NZ) == (
+    assert (ext.ACL_FORMAT_NCHW, ext.ACL_FORMAT_NHWC, ext.ACL_FORMAT_ND, ext.ACL_FORMAT_FRACTAL_NZ) == (
         pyside.ACL_FORMAT_NCHW,
+        pyside.ACL_FORMAT_NHWC,
         pyside.ACL_FORMAT_ND,
         pyside.ACL_FORMAT_FRACTAL_NZ,
     )
@@ -447,3 +449,76 @@ def test_library_search_order_and_messages(
         assert "; libatb.so (" in str(caught.value)
     else:
         pytest.skip("a real libatb.so is on the loader path; the not-found message cannot be provoked")
+
+
+class SyncFailure(RuntimeError):
+    """What the synchronize callback raises in the tests below."""
+
+
+def test_a_raising_synchronize_is_retried_before_anything_is_released(atb_double: Any, context: ext.Context) -> None:
+    """The first synchronize raises: the harness synchronizes again, then releases, then re-raises."""
+    run = Launch(atb_double, context, make_call(), workspace=64)
+    calls: list[dict[str, Any]] = []
+
+    def sync_failing_once() -> None:
+        calls.append(atb_double.record())
+        if len(calls) == 1:
+            raise SyncFailure("aclrtSynchronizeStream failed")
+
+    with pytest.raises(SyncFailure, match="aclrtSynchronizeStream failed"):
+        launch(context, run.call, run.out, stream=FAKE_STREAM, alloc_workspace=run.alloc, synchronize=sync_failing_once)
+    assert len(calls) == 2
+    for snapshot in calls:  # both synchronizes saw the op and every tensor still alive
+        assert (snapshot["live"]["operations"], snapshot["live"]["tensors"]) == (1, 8)
+        assert snapshot["events"][-1] == "prefill"
+    record = atb_double.record()
+    assert record["events"][-9:] == ["destroy_operation", *["destroy_tensor"] * 8]
+    assert_released(record)
+
+
+def test_a_synchronize_that_keeps_failing_leaks_instead_of_freeing(atb_double: Any, context: ext.Context) -> None:
+    """Both synchronizes raise: device work may still be queued, so nothing is released; the first error wins."""
+    run = Launch(atb_double, context, make_call(), workspace=64)
+    raised: list[str] = []
+
+    def sync_always_failing() -> None:
+        raised.append(f"failure {len(raised) + 1}")
+        raise SyncFailure(raised[-1])
+
+    try:
+        with pytest.raises(SyncFailure, match=r"^failure 1$"):
+            launch(
+                context,
+                run.call,
+                run.out,
+                stream=FAKE_STREAM,
+                alloc_workspace=run.alloc,
+                synchronize=sync_always_failing,
+            )
+        assert raised == ["failure 1", "failure 2"]
+        record = atb_double.record()
+        assert (record["live"]["operations"], record["live"]["tensors"]) == (1, 8)
+        assert record["events"][-1] == "prefill"  # no destroy after the launch
+        assert record["bad_destroys"] == 0
+    finally:
+        atb_double.abandon_live()
+
+
+def test_a_null_workspace_of_nonzero_size_is_refused_like_atb(atb_double: Any, context: ext.Context) -> None:
+    """ATB's OperationBase::ExecuteCheck: workspaceSize > 0 with a null workspace -> ERROR_INVALID_PARAM."""
+    run = Launch(atb_double, context, make_call(), workspace=512)
+    with pytest.raises(BackendError) as caught:
+        run(alloc=lambda size: 0)
+    assert (caught.value.status_name, caught.value.stage) == ("ERROR_INVALID_PARAM", "execute")
+    assert "null workspace for 512 bytes" in str(caught.value)
+    record = atb_double.record()
+    assert record["execute_calls"] == []  # refused before AtbMLAPreFill: no device work, no synchronize
+    assert run.at_sync == []
+    assert_released(record)
+
+
+def test_a_zero_size_workspace_may_be_null(atb_double: Any, context: ext.Context) -> None:
+    run = Launch(atb_double, context, make_call(), workspace=0)
+    assert run(alloc=lambda size: pytest.fail(f"alloc_workspace called for {size} bytes")) == 0
+    (execute,) = atb_double.record()["execute_calls"]
+    assert (execute["workspace"], execute["workspace_size"]) == (0, 0)

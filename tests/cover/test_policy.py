@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlaconf.golden.error_model import ModelResult
-from mlaconf.golden.metrics import Metrics, compute_metrics, round_to_dtype
 from mlaconf.golden.spec import CaseSpec
+from mlaconf.judge.error_model import ModelResult
+from mlaconf.judge.metrics import Metrics, compute_metrics, round_to_dtype
 from mlaconf.judge.policy import DEFAULT_PATH, Check, PolicyError, PolicySet, VerdictContext, load_policies
 
 POLICIES = load_policies()
@@ -86,7 +86,7 @@ def _base_metrics(**changes: float) -> Metrics:
 
 def test_shipped_file_has_the_documented_policies() -> None:
     assert {"default", "model", "atb", "benchmark", "thousandth", "relative", "strict"} <= set(POLICIES.policies)
-    assert POLICIES.policies["default"].rules == ("model", "benchmark")
+    assert POLICIES.policies["default"].rules == ("model", "benchmark", "systematic")
     assert POLICIES.policies["default"].evidence == ("atb",)
     default = POLICIES.policies["default"]
     assert default.param("model", "false_alarm", "fp16") == 1e-6 and default.param("model", "safety", "bf16") == 2

@@ -4,13 +4,14 @@ deciding check; no row lacks a reason; runs of differently named backends get a 
 
 from __future__ import annotations
 
+import argparse
 import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mlaconf.reports import diff
+from mlaconf.reports import cli, diff
 from mlaconf.reports.records import ResultRecord, evidence_sha256
 from tests.runs import write_run_dir
 
@@ -227,3 +228,24 @@ def test_differently_named_backends_that_pair_nothing_get_a_hint(tmp_path: Path)
     assert any("--base-backend atb --cand-backend torch-npu" in n for n in result.notes), result.notes
     paired = diff.diff_dirs(base, cand, base_backend="atb", cand_backend="torch-npu")
     assert paired.counts()["identical"] == 3 and not any("--base-backend atb --cand" in n for n in paired.notes)
+
+
+def test_the_diff_says_the_gates_verdict_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = write_run_dir(tmp_path / "a", [conformance("passed", 0.8, 0.003, "a"), record("conformance", "gone")])
+    cand = write_run_dir(tmp_path / "b", [conformance("failed", 6.4, 0.005, "b")])
+    result = diff.diff_dirs(base, cand)
+    assert result.verdict() == "GATE FAILS: 1 regressed; 1 missing"
+    assert result.verdict(allow_missing=True) == "GATE FAILS: 1 regressed"
+    page = diff.render_html(result)
+    body = page.split("<body>", 1)[1]
+    assert body.index('class="banner fail"') < body.index("<table")
+    assert "**GATE FAILS: 1 regressed; 1 missing**" in diff.markdown(result)
+    same = diff.diff_dirs(base, base)
+    assert same.verdict() == "GATE PASSES: 2 identical, 0 changed within tolerance"
+    assert 'class="banner pass"' in diff.render_html(same)
+    # the verb prints the verdict right after the counts
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers(dest="verb", required=True))
+    args = parser.parse_args(["report", "diff", str(base), str(cand), "--allow-missing"])
+    assert args.func(args) == 1
+    assert capsys.readouterr().out.splitlines()[2] == "  GATE FAILS: 1 regressed"

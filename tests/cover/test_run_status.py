@@ -174,3 +174,13 @@ def test_run_state_is_what_the_run_side_writes() -> None:
     ):
         with pytest.raises(RecordError):
             RunState.build(bad.pop("status"), **bad)  # type: ignore[arg-type]
+
+
+def test_merge_of_an_old_shard_when_allowed_has_no_status(tmp_path: Path) -> None:
+    a = write_run_dir(tmp_path / "a", RECORDS[:20], shard="1/2")
+    b = write_run_dir(tmp_path / "b", RECORDS[20:], shard="2/2")
+    set_run(b, status=None, counts=None)
+    assert mlaconf("report", "merge", str(tmp_path / "m"), str(a), str(b), "--allow-incomplete") == 0
+    run = json.loads((tmp_path / "m" / "run.json").read_text())
+    assert "status" not in run and "counts" not in run  # completeness unknown, as in the old shard
+    assert mlaconf("report", "html", str(tmp_path / "m")) == 2

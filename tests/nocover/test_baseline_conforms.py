@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import pytest
 
+from mlaconf.facts.operator import V_DIM
 from mlaconf.golden.generate import build_golden
-from mlaconf.golden.metrics import Metrics
 from mlaconf.golden.spec import CaseSpec, load_suites
+from mlaconf.golden.stats import ErrorStats
+from mlaconf.judge.metrics import compute_metrics
 from mlaconf.judge.policy import load_policies
 from mlaconf.judge.verdict import verdict_context
 
@@ -22,8 +24,16 @@ CASES = [c for c in load_suites(["smoke", "edge"])]
 @pytest.mark.parametrize("spec", CASES, ids=[c.case_id for c in CASES])
 def test_emulated_baseline_meets_the_default_policy(spec: CaseSpec) -> None:
     golden = build_golden(spec)
-    baseline = Metrics.from_dict(golden.baseline_stats)
+    baseline = ErrorStats.from_dict(golden.baseline_stats)
+    shape = (golden.spec.total_q, golden.spec.head_num, V_DIM)
+    metrics = compute_metrics(
+        golden.baseline_out.reshape(shape),
+        golden.out.reshape(shape),
+        golden.row_valid,
+        golden.spec.dtype,
+        golden.spec.q_seqlen,
+    )
     policy = load_policies().resolve("default", "emulated-baseline", spec.dtype, spec.mask_name, spec.case_id)
-    verdict = policy.evaluate(baseline, baseline, verdict_context(golden, golden.baseline_out))
+    verdict = policy.evaluate(metrics, baseline, verdict_context(golden, golden.baseline_out))
     assert verdict.passed, f"{spec.case_id}: ATB's own precision path fails: {verdict.summary()}"
     assert verdict.worst_slack < 0.95, f"{spec.case_id}: less than 5% headroom: {verdict.summary()}"

@@ -208,3 +208,14 @@ def test_a_directory_a_live_run_is_writing_is_refused(work: Path) -> None:
     assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
     assert "is still writing there" in result.stdout + result.stderr
     assert json.loads((report / "run.json").read_text()) == live
+
+
+def test_a_link_planted_in_the_run_directory_is_refused_not_followed(work: Path) -> None:
+    report, target = work / "report", work / "precious.txt"
+    target.write_text("keep me")
+    child = started(work, report, SLOW_S="1")
+    (report / "report.html").symlink_to(target)
+    out, _ = child.communicate(timeout=240)
+    assert child.returncode == 1, out[-3000:]
+    assert "the report could not be written" in out and "symbolic link" in out and "Traceback" not in out
+    assert target.read_text() == "keep me" and (report / "report.html").is_symlink()

@@ -1,4 +1,4 @@
-"""Error metrics of a low-precision output against the float64 golden, on valid rows only.
+"""Error metrics of a backend's output against the float64 golden, on valid rows only (the verdict's evidence).
 
 Everything is computed in float64, vectorised, and in row chunks so that temporaries stay bounded
 for outputs of hundreds of millions of elements.  Definitions (``a`` = actual, ``g`` = golden, both
@@ -27,14 +27,10 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-#: Small-value floor of relative errors (msprobe / ATB benchmark standard).
-REL_FLOOR = {"fp16": 2.0**-11, "bf16": 2.0**-8}
-#: Unit roundoff (half the spacing at 1.0) of each output dtype.
-UNIT_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8}
+from mlaconf.golden.stats import CHUNK_ELEMENTS, REL_FLOOR, ErrorSums
+
 #: Relative-error threshold of the "thousandth" rules (fp16 0.1%, bf16 0.4%).
 THOUSANDTH = {"fp16": 0.001, "bf16": 0.004}
-#: Elements per chunk; about ten float64 temporaries of this size live at once (~90 MB at most).
-CHUNK_ELEMENTS = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -128,12 +124,6 @@ def locate(token: int, head: int, column: int, q_seqlen: Sequence[int]) -> Locat
     return Location(batch, token - int(starts[batch]), token, head, column)
 
 
-def locate_flat(flat_index: int, shape: tuple[int, int, int], q_seqlen: Sequence[int]) -> Location:
-    """:func:`locate` for a flat (C-order) index into a ``[T, H, D]`` array."""
-    token, head, column = (int(i) for i in np.unravel_index(flat_index, shape))
-    return locate(token, head, column, q_seqlen)
-
-
 def round_to_dtype(values: np.ndarray, dtype: str) -> np.ndarray:
     """Correctly round float64 values to the output dtype (single rounding).
 
@@ -164,10 +154,10 @@ def ordered_bits(values: np.ndarray) -> np.ndarray:
 
 
 #: Exponent field of a 16-bit float (all ones: Inf or NaN).
-_EXPONENT_BITS = {"fp16": 0x7C00, "bf16": 0x7F80}
+EXPONENT_BITS = {"fp16": 0x7C00, "bf16": 0x7F80}
 
 
-def _bits16_finite(values: np.ndarray, dtype: str) -> np.ndarray:
+def bits16_finite(values: np.ndarray, dtype: str) -> np.ndarray:
     """Bit patterns of finite float64 ``values`` correctly rounded to the dtype (as :func:`round_to_dtype`).
 
     bf16: round to float32 *to odd*, then to nearest-even on the bit pattern with integers (exact
@@ -189,9 +179,9 @@ def _bits16_finite(values: np.ndarray, dtype: str) -> np.ndarray:
 
 def _max_ulp_finite(a: np.ndarray, g: np.ndarray, dtype: str, a16: np.ndarray | None) -> float:
     """max of :func:`ulp_distance` for finite chunks (``a16``: ``a``'s own 16-bit values, when it has them)."""
-    a_bits = a16.view(np.uint16) if a16 is not None else _bits16_finite(a, dtype)
-    e_bits = _bits16_finite(g, dtype)
-    inf = _EXPONENT_BITS[dtype]
+    a_bits = a16.view(np.uint16) if a16 is not None else bits16_finite(a, dtype)
+    e_bits = bits16_finite(g, dtype)
+    inf = EXPONENT_BITS[dtype]
     if ((a_bits & inf) == inf).any() or ((e_bits & inf) == inf).any():  # overflow to Inf: the general path
         return float(ulp_distance(a, g, dtype).max())
     return float(np.abs(ordered_bits(a_bits) - ordered_bits(e_bits)).max())
@@ -216,9 +206,9 @@ class _Accumulator:
         self.dtype = dtype
         self.floor = REL_FLOOR[dtype]
         self.threshold = THOUSANDTH[dtype]
-        self.n = 0
-        self.max_abs = self.max_rel = self.max_ulp = self.max_scaled = self.max_abs_expected = 0.0
-        self.sum_rel = self.sum_sq = self.sum_signed = self.sum_abs_e = 0.0
+        self.sums = ErrorSums(dtype)  # n, max_abs, max_rel, sum_rel, sum_sq: the baseline's statistics
+        self.max_ulp = self.max_scaled = self.max_abs_expected = 0.0
+        self.sum_signed = self.sum_abs_e = 0.0
         self.sum_sq_e = self.sum_sq_a = self.dot = 0.0
         self.beyond = self.nan = self.inf = self.e_nan = self.e_inf = 0
         self.nan_match = self.inf_match = True
@@ -247,7 +237,6 @@ class _Accumulator:
             abs_g = np.abs(np.where(bad, 0.0, g))
             a_clean = np.where(bad, 0.0, a)
             self.sum_signed += float(diff.sum())
-            self.sum_sq += float(np.square(err).sum())
             self.dot += float(np.where(bad, np.nan, a * g).sum())
         max_ulp = float(ulp_distance(a, g, self.dtype).max())
         self._fold(a, g, tokens, err, abs_g, float(np.square(a_clean).sum()), max_ulp)
@@ -258,7 +247,6 @@ class _Accumulator:
         self.sum_signed += float(diff.sum())
         err = np.abs(diff, out=diff)
         abs_g = np.abs(g)
-        self.sum_sq += float(np.square(err).sum())
         self.dot += float((a * g).sum())
         self._fold(a, g, tokens, err, abs_g, float(np.square(a).sum()), _max_ulp_finite(a, g, self.dtype, a16))
 
@@ -273,12 +261,8 @@ class _Accumulator:
         max_ulp: float,
     ) -> None:
         """The sums and maxima both paths share, from |a - g| and |g| (NaN/Inf already cleaned)."""
-        rel = err / np.maximum(abs_g, self.floor)
+        rel = self.sums.fold(err, abs_g)
         scaled = err / np.maximum(abs_g, 1.0)
-        self.n += a.size
-        self.max_abs = max(self.max_abs, float(err.max()))
-        self.max_rel = max(self.max_rel, float(rel.max()))
-        self.sum_rel += float(rel.sum())
         self.beyond += int(np.count_nonzero(rel > self.threshold))
         self.sum_abs_e += float(abs_g.sum())
         self.sum_sq_e += float(np.square(abs_g).sum())
@@ -294,7 +278,8 @@ class _Accumulator:
         self.max_scaled = max(self.max_scaled, value)
 
     def finish(self, n_rows: int, q_seqlen: Sequence[int]) -> Metrics:
-        n = max(self.n, 1)
+        stats = self.sums.stats()
+        n = max(stats.n_elements, 1)
         denom = np.sqrt(self.sum_sq_a) * np.sqrt(self.sum_sq_e)
         if not np.isfinite(self.dot):
             cosine = float("nan")
@@ -317,12 +302,12 @@ class _Accumulator:
             )
         return Metrics(
             dtype=self.dtype,
-            n_elements=self.n,
+            n_elements=stats.n_elements,
             n_rows=n_rows,
-            max_abs_err=self.max_abs,
-            max_rel_err=self.max_rel,
-            mean_rel_err=self.sum_rel / n,
-            rmse=float(np.sqrt(self.sum_sq / n)),
+            max_abs_err=stats.max_abs_err,
+            max_rel_err=stats.max_rel_err,
+            mean_rel_err=stats.mean_rel_err,
+            rmse=stats.rmse,
             eb_rel=self.sum_signed / max(self.sum_abs_e, n * self.floor),
             mean_signed_err=self.sum_signed / n,
             cosine=cosine,

@@ -33,8 +33,9 @@ import numpy as np
 
 from mlaconf.facts.operator import SCORE_DIM, V_DIM, scores_in_fp16
 from mlaconf.golden.magnitudes import ROW_MAGNITUDES, allowed_keys, element_magnitudes
-from mlaconf.golden.metrics import UNIT_ROUNDOFF, locate
 from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.stats import UNIT_ROUNDOFF
+from mlaconf.judge.metrics import locate
 
 U32 = 2.0**-24
 U16 = 2.0**-11
@@ -42,7 +43,6 @@ U16 = 2.0**-11
 RANDOM_TERMS = 4
 #: Elements per chunk of the vectorised evaluation.
 CHUNK_ELEMENTS = 2 * 1024 * 1024
-TERM_NAMES = ("output", "p_round", "score_round", "qk_accum", "scale_cast", "pv_accum")
 
 
 def fp16_score_path(spec: CaseSpec) -> bool:

@@ -1,0 +1,194 @@
+"""Systematic-error checks beside the element bound: errors every element shares a little of.
+
+A wrong temperature or an output rounded through a coarser format can stay inside every element's
+bound and still be certain over the whole output.  Two tests look for them; docs/conformance.md
+("Systematic-error checks") derives both.  Each returns an estimate, its significance as a
+statistic ``z`` on the Gaussian-tail scale and the critical value at the case's false-alarm rate
+``alpha``: ``z > critical`` has probability at most ``alpha / 2`` for a correct kernel.
+
+* **Temperature.**  A kernel whose scores are scaled by qkScale (1 + eps) outputs
+  g + eps T + O(eps^2), T = dg / d log qkScale the stored magnitude ``pv_scale``.  The estimate is
+  the least-squares projection eps_hat = sum e T / sum T^2 of the error e = out - g.  Legitimate
+  kernels have eps between 0, eps_L (qkScale cast to fp16 on ATB's fp16 score path, else 0) and the
+  emulated baseline's own estimate (the documented path's roundings projected on T), widened by
+  SCALE_SLACK for a scale rounded once more in fp32.  Under that null,
+  with eps0 the interval's nearest end, the per-(row, head) sums u_c = sum_c T (e - eps0 T) are
+  independent (every rounding of the model is shared by the elements of one row and head at most)
+  and symmetric, so z = sum u_c / sqrt(sum u_c^2) exceeds x with probability at most exp(-x^2 / 2)
+  (Hoeffding over the signs, whatever the clusters' variances).
+* **Format signature.**  The low LOW_BITS mantissa bits of a correctly rounded fp16 (or bf16) value
+  of a continuous quantity are all zero about once in 2^LOW_BITS; an output rounded through bf16 (or
+  fp8) on the way has them zero always (normal values only: a subnormal keeps no coarser format's
+  zeros).  Per head and over all heads, the count k of such outputs among n normal ones is compared
+  with the chance rate p = CHANCE_MARGIN * max(2^-LOW_BITS, r_g), r_g the same rate of the golden
+  rounded to the dtype (a golden whose values are coarse, e.g. rows that copy one input value,
+  raises the chance accordingly); the Chernoff bound P(K >= k) <= exp(-n KL(k/n || p)) gives
+  z = sqrt(2 n KL).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from mlaconf.facts.operator import V_DIM
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.stats import CHUNK_ELEMENTS
+from mlaconf.judge.error_model import U32, scale_cast_error
+from mlaconf.judge.metrics import EXPONENT_BITS, bits16_finite
+
+#: A scale rounded once more in fp32 (qkScale * log2 e, say) is legitimate: this much relative error.
+SCALE_SLACK = 4.0 * U32
+#: Mantissa bits tested by the format signature (bf16 has 3 fewer than fp16, fp8 e4m3 3 fewer than bf16).
+LOW_BITS = 3
+#: The chance rate of all-zero low bits times this: a margin for the slightly non-uniform low bits of
+#: real outputs (their density varies across a binade), so that millions of elements never alarm.
+CHANCE_MARGIN = 1.5
+OWN_DTYPE = {"fp16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16)}
+
+
+@dataclass(frozen=True)
+class Significance:
+    """One systematic test's outcome: ``z`` against ``critical`` (nan: not computable, see ``text``)."""
+
+    name: str
+    estimate: float
+    standard_error: float
+    z: float
+    critical: float
+    text: str
+
+    @property
+    def significant(self) -> bool:
+        return self.z > self.critical
+
+
+def critical_value(alpha: float, tests: int = 1) -> float:
+    """x with ``tests`` * exp(-x^2 / 2) = alpha: one-sided Gaussian-tail bound, union over the tests."""
+    return math.sqrt(2.0 * math.log(tests / alpha))
+
+
+def _projections(
+    actual: np.ndarray, golden: np.ndarray, valid: np.ndarray, direction: np.ndarray, spec: CaseSpec
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per valid (row, head): sum_c T^2 and sum_c T (actual - golden); None when ``actual`` is not finite."""
+    shape = (spec.total_q, spec.head_num, V_DIM)
+    a_all, g_all, d_all = actual.reshape(shape), golden.reshape(shape), direction.reshape(shape)
+    tt = np.zeros((valid.size, spec.head_num))
+    te = np.zeros((valid.size, spec.head_num))
+    step = max(CHUNK_ELEMENTS // (spec.head_num * V_DIM), 1)
+    for start in range(0, valid.size, step):
+        tok = valid[start : start + step]
+        err = a_all[tok].astype(np.float64) - g_all[tok]
+        if not np.isfinite(err).all():
+            return None
+        d = d_all[tok].astype(np.float64)
+        tt[start : start + tok.size] = np.einsum("rhc,rhc->rh", d, d)
+        te[start : start + tok.size] = np.einsum("rhc,rhc->rh", d, err)
+    return tt, te
+
+
+def temperature_check(
+    actual: np.ndarray,
+    golden: np.ndarray,
+    row_valid: np.ndarray,
+    magnitudes: Mapping[str, np.ndarray],
+    spec: CaseSpec,
+    alpha: float,
+    baseline: np.ndarray | None = None,
+) -> Significance:
+    """The temperature error's estimate, its standard error and significance (two-sided, ``alpha``).
+
+    ``baseline`` (the golden's emulation of ATB's documented path) widens the legitimate interval to
+    its own estimate: where the inputs make the documented roundings project on T (scores within a
+    few fp16 ulps of each other round alike: a flatter softmax), a kernel on that path does too."""
+    critical = critical_value(alpha, 2)
+    if "pv_scale" not in magnitudes:
+        return Significance("temperature", math.nan, math.nan, math.nan, critical, "no stored T (pv_scale)")
+    valid = np.flatnonzero(np.asarray(row_valid, dtype=bool))
+    sums = _projections(actual, golden, valid, magnitudes["pv_scale"], spec)
+    if sums is None:
+        return Significance("temperature", math.nan, math.nan, math.nan, critical, "output not finite")
+    tt, te = sums
+    total = float(tt.sum())
+    if total == 0.0:
+        return Significance("temperature", math.nan, math.nan, 0.0, critical, "T is 0 on every element")
+    estimate = float(te.sum()) / total
+    ends = [0.0, scale_cast_error(spec)]
+    documented = None if baseline is None else _projections(baseline, golden, valid, magnitudes["pv_scale"], spec)
+    if documented is not None:
+        ends.append(float(documented[1].sum()) / total)
+    low, high = min(ends) - SCALE_SLACK, max(ends) + SCALE_SLACK
+    nearest = min(max(estimate, low), high)
+    fitted = te - estimate * tt
+    standard_error = math.sqrt(float(np.square(fitted).sum())) / total
+    u = te - nearest * tt
+    norm = math.sqrt(float(np.square(u).sum()))
+    z = abs(float(u.sum())) / norm if norm > 0.0 and nearest != estimate else 0.0  # inside: no evidence
+    text = (
+        f"qkScale error estimate {estimate:.3g} +- {standard_error:.2g} (legitimate [{low:.3g}, {high:.3g}]), "
+        f"z {z:.3g} over {tt.size} rows x heads"
+    )
+    return Significance("temperature", estimate, standard_error, z, critical, text)
+
+
+def _zero_low_bits(values: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per element of ``values`` (in the dtype, else rounded to it): normal, and its low bits all zero."""
+    if values.dtype == OWN_DTYPE[dtype]:
+        bits = values.view(np.uint16)
+    else:
+        wide = values.astype(np.float64)
+        bits = bits16_finite(np.where(np.isfinite(wide), wide, np.inf), dtype)  # NaN/Inf: Inf's pattern
+    exponent = bits & EXPONENT_BITS[dtype]
+    normal = (exponent != 0) & (exponent != EXPONENT_BITS[dtype])
+    return normal, (bits & ((1 << LOW_BITS) - 1)) == 0
+
+
+def _kl_z(k: int, n: int, p: float) -> float:
+    """sqrt(2 n KL(k/n || p)) when k/n > p, else 0: P(K >= k) <= exp(-z^2 / 2) for K ~ Bin(n, p)."""
+    if n == 0 or p >= 1.0 or k <= n * p:
+        return 0.0
+    q = k / n
+    kl = q * math.log(q / p) + ((1.0 - q) * math.log((1.0 - q) / (1.0 - p)) if q < 1.0 else 0.0)
+    return math.sqrt(2.0 * n * max(kl, 0.0))
+
+
+def format_check(
+    actual: np.ndarray, golden: np.ndarray, row_valid: np.ndarray, spec: CaseSpec, alpha: float
+) -> Significance:
+    """Whether the output's low mantissa bits are zero more often than chance, per head and overall."""
+    h = spec.head_num
+    critical = critical_value(alpha, h + 1)
+    shape = (spec.total_q, h, V_DIM)
+    a_all, g_all = actual.reshape(shape), golden.reshape(shape)
+    valid = np.flatnonzero(np.asarray(row_valid, dtype=bool))
+    n, k, n_g, k_g = (np.zeros(h, dtype=np.int64) for _ in range(4))
+    step = max(CHUNK_ELEMENTS // (h * V_DIM), 1)
+    for start in range(0, valid.size, step):
+        tok = valid[start : start + step]
+        normal, zero = _zero_low_bits(a_all[tok], spec.dtype)  # another float dtype: as rounded to the case's
+        n += normal.sum(axis=(0, 2))
+        k += (normal & zero).sum(axis=(0, 2))
+        normal_g, zero_g = _zero_low_bits(np.asarray(g_all[tok], dtype=np.float64), spec.dtype)
+        n_g += normal_g.sum(axis=(0, 2))
+        k_g += (normal_g & zero_g).sum(axis=(0, 2))
+    chance = 2.0**-LOW_BITS
+
+    def null_rate(kg: int, ng: int) -> float:
+        return min(1.0, CHANCE_MARGIN * max(chance, kg / ng if ng else 0.0))
+
+    groups = [("all heads", int(k.sum()), int(n.sum()), null_rate(int(k_g.sum()), int(n_g.sum())))]
+    groups += [(f"head {i}", int(k[i]), int(n[i]), null_rate(int(k_g[i]), int(n_g[i]))) for i in range(h)]
+    scored = [(_kl_z(kk, nn, p), label, kk, nn, p) for label, kk, nn, p in groups]
+    z, label, kk, nn, p = max(scored, key=lambda item: item[0])
+    if z == 0.0:
+        label, kk, nn, p = groups[0][0], groups[0][1], groups[0][2], groups[0][3]
+    rate = kk / nn if nn else math.nan
+    text = (
+        f"low {LOW_BITS} mantissa bits zero in {rate:.3g} of {nn} normal outputs ({label}; chance {p:.3g}), z {z:.3g}"
+    )
+    return Significance("format", rate, math.sqrt(p * (1 - p) / nn) if nn else math.nan, z, critical, text)

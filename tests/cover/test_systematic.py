@@ -1,0 +1,135 @@
+"""judge.systematic: the temperature projection and the format signature, on correct and wrong outputs."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from mlaconf.golden.generate import build_golden
+from mlaconf.golden.reference import reference_attention
+from mlaconf.golden.spec import CaseSpec, build_case
+from mlaconf.golden.types import GoldenCase
+from mlaconf.judge.metrics import round_to_dtype
+from mlaconf.judge.policy import load_policies
+from mlaconf.judge.systematic import critical_value, format_check, temperature_check
+from mlaconf.judge.verdict import judge_output
+
+ALPHA = 0.5e-6  # each test's share of the default false-alarm rate
+
+
+def _case(**fields: object) -> CaseSpec:
+    base: dict[str, object] = dict(q_seqlen=[96, 64], head_num=4, kv_layout="packed", seed=11)
+    return build_case({**base, **fields}, source="test_systematic")
+
+
+BF16 = _case(dtype="bf16", mask_type=0)
+FP16 = _case(dtype="fp16", mask_type=2)
+
+
+@pytest.fixture(scope="module")
+def bf16_golden() -> GoldenCase:
+    return build_golden(BF16)
+
+
+@pytest.fixture(scope="module")
+def fp16_golden() -> GoldenCase:
+    return build_golden(FP16)
+
+
+def _at_temperature(golden: GoldenCase, factor: float) -> np.ndarray:
+    """The correctly rounded output of the case with qkScale multiplied by ``factor``."""
+    spec = dataclasses.replace(golden.spec, qk_scale=golden.spec.qk_scale * factor)
+    out, _ = reference_attention(golden.inputs, spec)
+    return round_to_dtype(out, golden.spec.dtype)
+
+
+def test_critical_values_are_the_gaussian_tail_bound() -> None:
+    x = critical_value(1e-6, 3)
+    assert 3 * math.exp(-x * x / 2) == pytest.approx(1e-6, rel=1e-12)
+
+
+def test_a_correct_output_shows_no_temperature_error(bf16_golden: GoldenCase) -> None:
+    for out in (bf16_golden.baseline_out, round_to_dtype(bf16_golden.out, "bf16")):
+        result = temperature_check(out, bf16_golden.out, bf16_golden.row_valid, bf16_golden.magnitudes, BF16, ALPHA)
+        assert not result.significant and result.z < result.critical / 2, result.text
+        assert abs(result.estimate) < 5 * result.standard_error + 1e-6
+
+
+def test_a_wrong_temperature_is_estimated_and_significant(bf16_golden: GoldenCase) -> None:
+    g = bf16_golden
+    result = temperature_check(_at_temperature(g, 1 + 2e-3), g.out, g.row_valid, g.magnitudes, BF16, ALPHA)
+    assert result.significant and result.z > 2 * result.critical, result.text
+    assert result.estimate == pytest.approx(2e-3, rel=0.1) and result.standard_error < 2e-4
+    smaller = temperature_check(_at_temperature(g, 1 - 2e-3), g.out, g.row_valid, g.magnitudes, BF16, ALPHA)
+    assert smaller.significant and smaller.estimate == pytest.approx(-2e-3, rel=0.1)
+
+
+def test_the_documented_paths_own_projection_is_legitimate(bf16_golden: GoldenCase) -> None:
+    """Where the emulated baseline itself projects on T, a kernel on its path may too (near-tie scores)."""
+    g = bf16_golden
+    wrong = _at_temperature(g, 1 + 2e-3)
+    alike = temperature_check(wrong, g.out, g.row_valid, g.magnitudes, BF16, ALPHA, baseline=wrong)
+    assert not alike.significant and alike.z == 0.0, alike.text
+    beyond = temperature_check(_at_temperature(g, 1 + 6e-3), g.out, g.row_valid, g.magnitudes, BF16, ALPHA, wrong)
+    assert beyond.significant and beyond.estimate == pytest.approx(6e-3, rel=0.1), beyond.text
+
+
+def test_the_fp16_score_path_may_cast_the_scale(fp16_golden: GoldenCase) -> None:
+    """qkScale cast to fp16 is ATB's own path there: inside the legitimate interval, no alarm."""
+    g = fp16_golden
+    scale = float(np.float32(FP16.qk_scale))
+    cast = float(np.float16(scale)) / scale
+    legit = temperature_check(_at_temperature(g, cast), g.out, g.row_valid, g.magnitudes, FP16, ALPHA)
+    assert not legit.significant and legit.z < legit.critical / 2, legit.text
+    assert legit.estimate == pytest.approx(cast - 1, rel=0.05)
+    beyond = temperature_check(_at_temperature(g, 1 + 3 * (1 - cast)), g.out, g.row_valid, g.magnitudes, FP16, ALPHA)
+    assert beyond.significant, beyond.text
+
+
+def test_temperature_needs_a_finite_output_and_t(bf16_golden: GoldenCase) -> None:
+    g = bf16_golden
+    bad = g.baseline_out.copy()
+    bad.reshape(-1)[5] = np.nan
+    assert math.isnan(temperature_check(bad, g.out, g.row_valid, g.magnitudes, BF16, ALPHA).z)
+    missing = {k: v for k, v in g.magnitudes.items() if k != "pv_scale"}
+    assert "no stored T" in temperature_check(g.baseline_out, g.out, g.row_valid, missing, BF16, ALPHA).text
+
+
+def test_the_format_signature_finds_bf16_rounding_on_one_head(fp16_golden: GoldenCase) -> None:
+    g = fp16_golden
+    clean = round_to_dtype(g.out, "fp16")
+    for out in (clean, g.baseline_out):
+        result = format_check(out, g.out, g.row_valid, FP16, ALPHA)
+        assert not result.significant and result.z < result.critical / 2, result.text
+    coarse = clean.reshape(FP16.total_q, FP16.head_num, 128).copy()
+    coarse[:, 2] = coarse[:, 2].astype(ml_dtypes.bfloat16).astype(np.float16)
+    result = format_check(coarse, g.out, g.row_valid, FP16, ALPHA)
+    assert result.significant and result.z > 2 * result.critical and "head 2" in result.text, result.text
+    wide = format_check(coarse.astype(np.float32), g.out, g.row_valid, FP16, ALPHA)  # judged as rounded
+    assert (wide.z, wide.estimate) == (result.z, result.estimate)
+
+
+def test_a_coarse_golden_raises_the_chance() -> None:
+    """Outputs that copy coarse input values (a golden of small integers) are no evidence of a format."""
+    spec = _case(dtype="fp16", mask_type=0, q_seqlen=[64], head_num=2)
+    rng = np.random.default_rng(1)
+    golden = rng.integers(1, 9, size=(64, 2 * 128)).astype(np.float64)
+    result = format_check(golden.astype(np.float16), golden, np.ones(64, bool), spec, ALPHA)
+    assert result.estimate == 1.0 and not result.significant, result.text
+
+
+def test_the_default_verdict_carries_both_tests(bf16_golden: GoldenCase, fp16_golden: GoldenCase) -> None:
+    policies = load_policies()
+    _, ok = judge_output(bf16_golden, bf16_golden.baseline_out, policies, "default", "b")
+    found = {c.metric: c for c in ok.checks if c.rule == "systematic"}
+    assert set(found) == {"temperature_z", "format_z"} and ok.passed
+    assert all(not c.decisive and c.passed for c in found.values())  # evidence until significant
+    _, wrong = judge_output(bf16_golden, _at_temperature(bf16_golden, 1 + 2e-3), policies, "default", "b")
+    failing = [c.metric for c in wrong.failing]
+    assert not wrong.passed and failing == ["temperature_z"], wrong.summary()
+    _, atb_only = judge_output(bf16_golden, _at_temperature(bf16_golden, 1 + 2e-3), policies, "atb", "b")
+    assert atb_only.passed and any(c.metric == "temperature_z" for c in atb_only.evidence_over)
