@@ -221,9 +221,9 @@ def fused_tile(
     rounded-up operands lifted by :func:`lift_float32_sum` (never below their float64 values), the
     row magnitudes from the kernel's float64 row statistics."""
     qs = q * scale
-    raw = gemm(qs, k.T, np.empty((q.shape[0], k.shape[0])))  # T (and S) need the raw scores, masked keys as 0
+    raw = np.empty((q.shape[0], k.shape[0]))  # T (and S) need the raw scores, masked keys as 0
+    p, stats, rounded = fused_scores(qs, k, diag, work, rounded_up=True, raw=raw)
     apply_causal(raw, diag, 0.0)
-    p, stats, rounded = fused_scores(qs, k, diag, work, rounded_up=True)
     assert rounded is not None
     p32, p2_32 = rounded
     denom = stats[2][:, None]
@@ -246,7 +246,8 @@ def fused_tile(
     probs = p / denom
     ps = probs * raw
     ps_sums = (np.abs(ps).sum(axis=1, keepdims=True), ps.sum(axis=1, keepdims=True))
-    out["pv_scale"] = _scale_derivative(ps @ v, *ps_sums, golden, np.abs(v).max(axis=0), k.shape[0])
+    psv = gemm(ps, v, np.empty((q.shape[0], v.shape[1])))
+    out["pv_scale"] = _scale_derivative(psv, *ps_sums, golden, np.abs(v).max(axis=0), k.shape[0])
     if score_terms:
         weight = probs * (2.0 * np.abs(raw) + np.abs(raw - m))
         w2 = weight * weight

@@ -200,13 +200,22 @@ def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 
 def fused_scores(
-    q: np.ndarray, k: np.ndarray, diag: tuple[int, int] | None, work: Workspace, *, rounded_up: bool = False
+    q: np.ndarray,
+    k: np.ndarray,
+    diag: tuple[int, int] | None,
+    work: Workspace,
+    *,
+    rounded_up: bool = False,
+    raw: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
     """``P = e^(q k^T - row max)`` (0 on masked keys) in a workspace tile, and its row statistics
     ``[4, rows]`` (max and min of the allowed scores, sum of P, sum of P^2); with ``rounded_up``
-    also P and P^2 as float32 rounded up (floored at float32's smallest normal: :mod:`mlaconf.golden.magnitudes`)."""
+    also P and P^2 as float32 rounded up (floored at float32's smallest normal: :mod:`mlaconf.golden.magnitudes`).
+    ``raw`` receives a copy of the scores before the softmax (a copy costs far less than a second GEMM)."""
     rows, cols = q.shape[0], k.shape[0]
     scores = gemm(q, k.T, work.take("scores", (rows, cols), np.float64))
+    if raw is not None:
+        np.copyto(raw, scores)
     stats = np.empty((4, rows))
     p32 = (
         (work.take("p32", (rows, cols), np.float32), work.take("p2_32", (rows, cols), np.float32))
