@@ -22,7 +22,7 @@ import numpy as np
 from mlaconf.facts.operator import MASKED_VALUE
 from mlaconf.golden.inputs import numpy_dtype
 from mlaconf.golden.layout import out_shape
-from mlaconf.golden.reference import DEFAULT_TILE, TileKernel, _torch, apply_causal, attention, causal_block
+from mlaconf.golden.reference import DEFAULT_TILE, TileKernel, _torch, apply_causal, attention, causal_block, gemm
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.types import OpInputs
 
@@ -52,6 +52,11 @@ def _to(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return values.astype(dtype).astype(np.float32)
 
 
+def _gemm32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """An fp32-accumulating GEMM (torch's BLAS, like the reference's) into a fresh float32 array."""
+    return gemm(a, b, np.empty((a.shape[0], b.shape[1]), dtype=np.float32))
+
+
 def round_to_bf16(values: np.ndarray) -> np.ndarray:
     """float32 -> nearest bf16 (ties to even), kept as float32; finite inputs only.
 
@@ -75,7 +80,7 @@ def fp16_score_path(scale: float) -> TileKernel:
     mask_value = np.float32(MASKED_VALUE["fp16"])
 
     def kernel(q: np.ndarray, k: np.ndarray, v: np.ndarray, _: float, diag: Diag) -> np.ndarray:
-        scores = _to(q @ k.T, _HALF)  # fp32 accumulation, stored as fp16
+        scores = _to(_gemm32(q, k.T), _HALF)  # fp32 accumulation, stored as fp16
         scores *= scale16  # exact in fp32 (11-bit x 11-bit), so one rounding to fp16 below
         scores = _to(scores, _HALF)
         block = causal_block(diag, scores.shape)
@@ -86,7 +91,7 @@ def fp16_score_path(scale: float) -> TileKernel:
         scores -= scores.max(axis=1, keepdims=True)
         np.exp(scores, out=scores)
         denom = scores.sum(axis=1, keepdims=True, dtype=np.float32)
-        out: np.ndarray = flush_fp16_subnormals(_to(scores, _HALF)) @ v
+        out = _gemm32(flush_fp16_subnormals(_to(scores, _HALF)), v)
         out /= denom
         return out
 
@@ -108,13 +113,13 @@ def fp32_score_path(dtype: np.dtype) -> TileKernel:
         return round_to_bf16(probs)
 
     def kernel(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, diag: Diag) -> np.ndarray:
-        scores = q @ k.T
+        scores = _gemm32(q, k.T)
         scores *= np.float32(scale)
         apply_causal(scores, diag, -np.inf)
         scores -= scores.max(axis=1, keepdims=True)
         np.exp(scores, out=scores)
         denom = scores.sum(axis=1, keepdims=True, dtype=np.float32)
-        out: np.ndarray = round_p(scores) @ v
+        out = _gemm32(round_p(scores), v)
         out /= denom
         return out
 

@@ -21,6 +21,10 @@ Definitions (also in docs/benchmarks.md):
   (``write_golden`` into a temporary directory), once, in a fresh interpreter with torch already
   imported (a worker pays that once, not per case): "e2e s", its effective GF/s against GEMM, and
   "e2e MB" its peak memory.
+- ``--ab``: A/B interleaved in one fresh interpreter: per round a square float64 GEMM, the fused
+  reference, the unfused numpy reference it replaced and an end-to-end build, in rotating order; each
+  arm's effective GF/s divided by the GEMM GF/s of the same round, median and range over rounds, with
+  the load average per round (the figures docs/benchmarks.md reports on a shared machine).
 - peak MB: every measurement runs in a fresh interpreter; peak is its ``VmHWM`` (which, unlike
   tracemalloc, sees BLAS and torch buffers) minus its ``VmRSS`` right after imports.  "ref MB" is
   the same over the reference call alone (peak reset through ``/proc/self/clear_refs``), with the
@@ -117,8 +121,9 @@ def _measure_reference(job: dict[str, Any]) -> dict[str, Any]:
     resettable = _reset_peak()
     times = _timed(lambda: reference_attention(inputs, spec, tile=job["tile"], threads=job["threads"]), job["repeats"])
     ref_peak = _proc_status_mb("VmHWM")
+    base_tile = job["tile"] or DEFAULT_TILE
     baseline = (
-        _timed(lambda: emulate_baseline(inputs, spec, tile=job["tile"], threads=job["threads"]), job["repeats"])
+        _timed(lambda: emulate_baseline(inputs, spec, tile=base_tile, threads=job["threads"]), job["repeats"])
         if job["baseline"]
         else []
     )
@@ -202,6 +207,49 @@ def _measure_build(job: dict[str, Any]) -> dict[str, Any]:
     return {"times": [end - start], "stages": stages, "gemm": gemm, "all_mb": _proc_status_mb("VmHWM") - idle}
 
 
+def _measure_interleaved(job: dict[str, Any]) -> dict[str, Any]:
+    """A/B interleaved in one process: per round a float64 GEMM, the fused reference, the unfused
+    numpy reference it replaced, and an end-to-end build (``build_golden`` + write), in a rotating
+    order; each arm's ratio to the GEMM sample of the same round, so a load change on this shared
+    machine moves both sides of a ratio together.  ``os.getloadavg()`` is kept per round."""
+    import tempfile
+
+    from mlaconf.golden.generate import GENERATOR_VERSION, build_golden
+    from mlaconf.golden.reference import attention, float64_tile
+    from mlaconf.golden.store import write_golden
+
+    with contextlib.suppress(ImportError):  # a worker pays the import once, not per case
+        import torch  # noqa: F401
+    spec = bench_spec(job["case"])
+    inputs = generate_inputs(spec)
+    n, threads = job["gemm_n"], job["threads"]
+    a, b = np.random.default_rng(0).random((n, n)), np.random.default_rng(1).random((n, n))
+    tmp = tempfile.TemporaryDirectory(prefix="mla-bench-")
+
+    def end_to_end() -> None:
+        golden = build_golden(spec, threads=threads)
+        write_golden(golden, Path(tmp.name) / f"{spec.case_id}.h5", GENERATOR_VERSION)
+
+    arms: dict[str, tuple[Callable[[], object], float]] = {
+        "gemm": (lambda: a @ b, 2.0 * n**3),
+        "reference": (lambda: reference_attention(inputs, spec, threads=threads), spec.useful_flops),
+        "unfused": (lambda: attention(inputs, spec, float64_tile, np.float64, threads=threads), spec.useful_flops),
+    }
+    if job.get("end_to_end", True):
+        arms["e2e"] = (end_to_end, spec.useful_flops)
+    rounds: list[dict[str, float]] = []
+    with tmp, blas_threads(threads):
+        a @ b
+        reference_attention(inputs, spec, threads=threads)  # warm-up: thread pools, page faults of buffers
+        names = list(arms)
+        for r in range(job["repeats"]):
+            order = names[r % len(names) :] + names[: r % len(names)]
+            rate = {name: arms[name][1] / (_timed(arms[name][0], 1)[0] * 1e9) for name in order}
+            rates = {f"{name}_gflops": value for name, value in rate.items()}
+            rounds.append({**rates, "load1": os.getloadavg()[0]})
+    return {"rounds": rounds}
+
+
 def _measure_tile(job: dict[str, Any]) -> dict[str, Any]:
     """One float64 tile and its parts on one thread, CPU time (min of ``repeats``): where the time goes."""
     import torch
@@ -251,6 +299,7 @@ def _worker(payload: str) -> int:
         "sdpa": _measure_sdpa,
         "build": _measure_build,
         "tile": _measure_tile,
+        "interleaved": _measure_interleaved,
     }[job["kind"]]
     print(json.dumps(measure(job)))
     return 0
@@ -308,7 +357,7 @@ def run_bench(
     *,
     repeats: int,
     threads: int,
-    tile: int,
+    tile: int | None,
     gemm_n: int,
     baseline: bool = True,
     end_to_end: bool = True,
@@ -460,7 +509,68 @@ def format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def run_interleaved(cases: list[str], *, repeats: int, threads: int, gemm_n: int, end_to_end: bool) -> dict[str, Any]:
+    """The A/B interleaved ratios (:func:`_measure_interleaved`) per case, with medians."""
+    rows = []
+    for name in cases:
+        result = run_job(
+            {
+                "kind": "interleaved",
+                "case": name,
+                "threads": threads,
+                "repeats": repeats,
+                "gemm_n": gemm_n,
+                "end_to_end": end_to_end,
+            }
+        )
+        arms = [key.removesuffix("_gflops") for key in result["rounds"][0] if key.endswith("_gflops")]
+        ratios = {
+            arm: [r[f"{arm}_gflops"] / r["gemm_gflops"] for r in result["rounds"]] for arm in arms if arm != "gemm"
+        }
+        rows.append(
+            {
+                "case": name,
+                "rounds": result["rounds"],
+                "gemm_gflops": statistics.median(r["gemm_gflops"] for r in result["rounds"]),
+                "ratio_median": {arm: statistics.median(values) for arm, values in ratios.items()},
+                "ratio_range": {arm: [min(values), max(values)] for arm, values in ratios.items()},
+                "load1": [r["load1"] for r in result["rounds"]],
+            }
+        )
+    return {"machine": machine(), "threads": threads, "repeats": repeats, "gemm_n": gemm_n, "cases": rows}
+
+
+def format_interleaved(report: dict[str, Any]) -> str:
+    m = report["machine"]
+    lines = [
+        f"machine: {m['nproc']} cores, {m['cpu']}; BLAS {m['blas']}; threads {report['threads']}",
+        f"A/B interleaved, {report['repeats']} rounds; ratio = arm GF/s (useful FLOPs) / GEMM {report['gemm_n']}^3 GF/s"
+        " of the same round: median [min, max]",
+    ]
+    for row in report["cases"]:
+        load = row["load1"]
+        parts = [f"{row['case']}: GEMM {row['gemm_gflops']:.1f} GF/s"]
+        for arm, median in row["ratio_median"].items():
+            low, high = row["ratio_range"][arm]
+            parts.append(f"{arm} {median:.2f} [{low:.2f}, {high:.2f}]")
+        parts.append(f"load {min(load):.1f}-{max(load):.1f}")
+        lines.append("  " + "; ".join(parts))
+    return "\n".join(lines)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.ab:
+        ab = run_interleaved(
+            args.cases,
+            repeats=args.repeats,
+            threads=args.threads,
+            gemm_n=args.gemm_size,
+            end_to_end=not args.no_end_to_end,
+        )
+        print(format_interleaved(ab))
+        if args.json:
+            Path(args.json).write_text(json.dumps(ab, indent=2) + "\n")
+        return 0
     if args.tile_profile:
         print(format_tile(run_job({"kind": "tile", "repeats": max(args.repeats, 7)})))
         return 0
@@ -497,7 +607,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (median)")
     parser.add_argument("--threads", type=int, default=cpu_count(), help="threads for every implementation")
-    parser.add_argument("--tile", type=int, default=DEFAULT_TILE, help="reference query tile")
+    parser.add_argument("--tile", type=int, default=None, help="reference query tile (default: the path's own)")
     parser.add_argument("--gemm-size", type=int, default=4096, help="n of the square GEMM")
     parser.add_argument("--no-baseline", action="store_true", help="skip timing the emulated baseline")
     parser.add_argument(
@@ -506,6 +616,11 @@ def register(subparsers: Any) -> None:
         help="only profile one reference tile and its parts (one thread, CPU time)",
     )
     parser.add_argument("--no-end-to-end", action="store_true", help="skip the end-to-end build_golden run")
+    parser.add_argument(
+        "--ab",
+        action="store_true",
+        help="A/B interleaved ratios in one process: GEMM, fused reference, unfused reference, end to end",
+    )
     parser.add_argument("--json", metavar="OUT", help="also write the full report as JSON")
     parser.set_defaults(func=cmd_bench)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from mlaconf.facts.operator import NOPE_DIM, ROPE_DIM, V_DIM
 from mlaconf.golden.magnitudes import ROW_MAGNITUDES, element_magnitudes
-from mlaconf.golden.reference import DEFAULT_TILE
+from mlaconf.golden.reference import FUSED_TILE
 from mlaconf.golden.spec import CaseSpec
 
 #: HDF5 superblock, object headers and the root attributes (JSON spec, provenance, checksums).
@@ -68,8 +68,11 @@ def peak_bytes(spec: CaseSpec, threads: int = 1) -> int:
     resident = 2 * input_elements(spec) + 8 * out + (4 + 2) * out  # inputs, golden, baseline f32 + f16
     resident += magnitude_bytes(spec)
     max_kv = max(spec.max_kv, 1)
-    per_worker = 8 * (DEFAULT_TILE * max_kv * 2 + max_kv * (NOPE_DIM + ROPE_DIM + V_DIM) * 2)
-    return resident + max(threads, 1) * 4 * per_worker + PROCESS_BASE
+    # per thread: the fused tile's workspace (float64 scores, float32 P and P^2; raw scores on the fp16 path) and
+    # the window of 4 tasks in flight, each with its float64 k and v
+    workspace = FUSED_TILE * max_kv * (8 + 4 + 4 + 8)
+    tasks = 4 * 8 * max_kv * (NOPE_DIM + ROPE_DIM + V_DIM) * 2
+    return resident + max(threads, 1) * (workspace + tasks) + PROCESS_BASE
 
 
 def human_bytes(count: float) -> str:

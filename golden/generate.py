@@ -20,9 +20,11 @@ from mlaconf.golden.types import GoldenCase, OpInputs
 
 #: Bump when a change to inputs, reference or baseline alters stored values: every golden written
 #: by another version is stale and gets regenerated.
-GENERATOR_VERSION = "2.4"  # 2.1: per-role input streams in chunks, magnitudes; 2.2: magnitudes rounded up to bf16;
-# 2.3: baseline statistics are golden.stats.ErrorStats (the baseline-relative rules' denominators only)
-# 2.4: pv_sub (fp16 flush-to-zero magnitude), structured inputs, a flushing baseline
+#: 2.1: per-role input streams in chunks, magnitudes; 2.2: magnitudes rounded up to bf16;
+#: 2.3: baseline statistics are golden.stats.ErrorStats (the baseline-relative rules' denominators only);
+#: 2.4: pv_sub (fp16 flush-to-zero magnitude), structured inputs, a flushing baseline;
+#: 2.5: fused tile kernel (its exp and summation order), pv_abs/pv_rss from float32 GEMMs lifted to bounds.
+GENERATOR_VERSION = "2.5"
 
 
 def _version(package: str) -> str:
@@ -38,7 +40,7 @@ def provenance() -> dict[str, str]:
         "ml_dtypes": _version("ml_dtypes"),
         "h5py": _version("h5py"),
         "platform": platform.platform(),
-        "torch": _version("torch"),  # the reference's softmax uses torch's exp when installed
+        "torch": _version("torch"),  # the reference's GEMMs run in torch's BLAS
         "reference_device": os.environ.get(DEVICE_ENV, "cpu"),
     }
 

@@ -35,13 +35,17 @@ a stored magnitude never understates its float64 value and overstates it by at m
 (inside the rule's safety factor, in the safe direction), so they cost 6 bytes per output element on
 most cases (8 where scores are fp16) instead of 32 in float64.  Computed in float64 tile by tile like
 the reference (memory O(tile x S) per thread); on the CPU they come out of the golden's own pass
-(:func:`reference_and_magnitudes`: two more GEMMs with V per tile, not a second attention), on the
-golden device out of a torch pass (:func:`torch_magnitudes`).  Rows of zero-length batches are 0.
+(:func:`reference_and_magnitudes`: the same exponentials, and two more GEMMs per tile, in float32
+on operands rounded up, lifted by a rigorous factor (:func:`lift_float32_sum`), so never below the
+float64 value), on the golden device out of a float64 torch pass (:func:`torch_magnitudes`).
+Rows of zero-length batches are 0.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import ml_dtypes
@@ -52,13 +56,15 @@ from mlaconf.golden import progress
 from mlaconf.golden.layout import out_shape
 from mlaconf.golden.reference import (
     DEFAULT_GPU_TILE,
-    DEFAULT_TILE,
+    FUSED_TILE,
+    ROUNDED_UP_FLOOR,
     HeadTask,
+    Workspace,
     apply_causal,
-    causal_block,
     effective_scale,
-    exp_inplace,
     for_each_tile,
+    fused_scores,
+    gemm,
     iter_head_tasks,
     tile_bounds,
     tile_flops,
@@ -82,6 +88,14 @@ SUBNORMAL_WEIGHT_FULL = 2.0**-13
 SUBNORMAL_WEIGHT_ZERO = 2.0**-12
 ROW_MAGNITUDES = ("score_absmax", "score_dot", "p_rss")
 EPS64 = float(np.finfo(np.float64).eps)
+#: Unit roundoff of float32 (half its machine epsilon).
+U32 = 2.0**-24
+#: Floor of the float32 GEMM operands (P, P^2, |V'|, V'^2): float32's smallest normal.  A subnormal
+#: operand makes a float32 GEMM ~100x slower on this hardware; the floor only raises the bound, by at
+#: most n 2^-126 in the column's scale (sqrt of that for pv_rss, ~2^-56 of it at 16 K keys).
+OPERAND_FLOOR = ROUNDED_UP_FLOOR
+#: Largest absolute error of one float32 operation whose result is subnormal (half float32's smallest step).
+UNDERFLOW32 = 2.0**-150
 
 
 def element_magnitudes(spec: CaseSpec) -> tuple[str, ...]:
@@ -169,57 +183,100 @@ def _largest_key_norm(knorm: np.ndarray, rows: int, diag: tuple[int, int] | None
     return largest
 
 
-def numpy_tile(
+@dataclass(frozen=True)
+class ValueOperands:
+    """One kv head's V for the magnitudes' float32 GEMMs: each column c scaled by 2^-e_c so that its
+    largest |V| lies in [1/2, 1) (V^2 cannot overflow or underflow to nothing), then |V'| and V'^2
+    rounded up to float32 and floored at :data:`OPERAND_FLOOR`: each operand >= its exact value."""
+
+    abs32: np.ndarray  # [kv_len, 128] float32
+    sq32: np.ndarray  # [kv_len, 128] float32
+    scale: np.ndarray  # [128] float64, 2^e_c
+    largest: np.ndarray  # [128] float64, max_j |V_jc|: pv_abs and pv_rss never exceed it
+
+    @classmethod
+    def of(cls, v: np.ndarray) -> ValueOperands:
+        largest = np.abs(v).max(axis=0) if v.shape[0] else np.zeros(v.shape[1])
+        exponent = np.where(largest > 0, np.frexp(largest)[1], 0)
+        scale = np.ldexp(1.0, exponent)
+        scaled = np.abs(v) / scale  # exact: a power of two, and every |V'| <= 1 stays a normal float64
+        abs32 = np.maximum(round_up_float32(scaled), np.float32(OPERAND_FLOOR))
+        sq32 = np.maximum(round_up_float32(scaled * scaled), np.float32(OPERAND_FLOOR))
+        return cls(np.ascontiguousarray(abs32), np.ascontiguousarray(sq32), scale, largest)
+
+
+def lift_float32_sum(computed: np.ndarray, keys: int) -> np.ndarray:
+    """A float32 GEMM of non-negative rounded-up operands over ``keys`` terms, lifted (in float64) above
+    the float64 value of the same sum; the caller divides by the float64 row sum afterwards.
+
+    Any summation order (blocked, SIMD, FMA) of ``n`` non-negative float32 products is within
+    gamma32 = n u32 / (1 - n u32) of the exact sum (Higham, Thm 3.1) plus, where products or partial
+    sums fall below float32's normal range, at most 2 n x 2^-150 absolute: exact <= (computed +
+    n 2^-149) / (1 - gamma32).  The float64 value being bounded (sums of n terms, a division, exp's ulp) lies within
+    (1 + 4 (n + 8) eps64) of its exact value and so does ours (different summation orders, exp within
+    an ulp or two, a few final roundings), hence 8 (n + 8) eps64; for ``pv_rss`` the factor goes under
+    the square root, which halves it, still above what the two float64 values can differ by."""
+    n = max(keys, 1)
+    if n * U32 >= 0.5:  # pragma: no cover - far beyond the operator's sequence limits
+        raise ValueError(f"{keys} keys: too many for the float32 magnitude bound")
+    gamma32 = n * U32 / (1 - n * U32)
+    factor = (1 + 8 * (n + 8) * EPS64) / (1 - gamma32)
+    lifted: np.ndarray = (computed.astype(np.float64) + 2 * n * UNDERFLOW32) * factor
+    return lifted
+
+
+def fused_tile(
     q: np.ndarray,
     k: np.ndarray,
     v: np.ndarray,
+    operands: ValueOperands,
     scale: float,
     diag: tuple[int, int] | None,
     score_terms: bool,
+    work: Workspace,
     subnormal_terms: bool = False,
 ) -> dict[str, np.ndarray]:
-    """One tile of query rows against keys ``k``: the golden ``out``, computed exactly like
-    :func:`mlaconf.golden.reference.float64_tile` (same operations, same bits), and the float64 magnitudes,
-    from the same scores and exponentials (every pass over the tile x keys scores in place)."""
+    """The golden ``out`` exactly as :func:`mlaconf.golden.reference.fused_tile` computes it, and the
+    magnitudes from the same exponentials: ``pv_abs`` and ``pv_rss`` from float32 GEMMs of the
+    rounded-up operands lifted by :func:`lift_float32_sum` (never below their float64 values), the
+    row magnitudes from the kernel's float64 row statistics."""
     qs = q * scale
-    s = qs @ k.T
-    block = causal_block(diag, s.shape)
-    if block is not None:  # the smallest allowed score: masked keys read +inf for a moment
-        part, masked = s[:, block[0] :], block[1]
-        part[masked] = np.inf
-        low = s.min(axis=1)
-        part[masked] = -np.inf
-    else:
-        low = s.min(axis=1)
-    m = s.max(axis=1, keepdims=True)
+    raw = np.empty((q.shape[0], k.shape[0]))  # T (and S) need the raw scores, masked keys as 0
+    p, stats, rounded = fused_scores(qs, k, diag, work, rounded_up=True, raw=raw)
+    apply_causal(raw, diag, 0.0)
+    assert rounded is not None
+    p32, p2_32 = rounded
+    denom = stats[2][:, None]
+    golden = gemm(p, v, np.empty((q.shape[0], v.shape[1])))
+    golden /= denom
+    # The exact A and R never exceed max |V| (A is a mean of |V|, R <= max |V| sqrt(sum P^2) <= max |V|): capped
+    # there, the bound stays inside bf16's range (rounded up to bf16 it can never become inf)
+    cap = operands.largest
+    abs_sum = gemm(p32, operands.abs32[: k.shape[0]], np.empty((q.shape[0], v.shape[1]), dtype=np.float32))
+    sq_sum = gemm(p2_32, operands.sq32[: k.shape[0]], np.empty((q.shape[0], v.shape[1]), dtype=np.float32))
     out = {
-        "score_absmax": np.maximum(np.abs(m[:, 0]), np.abs(low)),
+        "out": golden,
+        "pv_abs": np.minimum(lift_float32_sum(abs_sum, k.shape[0]) * operands.scale / denom, cap),
+        "pv_rss": np.minimum(np.sqrt(lift_float32_sum(sq_sum, k.shape[0])) * operands.scale / denom, cap),
+        "p_rss": np.sqrt(stats[3]) / stats[2],
+        "score_absmax": np.maximum(np.abs(stats[0]), np.abs(stats[1])),
         "score_dot": np.linalg.norm(qs, axis=1) * _largest_key_norm(np.linalg.norm(k, axis=1), q.shape[0], diag),
     }
-    s0 = s.copy()
-    apply_causal(s0, diag, 0.0)  # masked keys have P = 0; 0 keeps inf * 0 out of the sums
-    np.subtract(s, m, out=s)
-    exp_inplace(s)
-    denom = s.sum(axis=1, keepdims=True)
-    golden = s @ v
-    golden /= denom
-    out["out"] = golden
-    out["pv_abs"] = (s @ np.abs(v)) / denom
-    if subnormal_terms:
-        sub = s * subnormal_weight(s)
+    m = stats[0][:, None]
+    probs = p / denom
+    ps = probs * raw
+    if subnormal_terms:  # fp16: the keys whose e may be flushed to zero, and the renormalisation they cause
+        sub = p * subnormal_weight(p)
         dropped = sub.sum(axis=1, keepdims=True)  # over the kept sum: a flushed row renormalises by it
-        out["pv_sub"] = (sub @ np.abs(v) + dropped * np.abs(golden)) / (denom - dropped)
-    p = s / denom
-    ps = p * s0
+        sub_abs = gemm(sub, np.abs(v), np.empty((q.shape[0], v.shape[1])))
+        out["pv_sub"] = (sub_abs + dropped * np.abs(golden)) / (denom - dropped)
     ps_sums = (np.abs(ps).sum(axis=1, keepdims=True), ps.sum(axis=1, keepdims=True))
-    out["pv_scale"] = _scale_derivative(ps @ v, *ps_sums, golden, np.abs(v).max(axis=0), k.shape[0])
+    psv = gemm(ps, v, np.empty((q.shape[0], v.shape[1])))
+    out["pv_scale"] = _scale_derivative(psv, *ps_sums, golden, np.abs(v).max(axis=0), k.shape[0])
     if score_terms:
-        weight = p * (2.0 * np.abs(s0) + np.abs(s0 - m))
+        weight = probs * (2.0 * np.abs(raw) + np.abs(raw - m))
         w2 = weight * weight
         out["pvs_rss"] = _score_rss(golden, w2 @ (v * v), w2 @ v, w2.sum(axis=1, keepdims=True), keys=k.shape[0])
-    np.multiply(s, s, out=s)
-    out["pv_rss"] = np.sqrt(s @ (v * v)) / denom
-    out["p_rss"] = np.sqrt(s.sum(axis=1)) / denom[:, 0]
     return out
 
 
@@ -258,7 +315,7 @@ def torch_tile(
     torch: Any,
     subnormal_terms: bool = False,
 ) -> dict[str, np.ndarray]:
-    """:func:`numpy_tile` in torch float64 on the golden device (``q`` already scaled)."""
+    """:func:`fused_tile`'s magnitudes in torch float64 on the golden device (``q`` already scaled)."""
     s = q @ k.T
     allowed = None
     if diag is not None:
@@ -341,15 +398,31 @@ def reference_and_magnitudes(
     stored, put = _sink(spec)
     scale = effective_scale(spec)
     score_terms = scores_in_fp16(spec.dtype, spec.mask_type)
+    work = Workspace()
+    operands: dict[int, tuple[np.ndarray, ValueOperands]] = {}  # id(task.v) -> (task.v, its operands)
+    lock = threading.Lock()
+
+    def value_operands(v: np.ndarray) -> ValueOperands:
+        """Built once per (batch, kv head): the query heads of a group share their V array."""
+        with lock:
+            known = operands.get(id(v))
+            if known is None or known[0] is not v:
+                while len(operands) >= 4:  # tasks arrive in (batch, kv head) order: the oldest are done
+                    operands.pop(next(iter(operands)))
+                known = operands[id(v)] = (v, ValueOperands.of(v))
+            return known[1]
 
     subnormal_terms = spec.dtype == "fp16"
 
     def visit(task: HeadTask, i0: int, i1: int, k_end: int, diag: tuple[int, int] | None) -> None:
-        part = numpy_tile(task.q[i0:i1], task.k[:k_end], task.v[:k_end], scale, diag, score_terms, subnormal_terms)
+        ops = value_operands(task.v)
+        part = fused_tile(
+            task.q[i0:i1], task.k[:k_end], task.v[:k_end], ops, scale, diag, score_terms, work, subnormal_terms
+        )
         golden[task.q_start + i0 : task.q_start + i1, task.head] = part["out"]
         put(task, i0, i1, part)
 
-    for_each_tile(inputs, spec, visit, np.float64, tile=tile or DEFAULT_TILE, threads=threads)
+    for_each_tile(inputs, spec, visit, np.float64, tile=tile or FUSED_TILE, threads=threads)
     return golden.reshape(out_shape(spec)), _shaped(spec, stored)
 
 

@@ -5,8 +5,11 @@ keys the tile may see (keys beyond the last allowed one are never touched, so ca
 the work), an exact mask on the diagonal part, a max-subtracted softmax in float64, and one GEMM
 with V.  Memory is inputs + output + O(tile x S) per worker, never O(S^2) per head.
 
-Throughput is bounded by float64 GEMM; the softmax is done in place (one max, one subtract, one
-exp, one sum pass) so the elementwise work stays a small fraction.  ``threads`` workers take tiles
+Throughput is bounded by float64 GEMM.  On the CPU (:func:`fused_tile`) the two GEMMs run in
+BLAS (torch's, which is faster than numpy's at the tiles' shapes) and everything between them runs
+in one compiled pass per row while the row is in cache (``mlaconf.golden._tile_kernel``: mask, row
+max, exp, sum); :func:`float64_tile` is the same mathematics in plain numpy, kept as the formula the
+fused kernel is checked against (tests) and for other kernels' tiles.  ``threads`` workers take tiles
 from a bounded queue while BLAS is pinned to one thread each (threadpoolctl, when installed):
 tiles, not heads, are the unit so a single-head case also uses every worker, and the numpy exp
 that BLAS threads cannot parallelise runs on all cores.  Results do not depend on ``threads``.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,6 +43,10 @@ except ImportError:  # pragma: no cover - exercised only where threadpoolctl is 
 
 #: Query rows per tile; tuned with ``mlaconf bench`` (docs/benchmarks.md).
 DEFAULT_TILE = 256
+#: Query rows per tile of the fused CPU kernel (its GEMMs run closer to BLAS's peak on taller tiles).
+FUSED_TILE = 512
+#: Floor of the rounded-up float32 P and P^2 (the magnitudes' GEMM operands; see mlaconf.golden.magnitudes).
+ROUNDED_UP_FLOOR = 2.0**-126
 #: GPU tiles are larger: a tile of scores is tile x S x 8 bytes of device memory.
 DEFAULT_GPU_TILE = 2048
 #: Environment variable ``build_golden`` reads to pick the reference's device ("cpu" or "cuda").
@@ -155,6 +163,81 @@ def float64_tile(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, diag
     return out
 
 
+class Workspace(threading.local):
+    """Per-thread scratch buffers of one build, reused from tile to tile (fresh pages cost page faults)."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, np.ndarray] = {}
+
+    def take(self, name: str, shape: tuple[int, int], dtype: type[np.floating]) -> np.ndarray:
+        """A C-contiguous ``shape`` view of the thread's buffer ``name`` (contents undefined)."""
+        size = shape[0] * shape[1]
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.size < size or buffer.dtype != dtype:
+            buffer = self._buffers[name] = np.empty(size, dtype=dtype)
+        return buffer[:size].reshape(shape)
+
+
+@functools.cache
+def tile_kernel() -> Any:
+    """The compiled fused softmax kernel (built with the package, like the ATB harness)."""
+    try:
+        from mlaconf.golden import _tile_kernel
+    except ImportError as exc:
+        raise ImportError(
+            "mlaconf.golden._tile_kernel is not built: pip install -e . (or python setup.py build_ext --inplace)"
+        ) from exc
+    return _tile_kernel
+
+
+def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``out = a @ b`` through torch's BLAS (faster than numpy's at the tiles' shapes); numpy views in and out."""
+    torch = _torch()
+    if torch is None:  # pragma: no cover - torch is a dependency
+        return np.matmul(a, b, out=out)
+    torch.matmul(torch.from_numpy(a), torch.from_numpy(b), out=torch.from_numpy(out))
+    return out
+
+
+def fused_scores(
+    q: np.ndarray,
+    k: np.ndarray,
+    diag: tuple[int, int] | None,
+    work: Workspace,
+    *,
+    rounded_up: bool = False,
+    raw: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
+    """``P = e^(q k^T - row max)`` (0 on masked keys) in a workspace tile, and its row statistics
+    ``[4, rows]`` (max and min of the allowed scores, sum of P, sum of P^2); with ``rounded_up``
+    also P and P^2 as float32 rounded up (floored at float32's smallest normal: :mod:`mlaconf.golden.magnitudes`).
+    ``raw`` receives a copy of the scores before the softmax (a copy costs far less than a second GEMM)."""
+    rows, cols = q.shape[0], k.shape[0]
+    scores = gemm(q, k.T, work.take("scores", (rows, cols), np.float64))
+    if raw is not None:
+        np.copyto(raw, scores)
+    stats = np.empty((4, rows))
+    p32 = (
+        (work.take("p32", (rows, cols), np.float32), work.take("p2_32", (rows, cols), np.float32))
+        if rounded_up
+        else None
+    )
+    first = None if diag is None else diag[0] + diag[1]
+    tile_kernel().softmax_tile(scores, stats, first, *(p32 or (None, None)), ROUNDED_UP_FLOOR)
+    return scores, stats, p32
+
+
+def fused_tile(
+    q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, diag: tuple[int, int] | None, work: Workspace
+) -> np.ndarray:
+    """:func:`float64_tile` with the elementwise steps fused in the compiled kernel (same scaled q,
+    same row max; the sums and exp round differently, within ~1e-15 of the result)."""
+    p, stats, _ = fused_scores(q * scale, k, diag, work)
+    out = gemm(p, v, np.empty((q.shape[0], v.shape[1])))
+    out /= stats[2][:, None]
+    return out
+
+
 @functools.cache
 def _torch() -> Any:
     """The torch module when installed (for its vectorised exp), else None."""
@@ -195,7 +278,7 @@ def pinned_threads() -> Iterator[None]:
 
     Process-wide settings, restored on exit: our workers are the parallelism, and a BLAS or torch
     call that forked its own threads would oversubscribe the cores ``threads`` promised to use.
-    Threads started inside the block read torch's setting when they first call into it.
+    Worker threads also pin torch themselves (:func:`_one_torch_thread`).
     """
     torch = _torch()
     previous = torch.get_num_threads() if torch is not None else 0
@@ -207,6 +290,14 @@ def pinned_threads() -> Iterator[None]:
     finally:
         if torch is not None:
             torch.set_num_threads(previous)
+
+
+def _one_torch_thread() -> None:
+    """Each worker pins torch (and the MKL under its GEMMs) to one thread itself: MKL keeps its thread
+    count per thread, and a GEMM on more threads sums in another order (other bits)."""
+    torch = _torch()
+    if torch is not None:
+        torch.set_num_threads(1)
 
 
 #: What :func:`for_each_tile` calls per tile: ``(task, i0, i1, k_end, diag)``.
@@ -240,7 +331,7 @@ def for_each_tile(
                 for bounds in tile_bounds(task, tile):
                     one_tile(task, *bounds)
             return
-        with ThreadPoolExecutor(max_workers=threads) as pool:
+        with ThreadPoolExecutor(max_workers=threads, initializer=_one_torch_thread) as pool:
             pending: deque[Future[None]] = deque()
             for task in tasks:
                 for bounds in tile_bounds(task, tile):
@@ -318,11 +409,18 @@ def reference_attention(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The float64 golden in attenOut's layout, and the per-row validity mask.
 
-    ``device="cpu"`` is the numpy/BLAS path; anything else (``"cuda"``, ``"cuda:1"``) runs
+    ``device="cpu"`` is the fused CPU path (:func:`fused_tile`); anything else (``"cuda"``, ``"cuda:1"``) runs
     :func:`torch_attention` there.  ``tile`` defaults per path.
     """
     if device == "cpu":
-        out = attention(inputs, spec, float64_tile, np.float64, tile=tile or DEFAULT_TILE, threads=threads)
+        work = Workspace()
+
+        def kernel(
+            q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, diag: tuple[int, int] | None
+        ) -> np.ndarray:
+            return fused_tile(q, k, v, scale, diag, work)
+
+        out = attention(inputs, spec, kernel, np.float64, tile=tile or FUSED_TILE, threads=threads)
     else:
         out = torch_attention(inputs, spec, device=device, tile=tile or DEFAULT_GPU_TILE)
     return out.reshape(out_shape(spec)), row_valid(spec)

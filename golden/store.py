@@ -14,8 +14,8 @@ the spec's content)::
       python_version, numpy_version, h5py_version, hdf5_version, ml_dtypes_version
       blas                    JSON: numpy.show_config(mode="dicts") BLAS/LAPACK (+ threadpoolctl if present)
       provenance_json         JSON of the builder's provenance dict
-      checksums_json          JSON {dataset path: sha256 hex}, the same values as each dataset's attribute
-      baseline_stats_sha256   SHA-256 of the baseline statistics as sorted JSON (the benchmark rule's
+      checksums_json          JSON {dataset path: xxh3-128 hex}, the same values as each dataset's attribute
+      baseline_stats_xxh3_128 xxh3-128 of the baseline statistics as sorted JSON (the benchmark rule's
                               denominators are checked like data)
     /inputs/{q,q_rope,k,k_rope,v,q_seqlen,kv_seqlen[,mask]}
                               exact device values: fp16 as float16 (device_dtype="fp16"); bf16 as uint16
@@ -33,7 +33,7 @@ the spec's content)::
     /baseline/out             emulated same-dtype baseline, stored like the inputs
     /baseline (group attrs)   baseline error statistics (golden.stats.ErrorStats)
 
-Every dataset carries ``sha256`` (of its raw stored bytes, C order, little-endian) and
+Every dataset carries ``xxh3_128`` (of its raw stored bytes, C order, little-endian) and
 ``device_dtype``.  Datasets are contiguous and uncompressed so ``h5dump`` shows them and a byte's
 file offset is known.
 
@@ -41,13 +41,17 @@ Whole-file integrity (schema >= 4).  HDF5 parses object headers and attributes b
 ours could be looked at, and a damaged header can crash or hang it; so every file starts with an
 HDF5 *user block* (HDF5 skips it; ``h5dump`` and h5py read the file as usual) holding a text header::
 
-    MLA-GOLDEN-HDF5 schema 6 header 4096
+    MLA-GOLDEN-HDF5 schema 7 header 4096
     size <file size in bytes>
-    dataset <path> <file offset> <bytes> <sha256 of those bytes>     (one line per dataset)
-    sha256 <SHA-256 of the lines above + every byte after the header>
+    dataset <path> <file offset> <bytes> <xxh3-128 of those bytes>   (one line per dataset)
+    xxh3_128 <xxh3-128 of the lines above + every byte after the header>
     NUL padding to the header size
 
-Reads check it with plain Python I/O before HDF5 sees a byte: any change anywhere (header, HDF5
+The digest is XXH3-128 (package ``xxhash``; ~17 GB/s here against SHA-256's 1.6): a non-cryptographic
+128-bit hash made to catch accidental damage (bit flips, truncation, torn or mixed writes; a random
+change goes unnoticed with probability 2^-128), not an adversary, who could forge a matching file as
+easily as they could reseal one under SHA-256.  Files of another schema are stale, never verified
+under the wrong hash.  Reads check it with plain Python I/O before HDF5 sees a byte: any change anywhere (header, HDF5
 metadata, attributes such as provenance, raw data, truncation or extension) is a
 :class:`GoldenCorruptError` naming the file (and the dataset when the damage lies in raw data); a file
 without the header (schema < 3) is stale.  HDF5 then reads the very file object that was hashed, so a
@@ -55,15 +59,19 @@ rename between check and parse cannot substitute another file.  A verified file'
 (device, inode, size, mtime_ns, ctime_ns) is remembered for the life of the process so that it is not
 re-hashed on every read; an in-place change updates ctime, which misses the cache.
 
-Writes go to ``.<name>.<pid>.tmp`` in the same directory: the file is first reserved to the data's
+Writes go to ``.<name>.<pid>.<random>.tmp`` in the same directory, created exclusively (a symlink, FIFO or
+file planted at that name is refused, never followed; ``os.replace`` replaces a symlink planted at the
+final name instead of writing through it): the file is first reserved to the data's
 size (``posix_fallocate``, so a full disk fails before HDF5 writes a byte), HDF5 writes it through a
 Python file object (h5py re-raises the ``OSError`` of a failed write), the header is sealed in place,
-and the file is fsynced and renamed with ``os.replace``.  A killed writer never leaves a partial file under a final
-name, memory holds the arrays but never a copy of the file, and a full disk or any other OS error
-surfaces as :class:`GoldenWriteError` naming the store and the case (the temp file is removed).
+and the file is fsynced and renamed with ``os.replace``.  A killed writer never leaves a partial
+file under a final name (and the store opens only regular files: a FIFO or directory named ``*.h5``
+is one corrupt file, never a hang), memory holds the arrays but never a copy of the file, and a full
+disk or any other OS error surfaces as :class:`GoldenWriteError` naming the store and the case
+(the temp file is removed).
 
 After the header, every dataset's two recorded checksums (its attribute and ``checksums_json``) must
-equal its bytes' SHA-256: the integrity header's digest when this open has just hashed the whole
+equal its bytes' xxh3-128: the integrity header's digest when this open has just hashed the whole
 file, else hashed again from the data read (a load the digest cache vouched for); problems raise
 :class:`GoldenCorruptError` or :class:`GoldenStaleError` naming the file and dataset.
 """
@@ -73,13 +81,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
-import hashlib
 import json
 import logging
 import os
 import platform
 import re
+import secrets
 import socket
+import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -89,6 +98,7 @@ from typing import IO, Any
 import h5py
 import ml_dtypes
 import numpy as np
+import xxhash
 from filelock import FileLock
 
 from mlaconf.golden.layout import out_shape
@@ -97,21 +107,24 @@ from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.types import INPUT_NAMES, GoldenCase, OpInputs
 
 #: 4: whole-file integrity header, error-model magnitudes, bf16 as uint16 bit patterns (2: none of them);
-#: 5: element magnitudes as bf16 rounded up, S and T only on the fp16 score path; 6: T on every case.
-SCHEMA_VERSION = 6
+#: 5: element magnitudes as bf16 rounded up, S and T only on the fp16 score path; 6: T on every case;
+#: 7: xxh3-128 digests instead of SHA-256 (header, datasets, statistics).
+SCHEMA_VERSION = 7
+#: The digest of every integrity check (header lines, datasets, statistics): 128-bit XXH3.
+DIGEST_NAME = "xxh3_128"
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 #: Largest integrity header (HDF5 user block) a reader accepts.
 MAX_HEADER = 1 << 20
 #: A verified file enters the process's digest cache only once its ctime is this old, so that a
 #: change within the same clock tick as the check (ctime unchanged) cannot hide behind the cache.
 CACHE_SETTLE_NS = 1_000_000_000
-_CHUNK = 1 << 20
+_CHUNK = 8 << 20
 #: Bytes reserved for HDF5's metadata and attributes beyond the datasets and the header.
 RESERVE_METADATA = 1 << 20
 _FIRST_LINE = re.compile(rb"MLA-GOLDEN-HDF5 schema ([0-9]{1,6}) header ([0-9]{3,8})\n")
-_SEALED = re.compile(rb"((?:[^\n\x00]*\n)*?)sha256 ([0-9a-f]{64})\n\x00*")
+_SEALED = re.compile(rb"((?:[^\n\x00]*\n)*?)xxh3_128 ([0-9a-f]{32})\n\x00*")
 _SIZE_LINE = re.compile(rb"size ([0-9]{1,20})")
-_DATASET_LINE = re.compile(rb"dataset ([A-Za-z0-9_/]{1,200}) ([0-9]{1,20}) ([0-9]{1,20}) ([0-9a-f]{64})")
+_DATASET_LINE = re.compile(rb"dataset ([A-Za-z0-9_/]{1,200}) ([0-9]{1,20}) ([0-9]{1,20}) ([0-9a-f]{32})")
 #: (st_dev, st_ino) -> (size, mtime_ns, ctime_ns) of files whose whole-file digest matched.
 _VERIFIED: dict[tuple[int, int], tuple[int, int, int]] = {}
 ENV_DIR = "MLA_GOLDEN_DIR"
@@ -191,15 +204,15 @@ def library_versions() -> dict[str, str]:
 # -- array encoding ---------------------------------------------------------------------------
 
 
-def _sha256(arr: np.ndarray) -> str:
-    """SHA-256 of the array's raw bytes (C order), hashed in place: no copy of the data."""
+def _digest(arr: np.ndarray) -> str:
+    """xxh3-128 of the array's raw bytes (C order), hashed in place: no copy of the data."""
     flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-    return hashlib.sha256(flat.data).hexdigest()
+    return xxhash.xxh3_128_hexdigest(flat.data)
 
 
-def stats_sha256(stats: dict[str, Any]) -> str:
+def stats_digest(stats: dict[str, Any]) -> str:
     """Checksum of the baseline statistics (sorted JSON of plain Python scalars)."""
-    return hashlib.sha256(json.dumps(stats, sort_keys=True).encode()).hexdigest()
+    return xxhash.xxh3_128_hexdigest(json.dumps(stats, sort_keys=True).encode())
 
 
 #: How a device dtype is stored: bf16 as its 16-bit patterns (HDF5 has no bfloat16 type).
@@ -282,7 +295,7 @@ def _write_hdf5(
     reserve: Callable[[], None],
 ) -> dict[str, str]:
     """HDF5 writes the file through ``fh``, leaving an empty user block for the integrity header;
-    returns each dataset's SHA-256 (of its stored bytes, which contiguous datasets keep as they are).
+    returns each dataset's xxh3-128 (of its stored bytes, which contiguous datasets keep as they are).
 
     ``reserve`` runs once the file exists and before any data is written (HDF5 creates a file only
     over an empty one; it truncates the reservation's unused tail when it closes)."""
@@ -294,7 +307,7 @@ def _write_hdf5(
             stored, tag = _encode(np.ascontiguousarray(arr))
             ds = f.create_dataset(name, data=stored)
             ds.attrs["device_dtype"] = tag
-            ds.attrs["sha256"] = checksums[name] = _sha256(stored)
+            ds.attrs[DIGEST_NAME] = checksums[name] = _digest(stored)
         for key, value in golden.baseline_stats.items():
             f["baseline"].attrs[key] = value
         f.attrs.update(
@@ -311,7 +324,7 @@ def _write_hdf5(
                 "blas": blas_info(),
                 "provenance_json": json.dumps(golden.provenance, sort_keys=True),
                 "checksums_json": json.dumps(checksums, sort_keys=True),
-                "baseline_stats_sha256": stats_sha256(dict(golden.baseline_stats)),
+                "baseline_stats_xxh3_128": stats_digest(dict(golden.baseline_stats)),
                 **library_versions(),
             }
         )
@@ -330,18 +343,32 @@ def _dataset_ranges(f: h5py.File) -> list[tuple[str, int, int]]:
     return sorted(found)
 
 
+def _hash_rest(fh: IO[bytes], digest: Any, size: int | None = None) -> None:
+    """Feed ``size`` bytes (all to the end when None) from ``fh``'s position into ``digest``, through one
+    reused buffer: the hash runs at ~17 GB/s, so allocating a chunk per read would be the cost."""
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    remaining = size
+    while remaining is None or remaining > 0:
+        want = _CHUNK if remaining is None else min(_CHUNK, remaining)
+        got = fh.readinto(view[:want])  # type: ignore[attr-defined]
+        if not got:
+            break
+        digest.update(view[:got])
+        if remaining is not None:
+            remaining -= got
+
+
 def _hash_range(fh: IO[bytes], offset: int, size: int) -> str:
-    digest = hashlib.sha256()
+    digest = xxhash.xxh3_128()
     fh.seek(offset)
-    while size > 0 and (chunk := fh.read(min(size, _CHUNK))):
-        digest.update(chunk)
-        size -= len(chunk)
-    return digest.hexdigest()
+    _hash_rest(fh, digest, size)
+    return str(digest.hexdigest())
 
 
 def seal(fh: IO[bytes], known: dict[str, str] | None = None) -> int:
     """Write the integrity header into the user block of the HDF5 file open in ``fh`` (read/write,
-    seekable); returns the file's size.  ``known`` gives datasets' SHA-256 already computed from
+    seekable); returns the file's size.  ``known`` gives datasets' digests already computed from
     the arrays written (others are hashed from the file).  The store seals every file it writes."""
     fh.seek(0)
     with h5py.File(fh, "r", locking=False) as f:
@@ -355,11 +382,10 @@ def seal(fh: IO[bytes], known: dict[str, str] | None = None) -> int:
         for name, offset, length in ranges
     ]
     body = ("\n".join(lines) + "\n").encode()
-    digest = hashlib.sha256(body)
+    digest = xxhash.xxh3_128(body)
     fh.seek(header_size)
-    while chunk := fh.read(_CHUNK):
-        digest.update(chunk)
-    header = body + b"sha256 " + digest.hexdigest().encode() + b"\n"
+    _hash_rest(fh, digest)
+    header = body + f"{DIGEST_NAME} {digest.hexdigest()}\n".encode()
     if len(header) > header_size:
         raise ValueError(f"integrity header needs {len(header)} bytes, the user block has {header_size}")
     fh.seek(0)
@@ -391,8 +417,26 @@ def _reserve(fh: IO[bytes], size: int) -> None:
             raise
 
 
+#: The temp file is created, never opened: a name already taken (a planted symlink, FIFO or file) fails with
+#: EEXIST instead of being followed or truncated.
+_CREATE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _create_temp(tmp: Path) -> IO[bytes]:
+    """Create ``tmp`` exclusively and open it for reading and writing."""
+    return os.fdopen(os.open(tmp, _CREATE_FLAGS, 0o644), "w+b")
+
+
+def temp_path(path: Path) -> Path:
+    """A fresh temp name next to ``path``: ``.<name>.<pid>.<random>.tmp`` (unguessable, unique per write)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(8)}.tmp")
+
+
 def write_golden(golden: GoldenCase, path: Path, generator_version: str) -> int:
     """Write atomically (temp name, fsync, rename, fsync dir); returns the bytes written.
+
+    The temp file is created exclusively (``O_CREAT | O_EXCL | O_NOFOLLOW``) under a fresh random name,
+    and ``os.replace`` replaces whatever sits at ``path`` (a symlink included) without following it.
 
     The temp file is first reserved to the data's size (``posix_fallocate``), then HDF5 writes it
     through a Python file object and the integrity header is sealed in place: memory stays the
@@ -400,11 +444,14 @@ def write_golden(golden: GoldenCase, path: Path, generator_version: str) -> int:
     store, ...) raises :class:`GoldenWriteError` naming the store and the case, after removing the
     temp file."""
     arrays = _datasets(golden)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = temp_path(path)
     reserve = sum(a.nbytes for a in arrays.values()) + _header_size(list(arrays)) + RESERVE_METADATA
+    created = False
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "w+b") as fh:
+        fh = _create_temp(tmp)
+        created = True
+        with fh:
             checksums = _write_hdf5(fh, golden, arrays, generator_version, lambda: _reserve(fh, reserve))
             size = seal(fh, checksums)
             fh.truncate(size)
@@ -417,8 +464,9 @@ def write_golden(golden: GoldenCase, path: Path, generator_version: str) -> int:
         finally:
             os.close(dir_fd)
     except BaseException as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+        if created:  # never remove what someone else put at the name (O_EXCL refused it)
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
         if isinstance(exc, OSError):
             raise _write_error(path, golden.spec, exc) from exc
         raise
@@ -471,11 +519,12 @@ def _check_whole_file(fh: IO[bytes], path: Path) -> dict[str, str] | None:
         raise GoldenCorruptError(path, f"truncated: {st.st_size} bytes, less than the {header_size}-byte header")
     fh.seek(0)
     sealed = _SEALED.fullmatch(fh.read(header_size))
+    if sealed is None and int(match[1]) < SCHEMA_VERSION:  # an older schema's seal (SHA-256): not checkable here
+        raise GoldenStaleError(path, f"schema_version {int(match[1])}, store reads {SCHEMA_VERSION}")
     if sealed is None:
-        raise GoldenCorruptError(path, "integrity header damaged: no well-formed sha256 line")
-    digest = hashlib.sha256(sealed[1])
-    while chunk := fh.read(_CHUNK):
-        digest.update(chunk)
+        raise GoldenCorruptError(path, f"integrity header damaged: no well-formed {DIGEST_NAME} line")
+    digest = xxhash.xxh3_128(sealed[1])
+    _hash_rest(fh, digest)
     if digest.hexdigest() != sealed[2].decode():
         raise _locate_damage(fh, path, sealed[1], st.st_size)
     if int(match[1]) != SCHEMA_VERSION:
@@ -496,9 +545,9 @@ def _locate_damage(fh: IO[bytes], path: Path, body: bytes, size: int) -> GoldenC
     for line in lines:
         m = _DATASET_LINE.fullmatch(line)
         if m and int(m[2]) + int(m[3]) <= size and _hash_range(fh, int(m[2]), int(m[3])) != m[4].decode():
-            return GoldenCorruptError(path, "raw data changed (whole-file and dataset SHA-256 mismatch)", m[1].decode())
+            return GoldenCorruptError(path, "raw data changed (whole-file and dataset digest mismatch)", m[1].decode())
     return GoldenCorruptError(
-        path, "whole-file SHA-256 mismatch: HDF5 metadata, attributes or the integrity header changed"
+        path, "whole-file digest mismatch: HDF5 metadata, attributes or the integrity header changed"
     )
 
 
@@ -511,15 +560,27 @@ class _Opened:
     hashed: dict[str, str] | None
 
 
+def _file_kind(mode: int) -> str:
+    kinds = {stat.S_IFIFO: "a FIFO", stat.S_IFDIR: "a directory", stat.S_IFSOCK: "a socket"}
+    kinds.update({stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"})
+    return kinds.get(stat.S_IFMT(mode), "not a regular file")
+
+
 @contextlib.contextmanager
 def _open(path: Path) -> Iterator[_Opened]:
     """Open for reading after the whole-file check; HDF5 reads the same file object that was hashed."""
     try:
-        fh = open(path, "rb")  # noqa: SIM115 (closed by the with block below)
+        # O_NONBLOCK: opening a FIFO (or a device) named like a golden must not wait for a writer
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
         raise GoldenMissingError(path, "no golden file") from None
     except OSError as exc:
         raise GoldenCorruptError(path, f"cannot open: {exc}") from exc
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise GoldenCorruptError(path, f"not a regular file ({_file_kind(mode)}): not a golden")
+    fh = os.fdopen(fd, "rb")
     with fh:
         try:
             hashed = _check_whole_file(fh, path)
@@ -565,12 +626,12 @@ def _read_verified(f: h5py.File, path: Path, hashed: dict[str, str] | None) -> d
         try:
             ds = f[name]
             stored = np.asarray(ds[()])
-            recorded, tag = str(ds.attrs["sha256"]), str(ds.attrs["device_dtype"])
+            recorded, tag = str(ds.attrs[DIGEST_NAME]), str(ds.attrs["device_dtype"])
         except (KeyError, OSError, RuntimeError, ValueError) as exc:
             raise GoldenCorruptError(path, f"unreadable: {exc}", name) from exc
-        actual = hashed[name] if hashed is not None and name in hashed else _sha256(stored)  # empty: no line
+        actual = hashed[name] if hashed is not None and name in hashed else _digest(stored)  # empty: no line
         if actual != recorded or actual != listed[name]:
-            message = f"SHA-256 mismatch: data {actual[:16]}…, recorded {recorded[:16]}…"
+            message = f"digest mismatch: data {actual[:16]}…, recorded {recorded[:16]}…"
             raise GoldenCorruptError(path, message, name)
         arrays[name] = _decode(stored, tag, path, name)
     return arrays
@@ -593,9 +654,9 @@ def read_golden(path: Path, spec: CaseSpec | None = None) -> tuple[GoldenCase, F
             provenance = {str(k): str(v) for k, v in json.loads(meta.attrs["provenance_json"]).items()}
         except (KeyError, OSError, ValueError, TypeError) as exc:
             raise GoldenCorruptError(path, f"baseline/provenance attributes unusable: {exc}") from exc
-    if stats_sha256(stats) != meta.attrs.get("baseline_stats_sha256"):
+    if stats_digest(stats) != meta.attrs.get("baseline_stats_xxh3_128"):
         raise GoldenCorruptError(
-            path, "baseline statistics do not match baseline_stats_sha256", "baseline (attributes)"
+            path, "baseline statistics do not match baseline_stats_xxh3_128", "baseline (attributes)"
         )
     try:
         inputs = OpInputs(**{n: arrays.get(f"inputs/{n}") for n in INPUT_NAMES})  # type: ignore[arg-type]

@@ -17,7 +17,7 @@ from mlaconf.judge.deviations import DeviationSet
 from mlaconf.judge.policy import PolicySet
 from mlaconf.judge.verdict import Outcome, error_map, judge_output, mode_text, outcome_message, outcome_of
 from mlaconf.reports.records import ErrorEvidence, ResultRecord
-from mlaconf.runner.execution import BackendOutputError, Execution, array_digest, execute, make_call, output_digest
+from mlaconf.runner.execution import BackendOutputError, Execution, execute, input_digest, make_call, output_digest
 
 
 @dataclass(frozen=True)
@@ -31,8 +31,8 @@ class CaseResult:
 
 
 def input_digests(golden: GoldenCase) -> dict[str, str]:
-    """SHA-256 of every input array, to notice a backend that writes into its inputs."""
-    return {name: array_digest(array) for name, array in golden.inputs.arrays().items()}
+    """A digest of every input array, to notice a backend that writes into its inputs."""
+    return {name: input_digest(array) for name, array in golden.inputs.arrays().items()}
 
 
 def contract_violations(golden: GoldenCase, out: np.ndarray, before: dict[str, str]) -> list[str]:

@@ -253,3 +253,50 @@ def test_schema_2_files_are_stale_and_rebuilt_with_magnitudes(tmp_path: Any) -> 
     reseal(path)
     with pytest.raises(GoldenCorruptError, match="golden/pv_abs"):  # and so does its own checksum
         store.load(CAUSAL)
+
+
+def _bf16_values(values: np.ndarray) -> np.ndarray:
+    return values.astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
+@pytest.mark.parametrize("diag", [None, (0, 40)], ids=["bidirectional", "causal"])
+def test_float32_magnitudes_never_fall_below_float64_at_the_edges_of_bf16_range(diag: tuple[int, int] | None) -> None:
+    """pv_abs and pv_rss come from float32 GEMMs (issue 23); at V near bf16's largest and smallest values,
+    P down to e^-700 (below float32's range) and all-zero columns, they stay >= their float64 values."""
+    from mlaconf.golden.magnitudes import ValueOperands, fused_tile
+    from mlaconf.golden.reference import Workspace, float64_tile
+
+    rng = np.random.default_rng(23)
+    rows, keys = 24, 300
+    q = _bf16_values(rng.standard_normal((rows, 192)) * 4)
+    k = _bf16_values(rng.standard_normal((keys, 192)) * 4)  # scores of +-hundreds: P spans 1 .. e^-700
+    biggest = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
+    smallest = float(ml_dtypes.finfo(ml_dtypes.bfloat16).smallest_subnormal)
+    v = _bf16_values(rng.standard_normal((keys, 128)))
+    v[:, 0] = _bf16_values(biggest * rng.uniform(0.5, 1.0, keys) * rng.choice([-1, 1], keys))
+    v[:, 1] = smallest * rng.integers(1, 100, keys) * rng.choice([-1, 1], keys)
+    v[:, 2] = np.where(rng.random(keys) < 0.5, biggest, smallest)
+    v[:, 3] = 0.0
+    v[:, 4] = _bf16_values(np.exp2(rng.uniform(-130, 127, keys)))
+    scale = 0.7
+    got = fused_tile(q, k, v, ValueOperands.of(v), scale, diag, False, Workspace())
+    want_abs = float64_tile(q, k, np.abs(v), scale, diag)
+    # sqrt(sum P^2 V^2) in float64 without overflow: scale V by its column maximum first
+    colmax = np.where(np.abs(v).max(axis=0) > 0, np.abs(v).max(axis=0), 1.0)
+    s = (q * scale) @ k.T
+    if diag is not None:
+        s[np.arange(s.shape[1])[None, :] > np.arange(rows)[:, None] + diag[0] + diag[1]] = -np.inf
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    want_rss = np.sqrt((p * p) @ (v / colmax) ** 2) * colmax
+    for name, want in (("pv_abs", want_abs), ("pv_rss", want_rss)):
+        value = got[name]
+        assert np.isfinite(value).all(), name
+        # never below the float64 value, except that no bound exceeds max |V| (the exact value's own cap;
+        # the float64 value may pass it by its rounding, and bf16 cannot hold more than its largest value)
+        floor = np.minimum(want, np.abs(v).max(axis=0))
+        assert (value >= floor).all(), f"{name} below its float64 value at {np.argwhere(value < floor)[:3].tolist()}"
+        # and not loose beyond the float32 factor and the operand floor (2^-126 of the column's scale per key)
+        assert (value <= want * 1.01 + np.sqrt(keys * 2.0**-124) * colmax).all(), name
+    assert not got["pv_abs"][:, 3].any() and got["pv_abs"][:, 2].max() <= biggest
+    assert np.isfinite(round_up_bf16(got["pv_abs"]).astype(np.float64)).all()

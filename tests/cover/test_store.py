@@ -76,14 +76,14 @@ def flip_byte(path: Path, dataset: str) -> None:
 
 def rewrite_dataset(path: Path, name: str, stored: np.ndarray) -> None:
     """Replace a dataset's values and fix every checksum (and the seal), keeping its device_dtype tag."""
-    import hashlib
+    import xxhash
 
-    sha = hashlib.sha256(np.ascontiguousarray(stored).tobytes()).hexdigest()
+    sha = xxhash.xxh3_128_hexdigest(np.ascontiguousarray(stored).tobytes())
     with h5py.File(path, "r+", locking=False) as f:
         tag = f[name].attrs["device_dtype"]
         del f[name]
         ds = f.create_dataset(name, data=stored)
-        ds.attrs.update({"device_dtype": tag, "sha256": sha})
+        ds.attrs.update({"device_dtype": tag, "xxh3_128": sha})
         sums = json.loads(f.attrs["checksums_json"])
         sums[name] = sha
         f.attrs["checksums_json"] = json.dumps(sums, sort_keys=True)
@@ -137,7 +137,7 @@ def test_file_schema_and_attributes(store: GoldenStore) -> None:
         datasets: list[str] = []
         f.visititems(lambda name, obj: datasets.append(name) if isinstance(obj, h5py.Dataset) else None)
         assert sorted(sums) == sorted(datasets)
-        assert all(f[name].attrs["sha256"] == sha for name, sha in sums.items())
+        assert all(f[name].attrs["xxh3_128"] == sha for name, sha in sums.items())
     assert CaseSpec.from_json(attrs["spec_json"]).content_hash == BF16.content_hash
     assert attrs["content_hash"] == BF16.content_hash and attrs["case_id"] == BF16.case_id
     assert attrs["generator_version"] == GENERATOR_VERSION and attrs["seed"] == BF16.seed
@@ -191,7 +191,7 @@ def test_a_missing_dataset_is_corrupt(store: GoldenStore) -> None:
     path = store.save(build_golden(FP16))
     with h5py.File(path, "r+", locking=False) as f:
         del f["golden/row_valid"]
-    with pytest.raises(GoldenCorruptError, match="whole-file SHA-256 mismatch"):
+    with pytest.raises(GoldenCorruptError, match="whole-file digest mismatch"):
         store.load(FP16)
     reseal(path)  # behind the header, the per-dataset bookkeeping catches it too
     with pytest.raises(GoldenCorruptError, match="golden/row_valid"):
@@ -203,7 +203,7 @@ def test_tampered_baseline_statistics_are_corrupt_and_drift_is_reported(store: G
     path = store.save(golden)
     with h5py.File(path, "r+", locking=False) as f:
         f["baseline"].attrs["rmse"] = float(f["baseline"].attrs["rmse"]) * 1000  # loosens the benchmark rule
-    with pytest.raises(GoldenCorruptError, match="whole-file SHA-256 mismatch"):
+    with pytest.raises(GoldenCorruptError, match="whole-file digest mismatch"):
         store.load(FP16)
     reseal(path)
     with pytest.raises(GoldenCorruptError) as info:

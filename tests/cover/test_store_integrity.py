@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import errno
-import hashlib
 import io
 import os
 import re
@@ -15,6 +14,7 @@ from typing import Any
 import h5py
 import numpy as np
 import pytest
+import xxhash
 
 import mlaconf.golden.store as gs
 from mlaconf.golden.generate import build_golden
@@ -59,19 +59,19 @@ def test_header_sits_in_the_hdf5_user_block_and_lists_every_dataset(store: Golde
     size, header = header_of(path)
     assert size >= 512 and size & (size - 1) == 0
     lines = header.rstrip(b"\0").decode().splitlines()
-    assert lines[1] == f"size {path.stat().st_size}" and re.fullmatch(r"sha256 [0-9a-f]{64}", lines[-1])
+    assert lines[1] == f"size {path.stat().st_size}" and re.fullmatch(r"xxh3_128 [0-9a-f]{32}", lines[-1])
     listed = {line.split()[1]: line.split() for line in lines if line.startswith("dataset ")}
     data = path.read_bytes()
     with h5py.File(path, "r", locking=False) as f:  # plain HDF5 readers skip the user block
         assert f.userblock_size == size
         for name, (_, _, offset, count, sha) in listed.items():
-            assert int(offset) == f[name].id.get_offset() and sha == f[name].attrs["sha256"], name
-            assert hashlib.sha256(data[int(offset) : int(offset) + int(count)]).hexdigest() == sha
+            assert int(offset) == f[name].id.get_offset() and sha == f[name].attrs["xxh3_128"], name
+            assert xxhash.xxh3_128_hexdigest(data[int(offset) : int(offset) + int(count)]) == sha
         stored: list[str] = []
         f.visititems(lambda n, o: stored.append(n) if isinstance(o, h5py.Dataset) else None)
     assert sorted(listed) == sorted(stored)
-    body = header[: header.index(b"sha256 ")]
-    assert hashlib.sha256(body + data[size:]).hexdigest() == lines[-1].split()[1]
+    body = header[: header.index(b"xxh3_128 ")]
+    assert xxhash.xxh3_128_hexdigest(body + data[size:]) == lines[-1].split()[1]
 
 
 def test_every_header_byte_is_protected(store: GoldenStore) -> None:
@@ -100,7 +100,7 @@ def test_provenance_attributes_are_protected_like_the_data(store: GoldenStore, a
     flip(path, offset, 0x01)
     with h5py.File(path, "r", locking=False) as f:
         assert str(f.attrs[attribute]).encode() != value  # HDF5 alone would read the altered value
-    with pytest.raises(GoldenCorruptError, match="whole-file SHA-256 mismatch") as info:
+    with pytest.raises(GoldenCorruptError, match="whole-file digest mismatch") as info:
         store.load(SMALL)
     assert info.value.path == path
 
@@ -171,8 +171,8 @@ def test_data_the_cache_vouched_for_is_still_hashed_per_dataset(
     hashed the whole file compares the header's digests instead of hashing again."""
     path = store.save(build_golden(SMALL))
     hashed: list[int] = []
-    plain = gs._sha256
-    monkeypatch.setattr(gs, "_sha256", lambda arr: hashed.append(arr.size) or plain(arr))
+    plain = gs._digest
+    monkeypatch.setattr(gs, "_digest", lambda arr: hashed.append(arr.size) or plain(arr))
     store.load(SMALL)
     assert hashed == [], "the whole-file check just covered these bytes"
     with h5py.File(path, "r", locking=False) as f:
@@ -180,7 +180,7 @@ def test_data_the_cache_vouched_for_is_still_hashed_per_dataset(
     flip(path, offset + 8)  # raw data changed ...
     st = path.stat()
     monkeypatch.setitem(gs._VERIFIED, (st.st_dev, st.st_ino), (st.st_size, st.st_mtime_ns, st.st_ctime_ns))  # vouched
-    with pytest.raises(GoldenCorruptError, match=r"golden/out.*SHA-256 mismatch"):
+    with pytest.raises(GoldenCorruptError, match=r"golden/out.*digest mismatch"):
         store.load(SMALL)
     assert hashed, "the per-dataset checksums were computed"
 
@@ -223,7 +223,7 @@ def test_a_write_that_fails_inside_hdf5_names_the_os_error(store: GoldenStore, m
     before = path.read_bytes()
     big = build_golden(BIG)
     monkeypatch.setattr(gs, "_reserve", lambda fh, size: None)
-    monkeypatch.setattr(gs, "open", lambda name, mode: FillingFile(name, "w+"), raising=False)
+    monkeypatch.setattr(gs, "_create_temp", lambda name: FillingFile(name, "x+"))
     with pytest.raises(GoldenWriteError, match=f"case {BIG.case_id!r} into store .*No space left on device"):
         store.save(big)
     monkeypatch.undo()

@@ -1,0 +1,13 @@
+"""Type stub of the compiled extension (golden/src/tile_kernel.cpp)."""
+
+import numpy as np
+
+def softmax_tile(
+    scores: np.ndarray,
+    stats: np.ndarray,
+    causal_first: int | None,
+    p32: np.ndarray | None,
+    p2_32: np.ndarray | None,
+    floor: float,
+) -> None: ...
+def exp_nonpositive(x: np.ndarray) -> np.ndarray: ...

@@ -1,0 +1,288 @@
+// Fused softmax steps of the golden generator's attention tiles (mlaconf.golden._tile_kernel).
+//
+// The GEMMs stay in BLAS (numpy); between them a tile of scores [rows, cols] is turned into
+// unnormalised probabilities in one pass per row while the row sits in L1/L2: causal mask,
+// row max and min, exp(s - max), the row sums of P and P^2, and (for the magnitudes' float32
+// GEMMs) P and P^2 rounded up to float32 and floored (mlaconf.golden.magnitudes says why).  numpy needs four to six passes over the tile in memory
+// for the same work, and its float64 exp is scalar libm.
+//
+// exp is our own: Cody-Waite reduction by ln 2 and a degree-13 Taylor polynomial on |r| <= ln2/2
+// (truncation below 2^-60 relative), evaluated with FMA, scaled by 2^n in two steps so gradual
+// underflow rounds once.  Error a little over 1 ulp, branch-free, so the compiler vectorises it;
+// a variant per target (AVX-512, AVX2+FMA, baseline) is picked at load time.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+namespace py = pybind11;
+
+namespace {
+
+// Helpers are inlined into each target variant below, so their vectors never cross a call boundary.
+#define MLA_INLINE inline __attribute__((always_inline))
+
+// Eight doubles in GCC's generic vectors: each target_clones variant lowers them to its own
+// registers (one zmm, two ymm, four xmm), and a*b+c contracts to FMA where the target has it.
+typedef double v8d __attribute__((vector_size(64)));
+typedef int64_t v8l __attribute__((vector_size(64)));
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+MLA_INLINE double as_double(int64_t bits) {
+    double d;
+    std::memcpy(&d, &bits, sizeof d);
+    return d;
+}
+MLA_INLINE int64_t as_bits(double d) {
+    int64_t bits;
+    std::memcpy(&bits, &d, sizeof bits);
+    return bits;
+}
+MLA_INLINE v8d as_double(v8l bits) { return reinterpret_cast<v8d>(bits); }
+MLA_INLINE v8l as_bits(v8d d) { return reinterpret_cast<v8l>(d); }
+MLA_INLINE double clamp_low(double x) { return x < -746.0 ? -746.0 : x; }
+MLA_INLINE v8d clamp_low(v8d x) { return x < -746.0 ? v8d{} - 746.0 : x; }
+
+// e^x for x <= 0 (x = -inf gives 0); the callers only pass score - row max.  T is double or v8d.
+template <typename T, typename I>
+MLA_INLINE T exp_nonpositive(T x) {
+    constexpr double kLog2e = 1.4426950408889634;
+    constexpr double kLn2Hi = 6.93147180369123816490e-01;  // ln 2 with 21 trailing zero bits: n * kLn2Hi is exact
+    constexpr double kLn2Lo = 1.90821492927058770002e-10;
+    constexpr double kShifter = 6755399441055744.0;  // 1.5 * 2^52: adding it rounds to an integer (ties even)
+    x = clamp_low(x);                                // exp(-746) rounds to 0; also maps -inf there
+    const T shifted = x * kLog2e + kShifter;
+    const T n = shifted - kShifter;
+    const T r = (x - n * kLn2Hi) - n * kLn2Lo;
+    T p = r * (1.0 / 6227020800.0) + 1.0 / 479001600.0;  // Taylor to r^13 / 13!
+    p = p * r + 1.0 / 39916800.0;
+    p = p * r + 1.0 / 3628800.0;
+    p = p * r + 1.0 / 362880.0;
+    p = p * r + 1.0 / 40320.0;
+    p = p * r + 1.0 / 5040.0;
+    p = p * r + 1.0 / 720.0;
+    p = p * r + 1.0 / 120.0;
+    p = p * r + 1.0 / 24.0;
+    p = p * r + 1.0 / 6.0;
+    p = p * r + 0.5;
+    p = p * r + 1.0;
+    p = p * r + 1.0;
+    // n sits in the low bits of `shifted`; 2^n = 2^half * 2^(n - half), both normal for n >= -1077,
+    // so p * 2^half is exact and gradual underflow rounds once, in the second product.
+    const I k = (as_bits(shifted) << 12) >> 12;  // sign-extend the 52-bit field holding n
+    const I half = k >> 1;
+    return p * as_double((half + 1023) << 52) * as_double((k - half + 1023) << 52);
+}
+
+// The smallest float32 not below the non-negative double v (and > 0 whenever v > 0).
+MLA_INLINE float round_up_f32(double v) {
+    float f = static_cast<float>(v);
+    if (static_cast<double>(f) < v) {
+        f = std::nextafter(f, std::numeric_limits<float>::infinity());
+    }
+    return f;
+}
+
+// The same for eight lanes, as float32 bit patterns: one ulp up (bits + 1) where the nearest is below.
+MLA_INLINE v8i round_up_f32(v8d v) {
+    const v8f nearest = __builtin_convertvector(v, v8f);
+    const v8i below = __builtin_convertvector(__builtin_convertvector(nearest, v8d) < v, v8i);  // -1 or 0
+    return reinterpret_cast<v8i>(nearest) - below;
+}
+
+struct RowStats {
+    double max, min, sum, sumsq;
+};
+
+MLA_INLINE RowStats softmax_row_body(double *s, int64_t allowed, int64_t cols, float *p32, float *p2_32,
+                                     float floor) {
+    int32_t floor_scalar_bits;
+    std::memcpy(&floor_scalar_bits, &floor, sizeof floor_scalar_bits);
+    const v8i floor_bits = v8i{} + floor_scalar_bits;
+    double mx = -std::numeric_limits<double>::infinity();
+    double mn = std::numeric_limits<double>::infinity();
+#pragma omp simd reduction(max : mx) reduction(min : mn)
+    for (int64_t j = 0; j < allowed; ++j) {
+        mx = s[j] > mx ? s[j] : mx;
+        mn = s[j] < mn ? s[j] : mn;
+    }
+    v8d vsum{}, vsumsq{};
+    int64_t j = 0;
+    for (; j + 8 <= allowed; j += 8) {
+        v8d x;
+        std::memcpy(&x, s + j, sizeof x);
+        const v8d e = exp_nonpositive<v8d, v8l>(x - mx);
+        std::memcpy(s + j, &e, sizeof e);
+        vsum += e;
+        vsumsq += e * e;
+    }
+    double sum = 0.0, sumsq = 0.0;
+    for (int lane = 0; lane < 8; ++lane) {
+        sum += vsum[lane];
+        sumsq += vsumsq[lane];
+    }
+    for (; j < allowed; ++j) {
+        const double e = exp_nonpositive<double, int64_t>(s[j] - mx);
+        s[j] = e;
+        sum += e;
+        sumsq += e * e;
+    }
+    for (int64_t j = allowed; j < cols; ++j) {
+        s[j] = 0.0;
+    }
+    if (p32 != nullptr) {
+        int64_t i = 0;
+        for (; i + 8 <= allowed; i += 8) {
+            v8d e;
+            std::memcpy(&e, s + i, sizeof e);
+            const v8i up = round_up_f32(e);
+            const v8i up2 = round_up_f32(e * e);
+            const v8i p = up > floor_bits ? up : floor_bits;  // positive floats order like their bits
+            const v8i p2 = up2 > floor_bits ? up2 : floor_bits;
+            std::memcpy(p32 + i, &p, sizeof p);
+            std::memcpy(p2_32 + i, &p2, sizeof p2);
+        }
+        for (; i < allowed; ++i) {
+            p32[i] = std::max(round_up_f32(s[i]), floor);
+            p2_32[i] = std::max(round_up_f32(s[i] * s[i]), floor);
+        }
+        for (; i < cols; ++i) {
+            p32[i] = 0.0f;
+            p2_32[i] = 0.0f;
+        }
+    }
+    return {mx, mn, sum, sumsq};
+}
+
+using RowKernel = RowStats (*)(double *, int64_t, int64_t, float *, float *, float);
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma"))) RowStats softmax_row_avx512(
+    double *s, int64_t allowed, int64_t cols, float *p32, float *p2_32, float floor) {
+    return softmax_row_body(s, allowed, cols, p32, p2_32, floor);
+}
+__attribute__((target("avx2,fma"))) RowStats softmax_row_avx2(double *s, int64_t allowed, int64_t cols, float *p32,
+                                                               float *p2_32, float floor) {
+    return softmax_row_body(s, allowed, cols, p32, p2_32, floor);
+}
+#endif
+RowStats softmax_row_baseline(double *s, int64_t allowed, int64_t cols, float *p32, float *p2_32, float floor) {
+    return softmax_row_body(s, allowed, cols, p32, p2_32, floor);
+}
+
+// The widest variant this CPU runs, chosen once (GCC's target_clones does not dispatch static functions).
+RowKernel pick_row_kernel() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw")) {
+        return softmax_row_avx512;
+    }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        return softmax_row_avx2;
+    }
+#endif
+    return softmax_row_baseline;
+}
+
+const RowKernel softmax_row = pick_row_kernel();
+
+template <typename T>
+T *writable(py::array_t<T> &a, const char *name, int64_t rows, int64_t cols) {
+    if (a.ndim() != 2 || a.shape(0) != rows || a.shape(1) != cols) {
+        throw std::invalid_argument(std::string(name) + " must be [rows, cols] like scores");
+    }
+    if (!(a.flags() & py::array::c_style) || !a.writeable()) {
+        throw std::invalid_argument(std::string(name) + " must be C-contiguous and writable");
+    }
+    return a.mutable_data();
+}
+
+template <typename T>
+T *row_vector(py::array_t<T> &a, const char *name, int64_t rows) {
+    if (a.ndim() != 1 || a.shape(0) != rows || !(a.flags() & py::array::c_style) || !a.writeable()) {
+        throw std::invalid_argument(std::string(name) + " must be a writable C-contiguous [rows] array");
+    }
+    return a.mutable_data();
+}
+
+// In place: scores [rows, cols] -> e^(s - row max) on the allowed keys, 0 on masked ones.
+// Row r may see keys j < allowed(r): cols without a causal offset, else min(cols, first + r + 1)
+// with first = row0 + offset.  stats [4, rows] receives max, min, sum P, sum P^2 per row.
+void softmax_tile(py::array_t<double> scores, py::array_t<double> stats, py::object causal, py::object p32_obj,
+                  py::object p2_obj, float floor) {
+    if (!(floor > 0.0f) || !std::isnormal(floor)) {
+        throw std::invalid_argument("floor must be a positive normal float32");
+    }
+    if (scores.ndim() != 2) {
+        throw std::invalid_argument("scores must be a 2-D float64 array");
+    }
+    const int64_t rows = scores.shape(0), cols = scores.shape(1);
+    double *s = writable(scores, "scores", rows, cols);
+    if (stats.ndim() != 2 || stats.shape(0) != 4 || stats.shape(1) != rows || !(stats.flags() & py::array::c_style)) {
+        throw std::invalid_argument("stats must be a C-contiguous [4, rows] float64 array");
+    }
+    double *st = stats.mutable_data();
+    int64_t first = -1;
+    const bool is_causal = !causal.is_none();
+    if (is_causal) {
+        first = causal.cast<int64_t>();
+    }
+    float *p32 = nullptr, *p2 = nullptr;
+    py::array_t<float> p32_arr, p2_arr;
+    if (!p32_obj.is_none()) {
+        p32_arr = p32_obj.cast<py::array_t<float>>();
+        p2_arr = p2_obj.cast<py::array_t<float>>();
+        p32 = writable(p32_arr, "p32", rows, cols);
+        p2 = writable(p2_arr, "p2_32", rows, cols);
+    }
+    {
+        py::gil_scoped_release release;
+        for (int64_t r = 0; r < rows; ++r) {
+            int64_t allowed = cols;
+            if (is_causal) {
+                const int64_t last = first + r;  // last allowed key of row r
+                allowed = last + 1 < cols ? (last + 1 > 0 ? last + 1 : 0) : cols;
+            }
+            const RowStats row = softmax_row(s + r * cols, allowed, cols, p32 ? p32 + r * cols : nullptr,
+                                             p2 ? p2 + r * cols : nullptr, floor);
+            st[r] = row.max;
+            st[rows + r] = row.min;
+            st[2 * rows + r] = row.sum;
+            st[3 * rows + r] = row.sumsq;
+        }
+    }
+}
+
+// e^x elementwise for x <= 0 (testing the kernel's exp against a correctly rounded one).
+py::array_t<double> exp_nonpositive_array(py::array_t<double, py::array::c_style | py::array::forcecast> x) {
+    py::array_t<double> out(x.size());
+    const double *in = x.data();
+    double *o = out.mutable_data();
+    for (py::ssize_t i = 0; i < x.size(); ++i) {
+        if (!(in[i] <= 0.0)) {
+            throw std::invalid_argument("exp_nonpositive takes values <= 0 only");
+        }
+        o[i] = exp_nonpositive<double, int64_t>(in[i]);
+    }
+    return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_tile_kernel, m) {
+    m.doc() = "Fused softmax passes of the golden generator's float64 attention tiles";
+    m.def("softmax_tile", &softmax_tile, py::arg("scores"), py::arg("stats"), py::arg("causal_first"),
+          py::arg("p32"), py::arg("p2_32"), py::arg("floor"),
+          "In place: scores -> e^(s - row max) on allowed keys (0 on masked ones); stats[4, rows] = max, "
+          "min, sum P, sum P^2; optionally P and P^2 rounded up to float32 and floored at floor (0 on masked keys).");
+    m.def("exp_nonpositive", &exp_nonpositive_array, py::arg("x"), "The kernel's e^x for x <= 0.");
+}

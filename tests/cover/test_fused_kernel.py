@@ -1,0 +1,81 @@
+"""The compiled tile kernel (golden/src/tile_kernel.cpp): its exp, its row passes, its rounding up,
+and the fused golden's agreement with the unfused float64 formula on small shipped cases."""
+
+from __future__ import annotations
+
+import mpmath
+import numpy as np
+import pytest
+
+from mlaconf.golden import _tile_kernel as kernel
+from mlaconf.golden.reference import ROUNDED_UP_FLOOR
+from mlaconf.golden.spec import load_suites
+from tests.agreement import AGREEMENT, worst_disagreement
+
+FLOOR32 = np.float32(ROUNDED_UP_FLOOR)
+
+
+def test_exp_is_within_one_ulp_of_the_correctly_rounded_value() -> None:
+    rng = np.random.default_rng(3)
+    x = np.concatenate(
+        [-rng.random(20_000) * 40, -rng.random(2_000) * 746, [0.0, -0.0, -1e-300, -708.39, -709.5, -744.4, -745.1]]
+    )
+    got = kernel.exp_nonpositive(x)
+    mpmath.mp.dps = 40
+    for xi, gi in zip(x[::17].tolist() + x[-7:].tolist(), np.concatenate([got[::17], got[-7:]]).tolist(), strict=True):
+        exact = mpmath.exp(mpmath.mpf(xi))
+        ulp = float(np.spacing(np.float64(float(exact)))) if exact > 0 else 5e-324
+        assert abs(mpmath.mpf(gi) - exact) <= ulp, (xi, gi)
+    assert kernel.exp_nonpositive(np.array([-np.inf, -746.0, -1e4])).tolist() == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match="<= 0"):
+        kernel.exp_nonpositive(np.array([0.5]))
+    with pytest.raises(ValueError, match="<= 0"):
+        kernel.exp_nonpositive(np.array([np.nan]))
+
+
+@pytest.mark.parametrize("causal_first", [None, 5, -1, 100])
+def test_softmax_tile_masks_and_reports_row_statistics(causal_first: int | None) -> None:
+    rng = np.random.default_rng(1)
+    scores = rng.standard_normal((9, 37)) * 30
+    scores[2, :] = -700.0 - rng.random(37) * 60  # tiny differences to the max still fine; P^2 underflows
+    work = scores.copy()
+    stats = np.empty((4, 9))
+    p32, p2 = np.empty((9, 37), np.float32), np.empty((9, 37), np.float32)
+    kernel.softmax_tile(work, stats, causal_first, p32, p2, ROUNDED_UP_FLOOR)
+    for r in range(9):
+        allowed = 37 if causal_first is None else max(0, min(37, causal_first + r + 1))
+        row = scores[r, :allowed]
+        if allowed == 0:
+            assert not work[r].any() and not p32[r].any()
+            continue
+        e = np.exp(row - row.max())
+        np.testing.assert_allclose(work[r, :allowed], e, rtol=4e-16, atol=0)
+        assert not work[r, allowed:].any() and not p32[r, allowed:].any() and not p2[r, allowed:].any()
+        np.testing.assert_allclose(stats[:, r], [row.max(), row.min(), e.sum(), (e * e).sum()], rtol=1e-14)
+        p = work[r, :allowed]
+        # rounded up: never below, at most one float32 step above (or the floor)
+        assert (p32[r, :allowed] >= p).all() and (p2[r, :allowed] >= p * p).all()
+        assert (p32[r, :allowed] >= FLOOR32).all() and (p2[r, :allowed] >= FLOOR32).all()
+        assert (p32[r, :allowed] <= np.maximum(np.nextafter(p.astype(np.float32), np.float32(1)), FLOOR32)).all()
+
+
+def test_softmax_tile_rejects_bad_buffers() -> None:
+    stats = np.empty((4, 3))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        kernel.softmax_tile(np.zeros((5, 3)).T, stats, None, None, None, ROUNDED_UP_FLOOR)
+    with pytest.raises(ValueError, match="stats"):
+        kernel.softmax_tile(np.zeros((3, 5)), np.empty((4, 2)), None, None, None, ROUNDED_UP_FLOOR)
+    with pytest.raises(ValueError, match="p32"):
+        kernel.softmax_tile(
+            np.zeros((3, 5)), stats, None, np.empty((3, 4), np.float32), np.empty((3, 4), np.float32), ROUNDED_UP_FLOOR
+        )
+    with pytest.raises(ValueError, match="floor"):
+        kernel.softmax_tile(np.zeros((3, 5)), stats, None, None, None, 0.0)
+
+
+SMALL = [s for s in load_suites(["smoke", "edge"]) if s.useful_flops <= 2e7]
+
+
+@pytest.mark.parametrize("spec", SMALL, ids=lambda s: s.case_id)
+def test_fused_golden_agrees_with_the_unfused_formula(spec: object) -> None:
+    assert worst_disagreement(spec) <= AGREEMENT  # type: ignore[arg-type]
