@@ -1,37 +1,8 @@
 """Golden store: one verified, atomically written HDF5 file per case.
 
-Layout of ``<root>/<case_id>.h5`` (the case id ends in a short content hash, so the name addresses
-the spec's content)::
-
-    /                         root attributes (all strings unless noted)
-      schema_version          int, SCHEMA_VERSION
-      spec_json               CaseSpec.to_json()
-      content_hash            full SHA-256 of the spec's content
-      case_id                 readable id + short hash (equals the file stem)
-      seed                    int, the spec's seed
-      generator_version       golden.generate.GENERATOR_VERSION when written
-      created_utc, created_pid, hostname
-      python_version, numpy_version, h5py_version, hdf5_version, ml_dtypes_version
-      blas                    JSON: numpy.show_config(mode="dicts") BLAS/LAPACK (+ threadpoolctl if present)
-      provenance_json         JSON of the builder's provenance dict
-      checksums_json          JSON {dataset path: xxh3-128 hex}, the same values as each dataset's attribute
-      baseline_stats_xxh3_128 xxh3-128 of the baseline statistics as sorted JSON (the benchmark rule's
-                              denominators are checked like data)
-    /inputs/{q,q_rope,k,k_rope,v,q_seqlen,kv_seqlen[,mask]}
-                              exact device values: fp16 as float16 (device_dtype="fp16"); bf16 as uint16
-                              holding the bf16 bit patterns (device_dtype="bf16": the upper half of a
-                              float32; numpy: ``a.view(ml_dtypes.bfloat16)``, or
-                              ``(a.astype(uint32) << 16).view(float32)``); seqlens int32
-    /golden/out               float64 reference in the op's output layout (q's layout)
-    /golden/row_valid         bool [T]: False for rows of zero-length batches ("don't care")
-    /golden/{pv_abs,pv_rss,pv_scale[,pvs_rss][,pv_sub]}
-                              magnitudes per output element (golden.magnitudes), bf16 rounded away
-                              from zero, stored like bf16 inputs; pvs_rss only where scores are
-                              fp16 (fp16 with maskType 0/2), pv_sub only for fp16
-    /golden/{score_absmax,score_dot,p_rss}
-                              float32 magnitudes per row and head [T, H], rounded up
-    /baseline/out             emulated same-dtype baseline, stored like the inputs
-    /baseline (group attrs)   baseline error statistics (golden.stats.ErrorStats)
+One file per case, ``<root>/<case_id>.h5`` (the case id ends in a short content hash, so the name
+addresses the spec's content). Its datasets and attributes are documented in docs/golden-files.md
+(that table's one home).
 
 Every dataset carries ``xxh3_128`` (of its raw stored bytes, C order, little-endian) and
 ``device_dtype``.  Datasets are contiguous and uncompressed so ``h5dump`` shows them and a byte's
@@ -73,8 +44,7 @@ disk or any other OS error surfaces as :class:`GoldenWriteError` naming the stor
 After the header, every dataset's two recorded checksums (its attribute and ``checksums_json``) must
 equal its bytes' xxh3-128: the integrity header's digest when this open has just hashed the whole
 file, else hashed again from the data read (a load the digest cache vouched for); problems raise
-:class:`GoldenCorruptError` or :class:`GoldenStaleError` naming the file and dataset.
-"""
+:class:`GoldenCorruptError` or :class:`GoldenStaleError` naming the file and dataset."""
 
 from __future__ import annotations
 

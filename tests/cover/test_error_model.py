@@ -27,12 +27,13 @@ from mlaconf.golden.magnitudes import (
 from mlaconf.golden.reference import effective_scale, reference_attention
 from mlaconf.golden.spec import CaseSpec, build_case
 from mlaconf.golden.stats import ErrorStats
-from mlaconf.golden.store import SCHEMA_VERSION, GoldenStore, reseal
+from mlaconf.golden.store import SCHEMA_VERSION, GoldenStore
 from mlaconf.golden.types import GoldenCase
 from mlaconf.judge.error_model import fp16_score_path, model_ratio, scale_cast_error, tail_factor
 from mlaconf.judge.metrics import compute_metrics
 from mlaconf.judge.policy import load_policies
 from mlaconf.judge.verdict import verdict_context
+from tests.goldens import reseal
 
 
 def _spec(**fields: Any) -> CaseSpec:

@@ -13,7 +13,8 @@ import pytest
 from mlaconf.golden import cli
 from mlaconf.golden.progress import Progress
 from mlaconf.golden.spec import load_suite
-from mlaconf.golden.store import GoldenStore, reseal
+from mlaconf.golden.store import GoldenStore
+from tests.goldens import reseal
 
 SUITE = """
 [suite]

@@ -27,9 +27,9 @@ from mlaconf.golden.store import (
     GoldenStore,
     GoldenStoreError,
     read_golden,
-    reseal,
 )
 from mlaconf.golden.types import GoldenCase
+from tests.goldens import reseal
 
 FP16 = build_case({"q_seqlen": [3, 0, 5], "head_num": 2, "dtype": "fp16"}, source="test")
 BF16 = build_case({"q_seqlen": [4, 6], "head_num": 2, "dtype": "bf16", "mask_type": 2, "q_layout": "2d"}, source="test")
