@@ -33,6 +33,10 @@ def test_error_contract(
     observed, stage = verdict.got if verdict.got is not None else (None, None)
     evidence = ErrorEvidence(*verdict.expected, observed, stage)  # the expectation of the backend's release
     record = mla_report.record(
-        verdict=verdict.outcome, message=verdict.message, error=evidence, device=backend.info().device
+        verdict=verdict.outcome,
+        message=verdict.message,
+        error=evidence,
+        device=backend.info().device,
+        deviation=verdict.deviation,
     )
     mla_report.conclude(record, verdict.outcome, verdict.message)

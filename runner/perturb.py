@@ -256,6 +256,8 @@ class ErrorVerdict:
     got: tuple[str, str] | None  # (status name, stage) raised, None when the call was accepted
     #: (status name, stage) the case expects from this backend's release (CaseSpec.expected_rejection).
     expected: tuple[str | None, str | None] = (None, None)
+    #: The id of the known deviation that applied, for the record.
+    deviation: str | None = None
 
 
 def _deviation(spec: CaseSpec, backend: Backend, version: str | None, deviations: DeviationSet) -> Deviation | None:
@@ -292,4 +294,4 @@ def judge_error_case(spec: CaseSpec, backend: Backend, deviations: DeviationSet)
     deviation = _deviation(spec, backend, version, deviations)
     outcome = outcome_of(met, None if got is None else got[0], deviation)
     message = outcome_message(subject, outcome, f"expected {expected}, {seen}", deviation)
-    return ErrorVerdict(outcome, message, got, (want_error, want_stage))
+    return ErrorVerdict(outcome, message, got, (want_error, want_stage), deviation.id if deviation else None)

@@ -169,12 +169,17 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     share_cpu_threads(config)
     if hasattr(config, "workerinput"):  # Ctrl-C is the controller's to handle: it stops the workers cleanly
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, _leave_to_the_controller)
     hypothesis_profiles.load_default()
     for line in marker_lines():
         config.addinivalue_line("markers", line)
     if not hasattr(config, "workerinput"):
         check_front_door(config)
+
+
+def _leave_to_the_controller(signum: int, frame: object) -> None:
+    """A worker's SIGINT handler: nothing (the controller stops the workers).  A handler, not SIG_IGN,
+    so that processes a test starts get the default Ctrl-C back (exec resets handlers, not ignores)."""
 
 
 def marker_lines() -> list[str]:

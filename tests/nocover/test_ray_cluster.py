@@ -88,7 +88,7 @@ def _digests(store: Path) -> dict[str, tuple[str, str]]:
     out = {}
     for path in sorted(store.glob("*.h5")):
         attrs = read_meta(path).attrs
-        out[path.name] = (str(attrs["checksums_json"]), str(attrs["baseline_stats_sha256"]))
+        out[path.name] = (str(attrs["checksums_json"]), str(attrs["baseline_stats_xxh3_128"]))
     return out
 
 
