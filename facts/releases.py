@@ -114,7 +114,6 @@ class ByRelease(Generic[T]):
 
 
 #: The first release with the C interface (``AtbMLAPreFillGetWorkspaceSize`` / ``AtbMLAPreFill``).
-FIRST_RELEASE = "8.2.RC1"
 #: Commit 0f7d4ade5 ("[fix] mla batch mask", 2025-11-27), first released in 8.3.RC1.
 MASK_RANK3_FIX = "8.3.RC1"
 

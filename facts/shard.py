@@ -1,4 +1,4 @@
-"""The one shard rule: ``mlaconf regen --shard`` and ``pytest --shard`` must pick the same cases."""
+"""The one shard rule: ``mlaconf regen --shard`` and ``pytest --mla-shard`` must pick the same cases."""
 
 from __future__ import annotations
 

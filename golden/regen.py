@@ -11,7 +11,6 @@ may run at once.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import importlib
 import inspect
@@ -20,7 +19,6 @@ import multiprocessing
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -31,6 +29,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from mlaconf.facts.processes import THREAD_ENV, kill_with_parent
 from mlaconf.facts.shard import in_shard
 from mlaconf.golden import progress as work_progress
 from mlaconf.golden.magnitudes import CANCELLING_MAGNITUDES, cancellation_noise
@@ -48,16 +47,8 @@ MAGNITUDE_STEP = {"bfloat16": 2.0**-7, "float32": 2.0**-22}
 MAGNITUDE_FLOOR = 2.0**-20
 #: The emulated baseline runs in float32 through BLAS: allow its statistics BLAS-level noise only.
 BASELINE_RTOL = 1e-6
-THREAD_ENV = (
-    "OMP_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS",
-    "NUMEXPR_NUM_THREADS",
-)
 
 BuilderRef = str | Builder | None
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 #: How often a worker checks that the regen process that started it is still alive.
 PARENT_POLL_S = 0.5
 
@@ -124,9 +115,7 @@ def watch_parent(parent_pid: int, interval: float) -> None:
 
 def die_with_parent(parent_pid: int) -> None:
     """Worker initializer: the worker must not outlive (and keep writing goldens for) a killed regen."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a failure leaves the watcher below in charge
+    kill_with_parent()  # a failure leaves the watcher below in charge
     threading.Thread(target=watch_parent, args=(parent_pid, PARENT_POLL_S), name="watch-parent", daemon=True).start()
 
 

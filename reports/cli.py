@@ -78,8 +78,8 @@ def register(subparsers: Any) -> None:
 
     p = verbs.add_parser(
         "merge",
-        help="combine --shard K/N report directories into one run",
-        description="Join the report directories of a run split with --shard K/N into one, equal to "
+        help="combine --mla-shard K/N report directories into one run",
+        description="Join the report directories of a run split with --mla-shard K/N into one, equal to "
         "an unsharded run.  Exit 1 when two shards disagree about a record.",
     )
     p.add_argument("out", type=Path, help="merged report directory (created)")

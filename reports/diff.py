@@ -21,7 +21,7 @@ outputs' digests match (conformance, metamorphic relations, properties), or, wit
 when their verdict and evidence match (:func:`mlaconf.reports.records.evidence_sha256`).
 
 Latency is compared only where both runs recorded at least :data:`MIN_REPEATS` timed calls per
-case (``--timing-repeats``): the candidate is slower when a one-sided Mann-Whitney U test (scipy)
+case (``--mla-timing-repeats``): the candidate is slower when a one-sided Mann-Whitney U test (scipy)
 of its per-call latencies against the base's is significant at family-wise level :data:`ALPHA`
 over all compared pairs (Holm-Bonferroni), and both the median and the fastest call got slower
 by more than the latency threshold (load on a shared host inflates some calls; a slower kernel is
@@ -587,7 +587,7 @@ def diff_dirs(
     if result.not_compared():
         result.notes.append(
             f"latency not compared for {result.not_compared()} pairs: fewer than {MIN_REPEATS} timed calls "
-            "on a side (--timing-repeats)"
+            "on a side (--mla-timing-repeats)"
         )
     return result
 

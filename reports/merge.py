@@ -1,4 +1,4 @@
-"""Merge shard report directories (``--shard K/N`` runs) into one run directory.
+"""Merge shard report directories (``--mla-shard K/N`` runs) into one run directory.
 
 A key present in two shards must hold the same record (timing aside); anything else is a
 conflict, reported and fatal, because it means two shards judged one case differently.
@@ -45,7 +45,7 @@ def _shard_warnings(runs: Sequence[dict[str, Any]]) -> list[str]:
     """Say when the shards do not form exactly one complete K/N set."""
     shards = [r.get("shard") for r in runs]
     if any(s is None for s in shards):
-        return ["some inputs are not shard runs (no --shard); merged anyway"]
+        return ["some inputs are not shard runs (no --mla-shard); merged anyway"]
     totals = {str(s).split("/")[1] for s in shards}
     if len(totals) != 1:
         return [f"{INCOMPLETE}inputs come from different shard counts: {sorted(map(str, shards))}"]

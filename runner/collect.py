@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from mlaconf.facts.processes import process_alive
 from mlaconf.reports import env, records, safeio
 from mlaconf.reports.records import PROPERTY_NAME, Failure, Record, RecordError, ResultRecord
 
@@ -58,6 +59,7 @@ SUITE_OF_MODULE = {
 CASE_PARAMS = ("conformance_case", "error_case", "meta_spec")
 #: Where a timeout or exception happened, when a backend method is on the stack.
 BACKEND_METHODS = ("run", "synchronize", "available", "info")
+#: Our rooms, as the second part of a module name (``mlaconf.golden.store``).
 _FRAMEWORK = ("golden", "harness", "judge", "runner", "native", "facts")
 _MESSAGE_LIMIT = 2000
 #: pytest-timeout's failure message starts with this.
@@ -223,7 +225,8 @@ def _where(excinfo: pytest.ExceptionInfo[BaseException]) -> str:
         ):
             return f"backend.{name}"
         module = str(frame.f_globals.get("__name__", ""))
-        if not framework and module.split(".")[0] in _FRAMEWORK:
+        room = module.split(".")[1] if module.startswith("mlaconf.") else ""
+        if not framework and room in _FRAMEWORK:
             framework = f"{module}.{name}"
     return framework
 
@@ -343,7 +346,7 @@ class MlaReport:
 
     @property
     def outputs_dir(self) -> Path | None:
-        """Directory for saved outputs with ``--save-outputs`` (created on first use), else None."""
+        """Directory for saved outputs with ``--mla-save-outputs`` (created on first use), else None."""
         if not self._state.save_outputs:
             return None
         path = self._state.report_dir / "outputs"
@@ -402,19 +405,6 @@ class UnexpectedPassWarning(UserWarning):
     """A known deviation did not reproduce: confirm it and update judge/known_deviations.toml."""
 
 
-def _alive(pid: object) -> bool:
-    """Whether a process of this host with that pid is running."""
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _iso(timestamp: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(timestamp))
 
@@ -461,7 +451,7 @@ class Collector:
         environment = earlier.get("environment")
         host = environment.get("host") if isinstance(environment, dict) else None
         pid = earlier.get("pid")
-        if earlier.get("status") == "in_progress" and host == socket.gethostname() and _alive(pid):
+        if earlier.get("status") == "in_progress" and host == socket.gethostname() and process_alive(pid):
             raise pytest.UsageError(
                 f"{directory}: run {earlier.get('run_name')!r} (pid {pid}) is still writing there; "
                 "give this run another --mla-run-name or --mla-report-dir"

@@ -145,7 +145,7 @@ def run_case(
 
 
 def save_output(directory: Path, spec: CaseSpec, backend: str, out: np.ndarray) -> Path:
-    """Keep a backend's raw output for forensic diffs (``--save-outputs``)."""
+    """Keep a backend's raw output for forensic diffs (``--mla-save-outputs``)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{spec.case_id}--{backend.replace(':', '_')}.h5"
     with h5py.File(path, "w") as handle:

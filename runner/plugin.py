@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from mlaconf.facts.operator import CACHE_NAMES, MASK_NAMES
+from mlaconf.facts.processes import THREAD_ENV
 from mlaconf.facts.shard import in_shard, parse_shard
 from mlaconf.golden.spec import SUITES_PACKAGE
 from mlaconf.harness import registry
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
     from mlaconf.judge.policy import PolicySet
 
 MARKER = "mla_case"
-#: Where reports go when neither --report-dir nor --run-name's default is overridden (working directory).
+#: Where reports go when neither --mla-report-dir nor --mla-run-name's default is overridden (working directory).
 REPORTS_DIR = Path("reports") / "out"
 BACKENDS = pytest.StashKey[list[str]]()
 #: Whether this session is an MLA run (:func:`mla_requested`).
@@ -65,7 +66,6 @@ ACTIVE = pytest.StashKey[bool]()
 OPTION_DEFAULTS: dict[str, Any] = {}
 #: Default per-test timeout of the MLA suites, in seconds (``--mla-timeout``).
 DEFAULT_TIMEOUT_S = 900.0
-_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 #: The real stderr, kept before pytest's capture redirects fd 2 (plugins load first): goldens that
 #: take long to generate on demand announce themselves there, from xdist workers too.
 _TERMINAL_FD = os.dup(2)
@@ -341,7 +341,7 @@ def share_cpu_threads(config: pytest.Config) -> None:
         return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     threads = max(1, cores // int(workerinput.get("workercount", 1)))
-    for name in _THREAD_VARS:  # read by BLAS and torch when they load
+    for name in THREAD_ENV:  # read by BLAS and torch when they load
         os.environ.setdefault(name, str(threads))
     if "torch" in sys.modules:  # already loaded: tell it directly
         sys.modules["torch"].set_num_threads(threads)
@@ -394,7 +394,7 @@ EMPTY_PARAMETER_SET = "got empty parameter set"
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """MLA tests get the default timeout; a suite with no case is deselected (an empty selection
-    is not a pass); ``--shard K/N`` keeps the cases whose content hash falls in shard K (unmarked
+    is not a pass); ``--mla-shard K/N`` keeps the cases whose content hash falls in shard K (unmarked
     tests: shard 1)."""
     add_timeouts(config, items)
     empty = [

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import importlib.resources
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -36,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from mlaconf.facts.cluster import node_resources
+from mlaconf.facts.processes import THREAD_ENV, kill_with_parent, process_alive
 from mlaconf.golden.spec import SUITES_PACKAGE
 from mlaconf.golden.store import DEFAULT_DIR_NAME, ENV_DIR
 from mlaconf.harness import registry
@@ -52,8 +51,6 @@ from mlaconf.reports.records import (
 
 #: Ray retries of a shard whose worker, node or pytest process died.
 DEFAULT_RETRIES = 2
-THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-PR_SET_PDEATHSIG = 1
 #: The pytest exit status of a session that collected no test (a shard can be empty).
 NO_TESTS = 5
 OUTPUT_TAIL = 4000
@@ -61,7 +58,7 @@ SHARD, REPORT_DIR = "--mla-shard", "--mla-report-dir"
 #: A shard's temp directory: ``mla-ray-shard-<worker pid>-<random>`` (so a dead worker's can be found).
 SHARD_DIR_PREFIX = "mla-ray-shard-"
 #: Outputs saved by the shards stay on their nodes (in a temp directory): refused rather than lost.
-SAVE_OUTPUTS = ("--mla-save-outputs", "--save-outputs")
+SAVE_OUTPUTS = ("--mla-save-outputs",)
 
 
 @dataclass(frozen=True)
@@ -115,20 +112,13 @@ class Attempts:
         return self.starts
 
 
-def _die_with_parent() -> None:
-    """preexec: the shard's pytest is killed with the Ray worker that started it (Linux)."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(Exception):
-            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 def _pytest(plugin_args: Sequence[str], *extra: str, threads: int, cwd: Path) -> subprocess.CompletedProcess[str]:
     """pytest over this node's installed suites, BLAS/torch threads capped to the task's CPU share."""
     suites = str(importlib.resources.files(SUITES_PACKAGE))
     command = [sys.executable, "-m", "pytest", suites, *plugin_args, *extra]
     env = dict(os.environ) | {name: str(threads) for name in THREAD_ENV}
     return subprocess.run(
-        command, env=env, cwd=cwd, capture_output=True, text=True, preexec_fn=_die_with_parent, check=False
+        command, env=env, cwd=cwd, capture_output=True, text=True, preexec_fn=kill_with_parent, check=False
     )
 
 
@@ -136,18 +126,8 @@ def remove_dead_shard_dirs() -> None:
     """Remove this node's shard directories whose worker died (a killed worker cannot clean up)."""
     for path in Path(tempfile.gettempdir()).glob(f"{SHARD_DIR_PREFIX}*-*"):
         pid = path.name.removeprefix(SHARD_DIR_PREFIX).split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def run_shard(plugin_args: Sequence[str], shard: str, threads: int, attempts: Any) -> ShardResult:

@@ -183,3 +183,13 @@ def test_error_map_of_other_deciding_rules(golden: GoldenCase, check: Check, sca
     else:
         worst = float(np.max(np.abs(out.astype(np.float64) - golden.out) / np.maximum(np.abs(golden.out), 1.0)))
         assert peak == pytest.approx(worst / check.bound, rel=2e-3)
+
+
+def test_a_framework_failure_names_the_function_it_came_from() -> None:
+    """A failure's ``where``: the innermost function of ours on the stack, by its installed name."""
+    from mlaconf.golden.spec import SpecError, build_case
+    from mlaconf.runner.collect import _where
+
+    with pytest.raises(SpecError) as excinfo:
+        build_case({"q_seqlen": [4], "head_num": 0}, source="test")
+    assert _where(excinfo).startswith("mlaconf.golden.spec."), _where(excinfo)

@@ -78,9 +78,20 @@ def make_project(root: Path) -> Path:
     return project
 
 
+def pin_to_this_environment(path: Path) -> Path:
+    """Constraints for the venv: the versions installed here (torch stays the CPU wheel at hand)."""
+    frozen = subprocess.run([sys.executable, "-m", "pip", "freeze"], capture_output=True, text=True, check=True)
+    pins = [line for line in frozen.stdout.splitlines() if "==" in line and not line.startswith(("-e", "mla-"))]
+    path.write_text("\n".join(pins) + "\n")
+    return path
+
+
 def pip(env_dir: Path, *args: str) -> None:
+    constraints = pin_to_this_environment(env_dir.parent / "constraints.txt")
     result = subprocess.run(
-        [str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q", *args], capture_output=True, text=True
+        [str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q", "-c", str(constraints), *args],
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
 

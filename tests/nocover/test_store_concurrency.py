@@ -164,7 +164,7 @@ def test_sigkill_during_write_leaves_no_final_file(tmp_path: Path) -> None:
         f"    open({str(flag)!r}, 'w').close()\n"
         "    time.sleep(300)\n"
         "os.replace = stalled\n"
-        "from golden.cli import main\n"
+        "from mlaconf.golden.cli import main\n"
         f"sys.exit(main({argv!r}))\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script], env=_env(tmp_path))
