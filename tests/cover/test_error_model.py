@@ -9,7 +9,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from mlaconf.facts.operator import V_DIM
 from mlaconf.golden.generate import build_golden
 from mlaconf.golden.inputs import generate_inputs
 from mlaconf.golden.layout import causal_offset, kv_views, offsets, q_views
@@ -30,10 +29,9 @@ from mlaconf.golden.stats import ErrorStats
 from mlaconf.golden.store import SCHEMA_VERSION, GoldenStore
 from mlaconf.golden.types import GoldenCase
 from mlaconf.judge.error_model import fp16_score_path, model_ratio, scale_cast_error, tail_factor
-from mlaconf.judge.metrics import compute_metrics
 from mlaconf.judge.policy import load_policies
 from mlaconf.judge.verdict import verdict_context
-from tests.goldens import reseal
+from tests.goldens import baseline_metrics, reseal
 
 
 def _spec(**fields: Any) -> CaseSpec:
@@ -203,14 +201,7 @@ def test_emulated_atb_path_is_inside_and_one_planted_error_is_not(spec: CaseSpec
 def test_default_policy_on_a_real_golden_and_baseline() -> None:
     golden = build_golden(CAUSAL)
     baseline = ErrorStats.from_dict(golden.baseline_stats)
-    shape = (golden.spec.total_q, golden.spec.head_num, V_DIM)
-    metrics = compute_metrics(
-        golden.baseline_out.reshape(shape),
-        golden.out.reshape(shape),
-        golden.row_valid,
-        golden.spec.dtype,
-        golden.spec.q_seqlen,
-    )
+    metrics = baseline_metrics(golden)
     policy = load_policies().resolve("default", "emulated-baseline", "bf16", "causal", CAUSAL.case_id)
     verdict = policy.evaluate(metrics, baseline, verdict_context(golden, golden.baseline_out))
     assert verdict.passed, verdict.summary()

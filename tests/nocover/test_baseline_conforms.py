@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from mlaconf.facts.operator import V_DIM
 from mlaconf.golden.generate import build_golden
 from mlaconf.golden.spec import CaseSpec, load_suites
 from mlaconf.golden.stats import ErrorStats
-from mlaconf.judge.metrics import compute_metrics
 from mlaconf.judge.policy import load_policies
 from mlaconf.judge.verdict import verdict_context
+from tests.goldens import baseline_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -25,14 +24,7 @@ CASES = [c for c in load_suites(["smoke", "edge"])]
 def test_emulated_baseline_meets_the_default_policy(spec: CaseSpec) -> None:
     golden = build_golden(spec)
     baseline = ErrorStats.from_dict(golden.baseline_stats)
-    shape = (golden.spec.total_q, golden.spec.head_num, V_DIM)
-    metrics = compute_metrics(
-        golden.baseline_out.reshape(shape),
-        golden.out.reshape(shape),
-        golden.row_valid,
-        golden.spec.dtype,
-        golden.spec.q_seqlen,
-    )
+    metrics = baseline_metrics(golden)
     policy = load_policies().resolve("default", "emulated-baseline", spec.dtype, spec.mask_name, spec.case_id)
     verdict = policy.evaluate(metrics, baseline, verdict_context(golden, golden.baseline_out))
     assert verdict.passed, f"{spec.case_id}: ATB's own precision path fails: {verdict.summary()}"
