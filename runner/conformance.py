@@ -17,7 +17,15 @@ from mlaconf.judge.deviations import DeviationSet
 from mlaconf.judge.policy import PolicySet
 from mlaconf.judge.verdict import Outcome, error_map, judge_output, mode_text, outcome_message, outcome_of
 from mlaconf.reports.records import ErrorEvidence, ResultRecord
-from mlaconf.runner.execution import BackendOutputError, Execution, execute, input_digest, make_call, output_digest
+from mlaconf.runner.execution import (
+    BackendOutputError,
+    Execution,
+    disagreeing_reruns,
+    execute,
+    input_digest,
+    make_call,
+    output_digest,
+)
 
 
 @dataclass(frozen=True)
@@ -57,8 +65,10 @@ def run_case(
     deviations: DeviationSet,
     repeats: int = 1,
     warmup: int = 0,
+    reruns: int = 1,
 ) -> CaseResult:
-    """Run, judge and classify one case on one backend (never raises for a backend's error)."""
+    """Run, judge and classify one case on one backend (never raises for a backend's error); with
+    ``reruns`` > 1 the backend is called that many times and every output must be bitwise the first."""
     spec = golden.spec
     subject = mode_text(spec, backend.name)
     info = backend.info()
@@ -68,7 +78,8 @@ def run_case(
     wrong_type: str | None = None
     digests = input_digests(golden)
     try:
-        execution = execute(backend, make_call(golden.inputs, spec), spec, repeats=repeats, warmup=warmup)
+        call = make_call(golden.inputs, spec)
+        execution = execute(backend, call, spec, repeats=repeats, warmup=warmup)
     except BackendError as exc:
         error = exc
     except BackendOutputError as exc:
@@ -118,6 +129,15 @@ def run_case(
             **base,
         )
         return CaseResult("failed", message, record, execution.out)
+    timing = execution.timing()
+    if reruns > 1:
+        disagreeing = disagreeing_reruns(backend, call, execution.out, reruns - 1)
+        timing.update(reruns=reruns - 1, disagreeing_runs=disagreeing)
+        if disagreeing:  # a race: no known deviation excuses it
+            race = f"{disagreeing} of {reruns - 1} reruns differ bitwise from the first call (a race?)"
+            message = outcome_message(subject, "failed", race, None)
+            record = ResultRecord(verdict="failed", failing=(race,), timing=timing, message=message, **base)
+            return CaseResult("failed", message, record, execution.out)
     metrics, verdict = judge_output(golden, execution.out, policy_set, policy, backend.name)
     outcome = outcome_of(verdict.passed, None, deviation)
     message = outcome_message(subject, outcome, verdict.summary(), deviation)
@@ -135,7 +155,7 @@ def run_case(
         metrics=metrics.to_dict(),
         failing=tuple(c.text() for c in verdict.failing),
         overrides=tuple(o.to_dict() for o in verdict.overrides),
-        timing=execution.timing(),
+        timing=timing,
         output_sha256=output_digest(execution.out),
         message=message,
         error_map=emap,

@@ -118,6 +118,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption("--mla-warmup", type=int, default=0, metavar="N", help="untimed backend calls before timing")
     group.addoption(
+        "--mla-repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="calls per conformance case whose outputs must agree bitwise (races); disagreeing runs are recorded",
+    )
+    group.addoption(
         "--mla-timeout",
         type=float,
         default=DEFAULT_TIMEOUT_S,
