@@ -13,6 +13,7 @@ from mlaconf.golden.inputs import numpy_dtype
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.types import GoldenCase
 from mlaconf.harness.backend import Backend, BackendError
+from mlaconf.judge import causes
 from mlaconf.judge.deviations import DeviationSet
 from mlaconf.judge.policy import PolicySet
 from mlaconf.judge.verdict import Outcome, error_map, judge_output, mode_text, outcome_message, outcome_of
@@ -57,8 +58,12 @@ def run_case(
     deviations: DeviationSet,
     repeats: int = 1,
     warmup: int = 0,
+    try_causes: bool = False,
 ) -> CaseResult:
-    """Run, judge and classify one case on one backend (never raises for a backend's error)."""
+    """Run, judge and classify one case on one backend (never raises for a backend's error).
+
+    A failing output is also judged against the likely-cause catalogue (:mod:`mlaconf.judge.causes`)
+    when the case is small or ``try_causes`` asks for it."""
     spec = golden.spec
     subject = mode_text(spec, backend.name)
     info = backend.info()
@@ -120,7 +125,11 @@ def run_case(
         return CaseResult("failed", message, record, execution.out)
     metrics, verdict = judge_output(golden, execution.out, policy_set, policy, backend.name)
     outcome = outcome_of(verdict.passed, None, deviation)
-    message = outcome_message(subject, outcome, verdict.summary(), deviation)
+    cause = None
+    if outcome == "failed" and causes.worth_trying(spec, try_causes):
+        cause = causes.likely_cause(golden, execution.out)
+    detail = verdict.summary() + (f"; likely cause: {cause.sentence()}" if cause else "")
+    message = outcome_message(subject, outcome, detail, deviation)
     emap = None
     if outcome == "failed":  # only failing records carry a map: records stay small
         resolved = policy_set.resolve(policy, backend.name, spec.dtype, spec.mask_name, spec.case_id)
@@ -139,6 +148,7 @@ def run_case(
         output_sha256=output_digest(execution.out),
         message=message,
         error_map=emap,
+        likely_cause=cause.to_dict() if cause else None,
         **base,
     )
     return CaseResult(outcome, message, record, execution.out)
