@@ -11,6 +11,7 @@ one float64 reference pass, so the runner tries the catalogue only for small cas
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -41,9 +42,13 @@ KV = tuple[np.ndarray, np.ndarray, np.ndarray]  # one batch's k [n, Hkv, 512], k
 class Mistake(Protocol):
     """A known mistake: its name, the sentence the failure line carries, and its golden's case."""
 
-    name: str
-    #: Completes "output matches the golden with ...".
-    text: str
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def text(self) -> str:
+        """Completes "output matches the golden with ..."."""
+        ...
 
     def rewrite(self, inputs: OpInputs, spec: CaseSpec) -> tuple[OpInputs, CaseSpec] | None:
         """Inputs and spec whose true golden is this mistake's output; None where it cannot apply."""
@@ -155,9 +160,12 @@ class PaddedAsPacked:
         if spec.kv_layout != "padded" or all(n == spec.padded_rows for n in spec.kv_seqlen[:-1]):
             return None
         hkv, total = spec.kv_head_num, spec.total_kv
-        k, kr, v = (a.reshape(-1, hkv, d)[:total] for a, d in ((inputs.k, NOPE_DIM), (inputs.k_rope, ROPE_DIM), (inputs.v, V_DIM)))
+        k, kr, v = (
+            a.reshape(-1, hkv, d)[:total]
+            for a, d in ((inputs.k, NOPE_DIM), (inputs.k_rope, ROPE_DIM), (inputs.v, V_DIM))
+        )
         starts = np.concatenate([[0], np.cumsum(spec.kv_seqlen)])
-        batches = [(k[s:e], kr[s:e], v[s:e]) for s, e in zip(starts[:-1], starts[1:], strict=True)]
+        batches = [(k[s:e], kr[s:e], v[s:e]) for s, e in itertools.pairwise(starts)]
         return _packed(inputs, spec, batches)
 
 
@@ -241,7 +249,9 @@ def relative_error(out: np.ndarray, golden: np.ndarray, valid: np.ndarray) -> fl
     return float(np.linalg.norm(got - want)) / max(norm, 1e-300)
 
 
-def mistake_goldens(golden: GoldenCase, catalogue: Sequence[Mistake] = CATALOGUE) -> Iterator[tuple[Mistake, np.ndarray]]:
+def mistake_goldens(
+    golden: GoldenCase, catalogue: Sequence[Mistake] = CATALOGUE
+) -> Iterator[tuple[Mistake, np.ndarray]]:
     """Each applicable mistake with its float64 golden in attenOut's layout."""
     for mistake in catalogue:
         rewritten = mistake.rewrite(golden.inputs, golden.spec)

@@ -191,7 +191,17 @@ class ResultRecord:
         for name in ("checks", "overrides", "failing"):
             if name in args:
                 args[name] = tuple(args[name])
-        for name in ("spec", "policy", "deviation", "worst_slack", "error_map", "shrunk", "likely_cause", "timing", "output_sha256"):
+        for name in (
+            "spec",
+            "policy",
+            "deviation",
+            "worst_slack",
+            "error_map",
+            "shrunk",
+            "likely_cause",
+            "timing",
+            "output_sha256",
+        ):
             args.setdefault(name, None)
         args["error"] = _sub(ErrorEvidence, args.get("error"), "error")
         args["difference"] = _sub(RelationEvidence, args.get("difference"), "difference")

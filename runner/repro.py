@@ -74,7 +74,9 @@ def score_elements(spec: CaseSpec) -> int:
 
 def resolve(test_id: str, backend: str | None, cases: Path | None) -> tuple[CaseSpec, str]:
     """The case and backend a test id names (``...test_conformance[CASE-BACKEND]``, ``CASE-BACKEND`` or ``CASE``)."""
-    inner = test_id[test_id.index("[") + 1 : test_id.rindex("]")] if "[" in test_id and test_id.endswith("]") else test_id
+    inner = (
+        test_id[test_id.index("[") + 1 : test_id.rindex("]")] if "[" in test_id and test_id.endswith("]") else test_id
+    )
     match = PARAMS.match(inner)
     if match is None:
         raise ReproError(f"test id {test_id!r}: expected a case id (…-<8 hex digits>) optionally followed by -BACKEND")
@@ -117,7 +119,7 @@ def candidates(spec: CaseSpec) -> Iterator[CaseSpec]:
         prefix = kv[b] - q[b]
 
         def at(values: tuple[int, ...], value: int, b: int = b) -> tuple[int, ...]:
-            return values[:b] + (value,) + values[b + 1 :]
+            return (*values[:b], value, *values[b + 1 :])
 
         if q[b] > 1:  # fewer query rows, same prefix (kv - q) so a causal offset keeps its meaning
             changes.append({"q_seqlen": at(q, _halve(q[b])), "kv_seqlen": at(kv, max(1, _halve(q[b]) + prefix))})
@@ -179,7 +181,8 @@ def shrink(
                 trial = attempt(candidate, backend, policy, repeat=repeat)
                 if trial.failed and trial.check == check and score_elements(candidate) <= score_elements(best.spec):
                     best, improved = trial, True
-                    report(f"shrink: {tried} tried, now {candidate.readable_id} ({score_elements(candidate)} score elements)")
+                    size = score_elements(candidate)
+                    report(f"shrink: {tried} tried, now {candidate.readable_id} ({size} score elements)")
                     break
     except KeyboardInterrupt:
         report(f"shrink: interrupted after {tried} candidates; best so far kept")
@@ -211,10 +214,19 @@ def run_shrink(args: argparse.Namespace) -> int:
             print(f"{first.spec.case_id} passes on {name}: nothing to shrink")
             return 0
         if not backend.deterministic and args.repeat < 2:
-            raise ReproError(f"backend {name} is not deterministic: pass --repeat N (every candidate must fail N times)")
-        print(f"shrink: {first.spec.case_id} fails on {name} by {first.check}; budget {args.budget:g} s", file=sys.stderr)
+            raise ReproError(
+                f"backend {name} is not deterministic: pass --repeat N (every candidate must fail N times)"
+            )
+        print(
+            f"shrink: {first.spec.case_id} fails on {name} by {first.check}; budget {args.budget:g} s", file=sys.stderr
+        )
         best, finished = shrink(
-            first, backend, args.policy, budget_s=args.budget, repeat=args.repeat, report=lambda s: print(s, file=sys.stderr)
+            first,
+            backend,
+            args.policy,
+            budget_s=args.budget,
+            repeat=args.repeat,
+            report=lambda s: print(s, file=sys.stderr),
         )
     except ReproError as exc:
         print(f"mlaconf shrink: {exc}", file=sys.stderr)
@@ -270,7 +282,8 @@ def write_repro(first: Attempt, name: str, out_dir: Path) -> list[str]:
     golden, record, spec = first.golden, first.result.record, first.spec
     out_dir.mkdir(parents=True, exist_ok=True)
     arrays = {key: _bits(value) for key, value in golden.inputs.arrays().items()}
-    np.savez(out_dir / "case.npz", golden=golden.out, row_valid=golden.row_valid, **arrays)
+    arrays.update(golden=golden.out, row_valid=golden.row_valid)
+    np.savez(out_dir / "case.npz", allow_pickle=False, **arrays)
     call = {
         "dtype": spec.dtype,
         "head_num": spec.head_num,
@@ -317,7 +330,7 @@ def write_repro(first: Attempt, name: str, out_dir: Path) -> list[str]:
     kind = backend_kind(name)
     if kind not in TEMPLATES:
         raise ReproError(f"backend {name}: no standalone program for it yet (only torch and plug-in backends)")
-    template = resources.files("mlaconf.runner").joinpath("repro_templates", TEMPLATES[kind]).read_text()
+    template = (resources.files("mlaconf.runner") / "repro_templates" / TEMPLATES[kind]).read_text()
     program = template.replace("@BACKEND@", name)
     script = "repro.cpp" if kind == "atb" else "repro.py"
     (out_dir / script).write_text(program)
@@ -353,7 +366,9 @@ def run_repro(args: argparse.Namespace) -> int:
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("test_id", metavar="TEST_ID", help="a conformance test id (…test_conformance[CASE-BACKEND]) or CASE id")
+    parser.add_argument(
+        "test_id", metavar="TEST_ID", help="a conformance test id (…test_conformance[CASE-BACKEND]) or CASE id"
+    )
     parser.add_argument("--backend", default=None, help="the backend (default: the one the test id ends with)")
     parser.add_argument("--cases", type=Path, default=None, metavar="FILE", help="the suite file holding the case")
     parser.add_argument("--policy", default="default", help="tolerance policy (default: default)")

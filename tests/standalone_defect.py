@@ -71,7 +71,7 @@ class TopLeftCausal:
                 p = torch.softmax(scores, dim=-1)
                 out[start_q : start_q + q_len] = torch.einsum("hqk,khd->qhd", p, values).to(out.dtype)
             start_q, start_kv = start_q + q_len, start_kv + kv_len
-        return out.reshape(call.q.shape[:-1] + (h * VDIM,) if call.q.dim() == 2 else (total, h, VDIM))
+        return out.reshape((*call.q.shape[:-1], h * VDIM) if call.q.dim() == 2 else (total, h, VDIM))
 
 
 def top_left() -> TopLeftCausal:

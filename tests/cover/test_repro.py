@@ -10,15 +10,17 @@ from pathlib import Path
 import pytest
 
 from mlaconf import main
-from mlaconf.runner.repro import attempt, resolve, score_elements, shrink
 from mlaconf.harness import registry
+from mlaconf.runner.repro import attempt, resolve, score_elements, shrink
 
 #: A shipped smoke case: two CAUSAL batches with prefixes, GQA 4/2, padded kv.
 CASE = "fp16-causal-krope_ctkv-b2-s130-kv258-h4-g2-q3d-padded-99377e85"
 
 
 def test_shrink_reaches_an_eighth_failing_by_the_same_check() -> None:
-    spec, name = resolve(f"mlaconf/cases/test_conformance.py::test_conformance[{CASE}-tests.defects:causal_top_left]", None, None)
+    spec, name = resolve(
+        f"mlaconf/cases/test_conformance.py::test_conformance[{CASE}-tests.defects:causal_top_left]", None, None
+    )
     backend = registry.create(name)
     first = attempt(spec, backend, "default")
     best, finished = shrink(first, backend, "default", budget_s=120, report=lambda _: None)
@@ -38,7 +40,9 @@ def test_repro_of_a_passing_test_says_so_and_reruns_standalone(tmp_path: Path) -
     assert "does not fail (passed)" in (tmp_path / "README").read_text()
     assert len((tmp_path / "README").read_text().splitlines()) == 3
     verdict = json.loads((tmp_path / "verdict.json").read_text())
-    printed = subprocess.run([sys.executable, "repro.py"], cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+    printed = subprocess.run(
+        [sys.executable, "repro.py"], cwd=tmp_path, capture_output=True, text=True, check=True
+    ).stdout
     value = float(printed.split("relative_error ")[1].split()[0])
     assert value == pytest.approx(verdict["repro_numbers"]["relative_error"], rel=1e-5)
 

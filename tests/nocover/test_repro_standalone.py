@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import venv
 from pathlib import Path
 
@@ -56,7 +55,12 @@ def test_repro_reruns_in_a_venv_without_mlaconf(tmp_path: Path) -> None:
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=False)
     python = env_dir / "bin" / "python"
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     Path(site, "deps.pth").write_text(str(Path(numpy.__file__).parent.parent) + "\n")
     plugin = tmp_path / "plugin" / "tests"
     plugin.mkdir(parents=True)
