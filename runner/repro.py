@@ -376,7 +376,11 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 def register(subparsers: Any) -> None:
     shrink_parser = subparsers.add_parser(
-        "shrink", help="the smallest spec still failing by the same check", description=__doc__.split("\n\n")[0]
+        "shrink",
+        help="the smallest spec still failing by the same check",
+        description="Search for the smallest spec (batch, lengths, heads, prefix, layout, distribution) that still "
+        "fails by the same deciding check on the same backend, goldens built on the fly; print its TOML and the "
+        "size reduction. Ctrl-C or the time budget keeps the best so far.",
     )
     _common(shrink_parser)
     shrink_parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, metavar="SECONDS", help="time budget")
@@ -385,7 +389,10 @@ def register(subparsers: Any) -> None:
     )
     shrink_parser.set_defaults(func=run_shrink)
     repro_parser = subparsers.add_parser(
-        "repro", help="a directory that reruns one case without mlaconf", description=__doc__.split("\n\n")[0]
+        "repro",
+        help="a directory that reruns one case without mlaconf",
+        description="Write a directory a kernel engineer can run without mlaconf: the inputs and golden (case.npz), "
+        "the call's arguments, the verdict with its likely cause, the environment, a standalone program and a README.",
     )
     _common(repro_parser)
     repro_parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="the directory to write")
