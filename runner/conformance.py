@@ -128,7 +128,7 @@ def run_case(
     cause = None
     if outcome == "failed" and causes.worth_trying(spec, try_causes):
         cause = causes.likely_cause(golden, execution.out)
-    detail = verdict.summary() + (f"; likely cause: {cause.sentence()}" if cause else "")
+    detail = verdict.summary() + (f" Likely cause: {cause.sentence()}." if cause else "")
     message = outcome_message(subject, outcome, detail, deviation)
     emap = None
     if outcome == "failed":  # only failing records carry a map: records stay small

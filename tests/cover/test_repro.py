@@ -11,6 +11,7 @@ import pytest
 
 from mlaconf import main
 from mlaconf.harness import registry
+from mlaconf.reports.records import ResultRecord
 from mlaconf.runner.repro import attempt, resolve, score_elements, shrink
 
 #: A shipped smoke case: two CAUSAL batches with prefixes, GQA 4/2, padded kv.
@@ -28,6 +29,9 @@ def test_shrink_reaches_an_eighth_failing_by_the_same_check() -> None:
     assert score_elements(best.spec) * 8 <= score_elements(first.spec)
     assert best.result.record.likely_cause is not None
     assert best.result.record.likely_cause["name"] == "causal_top_left"
+    assert "Likely cause: output matches the golden with a top-left causal mask" in best.result.message
+    record = best.result.record
+    assert ResultRecord.from_dict(record.to_dict()).likely_cause == record.likely_cause  # the record field round-trips
 
 
 def test_a_correct_backend_has_nothing_to_shrink(capsys: pytest.CaptureFixture[str]) -> None:
