@@ -348,3 +348,9 @@ def test_a_failing_case_shows_its_likely_cause_and_the_commands_that_shrink_and_
     assert "mlaconf repro &#x27;test_conformance[case001-x:y]&#x27; --out repro-case001" in page
     assert "likely cause" not in html.case_details(rec(2, verdict="failed", suite="conformance"))
     assert "mlaconf shrink" not in html.case_details(rec(3, verdict="passed", suite="conformance"))
+
+
+def test_a_scatter_legend_counts_what_its_table_counts() -> None:
+    points = {"unchanged": [svg.Point(1.0, 1.0, "a"), svg.Point(0.5, 0.6, "b")]}
+    assert "unchanged (2)</text>" in svg.scatter(points, "t", "x", "y", totals={"unchanged": 2})
+    assert "unchanged (5, 2 plotted)</text>" in svg.scatter(points, "t", "x", "y", totals={"unchanged": 5})
