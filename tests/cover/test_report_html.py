@@ -354,3 +354,30 @@ def test_a_scatter_legend_counts_what_its_table_counts() -> None:
     points = {"unchanged": [svg.Point(1.0, 1.0, "a"), svg.Point(0.5, 0.6, "b")]}
     assert "unchanged (2)</text>" in svg.scatter(points, "t", "x", "y", totals={"unchanged": 2})
     assert "unchanged (5, 2 plotted)</text>" in svg.scatter(points, "t", "x", "y", totals={"unchanged": 5})
+
+
+class _Terminal:
+    """Just what summary.write_terminal calls of pytest's TerminalReporter."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.isatty = False
+        self._tw = argparse.Namespace(fullwidth=120)
+
+    def write_sep(self, sep: str, title: str) -> None:
+        self.lines.append(title)
+
+    def write(self, text: str, **markup: Any) -> None:
+        self.lines.append(text)
+
+    def ensure_newline(self) -> None:
+        return None
+
+    def write_line(self, text: str, **markup: Any) -> None:
+        self.lines.append(text)
+
+
+def test_the_summary_line_counts_errors_as_errors(tmp_path: Path) -> None:
+    terminal = _Terminal()
+    summary.write_terminal(terminal, [rec(1, verdict="failed"), rec(2, verdict="error"), rec(3)], tmp_path)
+    assert f"3 records, 1 failed, 1 errors; report: {tmp_path}" in terminal.lines
