@@ -66,6 +66,12 @@ class Attempt:
         return names or (["contract"] if self.result.record.failing else [])
 
     @property
+    def cause(self) -> str | None:
+        """The likely cause's catalogue name, None when no catalogued mistake explains the output."""
+        found = self.result.record.likely_cause
+        return str(found["name"]) if found else None
+
+    @property
     def check(self) -> str:
         """The deciding check: the worst failing one."""
         return next(iter(self.failing_checks), "")
@@ -169,8 +175,9 @@ def shrink(
     report: Callable[[str], None] = print,
 ) -> tuple[Attempt, bool]:
     """Greedy search from a failing attempt: the smallest spec on which the original's deciding check still
-    fails; and whether it finished (False: out of time or interrupted, the best so far kept)."""
-    best, check = first, first.check
+    fails with the same likely cause; and whether it finished (False: out of time or interrupted, the best
+    so far kept)."""
+    best, check, cause = first, first.check, first.cause
     deadline = time.monotonic() + budget_s
     tried = 0
     try:
@@ -186,6 +193,7 @@ def shrink(
                 if (
                     trial.failed
                     and check in trial.failing_checks
+                    and trial.cause == cause  # a smaller case must not change the diagnosis
                     and score_elements(candidate) <= score_elements(best.spec)
                 ):
                     best, improved = trial, True
