@@ -13,6 +13,7 @@ from mlaconf.golden.inputs import numpy_dtype
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.types import GoldenCase
 from mlaconf.harness.backend import Backend, BackendError
+from mlaconf.judge import causes
 from mlaconf.judge.deviations import DeviationSet
 from mlaconf.judge.policy import PolicySet
 from mlaconf.judge.verdict import Outcome, error_map, judge_output, mode_text, outcome_message, outcome_of
@@ -66,9 +67,13 @@ def run_case(
     repeats: int = 1,
     warmup: int = 0,
     reruns: int = 1,
+    try_causes: bool = False,
 ) -> CaseResult:
-    """Run, judge and classify one case on one backend (never raises for a backend's error); with
-    ``reruns`` > 1 the backend is called that many times and every output must be bitwise the first."""
+    """Run, judge and classify one case on one backend (never raises for a backend's error).
+
+    With ``reruns`` > 1 the backend is called that many times and every output must be bitwise the first.
+    A failing output is also judged against the likely-cause catalogue (:mod:`mlaconf.judge.causes`)
+    when the case is small or ``try_causes`` asks for it."""
     spec = golden.spec
     subject = mode_text(spec, backend.name)
     info = backend.info()
@@ -140,7 +145,11 @@ def run_case(
             return CaseResult("failed", message, record, execution.out)
     metrics, verdict = judge_output(golden, execution.out, policy_set, policy, backend.name)
     outcome = outcome_of(verdict.passed, None, deviation)
-    message = outcome_message(subject, outcome, verdict.summary(), deviation)
+    cause = None
+    if outcome == "failed" and causes.worth_trying(spec, try_causes):
+        cause = causes.likely_cause(golden, execution.out)
+    detail = verdict.summary() + (f" Likely cause: {cause.sentence()}." if cause else "")
+    message = outcome_message(subject, outcome, detail, deviation)
     emap = None
     if outcome == "failed":  # only failing records carry a map: records stay small
         resolved = policy_set.resolve(policy, backend.name, spec.dtype, spec.mask_name, spec.case_id)
@@ -159,6 +168,7 @@ def run_case(
         output_sha256=output_digest(execution.out),
         message=message,
         error_map=emap,
+        likely_cause=cause.to_dict() if cause else None,
         **base,
     )
     return CaseResult(outcome, message, record, execution.out)
