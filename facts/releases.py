@@ -113,8 +113,11 @@ class ByRelease(Generic[T]):
         return self.values[-1][1]
 
 
-#: The first release with the C interface (``AtbMLAPreFillGetWorkspaceSize`` / ``AtbMLAPreFill``).
-#: Commit 0f7d4ade5 ("[fix] mla batch mask", 2025-11-27), first released in 8.3.RC1.
+#: The first release whose operation takes a rank-3 MASK_FREE mask (and whose kernel then refuses it):
+#: commit 0f7d4ade5 ("[fix] mla batch mask", 2025-11-27).  The C interface itself arrived in 8.2.RC1.
+#: Unconfirmed boundary: the fix reached br_release_cann_8.3.RC1 as a late cherry-pick and the
+#: repository has no release tags, so an 8.3.RC1 package may predate it (cases/errors.toml
+#: ``unconfirmed_at`` accepts both answers there; a device run settles it).
 MASK_RANK3_FIX = "8.3.RC1"
 
 #: Ranks a MASK_FREE mask may have in the operation's InTensorDimCheckPrefill.  8.2.RC1
@@ -126,14 +129,14 @@ MASK_FREE_OP_RANKS: ByRelease[tuple[int, ...]] = ByRelease(
 )
 
 #: Why prefill rejects maskType 4 (SWA_NORM) through the C interface, at create with
-#: ERROR_INVALID_PARAM in every release: ParamPrefillCheck's mask set, or the window it cannot pass.
+#: ERROR_INVALID_PARAM in every release: 8.2.RC1's ParamRangeCheck (maskType out of range), or, later,
+#: ParamPrefillCheck's window the C interface cannot pass.
 SWA_NORM_REJECTION: ByRelease[str] = ByRelease(
     "swa_norm_rejection",
     (
         (
             f"<{MASK_RANK3_FIX}",
-            "ParamPrefillCheck accepts only maskType UNDEFINED, MASK_FREE and CAUSAL in prefill "
-            "(8.2.RC1 has no SWA_NORM prefill)",
+            "ParamRangeCheck refuses maskType 4 (8.2.RC1 knows no SWA_NORM: its mask range ends at CAUSAL)",
         ),
         (
             f">={MASK_RANK3_FIX}",

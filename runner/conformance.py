@@ -13,7 +13,7 @@ from mlaconf.golden.inputs import numpy_dtype
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.types import GoldenCase
 from mlaconf.harness.backend import Backend, BackendError
-from mlaconf.judge.deviations import DeviationSet
+from mlaconf.judge.deviations import DeviationSet, explaining, release_note
 from mlaconf.judge.policy import PolicySet
 from mlaconf.judge.verdict import Outcome, error_map, judge_output, mode_text, outcome_message, outcome_of
 from mlaconf.reports.records import ErrorEvidence, ResultRecord
@@ -62,7 +62,8 @@ def run_case(
     spec = golden.spec
     subject = mode_text(spec, backend.name)
     info = backend.info()
-    deviation = deviations.match(backend.name, info.version, spec)
+    candidates = deviations.candidates(backend.name, info.version, spec)
+    deviation = candidates[0] if candidates else None
     error: BackendError | None = None
     execution: Execution | None = None
     wrong_type: str | None = None
@@ -94,8 +95,10 @@ def run_case(
         return CaseResult("failed", message, record, None)
     if execution is None:
         assert error is not None
+        deviation = explaining(candidates, False, error.status_name)
+        base["deviation"] = deviation.id if deviation else None
         outcome = outcome_of(False, error.status_name, deviation)  # a valid case rejected never conforms
-        detail = f"backend raised {error}"
+        detail = f"backend raised {error}{release_note(info.version, deviation)}"
         message = outcome_message(subject, outcome, detail, deviation)
         record = ResultRecord(
             verdict=outcome,
@@ -119,8 +122,10 @@ def run_case(
         )
         return CaseResult("failed", message, record, execution.out)
     metrics, verdict = judge_output(golden, execution.out, policy_set, policy, backend.name)
+    deviation = explaining(candidates, verdict.passed, None)
+    base["deviation"] = deviation.id if deviation else None
     outcome = outcome_of(verdict.passed, None, deviation)
-    message = outcome_message(subject, outcome, verdict.summary(), deviation)
+    message = outcome_message(subject, outcome, verdict.summary() + release_note(info.version, deviation), deviation)
     emap = None
     if outcome == "failed":  # only failing records carry a map: records stay small
         resolved = policy_set.resolve(policy, backend.name, spec.dtype, spec.mask_name, spec.case_id)
