@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-CONFIRMED = "confirmed-in-source"
-UNCONFIRMED = "unconfirmed"
+from mlaconf.facts.evidence import CONFIRMED, UNCONFIRMED
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlaconf.facts.versions import ascend_versions, package_version
+from mlaconf.facts.versions import RELEASE_UNKNOWN, ascend_versions, package_version
 from mlaconf.harness.registry import NPU_BACKENDS, BackendSelectionError, create
+from mlaconf.runner.facts_report import write_facts_report
 
 #: The reference every NPU backend is also compared with, on the same goldens.
 CPU_REFERENCE = "torch-cpu"
@@ -310,6 +311,8 @@ def ascend(args: argparse.Namespace) -> int:
             print(f"   {name}: {state}")
         versions = {k: v for k, v in found.installation.items() if k in ("cann_toolkit", "atb", "driver")}
         print(f"   installed: {versions}")
+        if "atb" in found.available and not found.backends["atb"].get("version"):
+            print(f"   {RELEASE_UNKNOWN}")
         if not found.available:
             print("== stops at the probe: no NPU backend can run here (reasons above); nothing to regenerate or run")
             status = STOPPED_AT_PROBE
@@ -324,6 +327,8 @@ def ascend(args: argparse.Namespace) -> int:
                 status = status or code
     summary["status"] = status
     _write_json(out / "summary.json", summary)
+    if not args.dry_run:
+        print(f"== facts report (every unconfirmed fact, what the device did): {write_facts_report(out)}")
     archive = pack(out)
     print(f"== archive to send back: {archive}")
     return status
