@@ -13,7 +13,12 @@
   mask), GQA ratio at most 64.  The 2048x2048 "optimised" mask of sparse modes 2-4 is written out only
   in the sibling op's page (``torch_npu-npu_fusion_attention.md``: ``torch.triu(torch.ones(2048, 2048,
   dtype=torch.bool), diagonal=1)``, True = not computed); that it means the same here is unconfirmed
-  until a device run, like fp16 for the MLA head split.
+  until a device run.  TND takes bf16 only: fp16 is ``Unsupported`` (never cast, which would judge
+  another computation); the rules and their sources are ``facts/torch_npu_ops.py``.
+
+Availability makes one tiny real call of the op (``tiny_call``): ``npu_ring_mla`` exists even when
+``libatb.so`` cannot load (the error comes at the first call), and op-plugin 6.0.0's FIA op has no
+``query_rope``; any exception is the reason, with torch_npu's version and the library path.
 
 Both map an :class:`MlaPrefillCall` (the C interface's arguments) onto the op: the padded kv layout is
 packed (batch b's rows ``b*S .. b*S + kv_b``, as documented), batches without query or key rows are left
@@ -394,13 +399,13 @@ class FusedInferAttentionBackend(_TorchNpuOpBackend):
     def _missing_keywords(self, torch_npu: ModuleType) -> list[str]:
         op = self._op(torch_npu)
         try:
-            declared = set(inspect.signature(op).parameters)  # type: ignore[arg-type]
-        except (TypeError, ValueError):  # a C++ op: its docstring carries the schema
+            parameters = inspect.signature(op).parameters  # type: ignore[arg-type]
+        except (TypeError, ValueError):  # a C++ op: its docstring carries the schema, if it has one
             doc = getattr(op, "__doc__", None) or ""
-            return [k for k in FIA_MLA_KEYWORDS if doc and k not in doc]
-        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in inspect.signature(op).parameters.values()):  # type: ignore[arg-type]
+            return [k for k in FIA_MLA_KEYWORDS if doc and k not in doc]  # no doc: the probe call decides
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
             return []
-        return [k for k in FIA_MLA_KEYWORDS if k not in declared]
+        return [k for k in FIA_MLA_KEYWORDS if k not in parameters]
 
     def _tiny_call(self) -> None:
         FusedInferAttentionBackend.run(self, tiny_call())

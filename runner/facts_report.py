@@ -16,7 +16,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from mlaconf.facts.torch_npu_ops import RULES, UNCONFIRMED
+from mlaconf.facts.evidence import UNCONFIRMED
+from mlaconf.facts.torch_npu_ops import RULES
 from mlaconf.facts.versions import RELEASE_UNKNOWN
 from mlaconf.golden.spec import CaseSpec, load_suites
 from mlaconf.judge.deviations import DeviationSet, load_deviations

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 import torch
 
-from mlaconf.facts.torch_npu_ops import CONFIRMED, FIA_TND_MAX_TOKENS, RULES, UNCONFIRMED, OpRule
+from mlaconf.facts.evidence import CONFIRMED, UNCONFIRMED
+from mlaconf.facts.torch_npu_ops import FIA_TND_MAX_TOKENS, RULES, OpRule
 from mlaconf.golden.generate import build_golden
 from mlaconf.golden.inputs import generate_inputs
 from mlaconf.golden.spec import CaseSpec, build_case
