@@ -14,7 +14,7 @@ from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.types import GoldenCase
 from mlaconf.harness.backend import Backend, BackendError
 from mlaconf.judge import causes
-from mlaconf.judge.deviations import DeviationSet
+from mlaconf.judge.deviations import DeviationSet, explaining, release_note
 from mlaconf.judge.policy import PolicySet
 from mlaconf.judge.verdict import Outcome, error_map, judge_output, mode_text, outcome_message, outcome_of
 from mlaconf.reports.records import ErrorEvidence, ResultRecord
@@ -77,7 +77,8 @@ def run_case(
     spec = golden.spec
     subject = mode_text(spec, backend.name)
     info = backend.info()
-    deviation = deviations.match(backend.name, info.version, spec)
+    candidates = deviations.candidates(backend.name, info.version, spec)
+    deviation = candidates[0] if candidates else None
     error: BackendError | None = None
     execution: Execution | None = None
     wrong_type: str | None = None
@@ -110,8 +111,10 @@ def run_case(
         return CaseResult("failed", message, record, None)
     if execution is None:
         assert error is not None
+        deviation = explaining(candidates, False, error.status_name)
+        base["deviation"] = deviation.id if deviation else None
         outcome = outcome_of(False, error.status_name, deviation)  # a valid case rejected never conforms
-        detail = f"backend raised {error}"
+        detail = f"backend raised {error}{release_note(info.version, deviation)}"
         message = outcome_message(subject, outcome, detail, deviation)
         record = ResultRecord(
             verdict=outcome,
@@ -144,11 +147,14 @@ def run_case(
             record = ResultRecord(verdict="failed", failing=(race,), timing=timing, message=message, **base)
             return CaseResult("failed", message, record, execution.out)
     metrics, verdict = judge_output(golden, execution.out, policy_set, policy, backend.name)
+    deviation = explaining(candidates, verdict.passed, None)
+    base["deviation"] = deviation.id if deviation else None
     outcome = outcome_of(verdict.passed, None, deviation)
     cause = None
     if outcome == "failed" and causes.worth_trying(spec, try_causes):
         cause = causes.likely_cause(golden, execution.out)
-    detail = verdict.summary() + (f" Likely cause: {cause.sentence()}." if cause else "")
+    detail = verdict.summary() + release_note(info.version, deviation)
+    detail += f" Likely cause: {cause.sentence()}." if cause else ""
     message = outcome_message(subject, outcome, detail, deviation)
     emap = None
     if outcome == "failed":  # only failing records carry a map: records stay small
