@@ -12,10 +12,10 @@ import pytest
 from mlaconf.golden.generate import build_golden
 from mlaconf.golden.reference import reference_attention
 from mlaconf.golden.spec import CaseSpec, build_case
+from mlaconf.golden.stats import UNIT_ROUNDOFF
 from mlaconf.golden.types import GoldenCase
 from mlaconf.judge.metrics import round_to_dtype
 from mlaconf.judge.policy import load_policies
-from mlaconf.golden.stats import UNIT_ROUNDOFF
 from mlaconf.judge.systematic import FORMAT_FLOOR, TEMPERATURE_FLOOR, critical_value, format_check, temperature_check
 from mlaconf.judge.verdict import judge_output
 
