@@ -26,6 +26,7 @@ import json
 import os
 import socket
 import time
+import uuid
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -75,6 +76,8 @@ class ReportState:
     save_outputs: bool
     shard: tuple[int, int] | None
     started: float = field(default_factory=time.time)
+    #: This run's identity in run.json: the diff refuses one run on both sides.
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     records: list[Record] = field(default_factory=list)
     run_info: dict[str, Any] = field(default_factory=dict)
     #: nodeid -> identity (from setup reports), and when the setup report arrived.
@@ -655,6 +658,7 @@ class Collector:
             {
                 "schema_version": records.SCHEMA_VERSION,
                 "run_name": state.run_name,
+                "run_id": state.run_id,
                 "pid": os.getpid(),
                 "started": _iso(state.started),
                 "finished": None if finished is None else _iso(finished),
