@@ -420,7 +420,7 @@ def write_json(path: Path, value: Any) -> None:
 # ---- run.json: the run's status and counts -------------------------------------------------------
 
 #: ``run.json["status"]``: written ``in_progress`` before the first test, then one of the others.
-RUN_STATUSES = ("in_progress", "complete", "interrupted", "crashed")
+RUN_STATUSES = ("in_progress", "complete", "interrupted", "crashed", "no_tests")
 #: Statuses a report verb accepts without ``--allow-incomplete``.
 FINISHED = "complete"
 
@@ -490,6 +490,8 @@ class RunState:
         c = self.counts
         if self.status == "in_progress":
             return f"is still in progress, or was killed (ran {c.run} of {c.selected} tests so far)"
+        if self.status == "no_tests":
+            return "selected no test (no_tests): it tested nothing"
         if self.status != FINISHED:
             return f"was {self.status} after {c.run} of {c.selected} selected tests"
         if c.recorded != records:

@@ -578,13 +578,22 @@ class Collector:
         from mlaconf.reports import html
 
         state, config = self.state, self.config
-        if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and any(
+        empty = exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and any(
             config.getoption(name, None) for name in ("mla_cases", "mla_suite", "mla_backend")
-        ):  # pytest exits 5 'no tests ran': say why that is no pass
+        )
+        if empty:  # pytest exits 5 'no tests ran': say why that is no pass
             state.problems.append("empty selection: no MLA test was selected (a -k or -m that matches nothing?)")
         if state.refused:
             return
+        if empty and not state.claimed and not config.option.collectonly:
+            try:  # the directory must not go on showing the previous run as this one
+                self.claim()
+            except pytest.UsageError as exc:
+                state.problems.append(str(exc))
+                return
         status = "complete" if config.option.collectonly else self.account_for_unrun(exitstatus)
+        if empty:
+            status = "no_tests"
         if state.problems and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if not state.claimed and not state.records:

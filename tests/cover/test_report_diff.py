@@ -171,9 +171,12 @@ def test_missing_or_newly_skipped_cases_fail_the_gate_unless_allowed(tmp_path: P
     assert mlaconf("report", "diff", str(base), str(cand), "--out", str(tmp_path / "o"), "--allow-missing") == 0
     cases, _ = diff.diff_records([rec("x", "npu"), rec("y", "npu")], [rec("x", "npu", verdict="skipped")])
     assert sorted(c.category for c in cases) == ["missing", "missing"]
-    assert diff.diff_dirs(base, write_run(tmp_path / "c", [rec("x", "npu", verdict="skipped")])).exit_status(
-        False, allow_missing=True
-    ) == 1  # nothing compared
+    assert (
+        diff.diff_dirs(base, write_run(tmp_path / "c", [rec("x", "npu", verdict="skipped")])).exit_status(
+            False, allow_missing=True
+        )
+        == 1
+    )  # nothing compared
 
 
 def test_known_deviation_that_now_fails_differently_regresses() -> None:
