@@ -837,6 +837,7 @@ def slack_chart(result: DiffResult) -> str:
         marker=1.0,
         diagonal=True,
         colours=CATEGORY_COLOURS,
+        totals=result.counts(),
     )
 
 

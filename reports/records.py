@@ -145,6 +145,8 @@ class ResultRecord:
     error: ErrorEvidence | None = None
     difference: RelationEvidence | None = None
     shrunk: Mapping[str, Any] | None = None
+    #: A failing output a catalogued mistake explains (judge.causes.Cause.to_dict), else None.
+    likely_cause: Mapping[str, Any] | None = None
     failure: Failure | None = None
     timing: Mapping[str, Any] | None = None
     output_sha256: str | None = None
@@ -189,7 +191,17 @@ class ResultRecord:
         for name in ("checks", "overrides", "failing"):
             if name in args:
                 args[name] = tuple(args[name])
-        for name in ("spec", "policy", "deviation", "worst_slack", "error_map", "shrunk", "timing", "output_sha256"):
+        for name in (
+            "spec",
+            "policy",
+            "deviation",
+            "worst_slack",
+            "error_map",
+            "shrunk",
+            "likely_cause",
+            "timing",
+            "output_sha256",
+        ):
             args.setdefault(name, None)
         args["error"] = _sub(ErrorEvidence, args.get("error"), "error")
         args["difference"] = _sub(RelationEvidence, args.get("difference"), "difference")
@@ -229,6 +241,7 @@ _OBJECT_FIELDS = (
     "error",
     "difference",
     "shrunk",
+    "likely_cause",
     "failure",
     "timing",
 )
@@ -361,6 +374,7 @@ EVIDENCE_KEYS = (
     "error",
     "difference",
     "shrunk",
+    "likely_cause",
     "spec",
     "deviation",
     "policy",
