@@ -52,7 +52,7 @@ def register(subparsers: Any) -> None:
         "before/after chart) and diff.json.  Exit 1 when the gate fails (docs/reports.md, 'The gate'): a "
         "case regressed, is missing or ran on neither side, too little was compared, both sides are one run, "
         "or the candidate has problems or ran fewer tests than it selected; exit 2 when a run is not "
-        "complete (see --allow-incomplete).",
+        "complete (see --allow-incomplete) or malformed.",
     )
     p.add_argument("base", type=_existing_dir, help="baseline report directory")
     p.add_argument("cand", type=_existing_dir, help="candidate report directory")

@@ -19,9 +19,10 @@ Every pair falls in one class (:data:`CATEGORIES`, each under its own heading):
 
 The six regression classes fail the gate, as do pairs not run (unless ``skips_expected``), missing
 cases (unless allowed), a candidate that ran fewer tests than it selected or has problems, a diff
-that compared fewer pairs than ``min_compared`` of the baseline, and one run on both sides.  Two records
-are ``identical`` when their outputs' digests match (conformance, metamorphic relations, properties),
-or, without digests, when their verdict and evidence match (:func:`mlaconf.reports.records.evidence_sha256`).
+that compared fewer pairs than ``min_compared`` of the baseline, and one run on both sides.
+Two records are ``identical`` when their outputs' digests match (conformance, metamorphic
+relations, properties), or, without digests, when their
+verdict and evidence match (:func:`mlaconf.reports.records.evidence_sha256`).
 
 Latency is compared only where both runs recorded at least :data:`MIN_REPEATS` timed calls per
 case (``--mla-timing-repeats``): the candidate is slower when a one-sided Mann-Whitney U test (scipy)
@@ -365,7 +366,7 @@ def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
     if base.get("policy") and cand.get("policy") and base.get("policy") != cand.get("policy"):
         d.reasons.append(f"policy {base.get('policy')} -> {cand.get('policy')}")
     moved = f"{verdict(base)} -> {verdict(cand)}"
-    if c_kind == "not_run" or ((b_state == "skip" or b_kind == "not_run") and (c_state == "skip")):
+    if c_kind == "not_run" or (c_state == "skip" and (b_state == "skip" or b_kind == "not_run")):
         d.category = "not_run"  # no evidence on the candidate's side: neither identical nor regressed
         d.reasons.append(failure_text(cand) or str(cand.get("message") or "skipped on both sides"))
     elif b_kind == "not_run":
