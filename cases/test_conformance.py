@@ -36,6 +36,8 @@ def test_conformance(
         deviations=mla_deviation_set,
         repeats=pytestconfig.getoption("mla_timing_repeats"),
         warmup=pytestconfig.getoption("mla_warmup"),
+        reruns=pytestconfig.getoption("mla_repeat"),
+        try_causes=pytestconfig.getoption("mla_likely_cause"),
     )
     if mla_report.outputs_dir is not None and result.output is not None:
         save_output(mla_report.outputs_dir, mla_conformance_case, mla_backend.name, result.output)

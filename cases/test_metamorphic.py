@@ -123,6 +123,28 @@ SPECS: dict[str, dict[str, object]] = {
     "bf16-mask_free-uniform-padded": dict(
         q_seqlen=[48, 48, 48], head_num=2, dtype="bf16", mask_type=2, q_layout="2d", kv_layout="padded", seed=29
     ),
+    # long rows for the determinism relation: a race in the P.V pipeline (RingMLA bf16 until ATB 29982f8a7,
+    # docs/real-bugs.md) needs many key blocks to show
+    "fp16-causal-long": dict(
+        q_seqlen=[129],
+        kv_seqlen=[4097],
+        head_num=2,
+        kv_head_num=1,
+        dtype="fp16",
+        mask_type=3,
+        kv_layout="padded",
+        seed=32,
+    ),
+    "bf16-causal-long": dict(
+        q_seqlen=[129],
+        kv_seqlen=[4097],
+        head_num=2,
+        kv_head_num=1,
+        dtype="bf16",
+        mask_type=3,
+        kv_layout="padded",
+        seed=33,
+    ),
 }
 PADDING_EXTRA_ROWS = 37
 CORE = ("fp16-undefined", "bf16-mask_free", "fp16-causal-gqa", "bf16-causal-mqa")
@@ -132,7 +154,7 @@ RELATION_SPECS: dict[str, tuple[str, ...]] = {
     "test_head_order": CORE,
     "test_q_layout": CORE,
     "test_alone_vs_batch": CORE,
-    "test_determinism": CORE,
+    "test_determinism": (*CORE, "fp16-causal-long", "bf16-causal-long"),
     "test_padding_contents": (
         "fp16-undefined-ragged-padded",
         "bf16-mask_free-ragged-padded",

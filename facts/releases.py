@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from mlaconf.facts.evidence import CONFIDENCES, CONFIRMED, UNCONFIRMED
+
 #: Rank of a tag segment; anything unknown (e.g. CANN's ``T`` test builds) sorts as alpha.
 _TAG_RANK = {"alpha": 0, "a": 0, "beta": 1, "b": 1, "rc": 2}
 _NUMBER_RANK = 3  # a bare number after a tag (8.2.RC1.1) sorts after the tag itself
@@ -96,10 +98,16 @@ class ByRelease(Generic[T]):
 
     name: str
     values: tuple[tuple[str, T], ...]
+    #: Where each value was read (repository, branch, path, function).
+    source: str
+    #: facts.evidence.CONFIRMED or UNCONFIRMED.
+    confidence: str
 
     def __post_init__(self) -> None:
         for text, _ in self.values:
             parse_range(text)  # validates at import: a typo in a range is a bug here, not at run time
+        if not self.source or self.confidence not in CONFIDENCES:
+            raise ValueError(f"fact {self.name}: needs a source and a confidence in {CONFIDENCES}")
 
     def at(self, release: str | None) -> T:
         """The value for ``release``; the last (newest) one when the release is unknown or unparsable."""
@@ -113,8 +121,11 @@ class ByRelease(Generic[T]):
         return self.values[-1][1]
 
 
-#: The first release with the C interface (``AtbMLAPreFillGetWorkspaceSize`` / ``AtbMLAPreFill``).
-#: Commit 0f7d4ade5 ("[fix] mla batch mask", 2025-11-27), first released in 8.3.RC1.
+#: The first release whose operation takes a rank-3 MASK_FREE mask (and whose kernel then refuses it):
+#: commit 0f7d4ade5 ("[fix] mla batch mask", 2025-11-27).  The C interface itself arrived in 8.2.RC1.
+#: Unconfirmed boundary: the fix reached br_release_cann_8.3.RC1 as a late cherry-pick and the
+#: repository has no release tags, so an 8.3.RC1 package may predate it (cases/errors.toml
+#: ``unconfirmed_at`` accepts both answers there; a device run settles it).
 MASK_RANK3_FIX = "8.3.RC1"
 
 #: Ranks a MASK_FREE mask may have in the operation's InTensorDimCheckPrefill.  8.2.RC1
@@ -122,24 +133,33 @@ MASK_RANK3_FIX = "8.3.RC1"
 #: and rejects a 3-D mask with ERROR_INVALID_TENSOR_DIM_NUM; from 8.3.RC1 the operation takes 2 or 3
 #: and the kernel's MLAOperation::CheckNdMask (mla_operation.cpp) fails a 3-D one: ERROR_RT_FAIL.
 MASK_FREE_OP_RANKS: ByRelease[tuple[int, ...]] = ByRelease(
-    "mask_free_op_ranks", ((f"<{MASK_RANK3_FIX}", (2,)), (f">={MASK_RANK3_FIX}", (2, 3)))
+    "mask_free_op_ranks",
+    ((f"<{MASK_RANK3_FIX}", (2,)), (f">={MASK_RANK3_FIX}", (2, 3))),
+    source="hicann/ascend-transformer-boost br_release_cann_8.2.RC1 and master (ddcc8b6225b8): "
+    "src/ops_infer/multi_latent_attention/multi_latent_attention_operation.cpp InTensorDimCheckPrefill; "
+    "commit 0f7d4ade5; the 8.3.RC1 package boundary is unconfirmed (cases/errors.toml unconfirmed_at)",
+    confidence=UNCONFIRMED,
 )
 
 #: Why prefill rejects maskType 4 (SWA_NORM) through the C interface, at create with
-#: ERROR_INVALID_PARAM in every release: ParamPrefillCheck's mask set, or the window it cannot pass.
+#: ERROR_INVALID_PARAM in every release: 8.2.RC1's ParamRangeCheck (maskType out of range), or, later,
+#: ParamPrefillCheck's window the C interface cannot pass.
 SWA_NORM_REJECTION: ByRelease[str] = ByRelease(
     "swa_norm_rejection",
     (
         (
             f"<{MASK_RANK3_FIX}",
-            "ParamPrefillCheck accepts only maskType UNDEFINED, MASK_FREE and CAUSAL in prefill "
-            "(8.2.RC1 has no SWA_NORM prefill)",
+            "ParamRangeCheck refuses maskType 4 (8.2.RC1 knows no SWA_NORM: its mask range ends at CAUSAL)",
         ),
         (
             f">={MASK_RANK3_FIX}",
             "SWA_NORM needs windowSize > 0, which the C interface cannot pass (windowSize defaults to 0)",
         ),
     ),
+    source="hicann/ascend-transformer-boost br_release_cann_8.2.RC1 and master (ddcc8b6225b8): "
+    "multi_latent_attention_operation.cpp ParamRangeCheck / ParamPrefillCheck; include/atb/infer_op_params.h "
+    "windowSize (8.2.RC1's ParamRangeCheck refusal as the lead's review read it; not re-read here)",
+    confidence=UNCONFIRMED,
 )
 
 # -- chips ---------------------------------------------------------------------------------------
@@ -154,6 +174,21 @@ _ASCEND_910_93 = "Ascend910_93"
 def atb_mla_supports_soc(soc_name: str) -> bool:
     """Whether ATB's MLA operation can be created on this SoC (Atlas A2/A3 inference parts only)."""
     return (_ASCEND_910B in soc_name and len(soc_name) > len(_ASCEND_910B)) or _ASCEND_910_93 in soc_name
+
+
+#: The evidence of the facts above that are no ByRelease: (source, confidence) by name.
+EVIDENCE: dict[str, tuple[str, str]] = {
+    "MASK_RANK3_FIX": (
+        "hicann/ascend-transformer-boost commit 0f7d4ade5 ('[fix] mla batch mask', 2025-11-27) on master and, as a "
+        "late cherry-pick, br_release_cann_8.3.RC1; no release tags say which 8.3.RC1 package has it",
+        UNCONFIRMED,
+    ),
+    "atb_mla_supports_soc": (
+        "hicann/ascend-transformer-boost (ddcc8b6225b8) src/atb/utils/config.cpp Config::InitSocVersion, Is910B; "
+        "MultiLatentAttention CreateOperation",
+        CONFIRMED,
+    ),
+}
 
 
 def soc_rejection(soc_name: str) -> str | None:

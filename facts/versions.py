@@ -17,6 +17,11 @@ from typing import Any
 ASCEND_ROOT = Path("/usr/local/Ascend")
 #: Overrides the ATB version read from disk (e.g. a build whose version.info is missing).
 ATB_VERSION_ENV = "MLA_ATB_VERSION"
+#: The one line a run and a report print when the ATB release is unknown, with its fix.
+RELEASE_UNKNOWN = (
+    f"ATB release unknown (version.info has no version key, e.g. a source build): set {ATB_VERSION_ENV}=<release>, "
+    "e.g. 8.3.RC1"
+)
 _LINE = re.compile(r"^\s*([^=:]+?)\s*[=:]\s*(.*?)\s*$")
 
 

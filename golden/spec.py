@@ -223,6 +223,10 @@ class CaseSpec:
     source: str = field(default="", compare=False)
     #: The upstream (ATB) commit an error case's expectation was read at; provenance, not content.
     source_commit: str = field(default="", compare=False)
+    #: Error cases only: releases whose rejection is unconfirmed (e.g. a fix that reached the branch as a
+    #: late cherry-pick): there every rejection the case names is accepted and the record says which one
+    #: was seen.  Provenance, not content.
+    unconfirmed_at: tuple[str, ...] = field(default=(), compare=False)
 
     # -- derived properties -------------------------------------------------------------
     @property
@@ -268,7 +272,7 @@ class CaseSpec:
 
         ``expect_by_release`` and ``structure`` count only when given, so the cases without them keep
         their hashes."""
-        skip = {"name", "suite", "source", "source_commit", "expect_by_release"}
+        skip = {"name", "suite", "source", "source_commit", "expect_by_release", "unconfirmed_at"}
         if self.structure is None:
             skip.add("structure")
         data = {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in skip}
@@ -288,6 +292,16 @@ class CaseSpec:
                 except ValueError:
                     break  # an unparsable release cannot be placed: the documented expectation
         return self.expect_error, self.expect_stage
+
+    def accepted_rejections(self, release: str | None) -> tuple[tuple[str | None, str | None], ...]:
+        """Every ``(status, stage)`` that meets this case's contract at ``release``: the one its release
+        gives, or, with the release unknown or at an unconfirmed boundary (``unconfirmed_at``), each
+        rejection it names (documented first): the device decides, the record says which."""
+        uncertain = release is None or any(release.startswith(bound) for bound in self.unconfirmed_at)
+        if not uncertain or not self.expect_by_release:
+            return (self.expected_rejection(release),)
+        named = [(self.expect_error, self.expect_stage), *((e, st) for _, e, st in self.expect_by_release)]
+        return tuple(dict.fromkeys(named))
 
     @property
     def content_hash(self) -> str:
@@ -327,6 +341,8 @@ class CaseSpec:
         data.update(name=self.name, suite=self.suite, source=self.source)
         if self.source_commit:
             data["source_commit"] = self.source_commit
+        if self.unconfirmed_at:
+            data["unconfirmed_at"] = list(self.unconfirmed_at)
         return json.dumps(data, sort_keys=True)
 
     def to_toml(self) -> str:
@@ -533,6 +549,12 @@ def build_case(
     if not isinstance(commit, str) or (commit and not _is_commit(commit)):
         raise fail("source_commit", f"must be a full 40-hex-digit commit, got {commit!r}")
     kwargs["expect_by_release"] = _by_release(raw.get("expect_by_release", ()), raw.get("expect_error"), fail)
+    bounds = raw.get("unconfirmed_at", ())
+    if not isinstance(bounds, (list, tuple)) or not all(isinstance(b, str) and b for b in bounds):
+        raise fail("unconfirmed_at", f"must be a list of releases such as ['8.3.RC1'], got {_show(bounds)}")
+    if bounds and not kwargs["expect_by_release"]:
+        raise fail("unconfirmed_at", "only allowed with expect_by_release (the rejections it may give)")
+    kwargs["unconfirmed_at"] = tuple(bounds)
     try:  # the spec holds the fp32 value the operator receives, so every reference agrees on it
         kwargs["qk_scale"] = as_c_float(scale)
     except OverflowError:  # beyond fp32's range: only meaningful for error cases

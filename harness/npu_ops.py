@@ -13,7 +13,12 @@
   mask), GQA ratio at most 64.  The 2048x2048 "optimised" mask of sparse modes 2-4 is written out only
   in the sibling op's page (``torch_npu-npu_fusion_attention.md``: ``torch.triu(torch.ones(2048, 2048,
   dtype=torch.bool), diagonal=1)``, True = not computed); that it means the same here is unconfirmed
-  until a device run, like fp16 for the MLA head split.
+  until a device run.  TND takes bf16 only: fp16 is ``Unsupported`` (never cast, which would judge
+  another computation); the rules and their sources are ``facts/torch_npu_ops.py``.
+
+Availability makes one tiny real call of the op (``tiny_call``): ``npu_ring_mla`` exists even when
+``libatb.so`` cannot load (the error comes at the first call), and op-plugin 6.0.0's FIA op has no
+``query_rope``; any exception is the reason, with torch_npu's version and the library path.
 
 Both map an :class:`MlaPrefillCall` (the C interface's arguments) onto the op: the padded kv layout is
 packed (batch b's rows ``b*S .. b*S + kv_b``, as documented), batches without query or key rows are left
@@ -24,7 +29,9 @@ case is skipped with the reason.  Neither has the C interface's error contract.
 from __future__ import annotations
 
 import importlib
+import inspect
 import itertools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
@@ -33,6 +40,7 @@ import torch
 
 from mlaconf.facts.operator import CAUSAL, MASK_FREE, MASK_SIZE, MASKED_VALUE, NOPE_DIM, ROPE_DIM, V_DIM, kv_layout_of
 from mlaconf.facts.releases import atb_mla_supports_soc
+from mlaconf.facts.torch_npu_ops import FIA_MLA_KEYWORDS, FIA_TND_DTYPE, FIA_TND_MAX_TOKENS, rule_text
 from mlaconf.harness.backend import Availability, BackendInfo, MlaPrefillCall, Unsupported
 from mlaconf.harness.devices import worker_device_index
 
@@ -129,6 +137,31 @@ def compressed_causal_mask(dtype: torch.dtype) -> torch.Tensor:
     return torch.where(upper, MASKED_VALUE[name], 0.0).to(dtype)
 
 
+def tiny_call() -> MlaPrefillCall:
+    """The smallest valid call (one bf16 token, one head, no mask): what a probe runs to prove the op runs."""
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen).to(torch.bfloat16)
+
+    one = torch.tensor([1], dtype=torch.int32)
+    return MlaPrefillCall(
+        q=rand(1, 1, NOPE_DIM),
+        q_rope=rand(1, 1, ROPE_DIM),
+        k=rand(1, 1, NOPE_DIM),
+        k_rope=rand(1, 1, ROPE_DIM),
+        v=rand(1, 1, V_DIM),
+        q_seqlen=one,
+        kv_seqlen=one.clone(),
+        mask=None,
+        head_num=1,
+        qk_scale=0.1,
+        kv_head_num=1,
+        mask_type=0,
+        cache_mode=1,
+    )
+
+
 def _first_line(err: BaseException) -> str:
     lines = str(err).strip().splitlines()
     return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
@@ -194,8 +227,32 @@ class _TorchNpuOpBackend:
             return Availability(
                 False, f"SoC {soc!r}: {self.op_name} runs on Atlas 800I A2/A3 only (Ascend910B<n>, Ascend910_93*)"
             )
+        missing = self._missing_keywords(torch_npu)
+        if missing:
+            return Availability(False, f"{self.op_name} in {self._versions(torch_npu)} has no keyword {missing}")
         self._module = torch_npu
+        self._availability = Availability(True)  # for the probe call itself; available() overwrites it
+        try:  # the op object exists even when its library cannot load: only a call proves it runs
+            self._tiny_call()
+            torch_npu.npu.synchronize()
+        except Exception as err:
+            self._module = None
+            return Availability(
+                False, f"{self.op_name} failed its probe call ({_first_line(err)}); {self._versions(torch_npu)}"
+            )
         return Availability(True)
+
+    def _missing_keywords(self, torch_npu: ModuleType) -> list[str]:
+        """The keywords :meth:`run` passes that the installed op does not declare (signature, else docstring)."""
+        return []
+
+    def _tiny_call(self) -> None:
+        """One smallest real call of the op on the device (loads its library, runs its kernel)."""
+        raise NotImplementedError
+
+    def _versions(self, torch_npu: ModuleType) -> str:
+        """torch_npu's version and the library the op loads, for a reason line."""
+        return f"torch_npu {getattr(torch_npu, '__version__', '?')}"
 
     def _torch_npu(self) -> ModuleType:
         if not self.available() or self._module is None:
@@ -227,6 +284,14 @@ class RingMlaBackend(_TorchNpuOpBackend):
 
     def _op(self, torch_npu: ModuleType) -> object:
         return torch_npu.atb.npu_ring_mla
+
+    def _tiny_call(self) -> None:
+        RingMlaBackend.run(self, tiny_call())  # this class's mapping, whatever a subclass overrides
+
+    def _versions(self, torch_npu: ModuleType) -> str:
+        home = os.environ.get("ATB_HOME_PATH")
+        library = f"{home}/lib/libatb.so" if home else "libatb.so (ATB_HOME_PATH unset)"
+        return f"torch_npu {getattr(torch_npu, '__version__', '?')}, {library}"
 
     def run(self, call: MlaPrefillCall) -> torch.Tensor:
         ring = self._torch_npu().atb.npu_ring_mla
@@ -331,14 +396,34 @@ class FusedInferAttentionBackend(_TorchNpuOpBackend):
     def _op(self, torch_npu: ModuleType) -> object:
         return torch_npu.npu_fused_infer_attention_score
 
+    def _missing_keywords(self, torch_npu: ModuleType) -> list[str]:
+        op = self._op(torch_npu)
+        try:
+            parameters = inspect.signature(op).parameters  # type: ignore[arg-type]
+        except (TypeError, ValueError):  # a C++ op: its docstring carries the schema, if it has one
+            doc = getattr(op, "__doc__", None) or ""
+            return [k for k in FIA_MLA_KEYWORDS if doc and k not in doc]  # no doc: the probe call decides
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+            return []
+        return [k for k in FIA_MLA_KEYWORDS if k not in parameters]
+
+    def _tiny_call(self) -> None:
+        FusedInferAttentionBackend.run(self, tiny_call())
+
     def run(self, call: MlaPrefillCall) -> torch.Tensor:
         fia = self._torch_npu().npu_fused_infer_attention_score
         _require_mask_type(call, self.op_name)
+        name = _DTYPE_NAMES.get(call.q.dtype, str(call.q.dtype))
+        if name != FIA_TND_DTYPE:
+            raise Unsupported(f"{name}: {rule_text('fia-tnd-bf16')}")
         if call.head_num // call.kv_head_num > FIA_MAX_GROUP:
             raise Unsupported(f"GQA ratio {call.head_num // call.kv_head_num} > {FIA_MAX_GROUP}, the op's limit")
         packed = pack(call)
         if len(packed.q_lens) > FIA_MAX_BATCH:
             raise Unsupported(f"{len(packed.q_lens)} batches: the TND layout takes at most {FIA_MAX_BATCH}")
+        longest = max(packed.q.shape[0], packed.k.shape[0])
+        if longest > FIA_TND_MAX_TOKENS:
+            raise Unsupported(f"{longest} tokens: {rule_text('fia-tnd-max-tokens')}")
         device = self._device()
         sparse_mode, mask = self._sparse(call)
         out, _ = fia(

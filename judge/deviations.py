@@ -17,6 +17,7 @@ from typing import Any, Literal
 from mlaconf.facts.operator import padded_kv_misread
 from mlaconf.facts.releases import in_range, parse_range
 from mlaconf.facts.status import STATUS_CODES
+from mlaconf.facts.versions import RELEASE_UNKNOWN
 from mlaconf.golden.spec import CaseSpec, read_toml
 
 DEFAULT_PATH = Path(__file__).resolve().parent / "known_deviations.toml"
@@ -93,10 +94,12 @@ class Deviation:
     #: The upstream commit whose source the entry was reviewed against ("" if never reviewed).
     source_commit: str = ""
 
-    def selects(self, backend: str, version: str | None, spec: CaseSpec) -> bool:
+    def selects(self, backend: str, version: str | None, spec: CaseSpec, any_release: bool = False) -> bool:
+        """Whether this entry covers the case on ``backend`` at ``version``; ``any_release``: at some
+        release its range names (for a backend whose release is unknown)."""
         if not fnmatchcase(backend, self.backend):
             return False
-        if self.versions:
+        if self.versions and not any_release:
             if version is None:
                 return False  # unknown version: do not excuse, report loudly
             try:
@@ -153,6 +156,32 @@ class DeviationSet:
     def match(self, backend: str, version: str | None, spec: CaseSpec) -> Deviation | None:
         """The first entry (file order) covering this case."""
         return next((d for d in self.entries if d.selects(backend, version, spec)), None)
+
+    def candidates(self, backend: str, version: str | None, spec: CaseSpec) -> list[Deviation]:
+        """The entries that may cover this case: the match at a known version; with the release unknown,
+        every entry covering it at some release it names (each is judged; see :func:`explaining`)."""
+        if version is not None:
+            found = self.match(backend, version, spec)
+            return [found] if found else []
+        return [d for d in self.entries if d.selects(backend, None, spec, any_release=True)]
+
+
+def release_note(version: str | None, deviation: Deviation | None) -> str:
+    """``"; ATB release unknown ...; <id> (<range>) ..."`` when a release-bound entry was chosen without a release."""
+    if version is not None or deviation is None or not deviation.versions:
+        return ""
+    return (
+        f"; {RELEASE_UNKNOWN}; judged against every release the known deviations name: "
+        f"{deviation.id} ({deviation.versions}) is the one that explains it"
+    )
+
+
+def explaining(candidates: list[Deviation], conforms: bool, observed_status: str | None) -> Deviation | None:
+    """Of the candidate entries, the first whose prediction is what was seen, else the first (None if none)."""
+    for entry in candidates:
+        if entry.classify(conforms, observed_status) == "expected":
+            return entry
+    return candidates[0] if candidates else None
 
 
 def _entry(raw: Any, index: int, source: str) -> Deviation:

@@ -264,14 +264,17 @@ def _relative(p: Callable[[str], float], m: Metrics, b: ErrorStats | None, ctx: 
 
 def _systematic(p: Callable[[str], float], m: Metrics, b: ErrorStats | None, ctx: VerdictContext) -> list[Check]:
     """The systematic-error tests (judge.systematic): evidence on every verdict, deciding only when
-    significant at ``false_alarm`` (split between the two tests).  They can only fail a verdict, so
-    a context without an output to test (metrics alone) has none: nothing is passed vacuously."""
+    significant at ``false_alarm`` (split between the two tests) and material (the effect at its
+    floor): a ``<test>_z`` and a ``<test>_effect`` check each, both deciding or neither.  They can
+    only fail a verdict, so a context without an output to test (metrics alone) has none: nothing is
+    passed vacuously."""
     if ctx.systematic is None:
         return []
     checks = []
     for result in ctx.systematic(p("false_alarm")):
-        check = _check("systematic", f"{result.name}_z", result.z, result.critical, result.text)
-        checks.append(dataclasses.replace(check, decisive=result.significant))
+        z = _check("systematic", f"{result.name}_z", result.z, result.critical, result.text)
+        effect = _check("systematic", f"{result.name}_effect", result.effect, result.floor, "materiality floor")
+        checks += [dataclasses.replace(check, decisive=result.significant) for check in (z, effect)]
     return checks
 
 

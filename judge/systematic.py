@@ -15,7 +15,9 @@ statistic ``z`` on the Gaussian-tail scale and the critical value at the case's 
   with eps0 the interval's nearest end, the per-(row, head) sums u_c = sum_c T (e - eps0 T) are
   independent (every rounding of the model is shared by the elements of one row and head at most)
   and symmetric, so z = sum u_c / sqrt(sum u_c^2) exceeds x with probability at most exp(-x^2 / 2)
-  (Hoeffding over the signs, whatever the clusters' variances).
+  (Hoeffding over the signs, whatever the clusters' variances).  z grows like sqrt(rows), so it
+  decides only beside a materiality floor: the effect |eps_hat - eps0| rms(T) / (u rms(g)) must
+  reach TEMPERATURE_FLOOR (rounding-sized biases of legitimate paths stay below it).
 * **Format signature.**  The low LOW_BITS mantissa bits of a correctly rounded fp16 (or bf16) value
   of a continuous quantity are all zero about once in 2^LOW_BITS; an output rounded through bf16 (or
   fp8) on the way has them zero always (normal values only: a subnormal keeps no coarser format's
@@ -23,7 +25,7 @@ statistic ``z`` on the Gaussian-tail scale and the critical value at the case's 
   with the chance rate p = CHANCE_MARGIN * max(2^-LOW_BITS, r_g), r_g the same rate of the golden
   rounded to the dtype (a golden whose values are coarse, e.g. rows that copy one input value,
   raises the chance accordingly); the Chernoff bound P(K >= k) <= exp(-n KL(k/n || p)) gives
-  z = sqrt(2 n KL).
+  z = sqrt(2 n KL); it decides only when the rate is also FORMAT_FLOOR times the chance rate.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import numpy as np
 
 from mlaconf.facts.operator import V_DIM
 from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.stats import CHUNK_ELEMENTS
+from mlaconf.golden.stats import CHUNK_ELEMENTS, UNIT_ROUNDOFF
 from mlaconf.judge.error_model import U32, scale_cast_error
 from mlaconf.judge.metrics import EXPONENT_BITS, bits16_finite
 
@@ -48,6 +50,13 @@ LOW_BITS = 3
 #: The chance rate of all-zero low bits times this: a margin for the slightly non-uniform low bits of
 #: real outputs (their density varies across a binade), so that millions of elements never alarm.
 CHANCE_MARGIN = 1.5
+#: Materiality floor of the temperature test: |eps_hat - eps0| rms(T) in units of u rms(g).  The
+#: documented legitimate paths reach 0.004-0.019 on their most exposed cases, the target defects
+#: 0.09-0.25 (docs/conformance.md, "Materiality floor").
+TEMPERATURE_FLOOR = 0.05
+#: Materiality floor of the format signature: the zero-low-bits rate over its chance rate (a
+#: correct output reached 0.79; an output rounded through a coarser format 1 / (3/16) = 5.3).
+FORMAT_FLOOR = 2.0
 OWN_DTYPE = {"fp16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16)}
 
 
@@ -61,10 +70,15 @@ class Significance:
     z: float
     critical: float
     text: str
+    #: The effect's size on the test's materiality scale, and the floor it must reach to decide.
+    effect: float = math.nan
+    floor: float = math.nan
 
     @property
     def significant(self) -> bool:
-        return self.z > self.critical
+        """Certain (z over its critical value) and material (effect at its floor): a tiny bias made
+        certain by many rows is a legitimate rounding path, not a defect."""
+        return self.z > self.critical and self.effect >= self.floor
 
 
 def critical_value(alpha: float, tests: int = 1) -> float:
@@ -74,12 +88,14 @@ def critical_value(alpha: float, tests: int = 1) -> float:
 
 def _projections(
     actual: np.ndarray, golden: np.ndarray, valid: np.ndarray, direction: np.ndarray, spec: CaseSpec
-) -> tuple[np.ndarray, np.ndarray] | None:
-    """Per valid (row, head): sum_c T^2 and sum_c T (actual - golden); None when ``actual`` is not finite."""
+) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """Per valid (row, head): sum_c T^2 and sum_c T (actual - golden), and sum g^2 over them; None
+    when ``actual`` is not finite."""
     shape = (spec.total_q, spec.head_num, V_DIM)
     a_all, g_all, d_all = actual.reshape(shape), golden.reshape(shape), direction.reshape(shape)
     tt = np.zeros((valid.size, spec.head_num))
     te = np.zeros((valid.size, spec.head_num))
+    gg = 0.0
     step = max(CHUNK_ELEMENTS // (spec.head_num * V_DIM), 1)
     for start in range(0, valid.size, step):
         tok = valid[start : start + step]
@@ -87,9 +103,10 @@ def _projections(
         if not np.isfinite(err).all():
             return None
         d = d_all[tok].astype(np.float64)
+        gg += float(np.square(g_all[tok].astype(np.float64)).sum())
         tt[start : start + tok.size] = np.einsum("rhc,rhc->rh", d, d)
         te[start : start + tok.size] = np.einsum("rhc,rhc->rh", d, err)
-    return tt, te
+    return tt, te, gg
 
 
 def temperature_check(
@@ -113,7 +130,7 @@ def temperature_check(
     sums = _projections(actual, golden, valid, magnitudes["pv_scale"], spec)
     if sums is None:
         return Significance("temperature", math.nan, math.nan, math.nan, critical, "output not finite")
-    tt, te = sums
+    tt, te, gg = sums
     total = float(tt.sum())
     if total == 0.0:
         return Significance("temperature", math.nan, math.nan, 0.0, critical, "T is 0 on every element")
@@ -129,11 +146,13 @@ def temperature_check(
     u = te - nearest * tt
     norm = math.sqrt(float(np.square(u).sum()))
     z = abs(float(u.sum())) / norm if norm > 0.0 and nearest != estimate else 0.0  # inside: no evidence
+    # rms(T) / rms(g) = sqrt(total / gg): the element count cancels
+    effect = abs(estimate - nearest) * math.sqrt(total / gg) / UNIT_ROUNDOFF[spec.dtype] if gg > 0.0 else math.inf
     text = (
         f"qkScale error estimate {estimate:.3g} +- {standard_error:.2g} (legitimate [{low:.3g}, {high:.3g}]), "
-        f"z {z:.3g} over {tt.size} rows x heads"
+        f"z {z:.3g} over {tt.size} rows x heads, effect {effect:.3g} u rms(g) (floor {TEMPERATURE_FLOOR:g})"
     )
-    return Significance("temperature", estimate, standard_error, z, critical, text)
+    return Significance("temperature", estimate, standard_error, z, critical, text, effect, TEMPERATURE_FLOOR)
 
 
 def _zero_low_bits(values: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
@@ -188,7 +207,10 @@ def format_check(
     if z == 0.0:
         label, kk, nn, p = groups[0][0], groups[0][1], groups[0][2], groups[0][3]
     rate = kk / nn if nn else math.nan
+    effect = rate / p if nn else math.nan
     text = (
-        f"low {LOW_BITS} mantissa bits zero in {rate:.3g} of {nn} normal outputs ({label}; chance {p:.3g}), z {z:.3g}"
+        f"low {LOW_BITS} mantissa bits zero in {rate:.3g} of {nn} normal outputs ({label}; chance {p:.3g}), z {z:.3g}, "
+        f"rate / chance {effect:.3g} (floor {FORMAT_FLOOR:g})"
     )
-    return Significance("format", rate, math.sqrt(p * (1 - p) / nn) if nn else math.nan, z, critical, text)
+    se = math.sqrt(p * (1 - p) / nn) if nn else math.nan
+    return Significance("format", rate, se, z, critical, text, effect, FORMAT_FLOOR)

@@ -19,6 +19,7 @@ VERB_MODULES = (
     "mlaconf.golden.bench",
     "mlaconf.reports.cli",
     "mlaconf.runner.run",
+    "mlaconf.runner.repro",
     "mlaconf.runner.ascend",
 )
 

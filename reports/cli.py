@@ -24,6 +24,16 @@ def _existing_dir(text: str) -> Path:
     return path
 
 
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"{text!r} is not a share between 0 and 1")
+    return value
+
+
 def register(subparsers: Any) -> None:
     report = subparsers.add_parser(
         "report",
@@ -39,8 +49,10 @@ def register(subparsers: Any) -> None:
         description="Compare a candidate run with a baseline case by case: identical, changed within "
         "tolerance, regressed, fixed, added or missing, plus latency changes.  Prints one line per "
         "changed case (full lines unless on a terminal) and writes diff.md, diff.html (with a slack "
-        "before/after chart) and diff.json.  Exit 1 when a case regressed or is missing, or the candidate "
-        "ran fewer tests than it selected; exit 2 when a run is not complete (see --allow-incomplete).",
+        "before/after chart) and diff.json.  Exit 1 when the gate fails (docs/reports.md, 'The gate'): a "
+        "case regressed, is missing or ran on neither side, too little was compared, both sides are one run, "
+        "or the candidate has problems or ran fewer tests than it selected; exit 2 when a run is not "
+        "complete (see --allow-incomplete).",
     )
     p.add_argument("base", type=_existing_dir, help="baseline report directory")
     p.add_argument("cand", type=_existing_dir, help="candidate report directory")
@@ -64,6 +76,20 @@ def register(subparsers: Any) -> None:
         "--allow-missing",
         action="store_true",
         help="cases missing from the candidate, or skipped there, do not fail the exit status",
+    )
+    p.add_argument(
+        "--skips-expected",
+        action="store_true",
+        help="pairs skipped or not run on both sides do not fail the gate (the verdict says how many)",
+    )
+    p.add_argument(
+        "--min-compared",
+        type=_share,
+        default=None,
+        metavar="SHARE",
+        help="fail unless at least this share (0-1) of the baseline's records were compared with both sides "
+        "run, whatever the flags above excuse (default: every pair compared or excused); none compared "
+        "always fails",
     )
     p.add_argument(
         "--base-backend",
@@ -131,13 +157,14 @@ def run_diff(args: argparse.Namespace) -> int:
         base_backend=args.base_backend,
         cand_backend=args.cand_backend,
         allow_incomplete=args.allow_incomplete,
+        min_compared=args.min_compared,
     )
     out = args.out or args.cand / "diff"
-    gate = (args.fail_on_perf, args.allow_missing)
+    gate = (args.fail_on_perf, args.allow_missing, args.skips_expected)
     files = diff.write_outputs(result, out, gate)
     print(diff.terminal(result, shutil.get_terminal_size().columns if sys.stdout.isatty() else None, gate))
     print("wrote " + ", ".join(str(f) for f in files))
-    return result.exit_status(args.fail_on_perf, args.allow_missing)
+    return result.exit_status(*gate)
 
 
 @_guarded

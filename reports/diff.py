@@ -13,12 +13,15 @@ Every pair falls in one class (:data:`CATEGORIES`, each under its own heading):
 ``determinism_lost``  the determinism relation (bit-identical reruns) that held and now breaks
 ``crashed``           a test whose xdist worker now dies under it
 ``timed_out``         a test that now runs past its timeout
+``not_run``           no evidence: skipped or never run on both sides, or never run in the
+                      candidate (listed first; fails the gate unless skips are expected)
 ``fixed`` ``changed`` ``identical`` ``added`` ``missing``  as before
 
-The six first classes are regressions: they fail the gate, as do missing cases (unless allowed)
-and a candidate that ran fewer tests than it selected.  Two records are ``identical`` when their
-outputs' digests match (conformance, metamorphic relations, properties), or, without digests,
-when their verdict and evidence match (:func:`mlaconf.reports.records.evidence_sha256`).
+The six regression classes fail the gate, as do pairs not run (unless ``skips_expected``), missing
+cases (unless allowed), a candidate that ran fewer tests than it selected or has problems, a diff
+that compared fewer pairs than ``min_compared`` of the baseline, and one run on both sides.  Two records
+are ``identical`` when their outputs' digests match (conformance, metamorphic relations, properties),
+or, without digests, when their verdict and evidence match (:func:`mlaconf.reports.records.evidence_sha256`).
 
 Latency is compared only where both runs recorded at least :data:`MIN_REPEATS` timed calls per
 case (``--mla-timing-repeats``): the candidate is slower when a one-sided Mann-Whitney U test (scipy)
@@ -68,6 +71,7 @@ MIN_REPEATS = 10
 ALPHA = 0.01
 
 CATEGORIES = (
+    "not_run",
     "regressed",
     "status_changed",
     "relation_broken",
@@ -84,6 +88,7 @@ CATEGORIES = (
 REGRESSIONS = ("regressed", "status_changed", "relation_broken", "determinism_lost", "crashed", "timed_out")
 #: Headings, in the order they are listed.
 HEADINGS = {
+    "not_run": "Not run (skipped on both sides, or never run in the candidate)",
     "regressed": "Regressed",
     "status_changed": "Error status or stage changed",
     "relation_broken": "Metamorphic relations broken",
@@ -103,6 +108,8 @@ CATEGORY_COLOURS = {
     "changed": "#0072b2",
     "identical": "#999999",
 }
+#: The gate's flags: (fail_on_perf, allow_missing, skips_expected).
+Gate = tuple[bool, bool, bool]
 #: Environment entries worth naming when they differ between the runs.
 ENV_KEYS = (
     "environment.ascend.cann_toolkit.version",
@@ -165,8 +172,28 @@ class DiffResult:
     perf: list[PerfDiff]
     notes: list[str]
     env_changes: list[tuple[str, str, str]]
-    #: Why the candidate cannot pass whatever its records say (it ran fewer tests than it selected).
+    #: Why the candidate cannot pass whatever its records say (it ran fewer tests than it selected,
+    #: it has problems, both sides are one run).
     gate_failures: list[str] = field(default_factory=list)
+    #: Records of the baseline (of ``base_backend`` when given): what a full comparison pairs.
+    baseline: int = 0
+    #: Share of the baseline that must be compared (both sides ran); None: every pair no flag excused.
+    min_compared: float | None = None
+
+    def compared(self) -> int:
+        """Pairs where both sides ran the test: the evidence the gate stands on."""
+        return sum(c.category not in ("not_run", "added", "missing") for c in self.cases)
+
+    def coverage_reason(self) -> str | None:
+        """Why too little was compared (None: enough): no pair at all, or fewer than a stated
+        ``min_compared`` share of the baseline.  Without a stated share every baseline pair must
+        be compared or excused, which the not-run and missing classes already gate."""
+        compared = self.compared()
+        if compared == 0:
+            return f"nothing compared: no pair ran on both sides (baseline {self.baseline} records)"
+        if self.min_compared is not None and compared < self.min_compared * self.baseline:
+            return f"compared {compared} of {self.baseline} baseline pairs, below --min-compared {self.min_compared:g}"
+        return None
 
     def by_category(self, category: str) -> list[CaseDiff]:
         return [c for c in self.cases if c.category == category]
@@ -181,29 +208,43 @@ class DiffResult:
         """Pairs whose latency was not compared (too few timed calls on a side)."""
         return sum(c.latency.startswith("not compared") for c in self.cases)
 
-    def gate_reasons(self, fail_on_perf: bool = False, allow_missing: bool = False) -> list[str]:
-        """Why the gate fails (empty: it passes): regressions (any class of :data:`REGRESSIONS`),
-        cases missing or no longer run (a backend that became unavailable must not pass an upgrade
-        gate) unless allowed, a candidate that ran fewer tests than it selected, perf if asked."""
-        reasons = [f"{len(self.by_category(c))} {HEADINGS[c].lower()}" for c in REGRESSIONS if self.by_category(c)]
+    def gate_reasons(
+        self, fail_on_perf: bool = False, allow_missing: bool = False, skips_expected: bool = False
+    ) -> list[str]:
+        """Why the gate fails (empty: it passes): the run-level failures first (one run on both
+        sides, candidate problems or short), pairs with no evidence unless skips are expected,
+        regressions (any class of :data:`REGRESSIONS`), cases missing or no longer run (a backend
+        that became unavailable must not pass an upgrade gate) unless allowed, too little
+        compared, perf if asked."""
+        reasons = list(self.gate_failures)
+        if self.by_category("not_run") and not skips_expected:
+            reasons.append(f"{len(self.by_category('not_run'))} not run (no evidence; --skips-expected if meant)")
+        reasons += [f"{len(self.by_category(c))} {HEADINGS[c].lower()}" for c in REGRESSIONS if self.by_category(c)]
         if self.by_category("missing") and not allow_missing:
             reasons.append(f"{len(self.by_category('missing'))} missing")
-        reasons += self.gate_failures
+        coverage = self.coverage_reason()
+        if coverage:
+            reasons.append(coverage)
         if fail_on_perf and self.perf:
             reasons.append(f"{len(self.perf)} perf regressions")
         return reasons
 
-    def exit_status(self, fail_on_perf: bool, allow_missing: bool = False) -> int:
+    def exit_status(self, fail_on_perf: bool, allow_missing: bool = False, skips_expected: bool = False) -> int:
         """1 when the gate fails (:meth:`gate_reasons`), else 0."""
-        return 1 if self.gate_reasons(fail_on_perf, allow_missing) else 0
+        return 1 if self.gate_reasons(fail_on_perf, allow_missing, skips_expected) else 0
 
-    def verdict(self, fail_on_perf: bool = False, allow_missing: bool = False) -> str:
-        """The gate's verdict in one line."""
-        reasons = self.gate_reasons(fail_on_perf, allow_missing)
+    def verdict(self, fail_on_perf: bool = False, allow_missing: bool = False, skips_expected: bool = False) -> str:
+        """The gate's verdict in one line (a pass says how much it stands on, and what was excused)."""
+        reasons = self.gate_reasons(fail_on_perf, allow_missing, skips_expected)
         if reasons:
             return "GATE FAILS: " + "; ".join(reasons)
         counts = self.counts()
-        return f"GATE PASSES: {counts['identical']} identical, {counts['changed']} changed within tolerance"
+        excused = [f"{counts['not_run']} not run (expected)"] if counts["not_run"] else []
+        excused += [f"{counts['missing']} missing (allowed)"] if counts["missing"] else []
+        return (
+            f"GATE PASSES: {counts['identical']} identical, {counts['changed']} changed within tolerance, "
+            f"{self.compared()} of {self.baseline} baseline pairs compared" + "".join(f", {e}" for e in excused)
+        )
 
 
 def _state(record: Record) -> str:
@@ -324,7 +365,13 @@ def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
     if base.get("policy") and cand.get("policy") and base.get("policy") != cand.get("policy"):
         d.reasons.append(f"policy {base.get('policy')} -> {cand.get('policy')}")
     moved = f"{verdict(base)} -> {verdict(cand)}"
-    if c_state == "fail" and c_kind in ("crash", "timeout") and b_kind != c_kind:
+    if c_kind == "not_run" or ((b_state == "skip" or b_kind == "not_run") and (c_state == "skip")):
+        d.category = "not_run"  # no evidence on the candidate's side: neither identical nor regressed
+        d.reasons.append(failure_text(cand) or str(cand.get("message") or "skipped on both sides"))
+    elif b_kind == "not_run":
+        d.category = "added"  # the base has no evidence to compare with
+        d.reasons.append(f"{moved} (never ran in the base)")
+    elif c_state == "fail" and c_kind in ("crash", "timeout") and b_kind != c_kind:
         d.category = "crashed" if c_kind == "crash" else "timed_out"
         d.reasons += [moved, failure_text(cand)]
     elif suite == "error_contract" and b_state != "skip" and c_state != "skip" and _observed(base) != _observed(cand):
@@ -344,7 +391,7 @@ def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
     elif b_state != c_state:
         d.category = "missing" if c_state == "skip" else "added"
         d.reasons.append(f"{moved} (not comparable)")
-    elif b_state == c_state == "skip" or (verdict(base) == verdict(cand) and same_result(base, cand)):
+    elif verdict(base) == verdict(cand) and same_result(base, cand):
         d.category = "identical"
     elif b_state == "pass" and cs is not None and cs > 0.5 and (bs is None or bs <= 0 or cs > slack_threshold * bs):
         d.category = "regressed"
@@ -353,7 +400,7 @@ def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
         d.reasons.append(moved if verdict(base) != verdict(cand) else _changed_reason(base, cand))
         if suite == "metamorphic":
             d.reasons.append(_relation_reason(cand))
-    if d.category not in ("identical", "added", "missing"):
+    if d.category not in ("not_run", "identical", "added", "missing"):
         bm, cm = _metrics(base), _metrics(cand)
         d.failing_metrics = sorted(set(_failing_metrics(base)) | set(_failing_metrics(cand)))
         d.metric_deltas = {k: (bm.get(k), cm.get(k)) for k in sorted(bm.keys() | cm.keys())}
@@ -526,6 +573,22 @@ def _state_notes(side: str, state: RunState | None) -> tuple[list[str], list[str
     return (notes, [short]) if side == "candidate" else ([*notes, short], [])
 
 
+def _problems(run: Mapping[str, Any]) -> list[str]:
+    """The run's own ``problems`` (run.json): why it said it cannot pass."""
+    problems = run.get("problems")
+    return [str(p) for p in problems] if isinstance(problems, list) else []
+
+
+def _same_run(base: Path, cand: Path, base_run: Mapping[str, Any], cand_run: Mapping[str, Any]) -> str:
+    """Why base and candidate are one run ("" when they are two): one directory, or one run id."""
+    if base.resolve() == cand.resolve():
+        return f"one directory, {base.resolve()}"
+    run_id = base_run.get("run_id")
+    if isinstance(run_id, str) and run_id and run_id == cand_run.get("run_id"):
+        return f"run_id {run_id} on both sides"
+    return ""
+
+
 def _env_changes(base_run: Mapping[str, Any], cand_run: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     b, c = dict(html.flatten(dict(base_run))), dict(html.flatten(dict(cand_run)))
     return [(k, b.get(k, "-"), c.get(k, "-")) for k in ENV_KEYS if b.get(k) != c.get(k)]
@@ -540,6 +603,7 @@ def diff_dirs(
     base_backend: str | None = None,
     cand_backend: str | None = None,
     allow_incomplete: bool = False,
+    min_compared: float | None = None,
 ) -> DiffResult:
     """Diff two run directories; a run that is not complete and consistent raises
     IncompleteRun unless ``allow_incomplete``."""
@@ -547,6 +611,15 @@ def diff_dirs(
     cand_records, cand_run, cand_state = load_run_dir(cand, allow_incomplete=allow_incomplete)
     notes: list[str] = []
     gate_failures: list[str] = []
+    across = base_backend is not None or cand_backend is not None
+    same = _same_run(base, cand, base_run, cand_run)
+    if same and not across:  # one run against itself proves nothing about an upgrade
+        gate_failures.append(f"base and candidate are the same run ({same})")
+    for side, run in (("base", base_run), ("candidate", cand_run)):
+        problems = _problems(run)
+        notes += [f"the {side} run's problem: {p}" for p in problems]
+        if problems and side == "candidate":
+            gate_failures.append(f"the candidate run has {len(problems)} problem(s): {problems[0]}")
     for side, state in (("base", base_state), ("candidate", cand_state)):
         more, failing = _state_notes(side, state)
         notes += more
@@ -577,6 +650,8 @@ def diff_dirs(
         notes + _run_notes(base_run, cand_run, cases, backends),
         _env_changes(base_run, cand_run),
         gate_failures,
+        baseline=sum(base_backend is None or r.get("backend") == base_backend for r in base_records),
+        min_compared=min_compared,
     )
     ratios = [c.latency_ratio for c in cases if c.latency_ratio is not None]
     if ratios:
@@ -668,10 +743,10 @@ def _heading(category: str, count: int) -> str:
     return f"{HEADINGS[category]} ({count}){gate}"
 
 
-def terminal(result: DiffResult, width: int | None = None, gate: tuple[bool, bool] = (False, False)) -> str:
+def terminal(result: DiffResult, width: int | None = None, gate: Gate = (False, False, False)) -> str:
     """Plain text: counts, notes, then every non-identical case on one line, under its class's
     heading, cut to ``width`` (a terminal's) when given; whole lines otherwise (piped output is
-    meant for CI logs and grep).  ``gate``: (fail_on_perf, allow_missing), for the verdict line."""
+    meant for CI logs and grep).  ``gate``: :data:`Gate`, for the verdict line."""
     counts = result.counts()
     lines = [
         f"diff {result.base} -> {result.cand}",
@@ -721,7 +796,7 @@ def _md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(out)
 
 
-def markdown(result: DiffResult, gate: tuple[bool, bool] = (False, False)) -> str:
+def markdown(result: DiffResult, gate: Gate = (False, False, False)) -> str:
     parts = [
         f"# Run diff\n\nbase `{result.base}` → candidate `{result.cand}`\n",
         _md_table([*result.counts(), "perf"], [[str(v) for v in result.counts().values()] + [str(len(result.perf))]]),
@@ -761,10 +836,11 @@ def slack_chart(result: DiffResult) -> str:
         marker=1.0,
         diagonal=True,
         colours=CATEGORY_COLOURS,
+        totals=result.counts(),
     )
 
 
-def render_html(result: DiffResult, gate: tuple[bool, bool] = (False, False)) -> str:
+def render_html(result: DiffResult, gate: Gate = (False, False, False)) -> str:
     counts = result.counts()
     sections = [
         html.table(
@@ -799,7 +875,7 @@ def render_html(result: DiffResult, gate: tuple[bool, bool] = (False, False)) ->
     return html.page("MLA prefill run diff", sections)
 
 
-def write_outputs(result: DiffResult, out: Path, gate: tuple[bool, bool] = (False, False)) -> list[Path]:
+def write_outputs(result: DiffResult, out: Path, gate: Gate = (False, False, False)) -> list[Path]:
     """diff.md, diff.html and diff.json (machine-readable) under ``out``, each written atomically
     (a symlink planted at any of them, or at ``out``, is refused)."""
     safeio.safe_dir(out)
@@ -812,6 +888,9 @@ def write_outputs(result: DiffResult, out: Path, gate: tuple[bool, bool] = (Fals
                 "notes": result.notes,
                 "gate": result.verdict(*gate),
                 "gate_failures": result.gate_reasons(*gate),
+                "compared": result.compared(),
+                "baseline": result.baseline,
+                "min_compared": result.min_compared,
                 "latency_not_compared": result.not_compared(),
                 "latency_test": {
                     "test": "Mann-Whitney U, one-sided (candidate slower), Holm-Bonferroni over the compared pairs",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from html import escape
 from pathlib import Path
@@ -386,6 +387,7 @@ def case_details(r: Record, open_: bool = False) -> str:
     )
     return (
         f'<details class="case" id="{case_anchor(r)}"{" open" if open_ else ""}><summary>{escape(summary)}</summary>'
+        + next_steps(r)
         + error_map_chart(r)
         + f"<p>policy {escape(str(r.get('policy', '-')))}, "
         f"node <code>{escape(str(r.get('test') or r.get('nodeid') or ''))}</code></p>"
@@ -395,6 +397,20 @@ def case_details(r: Record, open_: bool = False) -> str:
         + _evidence(r)
         + f"<pre>{escape(json.dumps(r.get('spec'), indent=1, sort_keys=True, default=str))}</pre></details>"
     )
+
+
+def next_steps(r: Record) -> str:
+    """A failing conformance case's likely cause and the commands that shrink it and write its repro."""
+    if r.get("suite") != "conformance" or r.get("verdict") != "failed":
+        return ""
+    cause = r.get("likely_cause")
+    text = f"<p><b>likely cause:</b> {escape(str(cause.get('text')))}</p>" if isinstance(cause, Mapping) else ""
+    test = str(r.get("test") or "")
+    target = (
+        shlex.quote(test) if "[" in test else f"{r.get('case_id', '?')} --backend {shlex.quote(str(r.get('backend')))}"
+    )
+    commands = f"mlaconf shrink {target}\nmlaconf repro {target} --out repro-{r.get('case_id', 'case')}"
+    return text + f'<pre class="next">{escape(commands)}</pre>'
 
 
 #: Record fields shown as evidence when present: error contract, relation, property, failure.

@@ -59,6 +59,12 @@ def _shard_warnings(runs: Sequence[dict[str, Any]]) -> list[str]:
     return out
 
 
+def _host(run: dict[str, Any]) -> Any:
+    """The host a shard ran on; None when its ``environment`` is not an object."""
+    environment = run.get("environment")
+    return environment.get("host") if isinstance(environment, dict) else None
+
+
 def merge_dirs(dirs: Sequence[Path], *, allow_incomplete: bool = False) -> MergeResult:
     """Join shard directories; a shard that is not complete and consistent raises IncompleteRun
     unless ``allow_incomplete`` (then the merged run is marked with the worst shard status)."""
@@ -84,6 +90,9 @@ def merge_dirs(dirs: Sequence[Path], *, allow_incomplete: bool = False) -> Merge
     run.update(
         {
             "run_name": run.get("run_name", "merged") + "+merged",
+            # one id per set of shards: a merge diffed against the same merge is one run
+            "run_id": "+".join(str(r.get("run_id") or "-") for r in runs),
+            "problems": [p for r in runs if isinstance(r.get("problems"), list) for p in r["problems"]],
             "shard": None,
             "started": min(started, default=None),
             "finished": max(finished, default=None),
@@ -96,7 +105,7 @@ def merge_dirs(dirs: Sequence[Path], *, allow_incomplete: bool = False) -> Merge
                     "dir": str(d),
                     "run_name": r.get("run_name"),
                     "shard": r.get("shard"),
-                    "host": (r.get("environment") or {}).get("host"),
+                    "host": _host(r),
                     "started": r.get("started"),
                     "finished": r.get("finished"),
                     "records": r.get("records"),

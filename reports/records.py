@@ -145,6 +145,8 @@ class ResultRecord:
     error: ErrorEvidence | None = None
     difference: RelationEvidence | None = None
     shrunk: Mapping[str, Any] | None = None
+    #: A failing output a catalogued mistake explains (judge.causes.Cause.to_dict), else None.
+    likely_cause: Mapping[str, Any] | None = None
     failure: Failure | None = None
     timing: Mapping[str, Any] | None = None
     output_sha256: str | None = None
@@ -189,7 +191,17 @@ class ResultRecord:
         for name in ("checks", "overrides", "failing"):
             if name in args:
                 args[name] = tuple(args[name])
-        for name in ("spec", "policy", "deviation", "worst_slack", "error_map", "shrunk", "timing", "output_sha256"):
+        for name in (
+            "spec",
+            "policy",
+            "deviation",
+            "worst_slack",
+            "error_map",
+            "shrunk",
+            "likely_cause",
+            "timing",
+            "output_sha256",
+        ):
             args.setdefault(name, None)
         args["error"] = _sub(ErrorEvidence, args.get("error"), "error")
         args["difference"] = _sub(RelationEvidence, args.get("difference"), "difference")
@@ -229,6 +241,7 @@ _OBJECT_FIELDS = (
     "error",
     "difference",
     "shrunk",
+    "likely_cause",
     "failure",
     "timing",
 )
@@ -361,6 +374,7 @@ EVIDENCE_KEYS = (
     "error",
     "difference",
     "shrunk",
+    "likely_cause",
     "spec",
     "deviation",
     "policy",
@@ -420,7 +434,7 @@ def write_json(path: Path, value: Any) -> None:
 # ---- run.json: the run's status and counts -------------------------------------------------------
 
 #: ``run.json["status"]``: written ``in_progress`` before the first test, then one of the others.
-RUN_STATUSES = ("in_progress", "complete", "interrupted", "crashed")
+RUN_STATUSES = ("in_progress", "complete", "interrupted", "crashed", "no_tests")
 #: Statuses a report verb accepts without ``--allow-incomplete``.
 FINISHED = "complete"
 
@@ -490,6 +504,8 @@ class RunState:
         c = self.counts
         if self.status == "in_progress":
             return f"is still in progress, or was killed (ran {c.run} of {c.selected} tests so far)"
+        if self.status == "no_tests":
+            return "selected no test (no_tests): it tested nothing"
         if self.status != FINISHED:
             return f"was {self.status} after {c.run} of {c.selected} selected tests"
         if c.recorded != records:
@@ -502,9 +518,46 @@ class RunState:
         return self.counts.selected - self.counts.run
 
 
+#: run.json's top-level fields a reader relies on, and the JSON type each must have.
+RUN_FIELD_TYPES: dict[str, type] = {
+    "run_id": str,
+    "run_name": str,
+    "environment": dict,
+    "problems": list,
+    "backends": list,
+    "policies": list,
+    "devices_seen": list,
+    "args": list,
+    "shards": list,
+    "verdicts": dict,
+    "counts_by_suite": dict,
+    "records": int,
+}
+
+
+def _check_run_fields(path: Path, value: Mapping[str, Any]) -> None:
+    """Malformed, not incomplete: a field of the wrong type, problems that are not strings, or a
+    status/counts that are present but wrong (no flag admits these)."""
+    for name, kind in RUN_FIELD_TYPES.items():
+        item = value.get(name)
+        if item is not None and (not isinstance(item, kind) or isinstance(item, bool)):
+            raise ValueError(f"{path}: {name!r}: expected {_json_kind(kind)}, got {_type_name(item)}")
+    if not all(isinstance(p, str) for p in value.get("problems") or []):
+        raise ValueError(f"{path}: 'problems': expected an array of strings")
+    if "status" in value:
+        try:
+            RunState.from_run(value)
+        except RecordError as exc:
+            raise ValueError(f"{path}: {exc}") from exc
+
+
+def _json_kind(kind: type) -> str:
+    return {str: "a string", dict: "an object", list: "an array", int: "an integer"}.get(kind, kind.__name__)
+
+
 def read_run(directory: Path, *, required: bool = False) -> dict[str, Any]:
-    """run.json of a report directory, validated as an object with a known schema version; {} when
-    absent and not ``required``."""
+    """run.json of a report directory, validated as an object with a known schema version and
+    fields of their types; {} when absent and not ``required``."""
     path = directory / RUN_FILE
     if not path.exists() and not path.is_symlink():
         if required:
@@ -522,6 +575,7 @@ def read_run(directory: Path, *, required: bool = False) -> dict[str, Any]:
         raise ValueError(
             f"{path}: 'schema_version' {version!r} is not a known version ({', '.join(map(str, KNOWN_SCHEMAS))})"
         )
+    _check_run_fields(path, value)
     return value
 
 

@@ -255,7 +255,8 @@ def write_terminal(tr: Any, records: Sequence[Record], report_dir: Path) -> None
     if timing:
         tr.write_sep("-", "timing (median over cases; not part of verdicts)")
         emit(timing)
-    failed = sum(verdict(r) in ("failed", "error") for r in records)
+    failed = sum(verdict(r) == "failed" for r in records)
+    errors = sum(verdict(r) == "error" for r in records)  # an interrupted or crashed test is an error, not a failure
     suites = sorted({str(r.get("suite") or "conformance") for r in records})
     per_suite = (
         (
@@ -267,5 +268,7 @@ def write_terminal(tr: Any, records: Sequence[Record], report_dir: Path) -> None
         else ""
     )
     tr.write_line(
-        f"{len(records)} records{per_suite}, {failed} failed; report: {report_dir}", red=bool(failed), green=not failed
+        f"{len(records)} records{per_suite}, {failed} failed, {errors} errors; report: {report_dir}",
+        red=bool(failed or errors),
+        green=not (failed or errors),
     )

@@ -323,12 +323,14 @@ def scatter(
     diagonal: bool = False,
     colours: Mapping[str, str] | None = None,
     width: int = 660,
+    totals: Mapping[str, int] | None = None,
 ) -> str:
     """Points per series (own colour, legend), optionally joined through each x's largest y
     (``lines``: e.g. worst slack against kv length).  ``marker`` draws the horizontal (and, with
     ``diagonal``, vertical) bound line; ``diagonal`` the y = x line of an unchanged value.
     ``ylog=None`` chooses a log axis when the values span more than two decades; ``colours``
-    fixes a series' colour (others take the palette's in order)."""
+    fixes a series' colour (others take the palette's in order); ``totals`` gives a series' count as its
+    table states it (the legend then reads "n, k plotted" when fewer points could be placed)."""
     height = H + 40
     ys = [p.y for pts in series.values() for p in pts]
     log = (
@@ -390,9 +392,11 @@ def scatter(
                 f'fill-opacity=".75"{ring}><title>{escape(p.label)}</title></circle>'
             )
         ly = TOP + 14 * n
+        total = (totals or {}).get(name, len(pts))
+        count = f"{total}" if total == len(pts) else f"{total}, {len(pts)} plotted"
         body.append(
             f'<rect x="{width - LEGEND + 10}" y="{ly}" width="10" height="10" fill="{colour}"/>'
-            f'<text x="{width - LEGEND + 24}" y="{ly + 9}" class="l">{escape(name)} ({len(pts)})</text>'
+            f'<text x="{width - LEGEND + 24}" y="{ly + 9}" class="l">{escape(name)} ({count})</text>'
         )
     return _frame(title, xlabel, body, width=width, height=height, ylabel=ylabel, right=RIGHT + LEGEND)
 

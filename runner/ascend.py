@@ -26,14 +26,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlaconf.facts.versions import ascend_versions, package_version
+from mlaconf.facts.versions import RELEASE_UNKNOWN, ascend_versions, package_version
 from mlaconf.harness.registry import NPU_BACKENDS, BackendSelectionError, create
+from mlaconf.runner.facts_report import write_facts_report
 
 #: The reference every NPU backend is also compared with, on the same goldens.
 CPU_REFERENCE = "torch-cpu"
 SUITE = "smoke"
-#: Exit status when the probe finds no NPU backend to run.
+#: Exit status when nothing could run: a build prerequisite is missing, or no NPU backend is available.
 STOPPED_AT_PROBE = 3
+#: What the build (``pip install -e . --no-build-isolation``) imports from the venv itself, by module name
+#: and the pip requirement that provides it (pyproject.toml [build-system] requires).
+BUILD_REQUIREMENTS = {"setuptools": "setuptools>=64", "pybind11": "pybind11>=2.12"}
 #: Environment variables worth sending back (paths and settings, never credentials).
 ENV_PREFIXES = ("ASCEND_", "ATB_", "MLA_", "NPU_", "HCCL_", "CANN_")
 ENV_NAMES = ("LD_LIBRARY_PATH", "PATH", "PYTHONPATH", "CXX", "OMP_NUM_THREADS")
@@ -133,6 +137,15 @@ def build_steps(root: Path | None = SOURCE_ROOT) -> list[Step]:
                 )
             )
     return steps
+
+
+def missing_build_requirements(root: Path | None = SOURCE_ROOT) -> list[str]:
+    """The build requirements a source build needs but the venv lacks (no build isolation fetches them)."""
+    if root is None or not (root / "setup.py").is_file():
+        return []
+    import importlib.util
+
+    return [req for module, req in BUILD_REQUIREMENTS.items() if importlib.util.find_spec(module) is None]
 
 
 def run_steps(
@@ -272,7 +285,13 @@ def ascend(args: argparse.Namespace) -> int:
     summary: dict[str, Any] = {"dry_run": args.dry_run, "steps": []}
     _write_json(out / "environment.json", _environment())
     status = 0
-    for step in [] if args.no_build else build_steps():
+    missing = [] if args.no_build or args.dry_run else missing_build_requirements()
+    if missing:
+        wanted = " ".join(repr(req) for req in missing)
+        print(f"== stopped before the build: install {wanted} first ({sys.executable} -m pip install {wanted})")
+        summary["missing_build_requirements"] = missing
+        status = STOPPED_AT_PROBE
+    for step in [] if args.no_build or status else build_steps():
         if args.dry_run:
             print(f"== {step.name} (dry run, not run): {' '.join(step.argv)}")
             continue
@@ -292,6 +311,8 @@ def ascend(args: argparse.Namespace) -> int:
             print(f"   {name}: {state}")
         versions = {k: v for k, v in found.installation.items() if k in ("cann_toolkit", "atb", "driver")}
         print(f"   installed: {versions}")
+        if "atb" in found.available and not found.backends["atb"].get("version"):
+            print(f"   {RELEASE_UNKNOWN}")
         if not found.available:
             print("== stops at the probe: no NPU backend can run here (reasons above); nothing to regenerate or run")
             status = STOPPED_AT_PROBE
@@ -306,6 +327,8 @@ def ascend(args: argparse.Namespace) -> int:
                 status = status or code
     summary["status"] = status
     _write_json(out / "summary.json", summary)
+    if not args.dry_run:
+        print(f"== facts report (every unconfirmed fact, what the device did): {write_facts_report(out)}")
     archive = pack(out)
     print(f"== archive to send back: {archive}")
     return status
@@ -318,8 +341,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="The one command to run on an Ascend A2/A3 machine: build the extension and check its "
         "ABI header, probe chip, ATB/CANN release and driver, regenerate the smoke goldens, run smoke on every "
         "available NPU backend (atb, ring-mla, npu-fia) and torch-cpu, diff ATB against each of them, and pack "
-        f"the run directories, probe and environment into OUT.tar.gz. Exits {STOPPED_AT_PROBE} when no NPU "
-        "backend can run (the probe says why), else non-zero when a step or a smoke run failed.",
+        f"the run directories, probe and environment into OUT.tar.gz. Exits {STOPPED_AT_PROBE} when a build "
+        "requirement is missing (one line says what to install) or no NPU backend can run (the probe says why), "
+        "else non-zero when a step or a smoke run failed.",
     )
     parser.add_argument("--out", default=f"ascend-{time.strftime('%Y%m%d-%H%M%S')}", help="output directory")
     parser.add_argument("--golden-dir", default=None, help="golden store (default OUT/golden)")

@@ -25,6 +25,7 @@ import json
 import os
 import socket
 import time
+import uuid
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -83,6 +84,8 @@ class ReportState:
     save_outputs: bool
     shard: tuple[int, int] | None
     started: float = field(default_factory=time.time)
+    #: This run's identity in run.json: the diff refuses one run on both sides.
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     records: list[Record] = field(default_factory=list)
     run_info: dict[str, Any] = field(default_factory=dict)
     #: nodeid -> identity (from setup reports), and when the setup report arrived.
@@ -588,13 +591,22 @@ class Collector:
         from mlaconf.reports import html
 
         state, config = self.state, self.config
-        if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and any(
+        empty = exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and any(
             config.getoption(name, None) for name in ("mla_cases", "mla_suite", "mla_backend")
-        ):  # pytest exits 5 'no tests ran': say why that is no pass
+        )
+        if empty:  # pytest exits 5 'no tests ran': say why that is no pass
             state.problems.append("empty selection: no MLA test was selected (a -k or -m that matches nothing?)")
         if state.refused:
             return
+        if empty and not state.claimed and not config.option.collectonly:
+            try:  # the directory must not go on showing the previous run as this one
+                self.claim()
+            except pytest.UsageError as exc:
+                state.problems.append(str(exc))
+                return
         status = "complete" if config.option.collectonly else self.account_for_unrun(exitstatus)
+        if empty:
+            status = "no_tests"
         if state.problems and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if not state.claimed and not state.records:
@@ -668,6 +680,7 @@ class Collector:
             {
                 "schema_version": records.SCHEMA_VERSION,
                 "run_name": state.run_name,
+                "run_id": state.run_id,
                 "pid": os.getpid(),
                 "started": _iso(state.started),
                 "finished": None if finished is None else _iso(finished),

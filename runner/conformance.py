@@ -13,11 +13,20 @@ from mlaconf.golden.inputs import numpy_dtype
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.types import GoldenCase
 from mlaconf.harness.backend import Backend, BackendError
-from mlaconf.judge.deviations import DeviationSet
+from mlaconf.judge import causes
+from mlaconf.judge.deviations import DeviationSet, explaining, release_note
 from mlaconf.judge.policy import PolicySet
 from mlaconf.judge.verdict import Outcome, error_map, judge_output, mode_text, outcome_message, outcome_of
 from mlaconf.reports.records import ErrorEvidence, ResultRecord
-from mlaconf.runner.execution import BackendOutputError, Execution, execute, input_digest, make_call, output_digest
+from mlaconf.runner.execution import (
+    BackendOutputError,
+    Execution,
+    disagreeing_reruns,
+    execute,
+    input_digest,
+    make_call,
+    output_digest,
+)
 
 
 @dataclass(frozen=True)
@@ -57,18 +66,26 @@ def run_case(
     deviations: DeviationSet,
     repeats: int = 1,
     warmup: int = 0,
+    reruns: int = 1,
+    try_causes: bool = False,
 ) -> CaseResult:
-    """Run, judge and classify one case on one backend (never raises for a backend's error)."""
+    """Run, judge and classify one case on one backend (never raises for a backend's error).
+
+    With ``reruns`` > 1 the backend is called that many times and every output must be bitwise the first.
+    A failing output is also judged against the likely-cause catalogue (:mod:`mlaconf.judge.causes`)
+    when the case is small or ``try_causes`` asks for it."""
     spec = golden.spec
     subject = mode_text(spec, backend.name)
     info = backend.info()
-    deviation = deviations.match(backend.name, info.version, spec)
+    candidates = deviations.candidates(backend.name, info.version, spec)
+    deviation = candidates[0] if candidates else None
     error: BackendError | None = None
     execution: Execution | None = None
     wrong_type: str | None = None
     digests = input_digests(golden)
     try:
-        execution = execute(backend, make_call(golden.inputs, spec), spec, repeats=repeats, warmup=warmup)
+        call = make_call(golden.inputs, spec)
+        execution = execute(backend, call, spec, repeats=repeats, warmup=warmup)
     except BackendError as exc:
         error = exc
     except BackendOutputError as exc:
@@ -94,8 +111,10 @@ def run_case(
         return CaseResult("failed", message, record, None)
     if execution is None:
         assert error is not None
+        deviation = explaining(candidates, False, error.status_name)
+        base["deviation"] = deviation.id if deviation else None
         outcome = outcome_of(False, error.status_name, deviation)  # a valid case rejected never conforms
-        detail = f"backend raised {error}"
+        detail = f"backend raised {error}{release_note(info.version, deviation)}"
         message = outcome_message(subject, outcome, detail, deviation)
         record = ResultRecord(
             verdict=outcome,
@@ -118,9 +137,25 @@ def run_case(
             **base,
         )
         return CaseResult("failed", message, record, execution.out)
+    timing = execution.timing()
+    if reruns > 1:
+        disagreeing = disagreeing_reruns(backend, call, execution.out, reruns - 1)
+        timing.update(reruns=reruns - 1, disagreeing_runs=disagreeing)
+        if disagreeing:  # a race: no known deviation excuses it
+            race = f"{disagreeing} of {reruns - 1} reruns differ bitwise from the first call (a race?)"
+            message = outcome_message(subject, "failed", race, None)
+            record = ResultRecord(verdict="failed", failing=(race,), timing=timing, message=message, **base)
+            return CaseResult("failed", message, record, execution.out)
     metrics, verdict = judge_output(golden, execution.out, policy_set, policy, backend.name)
+    deviation = explaining(candidates, verdict.passed, None)
+    base["deviation"] = deviation.id if deviation else None
     outcome = outcome_of(verdict.passed, None, deviation)
-    message = outcome_message(subject, outcome, verdict.summary(), deviation)
+    cause = None
+    if outcome == "failed" and causes.worth_trying(spec, try_causes):
+        cause = causes.likely_cause(golden, execution.out)
+    detail = verdict.summary() + release_note(info.version, deviation)
+    detail += f" Likely cause: {cause.sentence()}." if cause else ""
+    message = outcome_message(subject, outcome, detail, deviation)
     emap = None
     if outcome == "failed":  # only failing records carry a map: records stay small
         resolved = policy_set.resolve(policy, backend.name, spec.dtype, spec.mask_name, spec.case_id)
@@ -135,10 +170,11 @@ def run_case(
         metrics=metrics.to_dict(),
         failing=tuple(c.text() for c in verdict.failing),
         overrides=tuple(o.to_dict() for o in verdict.overrides),
-        timing=execution.timing(),
+        timing=timing,
         output_sha256=output_digest(execution.out),
         message=message,
         error_map=emap,
+        likely_cause=cause.to_dict() if cause else None,
         **base,
     )
     return CaseResult(outcome, message, record, execution.out)

@@ -15,7 +15,7 @@ import xxhash
 
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.types import OpInputs
-from mlaconf.harness.backend import Backend, MlaPrefillCall, Unsupported
+from mlaconf.harness.backend import Backend, BackendError, MlaPrefillCall, Unsupported
 
 
 def to_torch(array: np.ndarray) -> torch.Tensor:
@@ -104,6 +104,22 @@ def _timed(backend: Backend, call: MlaPrefillCall, spec: CaseSpec, repeats: int,
         first = result if first is None else first
     assert first is not None
     return Execution(to_numpy(first), latencies, spec.useful_flops)
+
+
+def disagreeing_reruns(backend: Backend, call: MlaPrefillCall, first: np.ndarray, reruns: int) -> int:
+    """How many of ``reruns`` further calls return other bits than ``first``: a race shows only so
+    (``--mla-repeat``); a rerun that raises disagrees too."""
+    expected = np.ascontiguousarray(first).reshape(-1).view(np.uint8)
+    count = 0
+    for _ in range(reruns):
+        try:
+            again = backend.run(call)
+        except BackendError:
+            count += 1
+            continue
+        got = to_numpy(again) if isinstance(again, torch.Tensor) else np.empty(0)
+        count += not np.array_equal(np.ascontiguousarray(got).reshape(-1).view(np.uint8), expected)
+    return count
 
 
 def input_digest(array: np.ndarray) -> str:

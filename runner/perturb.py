@@ -16,10 +16,11 @@ from dataclasses import dataclass
 import torch
 
 from mlaconf.facts.operator import DEFAULT_QK_SCALE, MAX_HEADS, NOPE_DIM, SUPPORTED_MASKS
+from mlaconf.facts.versions import RELEASE_UNKNOWN
 from mlaconf.golden.inputs import generate_inputs
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.harness.backend import Backend, BackendError, MlaPrefillCall
-from mlaconf.judge.deviations import Deviation, DeviationSet
+from mlaconf.judge.deviations import Deviation, DeviationSet, explaining, release_note
 from mlaconf.judge.verdict import Outcome, outcome_message, outcome_of
 from mlaconf.native.harness import ACL_FORMAT_FRACTAL_NZ, ACL_FORMAT_NCHW, ACL_FORMAT_NHWC
 from mlaconf.runner.execution import make_call
@@ -260,12 +261,19 @@ class ErrorVerdict:
     deviation: str | None = None
 
 
-def _deviation(spec: CaseSpec, backend: Backend, version: str | None, deviations: DeviationSet) -> Deviation | None:
-    """A known deviation that predicts something other than the contract for this case."""
-    found = deviations.match(backend.name, version, spec)
-    if found is not None and found.outcome == "error" and found.error_status == spec.expected_rejection(version)[0]:
-        return None  # it predicts exactly the expected rejection: nothing deviates here
-    return found
+def _deviation(
+    spec: CaseSpec, backend: Backend, version: str | None, deviations: DeviationSet, got: tuple[str, str] | None
+) -> Deviation | None:
+    """A known deviation that predicts something other than the contract for this case (with the release
+    unknown, the candidate of every release that explains what was seen: DeviationSet.candidates)."""
+    accepted = {error for error, _ in spec.accepted_rejections(version)}
+    candidates = [
+        d
+        for d in deviations.candidates(backend.name, version, spec)
+        if not (d.outcome == "error" and d.error_status in accepted)  # predicts the expected rejection
+    ]
+    met = got is not None and got[0] in accepted
+    return explaining(candidates, met, None if got is None else got[0])
 
 
 def judge_error_case(spec: CaseSpec, backend: Backend, deviations: DeviationSet) -> ErrorVerdict:
@@ -273,7 +281,7 @@ def judge_error_case(spec: CaseSpec, backend: Backend, deviations: DeviationSet)
     if spec.expect_error is None:
         raise ValueError(f"{spec.name}: an error case needs expect_error")
     version = backend.info().version
-    want_error, want_stage = spec.expected_rejection(version)
+    accepted = spec.accepted_rejections(version)
     call = error_call(spec)
     try:
         backend.run(call)
@@ -281,17 +289,28 @@ def judge_error_case(spec: CaseSpec, backend: Backend, deviations: DeviationSet)
         got: tuple[str, str] | None = None
     except BackendError as exc:
         got = (exc.status_name, exc.stage)
-    stage_ok = want_stage is None or (got is not None and got[1] == want_stage)
-    met = got is not None and got[0] == want_error and stage_ok
-    release = f" (release {version})" if want_error != spec.expect_error or want_stage != spec.expect_stage else ""
-    expected = f"{want_error} at {want_stage or 'any stage'}{release}"
+    matching = [
+        (error, stage) for error, stage in accepted if got is not None and got[0] == error and stage in (None, got[1])
+    ]
+    met = bool(matching)
+    want_error, want_stage = matching[0] if matching else accepted[0]  # the record: which one the device gave
+    expected = " or ".join(f"{error} at {stage or 'any stage'}" for error, stage in accepted)
+    if len(accepted) > 1:
+        expected += (
+            f" ({RELEASE_UNKNOWN}; each named release's rejection is accepted)"
+            if version is None
+            else (f" (release {version} is an unconfirmed boundary: either is accepted, the record keeps which)")
+        )
+    elif want_error != spec.expect_error or want_stage != spec.expect_stage:
+        expected += f" (release {version})"
     seen = "the call was accepted" if got is None else f"got {got[0]} at {got[1]}"
     perturb = f", perturb {spec.perturb}: {PERTURBATIONS[spec.perturb][0]}" if spec.perturb else ""
     subject = (
         f"{spec.name} ({spec.case_id}) [backend {backend.name}, mask {spec.mask_name}, cache {spec.cache_name}, "
         f"headNum {spec.head_num}, kvHeadNum {spec.kv_head_num}, qkScale {spec.qk_scale}{perturb}]"
     )
-    deviation = _deviation(spec, backend, version, deviations)
+    deviation = _deviation(spec, backend, version, deviations, got)
     outcome = outcome_of(met, None if got is None else got[0], deviation)
-    message = outcome_message(subject, outcome, f"expected {expected}, {seen}", deviation)
+    detail = f"expected {expected}, {seen}{release_note(version, deviation)}"
+    message = outcome_message(subject, outcome, detail, deviation)
     return ErrorVerdict(outcome, message, got, (want_error, want_stage), deviation.id if deviation else None)

@@ -116,7 +116,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="N",
         help="timed backend calls per case (median reported; never part of the verdict)",
     )
+    group.addoption(
+        "--mla-likely-cause",
+        action="store_true",
+        default=False,
+        help="judge every failing case against the likely-cause catalogue (default: only small cases, "
+        "where it costs less than the case's golden)",
+    )
     group.addoption("--mla-warmup", type=int, default=0, metavar="N", help="untimed backend calls before timing")
+    group.addoption(
+        "--mla-repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="calls per conformance case whose outputs must agree bitwise (races); disagreeing runs are recorded",
+    )
     group.addoption(
         "--mla-timeout",
         type=float,

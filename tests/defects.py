@@ -579,3 +579,52 @@ def scale_in_input_dtype() -> Defect:
 
 def half_heads_bf16() -> Defect:
     return HalfHeadsBf16("half_heads_bf16")
+
+
+# -- real bugs of the public record (docs/real-bugs.md) ------------------------------------------
+
+TILE_ROWS = 128  # one_row_tile_p_reuse: query rows per tile (ATB mla_prefill's split_m)
+STACK_KEYS = 512  # one_row_tile_p_reuse: keys per stacked block (pp_n_scalar 128 x S_BLOCK_STACK 4)
+SLICE_KEYS = 256  # one_row_tile_p_reuse: keys per L1 slice of a block's P.V (n_slice)
+
+
+class OneRowTilePReuse(ControlMath):
+    description = (
+        f"a batch's last {TILE_ROWS}-row query tile with exactly one row: inside every {STACK_KEYS}-key block, "
+        f"the P.V of each {SLICE_KEYS}-key slice after the first reads the first slice's P "
+        "(ATB mla_prefill before 27d134563, RingMLA before 936db453c)"
+    )
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
+    ) -> torch.Tensor:
+        q_len, kv_len = q.shape[0], k.shape[0]
+        out = math_attend(q, k, v, group, scale, mask_type)
+        keys = int(allowed_keys(q_len, kv_len, kv_len, mask_type)[-1].sum()) if q_len else 0
+        if q_len % TILE_ROWS != 1 or keys <= SLICE_KEYS:
+            return out
+        qh = q[-1:].transpose(0, 1).float()
+        kh = k[:keys].transpose(0, 1).float().repeat_interleave(group, dim=0)
+        vh = v[:keys].transpose(0, 1).float().repeat_interleave(group, dim=0)
+        p = torch.softmax((qh @ kh.transpose(1, 2)) * scale, dim=-1)  # the row sum stays right: only P.V is wrong
+        wrong = p.clone()
+        for block in range(0, keys, STACK_KEYS):
+            for start in range(block + SLICE_KEYS, min(block + STACK_KEYS, keys), SLICE_KEYS):
+                width = min(SLICE_KEYS, keys - start)
+                wrong[..., start : start + width] = p[..., block : block + width]
+        out[-1:] = (wrong @ vh).transpose(0, 1).to(q.dtype)
+        return out
+
+
+REAL_BUG_DEFECTS: dict[str, type[Defect]] = {
+    "one_row_tile_p_reuse": OneRowTilePReuse,
+}
+DEFECTS.update(REAL_BUG_DEFECTS)
+#: Reproduced upstream bugs (docs/real-bugs.md) -> the masks in which smoke must kill them in both dtypes.
+REAL_BUGS: dict[str, tuple[str, ...]] = {
+    "one_row_tile_p_reuse": ("undefined", "mask_free", "causal"),
+}
+
+
+def one_row_tile_p_reuse() -> Defect:
+    return OneRowTilePReuse("one_row_tile_p_reuse")

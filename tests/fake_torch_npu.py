@@ -8,6 +8,12 @@ encoding, host int32 ``seqlen``, cumulative ``actual_seq_lengths``, ``sparse_mod
 torch reference (and the RingMLA LSE merge).  Every call is recorded.  Tensors live on the CPU, so the
 backends under test run with ``device_type = "cpu"`` (``ring_mla_on_cpu``, ``npu_fia_on_cpu``).
 
+Each refusal the real ops make is a rule in ``mlaconf.facts.torch_npu_ops.RULES`` (with its source);
+the fake's message names the rule's id in brackets, and it refuses nothing that is not a rule or an
+argument the MLA mapping never passes.  ``load_error`` makes every op call raise it (the lazy
+``libatb.so`` load of a missing or mismatched ATB), ``fia_without_rope`` gives the FIA op op-plugin
+6.0.0's keyword set (no ``query_rope``/``key_rope``).
+
 Never a real torch_npu: ``install(monkeypatch)`` puts it into ``sys.modules`` for one test.
 """
 
@@ -22,11 +28,12 @@ from typing import Any
 import pytest
 import torch
 
+from mlaconf.facts.torch_npu_ops import FIA_TND_MAX_TOKENS, RING_KERNEL_TYPES
 from mlaconf.harness.npu_ops import FusedInferAttentionBackend, RingMlaBackend
 
 SOC = "Ascend910B3"
 FLOATS = (torch.float16, torch.bfloat16)
-RING_KERNELS = ("kernel_type_default", "kernel_type_high_precision")
+RING_KERNELS = RING_KERNEL_TYPES
 RING_MASKS = ("no_mask", "mask_type_triu")
 RING_LAYOUTS = ("type_bsnd",)
 RING_CALCS = ("calc_type_default", "calc_type_first_ring")
@@ -99,6 +106,14 @@ class FakeTorchNpu:
     ring_calls: list[dict[str, Any]] = field(default_factory=list)
     fia_calls: list[dict[str, Any]] = field(default_factory=list)
     syncs: int = 0
+    #: Raised by every op call (e.g. the OSError of a libatb.so that cannot load).
+    load_error: BaseException | None = None
+    #: The FIA op as op-plugin 6.0.0 declares it: no query_rope/key_rope keywords.
+    fia_without_rope: bool = False
+
+    def _loaded(self) -> None:
+        if self.load_error is not None:
+            raise self.load_error
 
     # -- torch_npu.atb.npu_ring_mla ------------------------------------------------------------------
 
@@ -123,6 +138,7 @@ class FakeTorchNpu:
         calc_type: str | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         self.ring_calls.append(dict(locals()))
+        self._loaded()
         _need(isinstance(head_num, int) and isinstance(kv_head_num, int), "head_num/kv_head_num must be ints")
         _need(head_num >= 1 and kv_head_num >= 1 and head_num % kv_head_num == 0, f"heads {head_num}/{kv_head_num}")
         dtype = q_nope.dtype
@@ -134,7 +150,10 @@ class FakeTorchNpu:
         _check_tensor("k_rope", k_rope, (kv_tokens, kv_head_num, 64), dtype)
         _check_tensor("value", value, (kv_tokens, kv_head_num, 128), dtype)
         _check_tensor("mask", mask, (512, 512), dtype)
-        _need(isinstance(seqlen, torch.Tensor) and seqlen.device.type == "cpu", "seqlen must be a host (CPU) tensor")
+        _need(
+            isinstance(seqlen, torch.Tensor) and seqlen.device.type == "cpu",
+            "seqlen must be a host (CPU) tensor [ring-seqlen-host]",
+        )
         _need(seqlen.dtype == torch.int32, f"seqlen dtype {seqlen.dtype}, expected int32")
         _need(
             seqlen.dim() in (1, 2) and (seqlen.dim() == 1 or seqlen.shape[0] == 2),
@@ -147,12 +166,18 @@ class FakeTorchNpu:
             f"seqlen {seqlen.tolist()} vs {tokens}/{kv_tokens} tokens",
         )
         for q, kv in zip(q_lens, kv_lens, strict=True):
-            _need(q > 0, "RingMLA: qSeqLen may not be 0")
-            _need(kv >= q or kv == 0, f"RingMLA: kvSeqLen {kv} < qSeqLen {q}")
-        _need(kernel_type in RING_KERNELS, f"kernel_type {kernel_type!r} not in {RING_KERNELS}")
-        _need(mask_type in RING_MASKS, f"mask_type {mask_type!r} not in {RING_MASKS}")
-        _need(input_layout in RING_LAYOUTS, f"input_layout {input_layout!r} not in {RING_LAYOUTS}")
-        _need(calc_type in RING_CALCS, f"calc_type {calc_type!r} not in {RING_CALCS}")
+            _need(q > 0, "RingMLA: qSeqLen may not be 0 [ring-q-nonzero]")
+            _need(
+                mask_type != "mask_type_triu" or kv >= q or kv == 0,
+                f"RingMLA: kvSeqLen {kv} < qSeqLen {q} with a mask [ring-kv-ge-q-with-mask]",
+            )
+        _need(
+            kernel_type in RING_KERNELS,
+            f"kernel_type {kernel_type!r} not in {RING_KERNELS} [ring-kernel-high-precision]",
+        )
+        _need(mask_type in RING_MASKS, f"mask_type {mask_type!r} not in {RING_MASKS} [ring-mode-strings]")
+        _need(input_layout in RING_LAYOUTS, f"input_layout {input_layout!r} not in {RING_LAYOUTS} [ring-mode-strings]")
+        _need(calc_type in RING_CALCS, f"calc_type {calc_type!r} not in {RING_CALCS} [ring-mode-strings]")
         _need(isinstance(qk_scale, float), f"qk_scale must be a float, got {type(qk_scale).__name__}")
         if mask_type == "mask_type_triu":
             upper = torch.ones(512, 512, dtype=torch.bool).triu(1)
@@ -236,6 +261,7 @@ class FakeTorchNpu:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         arguments = dict(locals())
         self.fia_calls.append(arguments)
+        self._loaded()
         unused = [name for name in _UNUSED_BY_MLA_PREFILL if arguments[name] is not None]
         _need(not unused, f"the MLA prefill mapping needs none of {unused}")
         _need(
@@ -254,10 +280,17 @@ class FakeTorchNpu:
         _need(input_layout == "TND", f"input_layout {input_layout!r}: the fake implements TND")
         _need(not softmax_lse_flag, "softmax_lse_flag: no LSE is needed for one call")
         heads, kv_heads = num_heads, num_key_value_heads or num_heads
-        _need(heads % kv_heads == 0 and heads // kv_heads <= 64, f"num_heads {heads} / num_key_value_heads {kv_heads}")
+        _need(
+            heads % kv_heads == 0 and heads // kv_heads <= 64,
+            f"num_heads {heads} / num_key_value_heads {kv_heads} [fia-gqa-ratio]",
+        )
         dtype = query.dtype
-        _need(dtype in FLOATS, f"query dtype {dtype}: float16/bf16 only")
+        _need(dtype == torch.bfloat16, f"query dtype {dtype}: TND takes bf16 only [fia-tnd-bf16]")
         tokens, kv_tokens = query.shape[0], key.shape[0]
+        _need(
+            max(tokens, kv_tokens) <= FIA_TND_MAX_TOKENS,
+            f"{max(tokens, kv_tokens)} tokens: TND takes at most {FIA_TND_MAX_TOKENS} [fia-tnd-max-tokens]",
+        )
         _check_tensor("query", query, (tokens, heads, 128), dtype)
         _check_tensor("key", key, (kv_tokens, kv_heads, 128), dtype)
         _check_tensor("value", value, (kv_tokens, kv_heads, 128), dtype)
@@ -274,7 +307,7 @@ class FakeTorchNpu:
                 f"{name} must be a list of ints (TND)",
             )
             assert isinstance(lengths, list)
-            _need(0 < len(lengths) <= 4096, f"{name}: 1..4096 batches, got {len(lengths)}")
+            _need(0 < len(lengths) <= 4096, f"{name}: 1..4096 batches, got {len(lengths)} [fia-tnd-max-batch]")
             _need(all(b >= a for a, b in zip([0, *lengths], lengths, strict=False)), f"{name} must be cumulative")
             _need(lengths[-1] == total, f"{name} ends at {lengths[-1]}, the tensor has {total} rows")
         assert actual_seq_lengths is not None and actual_seq_lengths_kv is not None
@@ -316,7 +349,9 @@ class FakeTorchNpu:
         module.__spec__ = importlib.machinery.ModuleSpec("torch_npu", None)  # find_spec() must work
         module.__version__ = "2.5.1-fake"  # type: ignore[attr-defined]
         module.atb = SimpleNamespace(npu_ring_mla=self.npu_ring_mla)  # type: ignore[attr-defined]
-        module.npu_fused_infer_attention_score = self.npu_fused_infer_attention_score  # type: ignore[attr-defined]
+        module.npu_fused_infer_attention_score = (  # type: ignore[attr-defined]
+            self._fia_6_0_0 if self.fia_without_rope else self.npu_fused_infer_attention_score
+        )
         module.npu = SimpleNamespace(  # type: ignore[attr-defined]
             is_available=lambda: self.devices > 0,
             device_count=lambda: self.devices,
@@ -326,6 +361,24 @@ class FakeTorchNpu:
             synchronize=self._synchronize,
         )
         return module
+
+    def _fia_6_0_0(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        *,
+        atten_mask: torch.Tensor | None = None,
+        actual_seq_lengths: list[int] | None = None,
+        actual_seq_lengths_kv: list[int] | None = None,
+        num_heads: int = 1,
+        scale: float = 1.0,
+        input_layout: str = "BSH",
+        num_key_value_heads: int = 0,
+        sparse_mode: int = 0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """op-plugin 6.0.0's keyword set (the MLA keywords missing [fia-mla-keywords]); never computes."""
+        raise FakeOpError("the 6.0.0 op cannot split the rope part [fia-mla-keywords]")
 
     def _synchronize(self) -> None:
         self.syncs += 1

@@ -23,6 +23,10 @@ every accumulation in fp32; they differ where spec section 4 allows a correct ke
                    fp32 P.V (JAX ``dot_product_attention``, flex_attention eager, SDPA's math path).
 * ``split_rounded`` split-KV as FlashInfer and vLLM store it: 4 kv parts, each part's normalised
                    output rounded to the input dtype and its log-sum-exp kept in fp32, merged in fp32.
+* ``exp2``         fp32 scores scaled by qkScale * log2 e folded into one fp32 constant, exp2(s - m),
+                   P rounded to the input dtype, fp32 P.V, / fp32 row sum (the usual GPU softmax).
+* ``atb_fp16_512`` ``atb_fp16`` over key stacks of 512: the fp16 scores, max and s - m per stack, the
+                   running max and the fp32 accumulator and sum rescaled between stacks.
 * ``ftz_fp16``     ``atb_fp16`` on a device that flushes fp16 subnormals to zero: P below 2^-14 becomes 0
                    before P.V and outputs below 2^-14 become 0 (docs/conformance.md "Flush-to-zero").
 """
@@ -30,6 +34,7 @@ every accumulation in fp32; they differ where spec section 4 allows a correct ke
 from __future__ import annotations
 
 import itertools
+import math
 
 import torch
 
@@ -232,6 +237,60 @@ class SplitRounded(ZooMember):
         return (torch.stack(outs) * weights).sum(dim=0) / weights.sum(dim=0)
 
 
+class Exp2(ZooMember):
+    description = "fp32 scores times fp32(qkScale log2 e); exp2(s - m); P rounded; fp32 P.V; / fp32 row sum"
+
+    def attend32(
+        self,
+        qh: torch.Tensor,
+        kh: torch.Tensor,
+        vh: torch.Tensor,
+        scale: float,
+        allowed: torch.Tensor | None,
+        dtype: torch.dtype,
+        mask_type: int,
+    ) -> torch.Tensor:
+        s = _scores32(qh, kh, float(torch.tensor(scale * math.log2(math.e), dtype=torch.float32)), allowed)
+        e = torch.exp2(s - s.amax(dim=-1, keepdim=True))
+        return (self.round_p(e, dtype) @ vh) / e.sum(dim=-1, keepdim=True)
+
+
+class AtbFp16Stacks(AtbFp16):
+    description = "atb_fp16 over key stacks of 512 with fp32 online rescaling between stacks"
+
+    STACK = 512
+
+    def attend32(
+        self,
+        qh: torch.Tensor,
+        kh: torch.Tensor,
+        vh: torch.Tensor,
+        scale: float,
+        allowed: torch.Tensor | None,
+        dtype: torch.dtype,
+        mask_type: int,
+    ) -> torch.Tensor:
+        if dtype != torch.float16 or mask_type not in (0, 2):
+            return super().attend32(qh, kh, vh, scale, allowed, dtype, mask_type)
+        h, q_len, _ = qh.shape
+        acc = torch.zeros(h, q_len, vh.shape[2])
+        m = torch.full((h, q_len, 1), float("-inf"))
+        total = torch.zeros(h, q_len, 1)
+        fp16_scale = torch.tensor(scale, dtype=torch.float16)
+        for j0 in range(0, kh.shape[1], self.STACK):
+            j1 = min(j0 + self.STACK, kh.shape[1])
+            s = (qh @ kh[:, j0:j1].transpose(1, 2)).half() * fp16_scale
+            if allowed is not None:
+                s = s + torch.where(allowed[:, j0:j1], 0.0, -10000.0).half()
+            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True).float())
+            e = torch.exp((s - m_new.half()).float())  # s - m in fp16 (m is an fp16 score)
+            alpha = torch.exp(m - m_new)
+            total = total * alpha + e.sum(dim=-1, keepdim=True)
+            acc = acc * alpha + self.round_p(e, dtype) @ vh[:, j0:j1]
+            m = m_new
+        return acc / total
+
+
 #: Smallest normal fp16 value: below it a flush-to-zero device stores 0.
 FP16_MIN_NORMAL = 2.0**-14
 
@@ -375,6 +434,14 @@ def split_rounded() -> ZooMember:
     return SplitRounded("split_rounded")
 
 
+def exp2() -> ZooMember:
+    return Exp2("exp2")
+
+
+def atb_fp16_512() -> ZooMember:
+    return AtbFp16Stacks("atb_fp16_512")
+
+
 def ftz_fp16() -> ZooMember:
     return FtzFp16("ftz_fp16")
 
@@ -390,5 +457,7 @@ ZOO: dict[str, str] = {
     "split_reverse": SplitReverse.description,
     "p_normalised": PNormalised.description,
     "split_rounded": SplitRounded.description,
+    "exp2": Exp2.description,
+    "atb_fp16_512": AtbFp16Stacks.description,
     "ftz_fp16": FtzFp16.description,
 }

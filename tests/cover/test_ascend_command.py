@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from mlaconf.harness import npu_ops
 from mlaconf.runner import ascend
 from tests import fake_torch_npu
 
@@ -79,6 +80,7 @@ def test_with_npu_backends_the_plan_runs_smoke_on_each_and_diffs_them(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fake_torch_npu.install(monkeypatch)
+    monkeypatch.setattr(npu_ops._TorchNpuOpBackend, "device_type", "cpu")  # the probe's tiny call, on the fake
     monkeypatch.setenv("MLA_ATB_LIB", str(tmp_path / "no-libatb.so"))
     found = ascend.probe()
     assert found.available == ["ring-mla", "npu-fia"]
@@ -139,3 +141,68 @@ def test_the_archive_never_writes_through_a_symlink(tmp_path: Path) -> None:
     with pytest.raises(OSError, match="is a symlink"):
         ascend.pack(out)
     assert not target.exists()
+
+
+def test_a_missing_build_requirement_is_one_line_and_exit_3(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pip's --no-build-isolation uses the venv's own pybind11: without it the command says what to
+    install in one line and exits 3, instead of a 48-line pip error and exit 1."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pybind11" else real(name, *a))
+    assert ascend.missing_build_requirements(ROOT) == ["pybind11>=2.12"]
+    assert ascend.missing_build_requirements(None) == []  # an installed package builds nothing
+    args = argparse.Namespace(out=str(tmp_path / "box"), golden_dir=None, jobs="1", no_build=False, dry_run=False)
+    assert ascend.ascend(args) == ascend.STOPPED_AT_PROBE
+    lines = [line for line in capsys.readouterr().out.splitlines() if "pybind11" in line]
+    assert lines == [
+        f"== stopped before the build: install 'pybind11>=2.12' first ({sys.executable} -m pip install "
+        "'pybind11>=2.12')"
+    ]
+    summary = json.loads((tmp_path / "box" / "summary.json").read_text())
+    assert summary["missing_build_requirements"] == ["pybind11>=2.12"] and summary["steps"] == []
+    assert (tmp_path / "box.tar.gz").is_file()
+
+
+def _write_records(run: Path, records: list[dict[str, object]]) -> None:
+    run.mkdir(parents=True)
+    (run / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + "{broken\n")
+
+
+def test_the_facts_report_says_what_the_device_did_to_each_unconfirmed_fact(tmp_path: Path) -> None:
+    from mlaconf.golden.spec import load_suites
+    from mlaconf.runner.facts_report import REPORT_JSON, write_facts_report
+
+    rank3 = next(c for c in load_suites(["errors"]) if c.name == "mask-free-mask-rank3")
+    device = "npu:0 (Ascend910B3)"
+    at = {"backend": "atb", "device": device, "backend_versions": {"atb": "8.3.RC1"}}
+    _write_records(
+        tmp_path / "runs" / "atb",
+        [
+            {**at, "verdict": "xfailed", "deviation": "atb-padded-kv-ragged", "case_id": "a"},
+            {**at, "verdict": "xpassed", "deviation": "atb-padded-kv-capacity", "case_id": "b"},
+            {
+                **at,
+                "verdict": "passed",
+                "case_id": rank3.case_id,
+                "error": {"observed_status": "ERROR_INVALID_TENSOR_DIM_NUM"},
+            },
+        ],
+    )
+    path = write_facts_report(tmp_path)
+    report = json.loads((tmp_path / REPORT_JSON).read_text())
+    by_fact = {f["fact"]: f for f in report["facts"]}
+    ragged = by_fact["known deviation atb-padded-kv-ragged"]
+    assert ragged["change"].startswith(
+        'judge/known_deviations.toml, [[deviation]] id = "atb-padded-kv-ragged": status = "confirmed"'
+    )
+    assert "did not happen on ATB 8.3.RC1" in by_fact["known deviation atb-padded-kv-capacity"]["change"]
+    assert by_fact["known deviation atb-nan-qk-scale-accepted"]["change"].startswith("none: no case")
+    boundary = by_fact["error case mask-free-mask-rank3 unconfirmed at 8.3.RC1"]
+    assert "answers ERROR_INVALID_TENSOR_DIM_NUM: this package predates the fix" in boundary["change"]
+    assert by_fact["torch_npu rule fia-tnd-bf16"]["device_did"].startswith("not exercised")
+    assert report["problems"] == [f"{tmp_path / 'runs' / 'atb' / 'results.jsonl'}:4: not a JSON record"]
+    assert report["release_unknown"] is None
+    assert "## known deviation atb-padded-kv-ragged" in path.read_text()

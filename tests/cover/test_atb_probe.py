@@ -308,8 +308,10 @@ def test_every_error_case_reaches_atb_as_built_and_its_status_comes_back(
     ("release", "returned", "outcome"),
     [
         ("8.2.RC1", "ERROR_INVALID_TENSOR_DIM_NUM", "passed"),
-        ("8.3.RC1", "ERROR_INVALID_TENSOR_DIM_NUM", "failed"),
+        ("8.3.RC1", "ERROR_INVALID_TENSOR_DIM_NUM", "passed"),  # unconfirmed boundary: a package before the fix
         ("8.3.RC1", "ERROR_RT_FAIL", "passed"),
+        ("8.5.0", "ERROR_INVALID_TENSOR_DIM_NUM", "failed"),
+        ("8.5.0", "ERROR_RT_FAIL", "passed"),
         ("8.2.RC1", "ERROR_RT_FAIL", "failed"),
     ],
 )

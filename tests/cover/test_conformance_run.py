@@ -193,3 +193,18 @@ def test_a_framework_failure_names_the_function_it_came_from() -> None:
     with pytest.raises(SpecError) as excinfo:
         build_case({"q_seqlen": [4], "head_num": 0}, source="test")
     assert _where(excinfo).startswith("mlaconf.golden.spec."), _where(excinfo)
+
+
+@pytest.mark.parametrize(("backend", "disagreeing"), [("torch-cpu", 0), ("nondeterministic", 3)])
+def test_mla_repeat_compares_every_rerun_bitwise(golden: GoldenCase, backend: str, disagreeing: int) -> None:
+    """``--mla-repeat 4``: three reruns after the first call; a backend whose output moves by one ulp per
+    call fails however small the change, and the record counts the disagreeing runs."""
+    from tests.defects import nondeterministic
+
+    chosen = TorchSdpaBackend("cpu") if backend == "torch-cpu" else nondeterministic()
+    result = run_case(golden, chosen, policy_set=POLICIES, policy="default", deviations=load_deviations(None), reruns=4)
+    record = result.record.to_dict()
+    assert record["timing"]["reruns"] == 3 and record["timing"]["disagreeing_runs"] == disagreeing
+    assert result.outcome == ("failed" if disagreeing else "passed"), result.message
+    if disagreeing:
+        assert "3 of 3 reruns differ bitwise" in result.message

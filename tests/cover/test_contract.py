@@ -186,13 +186,49 @@ def test_error_cases_are_judged_by_the_backend_release() -> None:
     assert judge_error_case(rank3, new, no_deviations()).outcome == "passed"
     # a release's model judged against another release's expectation fails: the split is needed
     pretends_new = ContractBackend(Zeros(), "model", installation=Installation(release="8.2.RC1"))
-    pretends_new.info = lambda: BackendInfo("model", "cpu", {}, "8.3.RC1")  # type: ignore[method-assign]
+    pretends_new.info = lambda: BackendInfo("model", "cpu", {}, "8.5.0")  # type: ignore[method-assign]
     assert judge_error_case(rank3, pretends_new, no_deviations()).outcome == "failed"
+
+
+@pytest.mark.parametrize(
+    ("release", "accepts_old"),
+    [("8.3.RC1", True), ("8.3.RC1.1", True), (None, True), ("8.5.0", False), ("8.2.RC1", True)],
+)
+def test_an_unconfirmed_boundary_or_an_unknown_release_accepts_each_rejection_and_records_which(
+    release: str | None, accepts_old: bool
+) -> None:
+    """The rank-3 mask at 8.3.RC1 (a package may predate the cherry-picked fix) or at an unknown release:
+    both ERROR_RT_FAIL and ERROR_INVALID_TENSOR_DIM_NUM meet the contract, the verdict keeps the one seen."""
+    rank3 = case_named("mask-free-mask-rank3")
+    assert rank3.unconfirmed_at == ("8.3.RC1",)
+    old = ContractBackend(Zeros(), "model", installation=Installation(release="8.2.RC1"))  # answers DIM_NUM
+    old.info = lambda: BackendInfo("model", "cpu", {}, release)  # type: ignore[method-assign]
+    verdict = judge_error_case(rank3, old, no_deviations())
+    assert verdict.outcome == ("passed" if accepts_old else "failed"), verdict.message
+    if accepts_old:
+        assert verdict.expected == ("ERROR_INVALID_TENSOR_DIM_NUM", "setup")  # which one the device gave
+    if release is None:
+        assert "ATB release unknown" in verdict.message and "MLA_ATB_VERSION" in verdict.message
+    elif release.startswith("8.3.RC1"):
+        assert f"release {release} is an unconfirmed boundary" in verdict.message
+    new = ContractBackend(Zeros(), "model", installation=Installation(release="8.5.0"))  # answers RT_FAIL
+    new.info = lambda: BackendInfo("model", "cpu", {}, release)  # type: ignore[method-assign]
+    assert judge_error_case(rank3, new, no_deviations()).outcome == ("failed" if release == "8.2.RC1" else "passed")
+
+
+def test_unconfirmed_at_is_validated() -> None:
+    base = {"q_seqlen": [4], "head_num": 1, "expect_error": "ERROR_INVALID_PARAM"}
+    with pytest.raises(SpecError, match=r"unconfirmed_at.*only allowed with expect_by_release"):
+        build_case({**base, "unconfirmed_at": ["8.3.RC1"]}, source="<test>")
+    by_release = [{"versions": "<9", "expect_error": "ERROR_RT_FAIL"}]
+    with pytest.raises(SpecError, match=r"unconfirmed_at.*must be a list of releases"):
+        build_case({**base, "expect_by_release": by_release, "unconfirmed_at": "8.3.RC1"}, source="<test>")
 
 
 def test_expect_by_release_is_validated_and_round_trips() -> None:
     rank3 = case_named("mask-free-mask-rank3")
     assert CaseSpec.from_json(rank3.to_json()) == rank3
+    assert CaseSpec.from_json(rank3.to_json()).unconfirmed_at == ("8.3.RC1",)
     assert rank3.expected_rejection("not-a-version") == (rank3.expect_error, rank3.expect_stage)
     base = {"q_seqlen": [4], "head_num": 1, "expect_error": "ERROR_INVALID_PARAM"}
     bad = {

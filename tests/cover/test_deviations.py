@@ -9,7 +9,7 @@ import pytest
 
 from mlaconf.facts.releases import compare_versions, in_range, parse_range
 from mlaconf.golden.spec import CaseSpec
-from mlaconf.judge.deviations import DEFAULT_PATH, DeviationError, load_deviations
+from mlaconf.judge.deviations import DEFAULT_PATH, DeviationError, explaining, load_deviations, release_note
 
 
 def _spec(q: tuple[int, ...], kv: tuple[int, ...] | None = None, **kw: object) -> CaseSpec:
@@ -92,6 +92,24 @@ def test_backend_and_version_gate() -> None:
     assert devs.match("atb", "8.3.RC1.alpha002", PADDED_RAGGED) is not None
     assert devs.match("atb", None, PADDED_RAGGED) is None  # unknown version: never excused
     assert devs.match("atb", "not-a-version", PADDED_RAGGED) is None
+
+
+def test_an_unknown_release_is_judged_against_every_release_an_entry_names() -> None:
+    """A source build of ATB has no release: the entries of every range are candidates, the one whose
+    prediction was seen explains it (never a regression, never a pass), and the note says so with the fix."""
+    devs = load_deviations()
+    swa = devs.candidates("atb", None, SWA)
+    assert [d.id for d in swa] == ["atb-c-swa-norm-window-size", "atb-c-swa-norm-not-prefill"]
+    assert [d.id for d in devs.candidates("atb", "8.2.RC1", SWA)] == ["atb-c-swa-norm-not-prefill"]
+    assert devs.candidates("atb", None, PLAIN) == [] and devs.candidates("torch-cpu", None, PADDED_RAGGED) == []
+    ragged = devs.candidates("atb", None, PADDED_RAGGED)
+    chosen = explaining(ragged, False, None)
+    assert chosen is not None and chosen.classify(False, None) == "expected"  # the misread seen: xfailed
+    assert chosen.classify(True, None) == "unexpected_pass"  # conforming: xpassed, never a plain pass
+    note = release_note(None, chosen)
+    assert note.startswith("; ATB release unknown (") and "MLA_ATB_VERSION=<release>" in note
+    assert f"{chosen.id} (>=8.2.RC1) is the one that explains it" in note
+    assert release_note("8.2.RC1", chosen) == "" and explaining([], True, None) is None
 
 
 SELECTOR_FILE = """

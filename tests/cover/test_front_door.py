@@ -131,11 +131,20 @@ def test_unwritable_empty_golden_dir_is_refused(tmp_path: Path, monkeypatch: pyt
 
 
 def test_k_matching_nothing_is_not_a_pass(tmp_path: Path) -> None:
+    """Exit 5 over an earlier complete run: the earlier run is moved aside, run.json says no_tests,
+    and the gate refuses the directory (it never shows the previous run as this one)."""
+    earlier = write_run_dir(
+        tmp_path / "report", [{"suite": "conformance", "test": "t", "backend": "b", "verdict": "passed"}]
+    )
     result = pytest_run(
         tmp_path, "--mla-backend", "torch-cpu", "-k", "no_such_test_anywhere", paths=("cases/test_conformance.py",)
     )
     assert result.returncode != 0
     assert "empty selection: no MLA test was selected" in result.stdout
+    run = json.loads((earlier / "run.json").read_text())
+    assert run["status"] == "no_tests" and run["counts"]["run"] == 0
+    assert (tmp_path / "report.previous-1" / "run.json").is_file()  # nothing lost
+    assert mlaconf("report", "html", str(earlier)) == 2
 
 
 def mlaconf(*argv: str) -> int:

@@ -522,3 +522,30 @@ def test_a_zero_size_workspace_may_be_null(atb_double: Any, context: ext.Context
     assert run(alloc=lambda size: pytest.fail(f"alloc_workspace called for {size} bytes")) == 0
     (execute,) = atb_double.record()["execute_calls"]
     assert (execute["workspace"], execute["workspace_size"]) == (0, 0)
+
+
+def test_an_unwritten_row_fails_every_check(atb_double: Any, context: ext.Context) -> None:
+    """The harness poisons attenOut with NaN: the double writes nothing, so the poison survives the
+    launch, and a kernel that leaves one row unwritten fails where torch.empty's stale bytes might pass."""
+    from mlaconf.golden.generate import build_golden
+    from mlaconf.golden.spec import build_case
+    from mlaconf.harness.atb import output_buffer
+    from mlaconf.judge.policy import load_policies
+    from mlaconf.judge.verdict import judge_output
+    from mlaconf.runner.execution import make_call as call_of
+
+    spec = build_case(dict(dtype="fp16", mask_type="undefined", q_seqlen=[5, 3], head_num=2, seed=1), source="t")
+    golden = build_golden(spec)
+    run = Launch(atb_double, context, call_of(golden.inputs, spec))
+    run.out = output_buffer(run.call)
+    assert run() == 0
+    assert torch.isnan(run.out).all()
+    answer = torch.from_numpy(golden.out.astype("float64")).reshape(run.out.shape).to(run.out.dtype)
+    policies = load_policies()
+    run.out[:-1] = answer[:-1]  # every row but the last written
+    _, verdict = judge_output(golden, run.out.numpy(), policies, "default", "atb-double")
+    assert not verdict.passed
+    assert any(c.metric == "nan_count" and not c.passed for c in verdict.checks)
+    run.out[-1] = answer[-1]
+    _, verdict = judge_output(golden, run.out.numpy(), policies, "default", "atb-double")
+    assert verdict.passed

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,8 @@ from typing import Any
 import pytest
 import torch
 
+from mlaconf.facts.evidence import CONFIRMED, UNCONFIRMED
+from mlaconf.facts.torch_npu_ops import FIA_TND_MAX_TOKENS, RULES, OpRule
 from mlaconf.golden.generate import build_golden
 from mlaconf.golden.inputs import generate_inputs
 from mlaconf.golden.spec import CaseSpec, build_case
@@ -61,6 +64,19 @@ PATHS = {
 }
 
 
+def ready(backend: Backend, fake: FakeTorchNpu) -> Backend:
+    """``backend`` probed (its one tiny call made) and the fake's call log emptied again."""
+    assert backend.available(), backend.available().reason
+    fake.ring_calls.clear()
+    fake.fia_calls.clear()
+    return backend
+
+
+def for_backend(name: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """npu-fia takes bf16 only in TND (facts/torch_npu_ops.py fia-tnd-bf16): its paths run in bf16."""
+    return {**fields, "dtype": "bf16"} if name == "npu-fia" else fields
+
+
 def run(backend: Backend, golden: GoldenCase) -> str:
     result = run_case(golden, backend, policy_set=POLICIES, policy="default", deviations=load_deviations())
     assert result.outcome == "passed", result.message
@@ -71,14 +87,14 @@ def run(backend: Backend, golden: GoldenCase) -> str:
 @pytest.mark.parametrize("path", PATHS)
 def test_each_mapping_path_matches_the_golden(monkeypatch: pytest.MonkeyPatch, name: str, path: str) -> None:
     fake_torch_npu.install(monkeypatch)
-    run(BACKENDS[name](), path_golden(path))
+    run(BACKENDS[name](), golden_of(**for_backend(name, PATHS[path])))
 
 
 def test_ring_mla_arguments_one_call_per_mask(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = fake_torch_npu.install(monkeypatch)
     golden = path_golden("mask_free-bf16-packed")
     call = make_call(golden.inputs, golden.spec)
-    CpuRingMla().run(call)
+    ready(CpuRingMla(), fake).run(call)
     (only,) = fake.ring_calls
     assert (only["mask_type"], only["calc_type"], only["kernel_type"], only["input_layout"]) == (
         "mask_type_triu",
@@ -92,7 +108,7 @@ def test_ring_mla_arguments_one_call_per_mask(monkeypatch: pytest.MonkeyPatch) -
     assert only["pre_out"] is None and only["prev_lse"] is None
     fake.ring_calls.clear()
     undefined = path_golden("undefined-2d-padded")
-    CpuRingMla().run(make_call(undefined.inputs, undefined.spec))
+    ready(CpuRingMla(), fake).run(make_call(undefined.inputs, undefined.spec))
     assert [c["mask_type"] for c in fake.ring_calls] == ["no_mask"]
 
 
@@ -101,7 +117,7 @@ def test_ring_mla_merges_a_cached_prefix_by_lse(monkeypatch: pytest.MonkeyPatch)
     10 query rows of the second batch meet a 3-key prefix in chunks of at most 3 rows."""
     fake = fake_torch_npu.install(monkeypatch)
     golden = path_golden("causal-gqa-prefix")
-    CpuRingMla().run(make_call(golden.inputs, golden.spec))
+    ready(CpuRingMla(), fake).run(make_call(golden.inputs, golden.spec))
     first, second = fake.ring_calls
     assert (first["mask_type"], first["calc_type"]) == ("mask_type_triu", "calc_type_first_ring")
     assert first["seqlen"].tolist() == [[6, 10], [6, 10]]
@@ -114,9 +130,10 @@ def test_ring_mla_merges_a_cached_prefix_by_lse(monkeypatch: pytest.MonkeyPatch)
 
 def test_fia_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = fake_torch_npu.install(monkeypatch)
+    backend = ready(CpuFusedInferAttention(), fake)
     for path in ("causal-zero-batch-capacity", "undefined-2d-padded"):
-        golden = path_golden(path)
-        CpuFusedInferAttention().run(make_call(golden.inputs, golden.spec))
+        golden = golden_of(**for_backend("npu-fia", PATHS[path]))
+        backend.run(make_call(golden.inputs, golden.spec))
     causal, undefined = fake.fia_calls
     assert (causal["input_layout"], causal["sparse_mode"], causal["num_heads"]) == ("TND", 3, 2)
     assert causal["actual_seq_lengths"] == [5, 9] and causal["actual_seq_lengths_kv"] == [5, 14]  # batch 0 left out
@@ -143,8 +160,8 @@ class UnmaskedFia(CpuFusedInferAttention):
 
 def test_a_wrong_mapping_fails_the_case(monkeypatch: pytest.MonkeyPatch) -> None:
     fake_torch_npu.install(monkeypatch)
-    golden = path_golden("causal-gqa-prefix")
     for wrong in (NoPrefixMerge(), UnmaskedFia()):
+        golden = golden_of(**for_backend(wrong.name, PATHS["causal-gqa-prefix"]))
         result = run_case(golden, wrong, policy_set=POLICIES, policy="default", deviations=load_deviations())
         assert result.outcome == "failed", type(wrong).__name__
 
@@ -194,6 +211,7 @@ def test_the_fake_refuses_what_the_op_would(monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(TypeError, match="unexpected keyword argument 'layout'"):
         ring(*args, layout="TND")  # type: ignore[call-arg]
     fia = fake.module().npu_fused_infer_attention_score  # type: ignore[attr-defined]
+    q, qr, kv, kr = q.bfloat16(), qr.bfloat16(), kv.bfloat16(), kr.bfloat16()  # TND takes bf16 only
     tnd = dict(query_rope=qr, key_rope=kr, num_heads=4, num_key_value_heads=2, scale=0.1)
     with pytest.raises(FakeOpError, match="input_layout 'BSND'"):
         fia(q, kv, kv, actual_seq_lengths=[6], actual_seq_lengths_kv=[6], input_layout="BSND", **tnd)
@@ -203,9 +221,131 @@ def test_the_fake_refuses_what_the_op_would(monkeypatch: pytest.MonkeyPatch) -> 
         fia(q, kv, kv, actual_seq_lengths=[6], actual_seq_lengths_kv=[6], input_layout="TND", sparse_mode=2, **tnd)
 
 
+def _ring_args(q_len: int, kv_len: int, dtype: torch.dtype = torch.bfloat16) -> tuple[Any, ...]:
+    """npu_ring_mla's positional arguments for one batch, one head."""
+    q, qr = torch.zeros(q_len, 1, 128, dtype=dtype), torch.zeros(q_len, 1, 64, dtype=dtype)
+    k, kr = torch.zeros(kv_len, 1, 128, dtype=dtype), torch.zeros(kv_len, 1, 64, dtype=dtype)
+    seqlen = torch.tensor([[q_len], [kv_len]], dtype=torch.int32)
+    return (q, qr, k, kr, k.clone(), compressed_causal_mask(dtype), seqlen, 1, 1)
+
+
+RING_OK: dict[str, Any] = dict(
+    qk_scale=0.1,
+    kernel_type="kernel_type_high_precision",
+    mask_type="no_mask",
+    input_layout="type_bsnd",
+    calc_type="calc_type_first_ring",
+)
+
+
+def _rows(n: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[n, 1, dim]`` zeros; a view without memory past TND's token limit (refused before any layout check)."""
+    big = n > FIA_TND_MAX_TOKENS
+    return torch.zeros(1 if big else n, 1, dim, dtype=dtype).expand(n, 1, dim)
+
+
+def _fia_args(q_len: int, kv_len: int, dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
+    """npu_fused_infer_attention_score's arguments for one TND batch, one head, no mask."""
+    return dict(
+        query=_rows(q_len, 128, dtype),
+        key=torch.zeros(kv_len, 1, 128, dtype=dtype),
+        value=torch.zeros(kv_len, 1, 128, dtype=dtype),
+        query_rope=_rows(q_len, 64, dtype),
+        key_rope=torch.zeros(kv_len, 1, 64, dtype=dtype),
+        actual_seq_lengths=[q_len],
+        actual_seq_lengths_kv=[kv_len],
+        num_heads=1,
+        scale=0.1,
+        input_layout="TND",
+        num_key_value_heads=1,
+    )
+
+
+def _breaks(fake: FakeTorchNpu, rule_id: str) -> None:
+    """One call that breaks exactly the rule ``rule_id`` (its only reason to be refused)."""
+    ring = fake.npu_ring_mla
+    fia = fake.npu_fused_infer_attention_score
+    if rule_id == "fia-tnd-bf16":
+        fia(**_fia_args(4, 4, torch.float16))
+    elif rule_id == "fia-tnd-max-tokens":
+        fia(**_fia_args(FIA_TND_MAX_TOKENS + 1, 4))
+    elif rule_id == "fia-tnd-max-batch":
+        fia(**{**_fia_args(4, 4), "actual_seq_lengths": [], "actual_seq_lengths_kv": []})
+    elif rule_id == "fia-gqa-ratio":
+        fia(**{**_fia_args(4, 4), "num_heads": 3, "num_key_value_heads": 2})
+    elif rule_id == "fia-mla-keywords":
+        FakeTorchNpu(fia_without_rope=True).module().npu_fused_infer_attention_score(**_fia_args(4, 4))  # type: ignore[attr-defined]
+    elif rule_id == "ring-kernel-high-precision":
+        ring(*_ring_args(4, 4), **{**RING_OK, "kernel_type": "kernel_type_default"})
+    elif rule_id == "ring-mode-strings":
+        ring(*_ring_args(4, 4), **{**RING_OK, "input_layout": "type_tnd"})
+    elif rule_id == "ring-seqlen-host":
+        args = _ring_args(4, 4)
+        ring(*args[:6], args[6].to("meta"), 1, 1, **RING_OK)
+    elif rule_id == "ring-kv-ge-q-with-mask":
+        ring(*_ring_args(4, 2), **{**RING_OK, "mask_type": "mask_type_triu"})
+    elif rule_id == "ring-q-nonzero":
+        ring(*_ring_args(0, 4), **RING_OK)
+    else:
+        raise AssertionError(f"no test breaks rule {rule_id}: add one here")
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda rule: rule.id)
+def test_the_fake_enforces_every_documented_rule(rule: OpRule) -> None:
+    """Each rule of facts/torch_npu_ops.py, broken once, is refused by the fake naming the rule."""
+    assert rule.source and rule.cite and rule.confidence in (CONFIRMED, UNCONFIRMED)
+    # the keywords op-plugin 6.0.0 lacks fail as Python does: a TypeError naming the first one
+    refusal = "unexpected keyword argument 'query_rope'" if rule.id == "fia-mla-keywords" else f"[{rule.id}]"
+    with pytest.raises((FakeOpError, TypeError), match=re.escape(refusal)):
+        _breaks(FakeTorchNpu(), rule.id)
+
+
+def test_the_fake_is_as_loose_as_the_ops() -> None:
+    """What the rules allow, the fake takes: fewer keys than queries without a mask, one TND batch."""
+    fake = FakeTorchNpu()
+    out, lse = fake.npu_ring_mla(*_ring_args(4, 2), **RING_OK)
+    assert out.shape == (4, 1, 128) and torch.isfinite(lse).all()
+    out, _ = fake.npu_fused_infer_attention_score(**_fia_args(4, 4))
+    assert out.shape == (4, 1, 128)
+
+
+def test_npu_fia_skips_fp16_and_too_many_tokens_citing_the_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = fake_torch_npu.install(monkeypatch)
+    backend = ready(CpuFusedInferAttention(), fake)
+    golden = path_golden("undefined-2d-padded")  # fp16
+    with pytest.raises(Unsupported, match=r"^fp16: input_layout TND takes bf16 only .*fia-tnd-bf16\)$"):
+        backend.run(make_call(golden.inputs, golden.spec))
+    assert not fake.fia_calls, "never cast: nothing reaches the op"
+
+
+def test_a_probe_proves_the_op_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The op exists but its library cannot load (the lazy libatb.so), or op-plugin 6.0.0's FIA has no
+    query_rope: unavailable, with the exception, the library and the versions in the reason."""
+    monkeypatch.setenv("ATB_HOME_PATH", "/opt/atb/cxx_abi_1")
+    broken = FakeTorchNpu(load_error=OSError("libatb.so: cannot open shared object file"))
+    fake_torch_npu.install(monkeypatch, broken)
+    assert CpuRingMla().available().reason == (
+        "torch_npu.atb.npu_ring_mla failed its probe call (OSError: libatb.so: cannot open shared object file); "
+        "torch_npu 2.5.1-fake, /opt/atb/cxx_abi_1/lib/libatb.so"
+    )
+    assert len(broken.ring_calls) == 1
+    assert (
+        CpuFusedInferAttention()
+        .available()
+        .reason.startswith("torch_npu.npu_fused_infer_attention_score failed its probe call (OSError")
+    )
+    fake_torch_npu.install(monkeypatch, FakeTorchNpu(fia_without_rope=True))
+    assert CpuFusedInferAttention().available().reason == (
+        "torch_npu.npu_fused_infer_attention_score in torch_npu 2.5.1-fake has no keyword ['query_rope', 'key_rope']"
+    )
+    fine = fake_torch_npu.install(monkeypatch)
+    assert CpuRingMla().available() and CpuFusedInferAttention().available()
+    assert len(fine.ring_calls) == len(fine.fia_calls) == 1  # one tiny real call each
+
+
 def test_what_an_op_cannot_express_is_skipped_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     fake_torch_npu.install(monkeypatch)
-    many = build_case({"q_seqlen": {"pattern": [1], "times": 4097}, "head_num": 1}, source="test")
+    many = build_case({"q_seqlen": {"pattern": [1], "times": 4097}, "head_num": 1, "dtype": "bf16"}, source="test")
     call = make_call(generate_inputs(many), many)
     with pytest.raises(Unsupported, match="4097 batches: the TND layout takes at most 4096"):
         CpuFusedInferAttention().run(call)
@@ -214,7 +354,7 @@ def test_what_an_op_cannot_express_is_skipped_with_the_reason(monkeypatch: pytes
     for backend in (CpuRingMla(), CpuFusedInferAttention()):
         with pytest.raises(Unsupported, match="maskType 4"):
             backend.run(dataclasses.replace(call, mask_type=4))
-    fits = build_case({"q_seqlen": {"pattern": [1], "times": 4096}, "head_num": 1}, source="test")
+    fits = build_case({"q_seqlen": {"pattern": [1], "times": 4096}, "head_num": 1, "dtype": "bf16"}, source="test")
     out = CpuFusedInferAttention().run(make_call(generate_inputs(fits), fits))  # the limit itself fits
     assert out.shape == (4096, 1, 128)
 
@@ -245,7 +385,7 @@ def test_an_old_torch_npu_a_missing_device_and_another_chip_are_reasons(monkeypa
     assert RingMlaBackend().available().reason == (
         "torch_npu 2.5.1-fake has no torch_npu.atb.npu_ring_mla (a newer torch_npu/op-plugin ships it)"
     )
-    assert FusedInferAttentionBackend().available()  # the other op is still there
+    assert CpuFusedInferAttention().available()  # the other op is still there
     fake_torch_npu.install(monkeypatch, FakeTorchNpu(devices=0))
     assert RingMlaBackend().available().reason == "no NPU device visible to torch_npu"
     fake_torch_npu.install(monkeypatch, FakeTorchNpu(soc="Ascend310P3"))

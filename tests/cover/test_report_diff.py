@@ -162,14 +162,21 @@ def test_missing_results_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def test_missing_or_newly_skipped_cases_fail_the_gate_unless_allowed(tmp_path: Path) -> None:
-    base = write_run(tmp_path / "a", [rec("x", "npu"), rec("y", "npu")])
-    cand = write_run(tmp_path / "b", [rec("x", "npu", verdict="skipped")])  # backend unavailable, y gone
+    base = write_run(tmp_path / "a", [rec("x", "npu"), rec("y", "npu"), rec("z", "npu")])
+    # backend unavailable for x, y gone; z compared (a diff that compared nothing never passes)
+    cand = write_run(tmp_path / "b", [rec("x", "npu", verdict="skipped"), rec("z", "npu")])
     assert diff.diff_dirs(base, cand).exit_status(False) == 1
     assert diff.diff_dirs(base, cand).exit_status(False, allow_missing=True) == 0
     assert mlaconf("report", "diff", str(base), str(cand), "--out", str(tmp_path / "o")) == 1
     assert mlaconf("report", "diff", str(base), str(cand), "--out", str(tmp_path / "o"), "--allow-missing") == 0
     cases, _ = diff.diff_records([rec("x", "npu"), rec("y", "npu")], [rec("x", "npu", verdict="skipped")])
     assert sorted(c.category for c in cases) == ["missing", "missing"]
+    assert (
+        diff.diff_dirs(base, write_run(tmp_path / "c", [rec("x", "npu", verdict="skipped")])).exit_status(
+            False, allow_missing=True
+        )
+        == 1
+    )  # nothing compared
 
 
 def test_known_deviation_that_now_fails_differently_regresses() -> None:

@@ -337,3 +337,47 @@ def test_error_map_legend_names_the_deciding_rule_and_titles_fit() -> None:
     assert svg.title_width(title) <= width  # the visible title fits its chart
     assert bad["case_id"] in chart  # the full title is the chart's <title>
     assert svg.map_colour(6.4) != svg.map_colour(0.5) and svg.map_colour(6.4) in chart  # 6.4 is red
+
+
+def test_a_failing_case_shows_its_likely_cause_and_the_commands_that_shrink_and_reproduce_it() -> None:
+    cause = {"name": "causal_top_left", "text": "output matches the golden with a top-left causal mask"}
+    failed = rec(1, verdict="failed", suite="conformance", test="test_conformance[case001-x:y]", likely_cause=cause)
+    page = html.case_details(failed)
+    assert "likely cause:</b> output matches the golden with a top-left causal mask" in page
+    assert "mlaconf shrink &#x27;test_conformance[case001-x:y]&#x27;" in page
+    assert "mlaconf repro &#x27;test_conformance[case001-x:y]&#x27; --out repro-case001" in page
+    assert "likely cause" not in html.case_details(rec(2, verdict="failed", suite="conformance"))
+    assert "mlaconf shrink" not in html.case_details(rec(3, verdict="passed", suite="conformance"))
+
+
+def test_a_scatter_legend_counts_what_its_table_counts() -> None:
+    points = {"unchanged": [svg.Point(1.0, 1.0, "a"), svg.Point(0.5, 0.6, "b")]}
+    assert "unchanged (2)</text>" in svg.scatter(points, "t", "x", "y", totals={"unchanged": 2})
+    assert "unchanged (5, 2 plotted)</text>" in svg.scatter(points, "t", "x", "y", totals={"unchanged": 5})
+
+
+class _Terminal:
+    """Just what summary.write_terminal calls of pytest's TerminalReporter."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.isatty = False
+        self._tw = argparse.Namespace(fullwidth=120)
+
+    def write_sep(self, sep: str, title: str) -> None:
+        self.lines.append(title)
+
+    def write(self, text: str, **markup: Any) -> None:
+        self.lines.append(text)
+
+    def ensure_newline(self) -> None:
+        return None
+
+    def write_line(self, text: str, **markup: Any) -> None:
+        self.lines.append(text)
+
+
+def test_the_summary_line_counts_errors_as_errors(tmp_path: Path) -> None:
+    terminal = _Terminal()
+    summary.write_terminal(terminal, [rec(1, verdict="failed"), rec(2, verdict="error"), rec(3)], tmp_path)
+    assert f"3 records, 1 failed, 1 errors; report: {tmp_path}" in terminal.lines

@@ -82,10 +82,6 @@ def test_a_killed_run_over_an_old_one_fails_the_gate(tmp_path: Path, capsys: pyt
         ({"status": "crashed", "counts": {"selected": 47, "run": 40, "recorded": 47}}, "crashed after 40 of 47"),
         ({"counts": {"selected": 47, "run": 47, "recorded": 50}}, "says 50 records but results.jsonl holds 47"),
         ({"status": None}, "has no 'status'"),
-        ({"status": "complete", "counts": None}, "'counts' must be an object"),
-        ({"status": "done"}, "'status': 'done' is not one of"),
-        ({"counts": {"selected": 4, "run": 47, "recorded": 47}}, "47 tests ran but only 4 were selected"),
-        ({"counts": {"selected": 47, "run": "47", "recorded": 47}}, "'counts.run'"),
     ],
 )
 def test_incomplete_or_inconsistent_runs_are_refused(
@@ -99,6 +95,35 @@ def test_incomplete_or_inconsistent_runs_are_refused(
     refused(capsys, str(cand / "run.json"), fragment)
     assert not (tmp_path / "m").exists() and not (tmp_path / "d").exists()  # nothing written
     assert mlaconf("report", *argv, "--allow-incomplete") in (0, 1)  # told otherwise: it is used
+
+
+@pytest.mark.parametrize("verb", ["diff", "merge", "html"])
+@pytest.mark.parametrize(
+    ("fields", "fragment"),
+    [
+        ({"status": "complete", "counts": None}, "'counts' must be an object"),
+        ({"status": "done"}, "'status': 'done' is not one of"),
+        ({"counts": {"selected": 4, "run": 47, "recorded": 47}}, "47 tests ran but only 4 were selected"),
+        ({"counts": {"selected": 47, "run": "47", "recorded": 47}}, "'counts.run'"),
+        ({"environment": ["host"]}, "'environment': expected an object"),
+        ({"problems": "none"}, "'problems': expected an array"),
+        ({"run_id": 7}, "'run_id': expected a string"),
+    ],
+)
+def test_a_malformed_run_json_is_refused_even_when_incomplete_runs_are_allowed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], verb: str, fields: dict[str, Any], fragment: str
+) -> None:
+    """Incomplete is not malformed: --allow-incomplete admits the one, never the other (one line)."""
+    base = write_run_dir(tmp_path / "base", RECORDS)
+    cand = write_run_dir(tmp_path / "cand", RECORDS)
+    set_run(cand, **fields)
+    argv = verbs(tmp_path, base, cand)[verb]
+    for extra in ([], ["--allow-incomplete"]):
+        assert mlaconf("report", *argv, *extra) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and str(cand / "run.json") in err[0] and fragment in err[0], err
+        assert "Traceback" not in err[0]
+    assert not (tmp_path / "m").exists() and not (tmp_path / "d").exists()  # nothing written
 
 
 def test_a_run_without_run_json_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

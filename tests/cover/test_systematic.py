@@ -12,10 +12,11 @@ import pytest
 from mlaconf.golden.generate import build_golden
 from mlaconf.golden.reference import reference_attention
 from mlaconf.golden.spec import CaseSpec, build_case
+from mlaconf.golden.stats import UNIT_ROUNDOFF
 from mlaconf.golden.types import GoldenCase
 from mlaconf.judge.metrics import round_to_dtype
 from mlaconf.judge.policy import load_policies
-from mlaconf.judge.systematic import critical_value, format_check, temperature_check
+from mlaconf.judge.systematic import FORMAT_FLOOR, TEMPERATURE_FLOOR, critical_value, format_check, temperature_check
 from mlaconf.judge.verdict import judge_output
 
 ALPHA = 0.5e-6  # each test's share of the default false-alarm rate
@@ -66,6 +67,21 @@ def test_a_wrong_temperature_is_estimated_and_significant(bf16_golden: GoldenCas
     assert result.estimate == pytest.approx(2e-3, rel=0.1) and result.standard_error < 2e-4
     smaller = temperature_check(_at_temperature(g, 1 - 2e-3), g.out, g.row_valid, g.magnitudes, BF16, ALPHA)
     assert smaller.significant and smaller.estimate == pytest.approx(-2e-3, rel=0.1)
+
+
+def test_a_certain_but_immaterial_bias_does_not_decide(bf16_golden: GoldenCase) -> None:
+    """A noiseless bias along T is certain on any case; below the floor it is a rounding path, not a defect."""
+    g = bf16_golden
+    t = g.magnitudes["pv_scale"].astype(np.float64)
+    rows = g.row_valid.astype(bool)
+    ratio = math.sqrt(
+        np.square(g.out.reshape(rows.size, -1)[rows]).mean() / np.square(t.reshape(rows.size, -1)[rows]).mean()
+    )
+    for effect, decides in ((0.5 * TEMPERATURE_FLOOR, False), (2 * TEMPERATURE_FLOOR, True)):
+        eps = effect * UNIT_ROUNDOFF["bf16"] * ratio
+        result = temperature_check(g.out + eps * t, g.out, g.row_valid, g.magnitudes, BF16, ALPHA)
+        assert result.z > result.critical and result.effect == pytest.approx(effect, rel=0.05), result.text
+        assert result.significant == decides, result.text
 
 
 def test_the_documented_paths_own_projection_is_legitimate(bf16_golden: GoldenCase) -> None:
@@ -126,10 +142,11 @@ def test_the_default_verdict_carries_both_tests(bf16_golden: GoldenCase, fp16_go
     policies = load_policies()
     _, ok = judge_output(bf16_golden, bf16_golden.baseline_out, policies, "default", "b")
     found = {c.metric: c for c in ok.checks if c.rule == "systematic"}
-    assert set(found) == {"temperature_z", "format_z"} and ok.passed
-    assert all(not c.decisive and c.passed for c in found.values())  # evidence until significant
+    assert set(found) == {"temperature_z", "temperature_effect", "format_z", "format_effect"} and ok.passed
+    assert all(not c.decisive for c in found.values()) and found["temperature_z"].passed  # evidence until significant
+    assert found["temperature_effect"].bound == TEMPERATURE_FLOOR and found["format_effect"].bound == FORMAT_FLOOR
     _, wrong = judge_output(bf16_golden, _at_temperature(bf16_golden, 1 + 2e-3), policies, "default", "b")
     failing = [c.metric for c in wrong.failing]
-    assert not wrong.passed and failing == ["temperature_z"], wrong.summary()
+    assert not wrong.passed and failing == ["temperature_z", "temperature_effect"], wrong.summary()
     _, atb_only = judge_output(bf16_golden, _at_temperature(bf16_golden, 1 + 2e-3), policies, "atb", "b")
     assert atb_only.passed and any(c.metric == "temperature_z" for c in atb_only.evidence_over)

@@ -61,4 +61,5 @@ def test_the_device_command_runs_through_on_the_fake(tmp_path: Path) -> None:
     with tarfile.open(tmp_path / "box.tar.gz") as tar:
         names = tar.getnames()
     assert "box/runs/npu-fia/results.jsonl" in names and "box/diffs/ring-mla-vs-torch-cpu/diff.json" in names
+    assert "box/facts_report.md" in names and "box/facts_report.json" in names  # what settles each unconfirmed fact
     assert not [n for n in names if n.startswith("box/golden")]  # goldens stay behind: regen rebuilds them

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.defects import DEFECTS
+from tests.defects import DEFECTS, REAL_BUGS
 
 pytestmark = pytest.mark.slow
 
@@ -211,3 +211,26 @@ def test_forgetful_contract_model_fails_the_error_suite(work: Path) -> None:
     assert run.returncode == 1 and failed, run.describe()
     assert all("err-param" in test for test in failed), run.describe()
     assert all("ERROR_INVALID_PARAM at setup, the call was accepted" in run.messages[t] for t in failed)
+
+
+def _failed_slack_by_dtype_mask(run: Run) -> dict[tuple[str, str], float]:
+    """(dtype, mask) -> the largest worst_slack among the run's failed conformance records."""
+    assert run.report is not None
+    largest: dict[tuple[str, str], float] = {}
+    for line in (run.report / "results.jsonl").read_text().splitlines():
+        record = json.loads(line) if line.strip() else {}
+        if record.get("outcome") == "failed" and record.get("worst_slack") is not None:
+            key = (record["dtype"], record["mask"])
+            largest[key] = max(largest.get(key, 0.0), float(record["worst_slack"]))
+    return largest
+
+
+@pytest.mark.parametrize("name", list(REAL_BUGS))
+def test_real_bug_is_killed_in_every_dtype_and_mask(name: str, defect_runs: dict[str, Run]) -> None:
+    """docs/real-bugs.md: smoke kills each reproduced upstream bug at slack >= NEAR_MISS in every
+    dtype and mask its conditions reach."""
+    largest = _failed_slack_by_dtype_mask(defect_runs[name])
+    for dtype in ("fp16", "bf16"):
+        for mask in REAL_BUGS[name]:
+            slack = largest.get((dtype, mask), 0.0)
+            assert slack >= NEAR_MISS, f"real bug {name}: {dtype} {mask} largest failing slack {slack:.3g}"

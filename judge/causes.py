@@ -1,0 +1,283 @@
+"""The likely cause of a failure: goldens recomputed under a catalogue of known kernel mistakes.
+
+Each :class:`Mistake` rewrites a case's inputs and spec so that the float64 reference
+(:func:`mlaconf.golden.reference.reference_attention`, the golden's own code) computes what a
+kernel with that mistake computes.  A mistake *explains* an output when the output's error against
+the mistake's golden falls by orders of magnitude from its error against the true golden, to within
+the precision model (a few times the emulated same-dtype baseline's own error).  Each mistake costs
+one float64 reference pass, so the runner tries the catalogue only for small cases unless asked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from mlaconf.facts.operator import NOPE_DIM, ROPE_DIM, V_DIM
+from mlaconf.golden.layout import kv_views
+from mlaconf.golden.reference import reference_attention
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.types import GoldenCase, OpInputs
+
+#: An explaining mistake's error must be at least this many times smaller than the true golden's.
+REDUCTION = 30.0
+#: ... and at most this many times the emulated baseline's error (the precision model), or FLOOR.
+WITHIN_BASELINE = 8.0
+#: Relative error below which an output is "exact" whatever the baseline (a bit-exact baseline has 0).
+FLOOR = 1e-3
+#: Keys per tile of the "prefix rounded to a tile" mistake (ATB's prefill block).
+PREFIX_TILE = 128
+#: On by default in the conformance suite for cases of at most this many useful FLOPs (beyond, the
+#: catalogue costs more than the case's golden; ``--mla-likely-cause`` forces it).
+DEFAULT_FLOPS_LIMIT = 2e9
+
+KV = tuple[np.ndarray, np.ndarray, np.ndarray]  # one batch's k [n, Hkv, 512], kRope [n, Hkv, 64], v [n, Hkv, 128]
+
+
+class Mistake(Protocol):
+    """A known mistake: its name, the sentence the failure line carries, and its golden's case."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def text(self) -> str:
+        """Completes "output matches the golden with ..."."""
+        ...
+
+    def rewrite(self, inputs: OpInputs, spec: CaseSpec) -> tuple[OpInputs, CaseSpec] | None:
+        """Inputs and spec whose true golden is this mistake's output; None where it cannot apply."""
+        ...
+
+
+def _packed(inputs: OpInputs, spec: CaseSpec, batches: Sequence[KV], **changes: object) -> tuple[OpInputs, CaseSpec]:
+    """A packed-kv case with the same queries and each batch's keys replaced by ``batches``."""
+    lengths = tuple(kv[0].shape[0] for kv in batches)
+    hkv = batches[0][0].shape[1] if batches else spec.kv_head_num
+    stacked = [np.concatenate([kv[i] for kv in batches], axis=0) for i in range(3)]
+    new_inputs = dataclasses.replace(
+        inputs,
+        k=stacked[0],
+        k_rope=stacked[1],
+        v=stacked[2],
+        kv_seqlen=np.asarray(lengths, dtype=np.int32),
+    )
+    fields: dict[str, object] = {"kv_seqlen": lengths, "kv_layout": "packed", "kv_capacity": None, "kv_head_num": hkv}
+    fields.update(changes)
+    return new_inputs, dataclasses.replace(spec, **fields)  # type: ignore[arg-type]
+
+
+def _batches(inputs: OpInputs, spec: CaseSpec) -> list[KV]:
+    return [kv_views(inputs, spec, b) for b in range(spec.batch)]
+
+
+@dataclass(frozen=True)
+class CausalTopLeft:
+    name: str = "causal_top_left"
+    text: str = "a top-left causal mask (j <= i) instead of the bottom-right one (j <= i + kv - q)"
+
+    def rewrite(self, inputs: OpInputs, spec: CaseSpec) -> tuple[OpInputs, CaseSpec] | None:
+        if spec.mask_type != 3 or spec.q_seqlen == spec.kv_seqlen:
+            return None
+        return inputs, dataclasses.replace(spec, mask_type=2)
+
+
+@dataclass(frozen=True)
+class CausalMaskDropped:
+    name: str = "causal_mask_dropped"
+    text: str = "no causal mask (every key visible)"
+
+    def rewrite(self, inputs: OpInputs, spec: CaseSpec) -> tuple[OpInputs, CaseSpec] | None:
+        return None if spec.mask_type == 0 else (inputs, dataclasses.replace(spec, mask_type=0))
+
+
+@dataclass(frozen=True)
+class ScaleIgnored:
+    name: str = "scale_ignored"
+    text: str = "qkScale ignored (1.0 used)"
+
+    def rewrite(self, inputs: OpInputs, spec: CaseSpec) -> tuple[OpInputs, CaseSpec] | None:
+        return None if spec.qk_scale == 1.0 else (inputs, dataclasses.replace(spec, qk_scale=1.0))
+
+
+@dataclass(frozen=True)
+class ScaleTwice:
+    name: str = "scale_twice"
+    text: str = "qkScale applied twice"
+
+    def rewrite(self, inputs: OpInputs, spec: CaseSpec) -> tuple[OpInputs, CaseSpec] | None:
+        return None if spec.qk_scale == 1.0 else (inputs, dataclasses.replace(spec, qk_scale=spec.qk_scale**2))
+
+
+@dataclass(frozen=True)
+class ScaleInInputDtype:
+    name: str = "scale_in_input_dtype"
+    text: str = "qkScale rounded to the input dtype"
+
+    def rewrite(self, inputs: OpInputs, spec: CaseSpec) -> tuple[OpInputs, CaseSpec] | None:
+        import ml_dtypes
+
+        dtype = np.float16 if spec.dtype == "fp16" else ml_dtypes.bfloat16
+        rounded = float(np.asarray(spec.qk_scale, dtype=np.float32).astype(dtype).astype(np.float64))
+        if rounded == float(np.float32(spec.qk_scale)):
+            return None
+        return inputs, dataclasses.replace(spec, qk_scale=rounded)
+
+
+@dataclass(frozen=True)
+class RopeDropped:
+    name: str = "rope_dropped"
+    text: str = "the rope term qRope.kRope dropped"
+
+    def rewrite(self, inputs: OpInputs, spec: CaseSpec) -> tuple[OpInputs, CaseSpec] | None:
+        return dataclasses.replace(inputs, q_rope=np.zeros_like(inputs.q_rope)), spec
+
+
+@dataclass(frozen=True)
+class GqaModulo:
+    name: str = "gqa_modulo"
+    text: str = "GQA heads mapped by modulo (h % Hkv instead of h // (H / Hkv))"
+
+    def rewrite(self, inputs: OpInputs, spec: CaseSpec) -> tuple[OpInputs, CaseSpec] | None:
+        if spec.kv_head_num in (1, spec.head_num):
+            return None
+        order = np.arange(spec.head_num) % spec.kv_head_num
+        batches = [(k[:, order], kr[:, order], v[:, order]) for k, kr, v in _batches(inputs, spec)]
+        return _packed(inputs, spec, batches, kv_head_num=spec.head_num)
+
+
+@dataclass(frozen=True)
+class PaddedAsPacked:
+    name: str = "padded_as_packed"
+    text: str = "padded kv read as packed (batch b's keys from row sum(kvSeqLen[:b]) of the flat buffer)"
+
+    def rewrite(self, inputs: OpInputs, spec: CaseSpec) -> tuple[OpInputs, CaseSpec] | None:
+        if spec.kv_layout != "padded" or all(n == spec.padded_rows for n in spec.kv_seqlen[:-1]):
+            return None
+        hkv, total = spec.kv_head_num, spec.total_kv
+        k, kr, v = (
+            a.reshape(-1, hkv, d)[:total]
+            for a, d in ((inputs.k, NOPE_DIM), (inputs.k_rope, ROPE_DIM), (inputs.v, V_DIM))
+        )
+        starts = np.concatenate([[0], np.cumsum(spec.kv_seqlen)])
+        batches = [(k[s:e], kr[s:e], v[s:e]) for s, e in itertools.pairwise(starts)]
+        return _packed(inputs, spec, batches)
+
+
+@dataclass(frozen=True)
+class LastKeyDropped:
+    name: str = "last_key_dropped"
+    text: str = "the last key of every sequence dropped"
+
+    def rewrite(self, inputs: OpInputs, spec: CaseSpec) -> tuple[OpInputs, CaseSpec] | None:
+        batches = _batches(inputs, spec)
+        if not any(kv[0].shape[0] > 1 for kv in batches):
+            return None
+        return _packed(inputs, spec, [tuple(a[:-1] if a.shape[0] > 1 else a for a in kv) for kv in batches])  # type: ignore[misc]
+
+
+@dataclass(frozen=True)
+class PrefixRoundedToTile:
+    name: str = "prefix_rounded_to_tile"
+    text: str = f"the prefix rounded down to a tile of {PREFIX_TILE} keys (its partial last tile skipped)"
+
+    def rewrite(self, inputs: OpInputs, spec: CaseSpec) -> tuple[OpInputs, CaseSpec] | None:
+        if spec.mask_type != 3:
+            return None
+        batches: list[KV] = []
+        changed = False
+        for (k, kr, v), q_len in zip(_batches(inputs, spec), spec.q_seqlen, strict=True):
+            prefix = k.shape[0] - q_len
+            cut = prefix % PREFIX_TILE if prefix > 0 else 0
+            keep = np.r_[0 : prefix - cut, prefix : k.shape[0]]
+            batches.append((k[keep], kr[keep], v[keep]))
+            changed |= cut > 0
+        return _packed(inputs, spec, batches) if changed else None
+
+
+#: The catalogue, most specific first (a tie keeps the earlier one).
+CATALOGUE: tuple[Mistake, ...] = (
+    CausalTopLeft(),
+    PrefixRoundedToTile(),
+    LastKeyDropped(),
+    PaddedAsPacked(),
+    GqaModulo(),
+    ScaleInInputDtype(),
+    ScaleIgnored(),
+    ScaleTwice(),
+    RopeDropped(),
+    CausalMaskDropped(),
+)
+
+
+@dataclass(frozen=True)
+class Cause:
+    """A mistake that explains an output, with the errors that show it."""
+
+    name: str
+    text: str
+    error: float  # the output's relative error against the mistake's golden
+    true_error: float  # ... against the true golden
+    baseline_error: float  # the emulated same-dtype baseline's against the true golden
+
+    def sentence(self) -> str:
+        return f"output matches the golden with {self.text}"
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "text": self.sentence(),
+            "error": float(f"{self.error:.3g}"),
+            "true_error": float(f"{self.true_error:.3g}"),
+            "baseline_error": float(f"{self.baseline_error:.3g}"),
+        }
+
+
+def relative_error(out: np.ndarray, golden: np.ndarray, valid: np.ndarray) -> float:
+    """``||out - g|| / ||g||`` over the valid token rows (inf when out holds NaN/Inf)."""
+    rows = valid.shape[0]
+    got = np.asarray(out, dtype=np.float64).reshape(rows, -1)[valid]
+    want = np.asarray(golden, dtype=np.float64).reshape(rows, -1)[valid]
+    if not np.all(np.isfinite(got)):
+        return float("inf")
+    norm = float(np.linalg.norm(want))
+    return float(np.linalg.norm(got - want)) / max(norm, 1e-300)
+
+
+def mistake_goldens(
+    golden: GoldenCase, catalogue: Sequence[Mistake] = CATALOGUE
+) -> Iterator[tuple[Mistake, np.ndarray]]:
+    """Each applicable mistake with its float64 golden in attenOut's layout."""
+    for mistake in catalogue:
+        rewritten = mistake.rewrite(golden.inputs, golden.spec)
+        if rewritten is not None:
+            out, _ = reference_attention(*rewritten)
+            yield mistake, out
+
+
+def likely_cause(golden: GoldenCase, out: np.ndarray, catalogue: Sequence[Mistake] = CATALOGUE) -> Cause | None:
+    """The catalogued mistake that explains ``out``, or None (the best explaining one when several do)."""
+    valid = golden.row_valid
+    true_error = relative_error(out, golden.out, valid)
+    if not np.isfinite(true_error):
+        return None
+    baseline_error = relative_error(golden.baseline_out, golden.out, valid)
+    limit = max(WITHIN_BASELINE * baseline_error, FLOOR)
+    if true_error <= limit:  # nothing to explain: the output is within the precision model already
+        return None
+    best: Cause | None = None
+    for mistake, mistaken in mistake_goldens(golden, catalogue):
+        error = relative_error(out, mistaken, valid)
+        if error * REDUCTION <= true_error and error <= limit and (best is None or error < best.error):
+            best = Cause(mistake.name, mistake.text, error, true_error, baseline_error)
+    return best
+
+
+def worth_trying(spec: CaseSpec, forced: bool) -> bool:
+    """Whether the runner tries the catalogue on a failing case (always when ``forced``)."""
+    return forced or spec.useful_flops <= DEFAULT_FLOPS_LIMIT

@@ -1,0 +1,415 @@
+"""``mlaconf shrink`` and ``mlaconf repro``: from a failing conformance test to what a vendor can act on.
+
+``shrink`` searches for the smallest spec that still fails by the same deciding check on the same
+backend (goldens built on the fly); ``repro`` writes a directory that reruns one case without
+mlaconf (inputs and golden in one ``.npz``, the call's arguments, the verdict, the environment and a
+standalone program on the backend's own stack).  Both try the likely-cause catalogue.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mlaconf.golden.generate import build_golden
+from mlaconf.golden.spec import CaseSpec, SpecError, available_suites, load_suite, load_suites, validate_case
+from mlaconf.golden.types import GoldenCase
+from mlaconf.harness import registry
+from mlaconf.harness.backend import Backend
+from mlaconf.judge.causes import relative_error
+from mlaconf.judge.deviations import load_deviations
+from mlaconf.judge.policy import load_policies
+from mlaconf.runner.conformance import CaseResult, run_case
+
+#: A test id's parameters: ``<case id>-<backend>``; a case id ends in its 8-hex content hash.
+PARAMS = re.compile(r"^(?P<case>.+?-[0-9a-f]{8})(?:-(?P<backend>.+))?$")
+#: Default wall-clock budget of ``shrink``, in seconds.
+DEFAULT_BUDGET_S = 300.0
+#: The standalone program per backend kind, in mlaconf/runner/repro_templates.
+TEMPLATES = {"torch": "repro_torch.py.tmpl", "plugin": "repro_plugin.py.tmpl"}
+
+
+class ReproError(Exception):
+    """A test id, case or backend that cannot be shrunk or reproduced (one line for the user)."""
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One spec run and judged: whether it failed, and by which deciding check (``rule:metric``)."""
+
+    spec: CaseSpec
+    golden: GoldenCase
+    result: CaseResult
+
+    @property
+    def failed(self) -> bool:
+        return self.result.outcome == "failed"
+
+    @property
+    def failing_checks(self) -> list[str]:
+        """The deciding checks over their bound as ``rule:metric``, worst first (a non-numeric failure: its kind)."""
+        failing = [c for c in self.result.record.checks if c.get("decisive", True) and not c.get("passed", True)]
+        failing.sort(key=lambda c: -float(c.get("slack", 0.0)))
+        names = [f"{c['rule']}:{c['metric']}" for c in failing]
+        return names or (["contract"] if self.result.record.failing else [])
+
+    @property
+    def cause(self) -> str | None:
+        """The likely cause's catalogue name, None when no catalogued mistake explains the output."""
+        found = self.result.record.likely_cause
+        return str(found["name"]) if found else None
+
+    @property
+    def check(self) -> str:
+        """The deciding check: the worst failing one."""
+        return next(iter(self.failing_checks), "")
+
+
+def score_elements(spec: CaseSpec) -> int:
+    """Entries of the score matrices Q.K^T over every batch and head: the size a shrink reduces."""
+    return spec.head_num * sum(q * kv for q, kv in zip(spec.q_seqlen, spec.kv_seqlen, strict=True))
+
+
+def resolve(test_id: str, backend: str | None, cases: Path | None) -> tuple[CaseSpec, str]:
+    """The case and backend a test id names (``...test_conformance[CASE-BACKEND]``, ``CASE-BACKEND`` or ``CASE``)."""
+    inner = (
+        test_id[test_id.index("[") + 1 : test_id.rindex("]")] if "[" in test_id and test_id.endswith("]") else test_id
+    )
+    match = PARAMS.match(inner)
+    if match is None:
+        raise ReproError(f"test id {test_id!r}: expected a case id (…-<8 hex digits>) optionally followed by -BACKEND")
+    name = backend or match.group("backend")
+    if not name:
+        raise ReproError(f"test id {test_id!r} names no backend: pass --backend NAME")
+    specs = load_suite(cases) if cases else load_suites(available_suites())
+    found = [s for s in specs if s.case_id == match.group("case")]
+    if not found:
+        where = str(cases) if cases else "the shipped suites"
+        raise ReproError(f"case {match.group('case')!r} is not in {where} (pass --cases FILE for another suite file)")
+    return found[0], name
+
+
+def attempt(spec: CaseSpec, backend: Backend, policy: str, *, repeat: int = 1) -> Attempt:
+    """Build the golden on the fly and judge ``backend`` on it ``repeat`` times; the last failure is kept."""
+    golden = build_golden(spec)
+    policies, deviations = load_policies(), load_deviations()
+    result = run_case(golden, backend, policy_set=policies, policy=policy, deviations=deviations, try_causes=True)
+    for _ in range(repeat - 1):
+        if result.outcome != "failed":
+            break
+        result = run_case(golden, backend, policy_set=policies, policy=policy, deviations=deviations, try_causes=True)
+    return Attempt(spec, golden, result)
+
+
+def _halve(n: int) -> int:
+    return max(1, n // 2)
+
+
+def candidates(spec: CaseSpec) -> Iterator[CaseSpec]:
+    """Smaller or simpler variants of ``spec``, biggest cuts first; every one a valid case."""
+    base = dataclasses.replace(spec, name="", suite="", source="shrink")
+    changes: list[dict[str, Any]] = []
+    q, kv = spec.q_seqlen, spec.kv_seqlen
+    if spec.batch > 1:
+        changes += [{"q_seqlen": (q[b],), "kv_seqlen": (kv[b],)} for b in range(spec.batch)]
+        changes += [{"q_seqlen": q[:b] + q[b + 1 :], "kv_seqlen": kv[:b] + kv[b + 1 :]} for b in range(spec.batch)]
+    for b in range(spec.batch):
+        prefix = kv[b] - q[b]
+
+        def at(values: tuple[int, ...], value: int, b: int = b) -> tuple[int, ...]:
+            return (*values[:b], value, *values[b + 1 :])
+
+        if q[b] > 1:  # fewer query rows, same prefix (kv - q) so a causal offset keeps its meaning
+            changes.append({"q_seqlen": at(q, _halve(q[b])), "kv_seqlen": at(kv, max(1, _halve(q[b]) + prefix))})
+        if prefix > 1:
+            changes.append({"kv_seqlen": at(kv, q[b] + prefix // 2)})
+        if spec.mask_type == 0 and kv[b] > 1:
+            changes.append({"kv_seqlen": at(kv, _halve(kv[b]))})
+    h, g = spec.head_num, spec.kv_head_num
+    if h > 1 and g > 1 and h % 2 == 0 and g % 2 == 0:
+        changes.append({"head_num": h // 2, "kv_head_num": g // 2})
+    if h > g and (h // 2) % g == 0 and h // 2 >= g:
+        changes.append({"head_num": h // 2})
+    if spec.kv_capacity is not None:
+        changes.append({"kv_capacity": None})
+    if spec.kv_layout == "padded":
+        changes.append({"kv_layout": "packed", "kv_capacity": None})
+    if spec.q_layout != "3d":
+        changes.append({"q_layout": "3d"})
+    if spec.distribution != "uniform":
+        changes.append({"distribution": "uniform"})
+    if spec.structure is not None:
+        changes.append({"structure": None})
+    seen = {spec.content_hash}
+    for change in changes:
+        candidate = dataclasses.replace(base, **change)
+        if candidate.content_hash in seen:
+            continue
+        seen.add(candidate.content_hash)
+        try:
+            validate_case(candidate)
+        except SpecError:
+            continue
+        yield candidate
+
+
+def shrink(
+    first: Attempt,
+    backend: Backend,
+    policy: str,
+    *,
+    budget_s: float,
+    repeat: int = 1,
+    report: Callable[[str], None] = print,
+) -> tuple[Attempt, bool]:
+    """Greedy search from a failing attempt: the smallest spec on which the original's deciding check still
+    fails with the same likely cause; and whether it finished (False: out of time or interrupted, the best
+    so far kept)."""
+    best, check, cause = first, first.check, first.cause
+    deadline = time.monotonic() + budget_s
+    tried = 0
+    try:
+        improved = True
+        while improved:
+            improved = False
+            for candidate in candidates(best.spec):
+                if time.monotonic() > deadline:
+                    report(f"shrink: time budget of {budget_s:g} s spent after {tried} candidates; best so far kept")
+                    return best, False
+                tried += 1
+                trial = attempt(candidate, backend, policy, repeat=repeat)
+                if (
+                    trial.failed
+                    and check in trial.failing_checks
+                    and trial.cause == cause  # a smaller case must not change the diagnosis
+                    and score_elements(candidate) <= score_elements(best.spec)
+                ):
+                    best, improved = trial, True
+                    size = score_elements(candidate)
+                    report(f"shrink: {tried} tried, now {candidate.readable_id} ({size} score elements)")
+                    break
+    except KeyboardInterrupt:
+        report(f"shrink: interrupted after {tried} candidates; best so far kept")
+        return best, False
+    return best, True
+
+
+def _backend(name: str) -> Backend:
+    try:
+        backend = registry.create(name)
+    except registry.BackendSelectionError as exc:
+        raise ReproError(str(exc)) from exc
+    availability = backend.available()
+    if not availability:
+        raise ReproError(f"backend {name} unavailable: {availability.reason}")
+    return backend
+
+
+def _start(args: argparse.Namespace) -> tuple[Attempt, Backend, str]:
+    spec, name = resolve(args.test_id, args.backend, args.cases)
+    backend = _backend(name)
+    return attempt(spec, backend, args.policy, repeat=getattr(args, "repeat", 1)), backend, name
+
+
+def run_shrink(args: argparse.Namespace) -> int:
+    try:
+        first, backend, name = _start(args)
+        if not first.failed:
+            print(f"{first.spec.case_id} passes on {name}: nothing to shrink")
+            return 0
+        if not backend.deterministic and args.repeat < 2:
+            raise ReproError(
+                f"backend {name} is not deterministic: pass --repeat N (every candidate must fail N times)"
+            )
+        print(
+            f"shrink: {first.spec.case_id} fails on {name} by {first.check}; budget {args.budget:g} s", file=sys.stderr
+        )
+        best, finished = shrink(
+            first,
+            backend,
+            args.policy,
+            budget_s=args.budget,
+            repeat=args.repeat,
+            report=lambda s: print(s, file=sys.stderr),
+        )
+    except ReproError as exc:
+        print(f"mlaconf shrink: {exc}", file=sys.stderr)
+        return 2
+    before, after = score_elements(first.spec), score_elements(best.spec)
+    print(best.spec.to_toml(), end="")
+    print(f"# {before} -> {after} score elements ({after / before:.3g} of the original); {first.check} still fails")
+    if best.result.record.likely_cause:
+        print(f"# likely cause: {best.result.record.likely_cause['text']}")
+    return 0 if finished else 130
+
+
+# -- repro ---------------------------------------------------------------------------------------
+
+
+def _bits(array: np.ndarray) -> np.ndarray:
+    """numpy has no bfloat16: bf16 arrays are stored as their uint16 bit patterns (call.json says so)."""
+    return array.view(np.uint16) if array.dtype.itemsize == 2 and array.dtype != np.float16 else array
+
+
+def worst_element(out: np.ndarray, golden: np.ndarray, valid: np.ndarray) -> dict[str, Any]:
+    """The element of largest ``|out - g|`` over the valid rows (NaN/Inf first): what the script prints too."""
+    rows = valid.shape[0]
+    got = np.asarray(out, dtype=np.float64).reshape(rows, -1)
+    want = np.asarray(golden, dtype=np.float64).reshape(rows, -1)
+    err = np.where(valid[:, None], np.abs(got - want), -1.0)
+    err = np.where(np.isnan(err), np.inf, err)
+    flat = int(np.argmax(err))
+    token, column = divmod(flat, got.shape[1])
+    return {
+        "token": token,
+        "head": column // 128,
+        "column": column % 128,
+        "actual": float(got[token, column]),
+        "expected": float(want[token, column]),
+        "abs_error": float(err[token, column]),
+    }
+
+
+def backend_kind(name: str) -> str:
+    """Which standalone program a backend gets: ``atb`` (C++), ``torch`` (CPU/CUDA), ``plugin`` (import path)."""
+    if name == "atb":
+        return "atb"
+    if ":" in name:
+        return "plugin"
+    if name in ("torch-cpu", "torch-cuda", "torch-cpu-strict"):
+        return "torch"
+    return "plugin"
+
+
+def write_repro(first: Attempt, name: str, out_dir: Path) -> list[str]:
+    """Write the repro directory; returns the names of the files written."""
+    golden, record, spec = first.golden, first.result.record, first.spec
+    out_dir.mkdir(parents=True, exist_ok=True)
+    arrays = {key: _bits(value) for key, value in golden.inputs.arrays().items()}
+    arrays.update(golden=golden.out, row_valid=golden.row_valid)
+    np.savez(out_dir / "case.npz", allow_pickle=False, **arrays)
+    call = {
+        "dtype": spec.dtype,
+        "head_num": spec.head_num,
+        "kv_head_num": spec.kv_head_num,
+        "qk_scale": spec.qk_scale,
+        "mask_type": spec.mask_type,
+        "cache_mode": spec.cache_mode,
+        "q_layout": spec.q_layout,
+        "kv_layout": spec.kv_layout,
+        "q_seqlen": list(spec.q_seqlen),
+        "kv_seqlen": list(spec.kv_seqlen),
+        "backend": name,
+        "shapes": {key: list(value.shape) for key, value in arrays.items()},
+        "layout": "case.npz: the inputs in the C interface's layout (bf16 as uint16 bit patterns), "
+        "golden (float64, attenOut's layout), row_valid (bool per token: rows the operator promises)",
+    }
+    numbers: dict[str, Any] = {}
+    if first.result.output is not None:
+        numbers = {
+            "relative_error": relative_error(first.result.output, golden.out, golden.row_valid),
+            "worst_element": worst_element(first.result.output, golden.out, golden.row_valid),
+        }
+    verdict = {
+        "test": f"test_conformance[{spec.case_id}-{name}]",
+        "verdict": record.verdict,
+        "check": first.check or None,
+        "checks": list(record.checks),
+        "failing": list(record.failing),
+        "metrics": dict(record.metrics),
+        "likely_cause": record.likely_cause,
+        "message": record.message,
+        "repro_numbers": numbers,
+        "spec_toml": spec.to_toml(),
+    }
+    info = _backend(name).info()
+    env = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "backend": {"name": info.name, "device": info.device, "version": info.version, "versions": dict(info.versions)},
+        "golden_provenance": dict(golden.provenance),
+    }
+    for file, data in (("call.json", call), ("verdict.json", verdict), ("env.json", env)):
+        (out_dir / file).write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    kind = backend_kind(name)
+    if kind not in TEMPLATES:
+        raise ReproError(f"backend {name}: no standalone program for it yet (only torch and plug-in backends)")
+    template = (resources.files("mlaconf.runner") / "repro_templates" / TEMPLATES[kind]).read_text()
+    program = template.replace("@BACKEND@", name)
+    script = "repro.cpp" if kind == "atb" else "repro.py"
+    (out_dir / script).write_text(program)
+    run_line = {
+        "atb": "g++ -std=c++17 repro.cpp -I$ATB_HOME_PATH/include -L$ATB_HOME_PATH/lib -latb -o repro && ./repro",
+        "torch": "python repro.py  (needs numpy and torch)",
+        "plugin": f"PYTHONPATH=<where {name.partition(':')[0]} imports from> python repro.py  (needs numpy and torch)",
+    }[kind]
+    status = "FAILS" if first.failed else f"does not fail ({record.verdict})"
+    cause = f"; likely cause: {record.likely_cause['text']}" if record.likely_cause else ""
+    (out_dir / "README").write_text(
+        f"MLA prefill case {spec.case_id} on {name} {status}: {first.check or 'no failing check'}{cause}.\n"
+        f"Run: {run_line}; it prints the relative error and worst element recorded in verdict.json.\n"
+        "Files: case.npz (inputs, golden; layout in call.json), call.json (arguments), verdict.json, env.json.\n"
+    )
+    return ["README", "case.npz", "call.json", "verdict.json", "env.json", script]
+
+
+def run_repro(args: argparse.Namespace) -> int:
+    try:
+        first, _, name = _start(args)
+        files = write_repro(first, name, args.out)
+    except ReproError as exc:
+        print(f"mlaconf repro: {exc}", file=sys.stderr)
+        return 2
+    if not first.failed:
+        print(f"{first.spec.case_id} passes on {name} ({first.result.outcome}): the repro in {args.out} shows a pass")
+    else:
+        print(f"{first.spec.case_id} fails on {name} by {first.check}: wrote {', '.join(files)} to {args.out}")
+        if first.result.record.likely_cause:
+            print(f"likely cause: {first.result.record.likely_cause['text']}")
+    return 0
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "test_id", metavar="TEST_ID", help="a conformance test id (…test_conformance[CASE-BACKEND]) or CASE id"
+    )
+    parser.add_argument("--backend", default=None, help="the backend (default: the one the test id ends with)")
+    parser.add_argument("--cases", type=Path, default=None, metavar="FILE", help="the suite file holding the case")
+    parser.add_argument("--policy", default="default", help="tolerance policy (default: default)")
+
+
+def register(subparsers: Any) -> None:
+    shrink_parser = subparsers.add_parser(
+        "shrink",
+        help="the smallest spec still failing by the same check",
+        description="Search for the smallest spec (batch, lengths, heads, prefix, layout, distribution) that still "
+        "fails by the same deciding check on the same backend, goldens built on the fly; print its TOML and the "
+        "size reduction. Ctrl-C or the time budget keeps the best so far.",
+    )
+    _common(shrink_parser)
+    shrink_parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, metavar="SECONDS", help="time budget")
+    shrink_parser.add_argument(
+        "--repeat", type=int, default=1, metavar="N", help="a candidate must fail N times (nondeterministic backends)"
+    )
+    shrink_parser.set_defaults(func=run_shrink)
+    repro_parser = subparsers.add_parser(
+        "repro",
+        help="a directory that reruns one case without mlaconf",
+        description="Write a directory a kernel engineer can run without mlaconf: the inputs and golden (case.npz), "
+        "the call's arguments, the verdict with its likely cause, the environment, a standalone program and a README.",
+    )
+    _common(repro_parser)
+    repro_parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="the directory to write")
+    repro_parser.set_defaults(func=run_repro)
