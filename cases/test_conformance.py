@@ -19,26 +19,26 @@ pytestmark = pytest.mark.conformance
 
 
 def test_conformance(
-    conformance_case: CaseSpec,
-    backend: Backend,
-    golden_store: GoldenStore,
-    policy_set: PolicySet,
-    deviation_set: DeviationSet,
+    mla_conformance_case: CaseSpec,
+    mla_backend: Backend,
+    mla_golden_store: GoldenStore,
+    mla_policy_set: PolicySet,
+    mla_deviation_set: DeviationSet,
     mla_report: MlaReport,
     pytestconfig: pytest.Config,
 ) -> None:
-    golden = golden_store.ensure(conformance_case)
+    golden = mla_golden_store.ensure(mla_conformance_case)
     result = run_case(
         golden,
-        backend,
-        policy_set=policy_set,
+        mla_backend,
+        policy_set=mla_policy_set,
         policy=pytestconfig.getoption("mla_policy"),
-        deviations=deviation_set,
+        deviations=mla_deviation_set,
         repeats=pytestconfig.getoption("mla_timing_repeats"),
         warmup=pytestconfig.getoption("mla_warmup"),
         reruns=pytestconfig.getoption("mla_repeat"),
         try_causes=pytestconfig.getoption("mla_likely_cause"),
     )
     if mla_report.outputs_dir is not None and result.output is not None:
-        save_output(mla_report.outputs_dir, conformance_case, backend.name, result.output)
+        save_output(mla_report.outputs_dir, mla_conformance_case, mla_backend.name, result.output)
     mla_report.conclude(result.record, result.outcome, result.message)

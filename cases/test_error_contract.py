@@ -22,21 +22,21 @@ pytestmark = pytest.mark.error_contract
 
 
 def test_error_contract(
-    error_case: CaseSpec, backend: Backend, deviation_set: DeviationSet, mla_report: MlaReport
+    mla_error_case: CaseSpec, mla_backend: Backend, mla_deviation_set: DeviationSet, mla_report: MlaReport
 ) -> None:
-    if not backend.error_contract:
+    if not mla_backend.error_contract:
         pytest.skip(
-            f"backend {backend.name} declares no error contract (error_contract = False); "
+            f"backend {mla_backend.name} declares no error contract (error_contract = False); "
             "only backends promising ATB's status codes are checked"
         )
-    verdict = judge_error_case(error_case, backend, deviation_set)
+    verdict = judge_error_case(mla_error_case, mla_backend, mla_deviation_set)
     observed, stage = verdict.got if verdict.got is not None else (None, None)
     evidence = ErrorEvidence(*verdict.expected, observed, stage)  # the expectation of the backend's release
     record = mla_report.record(
         verdict=verdict.outcome,
         message=verdict.message,
         error=evidence,
-        device=backend.info().device,
+        device=mla_backend.info().device,
         deviation=verdict.deviation,
     )
     mla_report.conclude(record, verdict.outcome, verdict.message)

@@ -73,9 +73,9 @@ def case_specs(draw: st.DrawFn) -> CaseSpec:
 @given(spec=case_specs())
 def test_random_case_matches_float64_golden(
     spec: CaseSpec,
-    backend: Backend,
-    policy_set: PolicySet,
-    deviation_set: DeviationSet,
+    mla_backend: Backend,
+    mla_policy_set: PolicySet,
+    mla_deviation_set: DeviationSet,
     pytestconfig: pytest.Config,
     mla_report: MlaReport,
 ) -> None:
@@ -85,7 +85,7 @@ def test_random_case_matches_float64_golden(
     the record of a failing test carries the shrunk spec (``shrunk``) and its evidence.
     """
     note(f"case as a suite entry:\n{spec.to_toml()}")
-    assume(deviation_set.match(backend.name, backend.info().version, spec) is None)
+    assume(mla_deviation_set.match(mla_backend.name, mla_backend.info().version, spec) is None)
     policy = pytestconfig.getoption("mla_policy")
     paste = f"\nPaste into a suite to keep it:\n{spec.to_toml()}"
     shrunk = {"spec": spec.content(), "toml": spec.to_toml()}
@@ -98,19 +98,19 @@ def test_random_case_matches_float64_golden(
         "cache": spec.cache_name,
         "policy": policy,
         "shrunk": shrunk,
-        "device": backend.info().device,
+        "device": mla_backend.info().device,
     }
 
-    subject = mode_text(spec, backend.name)
+    subject = mode_text(spec, mla_backend.name)
     try:
         golden = build_golden(spec)
         try:
-            out: Any = execute(backend, make_call(golden.inputs, spec), spec).out
+            out: Any = execute(mla_backend, make_call(golden.inputs, spec), spec).out
         except BackendError as exc:  # a failure like any other, so hypothesis shrinks it
             evidence["error"] = ErrorEvidence(observed_status=exc.status_name, observed_stage=exc.stage)
             failure: str | None = f"{subject}: backend rejected a valid case: {exc}"
         else:
-            metrics, verdict = judge_output(golden, out, policy_set, policy, backend.name)
+            metrics, verdict = judge_output(golden, out, mla_policy_set, policy, mla_backend.name)
             evidence.update(
                 checks=[c.to_dict() for c in verdict.checks],
                 worst_slack=float(verdict.worst_slack),

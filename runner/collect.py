@@ -1,7 +1,7 @@
 """Result records on their way to the report: attached in tests, completed per test, gathered on
 the controller.
 
-Every test of the MLA suites (an item that uses the ``backend_name`` parameter) ends with exactly
+Every test of the MLA suites (an item that uses the ``mla_backend_name`` parameter) ends with exactly
 one :class:`mlaconf.reports.records.ResultRecord`:
 
 * the suites attach one through the ``mla_report`` fixture when they reach a verdict;
@@ -21,7 +21,6 @@ workers to the controller), so the controller alone gathers them and writes ``re
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import os
 import socket
@@ -34,6 +33,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: the plugin still loads; report-directory claims go unserialised
+    fcntl = None  # type: ignore[assignment]
 
 from mlaconf.facts.processes import process_alive
 from mlaconf.reports import env, records, safeio
@@ -56,13 +60,17 @@ SUITE_OF_MODULE = {
     "test_metamorphic": "metamorphic",
     "test_properties": "property",
 }
+#: The parameter every MLA test runs under: the backend's selection name (what :func:`is_mla_item` reads).
+MLA_PARAMETER = "mla_backend_name"
 #: Parameters that carry a test's case spec.
-CASE_PARAMS = ("conformance_case", "error_case", "meta_spec")
+CASE_PARAMS = ("mla_conformance_case", "mla_error_case", "mla_meta_spec")
 #: Where a timeout or exception happened, when a backend method is on the stack.
 BACKEND_METHODS = ("run", "synchronize", "available", "info")
 #: Our rooms, as the second part of a module name (``mlaconf.golden.store``).
 _FRAMEWORK = ("golden", "harness", "judge", "runner", "native", "facts")
 _MESSAGE_LIMIT = 2000
+#: Said once when a report directory is claimed without fcntl (not POSIX).
+NO_LOCK_NOTE = "no fcntl on this system: concurrent runs claiming one report directory are not serialised"
 #: pytest-timeout's failure message starts with this.
 TIMEOUT_PREFIX = "Timeout (>"
 
@@ -116,8 +124,9 @@ def set_run_info(config: pytest.Config, key: str, value: Any) -> None:
 
 
 def is_mla_item(item: pytest.Item) -> bool:
-    """A test of the MLA suites: one that runs on a selected backend."""
-    return "backend_name" in getattr(item, "fixturenames", ())
+    """A test of the MLA suites: one that runs on a selected backend (the plugin's ``mla_backend_name``
+    parameter; never a generic fixture name a foreign project may also use)."""
+    return MLA_PARAMETER in getattr(item, "fixturenames", ())
 
 
 def has_record(item: pytest.Item) -> bool:
@@ -147,7 +156,7 @@ def identity(item: pytest.Item) -> dict[str, Any]:
     function = getattr(item, "originalname", item.name)
     suite = next((s for s in records.SUITES if item.get_closest_marker(s)), records.SUITES[0])
     params: Mapping[str, Any] = getattr(getattr(item, "callspec", None), "params", {})
-    name = str(params.get("backend_name", "?"))
+    name = str(params.get(MLA_PARAMETER, "?"))
     ident: dict[str, Any] = {"suite": suite, "test": item.nodeid, "backend": BACKEND_LABELS.get(name, name)}
     for param in CASE_PARAMS:
         spec = params.get(param)
@@ -428,10 +437,13 @@ class Collector:
         an old run as this one.  Returns the line that says so, or None."""
         state = self.state
         parent = safeio.safe_dir(state.report_dir.parent)
-        lock = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+        lock = None if fcntl is None else os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # claims in one parent directory happen one at a time
+            if lock is not None:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # claims in one parent directory happen one at a time
             moved = self._move_earlier_run()
+            if lock is None:
+                moved = f"{moved}; {NO_LOCK_NOTE}" if moved else NO_LOCK_NOTE
             safeio.safe_dir(state.report_dir)
             text = json.dumps(self.run_document(None, "in_progress"), indent=2, sort_keys=True, default=str)
             safeio.create_exclusive(state.report_dir / records.RUN_FILE, text + "\n")
@@ -439,7 +451,8 @@ class Collector:
         except (OSError, safeio.ReportFileError) as exc:
             raise pytest.UsageError(f"report directory {state.report_dir}: {exc}") from None
         finally:
-            os.close(lock)
+            if lock is not None:
+                os.close(lock)
         state.claimed = True
         return moved
 

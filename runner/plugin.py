@@ -177,10 +177,10 @@ def pytest_configure(config: pytest.Config) -> None:
     """Inert unless the run is an MLA run (:func:`mla_requested`): a guest in other projects' sessions."""
     config.stash[STATE] = report_state(config)
     config.stash[ACTIVE] = mla_requested(config)
-    if not hasattr(config, "workerinput"):  # acts only on records, so it is inert without MLA tests
-        config.pluginmanager.register(Collector(config, config.stash[STATE]), "mla-report-collector")
     if not config.stash[ACTIVE]:
         return
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(Collector(config, config.stash[STATE]), "mla-report-collector")
     share_cpu_threads(config)
     if hasattr(config, "workerinput"):  # Ctrl-C is the controller's to handle: it stops the workers cleanly
         signal.signal(signal.SIGINT, _leave_to_the_controller)
@@ -391,16 +391,19 @@ def backend_names(config: pytest.Config) -> list[str]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrizes the plugin's own ``mla_``-named parameters, and only in an MLA run."""
     config = metafunc.config
-    if "conformance_case" in metafunc.fixturenames:
-        metafunc.parametrize("conformance_case", [case_param(config, c) for c in selected_cases(config)])
-    if "error_case" in metafunc.fixturenames:
-        metafunc.parametrize("error_case", [case_param(config, c) for c in error_cases(config)])
-    if "backend_name" in metafunc.fixturenames:
+    if not config.stash.get(ACTIVE, False):
+        return
+    if "mla_conformance_case" in metafunc.fixturenames:
+        metafunc.parametrize("mla_conformance_case", [case_param(config, c) for c in selected_cases(config)])
+    if "mla_error_case" in metafunc.fixturenames:
+        metafunc.parametrize("mla_error_case", [case_param(config, c) for c in error_cases(config)])
+    if "mla_backend_name" in metafunc.fixturenames:
         params = [
             pytest.param(name, id=name, marks=mark(config, name, f"backend {name}")) for name in backend_names(config)
         ]
-        metafunc.parametrize("backend_name", params)
+        metafunc.parametrize("mla_backend_name", params)
 
 
 EMPTY_PARAMETER_SET = "got empty parameter set"
@@ -410,6 +413,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """MLA tests get the default timeout; a suite with no case is deselected (an empty selection
     is not a pass); ``--mla-shard K/N`` keeps the cases whose content hash falls in shard K (unmarked
     tests: shard 1)."""
+    if not config.stash.get(ACTIVE, False):
+        return
     add_timeouts(config, items)
     empty = [
         item
@@ -454,7 +459,7 @@ def add_timeouts(config: pytest.Config, items: list[pytest.Item]) -> None:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     """Every phase pytest counts of an MLA test leaves with exactly one record (see runner.collect)."""
     report = yield
-    if is_mla_item(item) or has_record(item):
+    if item.config.stash.get(ACTIVE, False) and (is_mla_item(item) or has_record(item)):
         complete_report(item, call, report)
     return report
 
@@ -463,28 +468,28 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 @pytest.fixture(scope="session")
-def backend_cache() -> Iterator[dict[str, Backend]]:
+def mla_backend_cache() -> Iterator[dict[str, Backend]]:
     yield {}
 
 
 @pytest.fixture
-def backend(backend_name: str, backend_cache: dict[str, Backend]) -> Backend:
+def mla_backend(mla_backend_name: str, mla_backend_cache: dict[str, Backend]) -> Backend:
     """The backend under test, created once per worker; skipped with its own reason if unavailable."""
-    if backend_name not in backend_cache:
+    if mla_backend_name not in mla_backend_cache:
         try:
-            backend_cache[backend_name] = registry.create(backend_name)
+            mla_backend_cache[mla_backend_name] = registry.create(mla_backend_name)
         except registry.BackendSelectionError as exc:
             raise pytest.UsageError(str(exc)) from exc
-    instance = backend_cache[backend_name]
-    BACKEND_LABELS[backend_name] = instance.name
+    instance = mla_backend_cache[mla_backend_name]
+    BACKEND_LABELS[mla_backend_name] = instance.name
     availability = instance.available()
     if not availability:
-        pytest.skip(f"backend {backend_name} unavailable: {availability.reason}")
+        pytest.skip(f"backend {mla_backend_name} unavailable: {availability.reason}")
     return instance
 
 
 @pytest.fixture(scope="session")
-def golden_store(pytestconfig: pytest.Config) -> Iterator[GoldenStore]:
+def mla_golden_store(pytestconfig: pytest.Config) -> Iterator[GoldenStore]:
     from mlaconf.golden import progress
     from mlaconf.golden.store import GoldenStore
 
@@ -495,7 +500,7 @@ def golden_store(pytestconfig: pytest.Config) -> Iterator[GoldenStore]:
 
 
 @pytest.fixture(scope="session")
-def policy_set(pytestconfig: pytest.Config) -> PolicySet:
+def mla_policy_set(pytestconfig: pytest.Config) -> PolicySet:
     from mlaconf.judge.policy import load_policies
 
     path = pytestconfig.getoption("mla_tolerances")
@@ -503,7 +508,7 @@ def policy_set(pytestconfig: pytest.Config) -> PolicySet:
 
 
 @pytest.fixture(scope="session")
-def deviation_set(pytestconfig: pytest.Config) -> DeviationSet:
+def mla_deviation_set(pytestconfig: pytest.Config) -> DeviationSet:
     from mlaconf.judge.deviations import load_deviations
 
     path = pytestconfig.getoption("mla_deviations")
@@ -522,12 +527,14 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     """Known deviations for a selected backend that no selected case matched (controller only)."""
     from mlaconf.judge.deviations import load_deviations
 
-    ran_conformance = any(
-        "test_conformance" in getattr(report, "nodeid", "")
+    if not config.stash.get(ACTIVE, False) or hasattr(config, "workerinput"):
+        return
+    ran_conformance = any(  # the suite's marker, which every report carries among its keywords
+        "conformance" in getattr(report, "keywords", {})
         for reports in terminalreporter.stats.values()
         for report in reports
     )
-    if not ran_conformance or hasattr(config, "workerinput"):
+    if not ran_conformance:
         return
     path = config.getoption("mla_deviations")
     stale = unmatched_deviations(config, load_deviations(Path(path) if path else None), backend_names(config))
