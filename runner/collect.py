@@ -460,10 +460,7 @@ class Collector:
         directory = self.state.report_dir
         if not directory.exists() or not any(directory.iterdir()):
             return None
-        try:
-            earlier = records.read_run(directory)
-        except (records.RecordError, safeio.ReportFileError, ValueError):
-            earlier = {}
+        earlier = _earlier_run(directory)
         environment = earlier.get("environment")
         host = environment.get("host") if isinstance(environment, dict) else None
         pid = earlier.get("pid")
@@ -700,3 +697,17 @@ class Collector:
             | run_state.to_dict()
         )
         return doc
+
+
+def _earlier_run(directory: Path) -> dict[str, Any]:
+    """What run.json says of the run before this one; a file the readers refuse (an older schema, a
+    damaged field) is still read for its liveness, so a live run is never moved aside."""
+    try:
+        return records.read_run(directory)
+    except (records.RecordError, safeio.ReportFileError, ValueError):
+        pass
+    try:
+        raw = safeio.loads(safeio.read_text(directory / records.RUN_FILE), str(directory / records.RUN_FILE))
+    except (safeio.ReportFileError, ValueError, OSError):
+        return {}
+    return raw if isinstance(raw, dict) else {}
