@@ -11,6 +11,7 @@ import glob
 import importlib.metadata
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,17 @@ RELEASE_UNKNOWN = (
     f"ATB release unknown (version.info has no version key, e.g. a source build): set {ATB_VERSION_ENV}=<release>, "
     "e.g. 8.3.RC1"
 )
+
+
+def release_unknown_line(messages: Iterable[str]) -> str | None:
+    """The one run-level line for every verdict judged without an ATB release (their messages carry
+    RELEASE_UNKNOWN), with its fix; None when no verdict needed the release."""
+    count = sum(RELEASE_UNKNOWN in message for message in messages)
+    if not count:
+        return None
+    return f"{RELEASE_UNKNOWN}; {count} verdict(s) were judged against every release their expectations name"
+
+
 _LINE = re.compile(r"^\s*([^=:]+?)\s*[=:]\s*(.*?)\s*$")
 
 

@@ -281,7 +281,9 @@ class AtbBackend:
                 versions[part] = str(found_file["version"])
         if found.release:
             versions["atb"] = found.release
-        return BackendInfo(self.name, f"npu:{index} ({found.soc})", versions, found.release)
+        return BackendInfo(
+            self.name, f"npu:{index} ({found.soc})", versions, found.release, release_unknown=found.release is None
+        )
 
     def synchronize(self) -> None:
         torch_npu = self._probed().torch_npu

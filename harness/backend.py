@@ -116,6 +116,10 @@ class BackendInfo:
     versions: dict[str, str] = field(default_factory=dict)
     #: The version that known-deviation ranges are compared with (e.g. the CANN release for ATB).
     version: str | None = None
+    #: An ATB whose release cannot be read (a source build): release-bound expectations are then judged
+    #: against every release they name and the run says so in one line.  With ``version`` None and this
+    #: False no release applies (a CPU backend, the documented contract model): the documented answer.
+    release_unknown: bool = False
 
 
 @runtime_checkable

@@ -26,8 +26,10 @@ refused by the operation on 8.2.RC1, by the kernel from 8.3.RC1).  By default it
 newest contract on a supported chip.
 
 Where ATB is known to disagree with its documentation the model follows the documentation: a NaN
-qkScale is rejected (ATB's ``qkScale <= 0 || qkScale > 1`` lets NaN through) and CAUSAL without a
-mask is accepted (ATB's C interface miscounts its input slots).  Those disagreements are data in
+qkScale is rejected (ATB's ``qkScale <= 0 || qkScale > 1`` lets NaN through), CAUSAL without a
+mask is accepted (ATB's C interface miscounts its input slots), and a CAUSAL batch with fewer keys
+than queries is rejected with ``ERROR_INVALID_PARAM`` in Setup (docs/operator.md §4 asks kv_b >= q_b;
+ATB's runner and kernel check no such thing for CAUSAL).  Those disagreements are data in
 ``judge/known_deviations.toml``, so the error-contract suite must pass against this model.
 
 :func:`strict_torch_cpu` is the model in front of the torch CPU backend: a device under test that
@@ -280,6 +282,11 @@ def _out_dims(call: MlaPrefillCall) -> str | None:
 def _seqlen_values(call: MlaPrefillCall) -> str | None:
     if call.mask_type != CAUSAL and not torch.equal(call.q_seqlen, call.kv_seqlen):
         return "qSeqLen must equal kvSeqLen element-wise unless maskType is CAUSAL (docs/operator.md §4)"
+    if call.mask_type == CAUSAL and bool((call.kv_seqlen < call.q_seqlen).any()):
+        return (
+            f"kvSeqLen {call.kv_seqlen.tolist()} below qSeqLen {call.q_seqlen.tolist()}: CAUSAL needs "
+            "kv_b >= q_b in every batch (docs/operator.md §4)"
+        )
     return None
 
 

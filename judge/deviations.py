@@ -158,12 +158,11 @@ class DeviationSet:
         return next((d for d in self.entries if d.selects(backend, version, spec)), None)
 
     def candidates(self, backend: str, version: str | None, spec: CaseSpec) -> list[Deviation]:
-        """The entries that may cover this case: the match at a known version; with the release unknown,
-        every entry covering it at some release it names (each is judged; see :func:`explaining`)."""
-        if version is not None:
-            found = self.match(backend, version, spec)
-            return [found] if found else []
-        return [d for d in self.entries if d.selects(backend, None, spec, any_release=True)]
+        """The entries that may cover this case, in file order: every match at a known version (two may
+        predict different misbehaviours of one call, e.g. an early rejection that hides a later
+        acceptance); with the release unknown, every entry covering it at some release it names. Each
+        is judged against what was seen (:func:`explaining`)."""
+        return [d for d in self.entries if d.selects(backend, version, spec, any_release=version is None)]
 
 
 def release_note(version: str | None, deviation: Deviation | None) -> str:

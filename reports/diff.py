@@ -44,6 +44,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from mlaconf.facts.versions import release_unknown_line
 from mlaconf.reports import html, safeio, svg
 from mlaconf.reports.records import (
     EVIDENCE_KEYS,
@@ -621,6 +622,12 @@ def diff_dirs(
         notes += [f"the {side} run's problem: {p}" for p in problems]
         if problems and side == "candidate":
             gate_failures.append(f"the candidate run has {len(problems)} problem(s): {problems[0]}")
+    for side, records in (("base", base_records), ("candidate", cand_records)):
+        unknown = release_unknown_line(str(r.get("message") or "") for r in records)
+        if unknown and side == "candidate":  # release-bound expectations: neither regressions nor passes
+            gate_failures.append(f"the candidate run: {unknown}")
+        elif unknown:
+            notes.append(f"the base run: {unknown}")
     for side, state in (("base", base_state), ("candidate", cand_state)):
         more, failing = _state_notes(side, state)
         notes += more

@@ -14,6 +14,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from mlaconf.facts.versions import release_unknown_line
 from mlaconf.reports import safeio, svg
 from mlaconf.reports.records import (
     HTML_FILE,
@@ -482,6 +483,9 @@ def verdict_banner(records: Sequence[Record], run: Mapping[str, Any]) -> str:
         text += " (run.json has no status: completeness unknown)"
     chips = "".join(f'<span class="{v if counts[v] else "zero"}">{counts[v]} {escape(v)}</span>' for v in VERDICTS)
     lines = "".join(f'<p class="failed">ERROR: {escape(p)}</p>' for p in problems)
+    unknown = release_unknown_line(str(r.get("message") or "") for r in records)
+    if unknown:
+        lines += f'<p class="release-unknown">{escape(unknown)}</p>'
     return f'<div class="banner {cls}" id="verdict">{escape(text)}</div><p class="counts">{chips}</p>{lines}'
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlaconf.facts.versions import release_unknown_line
 from mlaconf.reports.records import (
     GROUP_FIELDS,
     Record,
@@ -255,6 +256,9 @@ def write_terminal(tr: Any, records: Sequence[Record], report_dir: Path) -> None
     if timing:
         tr.write_sep("-", "timing (median over cases; not part of verdicts)")
         emit(timing)
+    unknown = release_unknown_line(str(r.get("message") or "") for r in records)
+    if unknown:
+        tr.write_line(unknown, yellow=True)
     failed = sum(verdict(r) == "failed" for r in records)
     errors = sum(verdict(r) == "error" for r in records)  # an interrupted or crashed test is an error, not a failure
     suites = sorted({str(r.get("suite") or "conformance") for r in records})

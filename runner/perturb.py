@@ -117,6 +117,21 @@ def _one_more(seqlen: torch.Tensor) -> torch.Tensor:
     return torch.cat([seqlen, seqlen[-1:]]).contiguous()
 
 
+def _last_kv_length(keys: Callable[[int], int], what: str) -> Perturbation:
+    """kvSeqLen's last entry set from its qSeqLen, after the inputs were built from the valid lengths
+    (the loader refuses kv_b < q_b under CAUSAL, so only a perturbation can ask the operator)."""
+
+    def perturb(call: MlaPrefillCall) -> MlaPrefillCall:
+        q_last = int(call.q_seqlen[-1])
+        if q_last < 1:
+            raise ValueError(f"{what} needs a last batch with query rows")
+        kv_seqlen = call.kv_seqlen.clone()
+        kv_seqlen[-1] = keys(q_last)
+        return dataclasses.replace(call, kv_seqlen=kv_seqlen)
+
+    return perturb
+
+
 def _formatted(name: str, code: int) -> Perturbation:
     def perturb(call: MlaPrefillCall) -> MlaPrefillCall:
         if name == "mask":
@@ -149,6 +164,14 @@ PERTURBATIONS: dict[str, tuple[str, Perturbation]] = {
     "q_seqlen_long": (
         "qSeqLen with one entry more than kvSeqLen",
         lambda c: dataclasses.replace(c, q_seqlen=_one_more(c.q_seqlen)),
+    ),
+    "kv_below_q_one": (
+        "the last batch's kvSeqLen one below its qSeqLen",
+        _last_kv_length(lambda q: q - 1, "kv_below_q_one"),
+    ),
+    "kv_below_q_zero": (
+        "the last batch's kvSeqLen 0 while it has query rows",
+        _last_kv_length(lambda q: 0, "kv_below_q_zero"),
     ),
     "mask_bool": ("the MASK_FREE mask as bool", lambda c: dataclasses.replace(c, mask=_need_mask(c) != 0)),
     "q_rope_other_dtype": (
@@ -262,11 +285,16 @@ class ErrorVerdict:
 
 
 def _deviation(
-    spec: CaseSpec, backend: Backend, version: str | None, deviations: DeviationSet, got: tuple[str, str] | None
+    spec: CaseSpec,
+    backend: Backend,
+    version: str | None,
+    deviations: DeviationSet,
+    accepted_rejections: tuple[tuple[str | None, str | None], ...],
+    got: tuple[str, str] | None,
 ) -> Deviation | None:
     """A known deviation that predicts something other than the contract for this case (with the release
     unknown, the candidate of every release that explains what was seen: DeviationSet.candidates)."""
-    accepted = {error for error, _ in spec.accepted_rejections(version)}
+    accepted = {error for error, _ in accepted_rejections}
     candidates = [
         d
         for d in deviations.candidates(backend.name, version, spec)
@@ -280,8 +308,14 @@ def judge_error_case(spec: CaseSpec, backend: Backend, deviations: DeviationSet)
     """Run an error case; the contract is met when the backend raises the status its release gives at the stage."""
     if spec.expect_error is None:
         raise ValueError(f"{spec.name}: an error case needs expect_error")
-    version = backend.info().version
-    accepted = spec.accepted_rejections(version)
+    info = backend.info()
+    version = info.version
+    # no release and none unknown (a CPU backend, the contract model): the documented answer alone
+    accepted = (
+        spec.accepted_rejections(version)
+        if version is not None or info.release_unknown
+        else (spec.expected_rejection(None),)
+    )
     call = error_call(spec)
     try:
         backend.run(call)
@@ -309,7 +343,7 @@ def judge_error_case(spec: CaseSpec, backend: Backend, deviations: DeviationSet)
         f"{spec.name} ({spec.case_id}) [backend {backend.name}, mask {spec.mask_name}, cache {spec.cache_name}, "
         f"headNum {spec.head_num}, kvHeadNum {spec.kv_head_num}, qkScale {spec.qk_scale}{perturb}]"
     )
-    deviation = _deviation(spec, backend, version, deviations, got)
+    deviation = _deviation(spec, backend, version, deviations, accepted, got)
     outcome = outcome_of(met, None if got is None else got[0], deviation)
     detail = f"expected {expected}, {seen}{release_note(version, deviation)}"
     message = outcome_message(subject, outcome, detail, deviation)

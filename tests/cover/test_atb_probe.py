@@ -194,9 +194,13 @@ def test_the_release_is_read_and_chooses_the_expectations(
     backend = AtbBackend()
     assert backend.available().ok
     info = backend.info()
-    assert (info.version, info.versions["atb"]) == ("8.2.RC1", "8.2.RC1")
+    assert (info.version, info.versions["atb"], info.release_unknown) == ("8.2.RC1", "8.2.RC1", False)
     rank3 = next(c for c in load_suites(["errors"]) if c.name == "mask-free-mask-rank3")
     assert rank3.expected_rejection(info.version) == ("ERROR_INVALID_TENSOR_DIM_NUM", "setup")
+    # a source build: version.info without a version key is an unknown release, a state of its own
+    (tmp_path / "nnal" / "atb" / "8.2.RC1" / "version.info").write_text("Ascend-cann-atb commit : ddcc8b6\n")
+    unknown = AtbBackend().info()
+    assert (unknown.version, unknown.release_unknown) == (None, True)
 
 
 def test_unavailable_backend_keeps_the_protocol_and_refuses_to_run(monkeypatch: pytest.MonkeyPatch) -> None:

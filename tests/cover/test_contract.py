@@ -21,7 +21,7 @@ from mlaconf.harness.contract import (
     strict_torch_cpu,
     validate,
 )
-from mlaconf.judge.deviations import Deviation, DeviationSet
+from mlaconf.judge.deviations import Deviation, DeviationSet, load_deviations
 from mlaconf.runner.execution import make_call
 from mlaconf.runner.perturb import PERTURBATIONS, error_call, judge_error_case, nearest_valid
 
@@ -54,6 +54,15 @@ class Zeros:
 
     def run(self, call: MlaPrefillCall) -> torch.Tensor:
         return torch.zeros(call.q.shape, dtype=call.q_rope.dtype)
+
+
+class CausalSlots(Zeros):
+    """ATB through its C interface as its source reads: CAUSAL fails Setup's slot count."""
+
+    def run(self, call: MlaPrefillCall) -> torch.Tensor:
+        if call.mask_type == 3:
+            raise BackendError("ERROR_INVALID_IN_TENSOR_NUM", "setup", "8 slots where CAUSAL prefill has 7")
+        return super().run(call)
 
 
 def model(
@@ -202,7 +211,8 @@ def test_an_unconfirmed_boundary_or_an_unknown_release_accepts_each_rejection_an
     rank3 = case_named("mask-free-mask-rank3")
     assert rank3.unconfirmed_at == ("8.3.RC1",)
     old = ContractBackend(Zeros(), "model", installation=Installation(release="8.2.RC1"))  # answers DIM_NUM
-    old.info = lambda: BackendInfo("model", "cpu", {}, release)  # type: ignore[method-assign]
+    unknown = release is None  # an ATB that cannot name its release, not the documented model
+    old.info = lambda: BackendInfo("model", "cpu", {}, release, release_unknown=unknown)  # type: ignore[method-assign]
     verdict = judge_error_case(rank3, old, no_deviations())
     assert verdict.outcome == ("passed" if accepts_old else "failed"), verdict.message
     if accepts_old:
@@ -212,8 +222,21 @@ def test_an_unconfirmed_boundary_or_an_unknown_release_accepts_each_rejection_an
     elif release.startswith("8.3.RC1"):
         assert f"release {release} is an unconfirmed boundary" in verdict.message
     new = ContractBackend(Zeros(), "model", installation=Installation(release="8.5.0"))  # answers RT_FAIL
-    new.info = lambda: BackendInfo("model", "cpu", {}, release)  # type: ignore[method-assign]
+    new.info = lambda: BackendInfo("model", "cpu", {}, release, release_unknown=unknown)  # type: ignore[method-assign]
     assert judge_error_case(rank3, new, no_deviations()).outcome == ("failed" if release == "8.2.RC1" else "passed")
+
+
+def test_the_documented_model_has_no_unknown_release() -> None:
+    """A backend with no release to name (the contract model, a CPU backend) is judged by the documented
+    answer alone: a release-bound case accepts no older release's rejection, and nothing says the ATB
+    release is unknown."""
+    rank3 = case_named("mask-free-mask-rank3")
+    documented = judge_error_case(rank3, model(), no_deviations())
+    assert documented.outcome == "passed" and "release unknown" not in documented.message
+    older = ContractBackend(Zeros(), "model", installation=Installation(release="8.2.RC1"))
+    older.info = lambda: BackendInfo("model", "cpu", {}, None)  # type: ignore[method-assign]
+    verdict = judge_error_case(rank3, older, no_deviations())
+    assert verdict.outcome == "failed" and verdict.got == ("ERROR_INVALID_TENSOR_DIM_NUM", "setup")
 
 
 def test_unconfirmed_at_is_validated() -> None:
@@ -348,10 +371,31 @@ def test_deviation_predicting_the_documented_rejection_is_not_a_deviation() -> N
 
 
 def test_shipped_atb_deviation_covers_the_nan_case() -> None:
-    from mlaconf.judge.deviations import load_deviations
-
     found = load_deviations().match("atb", "8.2.RC1", case_named("qk-scale-nan"))
     assert found is not None and found.id == "atb-nan-qk-scale-accepted"
+
+
+@pytest.mark.parametrize("name", ["causal-kv-shorter-than-q", "causal-kv-zero"])
+def test_causal_kv_below_q_is_asked_and_each_atb_answer_is_explained(name: str) -> None:
+    """The loader refuses kv_b < q_b under CAUSAL, so the perturbation builds it; the documented model
+    rejects it, a model that forgets the rule fails, and an ATB that hides it behind the C interface's
+    in-tensor-count rejection, or accepts it as its source does, is each explained by its own entry."""
+    case = case_named(name)
+    call = error_call(case)
+    assert call.mask_type == 3 and int(call.kv_seqlen[-1]) < int(call.q_seqlen[-1])
+    assert int(call.kv_seqlen[-1]) == (0 if name == "causal-kv-zero" else int(call.q_seqlen[-1]) - 1)
+    assert judge_error_case(case, model(), no_deviations()).outcome == "passed"
+    forgets = judge_error_case(case, model(skip=frozenset({"seqlen_values"})), no_deviations())
+    assert forgets.outcome == "failed" and forgets.got is None
+    shipped = load_deviations()
+    at_release = Installation(release="8.3.RC1")
+    forgetful = frozenset({"seqlen_values"})
+    hidden = judge_error_case(case, ContractBackend(CausalSlots(), "atb", forgetful, at_release), shipped)
+    assert (hidden.outcome, hidden.deviation) == ("xfailed", "atb-c-causal-in-tensor-num")
+    computed = judge_error_case(case, ContractBackend(Zeros(), "atb", forgetful, at_release), shipped)
+    assert (computed.outcome, computed.deviation) == ("xfailed", "atb-causal-kv-below-q-accepted")
+    documented = judge_error_case(case, ContractBackend(Zeros(), "atb", installation=at_release), shipped)
+    assert documented.outcome == "xpassed"
 
 
 # -- the backend ---------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ def test_seeded_entries() -> None:
         "atb-causal-prefix-not-128",
         "atb-nan-qk-scale-accepted",
         "atb-padded-kv-capacity",
+        "atb-causal-kv-below-q-accepted",
     ]
     assert all(d.backend == "atb" and d.status == "unconfirmed" and d.reference for d in devs.entries)
     outcomes = [(d.outcome, d.error_status) for d in devs.entries]
@@ -44,6 +45,7 @@ def test_seeded_entries() -> None:
         ("error", "ERROR_INVALID_IN_TENSOR_NUM"),
         ("error", "ERROR_INVALID_PARAM"),
         ("error", "ERROR_INVALID_PARAM"),
+        ("fail", None),
         ("fail", None),
         ("fail", None),
         ("fail", None),
