@@ -38,7 +38,12 @@ PARAMS = re.compile(r"^(?P<case>.+?-[0-9a-f]{8})(?:-(?P<backend>.+))?$")
 #: Default wall-clock budget of ``shrink``, in seconds.
 DEFAULT_BUDGET_S = 300.0
 #: The standalone program per backend kind, in mlaconf/runner/repro_templates.
-TEMPLATES = {"torch": "repro_torch.py.tmpl", "plugin": "repro_plugin.py.tmpl"}
+TEMPLATES = {"torch": "repro_torch.py.tmpl", "plugin": "repro_plugin.py.tmpl", "atb": "repro_atb.cpp.tmpl"}
+#: The one-line build of the ATB repro against a CANN + NNAL install (their set_env.sh sourced).
+ATB_BUILD = (
+    'g++ -std=c++17 -O2 repro.cpp -I"$ASCEND_HOME_PATH/include" -I"$ASCEND_HOME_PATH/include/aclnn" '
+    '-I"$ATB_HOME_PATH/include" -L"$ASCEND_HOME_PATH/lib64" -L"$ATB_HOME_PATH/lib" -lascendcl -lnnopbase -latb -o repro'
+)
 
 
 class ReproError(Exception):
@@ -293,6 +298,25 @@ def backend_kind(name: str) -> str:
     return "plugin"
 
 
+def write_atb_inputs(golden: GoldenCase, spec: CaseSpec, out_dir: Path) -> list[str]:
+    """What repro.cpp reads: atb_call.txt (the harness's exact arguments) and atb_inputs/ (raw bytes per tensor,
+    the float64 golden and one byte per token of row_valid); numpy's zip format is no C++ one-liner."""
+    from mlaconf.harness.atb import repro_manifest
+    from mlaconf.runner.execution import make_call
+
+    lines, data = repro_manifest(make_call(golden.inputs, spec))
+    rows = golden.row_valid.shape[0]
+    reference = np.ascontiguousarray(golden.out, dtype=np.float64).reshape(rows, -1)
+    data.update(golden=reference.tobytes(), row_valid=golden.row_valid.astype(np.uint8).tobytes())
+    lines.append(f"golden {rows} {reference.shape[1]}")
+    inputs = out_dir / "atb_inputs"
+    inputs.mkdir(exist_ok=True)
+    for name, payload in data.items():
+        (inputs / f"{name}.bin").write_bytes(payload)
+    (out_dir / "atb_call.txt").write_text("\n".join(lines) + "\n")
+    return ["atb_call.txt", "atb_inputs/"]
+
+
 def write_repro(first: Attempt, name: str, out_dir: Path) -> list[str]:
     """Write the repro directory; returns the names of the files written."""
     golden, record, spec = first.golden, first.result.record, first.spec
@@ -344,14 +368,13 @@ def write_repro(first: Attempt, name: str, out_dir: Path) -> list[str]:
     for file, data in (("call.json", call), ("verdict.json", verdict), ("env.json", env)):
         (out_dir / file).write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
     kind = backend_kind(name)
-    if kind not in TEMPLATES:
-        raise ReproError(f"backend {name}: no standalone program for it yet (only torch and plug-in backends)")
     template = (resources.files("mlaconf.runner") / "repro_templates" / TEMPLATES[kind]).read_text()
-    program = template.replace("@BACKEND@", name)
+    program = template.replace("@BACKEND@", name).replace("@BUILD@", ATB_BUILD)
     script = "repro.cpp" if kind == "atb" else "repro.py"
     (out_dir / script).write_text(program)
+    extra = write_atb_inputs(golden, spec, out_dir) if kind == "atb" else []
     run_line = {
-        "atb": "g++ -std=c++17 repro.cpp -I$ATB_HOME_PATH/include -L$ATB_HOME_PATH/lib -latb -o repro && ./repro",
+        "atb": f"{ATB_BUILD} && ./repro",
         "torch": "python repro.py  (needs numpy and torch)",
         "plugin": f"PYTHONPATH=<where {name.partition(':')[0]} imports from> python repro.py  (needs numpy and torch)",
     }[kind]
@@ -362,7 +385,7 @@ def write_repro(first: Attempt, name: str, out_dir: Path) -> list[str]:
         f"Run: {run_line}; it prints the relative error and worst element recorded in verdict.json.\n"
         "Files: case.npz (inputs, golden; layout in call.json), call.json (arguments), verdict.json, env.json.\n"
     )
-    return ["README", "case.npz", "call.json", "verdict.json", "env.json", script]
+    return ["README", "case.npz", "call.json", "verdict.json", "env.json", script, *extra]
 
 
 def run_repro(args: argparse.Namespace) -> int:
