@@ -6,8 +6,8 @@
 
 typedef int aclError;
 typedef void *aclrtStream;
-typedef enum { ACL_FLOAT = 0, ACL_FLOAT16 = 1, ACL_INT32 = 3, ACL_INT64 = 9, ACL_BOOL = 12, ACL_BF16 = 27 } aclDataType;
-typedef enum { ACL_FORMAT_NCHW = 0, ACL_FORMAT_NHWC = 1, ACL_FORMAT_ND = 2, ACL_FORMAT_FRACTAL_NZ = 29 } aclFormat;
+typedef enum { ACL_DT_UNDEFINED = -1, ACL_FLOAT = 0, ACL_FLOAT16 = 1, ACL_INT32 = 3, ACL_INT64 = 9, ACL_BOOL = 12, ACL_BF16 = 27 } aclDataType;
+typedef enum { ACL_FORMAT_UNDEFINED = -1, ACL_FORMAT_NCHW = 0, ACL_FORMAT_NHWC = 1, ACL_FORMAT_ND = 2, ACL_FORMAT_FRACTAL_NZ = 29 } aclFormat;
 typedef enum { ACL_MEM_MALLOC_HUGE_FIRST = 0 } aclrtMemMallocPolicy;
 typedef enum {
     ACL_MEMCPY_HOST_TO_HOST = 0,
