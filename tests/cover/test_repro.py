@@ -13,9 +13,12 @@ import numpy as np
 import pytest
 
 from mlaconf import main
+from mlaconf.golden.spec import CaseSpec, load_suites
 from mlaconf.harness import registry
 from mlaconf.reports.records import ResultRecord
 from mlaconf.runner.repro import attempt, resolve, score_elements, shrink, write_repro
+from tests import fake_torch_npu
+from tests.fake_torch_npu import CpuFusedInferAttention, CpuRingMla
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -101,3 +104,39 @@ def test_atb_repro_builds_and_makes_the_harness_call(tmp_path: Path, atb_double_
         assert call[name]["dims"] == list(npz[name].shape), name
         assert call[name]["dtype"] == 1, name  # ACL_FLOAT16: the case is fp16
     assert call["mask"] is None and call["atten_out"]["dims"] == [*npz["q"].shape[:2], 128]  # q3d
+
+
+def _bf16_causal_with_prefix() -> CaseSpec:
+    """A shipped bf16 CAUSAL case with a cached prefix: npu-fia takes bf16 only in TND."""
+    specs = [s for s in load_suites(["smoke"]) if s.dtype == "bf16" and s.mask_type == 3]
+    with_prefix = [s for s in specs if any(kv > q for q, kv in zip(s.q_seqlen, s.kv_seqlen, strict=True))]
+    return min(with_prefix, key=score_elements)
+
+
+@pytest.mark.parametrize("route", ["ring-mla", "npu-fia"])
+def test_torch_npu_repro_replays_the_op_calls_standalone(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, route: str
+) -> None:
+    """The route's op calls are recorded (ring-mla: the newest keys, then the prefix merged in) and repro.py,
+    importing only numpy, torch and torch_npu (here the fake, on the CPU), replays them and prints the
+    relative error verdict.json recorded."""
+    fake_torch_npu.install(monkeypatch)
+    backend = CpuRingMla() if route == "ring-mla" else CpuFusedInferAttention()
+    spec = resolve(CASE, route, None)[0] if route == "ring-mla" else _bf16_causal_with_prefix()
+    first = attempt(spec, backend, "default")
+    assert first.result.outcome == "passed", first.result.message
+    monkeypatch.setattr("mlaconf.runner.repro._backend", lambda name: backend)
+    out = tmp_path / "repro"
+    assert "npu_calls.pt" in write_repro(first, route, out)
+    assert "torch_npu on an Ascend device" in (out / "README").read_text()
+    script = "import runpy; from tests import fake_torch_npu; fake_torch_npu.install_for_process(); "
+    script += "runpy.run_path('repro.py', run_name='__main__')"
+    env = {**os.environ, "REPRO_DEVICE": "cpu", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", script], cwd=out, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    calls = [line for line in done.stdout.splitlines() if line.startswith("call ")]
+    assert len(calls) == (2 if route == "ring-mla" else 1)  # CASE has prefixes: ring-mla merges them in
+    assert all(line.endswith(" 0") for line in calls)  # the replay gives the reporter's outputs
+    value = float(done.stdout.split("relative_error ")[1].split()[0])
+    verdict = json.loads((out / "verdict.json").read_text())
+    assert value == pytest.approx(verdict["repro_numbers"]["relative_error"], rel=1e-5)
