@@ -15,8 +15,9 @@ import pytest
 from mlaconf import main
 from mlaconf.golden.spec import CaseSpec, load_suites
 from mlaconf.harness import registry
+from mlaconf.judge.causes import relative_error
 from mlaconf.reports.records import ResultRecord
-from mlaconf.runner.repro import attempt, resolve, score_elements, shrink, write_repro
+from mlaconf.runner.repro import attempt, resolve, score_elements, shrink, worst_element, write_repro
 from tests import fake_torch_npu
 from tests.fake_torch_npu import CpuFusedInferAttention, CpuRingMla
 
@@ -104,6 +105,19 @@ def test_atb_repro_builds_and_makes_the_harness_call(tmp_path: Path, atb_double_
         assert call[name]["dims"] == list(npz[name].shape), name
         assert call[name]["dtype"] == 1, name  # ACL_FLOAT16: the case is fp16
     assert call["mask"] is None and call["atten_out"]["dims"] == [*npz["q"].shape[:2], 128]  # q3d
+    # The kernel's answer (here torch-cpu's output, fed through the runtime double): the program's numbers are
+    # verdict.json's, fp16 decoding, relative error and worst element alike.
+    first = attempt(spec, registry.create("torch-cpu"), "default")
+    answer = np.asarray(first.result.output, dtype=np.float16)
+    answer.flat[12345] = 7.0  # one element far off, so the worst element is a real one
+    (tmp_path / "answer.bin").write_bytes(answer.tobytes())
+    env["MLA_ACL_DOUBLE_ANSWER"] = str(tmp_path / "answer.bin")
+    printed = subprocess.run(["./repro"], cwd=out, env=env, capture_output=True, text=True, check=True).stdout
+    golden, valid = first.golden.out, first.golden.row_valid
+    value = float(printed.split("relative_error ")[1].split()[0])
+    assert value == pytest.approx(relative_error(answer, golden, valid), rel=1e-5)
+    worst = worst_element(answer, golden, valid)
+    assert f"worst_element token {worst['token']} head {worst['head']} column {worst['column']} " in printed
 
 
 def _bf16_causal_with_prefix() -> CaseSpec:
