@@ -428,7 +428,8 @@ def write_repro(first: Attempt, name: str, out_dir: Path) -> list[str]:
         "repro_numbers": numbers,
         "spec_toml": spec.to_toml(),
     }
-    info = _backend(name).info()  # before the program: a backend that cannot say what it is writes nothing
+    backend = _backend(name)
+    info = backend.info()
     env = {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
@@ -439,7 +440,6 @@ def write_repro(first: Attempt, name: str, out_dir: Path) -> list[str]:
         (out_dir / file).write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
     kind = backend_kind(name)
     template = (resources.files("mlaconf.runner") / "repro_templates" / TEMPLATES[kind]).read_text()
-    backend = _backend(name)
     op_name = str(getattr(backend, "op_name", ""))
     program = template.replace("@BACKEND@", name).replace("@BUILD@", ATB_BUILD).replace("@OP@", op_name)
     script = "repro.cpp" if kind == "atb" else "repro.py"
