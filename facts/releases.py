@@ -135,15 +135,17 @@ MASK_RANK3_FIX = "8.3.RC1"
 MASK_FREE_OP_RANKS: ByRelease[tuple[int, ...]] = ByRelease(
     "mask_free_op_ranks",
     ((f"<{MASK_RANK3_FIX}", (2,)), (f">={MASK_RANK3_FIX}", (2, 3))),
-    source="hicann/ascend-transformer-boost br_release_cann_8.2.RC1 and master (ddcc8b6225b8): "
-    "src/ops_infer/multi_latent_attention/multi_latent_attention_operation.cpp InTensorDimCheckPrefill; "
+    source="hicann/ascend-transformer-boost br_release_cann_8.2.RC1 (src/ops_infer/...) and master (ddcc8b6225b8, "
+    "src/ops/ops_infer/...): multi_latent_attention/multi_latent_attention_operation.cpp InTensorDimCheckPrefill; "
     "commit 0f7d4ade5; the 8.3.RC1 package boundary is unconfirmed (cases/errors.toml unconfirmed_at)",
     confidence=UNCONFIRMED,
 )
 
 #: Why prefill rejects maskType 4 (SWA_NORM) through the C interface, at create with
 #: ERROR_INVALID_PARAM in every release: 8.2.RC1's ParamRangeCheck (maskType out of range), or, later,
-#: ParamPrefillCheck's window the C interface cannot pass.
+#: ParamPrefillCheck's window the C interface cannot pass.  Both read in source: SWA_NORM (commit
+#: f9e9e6bd5) is an ancestor of br_release_cann_8.3.RC1 and not of br_release_cann_8.2.RC1, so this
+#: boundary is a release boundary (unlike MASK_RANK3_FIX's cherry-pick, whose bound it shares).
 SWA_NORM_REJECTION: ByRelease[str] = ByRelease(
     "swa_norm_rejection",
     (
@@ -156,10 +158,15 @@ SWA_NORM_REJECTION: ByRelease[str] = ByRelease(
             "SWA_NORM needs windowSize > 0, which the C interface cannot pass (windowSize defaults to 0)",
         ),
     ),
-    source="hicann/ascend-transformer-boost br_release_cann_8.2.RC1 and master (ddcc8b6225b8): "
-    "multi_latent_attention_operation.cpp ParamRangeCheck / ParamPrefillCheck; include/atb/infer_op_params.h "
-    "windowSize (8.2.RC1's ParamRangeCheck refusal as the lead's review read it; not re-read here)",
-    confidence=UNCONFIRMED,
+    source="hicann/ascend-transformer-boost br_release_cann_8.2.RC1 (77fc1a5eb94a): "
+    "src/ops_infer/multi_latent_attention/multi_latent_attention_operation.cpp:130-131 ParamRangeCheck "
+    "(maskType > MASK_TYPE_CAUSAL_MASK, the enum's last value in include/atb/infer_op_params.h:2917), "
+    "called at :66 before ParamPrefillCheck; br_release_cann_8.3.RC1 (4a985f6707a4) same file :165-167 and "
+    "master (ddcc8b6225b8) src/ops/ops_infer/multi_latent_attention/multi_latent_attention_operation.cpp:196-198 "
+    "ParamPrefillCheck (windowSize <= 0 refused); include/atb/infer_op_params.h windowSize = 0 (master :2965, "
+    "8.3.RC1 :2961); "
+    "atb_acl_mla.cpp never sets windowSize (all three branches)",
+    confidence=CONFIRMED,
 )
 
 # -- chips ---------------------------------------------------------------------------------------

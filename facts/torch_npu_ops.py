@@ -89,10 +89,13 @@ RULES: tuple[OpRule, ...] = (
         "ring-kernel-high-precision",
         RING,
         "kernel_type must be kernel_type_high_precision: the operation refuses kernel_type_default",
-        "Ascend/op-plugin op_plugin/ops/atb/RingMlaAtb.cpp kernel_type_map maps both strings (read); the refusal "
-        "of 0 is ATB's RingMLA operation parameter check (hicann/ascend-transformer-boost, not re-read)",
-        UNCONFIRMED,
-        "ATB RingMLA parameter check",
+        "Ascend/op-plugin op_plugin/ops/atb/RingMlaAtb.cpp kernel_type_map maps both strings; "
+        "hicann/ascend-transformer-boost ring_mla_operation.cpp ParamCheck refuses kernelType != "
+        "KERNELTYPE_HIGH_PRECISION (0 is KERNELTYPE_DEFAULT), CreateOperation returns ERROR_INVALID_PARAM: "
+        "br_release_cann_8.2.RC1 src/ops_infer/ring_mla/ring_mla_operation.cpp:100, br_release_cann_8.3.RC1 "
+        "same file :101, master (ddcc8b6225b8) src/ops/ops_infer/ring_mla/ring_mla_operation.cpp:101",
+        CONFIRMED,
+        "ATB ring_mla_operation.cpp ParamCheck",
     ),
     OpRule(
         "ring-mode-strings",

@@ -99,6 +99,33 @@ def describe_host_tensors(call: MlaPrefillCall) -> list[HostTensorDesc]:
     return descs
 
 
+def repro_manifest(call: MlaPrefillCall) -> tuple[list[str], dict[str, bytes]]:
+    """The call the harness makes, as the standalone C++ repro reads it (runner/repro_templates/repro_atb.cpp.tmpl):
+    the lines of ``atb_call.txt`` and each tensor's raw bytes by name.  Same descriptors as :func:`launch`."""
+    lines = [
+        f"scalar head_num {call.head_num}",
+        f"scalar qk_scale {call.qk_scale!r}",
+        f"scalar kv_head_num {call.kv_head_num}",
+        f"scalar mask_type {call.mask_type}",
+        f"scalar cache_mode {call.cache_mode}",
+    ]
+    data: dict[str, bytes] = {}
+    out = torch.empty(call.atten_out_shape, dtype=call.atten_out_dtype)
+    for desc in describe_tensors(call, out):
+        dims = " ".join(str(d) for d in desc.shape)
+        if desc.name == "out":
+            lines.append(f"out {desc.dtype} {desc.format} {len(desc.shape)} {dims}")
+            continue
+        lines.append(f"device {desc.name} {desc.dtype} {desc.format} {len(desc.shape)} {dims}")
+        tensor = getattr(call, desc.name).contiguous().reshape(-1)
+        data[desc.name] = tensor.view(torch.uint8).numpy().tobytes()
+    for host in describe_host_tensors(call):
+        dims = " ".join(str(d) for d in host.shape)
+        lines.append(f"host {host.name} {host.dtype} {host.format} {len(host.shape)} {dims}")
+        data[host.name] = host.data
+    return lines, data
+
+
 @contextmanager
 def _status_as_backend_error() -> Iterator[None]:
     """Re-raise the extension's AtbStatusError as the framework's BackendError."""

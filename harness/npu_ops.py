@@ -128,6 +128,42 @@ def unpack(call: MlaPrefillCall, packed: Packed, out: torch.Tensor) -> torch.Ten
     return full.reshape(total_q, call.head_num * V_DIM) if call.q.dim() == 2 else full
 
 
+def _prefix_and_starts(packed: Packed) -> tuple[list[int], list[int]]:
+    """Each packed batch's cached prefix (kv - q) and its first key row."""
+    prefix = [kv - q for q, kv in zip(packed.q_lens, packed.kv_lens, strict=True)]
+    return prefix, [0, *itertools.accumulate(packed.kv_lens)][:-1]
+
+
+def prefix_chunks(packed: Packed) -> tuple[torch.Tensor, torch.Tensor, list[int], list[int]]:
+    """RingMLA's prefix step: query rows, key rows and the (q, kv) lengths of each chunk.
+
+    RingMLA needs kvSeqLen >= qSeqLen per batch, so a batch's query rows go in chunks of at most its
+    prefix length, each against the whole prefix."""
+    prefix, starts = _prefix_and_starts(packed)
+    q_rows, kv_rows, q_lens, kv_lens = [], [], [], []
+    q_start = 0
+    for b, (q_len, p) in enumerate(zip(packed.q_lens, prefix, strict=True)):
+        for c in range(0, q_len if p else 0, max(p, 1)):
+            chunk = min(p, q_len - c)
+            q_rows.append(torch.arange(q_start + c, q_start + c + chunk))
+            kv_rows.append(torch.arange(starts[b], starts[b] + p))
+            q_lens.append(chunk)
+            kv_lens.append(p)
+        q_start += q_len
+    return torch.cat(q_rows), torch.cat(kv_rows), q_lens, kv_lens
+
+
+def op_output_rows(op_name: str, call: MlaPrefillCall) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+    """How a route assembles attenOut from its op calls, for a repro that replays them (runner/repro.py):
+    the call's q row of each packed row, and per op call the packed rows its first output fills (None: all)."""
+    packed = pack(call)
+    steps: list[torch.Tensor | None] = [None]
+    prefix, _ = _prefix_and_starts(packed)
+    if op_name == RingMlaBackend.op_name and any(prefix):
+        steps.append(prefix_chunks(packed)[0])
+    return packed.rows, steps
+
+
 def compressed_causal_mask(dtype: torch.dtype) -> torch.Tensor:
     """The 512x512 causal mask in the MASK_FREE encoding RingMLA's triu kernels read (facts.MASKED_VALUE)."""
     name = _DTYPE_NAMES.get(dtype)
@@ -309,8 +345,7 @@ class RingMlaBackend(_TorchNpuOpBackend):
             mask = compressed_causal_mask(dtype)
         mask = mask.to(device).contiguous()
         # 1. each batch's own (newest) q_b keys against its q_b query rows, causal for masks 2 and 3
-        prefix = [kv - q for q, kv in zip(packed.q_lens, packed.kv_lens, strict=True)]
-        starts = [0, *itertools.accumulate(packed.kv_lens)][:-1]  # each batch's first key row
+        prefix, starts = _prefix_and_starts(packed)
         new_rows = torch.cat(
             [torch.arange(s + p, s + p + q) for s, p, q in zip(starts, prefix, packed.q_lens, strict=True)]
         )
@@ -332,7 +367,7 @@ class RingMlaBackend(_TorchNpuOpBackend):
             calc_type=RING_FIRST,
         )
         if any(prefix):
-            out = self._merge_prefix(ring, call, packed, prefix, starts, mask, out, lse, device)
+            out = self._merge_prefix(ring, call, packed, mask, out, lse, device)
         return unpack(call, packed, out)
 
     def _merge_prefix(
@@ -340,29 +375,14 @@ class RingMlaBackend(_TorchNpuOpBackend):
         ring: Callable[..., tuple[torch.Tensor, torch.Tensor]],
         call: MlaPrefillCall,
         packed: Packed,
-        prefix: list[int],
-        starts: list[int],
         mask: torch.Tensor,
         out: torch.Tensor,
         lse: torch.Tensor,
         device: torch.device,
     ) -> torch.Tensor:
-        """2. the cached prefix (every key visible), merged into step 1 through ``pre_out``/``prev_lse``.
-
-        RingMLA needs kvSeqLen >= qSeqLen per batch, so a batch's query rows go in chunks of at most
-        its prefix length, each against the whole prefix."""
-        q_rows, kv_rows, q_lens, kv_lens = [], [], [], []
-        q_start = 0
-        for b, (q_len, p) in enumerate(zip(packed.q_lens, prefix, strict=True)):
-            for c in range(0, q_len if p else 0, max(p, 1)):
-                chunk = min(p, q_len - c)
-                q_rows.append(torch.arange(q_start + c, q_start + c + chunk))
-                kv_rows.append(torch.arange(starts[b], starts[b] + p))
-                q_lens.append(chunk)
-                kv_lens.append(p)
-            q_start += q_len
-        rows = torch.cat(q_rows)
-        keys = torch.cat(kv_rows)
+        """2. the cached prefix (every key visible, in :func:`prefix_chunks`), merged into step 1 through
+        ``pre_out``/``prev_lse``."""
+        rows, keys, q_lens, kv_lens = prefix_chunks(packed)
         host_rows = rows.to(out.device)
         merged, _ = ring(
             packed.q[rows].to(device),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import platform
 import re
@@ -22,12 +23,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from mlaconf.golden.generate import build_golden
 from mlaconf.golden.spec import CaseSpec, SpecError, available_suites, load_suite, load_suites, validate_case
 from mlaconf.golden.types import GoldenCase
 from mlaconf.harness import registry
-from mlaconf.harness.backend import Backend
+from mlaconf.harness.backend import Backend, Unsupported
 from mlaconf.judge.causes import relative_error
 from mlaconf.judge.deviations import load_deviations
 from mlaconf.judge.policy import load_policies
@@ -38,7 +40,19 @@ PARAMS = re.compile(r"^(?P<case>.+?-[0-9a-f]{8})(?:-(?P<backend>.+))?$")
 #: Default wall-clock budget of ``shrink``, in seconds.
 DEFAULT_BUDGET_S = 300.0
 #: The standalone program per backend kind, in mlaconf/runner/repro_templates.
-TEMPLATES = {"torch": "repro_torch.py.tmpl", "plugin": "repro_plugin.py.tmpl"}
+TEMPLATES = {
+    "torch": "repro_torch.py.tmpl",
+    "plugin": "repro_plugin.py.tmpl",
+    "atb": "repro_atb.cpp.tmpl",
+    "torch_npu": "repro_torch_npu.py.tmpl",
+}
+#: The torch_npu routes (harness/npu_ops.py): their repro replays the op calls they made.
+TORCH_NPU_ROUTES = ("ring-mla", "npu-fia")
+#: The one-line build of the ATB repro against a CANN + NNAL install (their set_env.sh sourced).
+ATB_BUILD = (
+    'g++ -std=c++17 -O2 repro.cpp -I"$ASCEND_HOME_PATH/include" -I"$ASCEND_HOME_PATH/include/aclnn" '
+    '-I"$ATB_HOME_PATH/include" -L"$ASCEND_HOME_PATH/lib64" -L"$ATB_HOME_PATH/lib" -lascendcl -lnnopbase -latb -o repro'
+)
 
 
 class ReproError(Exception):
@@ -283,14 +297,94 @@ def worst_element(out: np.ndarray, golden: np.ndarray, valid: np.ndarray) -> dic
 
 
 def backend_kind(name: str) -> str:
-    """Which standalone program a backend gets: ``atb`` (C++), ``torch`` (CPU/CUDA), ``plugin`` (import path)."""
+    """Which standalone program a backend gets: ``atb`` (C++), ``torch_npu`` (the op replayed), ``torch``
+    (CPU/CUDA), ``plugin`` (import path)."""
     if name == "atb":
         return "atb"
+    if name in TORCH_NPU_ROUTES:
+        return "torch_npu"
     if ":" in name:
         return "plugin"
     if name in ("torch-cpu", "torch-cuda", "torch-cpu-strict"):
         return "torch"
     return "plugin"
+
+
+def write_atb_inputs(golden: GoldenCase, spec: CaseSpec, out_dir: Path) -> list[str]:
+    """What repro.cpp reads: atb_call.txt (the harness's exact arguments) and atb_inputs/ (raw bytes per tensor,
+    the float64 golden and one byte per token of row_valid); numpy's zip format is no C++ one-liner."""
+    from mlaconf.harness.atb import repro_manifest
+    from mlaconf.runner.execution import make_call
+
+    lines, data = repro_manifest(make_call(golden.inputs, spec))
+    rows = golden.row_valid.shape[0]
+    reference = np.ascontiguousarray(golden.out, dtype=np.float64).reshape(rows, -1)
+    data.update(golden=reference.tobytes(), row_valid=golden.row_valid.astype(np.uint8).tobytes())
+    lines.append(f"golden {rows} {reference.shape[1]}")
+    inputs = out_dir / "atb_inputs"
+    inputs.mkdir(exist_ok=True)
+    for name, payload in data.items():
+        (inputs / f"{name}.bin").write_bytes(payload)
+    (out_dir / "atb_call.txt").write_text("\n".join(lines) + "\n")
+    return ["atb_call.txt", "atb_inputs/"]
+
+
+def _host(value: Any) -> Any:
+    return value.detach().to("cpu").clone() if isinstance(value, torch.Tensor) else value
+
+
+def _on_device(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.device.type != "cpu"
+
+
+def write_npu_calls(backend: Backend, op_name: str, golden: GoldenCase, spec: CaseSpec, out_dir: Path) -> list[str]:
+    """What the torch_npu repro replays: the route is run once more with its op wrapped, and every call's
+    arguments (on the host, with where each lived), its outputs and the assembly of attenOut go to npu_calls.pt."""
+    from mlaconf.harness.npu_ops import op_output_rows
+    from mlaconf.runner.execution import make_call
+
+    parent_path, _, attr = op_name.rpartition(".")
+    parent: Any = importlib.import_module(parent_path.split(".")[0])
+    for part in parent_path.split(".")[1:]:
+        parent = getattr(parent, part)
+    original = getattr(parent, attr)
+    calls: list[dict[str, Any]] = []
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        entry = {
+            "args": [_host(a) for a in args],
+            "args_on_device": [_on_device(a) for a in args],
+            "kwargs": {k: _host(v) for k, v in kwargs.items()},
+            "kwargs_on_device": {k: _on_device(v) for k, v in kwargs.items()},
+            "outputs": [],
+        }
+        calls.append(entry)
+        result = original(*args, **kwargs)
+        entry["outputs"] = [_host(r) for r in result]
+        return result
+
+    call = make_call(golden.inputs, spec)
+    setattr(parent, attr, recording)
+    try:
+        backend.run(call)
+    except Unsupported as exc:
+        raise ReproError(f"{op_name}: the route does not run this case ({exc})") from exc
+    except Exception:  # an op that raises: the calls up to it (the last one unanswered) are the repro
+        if not calls:
+            raise
+    finally:
+        setattr(parent, attr, original)
+    unpack_rows, steps = op_output_rows(op_name, call)
+    blob = {
+        "op": op_name,
+        "calls": calls,
+        "steps": steps[: len(calls)],
+        "unpack_rows": unpack_rows,
+        "total_q": int(call.q.shape[0]),
+        "head_num": call.head_num,
+    }
+    torch.save(blob, out_dir / "npu_calls.pt")
+    return ["npu_calls.pt"]
 
 
 def write_repro(first: Attempt, name: str, out_dir: Path) -> list[str]:
@@ -334,7 +428,8 @@ def write_repro(first: Attempt, name: str, out_dir: Path) -> list[str]:
         "repro_numbers": numbers,
         "spec_toml": spec.to_toml(),
     }
-    info = _backend(name).info()
+    backend = _backend(name)
+    info = backend.info()
     env = {
         "python": sys.version.split()[0],
         "platform": platform.platform(),
@@ -344,15 +439,20 @@ def write_repro(first: Attempt, name: str, out_dir: Path) -> list[str]:
     for file, data in (("call.json", call), ("verdict.json", verdict), ("env.json", env)):
         (out_dir / file).write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
     kind = backend_kind(name)
-    if kind not in TEMPLATES:
-        raise ReproError(f"backend {name}: no standalone program for it yet (only torch and plug-in backends)")
     template = (resources.files("mlaconf.runner") / "repro_templates" / TEMPLATES[kind]).read_text()
-    program = template.replace("@BACKEND@", name)
+    op_name = str(getattr(backend, "op_name", ""))
+    program = template.replace("@BACKEND@", name).replace("@BUILD@", ATB_BUILD).replace("@OP@", op_name)
     script = "repro.cpp" if kind == "atb" else "repro.py"
     (out_dir / script).write_text(program)
+    extra: list[str] = []
+    if kind == "atb":
+        extra = write_atb_inputs(golden, spec, out_dir)
+    elif kind == "torch_npu":
+        extra = write_npu_calls(backend, op_name, golden, spec, out_dir)
     run_line = {
-        "atb": "g++ -std=c++17 repro.cpp -I$ATB_HOME_PATH/include -L$ATB_HOME_PATH/lib -latb -o repro && ./repro",
+        "atb": f"{ATB_BUILD} && ./repro",
         "torch": "python repro.py  (needs numpy and torch)",
+        "torch_npu": "python repro.py  (needs numpy, torch and torch_npu on an Ascend device)",
         "plugin": f"PYTHONPATH=<where {name.partition(':')[0]} imports from> python repro.py  (needs numpy and torch)",
     }[kind]
     status = "FAILS" if first.failed else f"does not fail ({record.verdict})"
@@ -362,7 +462,7 @@ def write_repro(first: Attempt, name: str, out_dir: Path) -> list[str]:
         f"Run: {run_line}; it prints the relative error and worst element recorded in verdict.json.\n"
         "Files: case.npz (inputs, golden; layout in call.json), call.json (arguments), verdict.json, env.json.\n"
     )
-    return ["README", "case.npz", "call.json", "verdict.json", "env.json", script]
+    return ["README", "case.npz", "call.json", "verdict.json", "env.json", script, *extra]
 
 
 def run_repro(args: argparse.Namespace) -> int:

@@ -147,7 +147,7 @@ class NoPrefixMerge(CpuRingMla):
     """A mapping that forgets the prefix: each batch sees only its newest q_b keys."""
 
     def _merge_prefix(self, ring: Any, call: MlaPrefillCall, packed: Any, *args: Any) -> torch.Tensor:
-        return args[3]
+        return args[1]  # (mask, out, lse, device): step 1 alone
 
 
 class UnmaskedFia(CpuFusedInferAttention):

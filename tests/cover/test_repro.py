@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mlaconf import main
+from mlaconf.golden.spec import CaseSpec, load_suites
 from mlaconf.harness import registry
+from mlaconf.judge.causes import relative_error
 from mlaconf.reports.records import ResultRecord
-from mlaconf.runner.repro import attempt, resolve, score_elements, shrink
+from mlaconf.runner.repro import attempt, resolve, score_elements, shrink, worst_element, write_repro
+from tests import fake_torch_npu
+from tests.fake_torch_npu import CpuFusedInferAttention, CpuRingMla
+
+ROOT = Path(__file__).resolve().parents[2]
 
 #: A shipped smoke case: two CAUSAL batches with prefixes, GQA 4/2, padded kv.
 CASE = "fp16-causal-krope_ctkv-b2-s130-kv258-h4-g2-q3d-padded-99377e85"
@@ -55,3 +64,93 @@ def test_an_unknown_case_is_one_line(capsys: pytest.CaptureFixture[str], tmp_pat
     assert main(["repro", "fp16-nothing-0123abcd-torch-cpu", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("mlaconf repro: case 'fp16-nothing-0123abcd'") and "\n" not in err
+
+
+def _atb_repro_dir(tmp_path: Path, case: str) -> Path:
+    """``write_repro`` for ``atb`` on a shipped case, judged on torch-cpu (the atb backend needs an NPU)."""
+    spec, _ = resolve(case, "torch-cpu", None)
+    first = attempt(spec, registry.create("torch-cpu"), "default")
+    out = tmp_path / "repro"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("mlaconf.runner.repro._backend", lambda name: registry.create("torch-cpu"))
+        write_repro(first, "atb", out)
+    return out
+
+
+def test_atb_repro_builds_and_makes_the_harness_call(tmp_path: Path, atb_double_path: Path) -> None:
+    """repro.cpp compiles against stand-ins of CANN's and ATB's headers (native/testing/standin_include), links
+    the libatb double and a CPU runtime double, and passes the call the harness makes; the double computes
+    nothing, so attenOut stays NaN and the program says so (relative_error inf, worst element the first)."""
+    compiler = shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no g++ to build repro.cpp")
+    out = _atb_repro_dir(tmp_path, CASE)
+    assert "Run: g++ -std=c++17" in (out / "README").read_text()
+    testing = ROOT / "native" / "testing"
+    build = [compiler, "-std=c++17", "-Wall", "-Wextra", "-Werror", f"-I{testing / 'standin_include'}"]
+    build += [f"-I{ROOT / 'native' / 'src'}", "repro.cpp", str(testing / "acl_runtime_double.cpp")]
+    build += [str(atb_double_path), f"-Wl,-rpath,{atb_double_path.parent}", "-o", "repro"]
+    subprocess.run(build, cwd=out, check=True, capture_output=True, text=True)
+    env = {**os.environ, "MLA_ATB_DOUBLE_RECORD": str(tmp_path / "record.json")}
+    printed = subprocess.run(["./repro"], cwd=out, env=env, capture_output=True, text=True, check=True).stdout
+    assert "AtbMLAPreFillGetWorkspaceSize status 0" in printed and "AtbMLAPreFill status 0" in printed
+    assert "relative_error inf" in printed and "worst_element token 0 head 0 column 0 actual nan" in printed
+    record = json.loads((tmp_path / "record.json").read_text())
+    call = record["workspace_calls"][0]
+    spec, _ = resolve(CASE, "torch-cpu", None)
+    assert (call["head_num"], call["kv_head_num"], call["mask_type"]) == (spec.head_num, spec.kv_head_num, 3)
+    assert call["q_seqlen_read"] == list(spec.q_seqlen) and call["kv_seqlen_read"] == list(spec.kv_seqlen)
+    npz = np.load(out / "case.npz")
+    for name in ("q", "q_rope", "k", "k_rope", "v"):
+        assert call[name]["dims"] == list(npz[name].shape), name
+        assert call[name]["dtype"] == 1, name  # ACL_FLOAT16: the case is fp16
+    assert call["mask"] is None and call["atten_out"]["dims"] == [*npz["q"].shape[:2], 128]  # q3d
+    # The kernel's answer (here torch-cpu's output, fed through the runtime double): the program's numbers are
+    # verdict.json's, fp16 decoding, relative error and worst element alike.
+    first = attempt(spec, registry.create("torch-cpu"), "default")
+    answer = np.asarray(first.result.output, dtype=np.float16)
+    answer.flat[12345] = 7.0  # one element far off, so the worst element is a real one
+    (tmp_path / "answer.bin").write_bytes(answer.tobytes())
+    env["MLA_ACL_DOUBLE_ANSWER"] = str(tmp_path / "answer.bin")
+    printed = subprocess.run(["./repro"], cwd=out, env=env, capture_output=True, text=True, check=True).stdout
+    golden, valid = first.golden.out, first.golden.row_valid
+    value = float(printed.split("relative_error ")[1].split()[0])
+    assert value == pytest.approx(relative_error(answer, golden, valid), rel=1e-5)
+    worst = worst_element(answer, golden, valid)
+    assert f"worst_element token {worst['token']} head {worst['head']} column {worst['column']} " in printed
+
+
+def _bf16_causal_with_prefix() -> CaseSpec:
+    """A shipped bf16 CAUSAL case with a cached prefix: npu-fia takes bf16 only in TND."""
+    specs = [s for s in load_suites(["smoke"]) if s.dtype == "bf16" and s.mask_type == 3]
+    with_prefix = [s for s in specs if any(kv > q for q, kv in zip(s.q_seqlen, s.kv_seqlen, strict=True))]
+    return min(with_prefix, key=score_elements)
+
+
+@pytest.mark.parametrize("route", ["ring-mla", "npu-fia"])
+def test_torch_npu_repro_replays_the_op_calls_standalone(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, route: str
+) -> None:
+    """The route's op calls are recorded (ring-mla: the newest keys, then the prefix merged in) and repro.py,
+    importing only numpy, torch and torch_npu (here the fake, on the CPU), replays them and prints the
+    relative error verdict.json recorded."""
+    fake_torch_npu.install(monkeypatch)
+    backend = CpuRingMla() if route == "ring-mla" else CpuFusedInferAttention()
+    spec = resolve(CASE, route, None)[0] if route == "ring-mla" else _bf16_causal_with_prefix()
+    first = attempt(spec, backend, "default")
+    assert first.result.outcome == "passed", first.result.message
+    monkeypatch.setattr("mlaconf.runner.repro._backend", lambda name: backend)
+    out = tmp_path / "repro"
+    assert "npu_calls.pt" in write_repro(first, route, out)
+    assert "torch_npu on an Ascend device" in (out / "README").read_text()
+    script = "import runpy; from tests import fake_torch_npu; fake_torch_npu.install_for_process(); "
+    script += "runpy.run_path('repro.py', run_name='__main__')"
+    env = {**os.environ, "REPRO_DEVICE": "cpu", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", script], cwd=out, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    calls = [line for line in done.stdout.splitlines() if line.startswith("call ")]
+    assert len(calls) == (2 if route == "ring-mla" else 1)  # CASE has prefixes: ring-mla merges them in
+    assert all(line.endswith(" 0") for line in calls)  # the replay gives the reporter's outputs
+    value = float(done.stdout.split("relative_error ")[1].split()[0])
+    verdict = json.loads((out / "verdict.json").read_text())
+    assert value == pytest.approx(verdict["repro_numbers"]["relative_error"], rel=1e-5)
