@@ -9,9 +9,9 @@ Usage: ``python .ci/mypy_rooms.py`` from the repository root; the exit status is
 from __future__ import annotations
 
 import sys
-import tomllib
 from pathlib import Path
 
+import tomllib
 from mypy import build
 from mypy.main import process_options
 from mypy.modulefinder import BuildSource
