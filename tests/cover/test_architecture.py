@@ -152,3 +152,15 @@ def test_the_rule_checker_sees_lazy_and_bare_imports(tmp_path: Path) -> None:
         "def f():\n    from mlaconf.harness.registry import create\n    import golden.spec\n    import mlaconf\n"
     )
     assert imported_rooms(module) == {"harness", "bare:golden", CLI}
+
+
+def test_pytest_fixtures_names_the_path_git_knows(tmp_path: Path) -> None:
+    listed = subprocess.run(
+        [sys.executable, "-m", "pytest", "--fixtures", "-q", "-p", "no:cacheprovider", str(REPO / "cases")],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+    )
+    assert listed.returncode == 0, listed.stdout[-2000:] + listed.stderr[-2000:]
+    assert "runner/plugin.py:" in listed.stdout and "mlaconf/runner" not in listed.stdout
