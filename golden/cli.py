@@ -2,7 +2,7 @@
 
 Cases are chosen by suite name (positional; ``all`` = every shipped suite but ``errors``) and/or
 ``--cases FILE`` (a TOML suite file).  The store is ``--out DIR``, else ``$MLA_GOLDEN_DIR``, else
-``<repo>/.golden``.  ``--builder pkg.mod:func`` (hidden) swaps the golden builder, for tests.
+``.golden`` in the working directory.  ``--builder pkg.mod:func`` (hidden) swaps the golden builder, for tests.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _common(parser: argparse.ArgumentParser, *, selects: bool = True) -> None:
         type=Path,
         default=None,
         metavar="DIR",
-        help="golden store directory (default: $MLA_GOLDEN_DIR or <repo>/.golden)",
+        help="golden store directory (default: $MLA_GOLDEN_DIR, else .golden in the working directory)",
     )
     if selects:
         parser.add_argument("suites", nargs="*", metavar="SUITE", help="suite names or 'all'")

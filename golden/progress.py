@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import shutil
 import sys
 import threading
 import time
@@ -64,6 +65,7 @@ class Progress:
         self._last_draw = self._last_log = self.start
         self._step = max(1, math.ceil(total / 20))
         self._lock = threading.Lock()
+        self._drawn = False  # a TTY line is on screen without its newline yet
 
     def line(self, note: str = "") -> str:
         elapsed = time.monotonic() - self.start
@@ -92,9 +94,11 @@ class Progress:
         now = time.monotonic()
         if self.tty:
             if now - self._last_draw >= 0.2 or final:
-                self.stream.write("\r\033[K" + self.line(note))
+                # one screen row: a longer line wraps, and "\r" then redraws only its last row
+                width = shutil.get_terminal_size().columns - 1
+                self.stream.write("\r\033[K" + self.line(note)[: max(width, 20)])
                 self.stream.flush()
-                self._last_draw = now
+                self._last_draw, self._drawn = now, True
         elif final or now - self._last_log >= LOG_INTERVAL:
             self.stream.write(self.line(note) + "\n")
             self.stream.flush()
@@ -120,9 +124,12 @@ class Progress:
             self._write(note, final=False)
 
     def close(self) -> None:
-        if self.tty and self.count:
-            self.stream.write("\n")
-            self.stream.flush()
+        """End the redrawn line, so what follows (a summary, an interrupt's) starts on its own."""
+        with self._lock:
+            if self._drawn:
+                self.stream.write("\n")
+                self.stream.flush()
+                self._drawn = False
 
 
 # -- work inside one case --------------------------------------------------------------------------

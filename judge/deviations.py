@@ -2,8 +2,8 @@
 
 Entries live in ``judge/known_deviations.toml`` (its comments document every field).  A run asks
 :meth:`DeviationSet.match` per case; a matched case that behaves correctly is an *unexpected pass*
-(:meth:`Deviation.classify`), and :meth:`DeviationSet.unused` lists entries nothing matched, so a
-session can warn about stale data.
+(:meth:`Deviation.classify`), and ``mlaconf.runner.selection.unmatched_deviations`` lists entries no
+selected case matched, so a session can warn about stale data.
 """
 
 from __future__ import annotations

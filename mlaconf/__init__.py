@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.abc
+import importlib.machinery
 import importlib.metadata
+import importlib.util
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
 
 DISTRIBUTION = "mla-prefill-conformance"
 DESCRIPTION = """\
 Conformance and golden-data testing of the ATB MLA prefill operator: build and check the float64
 golden files, run the conformance suites on a backend, and compare, merge or render their reports.
 'mlaconf VERB --help' describes each verb."""
+#: The top-level folders of a checkout; installed, they are the subpackages ``mlaconf.<room>``.
+ROOMS = ("facts", "golden", "harness", "native", "judge", "runner", "cases", "reports")
 #: Modules exposing ``register(subparsers)``; each verb sets ``func(args) -> int`` as its default.
 VERB_MODULES = (
     "mlaconf.golden.cli",
@@ -22,6 +29,36 @@ VERB_MODULES = (
     "mlaconf.runner.repro",
     "mlaconf.runner.ascend",
 )
+
+
+class CheckoutRooms(importlib.abc.MetaPathFinder):
+    """Finds ``mlaconf.<room>`` as the checkout's ``<room>/`` folder, so each file has one path (the one git
+    knows) and no symlink is needed; the installed wheel holds real subpackages and never installs this."""
+
+    def __init__(self, checkout: Path) -> None:
+        self.checkout = checkout
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        namespace, _, room = fullname.partition(".")
+        if namespace != __name__ or room not in ROOMS:
+            return None
+        init = self.checkout / room / "__init__.py"
+        return importlib.util.spec_from_file_location(fullname, init, submodule_search_locations=[str(init.parent)])
+
+
+def _install_checkout_rooms() -> None:
+    """Run from a checkout (``PYTHONPATH=<checkout>`` or an editable install), the rooms sit beside this
+    package; ahead of every other finder, so a checkout on PYTHONPATH wins over another one installed."""
+    checkout = Path(__file__).parent.parent
+    if (Path(__file__).parent / ROOMS[0]).is_dir() or not all((checkout / r / "__init__.py").is_file() for r in ROOMS):
+        return  # installed from a wheel: the rooms are real subpackages
+    if not any(isinstance(finder, CheckoutRooms) for finder in sys.meta_path):
+        sys.meta_path.insert(0, CheckoutRooms(checkout))
+
+
+_install_checkout_rooms()
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,6 +21,7 @@ workers to the controller), so the controller alone gathers them and writes ``re
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import json
 import os
 import socket
@@ -134,10 +135,11 @@ def has_record(item: pytest.Item) -> bool:
     return ATTACHED in item.stash or PENDING in item.stash
 
 
-def is_mla_nodeid(nodeid: str) -> bool:
-    """A test of the MLA suites, known by its id only (the xdist controller collects nothing)."""
-    module = nodeid.partition("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
-    return module in SUITE_OF_MODULE and nodeid.endswith("]")
+def is_mla_nodeid(nodeid: str, rootdir: Path) -> bool:
+    """A test of the shipped MLA suites, known by its id only (the xdist controller collects nothing):
+    a parametrized test in a file of the suites package, never a foreign module that shares a name."""
+    suites = Path(str(importlib.resources.files("mlaconf.cases"))).resolve()
+    return (rootdir / nodeid.partition("::")[0]).resolve().parent == suites and nodeid.endswith("]")
 
 
 def _spec_fields(spec: CaseSpec) -> dict[str, Any]:
@@ -484,7 +486,7 @@ class Collector:
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
         """Under xdist: the selected MLA tests, as every worker collected them (before any test runs)."""
-        self.state.selected.update({nodeid: None for nodeid in ids if is_mla_nodeid(nodeid)})
+        self.state.selected.update({nodeid: None for nodeid in ids if is_mla_nodeid(nodeid, self.config.rootpath)})
         self._claim_for_selection()
 
     def _claim_for_selection(self) -> None:

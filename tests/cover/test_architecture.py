@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import ast
+import importlib
+import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,15 +75,57 @@ def test_every_import_uses_the_installed_name() -> None:
 
 
 def test_the_namespace_maps_every_room() -> None:
-    """Each room is reachable as mlaconf.<room>: a symlink in the checkout, a package-dir entry installed."""
+    """Installed, each room is the subpackage mlaconf.<room> (package-dir); in the checkout, the same
+    mapping is mlaconf/__init__.py's finder, and mypy's wrapper reads it from the same table."""
     import tomllib
+
+    import mlaconf
 
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert config["package-dir"] == {f"{NAMESPACE}.{room}": room for room in ROOMS}
     assert set(config["packages"]) == {NAMESPACE} | {f"{NAMESPACE}.{room}" for room in ROOMS}
-    for room in ROOMS:
-        link = REPO / NAMESPACE / room
-        assert link.is_symlink() and link.resolve() == (REPO / room).resolve(), f"{link} must link to ../{room}"
+    assert set(mlaconf.ROOMS) == ROOMS
+
+
+def test_git_holds_no_symlink() -> None:
+    """One path per file: a symlinked folder would give its files a second path (and pytest a second copy)."""
+    staged = subprocess.run(["git", "ls-files", "-s"], cwd=REPO, capture_output=True, text=True, check=True)
+    links = [line.split("\t")[1] for line in staged.stdout.splitlines() if line.startswith("120000")]
+    assert not links, f"symlinks in the tree: {links}"
+
+
+@pytest.mark.parametrize("room", sorted(ROOMS))
+def test_a_room_module_names_the_path_git_knows(room: str) -> None:
+    """``__file__``, tracebacks and coverage name <room>/..., never mlaconf/<room>/..."""
+    module = importlib.import_module(f"{NAMESPACE}.{room}")
+    assert module.__file__ is not None and Path(module.__file__) == REPO / room / "__init__.py"
+    assert list(module.__path__) == [str(REPO / room)]
+
+
+def test_mypy_sees_every_module_under_its_installed_name() -> None:
+    spec = importlib.util.spec_from_file_location("mypy_rooms", REPO / ".ci" / "mypy_rooms.py")
+    assert spec is not None and spec.loader is not None
+    mypy_rooms = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mypy_rooms)
+    sources = {source.path: source.module for source in mypy_rooms.module_sources(REPO)}
+    files = {str(p.relative_to(REPO)) for room in ROOMS for p in (REPO / room).rglob("*.py")}
+    files |= {str(p.relative_to(REPO)) for p in (REPO / NAMESPACE).glob("*.py")}
+    assert files <= set(sources), f"modules mypy would skip: {sorted(files - set(sources))}"
+    assert sources["golden/spec.py"] == "mlaconf.golden.spec" and sources["runner/__init__.py"] == "mlaconf.runner"
+    assert sources["mlaconf/backend.py"] == "mlaconf.backend"
+
+
+def test_a_checkout_without_symlinks_imports_from_its_own_tree(tmp_path: Path) -> None:
+    """``git -c core.symlinks=false clone`` works, and PYTHONPATH=<that clone> wins over any installed copy."""
+    clone = tmp_path / "clone"
+    subprocess.run(
+        ["git", "-c", "core.symlinks=false", "clone", "-q", "--no-hardlinks", str(REPO), str(clone)], check=True
+    )
+    probe = "import mlaconf.runner.plugin as p, mlaconf.golden.spec as s; print(p.__file__); print(s.__file__)"
+    env = {**os.environ, "PYTHONPATH": str(clone)}
+    ran = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split() == [str(clone / "runner" / "plugin.py"), str(clone / "golden" / "spec.py")]
 
 
 def test_the_backend_module_is_the_public_face_of_the_protocol() -> None:
@@ -105,3 +152,15 @@ def test_the_rule_checker_sees_lazy_and_bare_imports(tmp_path: Path) -> None:
         "def f():\n    from mlaconf.harness.registry import create\n    import golden.spec\n    import mlaconf\n"
     )
     assert imported_rooms(module) == {"harness", "bare:golden", CLI}
+
+
+def test_pytest_fixtures_names_the_path_git_knows(tmp_path: Path) -> None:
+    listed = subprocess.run(
+        [sys.executable, "-m", "pytest", "--fixtures", "-q", "-p", "no:cacheprovider", str(REPO / "cases")],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+    )
+    assert listed.returncode == 0, listed.stdout[-2000:] + listed.stderr[-2000:]
+    assert "runner/plugin.py:" in listed.stdout and "mlaconf/runner" not in listed.stdout

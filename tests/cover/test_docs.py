@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -57,3 +61,78 @@ def test_the_link_checker_finds_a_broken_link(tmp_path: Path) -> None:
         "# Title here\n\n[ok](#title-here) [bad](#nothing) [gone](missing.md) [there](other.md#other-page)\n"
     )
     assert broken_links(page) == ["#nothing (no such heading)", "missing.md (no such file)"]
+
+
+#: The documents whose shell blocks a new user copies from.
+HOW_TOS = [REPO / "README.md", REPO / "docs" / "usage.md"]
+
+
+def documented_commands(tool: str) -> list[tuple[str, list[str]]]:
+    """Every ``tool ...`` line of the how-tos' shell blocks, as (document, argv without the tool)."""
+    found = []
+    for document in HOW_TOS:
+        for block in re.findall(r"```(?:bash|sh)\n(.*?)```", document.read_text(), re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                words = shlex.split(line, comments=True)
+                if words and words[0] == tool:
+                    found.append((document.name, words[1:]))
+    return found
+
+
+def run_mlaconf(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "MLA_GOLDEN_DIR": str(cwd / ".golden")}
+    return subprocess.run(
+        [sys.executable, "-m", "mlaconf", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.parametrize(("document", "argv"), documented_commands("mlaconf"), ids=lambda v: " ".join(v)[:60])
+def test_every_documented_mlaconf_command_parses(
+    document: str, argv: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The verbs, options and choices as written (the runs themselves: the next tests and tests/nocover)."""
+    import mlaconf
+
+    monkeypatch.chdir(tmp_path)
+    for run_dir in (word for word in argv if word.startswith("reports/out/")):  # report verbs check their runs
+        (tmp_path / run_dir).mkdir(parents=True)
+        (tmp_path / run_dir / "results.jsonl").touch()
+    try:
+        mlaconf.build_parser().parse_args(argv)
+    except SystemExit as refused:
+        pytest.fail(f"{document}: 'mlaconf {shlex.join(argv)}' is refused by the parser (exit {refused.code})")
+
+
+def test_every_documented_pytest_option_exists(tmp_path: Path) -> None:
+    listed = subprocess.run(
+        [sys.executable, "-m", "pytest", "--help", "-p", "no:cacheprovider"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+    )
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    aliases = {"--junitxml": "--junit-xml"}  # pytest's help lists only the second spelling
+    words = (word.split("=")[0] for _, argv in documented_commands("pytest") for word in argv if word[:2] == "--")
+    options = {aliases.get(word, word) for word in words}
+    assert options, "no pytest command found in the how-tos"
+    unknown = sorted(option for option in options if not re.search(rf"(^|[\s,]){re.escape(option)}\b", listed.stdout))
+    assert not unknown, f"documented pytest options pytest does not know: {unknown}"
+
+
+def test_the_cheap_commands_run_as_documented(tmp_path: Path) -> None:
+    """list, show (of the README's case) and store in an empty directory; verify there finds nothing to
+    verify, which is never green; run's unknown suite."""
+    listed = run_mlaconf(["list", "smoke"], tmp_path)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    cases = [line.split()[0] for line in listed.stdout.splitlines() if line.startswith(("bf16-", "fp16-"))]
+    shown = [argv[1] for _, argv in documented_commands("mlaconf") if argv[0] == "show"]
+    assert shown and all(any(case.endswith("-" + h) for case in cases) for h in shown), shown
+    assert "list: 67 cases" in listed.stdout + listed.stderr  # the count docs/ quote for smoke
+    store = run_mlaconf(["store", "--prune"], tmp_path)
+    assert store.returncode == 0 and "unreferenced: 0 files" in store.stdout, store.stderr[-1000:]
+    nothing = run_mlaconf(["verify"], tmp_path)
+    assert nothing.returncode == 1 and "no golden files selected" in nothing.stdout + nothing.stderr
+    refused = run_mlaconf(["run", "--suite", "nosuch"], tmp_path)
+    assert refused.returncode == 2 and "invalid choice: 'nosuch'" in refused.stderr  # README: exit 2
+    assert "exit 2" in (REPO / "README.md").read_text()

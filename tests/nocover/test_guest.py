@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 import venv
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,12 @@ import pytest
 
 def pytest_addoption(parser):
     parser.addoption("--backend", default="theirs", help="the project's own option")
+    parser.addoption("--suite", default="mine", help="the project's own option, named like mlaconf run's")
+
+
+@pytest.fixture
+def backend_name(request):  # named like the plugin's parameter once was: the plugin must leave it alone
+    return "theirs-" + request.config.getoption("suite")
 
 
 def pytest_unconfigure(config):
@@ -47,13 +54,27 @@ from pathlib import Path
 
 from hypothesis import given, settings, strategies as st
 
+import cases
+import golden
+import judge
+import pytest
 import reports
 import runner.plugin
 
 
 def test_own_packages_and_option(request):
     assert runner.plugin.NAME == "theirs" and reports.env == "theirs"
-    assert request.config.getoption("backend") == "theirs"
+    assert (judge.env, golden.env, cases.env) == ("theirs", "theirs", "theirs")
+    assert request.config.getoption("backend") == "theirs" and request.config.getoption("suite") == "mine"
+
+
+def test_own_backend_fixture(backend_name):
+    assert backend_name == "theirs-mine"
+
+
+@pytest.mark.parametrize("backend_name", ["a", "b"])
+def test_own_backend_parameter(backend_name):
+    assert backend_name in {"a", "b"}
 
 
 @given(st.integers())
@@ -66,16 +87,41 @@ def test_hypothesis_defaults(value):
 """
 
 
+#: A module named like a shipped suite's, parametrized: under xdist it is still not an MLA test.
+TEST_CONFORMANCE = """
+import pytest
+
+
+@pytest.mark.parametrize("case", ["x", "y"])
+def test_conformance(case, backend_name):
+    assert backend_name == "theirs-mine"
+"""
+#: The foreign project's tests: 5 in test_app (3 of them on its backend_name, 1 + 2), 2 in its test_conformance.
+FOREIGN_TESTS = 7
+
+
 def make_project(root: Path) -> Path:
     project = root / "foreign"
-    for package, body in (("runner", ""), ("reports", 'env = "theirs"\n')):
+    for package in ("runner", "reports", "judge", "golden", "cases"):
         (project / package).mkdir(parents=True)
-        (project / package / "__init__.py").write_text(body)
+        (project / package / "__init__.py").write_text("" if package == "runner" else 'env = "theirs"\n')
     (project / "runner" / "plugin.py").write_text('NAME = "theirs"\n')
     (project / "conftest.py").write_text(CONFTEST)
     (project / "test_app.py").write_text(TEST_APP)
+    (project / "test_conformance.py").write_text(TEST_CONFORMANCE)
     (project / "pytest.ini").write_text("[pytest]\n")
     return project
+
+
+def project_files(project: Path) -> list[Path]:
+    """What a run may not add to: the project's files, less caches its own tools write."""
+    caches = {"__pycache__", ".hypothesis"}
+    return sorted(p.relative_to(project) for p in project.rglob("*") if not caches & set(p.parts))
+
+
+def wheel_names(wheel: Path) -> set[str]:
+    with zipfile.ZipFile(wheel) as archive:
+        return set(archive.namelist())
 
 
 def pin_to_this_environment(path: Path) -> Path:
@@ -124,13 +170,18 @@ def test_a_foreign_project_runs_the_same_with_the_package_installed(tmp_path: Pa
         text=True,
     )
     assert built.returncode == 0, built.stderr[-3000:]
+    names = wheel_names(next(wheels.glob("*.whl")))
+    tops = {name.split("/", 1)[0] for name in names if not name.split("/", 1)[0].endswith(".dist-info")}
+    assert tops == {"mlaconf"}, f"the wheel installs more than one name: {sorted(tops)}"
+    assert {"mlaconf/golden/spec.py", "mlaconf/runner/plugin.py", "mlaconf/cases/smoke.toml"} <= names
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     pip(env_dir, "pytest", "pytest-xdist", "hypothesis")
     project = make_project(tmp_path)
     without = run_all(env_dir, project, tmp_path / "without")
     for name, run in without.items():
-        assert run["rc"] == 0 and len(run["outcomes"]) == 2, (name, run["log"])
+        assert run["rc"] == 0 and len(run["outcomes"]) == FOREIGN_TESTS, (name, run["log"])
+    files_before = project_files(project)
 
     pip(env_dir, str(next(wheels.glob("*.whl"))))
     with_package = run_all(env_dir, project, tmp_path / "with")
@@ -140,6 +191,8 @@ def test_a_foreign_project_runs_the_same_with_the_package_installed(tmp_path: Pa
             assert before[key] == after[key], (
                 f"pytest {name}: {key} changed\n{before[key]}\n{after[key]}\n{after['log']}"
             )
+    files_after = project_files(project)
+    assert files_after == files_before, "the plugin wrote into a foreign project"
     # the installed plugin did load (it is a guest, not absent)
     listed = subprocess.run(
         [str(env_dir / "bin" / "python"), "-m", "pytest", "--help"], cwd=project, capture_output=True, text=True
