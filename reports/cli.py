@@ -129,6 +129,12 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run_html)
 
 
+def one_line(message: str) -> str:
+    """``message`` with every non-printable character escaped: a field name or value quoted from a
+    damaged file (a newline, a carriage return, U+2028) must not break the error into several lines."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in message)
+
+
 def _guarded(func: Any) -> Any:
     """Bad input (a malformed results.jsonl or run.json, an unreadable file) is one line on
     stderr and exit status 2, never a traceback."""
@@ -137,10 +143,13 @@ def _guarded(func: Any) -> Any:
         try:
             return int(func(args))
         except IncompleteRun as exc:
-            print(f"mlaconf report {args.report_verb}: error: {exc}; --allow-incomplete to use it", file=sys.stderr)
+            print(
+                f"mlaconf report {args.report_verb}: error: {one_line(str(exc))}; --allow-incomplete to use it",
+                file=sys.stderr,
+            )
             return 2
         except (ValueError, OSError) as exc:
-            print(f"mlaconf report {args.report_verb}: error: {exc}", file=sys.stderr)
+            print(f"mlaconf report {args.report_verb}: error: {one_line(str(exc))}", file=sys.stderr)
             return 2
 
     run.__name__ = func.__name__
