@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mlaconf.reports import diff, html, merge
+from mlaconf.reports import diff, diff_render, html, merge
 from mlaconf.reports.records import RESULTS_FILE, IncompleteRun, load_run_dir, sort_records
 
 ALLOW_INCOMPLETE_HELP = (
@@ -170,8 +170,8 @@ def run_diff(args: argparse.Namespace) -> int:
     )
     out = args.out or args.cand / "diff"
     gate = (args.fail_on_perf, args.allow_missing, args.skips_expected)
-    files = diff.write_outputs(result, out, gate)
-    print(diff.terminal(result, shutil.get_terminal_size().columns if sys.stdout.isatty() else None, gate))
+    files = diff_render.write_outputs(result, out, gate)
+    print(diff_render.terminal(result, shutil.get_terminal_size().columns if sys.stdout.isatty() else None, gate))
     print("wrote " + ", ".join(str(f) for f in files))
     return result.exit_status(*gate)
 

@@ -26,7 +26,7 @@ def test_a_failing_verdict_names_the_deciding_checks_element_once() -> None:
     policy = load_policies().resolve("default", "x", "fp16", "causal", "c")
     metrics = _base_metrics()
     assert WHERE.split(":")[0] not in metrics.worst_text()  # the metrics' own worst element differs
-    verdict = policy.evaluate(metrics, _base_metrics(), _ctx(4.0))
+    verdict = policy.evaluate(metrics, None, _ctx(4.0))
     summary = verdict.summary()
     assert not verdict.passed
     assert verdict.worst_element == WHERE
@@ -36,5 +36,5 @@ def test_a_failing_verdict_names_the_deciding_checks_element_once() -> None:
 def test_without_a_located_check_the_metrics_name_the_element() -> None:
     policy = load_policies().resolve("atb", "x", "fp16", "causal", "c")
     metrics = _base_metrics(atb_max_scaled_err=1.0)
-    verdict = policy.evaluate(metrics, _base_metrics(), _ctx(4.0))
+    verdict = policy.evaluate(metrics, None, _ctx(4.0))
     assert not verdict.passed and verdict.worst_element == metrics.worst_text()
