@@ -148,7 +148,8 @@ class CaseDiff:
     latency_ratio: float | None = None
     #: The candidate's likely cause (judge.causes: the known mistake its output matches), if judged.
     likely_cause: str = ""
-    #: Commands that shrink the failing candidate case and write its repro (empty unless it fails).
+    #: Commands that shrink the failing candidate case and write its repro (conformance and
+    #: metamorphic tests, what ``mlaconf shrink`` takes; empty unless the candidate fails).
     next_commands: list[str] = field(default_factory=list)
 
 
@@ -416,7 +417,7 @@ def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
         d.deciding = deciding_checks(base, cand)
     if d.category == "changed" and b_state == "fail":
         d.reasons.append("still failing")
-    if c_state == "fail" and d.category not in ("not_run", "fixed"):
+    if c_state == "fail" and d.category not in ("not_run", "fixed") and suite in ("conformance", "metamorphic"):
         cause = cand.get("likely_cause")
         d.likely_cause = str(cause.get("text") or "") if isinstance(cause, Mapping) else ""
         d.next_commands = html.repro_commands(cand)
