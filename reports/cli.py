@@ -18,8 +18,10 @@ ALLOW_INCOMPLETE_HELP = (
 
 
 def _existing_dir(text: str) -> Path:
+    """A directory holding a results.jsonl; whether that is a regular file the reader says, in one line."""
     path = Path(text)
-    if not (path / RESULTS_FILE).is_file():
+    results = path / RESULTS_FILE
+    if not (results.exists() or results.is_symlink()):
         raise argparse.ArgumentTypeError(f"{path} has no {RESULTS_FILE}")
     return path
 

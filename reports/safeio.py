@@ -148,10 +148,11 @@ def read_text(path: Path) -> str:
         if path.is_symlink():
             raise ReportFileError(f"{path}: is a symbolic link; a report is read only from a regular file") from None
         raise ReportFileError(f"{path}: cannot be read: {exc.strerror}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):  # a directory, FIFO or device: refused before any read
+        os.close(fd)
+        raise ReportFileError(f"{path}: not a regular file")
     with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ReportFileError(f"{path}: not a regular file")
         free = available_memory()
         if free is not None and info.st_size * PARSED_BYTES_PER_BYTE > free:
             raise ReportFileError(

@@ -94,6 +94,14 @@ def text(name: str, content: str | bytes) -> Callable[[Path], None]:
     return damage
 
 
+def directory(name: str) -> Callable[[Path], None]:
+    def damage(run_dir: Path) -> None:
+        (run_dir / name).unlink()
+        (run_dir / name).mkdir()
+
+    return damage
+
+
 def symlinked(name: str) -> Callable[[Path], None]:
     """The file moved beside the run and linked back: same content, but a reader must not follow."""
 
@@ -139,6 +147,7 @@ RUN_DAMAGES: dict[str, tuple[Callable[[Path], None], str]] = {
     "empty": (text("run.json", ""), "not JSON"),
     "not UTF-8": (text("run.json", b'{"run_name": "\xff\xfe"}'), "UTF-8"),
     "symlinked": (symlinked("run.json"), "symbolic link"),
+    "a directory": (directory("run.json"), "not a regular file"),
 }
 
 #: results.jsonl damages, all on its line 2 unless the whole file is damaged.
@@ -165,6 +174,11 @@ RESULT_DAMAGES: dict[str, tuple[Callable[[Path], None], str]] = {
     "truncated line": (text("results.jsonl", json.dumps(rec("a")) + '\n{"case_id": "b", "ba\n'), "not JSON"),
     "not UTF-8": (text("results.jsonl", b'{"case_id": "\xff"}\n'), "UTF-8"),
     "symlinked": (symlinked("results.jsonl"), "symbolic link"),
+    "a directory": (directory("results.jsonl"), "not a regular file"),
+    "dangling symlink": (
+        lambda d: ((d / "results.jsonl").unlink(), (d / "results.jsonl").symlink_to(d / "gone")),
+        "symbolic link",
+    ),
 }
 
 
