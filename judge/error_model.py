@@ -88,7 +88,7 @@ class ModelResult:
             return self.where
         dominant = max(self.terms, key=lambda k: self.terms[k])
         return (
-            f"worst {self.where}: |err| {self.error:.3g} vs bound {self.bound:.3g} "
+            f"worst |err| {self.error:.3g} vs bound {self.bound:.3g} "
             f"(largest term {dominant}; {self.n_over} of {self.n_elements} elements over, lam {self.lam:.2f})"
         )
 

@@ -86,6 +86,9 @@ class Check:
     note: str = ""
     #: False for evidence only: recorded and reported, but not part of the verdict.
     decisive: bool = True
+    #: Where this check's worst element is, when its rule locates one (the error model's ratio to
+    #: its bound); the verdict then names this element, not a second one by another measure.
+    worst: str = dataclasses.field(default="", compare=False)
 
     @property
     def slack(self) -> float:
@@ -195,7 +198,8 @@ def _model(p: Callable[[str], float], m: Metrics, b: ErrorStats | None, ctx: Ver
     if ctx.model is None:
         return [Check("model", "max_err_over_bound", math.nan, 1.0, False, "no stored magnitudes to bound with")]
     result = ctx.model(p("false_alarm"), p("safety"))
-    return [_check("model", "max_err_over_bound", result.max_ratio, 1.0, result.text())]
+    check = _check("model", "max_err_over_bound", result.max_ratio, 1.0, result.text())
+    return [dataclasses.replace(check, worst=result.where)]
 
 
 def _atb(p: Callable[[str], float], m: Metrics, b: ErrorStats | None, ctx: VerdictContext) -> list[Check]:
@@ -320,7 +324,16 @@ class Policy:
                 found = [dataclasses.replace(c, decisive=False) for c in found]
             checks += found
         passed = all(c.passed for c in checks if c.decisive)
-        return Verdict(self.name, passed, checks, self.overrides, metrics.worst_text())
+        return Verdict(self.name, passed, checks, self.overrides, _worst_element(checks, metrics))
+
+
+def _worst_element(checks: list[Check], metrics: Metrics) -> str:
+    """One worst element per verdict: the one the worst deciding check located (the error model's
+    largest error/bound ratio), else the largest scaled error of the metrics."""
+    located = [c for c in checks if c.decisive and c.worst]
+    if located:
+        return max(located, key=lambda c: c.slack if not math.isnan(c.slack) else math.inf).worst
+    return metrics.worst_text()
 
 
 # -- loading -------------------------------------------------------------------------------------

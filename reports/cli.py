@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mlaconf.reports import diff, html, merge
+from mlaconf.reports import diff, diff_render, html, merge
 from mlaconf.reports.records import RESULTS_FILE, IncompleteRun, load_run_dir, sort_records
 
 ALLOW_INCOMPLETE_HELP = (
@@ -18,8 +18,10 @@ ALLOW_INCOMPLETE_HELP = (
 
 
 def _existing_dir(text: str) -> Path:
+    """A directory holding a results.jsonl; whether that is a regular file the reader says, in one line."""
     path = Path(text)
-    if not (path / RESULTS_FILE).is_file():
+    results = path / RESULTS_FILE
+    if not (results.exists() or results.is_symlink()):
         raise argparse.ArgumentTypeError(f"{path} has no {RESULTS_FILE}")
     return path
 
@@ -129,6 +131,12 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run_html)
 
 
+def one_line(message: str) -> str:
+    """``message`` with every non-printable character escaped: a field name or value quoted from a
+    damaged file (a newline, a carriage return, U+2028) must not break the error into several lines."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in message)
+
+
 def _guarded(func: Any) -> Any:
     """Bad input (a malformed results.jsonl or run.json, an unreadable file) is one line on
     stderr and exit status 2, never a traceback."""
@@ -137,10 +145,13 @@ def _guarded(func: Any) -> Any:
         try:
             return int(func(args))
         except IncompleteRun as exc:
-            print(f"mlaconf report {args.report_verb}: error: {exc}; --allow-incomplete to use it", file=sys.stderr)
+            print(
+                f"mlaconf report {args.report_verb}: error: {one_line(str(exc))}; --allow-incomplete to use it",
+                file=sys.stderr,
+            )
             return 2
         except (ValueError, OSError) as exc:
-            print(f"mlaconf report {args.report_verb}: error: {exc}", file=sys.stderr)
+            print(f"mlaconf report {args.report_verb}: error: {one_line(str(exc))}", file=sys.stderr)
             return 2
 
     run.__name__ = func.__name__
@@ -161,8 +172,8 @@ def run_diff(args: argparse.Namespace) -> int:
     )
     out = args.out or args.cand / "diff"
     gate = (args.fail_on_perf, args.allow_missing, args.skips_expected)
-    files = diff.write_outputs(result, out, gate)
-    print(diff.terminal(result, shutil.get_terminal_size().columns if sys.stdout.isatty() else None, gate))
+    files = diff_render.write_outputs(result, out, gate)
+    print(diff_render.terminal(result, shutil.get_terminal_size().columns if sys.stdout.isatty() else None, gate))
     print("wrote " + ", ".join(str(f) for f in files))
     return result.exit_status(*gate)
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from mlaconf.reports import safeio
+from mlaconf.reports.values import value_problem
 
 Record = dict[str, Any]
 
@@ -288,6 +289,8 @@ def validate_types(data: Mapping[str, Any]) -> None:
         numbers = value if name == "latencies_ms" and isinstance(value, list) else [value]
         if not all(v is None or _is_number(v) for v in numbers):
             raise RecordError(f"record field 'timing.{name}': expected numbers, got {_type_name(value)}")
+    if problem := value_problem(data):
+        raise RecordError(problem)
 
 
 def _plain(value: Any) -> Any:

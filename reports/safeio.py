@@ -6,9 +6,13 @@ never opened), then renamed over the target; a symlink at the target is refused 
 followed or replaced.  Two runs finishing together never share a temporary file, and a reader
 sees the old file or the new one, never a mix.
 
-Readers: :func:`loads` rejects what ``json`` alone accepts but a report must not hold: duplicate
-keys, nesting deeper than :data:`MAX_DEPTH` (no RecursionError anywhere downstream) and, with
-``where``, names the file and line in every error.
+Report files are readable like the goldens (``0644`` less the umask), not ``mkstemp``'s ``0600``.
+
+Readers: :func:`read_text` opens without following links (a symlinked results.jsonl or run.json
+is refused: a reader must not be pointed at another run's, or any, file) and refuses a file whose
+parsed form would not fit in the memory available now; :func:`loads` rejects what ``json`` alone
+accepts but a report must not hold: duplicate keys, nesting deeper than :data:`MAX_DEPTH` (no
+RecursionError anywhere downstream) and, with ``where``, names the file and line in every error.
 """
 
 from __future__ import annotations
@@ -16,12 +20,25 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
 
 #: Deepest nesting of arrays/objects a report file may hold (records need 5).
 MAX_DEPTH = 32
+#: Bytes of Python objects one byte of report JSON may become once parsed (dicts, floats, strings).
+PARSED_BYTES_PER_BYTE = 12
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+#: Mode of every report file: what ``open(..., 0o644)`` gives the goldens under this process's umask.
+REPORT_MODE = 0o644 & ~_umask()
 
 
 class ReportFileError(ValueError):
@@ -34,6 +51,7 @@ def atomic_write(path: Path, text: str) -> Path:
         raise ReportFileError(f"{path}: is a symbolic link; refusing to write through it")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, REPORT_MODE)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
@@ -105,13 +123,44 @@ def loads(text: str, where: str) -> Any:
     return value
 
 
-def read_text(path: Path) -> str:
-    """A report file's text; a non-regular file (FIFO, device) is refused instead of hanging."""
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation now (Linux MemAvailable), None when unknown."""
     try:
-        if path.is_symlink() and not path.exists():
-            raise ReportFileError(f"{path}: dangling symbolic link")
-        if not path.is_file():
-            raise ReportFileError(f"{path}: not a regular file")
-        return path.read_text(encoding="utf-8")
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def read_text(path: Path) -> str:
+    """A report file's text.  Refused in one line naming it: a symbolic link (never followed), a
+    non-regular file (FIFO, device: it would hang), a file too large to parse in the memory
+    available now, text that is not UTF-8."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if path.is_symlink():
+            raise ReportFileError(f"{path}: is a symbolic link; a report is read only from a regular file") from None
+        raise ReportFileError(f"{path}: cannot be read: {exc.strerror}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):  # a directory, FIFO or device: refused before any read
+        os.close(fd)
+        raise ReportFileError(f"{path}: not a regular file")
+    with os.fdopen(fd, "rb") as handle:
+        free = available_memory()
+        if free is not None and info.st_size * PARSED_BYTES_PER_BYTE > free:
+            raise ReportFileError(
+                f"{path}: {info.st_size} bytes would need about {info.st_size * PARSED_BYTES_PER_BYTE >> 20} MiB "
+                f"parsed, more than the {free >> 20} MiB of memory available"
+            )
+        data = handle.read()
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ReportFileError(f"{path}: not UTF-8 text: {exc}") from None

@@ -184,9 +184,10 @@ def identity_from_nodeid(nodeid: str, backends: Mapping[str, str] | None = None)
     params = params.removesuffix("]")
     suite = SUITE_OF_MODULE.get(module, "conformance")
     backend, case = "?", params
-    for name in sorted(backends or {}, key=len, reverse=True):
+    by_id = {**{label: label for label in (backends or {}).values()}, **(backends or {})}  # a plug-in's id is its label
+    for name in sorted(by_id, key=len, reverse=True):
         if params == name or params.endswith(f"-{name}"):
-            backend, case = (backends or {})[name], params[: -len(name)].rstrip("-")
+            backend, case = by_id[name], params[: -len(name)].rstrip("-")
             break
     ident: dict[str, Any] = {"suite": suite, "test": nodeid, "backend": backend, "case_id": case or rest}
     if suite in ("metamorphic", "property"):

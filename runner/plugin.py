@@ -60,6 +60,8 @@ MARKER = "mla_case"
 #: Where reports go when neither --mla-report-dir nor --mla-run-name's default is overridden (working directory).
 REPORTS_DIR = Path("reports") / "out"
 BACKENDS = pytest.StashKey[list[str]]()
+#: Selection name -> the backend's own name, for plug-ins selected by import path (test ids).
+BACKEND_IDS = pytest.StashKey[dict[str, str]]()
 #: Whether this session is an MLA run (:func:`mla_requested`).
 ACTIVE = pytest.StashKey[bool]()
 #: dest -> default of every option of the plugin, filled by pytest_addoption (for mla_requested).
@@ -390,6 +392,21 @@ def backend_names(config: pytest.Config) -> list[str]:
     return config.stash[BACKENDS]
 
 
+def backend_id(config: pytest.Config, name: str) -> str:
+    """A test id's backend part: a built-in's name, or a plug-in's own ``name`` rather than its
+    import path ``pkg.mod:factory`` (a plug-in that cannot be created keeps the path; its fixture
+    reports why)."""
+    if ":" not in name:
+        return name
+    ids = config.stash.setdefault(BACKEND_IDS, {})
+    if name not in ids:
+        try:
+            ids[name] = str(registry.create(name).name) or name
+        except registry.BackendSelectionError:
+            ids[name] = name
+    return ids[name]
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Parametrizes the plugin's own ``mla_``-named parameters, and only in an MLA run."""
     config = metafunc.config
@@ -401,7 +418,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("mla_error_case", [case_param(config, c) for c in error_cases(config)])
     if "mla_backend_name" in metafunc.fixturenames:
         params = [
-            pytest.param(name, id=name, marks=mark(config, name, f"backend {name}")) for name in backend_names(config)
+            pytest.param(name, id=backend_id(config, name), marks=mark(config, name, f"backend {name}"))
+            for name in backend_names(config)
         ]
         metafunc.parametrize("mla_backend_name", params)
 

@@ -4,6 +4,7 @@ piped (the run-and-rerun proof of the new diff classes is tests/nocover/test_dif
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import subprocess
 import sys
@@ -39,7 +40,7 @@ def record(case: str, backend: str, verdict: str = "passed", **extra: object) ->
         checks=tuple(checks),
         metrics={c["metric"]: c["value"] for c in checks},
         worst_slack=max(c["value"] for c in checks),
-        output_sha256=f"{case}{backend}{verdict}",
+        output_sha256=hashlib.sha256(f"{case}{backend}{verdict}".encode()).hexdigest(),
         **extra,
     ).to_dict()  # type: ignore[arg-type]
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from mlaconf.reports import cli, diff
+from mlaconf.reports import cli, diff, diff_render
 from mlaconf.reports.records import ResultRecord, evidence_sha256
 from tests.runs import write_run_dir
 
@@ -125,7 +125,7 @@ def test_a_real_slowdown_is_reported_with_its_test() -> None:
     assert [(p.case_id, p.repeats) for p in perf] == [("c7", (12, 12))]
     assert perf[0].p_value is not None and perf[0].p_value < diff.ALPHA / 60  # survives the Holm correction
     assert perf[0].ratio == pytest.approx(1.5, rel=0.15)
-    text = diff.terminal(diff.DiffResult("a", "b", cases, perf, [], []))
+    text = diff_render.terminal(diff.DiffResult("a", "b", cases, perf, [], []))
     assert "PERF      c7 [torch-cpu]" in text and "Mann-Whitney U p = " in text and "12 / 12 timed calls" in text
 
 
@@ -194,14 +194,16 @@ def test_a_regressed_row_leads_with_the_deciding_check_not_the_evidence() -> Non
     (d,) = cases
     assert d.category == "regressed" and d.deciding == ["model:max_err_over_bound"]
     line = next(
-        x for x in diff.terminal(diff.DiffResult("a", "b", cases, [], [], [])).splitlines() if x.startswith("REGRESSED")
+        x
+        for x in diff_render.terminal(diff.DiffResult("a", "b", cases, [], [], [])).splitlines()
+        if x.startswith("REGRESSED")
     )
     deltas = line.split(" | ", 1)[1]
     assert deltas.startswith("model:max_err_over_bound FAILING slack 0.800->6.400")
     assert "atb:atb_max_scaled_err (evidence) slack" in deltas and "atb_max_scaled_err FAILING" not in deltas
     assert "benchmark:rmse_ratio" not in deltas  # unchanged: nothing to say
     assert d.failing_metrics == ["max_err_over_bound"]
-    md = diff.markdown(diff.DiffResult("a", "b", cases, [], [], []))
+    md = diff_render.markdown(diff.DiffResult("a", "b", cases, [], [], []))
     assert "| model:max_err_over_bound FAILING slack 0.800->6.400" in md
 
 
@@ -236,14 +238,14 @@ def test_the_diff_says_the_gates_verdict_first(tmp_path: Path, capsys: pytest.Ca
     result = diff.diff_dirs(base, cand)
     assert result.verdict() == "GATE FAILS: 1 regressed; 1 missing"
     assert result.verdict(allow_missing=True) == "GATE FAILS: 1 regressed"
-    page = diff.render_html(result)
+    page = diff_render.render_html(result)
     body = page.split("<body>", 1)[1]
     assert body.index('class="banner fail"') < body.index("<table")
-    assert "**GATE FAILS: 1 regressed; 1 missing**" in diff.markdown(result)
+    assert "**GATE FAILS: 1 regressed; 1 missing**" in diff_render.markdown(result)
     again = write_run_dir(tmp_path / "c", [conformance("passed", 0.8, 0.003, "a"), record("conformance", "gone")])
     same = diff.diff_dirs(base, again)
     assert same.verdict() == "GATE PASSES: 2 identical, 0 changed within tolerance, 2 of 2 baseline pairs compared"
-    assert 'class="banner pass"' in diff.render_html(same)
+    assert 'class="banner pass"' in diff_render.render_html(same)
     # the verb prints the verdict right after the counts
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers(dest="verb", required=True))

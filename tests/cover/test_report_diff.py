@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from mlaconf.reports import cli, diff
+from mlaconf.reports import cli, diff, diff_render
 from mlaconf.reports.records import write_json, write_results
 
 
@@ -194,12 +194,12 @@ def test_piped_terminal_output_keeps_full_lines(tmp_path: Path, capsys: pytest.C
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("REGRESSED"))
     assert "slack 0.200->1.500 passed -> failed" in line and "~" not in line and len(line) > 100
     result = diff.diff_dirs(base, cand)
-    assert all(len(x) <= 80 for x in diff.terminal(result, 80).splitlines()[2:])  # a terminal's width
+    assert all(len(x) <= 80 for x in diff_render.terminal(result, 80).splitlines()[2:])  # a terminal's width
 
 
 def test_diff_page_plots_base_against_candidate_slack() -> None:
     cases, perf = diff.diff_records(BASE, CAND)
-    page = diff.render_html(diff.DiffResult("a", "b", cases, perf, [], []))
+    page = diff_render.render_html(diff.DiffResult("a", "b", cases, perf, [], []))
     assert page.count("<svg") == 1 and "base worst slack" in page
     assert page.count('stroke="#b00020" stroke-width="2"') == 2  # the two regressions are ringed
     assert "regressed_slack [npu] regressed: slack 0.300 -&gt; 0.800" in page  # hover text per point
@@ -211,7 +211,7 @@ def test_integer_metric_deltas_print_as_integers() -> None:
     b["metrics"] = {"n_rows": 129, "rmse": 1e-4}
     c["metrics"] = {"n_rows": 130, "rmse": 2e-4}
     cases, _ = diff.diff_records([b], [c])
-    text = diff.markdown(diff.DiffResult("a", "b", cases, [], [], []))
+    text = diff_render.markdown(diff.DiffResult("a", "b", cases, [], [], []))
     assert "n_rows 129->130 (+1)" in text and "rmse 1.00e-04->2.00e-04 (+1.00e-04)" in text
     slow = diff.DiffResult("a", "b", [], [diff.PerfDiff("x", "npu", 625.0, 1250.0)], [], [])
-    assert "625 ms -> 1250 ms (2.00x," in diff.terminal(slow)
+    assert "625 ms -> 1250 ms (2.00x," in diff_render.terminal(slow)

@@ -381,3 +381,18 @@ def test_the_summary_line_counts_errors_as_errors(tmp_path: Path) -> None:
     terminal = _Terminal()
     summary.write_terminal(terminal, [rec(1, verdict="failed"), rec(2, verdict="error"), rec(3)], tmp_path)
     assert f"3 records, 1 failed, 1 errors; report: {tmp_path}" in terminal.lines
+
+
+def test_many_failures_open_only_the_first_few_and_keep_the_summary() -> None:
+    """41 failures, each with an error map: the verdict and contents come first, the worst few are
+    open, the rest collapsed but each one still listed and linked."""
+    emap = {"values": [[0.5, 6.4]], "row_stride": 1, "q_seqlen": [1], "bound": 1.0, "rule": "model:max_err_over_bound"}
+    bad = [rec(100 + i, verdict="failed", worst_slack=2.0 + i, error_map=emap) for i in range(41)]
+    page = html.render([rec(i) for i in range(5)] + bad, {"status": "complete"})
+    details = re.findall(r'<details class="case" id="([^"]+)"( open)?>', page)
+    assert len(details) == 41
+    assert [bool(o) for _, o in details] == [True] * html.OPEN_DETAILS + [False] * (41 - html.OPEN_DETAILS)
+    assert html.OPEN_DETAILS <= 5  # "the first few"
+    assert "case140" in details[0][0]  # the worst first
+    body = page.split("<body>", 1)[1]
+    assert body.index('class="banner fail"') < body.index('id="contents"') < body.index('id="failures"')

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from mlaconf.reports import diff, html
+from mlaconf.reports import diff, diff_render, html
 
 pytestmark = pytest.mark.slow
 
@@ -289,6 +289,6 @@ def test_diff_page_fits_1400px_with_distinct_ticks(tmp_path: Path) -> None:
             r.update(verdict="failed", worst_slack=1.7)
     cases, perf = diff.diff_records(base, cand)
     result = diff.DiffResult("/runs/cann-8.0.RC2/" + "x" * 60, "/runs/cann-8.0.RC3/" + "y" * 60, cases, perf, [], [])
-    probe, proc = load(tmp_path, "diff.html", diff.render_html(result))
+    probe, proc = load(tmp_path, "diff.html", diff_render.render_html(result))
     check_layout(probe, proc)
     assert probe["svgs"] >= 1 and probe["drawn"] == probe["svgs"]
