@@ -30,6 +30,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from mlaconf.facts.processes import THREAD_ENV, kill_with_parent
+from mlaconf.facts.processes import usable_cpus as cpu_count  # golden.cli reads it as regen.cpu_count
 from mlaconf.facts.shard import in_shard
 from mlaconf.golden import progress as work_progress
 from mlaconf.golden.magnitudes import CANCELLING_MAGNITUDES, cancellation_noise
@@ -68,10 +69,6 @@ def select_cases(
 
 
 # -- builders and threads --------------------------------------------------------------------------
-
-
-def cpu_count() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def resolve_builder(ref: BuilderRef, threads: int = 1) -> Builder:
