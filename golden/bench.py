@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from mlaconf.facts.processes import usable_cpus
+from mlaconf.golden.bench_limits import format_limits
 from mlaconf.golden.bench_measure import CASES, SDPA_SCORE_BUDGET, bench_spec, run_job
 
 
@@ -243,6 +244,8 @@ def format_table(report: dict[str, Any]) -> str:
             f"  against the in-process GEMM ({g['gflops']:.1f} GF/s wall, {g['cpu_gflops']:.1f} CPU): {ratio}"
             f"end to end {r['useful_gflop'] / build['times'][0] / g['gflops']:.2f} wall"
         )
+        if "limits" in build:
+            lines.extend(format_limits(r["case"], build["limits"], build["times"][0]))
     return "\n".join(lines)
 
 
@@ -272,6 +275,7 @@ def run_interleaved(cases: list[str], *, repeats: int, threads: int, gemm_n: int
                 "ratio_median": {arm: statistics.median(values) for arm, values in ratios.items()},
                 "ratio_range": {arm: [min(values), max(values)] for arm, values in ratios.items()},
                 "load1": [r["load1"] for r in result["rounds"]],
+                "limit": result.get("limit"),
             }
         )
     return {"machine": machine(), "threads": threads, "repeats": repeats, "gemm_n": gemm_n, "cases": rows}
@@ -292,6 +296,13 @@ def format_interleaved(report: dict[str, Any]) -> str:
             parts.append(f"{arm} {median:.2f} [{low:.2f}, {high:.2f}]")
         parts.append(f"load {min(load):.1f}-{max(load):.1f}")
         lines.append("  " + "; ".join(parts))
+        limit = row.get("limit")
+        if limit and "e2e" in row["ratio_median"]:
+            low, high = (value / limit["ratio"] for value in row["ratio_range"]["e2e"])
+            lines.append(
+                f"    derived end-to-end limit {limit['ratio']:.2f} of this GEMM ({limit['limit_s']:.2f} s); "
+                f"e2e reaches {row['ratio_median']['e2e'] / limit['ratio']:.2f} [{low:.2f}, {high:.2f}] of it"
+            )
     return "\n".join(lines)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from mlaconf.golden.bench_limits import build_work, limit_report, measure_rates
 from mlaconf.golden.inputs import generate_inputs
 from mlaconf.golden.reference import DEFAULT_TILE, blas_threads, effective_scale, reference_attention
 from mlaconf.golden.spec import CaseSpec, build_case
@@ -166,11 +167,27 @@ def _measure_build(job: dict[str, Any]) -> dict[str, Any]:
         golden = build_golden(spec, threads=job["threads"])
         remove()
         marks.append(("write", time.perf_counter(), time.process_time()))
-        write_golden(golden, Path(tmp) / f"{spec.case_id}.h5", GENERATOR_VERSION)
+        path = Path(tmp) / f"{spec.case_id}.h5"
+        write_golden(golden, path, GENERATOR_VERSION)
         end = time.perf_counter()
         marks.append(("end", end, time.process_time()))
+        file_bytes = path.stat().st_size
     stages = {name: [t1 - t0, c1 - c0] for (name, t0, c0), (_, t1, c1) in itertools.pairwise(marks) if name != "done"}
-    return {"times": [end - start], "stages": stages, "gemm": gemm, "all_mb": _proc_status_mb("VmHWM") - idle}
+    works = build_work(
+        spec,
+        input_bytes=sum(a.nbytes for a in golden.inputs.arrays().values()),
+        output_bytes=golden.out.nbytes + golden.baseline_out.nbytes,
+        file_bytes=file_bytes,
+    )
+    stage_wall = {name: times[0] for name, times in stages.items()}
+    limits = limit_report(works, measure_rates(job["threads"], n), stage_wall, spec.useful_flops)
+    return {
+        "times": [end - start],
+        "stages": stages,
+        "gemm": gemm,
+        "limits": limits,
+        "all_mb": _proc_status_mb("VmHWM") - idle,
+    }
 
 
 def _measure_interleaved(job: dict[str, Any]) -> dict[str, Any]:
@@ -213,7 +230,30 @@ def _measure_interleaved(job: dict[str, Any]) -> dict[str, Any]:
             rate = {name: arms[name][1] / (_timed(arms[name][0], 1)[0] * 1e9) for name in order}
             rates = {f"{name}_gflops": value for name, value in rate.items()}
             rounds.append({**rates, "load1": os.getloadavg()[0]})
-    return {"rounds": rounds}
+        limit = _interleaved_limit(spec, threads, n, lambda: a @ b, Path(tmp.name))
+    return {"rounds": rounds, "limit": limit}
+
+
+def _interleaved_limit(spec: CaseSpec, threads: int, n: int, square: Callable[[], object], tmp: Path) -> dict[str, Any]:
+    """The derived end-to-end limit (:mod:`mlaconf.golden.bench_limits`) as a ratio to the rounds' own
+    square GEMM: the limit's rates and that GEMM measured back to back, after the rounds."""
+    from mlaconf.golden.generate import build_golden
+    from mlaconf.golden.store import write_golden
+
+    golden = build_golden(spec, threads=threads)
+    path = tmp / "limit.h5"
+    write_golden(golden, path, "limit")
+    works = build_work(
+        spec,
+        input_bytes=sum(a.nbytes for a in golden.inputs.arrays().values()),
+        output_bytes=golden.out.nbytes + golden.baseline_out.nbytes,
+        file_bytes=path.stat().st_size,
+    )
+    del golden
+    rates = measure_rates(threads, n)
+    square_rate = 2.0 * n**3 / min(_timed(square, 3))
+    report = limit_report(works, rates, {}, spec.useful_flops)
+    return {**report, "square_gflops": square_rate / 1e9, "ratio": spec.useful_flops / report["limit_s"] / square_rate}
 
 
 def _measure_tile(job: dict[str, Any]) -> dict[str, Any]:
