@@ -3,6 +3,7 @@ counted from the tiles must be the work the tiles do, and each stage's limit its
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from mlaconf.facts.operator import SCORE_DIM, V_DIM
@@ -38,7 +39,7 @@ def tiled_pairs(spec: CaseSpec, tile: int) -> int:
     golden = build_golden(spec)
     seen: list[int] = []
     for_each_tile(
-        golden.inputs, spec, lambda task, i0, i1, k_end, diag: seen.append((i1 - i0) * k_end), float, tile=tile
+        golden.inputs, spec, lambda task, i0, i1, k_end, diag: seen.append((i1 - i0) * k_end), np.float64, tile=tile
     )
     return sum(seen)
 
