@@ -68,6 +68,7 @@ from mlaconf.golden.reference import (
     iter_head_tasks,
     tile_bounds,
     tile_flops,
+    tile_kernel,
 )
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.types import OpInputs
@@ -264,18 +265,18 @@ def fused_tile(
         "score_dot": np.linalg.norm(qs, axis=1) * _largest_key_norm(np.linalg.norm(k, axis=1), q.shape[0], diag),
     }
     m = stats[0][:, None]
-    probs = np.divide(p, denom, out=work.take("probs", shape, np.float64))
-    ps = np.multiply(probs, raw, out=work.take("ps", shape, np.float64))
+    ps, ps_abs = work.take("ps", shape, np.float64), work.take("ps_abs", shape, np.float64)
+    tile_kernel().scaled_products(p, stats[2], raw, ps, ps_abs)  # (P / sum) s and its |.|: one pass
     if subnormal_terms:  # fp16: the keys whose e may be flushed to zero, and the renormalisation they cause
         sub = p * subnormal_weight(p)
         dropped = sub.sum(axis=1, keepdims=True)  # over the kept sum: a flushed row renormalises by it
         sub_abs = gemm(sub, np.abs(v), np.empty((q.shape[0], v.shape[1])))
         out["pv_sub"] = (sub_abs + dropped * np.abs(golden)) / (denom - dropped)
-    ps_abs = np.abs(ps, out=work.take("ps_abs", shape, np.float64))
     ps_sums = (ps_abs.sum(axis=1, keepdims=True), ps.sum(axis=1, keepdims=True))
     psv = gemm(ps, v, np.empty((q.shape[0], v.shape[1])))
     out["pv_scale"] = _scale_derivative(psv, *ps_sums, golden, np.abs(v).max(axis=0), k.shape[0])
     if score_terms:
+        probs = np.divide(p, denom, out=work.take("probs", shape, np.float64))
         weight = probs * (2.0 * np.abs(raw) + np.abs(raw - m))
         w2 = weight * weight
         out["pvs_rss"] = _score_rss(golden, w2 @ (v * v), w2 @ v, w2.sum(axis=1, keepdims=True), keys=k.shape[0])

@@ -262,6 +262,32 @@ void softmax_tile(py::array_t<double> scores, py::array_t<double> stats, py::obj
     }
 }
 
+// T's products in one pass: ps = (p / denom[row]) * raw and ps_abs = |ps|, rounded exactly as numpy's
+// separate divide, multiply and abs round (two roundings, no contraction: there is no add), so the
+// golden's bits do not depend on which of the two computed them.
+void scaled_products(py::array_t<double> p, py::array_t<double> denom, py::array_t<double> raw,
+                     py::array_t<double> ps, py::array_t<double> ps_abs) {
+    if (p.ndim() != 2) {
+        throw std::invalid_argument("p must be a 2-D float64 array");
+    }
+    const int64_t rows = p.shape(0), cols = p.shape(1);
+    const double *pp = writable(p, "p", rows, cols);
+    const double *d = row_vector(denom, "denom", rows);
+    const double *rr = writable(raw, "raw", rows, cols);
+    double *out = writable(ps, "ps", rows, cols);
+    double *out_abs = writable(ps_abs, "ps_abs", rows, cols);
+    py::gil_scoped_release release;
+    for (int64_t r = 0; r < rows; ++r) {
+        const double dr = d[r];
+        const int64_t at = r * cols;
+        for (int64_t j = 0; j < cols; ++j) {
+            const double value = (pp[at + j] / dr) * rr[at + j];
+            out[at + j] = value;
+            out_abs[at + j] = std::fabs(value);
+        }
+    }
+}
+
 // e^x elementwise for x <= 0 (testing the kernel's exp against a correctly rounded one).
 py::array_t<double> exp_nonpositive_array(py::array_t<double, py::array::c_style | py::array::forcecast> x) {
     py::array_t<double> out(x.size());
@@ -284,5 +310,7 @@ PYBIND11_MODULE(_tile_kernel, m) {
           py::arg("p32"), py::arg("p2_32"), py::arg("floor"),
           "In place: scores -> e^(s - row max) on allowed keys (0 on masked ones); stats[4, rows] = max, "
           "min, sum P, sum P^2; optionally P and P^2 rounded up to float32 and floored at floor (0 on masked keys).");
+    m.def("scaled_products", &scaled_products, py::arg("p"), py::arg("denom"), py::arg("raw"), py::arg("ps"),
+          py::arg("ps_abs"), "ps = (p / denom[row]) * raw and ps_abs = |ps|, as numpy's separate steps round them.");
     m.def("exp_nonpositive", &exp_nonpositive_array, py::arg("x"), "The kernel's e^x for x <= 0.");
 }
