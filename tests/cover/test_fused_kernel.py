@@ -79,3 +79,24 @@ SMALL = [s for s in load_suites(["smoke", "edge"]) if s.useful_flops <= 2e7]
 @pytest.mark.parametrize("spec", SMALL, ids=lambda s: s.case_id)
 def test_fused_golden_agrees_with_the_unfused_formula(spec: object) -> None:
     assert worst_disagreement(spec) <= AGREEMENT  # type: ignore[arg-type]
+
+
+def test_scaled_products_round_as_numpys_separate_steps() -> None:
+    rng = np.random.default_rng(5)
+    p = rng.uniform(0.0, 1.0, (37, 211))
+    p[:, -9:] = 0.0  # masked keys
+    raw = rng.normal(0.0, 30.0, p.shape)
+    denom = rng.uniform(1.0, 200.0, p.shape[0])
+    ps, ps_abs = np.full_like(p, np.nan), np.full_like(p, np.nan)
+    kernel.scaled_products(p, denom, raw, ps, ps_abs)
+    expected = (p / denom[:, None]) * raw
+    assert np.array_equal(ps.view(np.uint64), expected.view(np.uint64))  # bit for bit, signed zeros too
+    assert np.array_equal(ps_abs, np.abs(expected))
+
+
+def test_scaled_products_refuse_mismatched_shapes() -> None:
+    p = np.zeros((4, 8))
+    with pytest.raises(ValueError, match="ps must be"):
+        kernel.scaled_products(p, np.ones(4), p.copy(), np.zeros((4, 7)), p.copy())
+    with pytest.raises(ValueError, match="denom must be"):
+        kernel.scaled_products(p, np.ones(3), p.copy(), p.copy(), p.copy())
