@@ -86,7 +86,7 @@ def test_scaled_products_round_as_numpys_separate_steps() -> None:
     p = rng.uniform(0.0, 1.0, (37, 211))
     p[:, -9:] = 0.0  # masked keys
     raw = rng.normal(0.0, 30.0, p.shape)
-    denom = rng.uniform(1.0, 200.0, p.shape[0])
+    denom = rng.uniform(1.0, 200.0, (p.shape[0],))
     ps, ps_abs = np.full_like(p, np.nan), np.full_like(p, np.nan)
     kernel.scaled_products(p, denom, raw, ps, ps_abs)
     expected = (p / denom[:, None]) * raw
