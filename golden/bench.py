@@ -48,7 +48,7 @@ import numpy as np
 
 from mlaconf.facts.processes import usable_cpus
 from mlaconf.golden.bench_limits import format_limits
-from mlaconf.golden.bench_measure import CASES, JUDGE_CASES, SDPA_SCORE_BUDGET, bench_spec, run_job
+from mlaconf.golden.bench_measure import CASES, SDPA_SCORE_BUDGET, bench_spec, run_job
 
 
 def format_tile(result: dict[str, Any]) -> str:
@@ -306,43 +306,7 @@ def format_interleaved(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run_judge(case: str, *, repeats: int, golden_dir: str | None) -> dict[str, Any]:
-    """The judging overhead of ``case`` (:data:`JUDGE_CASES`) in a fresh interpreter; the golden is built
-    into ``golden_dir`` (a temporary directory when None) before the timed runs."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory(prefix="mla-judge-") as tmp:
-        result = run_job({"kind": "judge", "case": case, "repeats": repeats, "golden_dir": golden_dir or tmp})
-    row = result["row"]
-    return {
-        "case": case,
-        "row": row,
-        "overhead_s": row["wall:overhead"],
-        "backend_s": row["wall:backend"],
-        "cpu_overhead_s": row["cpu:overhead"],
-        "share": row["wall:overhead"] / row["wall:backend"] if row["wall:backend"] else None,
-    }
-
-
-def format_judge(report: dict[str, Any]) -> str:
-    row = report["row"]
-    parts = ("load", "digests", "call", "metrics+verdict", "record")
-    stages = ", ".join(f"{stage} {row[f'wall:{stage}'] * 1e3:.0f}" for stage in parts)
-    share = report["share"]
-    return (
-        f"judging {report['case']}: overhead {report['overhead_s'] * 1e3:.0f} ms wall "
-        f"({report['cpu_overhead_s'] * 1e3:.0f} ms thread CPU) against torch-cpu {report['backend_s']:.2f} s: "
-        f"{'-' if share is None else f'{100 * share:.1f} %'} (target <= 5 %)\n  by stage, ms wall: {stages}"
-    )
-
-
 def cmd_bench(args: argparse.Namespace) -> int:
-    if args.judge:
-        judged = run_judge(args.judge, repeats=args.repeats, golden_dir=args.golden_dir)
-        print(format_judge(judged))
-        if args.json:
-            Path(args.json).write_text(json.dumps(judged, indent=2) + "\n")
-        return 0
     if args.ab:
         ab = run_interleaved(
             args.cases,
@@ -405,11 +369,5 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="A/B interleaved ratios in one process: GEMM, fused reference, unfused reference, end to end",
     )
-    parser.add_argument(
-        "--judge",
-        choices=list(JUDGE_CASES),
-        help="only the judging overhead of one case against its torch-cpu call (ds1: deepseek-sized)",
-    )
-    parser.add_argument("--golden-dir", help="with --judge: the store to build the golden into (default: temporary)")
     parser.add_argument("--json", metavar="OUT", help="also write the full report as JSON")
     parser.set_defaults(func=cmd_bench)

@@ -31,17 +31,6 @@ CASES: dict[str, dict[str, Any]] = {
     "bidir-4096": {"q_seqlen": [4096], "head_num": 16, "mask_type": "undefined"},
     "causal-16384": {"q_seqlen": [16384], "head_num": 16, "mask_type": "mask_free"},
 }
-#: Cases of ``--judge``: the deepseek suite's chunked-prefill case (docs/benchmarks.md, "ds1") and a small one.
-JUDGE_CASES: dict[str, dict[str, Any]] = {
-    "ds1": {
-        "q_seqlen": [4096, 4096],
-        "kv_seqlen": [16384, 4096],
-        "head_num": 16,
-        "kv_head_num": 16,
-        "mask_type": "causal",
-    },
-    "small": {"q_seqlen": [256], "kv_seqlen": [512], "head_num": 2, "kv_head_num": 2, "mask_type": "causal"},
-}
 SDPA_SCORE_BUDGET = 512 << 20  # bytes of float64 scores one SDPA call may materialise (peak ~3x that)
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -299,17 +288,6 @@ def _measure_tile(job: dict[str, Any]) -> dict[str, Any]:
     return {"seconds": best, "tile_flops": 2 * 320 * rows * keys, "gemm_flops": 2 * n**3}
 
 
-def _measure_judge(job: dict[str, Any]) -> dict[str, Any]:
-    """Judging overhead of one conformance case against its torch-cpu call (mlaconf.runner.overhead's
-    stages: load, digests, call, metrics + verdict, record), the golden built into ``golden_dir`` first."""
-    from mlaconf.golden.store import GoldenStore
-    from mlaconf.runner.overhead import measure
-
-    spec = build_case({**JUDGE_CASES[job["case"]], "dtype": "bf16", "kv_layout": "padded", "seed": 3}, source="bench")
-    (row,) = measure([spec], job.get("backend", "torch-cpu"), job["repeats"], GoldenStore(job["golden_dir"]))
-    return {"row": row, "useful_gflop": spec.useful_flops / 1e9}
-
-
 def _worker(payload: str) -> int:
     job = json.loads(payload)
     measure = {
@@ -319,7 +297,6 @@ def _worker(payload: str) -> int:
         "build": _measure_build,
         "tile": _measure_tile,
         "interleaved": _measure_interleaved,
-        "judge": _measure_judge,
     }[job["kind"]]
     print(json.dumps(measure(job)))
     return 0

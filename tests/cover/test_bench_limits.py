@@ -118,7 +118,10 @@ def test_interleaved_table_states_the_limit_and_how_much_of_it_e2e_reached() -> 
     assert "derived end-to-end limit 0.40" in text and "e2e reaches 0.50 [0.25, 0.75] of it" in text
 
 
-def test_judge_line_states_the_share_and_the_target() -> None:
-    row = {f"wall:{s}": 0.01 for s in ("load", "digests", "call", "metrics+verdict", "record")}
-    report = {"case": "ds1", "row": row, "overhead_s": 0.05, "backend_s": 2.0, "cpu_overhead_s": 0.04, "share": 0.025}
-    assert "2.5 % (target <= 5 %)" in bench.format_judge(report)
+def test_judge_share_line_states_the_share_and_the_target() -> None:
+    from mlaconf.runner.overhead import format_share, judge_spec
+
+    row = {"case": "ds1", "wall:overhead": 0.05, "wall:backend": 2.0, "cpu:overhead": 0.04}
+    assert "2.5 % (target <= 5 %)" in format_share(row)
+    spec = judge_spec("ds1")
+    assert (spec.q_seqlen, spec.kv_seqlen, spec.head_num) == ((4096, 4096), (16384, 4096), 16)
