@@ -25,6 +25,11 @@ Definitions (also in docs/benchmarks.md):
   reference, the unfused numpy reference it replaced and an end-to-end build, in rotating order; each
   arm's effective GF/s divided by the GEMM GF/s of the same round, median and range over rounds, with
   the load average per round (the figures docs/benchmarks.md reports on a shared machine).
+- stage limits: per end-to-end build, each stage's time against the fastest its work allows
+  (:mod:`mlaconf.golden.bench_limits`: its GEMMs at the square GEMM's float64 and float32 rates, one
+  compiled softmax pass per score, its bytes at the copy bandwidth), and the end-to-end limit as a
+  ratio to the float64 GEMM; ``--ab`` prints the same limit against its rounds' GEMM and how much of
+  it the end-to-end arm reached.
 - peak MB: every measurement runs in a fresh interpreter; peak is its ``VmHWM`` (which, unlike
   tracemalloc, sees BLAS and torch buffers) minus its ``VmRSS`` right after imports.  "ref MB" is
   the same over the reference call alone (peak reset through ``/proc/self/clear_refs``), with the
