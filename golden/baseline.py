@@ -22,7 +22,16 @@ import numpy as np
 from mlaconf.facts.operator import MASKED_VALUE
 from mlaconf.golden.inputs import numpy_dtype
 from mlaconf.golden.layout import out_shape
-from mlaconf.golden.reference import DEFAULT_TILE, TileKernel, _torch, apply_causal, attention, causal_block, gemm
+from mlaconf.golden.reference import (
+    DEFAULT_TILE,
+    TileKernel,
+    Workspace,
+    _torch,
+    apply_causal,
+    attention,
+    causal_block,
+    gemm,
+)
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.types import OpInputs
 
@@ -102,6 +111,7 @@ def fp32_score_path(dtype: np.dtype) -> TileKernel:
     """bf16 (all masks) and fp16 CAUSAL: scores in fp32, P cast to the input dtype."""
 
     torch = _torch()
+    work = Workspace()  # the tile's scores reuse one buffer per thread (fresh pages cost page faults)
 
     def round_p(probs: np.ndarray) -> np.ndarray:
         if dtype == _HALF:
@@ -113,7 +123,7 @@ def fp32_score_path(dtype: np.dtype) -> TileKernel:
         return round_to_bf16(probs)
 
     def kernel(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, diag: Diag) -> np.ndarray:
-        scores = _gemm32(q, k.T)
+        scores = gemm(q, k.T, work.take("scores32", (q.shape[0], k.shape[0]), np.float32))
         scores *= np.float32(scale)
         apply_causal(scores, diag, -np.inf)
         scores -= scores.max(axis=1, keepdims=True)

@@ -25,6 +25,11 @@ Definitions (also in docs/benchmarks.md):
   reference, the unfused numpy reference it replaced and an end-to-end build, in rotating order; each
   arm's effective GF/s divided by the GEMM GF/s of the same round, median and range over rounds, with
   the load average per round (the figures docs/benchmarks.md reports on a shared machine).
+- stage limits: per end-to-end build, each stage's time against the fastest its work allows
+  (:mod:`mlaconf.golden.bench_limits`: its GEMMs at the square GEMM's float64 and float32 rates, one
+  compiled softmax pass per score, its bytes at the copy bandwidth), and the end-to-end limit as a
+  ratio to the float64 GEMM; ``--ab`` prints the same limit against its rounds' GEMM and how much of
+  it the end-to-end arm reached.
 - peak MB: every measurement runs in a fresh interpreter; peak is its ``VmHWM`` (which, unlike
   tracemalloc, sees BLAS and torch buffers) minus its ``VmRSS`` right after imports.  "ref MB" is
   the same over the reference call alone (peak reset through ``/proc/self/clear_refs``), with the
@@ -34,252 +39,21 @@ Definitions (also in docs/benchmarks.md):
 from __future__ import annotations
 
 import argparse
-import contextlib
-import itertools
 import json
 import os
 import platform
 import re
 import statistics
-import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mlaconf.golden.inputs import generate_inputs
-from mlaconf.golden.reference import DEFAULT_TILE, blas_threads, effective_scale, reference_attention
-from mlaconf.golden.spec import CaseSpec, build_case
-
-#: The benchmark's cases: name -> spec fields (one batch, 16 heads, bf16 inputs).
-CASES: dict[str, dict[str, Any]] = {
-    "causal-4096": {"q_seqlen": [4096], "head_num": 16, "mask_type": "mask_free"},
-    "bidir-4096": {"q_seqlen": [4096], "head_num": 16, "mask_type": "undefined"},
-    "causal-16384": {"q_seqlen": [16384], "head_num": 16, "mask_type": "mask_free"},
-}
-SDPA_SCORE_BUDGET = 512 << 20  # bytes of float64 scores one SDPA call may materialise (peak ~3x that)
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def bench_spec(name: str) -> CaseSpec:
-    return build_case({**CASES[name], "dtype": "bf16", "kv_layout": "padded", "seed": 11}, source="bench")
-
-
-def cpu_count() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-# -- measurements, each run in a fresh interpreter by _worker ---------------------------------------
-
-
-def _proc_status_mb(field: str) -> float:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
-def _reset_peak() -> bool:
-    """Reset VmHWM to the current RSS (Linux >= 4.0); False where the kernel refuses."""
-    try:
-        with open("/proc/self/clear_refs", "w") as refs:
-            refs.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _timed(fn: Callable[[], object], repeats: int) -> list[float]:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def _measure_gemm(job: dict[str, Any]) -> dict[str, Any]:
-    n, threads = job["n"], job["threads"]
-    rng = np.random.default_rng(0)
-    a, b = rng.random((n, n)), rng.random((n, n))
-    with blas_threads(threads):
-        a @ b  # warm-up: BLAS buffers, thread start
-        return {"times": _timed(lambda: a @ b, job["repeats"])}
-
-
-def _measure_reference(job: dict[str, Any]) -> dict[str, Any]:
-    from mlaconf.golden.baseline import emulate_baseline
-
-    idle = _proc_status_mb("VmRSS")
-    spec = bench_spec(job["case"])
-    inputs = generate_inputs(spec)
-    input_peak = _proc_status_mb("VmHWM")
-    resettable = _reset_peak()
-    times = _timed(lambda: reference_attention(inputs, spec, tile=job["tile"], threads=job["threads"]), job["repeats"])
-    ref_peak = _proc_status_mb("VmHWM")
-    base_tile = job["tile"] or DEFAULT_TILE
-    baseline = (
-        _timed(lambda: emulate_baseline(inputs, spec, tile=base_tile, threads=job["threads"]), job["repeats"])
-        if job["baseline"]
-        else []
-    )
-    return {
-        "times": times,
-        "baseline_times": baseline,
-        "ref_mb": ref_peak - idle if resettable else None,
-        "all_mb": max(input_peak, ref_peak) - idle,
-    }
-
-
-def _measure_sdpa(job: dict[str, Any]) -> dict[str, Any]:
-    import torch
-    import torch.nn.functional as functional
-
-    torch.set_num_threads(job["threads"])
-    idle = _proc_status_mb("VmRSS")
-    spec = bench_spec(job["case"])
-    inputs = generate_inputs(spec)
-    heads, t, rows = job["heads"], spec.total_q, job.get("rows", spec.total_q)
-
-    def tensor(a: np.ndarray, b: np.ndarray | None) -> Any:
-        x = a.reshape(t, spec.head_num, -1)[:, :heads].astype(np.float64)
-        if b is not None:
-            x = np.concatenate([x, b.reshape(t, spec.head_num, -1)[:, :heads].astype(np.float64)], axis=2)
-        return torch.from_numpy(np.ascontiguousarray(x.transpose(1, 0, 2)))[None]
-
-    q, k, v = tensor(inputs.q, inputs.q_rope), tensor(inputs.k, inputs.k_rope), tensor(inputs.v, None)
-    del inputs
-    q = q[:, :, :rows].contiguous()
-    causal, scale = spec.mask_type in (2, 3), effective_scale(spec)
-    times = _timed(
-        lambda: functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale), job["repeats"]
-    )
-    return {"times": times, "all_mb": _proc_status_mb("VmHWM") - idle}
-
-
-def _measure_build(job: dict[str, Any]) -> dict[str, Any]:
-    """build_golden + write once, timed per stage in wall and process CPU seconds (all threads),
-    next to a float64 GEMM timed the same way in the same process (CPU-time ratios survive a
-    shared machine better than wall-clock ones)."""
-    import tempfile
-
-    from mlaconf.golden import progress
-    from mlaconf.golden.generate import GENERATOR_VERSION, build_golden
-    from mlaconf.golden.store import write_golden
-
-    with contextlib.suppress(ImportError):  # once per worker process, not per case: not timed
-        import torch  # noqa: F401
-    idle = _proc_status_mb("VmRSS")
-    spec = bench_spec(job["case"])
-    n = job.get("gemm_n", 2048)
-    a, b = np.random.default_rng(0).random((n, n)), np.random.default_rng(1).random((n, n))
-    with blas_threads(job["threads"]):
-        a @ b
-        wall, cpu = time.perf_counter(), time.process_time()
-        for _ in range(3):
-            a @ b
-        gemm = {
-            "gflops": 6 * n**3 / (time.perf_counter() - wall) / 1e9,
-            "cpu_gflops": 6 * n**3 / (time.process_time() - cpu) / 1e9,
-        }
-    del a, b
-    marks: list[tuple[str, float, float]] = []
-
-    def mark(work: progress.CaseWork) -> None:
-        stage = "done" if work.finished else work.stage
-        if not marks or marks[-1][0] != stage:
-            marks.append((stage, time.perf_counter(), time.process_time()))
-
-    remove = progress.add_listener(mark)
-    with tempfile.TemporaryDirectory(prefix="mla-bench-") as tmp:
-        start = time.perf_counter()
-        golden = build_golden(spec, threads=job["threads"])
-        remove()
-        marks.append(("write", time.perf_counter(), time.process_time()))
-        write_golden(golden, Path(tmp) / f"{spec.case_id}.h5", GENERATOR_VERSION)
-        end = time.perf_counter()
-        marks.append(("end", end, time.process_time()))
-    stages = {name: [t1 - t0, c1 - c0] for (name, t0, c0), (_, t1, c1) in itertools.pairwise(marks) if name != "done"}
-    return {"times": [end - start], "stages": stages, "gemm": gemm, "all_mb": _proc_status_mb("VmHWM") - idle}
-
-
-def _measure_interleaved(job: dict[str, Any]) -> dict[str, Any]:
-    """A/B interleaved in one process: per round a float64 GEMM, the fused reference, the unfused
-    numpy reference it replaced, and an end-to-end build (``build_golden`` + write), in a rotating
-    order; each arm's ratio to the GEMM sample of the same round, so a load change on this shared
-    machine moves both sides of a ratio together.  ``os.getloadavg()`` is kept per round."""
-    import tempfile
-
-    from mlaconf.golden.generate import GENERATOR_VERSION, build_golden
-    from mlaconf.golden.reference import attention, float64_tile
-    from mlaconf.golden.store import write_golden
-
-    with contextlib.suppress(ImportError):  # a worker pays the import once, not per case
-        import torch  # noqa: F401
-    spec = bench_spec(job["case"])
-    inputs = generate_inputs(spec)
-    n, threads = job["gemm_n"], job["threads"]
-    a, b = np.random.default_rng(0).random((n, n)), np.random.default_rng(1).random((n, n))
-    tmp = tempfile.TemporaryDirectory(prefix="mla-bench-")
-
-    def end_to_end() -> None:
-        golden = build_golden(spec, threads=threads)
-        write_golden(golden, Path(tmp.name) / f"{spec.case_id}.h5", GENERATOR_VERSION)
-
-    arms: dict[str, tuple[Callable[[], object], float]] = {
-        "gemm": (lambda: a @ b, 2.0 * n**3),
-        "reference": (lambda: reference_attention(inputs, spec, threads=threads), spec.useful_flops),
-        "unfused": (lambda: attention(inputs, spec, float64_tile, np.float64, threads=threads), spec.useful_flops),
-    }
-    if job.get("end_to_end", True):
-        arms["e2e"] = (end_to_end, spec.useful_flops)
-    rounds: list[dict[str, float]] = []
-    with tmp, blas_threads(threads):
-        a @ b
-        reference_attention(inputs, spec, threads=threads)  # warm-up: thread pools, page faults of buffers
-        names = list(arms)
-        for r in range(job["repeats"]):
-            order = names[r % len(names) :] + names[: r % len(names)]
-            rate = {name: arms[name][1] / (_timed(arms[name][0], 1)[0] * 1e9) for name in order}
-            rates = {f"{name}_gflops": value for name, value in rate.items()}
-            rounds.append({**rates, "load1": os.getloadavg()[0]})
-    return {"rounds": rounds}
-
-
-def _measure_tile(job: dict[str, Any]) -> dict[str, Any]:
-    """One float64 tile and its parts on one thread, CPU time (min of ``repeats``): where the time goes."""
-    import torch
-
-    from mlaconf.golden.reference import float64_tile, pinned_threads
-
-    rows, keys, n = job.get("rows", DEFAULT_TILE), job.get("keys", 4096), 1024
-    rng = np.random.default_rng(0)
-    q, kc, v = rng.uniform(-1, 1, (rows, 192)), rng.uniform(-1, 1, (keys, 192)), rng.uniform(-1, 1, (keys, 128))
-    kf, a, b = np.asfortranarray(kc), rng.random((n, n)), rng.random((n, n))
-    scores = q @ kc.T
-    parts: dict[str, Callable[[], object]] = {
-        "tile (keys C order)": lambda: float64_tile(q, kc, v, 0.07, None),
-        "tile (keys Fortran order)": lambda: float64_tile(q, kf, v, 0.07, None),
-        "q @ k.T (NT)": lambda: q @ kc.T,
-        "q @ k.T (NN)": lambda: q @ kf.T,
-        "P @ V": lambda: scores @ v,
-        "exp (torch)": lambda: torch.from_numpy(scores.copy()).exp_(),
-        "copy (subtract from exp)": scores.copy,
-        "max + subtract + sum": lambda: (scores - scores.max(axis=1, keepdims=True)).sum(axis=1),
-        f"GEMM {n}^3": lambda: a @ b,
-    }
-    best = dict.fromkeys(parts, float("inf"))
-    with pinned_threads():
-        for _ in range(job.get("repeats", 7)):
-            for name, fn in parts.items():
-                start = time.thread_time()
-                fn()
-                best[name] = min(best[name], time.thread_time() - start)
-    return {"seconds": best, "tile_flops": 2 * 320 * rows * keys, "gemm_flops": 2 * n**3}
+from mlaconf.facts.processes import usable_cpus
+from mlaconf.golden.bench_limits import format_limits
+from mlaconf.golden.bench_measure import CASES, SDPA_SCORE_BUDGET, bench_spec, run_job
 
 
 def format_tile(result: dict[str, Any]) -> str:
@@ -289,37 +63,6 @@ def format_tile(result: dict[str, Any]) -> str:
         rate = (result["tile_flops"] / seconds / gemm) if name.startswith("tile") else None
         lines.append(f"  {name:26s} {seconds * 1e3:7.2f} ms" + (f"  {rate:.2f} of GEMM" if rate else ""))
     return "\n".join(lines)
-
-
-def _worker(payload: str) -> int:
-    job = json.loads(payload)
-    measure = {
-        "gemm": _measure_gemm,
-        "reference": _measure_reference,
-        "sdpa": _measure_sdpa,
-        "build": _measure_build,
-        "tile": _measure_tile,
-        "interleaved": _measure_interleaved,
-    }[job["kind"]]
-    print(json.dumps(measure(job)))
-    return 0
-
-
-def run_job(job: dict[str, Any]) -> dict[str, Any]:
-    """Run one measurement in a fresh interpreter (its own peak memory, no warm caches)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    proc = subprocess.run(
-        [sys.executable, "-m", "mlaconf.golden.bench", json.dumps(job)],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"bench worker {job} failed:\n{proc.stderr[-2000:]}")
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
 
 
 # -- the report -------------------------------------------------------------------------------------
@@ -334,7 +77,7 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     info: dict[str, Any] = {
-        "nproc": cpu_count(),
+        "nproc": usable_cpus(),
         "cpu": model,
         "python": platform.python_version(),
         "numpy": np.__version__,
@@ -506,6 +249,8 @@ def format_table(report: dict[str, Any]) -> str:
             f"  against the in-process GEMM ({g['gflops']:.1f} GF/s wall, {g['cpu_gflops']:.1f} CPU): {ratio}"
             f"end to end {r['useful_gflop'] / build['times'][0] / g['gflops']:.2f} wall"
         )
+        if "limits" in build:
+            lines.extend(format_limits(r["case"], build["limits"], build["times"][0]))
     return "\n".join(lines)
 
 
@@ -535,6 +280,7 @@ def run_interleaved(cases: list[str], *, repeats: int, threads: int, gemm_n: int
                 "ratio_median": {arm: statistics.median(values) for arm, values in ratios.items()},
                 "ratio_range": {arm: [min(values), max(values)] for arm, values in ratios.items()},
                 "load1": [r["load1"] for r in result["rounds"]],
+                "limit": result.get("limit"),
             }
         )
     return {"machine": machine(), "threads": threads, "repeats": repeats, "gemm_n": gemm_n, "cases": rows}
@@ -555,6 +301,13 @@ def format_interleaved(report: dict[str, Any]) -> str:
             parts.append(f"{arm} {median:.2f} [{low:.2f}, {high:.2f}]")
         parts.append(f"load {min(load):.1f}-{max(load):.1f}")
         lines.append("  " + "; ".join(parts))
+        limit = row.get("limit")
+        if limit and "e2e" in row["ratio_median"]:
+            low, high = (value / limit["ratio"] for value in row["ratio_range"]["e2e"])
+            lines.append(
+                f"    derived end-to-end limit {limit['ratio']:.2f} of this GEMM ({limit['limit_s']:.2f} s); "
+                f"e2e reaches {row['ratio_median']['e2e'] / limit['ratio']:.2f} [{low:.2f}, {high:.2f}] of it"
+            )
     return "\n".join(lines)
 
 
@@ -606,7 +359,7 @@ def register(subparsers: Any) -> None:
         "--cases", nargs="+", choices=list(CASES), default=list(CASES), help="cases to run (default: all)"
     )
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per measurement (median)")
-    parser.add_argument("--threads", type=int, default=cpu_count(), help="threads for every implementation")
+    parser.add_argument("--threads", type=int, default=usable_cpus(), help="threads for every implementation")
     parser.add_argument("--tile", type=int, default=None, help="reference query tile (default: the path's own)")
     parser.add_argument("--gemm-size", type=int, default=4096, help="n of the square GEMM")
     parser.add_argument("--no-baseline", action="store_true", help="skip timing the emulated baseline")
@@ -623,7 +376,3 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--json", metavar="OUT", help="also write the full report as JSON")
     parser.set_defaults(func=cmd_bench)
-
-
-if __name__ == "__main__":
-    sys.exit(_worker(sys.argv[1]))

@@ -68,6 +68,7 @@ from mlaconf.golden.reference import (
     iter_head_tasks,
     tile_bounds,
     tile_flops,
+    tile_kernel,
 )
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.types import OpInputs
@@ -241,7 +242,8 @@ def fused_tile(
     rounded-up operands lifted by :func:`lift_float32_sum` (never below their float64 values), the
     row magnitudes from the kernel's float64 row statistics."""
     qs = q * scale
-    raw = np.empty((q.shape[0], k.shape[0]))  # T (and S) need the raw scores, masked keys as 0
+    shape = (q.shape[0], k.shape[0])  # tile-sized temporaries live in the thread's workspace: no fresh pages
+    raw = work.take("raw", shape, np.float64)  # T (and S) need the raw scores, masked keys as 0
     p, stats, rounded = fused_scores(qs, k, diag, work, rounded_up=True, raw=raw)
     apply_causal(raw, diag, 0.0)
     assert rounded is not None
@@ -263,17 +265,18 @@ def fused_tile(
         "score_dot": np.linalg.norm(qs, axis=1) * _largest_key_norm(np.linalg.norm(k, axis=1), q.shape[0], diag),
     }
     m = stats[0][:, None]
-    probs = p / denom
-    ps = probs * raw
+    ps, ps_abs = work.take("ps", shape, np.float64), work.take("ps_abs", shape, np.float64)
+    tile_kernel().scaled_products(p, stats[2], raw, ps, ps_abs)  # (P / sum) s and its |.|: one pass
     if subnormal_terms:  # fp16: the keys whose e may be flushed to zero, and the renormalisation they cause
         sub = p * subnormal_weight(p)
         dropped = sub.sum(axis=1, keepdims=True)  # over the kept sum: a flushed row renormalises by it
         sub_abs = gemm(sub, np.abs(v), np.empty((q.shape[0], v.shape[1])))
         out["pv_sub"] = (sub_abs + dropped * np.abs(golden)) / (denom - dropped)
-    ps_sums = (np.abs(ps).sum(axis=1, keepdims=True), ps.sum(axis=1, keepdims=True))
+    ps_sums = (ps_abs.sum(axis=1, keepdims=True), ps.sum(axis=1, keepdims=True))
     psv = gemm(ps, v, np.empty((q.shape[0], v.shape[1])))
     out["pv_scale"] = _scale_derivative(psv, *ps_sums, golden, np.abs(v).max(axis=0), k.shape[0])
     if score_terms:
+        probs = np.divide(p, denom, out=work.take("probs", shape, np.float64))
         weight = probs * (2.0 * np.abs(raw) + np.abs(raw - m))
         w2 = weight * weight
         out["pvs_rss"] = _score_rss(golden, w2 @ (v * v), w2 @ v, w2.sum(axis=1, keepdims=True), keys=k.shape[0])

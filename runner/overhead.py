@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from mlaconf.golden.spec import CaseSpec, load_suite, load_suites
+from mlaconf.golden.spec import CaseSpec, build_case, load_suite, load_suites
 from mlaconf.golden.store import GoldenStore
 from mlaconf.harness import registry
 from mlaconf.judge.deviations import load_deviations
@@ -122,6 +122,29 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: ``--judge`` cases: the deepseek suite's chunked-prefill case (docs/benchmarks.md, "ds1") and a small one.
+JUDGE_CASES: dict[str, dict[str, Any]] = {
+    "ds1": {"q_seqlen": [4096, 4096], "kv_seqlen": [16384, 4096], "head_num": 16, "kv_head_num": 16},
+    "small": {"q_seqlen": [256], "kv_seqlen": [512], "head_num": 2, "kv_head_num": 2},
+}
+
+
+def judge_spec(name: str) -> CaseSpec:
+    """A ``--judge`` case: bf16, causal, padded kv."""
+    fields = {**JUDGE_CASES[name], "mask_type": "causal", "dtype": "bf16", "kv_layout": "padded", "seed": 3}
+    return build_case(fields, source="overhead")
+
+
+def format_share(row: dict[str, Any]) -> str:
+    """One case's judging overhead against its backend call, with the 5 % target (docs/benchmarks.md)."""
+    backend = row["wall:backend"]
+    share = f"{100 * row['wall:overhead'] / backend:.1f} %" if backend else "-"
+    return (
+        f"{row['case']}: overhead {row['wall:overhead'] * 1e3:.0f} ms wall ({row['cpu:overhead'] * 1e3:.0f} ms "
+        f"thread CPU) against the backend's {backend:.2f} s: {share} (target <= 5 %)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m mlaconf.runner.overhead",
@@ -134,10 +157,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--golden-dir", default=None)
     parser.add_argument("--json", default=None, help="write per-case rows as JSON")
+    parser.add_argument(
+        "--judge",
+        choices=list(JUDGE_CASES),
+        help="measure this one case instead (ds1: deepseek-sized) and print its overhead as a share of the call",
+    )
     args = parser.parse_args(argv)
-    specs = load_suite(args.cases) if args.cases else load_suites([args.suite])
+    if args.judge:
+        specs = [judge_spec(args.judge)]
+    else:
+        specs = load_suite(args.cases) if args.cases else load_suites([args.suite])
     rows = measure(specs, args.backend, args.repeats, GoldenStore(args.golden_dir))
     print(format_rows(rows))
+    for row in rows if args.judge else ():
+        print(format_share(row))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(rows, fh, indent=1)

@@ -262,6 +262,60 @@ void softmax_tile(py::array_t<double> scores, py::array_t<double> stats, py::obj
     }
 }
 
+// T's products in one pass: ps = (p / denom[row]) * raw and ps_abs = |ps|, rounded exactly as numpy's
+// separate divide, multiply and abs round (two roundings, no contraction: there is no add), so the
+// golden's bits do not depend on which of the two computed them.
+void scaled_products(py::array_t<double> p, py::array_t<double> denom, py::array_t<double> raw,
+                     py::array_t<double> ps, py::array_t<double> ps_abs) {
+    if (p.ndim() != 2) {
+        throw std::invalid_argument("p must be a 2-D float64 array");
+    }
+    const int64_t rows = p.shape(0), cols = p.shape(1);
+    const double *pp = writable(p, "p", rows, cols);
+    const double *d = row_vector(denom, "denom", rows);
+    const double *rr = writable(raw, "raw", rows, cols);
+    double *out = writable(ps, "ps", rows, cols);
+    double *out_abs = writable(ps_abs, "ps_abs", rows, cols);
+    py::gil_scoped_release release;
+    for (int64_t r = 0; r < rows; ++r) {
+        const double dr = d[r];
+        const int64_t at = r * cols;
+        for (int64_t j = 0; j < cols; ++j) {
+            const double value = (pp[at + j] / dr) * rr[at + j];
+            out[at + j] = value;
+            out_abs[at + j] = std::fabs(value);
+        }
+    }
+}
+
+// float64 -> bfloat16 bits, round to nearest even in one step (as ml_dtypes rounds, not through float32):
+// add half an ulp of bf16 (minus one when the kept bit is even) and drop the low 45 of the 52
+// mantissa bits; carries into the exponent are the round-ups across a binade.  Only where every value
+// and its rounding are normal bf16 numbers (or zero): false otherwise, and the caller rounds instead.
+bool round_to_bf16(py::array_t<double, py::array::c_style> values, py::array_t<uint16_t, py::array::c_style> out) {
+    if (values.size() != out.size() || !out.writeable()) {
+        throw std::invalid_argument("out must be a writable uint16 array of values' size");
+    }
+    const double *x = values.data();
+    uint16_t *o = out.mutable_data();
+    const py::ssize_t n = values.size();
+    py::gil_scoped_release release;
+    bool ok = true;
+    for (py::ssize_t i = 0; i < n; ++i) {
+        uint64_t bits;
+        std::memcpy(&bits, &x[i], sizeof bits);
+        const uint64_t rounded = bits + ((uint64_t{1} << 44) - 1) + ((bits >> 45) & 1);
+        const int64_t exponent = static_cast<int64_t>((rounded >> 52) & 0x7FF) - 1023;
+        const bool zero = (bits & 0x7FFFFFFFFFFFFFFFULL) == 0;
+        ok &= zero || (exponent >= -126 && exponent <= 127);
+        // sign, the 8-bit bf16 exponent (rebased from float64's 11 bits) and the 7 kept mantissa bits
+        const uint64_t sign = (bits >> 48) & 0x8000;
+        const uint64_t exp8 = zero ? 0 : static_cast<uint64_t>(exponent + 127) & 0xFF;
+        o[i] = static_cast<uint16_t>(sign | (exp8 << 7) | ((rounded >> 45) & 0x7F));
+    }
+    return ok;
+}
+
 // e^x elementwise for x <= 0 (testing the kernel's exp against a correctly rounded one).
 py::array_t<double> exp_nonpositive_array(py::array_t<double, py::array::c_style | py::array::forcecast> x) {
     py::array_t<double> out(x.size());
@@ -284,5 +338,9 @@ PYBIND11_MODULE(_tile_kernel, m) {
           py::arg("p32"), py::arg("p2_32"), py::arg("floor"),
           "In place: scores -> e^(s - row max) on allowed keys (0 on masked ones); stats[4, rows] = max, "
           "min, sum P, sum P^2; optionally P and P^2 rounded up to float32 and floored at floor (0 on masked keys).");
+    m.def("scaled_products", &scaled_products, py::arg("p"), py::arg("denom"), py::arg("raw"), py::arg("ps"),
+          py::arg("ps_abs"), "ps = (p / denom[row]) * raw and ps_abs = |ps|, as numpy's separate steps round them.");
+    m.def("round_to_bf16", &round_to_bf16, py::arg("values"), py::arg("out"),
+          "float64 -> bf16 bits (nearest even, one rounding) into out; False where a value leaves bf16's normal range.");
     m.def("exp_nonpositive", &exp_nonpositive_array, py::arg("x"), "The kernel's e^x for x <= 0.");
 }

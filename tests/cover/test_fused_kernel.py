@@ -79,3 +79,54 @@ SMALL = [s for s in load_suites(["smoke", "edge"]) if s.useful_flops <= 2e7]
 @pytest.mark.parametrize("spec", SMALL, ids=lambda s: s.case_id)
 def test_fused_golden_agrees_with_the_unfused_formula(spec: object) -> None:
     assert worst_disagreement(spec) <= AGREEMENT  # type: ignore[arg-type]
+
+
+def test_scaled_products_round_as_numpys_separate_steps() -> None:
+    rng = np.random.default_rng(5)
+    p = rng.uniform(0.0, 1.0, (37, 211))
+    p[:, -9:] = 0.0  # masked keys
+    raw = rng.normal(0.0, 30.0, p.shape)
+    denom = rng.uniform(1.0, 200.0, (p.shape[0],))
+    ps, ps_abs = np.full_like(p, np.nan), np.full_like(p, np.nan)
+    kernel.scaled_products(p, denom, raw, ps, ps_abs)
+    expected = (p / denom[:, None]) * raw
+    assert np.array_equal(ps.view(np.uint64), expected.view(np.uint64))  # bit for bit, signed zeros too
+    assert np.array_equal(ps_abs, np.abs(expected))
+
+
+def test_scaled_products_refuse_mismatched_shapes() -> None:
+    p = np.zeros((4, 8))
+    with pytest.raises(ValueError, match="ps must be"):
+        kernel.scaled_products(p, np.ones(4), p.copy(), np.zeros((4, 7)), p.copy())
+    with pytest.raises(ValueError, match="denom must be"):
+        kernel.scaled_products(p, np.ones(3), p.copy(), p.copy(), p.copy())
+
+
+def test_round_to_bf16_matches_ml_dtypes_bit_for_bit() -> None:
+    """One rounding from float64 (not through float32): ties, near-ties, binade carries, signed zeros."""
+    import ml_dtypes
+
+    ties = np.arange(-2000, 2000) * 2.0**-7 + 2.0**-8
+    values = np.concatenate(
+        [ties, ties + 2.0**-40, ties - 2.0**-40, np.nextafter(ties, 9.0), [0.0, -0.0, 255.99, -3.9999999]]
+    )
+    values = np.concatenate([values * 2.0**e for e in (-110, -20, 0, 20, 110)])
+    values = np.concatenate([values, np.random.default_rng(2).standard_normal(100_000)])
+    bits = np.empty(values.shape, dtype=np.uint16)
+    assert kernel.round_to_bf16(values, bits)
+    assert np.array_equal(bits, values.astype(ml_dtypes.bfloat16).view(np.uint16))
+
+
+@pytest.mark.parametrize("value", [2.0**-127, 2.0**-126 - 2.0**-134, 3.4e38, np.inf, np.nan, 1e-300])
+def test_round_to_bf16_declines_values_outside_the_normal_range(value: float) -> None:
+    bits = np.empty(2, dtype=np.uint16)
+    assert not kernel.round_to_bf16(np.array([1.0, value]), bits)
+
+
+def test_inputs_round_to_falls_back_for_subnormal_bf16() -> None:
+    import ml_dtypes
+
+    from mlaconf.golden.inputs import round_to
+
+    values = np.array([1.5, 2.0**-130, -(2.0**-128) * 1.3])
+    assert np.array_equal(round_to(values, "bf16").view(np.uint16), values.astype(ml_dtypes.bfloat16).view(np.uint16))
