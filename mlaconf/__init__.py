@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.metadata
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -40,7 +41,18 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+#: Signals that stop a verb as Ctrl-C does (what ``timeout``, ``docker stop``, systemd and CI cancels send).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    for stop in STOP_SIGNALS:  # every verb's Ctrl-C clean-up runs for these too (a nohup'd SIGHUP stays ignored)
+        if signal.getsignal(stop) == signal.SIG_DFL:
+            signal.signal(stop, _interrupt)
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args))

@@ -48,6 +48,7 @@ from mlaconf.reports.records import (
     write_json,
     write_results,
 )
+from mlaconf.runner.command import pytest_command
 
 #: Ray retries of a shard whose worker, node or pytest process died.
 DEFAULT_RETRIES = 2
@@ -175,8 +176,6 @@ def plugin_arguments(args: argparse.Namespace) -> list[str]:
     """``mlaconf run``'s pytest arguments after the suites' path, for a shard: no xdist (one device per
     shard), the store as an absolute path (the tasks run elsewhere), no report directory (each shard
     has its own)."""
-    from mlaconf.runner.run import pytest_command
-
     store = args.golden_dir or os.environ.get(ENV_DIR) or str(Path.cwd() / DEFAULT_DIR_NAME)
     shard_args = argparse.Namespace(**vars(args))
     shard_args.jobs, shard_args.report_dir, shard_args.run_name = "0", None, None

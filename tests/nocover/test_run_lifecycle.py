@@ -7,6 +7,7 @@ record saying so and fails the run."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -219,3 +220,55 @@ def test_a_link_planted_in_the_run_directory_is_refused_not_followed(work: Path)
     assert child.returncode == 1, out[-3000:]
     assert "the report could not be written" in out and "symbolic link" in out and "Traceback" not in out
     assert target.read_text() == "keep me" and (report / "report.html").is_symlink()
+
+
+def survivors(mark: str) -> list[int]:
+    """Pids of this user's processes whose environment carries ``mark`` (the run's, and only the run's)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if f"MLA_LIFECYCLE_MARK={mark}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
+def test_a_stop_signal_to_mlaconf_run_stops_the_whole_run_and_says_interrupted(
+    work: Path, stop: signal.Signals
+) -> None:
+    report, mark = work / "report", f"{os.getpid()}-{stop.name}"
+    cli = [sys.executable, "-m", "mlaconf", "run", "--backend", "slow:factory", "-n", "2"]
+    cli += ["--golden-dir", str(work / "golden"), "--report-dir", str(report)]
+    cli += ["--", "-p", "no:cacheprovider", "--mla-cases", str(work / "lifecycle.toml")]
+    child = subprocess.Popen(
+        cli,
+        cwd=work,
+        env=environment(work, SLOW_S="2", MLA_LIFECYCLE_MARK=mark),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # the signal goes to the mlaconf pid alone, as `timeout` or `kill` send it
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(list((work / "golden").glob("*.h5"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert json.loads((report / "run.json").read_text())["status"] == "in_progress"
+        sent = time.monotonic()
+        os.kill(child.pid, stop)
+        out, _ = child.communicate(timeout=60)
+        assert time.monotonic() - sent < 30, "the run took more than seconds to stop"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+    assert child.returncode == 128 + stop, out[-3000:]
+    assert f"stopped by {stop.name}" in out and "Traceback" not in out, out[-3000:]
+    doc = json.loads((report / "run.json").read_text())
+    assert doc["status"] == "interrupted" and doc["counts"]["run"] < 6, doc
+    assert len(read_results(report / "results.jsonl")) == doc["counts"]["recorded"] == 6
+    time.sleep(1)
+    assert survivors(mark) == [], "a process of the run outlived mlaconf"
