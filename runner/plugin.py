@@ -26,6 +26,8 @@ from mlaconf.golden.spec import SUITES_PACKAGE
 from mlaconf.harness import registry
 from mlaconf.reports import env
 from mlaconf.runner import hypothesis_profiles
+from mlaconf.reports.records import RUN_FILE, write_json
+from mlaconf.reports.safeio import ReportFileError
 from mlaconf.runner.collect import (
     BACKEND_LABELS,
     STATE,
@@ -188,7 +190,27 @@ def pytest_configure(config: pytest.Config) -> None:
     for line in marker_lines():
         config.addinivalue_line("markers", line)
     if not hasattr(config, "workerinput"):
-        check_front_door(config)
+        try:
+            check_front_door(config)
+        except pytest.UsageError as exc:
+            end_with_usage_error(config, str(exc))
+            raise
+
+
+def end_with_usage_error(config: pytest.Config, message: str) -> None:
+    """A named report directory ends ``usage_error`` (an earlier run there is moved aside): it never
+    shows a previous run as this one.  A default (timestamped) directory is left unmade."""
+    if not (config.getoption("mla_report_dir") or config.getoption("mla_run_name")):
+        return
+    collector = config.pluginmanager.get_plugin("mla-report-collector")
+    if not isinstance(collector, Collector):
+        return
+    collector.state.problems.append(f"usage error: {message.splitlines()[0]}")
+    try:
+        collector.claim()
+        write_json(collector.state.report_dir / RUN_FILE, collector.run_document(time.time(), "usage_error"))
+    except (pytest.UsageError, OSError, ReportFileError):  # another run owns it, or it cannot be written
+        return
 
 
 def _leave_to_the_controller(signum: int, frame: object) -> None:
