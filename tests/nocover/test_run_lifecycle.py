@@ -273,3 +273,35 @@ def test_a_stop_signal_to_mlaconf_run_stops_the_whole_run_and_says_interrupted(
     assert len(read_results(report / "results.jsonl")) == counts["recorded"] == counts["selected"]
     time.sleep(1)
     assert survivors(mark) == [], "a process of the run outlived mlaconf"
+
+
+def ended(work: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, object]]:
+    """``mlaconf run`` on torch-cpu into ``work/report``, which holds a complete earlier run; its run.json."""
+    report = work / "report"
+    report.mkdir(exist_ok=True)
+    (report / "run.json").write_text(json.dumps({"status": "complete", "counts": {"selected": 1, "run": 1}}))
+    cli = [sys.executable, "-m", "mlaconf", "run", "--backend", "torch-cpu", "-n", "0", "--report-dir", str(report)]
+    cli += ["--golden-dir", str(work / "golden"), *args]
+    done = subprocess.run(cli, cwd=work, env=environment(work), capture_output=True, text=True, timeout=280)
+    assert json.loads((work / "report.previous-1" / "run.json").read_text())["status"] == "complete"  # moved aside
+    return done, json.loads((report / "run.json").read_text())
+
+
+def test_a_usage_error_ends_the_named_directory_usage_error(work: Path) -> None:
+    done, doc = ended(work, "--policy", "no-such-policy")
+    assert done.returncode == 4 and "no such policy" in done.stdout + done.stderr
+    assert doc["status"] == "usage_error" and "no-such-policy" in str(doc["problems"]), doc
+
+
+def test_a_collection_error_ends_the_run_collection_error(work: Path) -> None:
+    (work / "test_broken.py").write_text("import no_such_module_anywhere\n")
+    done, doc = ended(work, "--", "-p", "no:cacheprovider", "test_broken.py")
+    assert done.returncode != 0 and "no_such_module_anywhere" in done.stdout
+    assert doc["status"] == "collection_error", doc
+
+
+def test_an_internal_error_ends_the_run_internal_error(work: Path) -> None:
+    (work / "boom.py").write_text("def pytest_runtestloop(session):\n    raise RuntimeError('boom')\n")
+    done, doc = ended(work, "--", "-p", "no:cacheprovider", "-p", "boom", "--mla-cases", str(work / "lifecycle.toml"))
+    assert done.returncode == 3 and "INTERNALERROR" in done.stdout
+    assert doc["status"] == "internal_error" and doc["counts"]["run"] == 0, doc
