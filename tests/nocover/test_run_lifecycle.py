@@ -305,3 +305,14 @@ def test_an_internal_error_ends_the_run_internal_error(work: Path) -> None:
     done, doc = ended(work, "--", "-p", "no:cacheprovider", "-p", "boom", "--mla-cases", str(work / "lifecycle.toml"))
     assert done.returncode == 3 and "INTERNALERROR" in done.stdout
     assert doc["status"] == "internal_error" and doc["counts"]["run"] == 0, doc
+
+
+def test_a_run_stopped_by_per_test_timeouts_ends_timed_out_not_interrupted(work: Path) -> None:
+    report = work / "report"
+    extra = ("-n", "2", "--max-worker-restart", "0", "--timeout", "4", "--timeout-method", "thread")
+    result = run(work, report, *extra, SLOW_S="30")
+    assert result.returncode == 1, result.stdout[-3000:]
+    doc = json.loads((report / "run.json").read_text())
+    assert doc["status"] == "timed_out", doc
+    kinds = {(r.get("failure") or {}).get("kind") for r in read_results(report / "results.jsonl")}
+    assert "timeout" in kinds, kinds
