@@ -327,6 +327,8 @@ def check_front_door(config: pytest.Config) -> None:
     if unknown:
         raise pytest.UsageError(f"--mla-suite {unknown[0]!r}: no such suite; choose from {', '.join(suite_choices())}")
     set_run_info(config, "suites", suites)
+    if suites and not config.getoption("mla_cases"):
+        load_cases(config)  # a suite that does not parse: one usage line naming file and line, before any test
     if config.getoption("mla_cases"):
         cases = config.getoption("mla_cases")
         if not Path(cases).is_file():
