@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +23,10 @@ LOCAL = ""
 #: Seconds a ``HOST:PORT`` address has to accept a TCP connection before ``--ray`` gives up (Ray itself
 #: retries for a minute and more, printing warnings).
 CONNECT_TIMEOUT_S = 10.0
+
+
+#: Signals whose handlers ``ray.init`` replaces and :func:`connected` gives back (the verbs stop on them).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class ClusterUnavailable(Exception):
@@ -51,10 +56,14 @@ def connected(address: str | None) -> Iterator[Any]:
         return
     target = address or os.environ.get("RAY_ADDRESS") or None
     check_reachable(target)
+    handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     try:
         ray.init(address=target, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
     except Exception as exc:  # ConnectionError, ValueError of a bad address, ...
         raise ClusterUnavailable(f"--ray {address or target or '(local)'}: cannot connect: {exc}") from None
+    for signum, handler in handlers.items():  # Ray's core worker aborts on SIGTERM: the verb's clean stop wins
+        if handler is not None:
+            signal.signal(signum, handler)
     try:
         yield ray
     finally:

@@ -25,9 +25,9 @@ from mlaconf.facts.shard import in_shard, parse_shard
 from mlaconf.golden.spec import SUITES_PACKAGE
 from mlaconf.harness import registry
 from mlaconf.reports import env
-from mlaconf.runner import hypothesis_profiles
 from mlaconf.reports.records import RUN_FILE, write_json
 from mlaconf.reports.safeio import ReportFileError
+from mlaconf.runner import hypothesis_profiles
 from mlaconf.runner.collect import (
     BACKEND_LABELS,
     STATE,
@@ -329,6 +329,10 @@ def check_front_door(config: pytest.Config) -> None:
     set_run_info(config, "suites", suites)
     if suites and not config.getoption("mla_cases"):
         load_cases(config)  # a suite that does not parse: one usage line naming file and line, before any test
+    store = Path(golden or os.environ.get("MLA_GOLDEN_DIR") or ".golden")
+    gap = unwritable_store_gap(store, [case.case_id for case in selected_cases(config)])
+    if gap:
+        raise pytest.UsageError(gap)
     if config.getoption("mla_cases"):
         cases = config.getoption("mla_cases")
         if not Path(cases).is_file():
@@ -336,6 +340,21 @@ def check_front_door(config: pytest.Config) -> None:
         if not load_cases(config):
             raise pytest.UsageError(f"--mla-cases {cases}: the file holds no case; an empty selection is not a pass")
         set_run_info(config, "cases_file", str(Path(cases).resolve()))
+
+
+def unwritable_store_gap(store: Path, case_ids: list[str]) -> str | None:
+    """Why a golden store this user cannot write cannot serve the selection (it lacks some of its
+    goldens: every such test would fail making one), or None.  One line instead of a failure each."""
+    if not store.is_dir() or os.access(store, os.W_OK | os.X_OK):
+        return None
+    missing = [case_id for case_id in case_ids if not (store / f"{case_id}.h5").exists()]
+    if not missing:
+        return None
+    return (
+        f"golden store {store.resolve()} is not writable and lacks {len(missing)} of the {len(case_ids)} "
+        f"goldens this run selects (first: {missing[0]}); fill it with 'mlaconf regen --out {store}' "
+        "where it is writable, or name a writable store with --golden-dir"
+    )
 
 
 def golden_dir_problem(path: Path) -> str | None:
