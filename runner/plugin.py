@@ -329,10 +329,6 @@ def check_front_door(config: pytest.Config) -> None:
     set_run_info(config, "suites", suites)
     if suites and not config.getoption("mla_cases"):
         load_cases(config)  # a suite that does not parse: one usage line naming file and line, before any test
-    store = Path(golden or os.environ.get("MLA_GOLDEN_DIR") or ".golden")
-    gap = unwritable_store_gap(store, [case.case_id for case in selected_cases(config)])
-    if gap:
-        raise pytest.UsageError(gap)
     if config.getoption("mla_cases"):
         cases = config.getoption("mla_cases")
         if not Path(cases).is_file():
@@ -340,6 +336,10 @@ def check_front_door(config: pytest.Config) -> None:
         if not load_cases(config):
             raise pytest.UsageError(f"--mla-cases {cases}: the file holds no case; an empty selection is not a pass")
         set_run_info(config, "cases_file", str(Path(cases).resolve()))
+    store = Path(golden or os.environ.get("MLA_GOLDEN_DIR") or ".golden")
+    gap = unwritable_store_gap(store, [case.case_id for case in selected_cases(config)])
+    if gap:
+        raise pytest.UsageError(gap)
 
 
 def unwritable_store_gap(store: Path, case_ids: list[str]) -> str | None:
