@@ -89,7 +89,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "run",
         help="conformance run (default: smoke suite on the best available backend, -n auto)",
         description="Runs the conformance suites under pytest; goldens missing from the store are "
-        "generated on demand. Arguments after '--' go to pytest unchanged (e.g. -- --lf -k causal).",
+        "generated on demand. Arguments after '--' go to pytest (e.g. -- --lf -k causal); paths or node ids "
+        "among them replace the installed suites (-- cases/test_conformance.py).",
     )
     parser.add_argument(
         "--suite", action="append", choices=suite_choices(), help=f"a suite (default {DEFAULT_SUITE}); repeatable"
