@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,6 +18,15 @@ from typing import Any
 EXTRA = "ray"
 #: What ``--ray`` without an address means: join the cluster ``$RAY_ADDRESS`` names, else start a local one.
 LOCAL = ""
+
+
+#: Seconds a ``HOST:PORT`` address has to accept a TCP connection before ``--ray`` gives up (Ray itself
+#: retries for a minute and more, printing warnings).
+CONNECT_TIMEOUT_S = 10.0
+
+
+#: Signals whose handlers ``ray.init`` replaces and :func:`connected` gives back (the verbs stop on them).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class ClusterUnavailable(Exception):
@@ -44,14 +55,36 @@ def connected(address: str | None) -> Iterator[Any]:
         yield ray
         return
     target = address or os.environ.get("RAY_ADDRESS") or None
+    check_reachable(target)
+    handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     try:
         ray.init(address=target, include_dashboard=False, logging_level="WARNING", log_to_driver=False)
     except Exception as exc:  # ConnectionError, ValueError of a bad address, ...
         raise ClusterUnavailable(f"--ray {address or target or '(local)'}: cannot connect: {exc}") from None
+    for signum, handler in handlers.items():  # Ray's core worker aborts on SIGTERM: the verb's clean stop wins
+        if handler is not None:
+            signal.signal(signum, handler)
     try:
         yield ray
     finally:
         ray.shutdown()
+
+
+def check_reachable(address: str | None) -> None:
+    """A ``HOST:PORT`` or ``ray://HOST:PORT`` address accepts a connection within :data:`CONNECT_TIMEOUT_S`,
+    else one :class:`ClusterUnavailable` line (``auto`` and a local cluster are Ray's to find)."""
+    if not address or address == "auto":
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return  # Ray's own error names what is wrong with the address
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise ClusterUnavailable(
+            f"--ray {address}: no Ray cluster answers there ({exc or 'timed out'}); start one with "
+            "'ray start --head' (docs/cluster.md) or check the address"
+        ) from None
 
 
 def node_resources(ray: Any) -> list[dict[str, float]]:

@@ -8,6 +8,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.metadata
 import importlib.util
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -77,7 +78,20 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+#: Signals that stop a verb as Ctrl-C does (what ``timeout``, ``docker stop``, systemd and CI cancels send).
+STOP_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name)
+)  # no SIGHUP on Windows
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    for stop in STOP_SIGNALS:  # every verb's Ctrl-C clean-up runs for these too (a nohup'd SIGHUP stays ignored)
+        if signal.getsignal(stop) == signal.SIG_DFL:
+            signal.signal(stop, _interrupt)
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args))

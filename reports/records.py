@@ -437,7 +437,17 @@ def write_json(path: Path, value: Any) -> None:
 # ---- run.json: the run's status and counts -------------------------------------------------------
 
 #: ``run.json["status"]``: written ``in_progress`` before the first test, then one of the others.
-RUN_STATUSES = ("in_progress", "complete", "interrupted", "crashed", "no_tests")
+RUN_STATUSES = (
+    "in_progress",
+    "complete",
+    "interrupted",
+    "crashed",
+    "timed_out",
+    "no_tests",
+    "usage_error",
+    "collection_error",
+    "internal_error",
+)
 #: Statuses a report verb accepts without ``--allow-incomplete``.
 FINISHED = "complete"
 

@@ -102,6 +102,8 @@ class ReportState:
     #: refused it (another run owns it: this run then writes nothing there).
     claimed: bool = False
     refused: bool = False
+    #: Collection reports that failed (a test file that does not import, a suite that does not parse).
+    collection_errors: int = 0
 
 
 STATE = pytest.StashKey[ReportState]()
@@ -479,6 +481,11 @@ class Collector:
         status = earlier.get("status", "no status")
         return f"{directory} held an earlier run ({status}, started {earlier.get('started', '?')}): moved to {aside}"
 
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        """Count failed collections (xdist forwards its workers'): the run ends ``collection_error``."""
+        if report.failed:
+            self.state.collection_errors += 1
+
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Without xdist: the selected MLA tests, each with its identity (for a record if it never runs)."""
         self.state.selected.update({item.nodeid: identity(item) for item in session.items if is_mla_item(item)})
@@ -598,13 +605,14 @@ class Collector:
             state.problems.append("empty selection: no MLA test was selected (a -k or -m that matches nothing?)")
         if state.refused:
             return
-        if empty and not state.claimed and not config.option.collectonly:
+        ended_early = state.collection_errors or exitstatus == pytest.ExitCode.INTERNAL_ERROR
+        if (empty or ended_early) and not state.claimed and not config.option.collectonly:
             try:  # the directory must not go on showing the previous run as this one
                 self.claim()
             except pytest.UsageError as exc:
                 state.problems.append(str(exc))
                 return
-        status = "complete" if config.option.collectonly else self.account_for_unrun(exitstatus)
+        status = "complete" if config.option.collectonly else self.final_status(exitstatus)
         if empty:
             status = "no_tests"
         if state.problems and session.exitstatus == pytest.ExitCode.OK:
@@ -621,6 +629,19 @@ class Collector:
         except (OSError, safeio.ReportFileError) as exc:  # a planted link, a full disk: say so, fail the run
             state.problems.append(f"the report could not be written: {exc}")
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def final_status(self, exitstatus: int) -> str:
+        """run.json's last status: what stopped the run when something did (docs/reports.md, statuses)."""
+        state = self.state
+        status = self.account_for_unrun(exitstatus)
+        if exitstatus == pytest.ExitCode.INTERNAL_ERROR:
+            state.problems.append("pytest stopped with an internal error (its INTERNALERROR lines say where)")
+            return "internal_error"
+        if state.collection_errors:
+            state.problems.append(f"{state.collection_errors} error(s) during collection: the selection is not whole")
+            return "collection_error"
+        timed_out = any((record.get("failure") or {}).get("kind") == "timeout" for record in state.records)
+        return "timed_out" if status in ("crashed", "interrupted") and timed_out else status
 
     def account_for_unrun(self, exitstatus: int) -> str:
         """A record for every selected test that never ran, and the run's final status."""

@@ -25,6 +25,8 @@ from mlaconf.facts.shard import in_shard, parse_shard
 from mlaconf.golden.spec import SUITES_PACKAGE
 from mlaconf.harness import registry
 from mlaconf.reports import env
+from mlaconf.reports.records import RUN_FILE, write_json
+from mlaconf.reports.safeio import ReportFileError
 from mlaconf.runner import hypothesis_profiles
 from mlaconf.runner.collect import (
     BACKEND_LABELS,
@@ -190,7 +192,27 @@ def pytest_configure(config: pytest.Config) -> None:
     for line in marker_lines():
         config.addinivalue_line("markers", line)
     if not hasattr(config, "workerinput"):
-        check_front_door(config)
+        try:
+            check_front_door(config)
+        except pytest.UsageError as exc:
+            end_with_usage_error(config, str(exc))
+            raise
+
+
+def end_with_usage_error(config: pytest.Config, message: str) -> None:
+    """A named report directory ends ``usage_error`` (an earlier run there is moved aside): it never
+    shows a previous run as this one.  A default (timestamped) directory is left unmade."""
+    if not (config.getoption("mla_report_dir") or config.getoption("mla_run_name")):
+        return
+    collector = config.pluginmanager.get_plugin("mla-report-collector")
+    if not isinstance(collector, Collector):
+        return
+    collector.state.problems.append(f"usage error: {message.splitlines()[0]}")
+    try:
+        collector.claim()
+        write_json(collector.state.report_dir / RUN_FILE, collector.run_document(time.time(), "usage_error"))
+    except (pytest.UsageError, OSError, ReportFileError):  # another run owns it, or it cannot be written
+        return
 
 
 def _leave_to_the_controller(signum: int, frame: object) -> None:
@@ -307,6 +329,8 @@ def check_front_door(config: pytest.Config) -> None:
     if unknown:
         raise pytest.UsageError(f"--mla-suite {unknown[0]!r}: no such suite; choose from {', '.join(suite_choices())}")
     set_run_info(config, "suites", suites)
+    if suites and not config.getoption("mla_cases"):
+        load_cases(config)  # a suite that does not parse: one usage line naming file and line, before any test
     if config.getoption("mla_cases"):
         cases = config.getoption("mla_cases")
         if not Path(cases).is_file():
@@ -314,6 +338,25 @@ def check_front_door(config: pytest.Config) -> None:
         if not load_cases(config):
             raise pytest.UsageError(f"--mla-cases {cases}: the file holds no case; an empty selection is not a pass")
         set_run_info(config, "cases_file", str(Path(cases).resolve()))
+    store = Path(golden or os.environ.get("MLA_GOLDEN_DIR") or ".golden")
+    gap = unwritable_store_gap(store, [case.case_id for case in selected_cases(config)])
+    if gap:
+        raise pytest.UsageError(gap)
+
+
+def unwritable_store_gap(store: Path, case_ids: list[str]) -> str | None:
+    """Why a golden store this user cannot write cannot serve the selection (it lacks some of its
+    goldens: every such test would fail making one), or None.  One line instead of a failure each."""
+    if not store.is_dir() or os.access(store, os.W_OK | os.X_OK):
+        return None
+    missing = [case_id for case_id in case_ids if not (store / f"{case_id}.h5").exists()]
+    if not missing:
+        return None
+    return (
+        f"golden store {store.resolve()} is not writable and lacks {len(missing)} of the {len(case_ids)} "
+        f"goldens this run selects (first: {missing[0]}); fill it with 'mlaconf regen --out {store}' "
+        "where it is writable, or name a writable store with --golden-dir"
+    )
 
 
 def golden_dir_problem(path: Path) -> str | None:

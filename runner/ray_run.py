@@ -33,21 +33,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from _pytest._io import TerminalWriter
+
 from mlaconf.facts.cluster import node_resources
 from mlaconf.facts.processes import THREAD_ENV, kill_with_parent, process_alive
 from mlaconf.golden.spec import SUITES_PACKAGE
 from mlaconf.golden.store import DEFAULT_DIR_NAME, ENV_DIR
 from mlaconf.harness import registry
-from mlaconf.reports import merge, safeio
+from mlaconf.reports import merge, safeio, summary
 from mlaconf.reports.records import (
     RESULTS_FILE,
     RUN_FILE,
     Failure,
     ResultRecord,
     RunState,
+    sort_records,
     write_json,
     write_results,
 )
+from mlaconf.runner.command import pytest_command
 
 #: Ray retries of a shard whose worker, node or pytest process died.
 DEFAULT_RETRIES = 2
@@ -175,8 +179,6 @@ def plugin_arguments(args: argparse.Namespace) -> list[str]:
     """``mlaconf run``'s pytest arguments after the suites' path, for a shard: no xdist (one device per
     shard), the store as an absolute path (the tasks run elsewhere), no report directory (each shard
     has its own)."""
-    from mlaconf.runner.run import pytest_command
-
     store = args.golden_dir or os.environ.get(ENV_DIR) or str(Path.cwd() / DEFAULT_DIR_NAME)
     shard_args = argparse.Namespace(**vars(args))
     shard_args.jobs, shard_args.report_dir, shard_args.run_name = "0", None, None
@@ -319,6 +321,8 @@ def _gather(
     for result in results.values():
         if result.returncode not in (0, 1, NO_TESTS):
             print(f"run --ray: shard {result.shard} ended with pytest exit {result.returncode}:\n{result.output_tail}")
+    if merged.records:  # the tables a local run prints
+        summary.write_terminal(_Terminal(), sort_records(merged.records), out)
     verdicts = run.get("verdicts", {})
     print(
         f"run --ray: {run['status']}, {len(merged.records)} records ("
@@ -334,3 +338,23 @@ def _gather(
     if all(c == NO_TESTS for c in codes):
         return NO_TESTS
     return 1 if 1 in codes else 0
+
+
+class _Terminal:
+    """The part of pytest's terminal reporter the run summary writes through, on stdout."""
+
+    def __init__(self) -> None:
+        self._tw = TerminalWriter(sys.stdout)
+        self.isatty = sys.stdout.isatty()
+
+    def ensure_newline(self) -> None:
+        """Lines are whole here (the reporter's own progress output is what it guards against)."""
+
+    def write(self, text: str, **markup: bool) -> None:
+        self._tw.write(text, **markup)
+
+    def write_sep(self, sep: str, title: str) -> None:
+        self._tw.sep(sep, title)
+
+    def write_line(self, line: str, **markup: bool) -> None:
+        self._tw.line(line, **markup)

@@ -3,38 +3,23 @@
 from __future__ import annotations
 
 import argparse
-import importlib.resources
+import contextlib
+import os
+import signal
 import subprocess
 import sys
-from pathlib import Path
+import time
+from typing import Any
 
-from mlaconf.golden.spec import SUITES_PACKAGE
+from mlaconf.facts.processes import kill_with_parent
 from mlaconf.harness.registry import AUTO_ORDER, BUILTIN
+from mlaconf.runner.command import pytest_command
 from mlaconf.runner.selection import DEFAULT_SUITE, suite_choices
 
-#: ``mlaconf run``'s short spellings -> the plugin's options (namespaced, so they collide with no project's).
-PLUGIN_OPTIONS = {
-    "suite": "--mla-suite",
-    "backend": "--mla-backend",
-    "policy": "--mla-policy",
-    "golden_dir": "--mla-golden-dir",
-    "run_name": "--mla-run-name",
-    "report_dir": "--mla-report-dir",
-}
-
-
-def pytest_command(args: argparse.Namespace) -> list[str]:
-    """The pytest invocation ``run`` stands for (printed, so it can be rerun or adapted)."""
-    suites = str(importlib.resources.files(SUITES_PACKAGE))  # the installed suites, from any directory
-    # pytest's cache (--lf, --ff) in the working directory, not beside the installed suites
-    cache = Path.cwd() / ".pytest_cache"
-    command = [sys.executable, "-m", "pytest", suites, "-o", f"cache_dir={cache}", "-n", str(args.jobs)]
-    defaults = {"suite": [DEFAULT_SUITE], "backend": ["auto"]}
-    for dest, option in PLUGIN_OPTIONS.items():
-        value = getattr(args, dest) or defaults.get(dest)
-        for item in value if isinstance(value, list) else [value] if value else []:
-            command += [option, item]
-    return command + [a for a in args.pytest_args if a != "--"]
+#: Signals that stop the run: forwarded to pytest's process group as SIGINT (its clean stop).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: Seconds pytest has after a stop signal to record what ran and stop its workers, before the group is killed.
+STOP_GRACE_S = 15.0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -42,12 +27,47 @@ def run(args: argparse.Namespace) -> int:
         return run_on_cluster(args)
     command = pytest_command(args)
     print("+ python " + " ".join(command[1:]), flush=True)
-    child = subprocess.Popen(command)  # from the caller's directory: relative paths mean what they say
-    while True:
-        try:
-            return child.wait()
-        except KeyboardInterrupt:  # the terminal sent pytest the same SIGINT: wait for its own clean stop
-            continue
+    # its own session: a signal reaches the whole run (pytest and every xdist worker) only through us
+    child = subprocess.Popen(command, start_new_session=True, preexec_fn=kill_with_parent)
+    return wait_forwarding_stops(child)
+
+
+def wait_forwarding_stops(child: subprocess.Popen[Any]) -> int:
+    """pytest's exit status, or ``128 + signal`` when a stop signal came: the first is forwarded to
+    pytest's process group as SIGINT (it records what ran and ends run.json ``interrupted``); a second
+    one, or :data:`STOP_GRACE_S` without an end, kills the group.  No process of the run outlives this."""
+    received: list[int] = []
+
+    def stop(signum: int, frame: object) -> None:
+        received.append(signum)
+        _signal_group(child.pid, signal.SIGINT if len(received) == 1 else signal.SIGKILL)
+
+    previous = {signum: signal.signal(signum, stop) for signum in STOP_SIGNALS}
+    try:
+        deadline = None
+        while True:
+            try:
+                status = child.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if received and deadline is None:
+                deadline = time.monotonic() + STOP_GRACE_S
+            if deadline is not None and time.monotonic() > deadline:
+                _signal_group(child.pid, signal.SIGKILL)
+    finally:
+        _signal_group(child.pid, signal.SIGKILL)  # workers left behind by a controller that ended early
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if received:
+        print(f"mlaconf run: stopped by {signal.Signals(received[0]).name}", file=sys.stderr)
+        return 128 + received[0]
+    return status
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
 
 
 def run_on_cluster(args: argparse.Namespace) -> int:
@@ -69,7 +89,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "run",
         help="conformance run (default: smoke suite on the best available backend, -n auto)",
         description="Runs the conformance suites under pytest; goldens missing from the store are "
-        "generated on demand. Arguments after '--' go to pytest unchanged (e.g. -- --lf -k causal).",
+        "generated on demand. Arguments after '--' go to pytest (e.g. -- --lf -k causal); paths or node ids "
+        "among them replace the installed suites (-- cases/test_conformance.py).",
     )
     parser.add_argument(
         "--suite", action="append", choices=suite_choices(), help=f"a suite (default {DEFAULT_SUITE}); repeatable"

@@ -290,3 +290,33 @@ def test_a_shard_lost_for_good_is_recorded_as_not_run(local_run: Path, golden_di
     run = json.loads((out / "run.json").read_text())
     assert any("shard 1/2 lost" in p and "recorded as not run" in p for p in run["problems"]), run["problems"]
     assert run["records"] == len(expected) and run["verdicts"]["error"] == len(lost) and run["status"] == "crashed"
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+def test_a_stop_signal_to_a_ray_run_driver_cancels_every_shard(
+    cluster: Any, golden_dir: Path, tmp_path: Path, stop: signal.Signals
+) -> None:
+    out = tmp_path / "ray-run"
+    command = [sys.executable, "-m", "mlaconf", "run", "--ray", ray.get_runtime_context().gcs_address]
+    command += ["--backend", "torch-cpu", "--golden-dir", str(golden_dir), "--report-dir", str(out), "--", *PYTEST_ARGS]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while _shard_worker("1/2", golden_dir) is None and time.monotonic() < deadline and child.poll() is None:
+            time.sleep(0.1)
+        assert child.poll() is None and _shard_worker("1/2", golden_dir) is not None, "shard 1/2 never started"
+        sent = time.monotonic()
+        os.kill(child.pid, stop)  # the driver's pid alone, as Ctrl-C's SIGINT or `timeout`'s SIGTERM reach it
+        stdout, stderr = child.communicate(timeout=90)
+        assert time.monotonic() - sent < 45, "the driver took more than seconds to stop"
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+    assert child.returncode == 130, (child.returncode, stdout[-2000:], stderr[-3000:])
+    assert "Traceback" not in stderr, stderr[-3000:]
+    run = json.loads((out / "run.json").read_text())
+    assert run["status"] == "interrupted" and run["ray"]["interrupted"], run
+    deadline = time.monotonic() + 20
+    while (_shard_worker("1/2", golden_dir) or _shard_worker("2/2", golden_dir)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _shard_worker("1/2", golden_dir) is None and _shard_worker("2/2", golden_dir) is None, "a shard outlived it"

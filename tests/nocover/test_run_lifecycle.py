@@ -7,6 +7,7 @@ record saying so and fails the run."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -219,3 +220,99 @@ def test_a_link_planted_in_the_run_directory_is_refused_not_followed(work: Path)
     assert child.returncode == 1, out[-3000:]
     assert "the report could not be written" in out and "symbolic link" in out and "Traceback" not in out
     assert target.read_text() == "keep me" and (report / "report.html").is_symlink()
+
+
+def survivors(mark: str) -> list[int]:
+    """Pids of this user's processes whose environment carries ``mark`` (the run's, and only the run's)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if f"MLA_LIFECYCLE_MARK={mark}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
+def test_a_stop_signal_to_mlaconf_run_stops_the_whole_run_and_says_interrupted(
+    work: Path, stop: signal.Signals
+) -> None:
+    report, mark = work / "report", f"{os.getpid()}-{stop.name}"
+    cli = [sys.executable, "-m", "mlaconf", "run", "--backend", "slow:factory", "-n", "2"]
+    cli += ["--golden-dir", str(work / "golden"), "--report-dir", str(report)]
+    cli += ["--", "-p", "no:cacheprovider", "--mla-cases", str(work / "lifecycle.toml")]
+    child = subprocess.Popen(
+        cli,
+        cwd=work,
+        env=environment(work, SLOW_S="2", MLA_LIFECYCLE_MARK=mark),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # the signal goes to the mlaconf pid alone, as `timeout` or `kill` send it
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(list((work / "golden").glob("*.h5"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert json.loads((report / "run.json").read_text())["status"] == "in_progress"
+        sent = time.monotonic()
+        os.kill(child.pid, stop)
+        out, _ = child.communicate(timeout=60)
+        assert time.monotonic() - sent < 30, "the run took more than seconds to stop"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGKILL)
+    assert child.returncode == 128 + stop, out[-3000:]
+    assert f"stopped by {stop.name}" in out and "Traceback" not in out, out[-3000:]
+    doc = json.loads((report / "run.json").read_text())
+    counts = doc["counts"]
+    assert doc["status"] == "interrupted" and counts["run"] < counts["selected"], doc
+    assert len(read_results(report / "results.jsonl")) == counts["recorded"] == counts["selected"]
+    time.sleep(1)
+    assert survivors(mark) == [], "a process of the run outlived mlaconf"
+
+
+def ended(work: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, object]]:
+    """``mlaconf run`` on torch-cpu into ``work/report``, which holds a complete earlier run; its run.json."""
+    report = work / "report"
+    report.mkdir(exist_ok=True)
+    (report / "run.json").write_text(json.dumps({"status": "complete", "counts": {"selected": 1, "run": 1}}))
+    cli = [sys.executable, "-m", "mlaconf", "run", "--backend", "torch-cpu", "-n", "0", "--report-dir", str(report)]
+    cli += ["--golden-dir", str(work / "golden"), *args]
+    done = subprocess.run(cli, cwd=work, env=environment(work), capture_output=True, text=True, timeout=280)
+    assert json.loads((work / "report.previous-1" / "run.json").read_text())["status"] == "complete"  # moved aside
+    return done, json.loads((report / "run.json").read_text())
+
+
+def test_a_usage_error_ends_the_named_directory_usage_error(work: Path) -> None:
+    done, doc = ended(work, "--policy", "no-such-policy")
+    assert done.returncode == 4 and "no such policy" in done.stdout + done.stderr
+    assert doc["status"] == "usage_error" and "no-such-policy" in str(doc["problems"]), doc
+
+
+def test_a_collection_error_ends_the_run_collection_error(work: Path) -> None:
+    (work / "test_broken.py").write_text("import no_such_module_anywhere\n")
+    done, doc = ended(work, "--", "-p", "no:cacheprovider", "test_broken.py")
+    assert done.returncode != 0 and "no_such_module_anywhere" in done.stdout
+    assert doc["status"] == "collection_error", doc
+
+
+def test_an_internal_error_ends_the_run_internal_error(work: Path) -> None:
+    (work / "boom.py").write_text("def pytest_runtestloop(session):\n    raise RuntimeError('boom')\n")
+    done, doc = ended(work, "--", "-p", "no:cacheprovider", "-p", "boom", "--mla-cases", str(work / "lifecycle.toml"))
+    assert done.returncode == 3 and "INTERNALERROR" in done.stdout
+    assert doc["status"] == "internal_error" and doc["counts"]["run"] == 0, doc
+
+
+def test_a_run_stopped_by_per_test_timeouts_ends_timed_out_not_interrupted(work: Path) -> None:
+    report = work / "report"
+    extra = ("-n", "2", "--max-worker-restart", "0", "--timeout", "4", "--timeout-method", "thread")
+    result = run(work, report, *extra, SLOW_S="30")
+    assert result.returncode == 1, result.stdout[-3000:]
+    doc = json.loads((report / "run.json").read_text())
+    assert doc["status"] == "timed_out", doc
+    kinds = {(r.get("failure") or {}).get("kind") for r in read_results(report / "results.jsonl")}
+    assert "timeout" in kinds, kinds
