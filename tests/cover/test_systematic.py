@@ -16,7 +16,15 @@ from mlaconf.golden.stats import UNIT_ROUNDOFF
 from mlaconf.golden.types import GoldenCase
 from mlaconf.judge.metrics import round_to_dtype
 from mlaconf.judge.policy import load_policies
-from mlaconf.judge.systematic import FORMAT_FLOOR, TEMPERATURE_FLOOR, critical_value, format_check, temperature_check
+from mlaconf.judge.systematic import (
+    BASELINE_NOISE,
+    FORMAT_FLOOR,
+    TEMPERATURE_FLOOR,
+    critical_value,
+    format_check,
+    temperature_check,
+    variant_spread,
+)
 from mlaconf.judge.verdict import judge_output
 
 ALPHA = 0.5e-6  # each test's share of the default false-alarm rate
@@ -92,6 +100,18 @@ def test_the_documented_paths_own_projection_is_legitimate(bf16_golden: GoldenCa
     assert not alike.significant and alike.z == 0.0, alike.text
     beyond = temperature_check(_at_temperature(g, 1 + 6e-3), g.out, g.row_valid, g.magnitudes, BF16, ALPHA, wrong)
     assert beyond.significant and beyond.estimate == pytest.approx(6e-3, rel=0.1), beyond.text
+
+
+def test_another_emulation_of_the_documented_path_may_land_beyond_its_draw(bf16_golden: GoldenCase) -> None:
+    """The baseline's estimate is one draw of one emulation: the interval reaches as far again beyond it
+    (plus its noise), and no further."""
+    g = bf16_golden
+    baseline = _at_temperature(g, 1 + 2e-3)
+    for factor, decides in ((1 + 3.5e-3, False), (1 + 6e-3, True)):
+        result = temperature_check(_at_temperature(g, factor), g.out, g.row_valid, g.magnitudes, BF16, ALPHA, baseline)
+        assert result.significant == decides, result.text
+    residuals = np.array([[1.0, -1.0], [2.0, 0.0]])
+    assert variant_spread(-2e-3, residuals, 100.0) == pytest.approx(2e-3 + BASELINE_NOISE * math.sqrt(6.0) / 100.0)
 
 
 def test_the_fp16_score_path_may_cast_the_scale(fp16_golden: GoldenCase) -> None:
