@@ -11,7 +11,7 @@ import pytest
 
 from mlaconf.golden.generate import build_golden
 from mlaconf.golden.reference import reference_attention
-from mlaconf.golden.spec import CaseSpec, build_case
+from mlaconf.golden.spec import CaseSpec, build_case, load_suites
 from mlaconf.golden.stats import UNIT_ROUNDOFF
 from mlaconf.golden.types import GoldenCase
 from mlaconf.judge.metrics import round_to_dtype
@@ -170,3 +170,13 @@ def test_the_default_verdict_carries_both_tests(bf16_golden: GoldenCase, fp16_go
     assert not wrong.passed and failing == ["temperature_z", "temperature_effect"], wrong.summary()
     _, atb_only = judge_output(bf16_golden, _at_temperature(bf16_golden, 1 + 2e-3), policies, "atb", "b")
     assert atb_only.passed and any(c.metric == "temperature_z" for c in atb_only.evidence_over)
+
+
+def test_the_suites_expose_the_rounding_paths_on_long_rows() -> None:
+    """Issue 27: near-tie rows up to 4096 keys (both dtypes, bidirectional and CAUSAL) and large-logit
+    rows long enough to split, where the legitimate paths' roundings are least symmetric."""
+    cases = load_suites(["standard", "edge"])
+    ties = {(c.dtype, c.mask_type == 3) for c in cases if c.distribution == "near_tie" and c.max_kv >= 2048}
+    assert ties == {(d, causal) for d in ("fp16", "bf16") for causal in (False, True)}
+    assert max(c.max_kv for c in cases if c.distribution == "near_tie") == 4096
+    assert {c.dtype for c in cases if c.distribution == "large_logits" and c.max_kv >= 1024} == {"fp16", "bf16"}
