@@ -581,6 +581,25 @@ def half_heads_bf16() -> Defect:
     return HalfHeadsBf16("half_heads_bf16")
 
 
+# -- thin kills raised to margin 2 (issue 27 item 5) ------------------------------------------------
+
+
+class TailRowUnwritten(Defect):
+    description = "the output's last query row never written (a tail loop one row short; the buffer stays 0)"
+
+    def after(self, call: MlaPrefillCall, out: torch.Tensor) -> torch.Tensor:
+        if out.shape[0]:
+            out.reshape(out.shape[0], -1)[-1] = 0
+        return out
+
+
+DEFECTS["tail_row_unwritten"] = TailRowUnwritten
+
+
+def tail_row_unwritten() -> Defect:
+    return TailRowUnwritten("tail_row_unwritten")
+
+
 # -- real bugs of the public record (docs/real-bugs.md) ------------------------------------------
 
 TILE_ROWS = 128  # one_row_tile_p_reuse: query rows per tile (ATB mla_prefill's split_m)

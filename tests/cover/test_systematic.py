@@ -11,12 +11,20 @@ import pytest
 
 from mlaconf.golden.generate import build_golden
 from mlaconf.golden.reference import reference_attention
-from mlaconf.golden.spec import CaseSpec, build_case
+from mlaconf.golden.spec import CaseSpec, build_case, load_suites
 from mlaconf.golden.stats import UNIT_ROUNDOFF
 from mlaconf.golden.types import GoldenCase
 from mlaconf.judge.metrics import round_to_dtype
 from mlaconf.judge.policy import load_policies
-from mlaconf.judge.systematic import FORMAT_FLOOR, TEMPERATURE_FLOOR, critical_value, format_check, temperature_check
+from mlaconf.judge.systematic import (
+    BASELINE_NOISE,
+    FORMAT_FLOOR,
+    TEMPERATURE_FLOOR,
+    critical_value,
+    format_check,
+    temperature_check,
+    variant_spread,
+)
 from mlaconf.judge.verdict import judge_output
 
 ALPHA = 0.5e-6  # each test's share of the default false-alarm rate
@@ -94,6 +102,18 @@ def test_the_documented_paths_own_projection_is_legitimate(bf16_golden: GoldenCa
     assert beyond.significant and beyond.estimate == pytest.approx(6e-3, rel=0.1), beyond.text
 
 
+def test_another_emulation_of_the_documented_path_may_land_beyond_its_draw(bf16_golden: GoldenCase) -> None:
+    """The baseline's estimate is one draw of one emulation: the interval reaches as far again beyond it
+    (plus its noise), and no further."""
+    g = bf16_golden
+    baseline = _at_temperature(g, 1 + 2e-3)
+    for factor, decides in ((1 + 3.5e-3, False), (1 + 6e-3, True)):
+        result = temperature_check(_at_temperature(g, factor), g.out, g.row_valid, g.magnitudes, BF16, ALPHA, baseline)
+        assert result.significant == decides, result.text
+    residuals = np.array([[1.0, -1.0], [2.0, 0.0]])
+    assert variant_spread(-2e-3, residuals, 100.0) == pytest.approx(2e-3 + BASELINE_NOISE * math.sqrt(6.0) / 100.0)
+
+
 def test_the_fp16_score_path_may_cast_the_scale(fp16_golden: GoldenCase) -> None:
     """qkScale cast to fp16 is ATB's own path there: inside the legitimate interval, no alarm."""
     g = fp16_golden
@@ -150,3 +170,13 @@ def test_the_default_verdict_carries_both_tests(bf16_golden: GoldenCase, fp16_go
     assert not wrong.passed and failing == ["temperature_z", "temperature_effect"], wrong.summary()
     _, atb_only = judge_output(bf16_golden, _at_temperature(bf16_golden, 1 + 2e-3), policies, "atb", "b")
     assert atb_only.passed and any(c.metric == "temperature_z" for c in atb_only.evidence_over)
+
+
+def test_the_suites_expose_the_rounding_paths_on_long_rows() -> None:
+    """Issue 27: near-tie rows up to 4096 keys (both dtypes, bidirectional and CAUSAL) and large-logit
+    rows long enough to split, where the legitimate paths' roundings are least symmetric."""
+    cases = load_suites(["standard", "edge"])
+    ties = {(c.dtype, c.mask_type == 3) for c in cases if c.distribution == "near_tie" and c.max_kv >= 2048}
+    assert ties == {(d, causal) for d in ("fp16", "bf16") for causal in (False, True)}
+    assert max(c.max_kv for c in cases if c.distribution == "near_tie") == 4096
+    assert {c.dtype for c in cases if c.distribution == "large_logits" and c.max_kv >= 1024} == {"fp16", "bf16"}
