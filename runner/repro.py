@@ -39,7 +39,7 @@ from mlaconf.runner.conformance import CaseResult, run_case
 PARAMS = re.compile(r"^(?P<case>.+?-[0-9a-f]{8})(?:-(?P<backend>.+))?$")
 #: Default wall-clock budget of ``shrink``, in seconds.
 DEFAULT_BUDGET_S = 300.0
-#: The standalone program per backend kind, in mlaconf/runner/repro_templates.
+#: The standalone program per backend kind, in runner/repro_templates.
 TEMPLATES = {
     "torch": "repro_torch.py.tmpl",
     "plugin": "repro_plugin.py.tmpl",

@@ -51,7 +51,7 @@ def test_options_and_their_values_keep_the_suites(
 def test_a_named_file_is_collected_once(tmp_path: Path) -> None:
     """The issue's case: ``-- cases/test_conformance.py`` collected the conformance tests twice."""
     argv = [sys.executable, "-m", "mlaconf", "run", "--backend", "torch-cpu", "-n", "0", "--report-dir", "r"]
-    argv += ["--", "-p", "no:cacheprovider", "--collect-only", "-q", str(REPO / "mlaconf/cases/test_conformance.py")]
+    argv += ["--", "-p", "no:cacheprovider", "--collect-only", "-q", str(REPO / "cases" / "test_conformance.py")]
     done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=200)
     ids = [line for line in done.stdout.splitlines() if "::" in line]
     assert done.returncode == 0 and ids and len(ids) == len(set(ids)), done.stdout[-2000:] + done.stderr[-2000:]
