@@ -20,6 +20,11 @@ THREAD_ENV = (
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one): the thread budget."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def process_alive(pid: object) -> bool:
     """Whether a process of this host with that pid is running (another user's counts as running)."""
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from mlaconf.facts.operator import CACHE_NAMES, MASK_NAMES
-from mlaconf.facts.processes import THREAD_ENV
+from mlaconf.facts.processes import THREAD_ENV, usable_cpus
 from mlaconf.facts.shard import in_shard, parse_shard
 from mlaconf.golden.spec import SUITES_PACKAGE
 from mlaconf.harness import registry
@@ -353,8 +353,7 @@ def share_cpu_threads(config: pytest.Config) -> None:
     workerinput = getattr(config, "workerinput", None)
     if workerinput is None:
         return
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    threads = max(1, cores // int(workerinput.get("workercount", 1)))
+    threads = max(1, usable_cpus() // int(workerinput.get("workercount", 1)))
     for name in THREAD_ENV:  # read by BLAS and torch when they load
         os.environ.setdefault(name, str(threads))
     if "torch" in sys.modules:  # already loaded: tell it directly
