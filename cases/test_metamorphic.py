@@ -32,6 +32,7 @@ from mlaconf.judge.deviations import DeviationSet
 from mlaconf.judge.policy import PolicySet
 from mlaconf.runner.collect import MlaReport
 from mlaconf.runner.execution import execute, make_call
+from mlaconf.runner.identity import policy_name
 from mlaconf.runner.metamorphic import (
     Problems,
     attempt,
@@ -206,7 +207,7 @@ def test_batch_order(
         problems,
         mla_backend,
         mla_policy_set,
-        pytestconfig.getoption("mla_policy"),
+        policy_name(pytestconfig),
         ("original", inputs, mla_meta_spec),
         (f"batch order {order}", new_inputs, new_spec),
         lambda out: out[token_map(mla_meta_spec, order)],
@@ -231,7 +232,7 @@ def test_head_order(
         problems,
         mla_backend,
         mla_policy_set,
-        pytestconfig.getoption("mla_policy"),
+        policy_name(pytestconfig),
         ("original", inputs, mla_meta_spec),
         (f"heads {q_heads.tolist()}", new_inputs, mla_meta_spec),
         lambda out: out[:, q_heads],
@@ -299,7 +300,7 @@ def test_padded_vs_packed(
         problems,
         mla_backend,
         mla_policy_set,
-        pytestconfig.getoption("mla_policy"),
+        policy_name(pytestconfig),
         ("padded", inputs, mla_meta_spec),
         ("packed", packed, packed_spec),
         lambda out: out,
@@ -318,7 +319,7 @@ def test_alone_vs_batch(
     """Tolerance: each sequence run alone (padded S cut to its own length) and within the batch;
     every output passes the policy."""
     problems = Problems("alone vs batch", "tolerance", mla_meta_spec, mla_backend, mla_deviation_set, mla_report)
-    policy = pytestconfig.getoption("mla_policy")
+    policy = policy_name(pytestconfig)
     inputs = generate_inputs(mla_meta_spec)
     base = attempt(problems, lambda: run(mla_backend, inputs, mla_meta_spec), "batch")
     if base is not None:
@@ -379,7 +380,7 @@ def test_chunked_prefill(
         problems,
         mla_backend,
         mla_policy_set,
-        pytestconfig.getoption("mla_policy"),
+        policy_name(pytestconfig),
         ("one prefill", inputs, mla_meta_spec),
         (f"last {last} tokens after a prefix of {list(chunk_spec.kv_seqlen)} - {last}", chunk_inputs, chunk_spec),
         lambda out: out[rows],
@@ -398,7 +399,7 @@ def test_split_queries(
     """Tolerance: each sequence's queries split into two calls, the second with the first's tokens
     as its prefix, give the rows of the one call; all three outputs pass the policy."""
     problems = Problems("split queries", "tolerance", mla_meta_spec, mla_backend, mla_deviation_set, mla_report)
-    policy = pytestconfig.getoption("mla_policy")
+    policy = policy_name(pytestconfig)
     inputs = generate_inputs(mla_meta_spec)
     split = [max(1, min(q - 1, 3 * q // 8 + b)) for b, q in enumerate(mla_meta_spec.q_seqlen)]
     zeros, ends = [0] * mla_meta_spec.batch, list(mla_meta_spec.q_seqlen)

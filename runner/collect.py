@@ -41,10 +41,10 @@ except ImportError:  # not POSIX: the plugin still loads; report-directory claim
 
 from mlaconf.facts.processes import process_alive
 from mlaconf.reports import env, records, safeio
-from mlaconf.reports.records import PROPERTY_NAME, Failure, Record, RecordError, ResultRecord
+from mlaconf.reports.records import PROPERTY_NAME, Failure, Record, RecordError, ResultRecord, make_record
+from mlaconf.runner.identity import BACKEND_LABELS, MLA_PARAMETER, SUITE_OF_MODULE, identity, identity_from_nodeid
 
 if TYPE_CHECKING:
-    from mlaconf.golden.spec import CaseSpec
     from mlaconf.judge.verdict import Outcome
 
 #: Scalar record fields also attached as plain properties, so ``--junitxml`` shows them.
@@ -52,18 +52,6 @@ JUNIT_FIELDS = ("verdict", "worst_slack", "policy", "backend")
 JUNIT_METRICS = ("max_rel_err", "rmse")
 #: user_properties name of a test's identity, sent with its setup report (for crash records).
 IDENTITY_NAME = "mla_identity"
-#: Test modules of the suites -> the record's ``suite``, for the xdist controller only, which knows a
-#: test by its id alone (a test's own process reads its suite marker, :func:`identity`).
-SUITE_OF_MODULE = {
-    "test_conformance": "conformance",
-    "test_error_contract": "error_contract",
-    "test_metamorphic": "metamorphic",
-    "test_properties": "property",
-}
-#: The parameter every MLA test runs under: the backend's selection name (what :func:`is_mla_item` reads).
-MLA_PARAMETER = "mla_backend_name"
-#: Parameters that carry a test's case spec.
-CASE_PARAMS = ("mla_conformance_case", "mla_error_case", "mla_meta_spec")
 #: Where a timeout or exception happened, when a backend method is on the stack.
 BACKEND_METHODS = ("run", "synchronize", "available", "info")
 #: Our rooms, as the second part of a module name (``mlaconf.golden.store``).
@@ -104,8 +92,6 @@ class ReportState:
 
 
 STATE = pytest.StashKey[ReportState]()
-#: Backend selection name -> the instance's ``name`` (filled when a backend is created).
-BACKEND_LABELS: dict[str, str] = {}
 #: A record a test wants attached only if it ends failing (property tests: the last failing
 #: example, which hypothesis replays last, is the shrunk one).
 PENDING = pytest.StashKey[ResultRecord]()
@@ -138,58 +124,6 @@ def is_mla_nodeid(nodeid: str) -> bool:
     """A test of the MLA suites, known by its id only (the xdist controller collects nothing)."""
     module = nodeid.partition("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
     return module in SUITE_OF_MODULE and nodeid.endswith("]")
-
-
-def _spec_fields(spec: CaseSpec) -> dict[str, Any]:
-    return {
-        "case_id": spec.case_id,
-        "case_suite": spec.suite or "",
-        "spec": spec.content(),
-        "dtype": spec.dtype,
-        "mask": spec.mask_name,
-        "cache": spec.cache_name,
-    }
-
-
-def identity(item: pytest.Item) -> dict[str, Any]:
-    """Which suite, test, case or relation and backend an item is (the record's identity fields)."""
-    function = getattr(item, "originalname", item.name)
-    suite = next((s for s in records.SUITES if item.get_closest_marker(s)), records.SUITES[0])
-    params: Mapping[str, Any] = getattr(getattr(item, "callspec", None), "params", {})
-    name = str(params.get(MLA_PARAMETER, "?"))
-    ident: dict[str, Any] = {"suite": suite, "test": item.nodeid, "backend": BACKEND_LABELS.get(name, name)}
-    for param in CASE_PARAMS:
-        spec = params.get(param)
-        if spec is not None and hasattr(spec, "case_id"):
-            ident.update(_spec_fields(spec))
-            break
-    if suite in ("metamorphic", "property"):
-        ident["relation"] = function.removeprefix("test_").replace("_", " ")
-    if suite in ("conformance", "property"):  # judged under the run's policy
-        ident["policy"] = item.config.getoption("mla_policy", None)
-    if not ident.get("case_id") and not ident.get("relation"):
-        ident["case_id"] = getattr(getattr(item, "callspec", None), "id", "") or item.name
-    return ident
-
-
-def identity_from_nodeid(nodeid: str, backends: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """A best guess for a test whose worker died before its setup was reported: the suite from the
-    module, the backend from the end of the parameter id (``backends``: selection name -> label),
-    the case from the rest."""
-    path, _, rest = nodeid.partition("::")
-    module = path.rsplit("/", 1)[-1].removesuffix(".py")
-    function, _, params = rest.partition("[")
-    params = params.removesuffix("]")
-    suite = SUITE_OF_MODULE.get(module, "conformance")
-    backend, case = "?", params
-    for name in sorted(backends or {}, key=len, reverse=True):
-        if params == name or params.endswith(f"-{name}"):
-            backend, case = (backends or {})[name], params[: -len(name)].rstrip("-")
-            break
-    ident: dict[str, Any] = {"suite": suite, "test": nodeid, "backend": backend, "case_id": case or rest}
-    if suite in ("metamorphic", "property"):
-        ident["relation"] = function.removeprefix("test_").replace("_", " ")
-    return ident
 
 
 def outcome_of_report(report: pytest.TestReport) -> str:
@@ -326,7 +260,7 @@ def _from_outcome(
     phase = "" if report.when == "call" else f"{report.when}: "
     if report.when == "teardown":
         ident = dict(ident, test=f"{ident['test']}@teardown")
-    return ResultRecord(verdict=outcome, message=phase + message, failure=failure, **ident)
+    return make_record(ident, verdict=outcome, message=phase + message, failure=failure)
 
 
 def crash_record(
@@ -340,7 +274,7 @@ def crash_record(
     else:
         failure = Failure("crash", "WorkerCrash", text, "")
         message = failure.text()
-    return ResultRecord(verdict="failed", message=message, failure=failure, **ident)
+    return make_record(ident, verdict="failed", message=message, failure=failure)
 
 
 class MlaReport:
@@ -368,8 +302,7 @@ class MlaReport:
     def record(self, **values: Any) -> ResultRecord:
         """A record of the running test: its identity (suite, test, case or relation, backend,
         spec) plus ``values`` (verdict, message, evidence ...), which win."""
-        ident = identity(self._node) if is_mla_item(self._node) else {"test": self._node.nodeid}
-        return ResultRecord.from_dict({"schema_version": records.SCHEMA_VERSION, **ident, **values})
+        return make_record(identity(self._node) if is_mla_item(self._node) else {"test": self._node.nodeid}, **values)
 
     def attach(self, record: ResultRecord | Mapping[str, Any]) -> None:
         """Attach the running test's record (one per test; a later one replaces an earlier one).
@@ -515,7 +448,6 @@ class Collector:
             if name == PROPERTY_NAME:
                 record: Record = json.loads(str(value))
                 record["verdict"] = agreed_verdict(str(record.get("verdict")), outcome)  # pytest's counts
-                record["outcome"] = outcome
                 state.records.append(record)
                 found = True
         if found or report.nodeid in state.selected or report.nodeid in state.identities:
@@ -531,15 +463,15 @@ class Collector:
             )
         elif ident is not None:  # an MLA test whose record got lost on the way: never silently
             failure = Failure("exception", "", _short(str(report.longrepr or "")), "")
-            made = ResultRecord(
+            made = make_record(
+                ident,
                 verdict=outcome,
                 message=failure.text(),
                 failure=failure if outcome in ("failed", "error") else None,
-                **ident,
             )
         else:
             return
-        state.records.append(made.to_dict() | {"outcome": outcome})
+        state.records.append(made.to_dict())
 
     def _backend_labels(self) -> dict[str, str]:
         """Selection name -> record label of the run's backends (as far as the controller knows)."""
@@ -636,8 +568,7 @@ class Collector:
         for nodeid in unrun:
             ident = state.selected[nodeid] or state.identities.get(nodeid) or identity_from_nodeid(nodeid, labels)
             failure = Failure("not_run", "", f"never ran: {why}", "")
-            record = ResultRecord(verdict="error", message=failure.text(), failure=failure, **ident)
-            state.records.append(record.to_dict() | {"outcome": "error"})
+            state.records.append(make_record(ident, verdict="error", message=failure.text(), failure=failure).to_dict())
         state.problems.append(f"{len(unrun)} of {len(state.selected)} selected MLA tests never ran: {why}")
         return status
 

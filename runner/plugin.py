@@ -27,7 +27,6 @@ from mlaconf.harness import registry
 from mlaconf.reports import env
 from mlaconf.runner import hypothesis_profiles
 from mlaconf.runner.collect import (
-    BACKEND_LABELS,
     STATE,
     Collector,
     MlaReport,
@@ -37,6 +36,7 @@ from mlaconf.runner.collect import (
     is_mla_item,
     set_run_info,
 )
+from mlaconf.runner.identity import BACKEND_LABELS, policy_name
 from mlaconf.runner.selection import (
     ALL_SUITES,
     DEFAULT_SUITE,
@@ -289,7 +289,7 @@ def check_front_door(config: pytest.Config) -> None:
         set_run_info(config, "golden_store", str(Path(golden).resolve()))
     else:  # what the golden_store fixture will open (golden.store's rule)
         set_run_info(config, "golden_store", str(Path(os.environ.get("MLA_GOLDEN_DIR") or ".golden").resolve()))
-    policy, tolerances = config.getoption("mla_policy"), config.getoption("mla_tolerances")
+    policy, tolerances = policy_name(config), config.getoption("mla_tolerances")
     if policy != "default" or tolerances:
         from mlaconf.judge.policy import load_policies
 

@@ -108,7 +108,7 @@ def test_schema_1_records_are_read_as_conformance(tmp_path: Path) -> None:
 
 
 def test_a_test_that_crashed_before_its_setup_report_is_still_named() -> None:
-    from mlaconf.runner.collect import identity_from_nodeid
+    from mlaconf.runner.identity import identity_from_nodeid
 
     nodeid = (
         "cases/test_metamorphic.py::test_batch_order[fp16-undefined-krope_ctkv-b3-s64-h4-q3d-packed-33abb953-my.mod:f]"
