@@ -203,7 +203,6 @@ def marker_lines() -> list[str]:
         "metamorphic: invariance tests (batch order, padding, heads, layouts, determinism)",
         "property: hypothesis-driven tests against an on-the-fly float64 golden",
         "error_contract: invalid inputs must be rejected with the documented status",
-        "errors: the error-contract suite",
     ]
     markers += [f"{d}: dtype {d}" for d in ("fp16", "bf16")]
     markers += [f"{name}: maskType {code}" for code, name in MASK_NAMES.items()]
