@@ -109,9 +109,10 @@ def identity_from_nodeid(nodeid: str, backends: Mapping[str, str] | None = None)
     function, _, params = rest.partition("[")
     params = params.removesuffix("]")
     backend, case = "?", params
-    for name in sorted(backends or {}, key=len, reverse=True):
+    by_id = {**{label: label for label in (backends or {}).values()}, **(backends or {})}  # a plug-in's id is its label
+    for name in sorted(by_id, key=len, reverse=True):
         if params == name or params.endswith(f"-{name}"):
-            backend, case = (backends or {})[name], params[: -len(name)].rstrip("-")
+            backend, case = by_id[name], params[: -len(name)].rstrip("-")
             break
     ident = make_identity(
         suite=suite_of([SUITE_OF_MODULE.get(module, "")]), test=nodeid, function=function, backend=backend
