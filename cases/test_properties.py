@@ -28,8 +28,9 @@ from mlaconf.judge.deviations import DeviationSet
 from mlaconf.judge.policy import PolicySet
 from mlaconf.judge.verdict import judge_output, mode_text
 from mlaconf.reports.records import ErrorEvidence
-from mlaconf.runner.collect import MlaReport, failure_of
+from mlaconf.runner.collect import MlaReport
 from mlaconf.runner.execution import execute, make_call, output_digest
+from mlaconf.runner.failures import failure_of
 from mlaconf.runner.identity import policy_name, spec_fields
 
 pytestmark = pytest.mark.property

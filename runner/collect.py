@@ -42,6 +42,7 @@ except ImportError:  # not POSIX: the plugin still loads; report-directory claim
 from mlaconf.facts.processes import process_alive
 from mlaconf.reports import env, records, safeio
 from mlaconf.reports.records import PROPERTY_NAME, Failure, Record, RecordError, ResultRecord, make_record
+from mlaconf.runner.failures import crash_record, failure_of, short_text
 from mlaconf.runner.identity import BACKEND_LABELS, MLA_PARAMETER, SUITE_OF_MODULE, identity, identity_from_nodeid
 
 if TYPE_CHECKING:
@@ -52,15 +53,8 @@ JUNIT_FIELDS = ("verdict", "worst_slack", "policy", "backend")
 JUNIT_METRICS = ("max_rel_err", "rmse")
 #: user_properties name of a test's identity, sent with its setup report (for crash records).
 IDENTITY_NAME = "mla_identity"
-#: Where a timeout or exception happened, when a backend method is on the stack.
-BACKEND_METHODS = ("run", "synchronize", "available", "info")
-#: Our rooms, as the second part of a module name (``mlaconf.golden.store``).
-_FRAMEWORK = ("golden", "harness", "judge", "runner", "native", "facts")
-_MESSAGE_LIMIT = 2000
 #: Said once when a report directory is claimed without fcntl (not POSIX).
 NO_LOCK_NOTE = "no fcntl on this system: concurrent runs claiming one report directory are not serialised"
-#: pytest-timeout's failure message starts with this.
-TIMEOUT_PREFIX = "Timeout (>"
 
 
 @dataclass
@@ -152,53 +146,6 @@ def counts_for_pytest(report: pytest.TestReport) -> bool:
     return report.when == "teardown" and report.failed
 
 
-def _short(text: str) -> str:
-    text = text.strip()
-    return text if len(text) <= _MESSAGE_LIMIT else text[: _MESSAGE_LIMIT - 3] + "..."
-
-
-def _where(excinfo: pytest.ExceptionInfo[BaseException]) -> str:
-    """The backend method on the stack (``backend.run``), else the innermost framework function."""
-    framework = ""
-    for entry in reversed(excinfo.traceback):
-        frame = entry.frame
-        name = frame.code.name
-        owner = frame.f_locals.get("self")
-        if (
-            name in BACKEND_METHODS
-            and owner is not None
-            and all(hasattr(owner, m) for m in ("run", "available", "info"))
-        ):
-            return f"backend.{name}"
-        module = str(frame.f_globals.get("__name__", ""))
-        room = module.split(".")[1] if module.startswith("mlaconf.") else ""
-        if not framework and room in _FRAMEWORK:
-            framework = f"{module}.{name}"
-    return framework
-
-
-def _timeout_seconds(item: pytest.Item, message: str) -> float | None:
-    marker = item.get_closest_marker("timeout")
-    if marker is not None and marker.args:
-        try:
-            return float(marker.args[0])
-        except (TypeError, ValueError):
-            pass
-    digits = message[len(TIMEOUT_PREFIX) :].split("s)", 1)[0]
-    try:
-        return float(digits)
-    except ValueError:
-        return None
-
-
-def failure_of(item: pytest.Item, excinfo: pytest.ExceptionInfo[BaseException]) -> Failure:
-    """An exception that ended a test, as a record's failure (a pytest-timeout failure as a timeout)."""
-    message = str(excinfo.value)
-    if excinfo.typename == "Failed" and message.startswith(TIMEOUT_PREFIX):
-        return Failure("timeout", "Timeout", _short(message), _where(excinfo), _timeout_seconds(item, message))
-    return Failure("exception", excinfo.typename, _short(message), _where(excinfo))
-
-
 def complete_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport) -> None:
     """Give a finished phase of an MLA test its record (run where the test ran, worker or not).
 
@@ -261,20 +208,6 @@ def _from_outcome(
     if report.when == "teardown":
         ident = dict(ident, test=f"{ident['test']}@teardown")
     return make_record(ident, verdict=outcome, message=phase + message, failure=failure)
-
-
-def crash_record(
-    ident: Mapping[str, Any], report: pytest.TestReport, elapsed: float | None, timeout: float | None, method: str
-) -> ResultRecord:
-    """The record of a test whose xdist worker died under it (a thread-method timeout kills it too)."""
-    text = str(report.longrepr or "worker crashed")
-    if timeout and method == "thread" and elapsed is not None and elapsed >= 0.9 * timeout:
-        failure = Failure("timeout", "Timeout", text, "", timeout)
-        message = f"{failure.text()} (pytest-timeout's thread method killed the worker)"
-    else:
-        failure = Failure("crash", "WorkerCrash", text, "")
-        message = failure.text()
-    return make_record(ident, verdict="failed", message=message, failure=failure)
 
 
 class MlaReport:
@@ -462,7 +395,7 @@ class Collector:
                 ident, report, None if seen is None else time.time() - seen, self._timeout(), self._timeout_method()
             )
         elif ident is not None:  # an MLA test whose record got lost on the way: never silently
-            failure = Failure("exception", "", _short(str(report.longrepr or "")), "")
+            failure = Failure("exception", "", short_text(str(report.longrepr or "")), "")
             made = make_record(
                 ident,
                 verdict=outcome,
