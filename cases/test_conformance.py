@@ -14,6 +14,7 @@ from mlaconf.judge.deviations import DeviationSet
 from mlaconf.judge.policy import PolicySet
 from mlaconf.runner.collect import MlaReport
 from mlaconf.runner.conformance import run_case, save_output
+from mlaconf.runner.identity import policy_name
 
 pytestmark = pytest.mark.conformance
 
@@ -32,7 +33,7 @@ def test_conformance(
         golden,
         mla_backend,
         policy_set=mla_policy_set,
-        policy=pytestconfig.getoption("mla_policy"),
+        policy=policy_name(pytestconfig),
         deviations=mla_deviation_set,
         repeats=pytestconfig.getoption("mla_timing_repeats"),
         warmup=pytestconfig.getoption("mla_warmup"),

@@ -20,18 +20,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import numpy as np
 import pytest
 
 from mlaconf.facts.operator import V_DIM
 from mlaconf.golden.inputs import generate_inputs
-from mlaconf.golden.spec import CaseSpec, build_case
+from mlaconf.golden.spec import CaseSpec, SpecError, build_case, read_toml, suites_dir
 from mlaconf.harness.backend import Backend
 from mlaconf.judge.deviations import DeviationSet
 from mlaconf.judge.policy import PolicySet
 from mlaconf.runner.collect import MlaReport
 from mlaconf.runner.execution import execute, make_call
+from mlaconf.runner.identity import policy_name
 from mlaconf.runner.metamorphic import (
     Problems,
     attempt,
@@ -51,130 +53,36 @@ pytestmark = pytest.mark.metamorphic
 
 RERUNS = 5
 
-#: Small representative cases; the relations below pick the ones they apply to.
-SPECS: dict[str, dict[str, object]] = {
-    "fp16-undefined": dict(
-        q_seqlen=[37, 64, 19], head_num=4, dtype="fp16", mask_type=0, q_layout="3d", kv_layout="packed", seed=21
-    ),
-    "bf16-mask_free": dict(
-        q_seqlen=[50, 0, 23, 64], head_num=2, dtype="bf16", mask_type=2, q_layout="2d", kv_layout="packed", seed=22
-    ),
-    "fp16-causal-gqa": dict(
-        q_seqlen=[8, 136],
-        kv_seqlen=[136, 136],
-        head_num=4,
-        kv_head_num=2,
-        dtype="fp16",
-        mask_type=3,
-        q_layout="3d",
-        kv_layout="padded",
-        seed=23,
-    ),
-    "bf16-causal-mqa": dict(
-        q_seqlen=[8, 8],
-        kv_seqlen=[136, 136],
-        head_num=4,
-        kv_head_num=1,
-        dtype="bf16",
-        mask_type=3,
-        q_layout="2d",
-        kv_layout="padded",
-        seed=24,
-    ),
-    "fp16-undefined-ragged-padded": dict(
-        q_seqlen=[37, 64, 0, 19], head_num=2, dtype="fp16", mask_type=0, q_layout="2d", kv_layout="padded", seed=25
-    ),
-    "bf16-mask_free-ragged-padded": dict(
-        q_seqlen=[50, 23, 64], head_num=2, dtype="bf16", mask_type=2, q_layout="3d", kv_layout="padded", seed=26
-    ),
-    "fp16-causal-ragged-padded": dict(
-        q_seqlen=[24, 50],
-        kv_seqlen=[152, 50],
-        head_num=4,
-        kv_head_num=2,
-        dtype="fp16",
-        mask_type=3,
-        kv_layout="padded",
-        seed=27,
-    ),
-    "fp16-causal-full": dict(
-        q_seqlen=[200, 77],
-        head_num=4,
-        kv_head_num=2,
-        dtype="fp16",
-        mask_type=3,
-        q_layout="3d",
-        kv_layout="padded",
-        seed=30,
-    ),
-    "bf16-causal-full": dict(
-        q_seqlen=[150, 260],
-        head_num=2,
-        kv_head_num=1,
-        dtype="bf16",
-        mask_type=3,
-        q_layout="2d",
-        kv_layout="padded",
-        seed=31,
-    ),
-    "fp16-undefined-uniform-padded": dict(
-        q_seqlen=[64, 64], head_num=2, dtype="fp16", mask_type=0, q_layout="3d", kv_layout="padded", seed=28
-    ),
-    "bf16-mask_free-uniform-padded": dict(
-        q_seqlen=[48, 48, 48], head_num=2, dtype="bf16", mask_type=2, q_layout="2d", kv_layout="padded", seed=29
-    ),
-    # long rows for the determinism relation: a race in the P.V pipeline (RingMLA bf16 until ATB 29982f8a7,
-    # docs/real-bugs.md) needs many key blocks to show
-    "fp16-causal-long": dict(
-        q_seqlen=[129],
-        kv_seqlen=[4097],
-        head_num=2,
-        kv_head_num=1,
-        dtype="fp16",
-        mask_type=3,
-        kv_layout="padded",
-        seed=32,
-    ),
-    "bf16-causal-long": dict(
-        q_seqlen=[129],
-        kv_seqlen=[4097],
-        head_num=2,
-        kv_head_num=1,
-        dtype="bf16",
-        mask_type=3,
-        kv_layout="padded",
-        seed=33,
-    ),
-}
 PADDING_EXTRA_ROWS = 37
-CORE = ("fp16-undefined", "bf16-mask_free", "fp16-causal-gqa", "bf16-causal-mqa")
-#: test function -> the SPECS it runs on.
-RELATION_SPECS: dict[str, tuple[str, ...]] = {
-    "test_batch_order": CORE,
-    "test_head_order": CORE,
-    "test_q_layout": CORE,
-    "test_alone_vs_batch": CORE,
-    "test_determinism": (*CORE, "fp16-causal-long", "bf16-causal-long"),
-    "test_padding_contents": (
-        "fp16-undefined-ragged-padded",
-        "bf16-mask_free-ragged-padded",
-        "fp16-causal-ragged-padded",
-    ),
-    "test_padded_vs_packed": ("fp16-undefined-uniform-padded", "bf16-mask_free-uniform-padded"),
-    "test_chunked_prefill": ("fp16-causal-full", "bf16-causal-full", "fp16-causal-ragged-padded"),
-    "test_split_queries": ("fp16-causal-full", "bf16-causal-full", "fp16-causal-gqa"),
-}
+#: The suite's named specs and, per relation (a test function less ``test_``), the specs it runs on.
+CASES_FILE = suites_dir() / "metamorphic.toml"
+
+
+def _cases_error(field_name: str, message: str) -> SpecError:
+    return SpecError(str(CASES_FILE), "<file>", field_name, message)
+
+
+@functools.cache
+def _cases() -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """The named specs and each relation's spec names, read once per process."""
+    document = read_toml(CASES_FILE, _cases_error)
+    specs, relations = document.get("spec", {}), document.get("relations", {})
+    for relation, names in relations.items():
+        unknown = [name for name in names if name not in specs]
+        if unknown:
+            raise _cases_error(f"relations.{relation}", f"names no [spec.*] table: {', '.join(unknown)}")
+    return specs, relations
 
 
 def _spec(name: str, seed: int | None) -> CaseSpec:
-    raw = dict(SPECS[name], suite="metamorphic")
+    raw = dict(_cases()[0][name], suite="metamorphic")
     if seed is not None:
         raw["seed"] = seed
-    return build_case(raw, source=f"{__name__}:{name}")
+    return build_case(raw, source=f"{CASES_FILE}:{name}")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    names = RELATION_SPECS.get(metafunc.function.__name__)
+    names = _cases()[1].get(metafunc.function.__name__.removeprefix("test_"))
     if names is None:
         return
     option = metafunc.config.getoption("mla_seeds")
@@ -206,7 +114,7 @@ def test_batch_order(
         problems,
         mla_backend,
         mla_policy_set,
-        pytestconfig.getoption("mla_policy"),
+        policy_name(pytestconfig),
         ("original", inputs, mla_meta_spec),
         (f"batch order {order}", new_inputs, new_spec),
         lambda out: out[token_map(mla_meta_spec, order)],
@@ -231,7 +139,7 @@ def test_head_order(
         problems,
         mla_backend,
         mla_policy_set,
-        pytestconfig.getoption("mla_policy"),
+        policy_name(pytestconfig),
         ("original", inputs, mla_meta_spec),
         (f"heads {q_heads.tolist()}", new_inputs, mla_meta_spec),
         lambda out: out[:, q_heads],
@@ -299,7 +207,7 @@ def test_padded_vs_packed(
         problems,
         mla_backend,
         mla_policy_set,
-        pytestconfig.getoption("mla_policy"),
+        policy_name(pytestconfig),
         ("padded", inputs, mla_meta_spec),
         ("packed", packed, packed_spec),
         lambda out: out,
@@ -318,7 +226,7 @@ def test_alone_vs_batch(
     """Tolerance: each sequence run alone (padded S cut to its own length) and within the batch;
     every output passes the policy."""
     problems = Problems("alone vs batch", "tolerance", mla_meta_spec, mla_backend, mla_deviation_set, mla_report)
-    policy = pytestconfig.getoption("mla_policy")
+    policy = policy_name(pytestconfig)
     inputs = generate_inputs(mla_meta_spec)
     base = attempt(problems, lambda: run(mla_backend, inputs, mla_meta_spec), "batch")
     if base is not None:
@@ -379,7 +287,7 @@ def test_chunked_prefill(
         problems,
         mla_backend,
         mla_policy_set,
-        pytestconfig.getoption("mla_policy"),
+        policy_name(pytestconfig),
         ("one prefill", inputs, mla_meta_spec),
         (f"last {last} tokens after a prefix of {list(chunk_spec.kv_seqlen)} - {last}", chunk_inputs, chunk_spec),
         lambda out: out[rows],
@@ -398,7 +306,7 @@ def test_split_queries(
     """Tolerance: each sequence's queries split into two calls, the second with the first's tokens
     as its prefix, give the rows of the one call; all three outputs pass the policy."""
     problems = Problems("split queries", "tolerance", mla_meta_spec, mla_backend, mla_deviation_set, mla_report)
-    policy = pytestconfig.getoption("mla_policy")
+    policy = policy_name(pytestconfig)
     inputs = generate_inputs(mla_meta_spec)
     split = [max(1, min(q - 1, 3 * q // 8 + b)) for b, q in enumerate(mla_meta_spec.q_seqlen)]
     zeros, ends = [0] * mla_meta_spec.batch, list(mla_meta_spec.q_seqlen)

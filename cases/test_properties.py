@@ -28,8 +28,10 @@ from mlaconf.judge.deviations import DeviationSet
 from mlaconf.judge.policy import PolicySet
 from mlaconf.judge.verdict import judge_output, mode_text
 from mlaconf.reports.records import ErrorEvidence
-from mlaconf.runner.collect import MlaReport, failure_of
+from mlaconf.runner.collect import MlaReport
 from mlaconf.runner.execution import execute, make_call, output_digest
+from mlaconf.runner.failures import failure_of
+from mlaconf.runner.identity import policy_name, spec_fields
 
 pytestmark = pytest.mark.property
 
@@ -86,17 +88,12 @@ def test_random_case_matches_float64_golden(
     """
     note(f"case as a suite entry:\n{spec.to_toml()}")
     assume(mla_deviation_set.match(mla_backend.name, mla_backend.info().version, spec) is None)
-    policy = pytestconfig.getoption("mla_policy")
+    policy = policy_name(pytestconfig)
     paste = f"\nPaste into a suite to keep it:\n{spec.to_toml()}"
     shrunk = {"spec": spec.content(), "toml": spec.to_toml()}
     evidence: dict[str, Any] = {
-        "case_id": spec.case_id,
+        **spec_fields(spec),
         "case_suite": "property",
-        "spec": spec.content(),
-        "dtype": spec.dtype,
-        "mask": spec.mask_name,
-        "cache": spec.cache_name,
-        "policy": policy,
         "shrunk": shrunk,
         "device": mla_backend.info().device,
     }

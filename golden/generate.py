@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 
+import h5py
 import numpy as np
 
 from mlaconf.facts.versions import package_version
@@ -39,6 +40,7 @@ def provenance() -> dict[str, str]:
         "numpy": np.__version__,
         "ml_dtypes": _version("ml_dtypes"),
         "h5py": _version("h5py"),
+        "hdf5": h5py.version.hdf5_version,
         "platform": platform.platform(),
         "torch": _version("torch"),  # the reference's GEMMs run in torch's BLAS
         "reference_device": os.environ.get(DEVICE_ENV, "cpu"),

@@ -54,7 +54,6 @@ import functools
 import json
 import logging
 import os
-import platform
 import re
 import secrets
 import socket
@@ -159,16 +158,6 @@ def blas_info() -> str:
     except ImportError:
         pass
     return json.dumps(info, sort_keys=True, default=str)
-
-
-def library_versions() -> dict[str, str]:
-    return {
-        "python_version": platform.python_version(),
-        "numpy_version": np.__version__,
-        "h5py_version": h5py.__version__,
-        "hdf5_version": h5py.version.hdf5_version,
-        "ml_dtypes_version": ml_dtypes.__version__,
-    }
 
 
 # -- array encoding ---------------------------------------------------------------------------
@@ -295,7 +284,6 @@ def _write_hdf5(
                 "provenance_json": json.dumps(golden.provenance, sort_keys=True),
                 "checksums_json": json.dumps(checksums, sort_keys=True),
                 "baseline_stats_xxh3_128": stats_digest(dict(golden.baseline_stats)),
-                **library_versions(),
             }
         )
     return checksums

@@ -22,7 +22,9 @@ from mlaconf.golden.spec import CaseSpec, read_toml
 
 DEFAULT_PATH = Path(__file__).resolve().parent / "known_deviations.toml"
 
-Outcome = Literal["error", "fail"]
+#: What a known deviation predicts the backend does: reject the case (error) or answer wrongly (fail);
+#: a test's outcome is :data:`mlaconf.judge.verdict.Outcome`.
+Misbehaviour = Literal["error", "fail"]
 Classification = Literal["expected", "unexpected_pass", "different"]
 
 _PATTERN_SELECTORS = ("dtype", "mask", "kv_layout", "case")
@@ -84,7 +86,7 @@ class Deviation:
     id: str
     backend: str
     versions: str
-    outcome: Outcome
+    outcome: Misbehaviour
     error_status: str | None
     stage: str | None
     status: str

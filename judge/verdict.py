@@ -15,7 +15,7 @@ from mlaconf.golden.types import GoldenCase
 from mlaconf.judge.deviations import Deviation
 from mlaconf.judge.error_model import ModelResult, model_ratio
 from mlaconf.judge.metrics import Metrics, compute_metrics
-from mlaconf.judge.policy import Check, PolicySet, Verdict, VerdictContext
+from mlaconf.judge.policy import Check, Policy, PolicySet, Verdict, VerdictContext
 from mlaconf.judge.systematic import Significance, format_check, temperature_check
 
 #: An error map has at most this many token rows x heads (each cell the largest error it covers).
@@ -35,6 +35,13 @@ def judge_output(
 ) -> tuple[Metrics, Verdict]:
     """Metrics of ``out`` against the golden and the verdict under the resolved policy."""
     spec = golden.spec
+    return judge_resolved(golden, out, policy_set.resolve(policy, backend, spec.dtype, spec.mask_name, spec.case_id))
+
+
+def judge_resolved(golden: GoldenCase, out: np.ndarray, resolved: Policy) -> tuple[Metrics, Verdict]:
+    """:func:`judge_output` under a policy already resolved for the case (a caller that needs the
+    resolved policy again resolves it once)."""
+    spec = golden.spec
     shape = (spec.total_q, spec.head_num, V_DIM)
     if out.size != int(np.prod(shape)):
         raise ValueError(f"{spec.case_id}: backend output has shape {out.shape}, expected {golden.out.shape}")
@@ -42,7 +49,6 @@ def judge_output(
         out.reshape(shape), golden.out.reshape(shape), golden.row_valid, spec.dtype, spec.q_seqlen
     )
     baseline = ErrorStats.from_dict(golden.baseline_stats) if golden.baseline_stats else None
-    resolved = policy_set.resolve(policy, backend, spec.dtype, spec.mask_name, spec.case_id)
     return metrics, resolved.evaluate(metrics, baseline, verdict_context(golden, out))
 
 

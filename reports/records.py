@@ -216,6 +216,12 @@ class ResultRecord:
             raise RecordError(str(exc)) from exc
 
 
+def make_record(ident: Mapping[str, Any], **values: Any) -> ResultRecord:
+    """The one way a record is built: a test's identity fields plus ``values`` (verdict, message,
+    evidence ...), which win; validated as a record read back from results.jsonl would be."""
+    return ResultRecord.from_dict({"schema_version": SCHEMA_VERSION, **ident, **values})
+
+
 #: JSON types of the record fields (null is always allowed and means "absent").
 _TEXT_FIELDS = (
     "suite",

@@ -42,10 +42,11 @@ except ImportError:  # not POSIX: the plugin still loads; report-directory claim
 
 from mlaconf.facts.processes import process_alive
 from mlaconf.reports import env, records, safeio
-from mlaconf.reports.records import PROPERTY_NAME, Failure, Record, RecordError, ResultRecord
+from mlaconf.reports.records import PROPERTY_NAME, Failure, Record, RecordError, ResultRecord, make_record
+from mlaconf.runner.failures import crash_record, failure_of, short_text
+from mlaconf.runner.identity import BACKEND_LABELS, MLA_PARAMETER, identity, identity_from_nodeid
 
 if TYPE_CHECKING:
-    from mlaconf.golden.spec import CaseSpec
     from mlaconf.judge.verdict import Outcome
 
 #: Scalar record fields also attached as plain properties, so ``--junitxml`` shows them.
@@ -53,27 +54,8 @@ JUNIT_FIELDS = ("verdict", "worst_slack", "policy", "backend")
 JUNIT_METRICS = ("max_rel_err", "rmse")
 #: user_properties name of a test's identity, sent with its setup report (for crash records).
 IDENTITY_NAME = "mla_identity"
-#: Test modules of the suites -> the record's ``suite``, for the xdist controller only, which knows a
-#: test by its id alone (a test's own process reads its suite marker, :func:`identity`).
-SUITE_OF_MODULE = {
-    "test_conformance": "conformance",
-    "test_error_contract": "error_contract",
-    "test_metamorphic": "metamorphic",
-    "test_properties": "property",
-}
-#: The parameter every MLA test runs under: the backend's selection name (what :func:`is_mla_item` reads).
-MLA_PARAMETER = "mla_backend_name"
-#: Parameters that carry a test's case spec.
-CASE_PARAMS = ("mla_conformance_case", "mla_error_case", "mla_meta_spec")
-#: Where a timeout or exception happened, when a backend method is on the stack.
-BACKEND_METHODS = ("run", "synchronize", "available", "info")
-#: Our rooms, as the second part of a module name (``mlaconf.golden.store``).
-_FRAMEWORK = ("golden", "harness", "judge", "runner", "native", "facts")
-_MESSAGE_LIMIT = 2000
 #: Said once when a report directory is claimed without fcntl (not POSIX).
 NO_LOCK_NOTE = "no fcntl on this system: concurrent runs claiming one report directory are not serialised"
-#: pytest-timeout's failure message starts with this.
-TIMEOUT_PREFIX = "Timeout (>"
 
 
 @dataclass
@@ -107,8 +89,6 @@ class ReportState:
 
 
 STATE = pytest.StashKey[ReportState]()
-#: Backend selection name -> the instance's ``name`` (filled when a backend is created).
-BACKEND_LABELS: dict[str, str] = {}
 #: A record a test wants attached only if it ends failing (property tests: the last failing
 #: example, which hypothesis replays last, is the shrunk one).
 PENDING = pytest.StashKey[ResultRecord]()
@@ -144,59 +124,6 @@ def is_mla_nodeid(nodeid: str, rootdir: Path) -> bool:
     return (rootdir / nodeid.partition("::")[0]).resolve().parent == suites and nodeid.endswith("]")
 
 
-def _spec_fields(spec: CaseSpec) -> dict[str, Any]:
-    return {
-        "case_id": spec.case_id,
-        "case_suite": spec.suite or "",
-        "spec": spec.content(),
-        "dtype": spec.dtype,
-        "mask": spec.mask_name,
-        "cache": spec.cache_name,
-    }
-
-
-def identity(item: pytest.Item) -> dict[str, Any]:
-    """Which suite, test, case or relation and backend an item is (the record's identity fields)."""
-    function = getattr(item, "originalname", item.name)
-    suite = next((s for s in records.SUITES if item.get_closest_marker(s)), records.SUITES[0])
-    params: Mapping[str, Any] = getattr(getattr(item, "callspec", None), "params", {})
-    name = str(params.get(MLA_PARAMETER, "?"))
-    ident: dict[str, Any] = {"suite": suite, "test": item.nodeid, "backend": BACKEND_LABELS.get(name, name)}
-    for param in CASE_PARAMS:
-        spec = params.get(param)
-        if spec is not None and hasattr(spec, "case_id"):
-            ident.update(_spec_fields(spec))
-            break
-    if suite in ("metamorphic", "property"):
-        ident["relation"] = function.removeprefix("test_").replace("_", " ")
-    if suite in ("conformance", "property"):  # judged under the run's policy
-        ident["policy"] = item.config.getoption("mla_policy", None)
-    if not ident.get("case_id") and not ident.get("relation"):
-        ident["case_id"] = getattr(getattr(item, "callspec", None), "id", "") or item.name
-    return ident
-
-
-def identity_from_nodeid(nodeid: str, backends: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """A best guess for a test whose worker died before its setup was reported: the suite from the
-    module, the backend from the end of the parameter id (``backends``: selection name -> label),
-    the case from the rest."""
-    path, _, rest = nodeid.partition("::")
-    module = path.rsplit("/", 1)[-1].removesuffix(".py")
-    function, _, params = rest.partition("[")
-    params = params.removesuffix("]")
-    suite = SUITE_OF_MODULE.get(module, "conformance")
-    backend, case = "?", params
-    by_id = {**{label: label for label in (backends or {}).values()}, **(backends or {})}  # a plug-in's id is its label
-    for name in sorted(by_id, key=len, reverse=True):
-        if params == name or params.endswith(f"-{name}"):
-            backend, case = by_id[name], params[: -len(name)].rstrip("-")
-            break
-    ident: dict[str, Any] = {"suite": suite, "test": nodeid, "backend": backend, "case_id": case or rest}
-    if suite in ("metamorphic", "property"):
-        ident["relation"] = function.removeprefix("test_").replace("_", " ")
-    return ident
-
-
 def outcome_of_report(report: pytest.TestReport) -> str:
     """pytest's verdict for the phase, in the record vocabulary."""
     if hasattr(report, "wasxfail"):
@@ -221,53 +148,6 @@ def counts_for_pytest(report: pytest.TestReport) -> bool:
     if report.when == "setup":
         return not report.passed
     return report.when == "teardown" and report.failed
-
-
-def _short(text: str) -> str:
-    text = text.strip()
-    return text if len(text) <= _MESSAGE_LIMIT else text[: _MESSAGE_LIMIT - 3] + "..."
-
-
-def _where(excinfo: pytest.ExceptionInfo[BaseException]) -> str:
-    """The backend method on the stack (``backend.run``), else the innermost framework function."""
-    framework = ""
-    for entry in reversed(excinfo.traceback):
-        frame = entry.frame
-        name = frame.code.name
-        owner = frame.f_locals.get("self")
-        if (
-            name in BACKEND_METHODS
-            and owner is not None
-            and all(hasattr(owner, m) for m in ("run", "available", "info"))
-        ):
-            return f"backend.{name}"
-        module = str(frame.f_globals.get("__name__", ""))
-        room = module.split(".")[1] if module.startswith("mlaconf.") else ""
-        if not framework and room in _FRAMEWORK:
-            framework = f"{module}.{name}"
-    return framework
-
-
-def _timeout_seconds(item: pytest.Item, message: str) -> float | None:
-    marker = item.get_closest_marker("timeout")
-    if marker is not None and marker.args:
-        try:
-            return float(marker.args[0])
-        except (TypeError, ValueError):
-            pass
-    digits = message[len(TIMEOUT_PREFIX) :].split("s)", 1)[0]
-    try:
-        return float(digits)
-    except ValueError:
-        return None
-
-
-def failure_of(item: pytest.Item, excinfo: pytest.ExceptionInfo[BaseException]) -> Failure:
-    """An exception that ended a test, as a record's failure (a pytest-timeout failure as a timeout)."""
-    message = str(excinfo.value)
-    if excinfo.typename == "Failed" and message.startswith(TIMEOUT_PREFIX):
-        return Failure("timeout", "Timeout", _short(message), _where(excinfo), _timeout_seconds(item, message))
-    return Failure("exception", excinfo.typename, _short(message), _where(excinfo))
 
 
 def complete_report(item: pytest.Item, call: pytest.CallInfo[None], report: pytest.TestReport) -> None:
@@ -331,21 +211,7 @@ def _from_outcome(
     phase = "" if report.when == "call" else f"{report.when}: "
     if report.when == "teardown":
         ident = dict(ident, test=f"{ident['test']}@teardown")
-    return ResultRecord(verdict=outcome, message=phase + message, failure=failure, **ident)
-
-
-def crash_record(
-    ident: Mapping[str, Any], report: pytest.TestReport, elapsed: float | None, timeout: float | None, method: str
-) -> ResultRecord:
-    """The record of a test whose xdist worker died under it (a thread-method timeout kills it too)."""
-    text = str(report.longrepr or "worker crashed")
-    if timeout and method == "thread" and elapsed is not None and elapsed >= 0.9 * timeout:
-        failure = Failure("timeout", "Timeout", text, "", timeout)
-        message = f"{failure.text()} (pytest-timeout's thread method killed the worker)"
-    else:
-        failure = Failure("crash", "WorkerCrash", text, "")
-        message = failure.text()
-    return ResultRecord(verdict="failed", message=message, failure=failure, **ident)
+    return make_record(ident, verdict=outcome, message=phase + message, failure=failure)
 
 
 class MlaReport:
@@ -373,8 +239,7 @@ class MlaReport:
     def record(self, **values: Any) -> ResultRecord:
         """A record of the running test: its identity (suite, test, case or relation, backend,
         spec) plus ``values`` (verdict, message, evidence ...), which win."""
-        ident = identity(self._node) if is_mla_item(self._node) else {"test": self._node.nodeid}
-        return ResultRecord.from_dict({"schema_version": records.SCHEMA_VERSION, **ident, **values})
+        return make_record(identity(self._node) if is_mla_item(self._node) else {"test": self._node.nodeid}, **values)
 
     def attach(self, record: ResultRecord | Mapping[str, Any]) -> None:
         """Attach the running test's record (one per test; a later one replaces an earlier one).
@@ -525,7 +390,6 @@ class Collector:
             if name == PROPERTY_NAME:
                 record: Record = json.loads(str(value))
                 record["verdict"] = agreed_verdict(str(record.get("verdict")), outcome)  # pytest's counts
-                record["outcome"] = outcome
                 state.records.append(record)
                 found = True
         if found or report.nodeid in state.selected or report.nodeid in state.identities:
@@ -540,16 +404,16 @@ class Collector:
                 ident, report, None if seen is None else time.time() - seen, self._timeout(), self._timeout_method()
             )
         elif ident is not None:  # an MLA test whose record got lost on the way: never silently
-            failure = Failure("exception", "", _short(str(report.longrepr or "")), "")
-            made = ResultRecord(
+            failure = Failure("exception", "", short_text(str(report.longrepr or "")), "")
+            made = make_record(
+                ident,
                 verdict=outcome,
                 message=failure.text(),
                 failure=failure if outcome in ("failed", "error") else None,
-                **ident,
             )
         else:
             return
-        state.records.append(made.to_dict() | {"outcome": outcome})
+        state.records.append(made.to_dict())
 
     def _backend_labels(self) -> dict[str, str]:
         """Selection name -> record label of the run's backends (as far as the controller knows)."""
@@ -660,8 +524,7 @@ class Collector:
         for nodeid in unrun:
             ident = state.selected[nodeid] or state.identities.get(nodeid) or identity_from_nodeid(nodeid, labels)
             failure = Failure("not_run", "", f"never ran: {why}", "")
-            record = ResultRecord(verdict="error", message=failure.text(), failure=failure, **ident)
-            state.records.append(record.to_dict() | {"outcome": "error"})
+            state.records.append(make_record(ident, verdict="error", message=failure.text(), failure=failure).to_dict())
         state.problems.append(f"{len(unrun)} of {len(state.selected)} selected MLA tests never ran: {why}")
         return status
 

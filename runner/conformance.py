@@ -16,8 +16,8 @@ from mlaconf.harness.backend import Backend, BackendError
 from mlaconf.judge import causes
 from mlaconf.judge.deviations import DeviationSet, explaining, release_note
 from mlaconf.judge.policy import PolicySet
-from mlaconf.judge.verdict import Outcome, error_map, judge_output, mode_text, outcome_message, outcome_of
-from mlaconf.reports.records import ErrorEvidence, ResultRecord
+from mlaconf.judge.verdict import Outcome, error_map, judge_resolved, mode_text, outcome_message, outcome_of
+from mlaconf.reports.records import ErrorEvidence, ResultRecord, make_record
 from mlaconf.runner.execution import (
     BackendOutputError,
     Execution,
@@ -27,6 +27,7 @@ from mlaconf.runner.execution import (
     make_call,
     output_digest,
 )
+from mlaconf.runner.identity import make_identity
 
 
 @dataclass(frozen=True)
@@ -90,24 +91,16 @@ def run_case(
         error = exc
     except BackendOutputError as exc:
         wrong_type = str(exc)
-    base: dict[str, Any] = {
-        "suite": "conformance",
-        "test": "",
-        "case_id": spec.case_id,
-        "case_suite": spec.suite or "",
-        "spec": spec.content(),
-        "backend": backend.name,
+    base: dict[str, Any] = make_identity(
+        suite="conformance", test="", function="test_conformance", backend=backend.name, spec=spec, policy=policy
+    ) | {
         "device": info.device,
         "backend_versions": dict(info.versions),
-        "dtype": spec.dtype,
-        "mask": spec.mask_name,
-        "cache": spec.cache_name,
-        "policy": policy,
         "deviation": deviation.id if deviation else None,
     }
     if wrong_type is not None:  # no known deviation excuses a broken interface
         message = outcome_message(subject, "failed", f"interface contract broken: {wrong_type}", None)
-        record = ResultRecord(verdict="failed", failing=(wrong_type,), message=message, **base)
+        record = make_record(base, verdict="failed", failing=(wrong_type,), message=message)
         return CaseResult("failed", message, record, None)
     if execution is None:
         assert error is not None
@@ -116,25 +109,25 @@ def run_case(
         outcome = outcome_of(False, error.status_name, deviation)  # a valid case rejected never conforms
         detail = f"backend raised {error}{release_note(info.version, deviation)}"
         message = outcome_message(subject, outcome, detail, deviation)
-        record = ResultRecord(
+        record = make_record(
+            base,
             verdict=outcome,
             failing=(f"error: {error}",),
             message=message,
             error=ErrorEvidence(observed_status=error.status_name, observed_stage=error.stage),
-            **base,
         )
         return CaseResult(outcome, message, record, None)
     violations = contract_violations(golden, execution.out, digests)
     if violations:  # no known deviation excuses a broken interface
         broken = "interface contract broken: " + "; ".join(violations)
         message = outcome_message(subject, "failed", broken, None)
-        record = ResultRecord(
+        record = make_record(
+            base,
             verdict="failed",
             failing=tuple(violations),
             timing=execution.timing(),
             output_sha256=output_digest(execution.out),
             message=message,
-            **base,
         )
         return CaseResult("failed", message, record, execution.out)
     timing = execution.timing()
@@ -144,9 +137,10 @@ def run_case(
         if disagreeing:  # a race: no known deviation excuses it
             race = f"{disagreeing} of {reruns - 1} reruns differ bitwise from the first call (a race?)"
             message = outcome_message(subject, "failed", race, None)
-            record = ResultRecord(verdict="failed", failing=(race,), timing=timing, message=message, **base)
+            record = make_record(base, verdict="failed", failing=(race,), timing=timing, message=message)
             return CaseResult("failed", message, record, execution.out)
-    metrics, verdict = judge_output(golden, execution.out, policy_set, policy, backend.name)
+    resolved = policy_set.resolve(policy, backend.name, spec.dtype, spec.mask_name, spec.case_id)
+    metrics, verdict = judge_resolved(golden, execution.out, resolved)
     deviation = explaining(candidates, verdict.passed, None)
     base["deviation"] = deviation.id if deviation else None
     outcome = outcome_of(verdict.passed, None, deviation)
@@ -158,12 +152,12 @@ def run_case(
     message = outcome_message(subject, outcome, detail, deviation)
     emap = None
     if outcome == "failed":  # only failing records carry a map: records stay small
-        resolved = policy_set.resolve(policy, backend.name, spec.dtype, spec.mask_name, spec.case_id)
         model = None
         if "model" in resolved.params:
             model = (resolved.param("model", "false_alarm", spec.dtype), resolved.param("model", "safety", spec.dtype))
         emap = error_map(golden, execution.out, verdict.worst_check(), model)
-    record = ResultRecord(
+    record = make_record(
+        base,
         verdict=outcome,
         checks=tuple(c.to_dict() for c in verdict.checks),
         worst_slack=float(verdict.worst_slack),
@@ -175,7 +169,6 @@ def run_case(
         message=message,
         error_map=emap,
         likely_cause=cause.to_dict() if cause else None,
-        **base,
     )
     return CaseResult(outcome, message, record, execution.out)
 

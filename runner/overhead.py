@@ -75,7 +75,7 @@ def measure(specs: list[CaseSpec], backend_name: str, repeats: int, store: Golde
     restores = [
         _wrap(conformance, "input_digests", timer_ref, "digests"),
         _wrap(conformance, "make_call", timer_ref, "call"),
-        _wrap(conformance, "judge_output", timer_ref, "metrics+verdict"),
+        _wrap(conformance, "judge_resolved", timer_ref, "metrics+verdict"),
         _wrap(conformance, "output_digest", timer_ref, "record"),
         _wrap(execution, "to_numpy", timer_ref, "call"),
     ]

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from mlaconf.facts.operator import CACHE_NAMES, MASK_NAMES
-from mlaconf.facts.processes import THREAD_ENV
+from mlaconf.facts.processes import THREAD_ENV, usable_cpus
 from mlaconf.facts.shard import in_shard, parse_shard
 from mlaconf.golden.spec import SUITES_PACKAGE
 from mlaconf.harness import registry
@@ -29,7 +29,6 @@ from mlaconf.reports.records import RUN_FILE, write_json
 from mlaconf.reports.safeio import ReportFileError
 from mlaconf.runner import hypothesis_profiles
 from mlaconf.runner.collect import (
-    BACKEND_LABELS,
     STATE,
     Collector,
     MlaReport,
@@ -39,6 +38,7 @@ from mlaconf.runner.collect import (
     is_mla_item,
     set_run_info,
 )
+from mlaconf.runner.identity import BACKEND_LABELS, policy_name
 from mlaconf.runner.selection import (
     ALL_SUITES,
     DEFAULT_SUITE,
@@ -227,7 +227,6 @@ def marker_lines() -> list[str]:
         "metamorphic: invariance tests (batch order, padding, heads, layouts, determinism)",
         "property: hypothesis-driven tests against an on-the-fly float64 golden",
         "error_contract: invalid inputs must be rejected with the documented status",
-        "errors: the error-contract suite",
     ]
     markers += [f"{d}: dtype {d}" for d in ("fp16", "bf16")]
     markers += [f"{name}: maskType {code}" for code, name in MASK_NAMES.items()]
@@ -313,7 +312,7 @@ def check_front_door(config: pytest.Config) -> None:
         set_run_info(config, "golden_store", str(Path(golden).resolve()))
     else:  # what the golden_store fixture will open (golden.store's rule)
         set_run_info(config, "golden_store", str(Path(os.environ.get("MLA_GOLDEN_DIR") or ".golden").resolve()))
-    policy, tolerances = config.getoption("mla_policy"), config.getoption("mla_tolerances")
+    policy, tolerances = policy_name(config), config.getoption("mla_tolerances")
     if policy != "default" or tolerances:
         from mlaconf.judge.policy import load_policies
 
@@ -398,8 +397,7 @@ def share_cpu_threads(config: pytest.Config) -> None:
     workerinput = getattr(config, "workerinput", None)
     if workerinput is None:
         return
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    threads = max(1, cores // int(workerinput.get("workercount", 1)))
+    threads = max(1, usable_cpus() // int(workerinput.get("workercount", 1)))
     for name in THREAD_ENV:  # read by BLAS and torch when they load
         os.environ.setdefault(name, str(threads))
     if "torch" in sys.modules:  # already loaded: tell it directly

@@ -45,8 +45,8 @@ from mlaconf.reports.records import (
     RESULTS_FILE,
     RUN_FILE,
     Failure,
-    ResultRecord,
     RunState,
+    make_record,
     sort_records,
     write_json,
     write_results,
@@ -162,17 +162,16 @@ def collect_shard(plugin_args: Sequence[str], shard: str) -> list[str]:
 def not_run_records(nodeids: Sequence[str], shard: str, why: str) -> list[dict[str, Any]]:
     """A record per test of a lost shard, as the plugin records a test that never ran: in the
     report's counts, and the run fails."""
-    from mlaconf.runner.collect import BACKEND_LABELS, identity_from_nodeid
+    from mlaconf.runner.identity import BACKEND_LABELS, identity_from_nodeid
 
     labels = {name: BACKEND_LABELS.get(name, name) for name in registry.BUILTIN}
     failure = Failure("not_run", "", f"never ran: shard {shard} was lost on the Ray cluster ({why})", "")
-    out = []
-    for nodeid in nodeids:
-        record = ResultRecord(
-            verdict="error", message=failure.text(), failure=failure, **identity_from_nodeid(nodeid, labels)
-        )
-        out.append(record.to_dict() | {"outcome": "error"})
-    return out
+    return [
+        make_record(
+            identity_from_nodeid(nodeid, labels), verdict="error", message=failure.text(), failure=failure
+        ).to_dict()
+        for nodeid in nodeids
+    ]
 
 
 def plugin_arguments(args: argparse.Namespace) -> list[str]:

@@ -188,7 +188,7 @@ def test_error_map_of_other_deciding_rules(golden: GoldenCase, check: Check, sca
 def test_a_framework_failure_names_the_function_it_came_from() -> None:
     """A failure's ``where``: the innermost function of ours on the stack, by its installed name."""
     from mlaconf.golden.spec import SpecError, build_case
-    from mlaconf.runner.collect import _where
+    from mlaconf.runner.failures import _where
 
     with pytest.raises(SpecError) as excinfo:
         build_case({"q_seqlen": [4], "head_num": 0}, source="test")

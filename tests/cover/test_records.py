@@ -108,7 +108,7 @@ def test_schema_1_records_are_read_as_conformance(tmp_path: Path) -> None:
 
 
 def test_a_test_that_crashed_before_its_setup_report_is_still_named() -> None:
-    from mlaconf.runner.collect import identity_from_nodeid
+    from mlaconf.runner.identity import identity_from_nodeid
 
     nodeid = (
         "cases/test_metamorphic.py::test_batch_order[fp16-undefined-krope_ctkv-b3-s64-h4-q3d-packed-33abb953-my.mod:f]"
@@ -122,3 +122,31 @@ def test_a_test_that_crashed_before_its_setup_report_is_still_named() -> None:
         "case_id": "fp16-undefined-krope_ctkv-b3-s64-h4-q3d-packed-33abb953",
     }
     assert identity_from_nodeid("cases/test_conformance.py::test_conformance[c1-x]")["backend"] == "?"
+
+
+def test_one_builder_validates_every_record_it_makes() -> None:
+    from mlaconf.reports.records import make_record
+
+    ident = {"suite": "error_contract", "test": "t", "backend": "atb", "case_id": "c"}
+    failure = Failure("not_run", "", "never ran", "")
+    record = make_record(ident, verdict="error", message=failure.text(), failure=failure)
+    assert record.suite == "error_contract" and record.failure == failure
+    assert "outcome" not in record.to_dict()  # one outcome key in results.jsonl: verdict
+    assert make_record(ident, verdict="failed", case_id="d").case_id == "d"  # values win over the identity
+    with pytest.raises(RecordError, match="'suite'"):
+        make_record(dict(ident, suite="errors"), verdict="error")  # a case suite is no record suite
+    with pytest.raises(RecordError, match="'verdict'"):
+        make_record(ident, verdict="outcome")
+
+
+def test_the_suite_comes_from_the_markers_by_one_rule() -> None:
+    from mlaconf.runner.identity import SUITE_OF_MODULE, make_identity, suite_of
+
+    assert suite_of(["smoke", "fp16", "error_contract", "errors"]) == "error_contract"
+    assert suite_of(["property", "metamorphic"]) == "metamorphic"  # the first in records.SUITES order
+    assert suite_of([]) == "conformance"
+    assert {suite_of([marker]) for marker in SUITE_OF_MODULE.values()} == set(SUITE_OF_MODULE.values())
+    ident = make_identity(suite="property", test="t", function="test_tolerance_any_case", backend="b", policy="p")
+    assert ident == {"suite": "property", "test": "t", "backend": "b", "relation": "tolerance any case", "policy": "p"}
+    plain = make_identity(suite="error_contract", test="t", function="f", backend="b", case_id="c", policy="p")
+    assert plain == {"suite": "error_contract", "test": "t", "backend": "b", "case_id": "c"}  # not judged by a policy

@@ -141,8 +141,10 @@ def test_file_schema_and_attributes(store: GoldenStore) -> None:
     assert CaseSpec.from_json(attrs["spec_json"]).content_hash == BF16.content_hash
     assert attrs["content_hash"] == BF16.content_hash and attrs["case_id"] == BF16.case_id
     assert attrs["generator_version"] == GENERATOR_VERSION and attrs["seed"] == BF16.seed
-    assert attrs["numpy_version"] == np.__version__ and attrs["h5py_version"] == h5py.__version__
-    assert attrs["ml_dtypes_version"] == ml_dtypes.__version__ and attrs["python_version"]
+    versions = json.loads(attrs["provenance_json"])  # the one list of library versions in the file
+    assert versions["numpy"] == np.__version__ and versions["h5py"] == h5py.__version__
+    assert versions["ml_dtypes"] == ml_dtypes.__version__ and versions["python"] and versions["hdf5"]
+    assert not any(key.endswith("_version") and key != "generator_version" for key in attrs if key != "schema_version")
     assert isinstance(json.loads(attrs["blas"]), dict) and attrs["created_utc"].endswith("Z")
     assert not list(store.root.glob("*.tmp")) and not list(store.root.glob(".*.tmp"))
 

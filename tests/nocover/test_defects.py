@@ -219,7 +219,7 @@ def _failed_slack_by_dtype_mask(run: Run) -> dict[tuple[str, str], float]:
     largest: dict[tuple[str, str], float] = {}
     for line in (run.report / "results.jsonl").read_text().splitlines():
         record = json.loads(line) if line.strip() else {}
-        if record.get("outcome") == "failed" and record.get("worst_slack") is not None:
+        if record.get("verdict") == "failed" and record.get("worst_slack") is not None:
             key = (record["dtype"], record["mask"])
             largest[key] = max(largest.get(key, 0.0), float(record["worst_slack"]))
     return largest

@@ -1,0 +1,81 @@
+"""How a test that did not reach a verdict failed: an exception, a timeout or a crashed worker, as
+a record's :class:`mlaconf.reports.records.Failure` (where it happened, how long it ran)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from mlaconf.reports.records import Failure, ResultRecord, make_record
+
+#: Where a timeout or exception happened, when a backend method is on the stack.
+BACKEND_METHODS = ("run", "synchronize", "available", "info")
+#: Our rooms, as the second part of a module name (``mlaconf.golden.store``).
+_FRAMEWORK = ("golden", "harness", "judge", "runner", "native", "facts")
+_MESSAGE_LIMIT = 2000
+#: pytest-timeout's failure message starts with this.
+TIMEOUT_PREFIX = "Timeout (>"
+
+
+def short_text(text: str) -> str:
+    """A failure text cut to what a record keeps."""
+    text = text.strip()
+    return text if len(text) <= _MESSAGE_LIMIT else text[: _MESSAGE_LIMIT - 3] + "..."
+
+
+def _where(excinfo: pytest.ExceptionInfo[BaseException]) -> str:
+    """The backend method on the stack (``backend.run``), else the innermost framework function."""
+    framework = ""
+    for entry in reversed(excinfo.traceback):
+        frame = entry.frame
+        name = frame.code.name
+        owner = frame.f_locals.get("self")
+        if (
+            name in BACKEND_METHODS
+            and owner is not None
+            and all(hasattr(owner, m) for m in ("run", "available", "info"))
+        ):
+            return f"backend.{name}"
+        module = str(frame.f_globals.get("__name__", ""))
+        room = module.split(".")[1] if module.startswith("mlaconf.") else ""
+        if not framework and room in _FRAMEWORK:
+            framework = f"{module}.{name}"
+    return framework
+
+
+def _timeout_seconds(item: pytest.Item, message: str) -> float | None:
+    marker = item.get_closest_marker("timeout")
+    if marker is not None and marker.args:
+        try:
+            return float(marker.args[0])
+        except (TypeError, ValueError):
+            pass
+    digits = message[len(TIMEOUT_PREFIX) :].split("s)", 1)[0]
+    try:
+        return float(digits)
+    except ValueError:
+        return None
+
+
+def failure_of(item: pytest.Item, excinfo: pytest.ExceptionInfo[BaseException]) -> Failure:
+    """An exception that ended a test, as a record's failure (a pytest-timeout failure as a timeout)."""
+    message = str(excinfo.value)
+    if excinfo.typename == "Failed" and message.startswith(TIMEOUT_PREFIX):
+        return Failure("timeout", "Timeout", short_text(message), _where(excinfo), _timeout_seconds(item, message))
+    return Failure("exception", excinfo.typename, short_text(message), _where(excinfo))
+
+
+def crash_record(
+    ident: Mapping[str, Any], report: pytest.TestReport, elapsed: float | None, timeout: float | None, method: str
+) -> ResultRecord:
+    """The record of a test whose xdist worker died under it (a thread-method timeout kills it too)."""
+    text = str(report.longrepr or "worker crashed")
+    if timeout and method == "thread" and elapsed is not None and elapsed >= 0.9 * timeout:
+        failure = Failure("timeout", "Timeout", text, "", timeout)
+        message = f"{failure.text()} (pytest-timeout's thread method killed the worker)"
+    else:
+        failure = Failure("crash", "WorkerCrash", text, "")
+        message = failure.text()
+    return make_record(ident, verdict="failed", message=message, failure=failure)

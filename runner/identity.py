@@ -1,0 +1,121 @@
+"""Which test a record is about: its suite, test, case or relation and backend, built in one place.
+
+A test's own process (an xdist worker or not) reads its suite marker and parameters
+(:func:`identity`); the xdist controller, which knows a test that never reported its setup by its
+id alone, reads the same fields from the id (:func:`identity_from_nodeid`).  Both end in
+:func:`make_identity`, so a record's identity fields have one author.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from mlaconf.reports.records import SUITES
+
+if TYPE_CHECKING:
+    from mlaconf.golden.spec import CaseSpec
+
+#: Test modules of the suites -> their suite marker, for the xdist controller only, which knows a test
+#: by its id alone (a test's own process reads the marker itself, :func:`identity`).
+SUITE_OF_MODULE = {
+    "test_conformance": "conformance",
+    "test_error_contract": "error_contract",
+    "test_metamorphic": "metamorphic",
+    "test_properties": "property",
+}
+#: The parameter every MLA test runs under: the backend's selection name.
+MLA_PARAMETER = "mla_backend_name"
+#: Parameters that carry a test's case spec.
+CASE_PARAMS = ("mla_conformance_case", "mla_error_case", "mla_meta_spec")
+#: Backend selection name -> the instance's ``name`` (filled when a backend is created).
+BACKEND_LABELS: dict[str, str] = {}
+#: Suites whose tests are named after the relation they check.
+RELATION_SUITES = ("metamorphic", "property")
+#: Suites judged under the run's tolerance policy.
+POLICY_SUITES = ("conformance", "property")
+
+
+def policy_name(config: pytest.Config) -> str:
+    """The run's tolerance policy (``--mla-policy``): the one place its name is read."""
+    return str(config.getoption("mla_policy", None) or "default")
+
+
+def suite_of(markers: Iterable[str]) -> str:
+    """A test's suite from its marker names (the first suite marker; conformance without one)."""
+    names = set(markers)
+    return next((suite for suite in SUITES if suite in names), SUITES[0])
+
+
+def spec_fields(spec: CaseSpec) -> dict[str, Any]:
+    """A case's identity fields in a record."""
+    return {
+        "case_id": spec.case_id,
+        "case_suite": spec.suite or "",
+        "spec": spec.content(),
+        "dtype": spec.dtype,
+        "mask": spec.mask_name,
+        "cache": spec.cache_name,
+    }
+
+
+def make_identity(
+    *,
+    suite: str,
+    test: str,
+    function: str,
+    backend: str,
+    spec: CaseSpec | None = None,
+    case_id: str = "",
+    policy: str | None = None,
+) -> dict[str, Any]:
+    """A record's identity fields: the one function that writes them (see the module docstring)."""
+    ident: dict[str, Any] = {"suite": suite, "test": test, "backend": backend}
+    if spec is not None:
+        ident.update(spec_fields(spec))
+    if suite in RELATION_SUITES:
+        ident["relation"] = function.removeprefix("test_").replace("_", " ")
+    if suite in POLICY_SUITES and policy is not None:
+        ident["policy"] = policy
+    if case_id and not ident.get("case_id") and not ident.get("relation"):
+        ident["case_id"] = case_id
+    return ident
+
+
+def identity(item: pytest.Item) -> dict[str, Any]:
+    """Which suite, test, case or relation and backend an item is, from its markers and parameters."""
+    params: Mapping[str, Any] = getattr(getattr(item, "callspec", None), "params", {})
+    name = str(params.get(MLA_PARAMETER, "?"))
+    spec = next((params[p] for p in CASE_PARAMS if hasattr(params.get(p), "case_id")), None)
+    return make_identity(
+        suite=suite_of(marker.name for marker in item.iter_markers()),
+        test=item.nodeid,
+        function=getattr(item, "originalname", item.name),
+        backend=BACKEND_LABELS.get(name, name),
+        spec=spec,
+        case_id=getattr(getattr(item, "callspec", None), "id", "") or item.name,
+        policy=policy_name(item.config),
+    )
+
+
+def identity_from_nodeid(nodeid: str, backends: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A best guess for a test whose worker died before its setup was reported: the suite marker of
+    its module, the backend from the end of the parameter id (``backends``: selection name ->
+    label), the case from the rest."""
+    path, _, rest = nodeid.partition("::")
+    module = path.rsplit("/", 1)[-1].removesuffix(".py")
+    function, _, params = rest.partition("[")
+    params = params.removesuffix("]")
+    backend, case = "?", params
+    by_id = {**{label: label for label in (backends or {}).values()}, **(backends or {})}  # a plug-in's id is its label
+    for name in sorted(by_id, key=len, reverse=True):
+        if params == name or params.endswith(f"-{name}"):
+            backend, case = by_id[name], params[: -len(name)].rstrip("-")
+            break
+    ident = make_identity(
+        suite=suite_of([SUITE_OF_MODULE.get(module, "")]), test=nodeid, function=function, backend=backend
+    )
+    ident.setdefault("case_id", case or rest)  # the id's case part, beside a relation too: a guess needs both
+    return ident
