@@ -152,7 +152,7 @@ def test_show_finds_by_prefix_and_hash(capsys: pytest.CaptureFixture[str], suite
         assert f"case: {spec.case_id}" in text and "checksums ok" in text
         assert "inputs/k           bf16     [1, 9, 256]" in text
         assert "row_valid: 4 of 4 rows" in text and "max_abs_err = " in text
-        assert "generator_version = " in text and "numpy_version = " in text
+        assert "generator_version = " in text and "builder.numpy = " in text and "builder.hdf5 = " in text
     assert run(capsys, "show", "fp16", "--out", out)[0] == 2  # ambiguous
     assert run(capsys, "show", "nothing-like-this", "--out", out)[0] == 2
 
