@@ -7,7 +7,6 @@ values into every field and asserts that whatever a verb does, it never raises."
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import subprocess
@@ -22,24 +21,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mlaconf.reports import cli, safeio
-from tests.runs import write_run_dir
+from tests.runs import record, write_run_dir
 
 REPO = Path(__file__).resolve().parents[2]
 VERBS = ("diff", "merge", "html")
 
 
 def rec(case: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "schema_version": 2,
-        "suite": "conformance",
-        "test": f"t[{case}]",
-        "case_id": case,
-        "backend": "cpu",
-        "verdict": "passed",
-        "worst_slack": 0.25,
-        "output_sha256": hashlib.sha256(case.encode()).hexdigest(),
-        "timing": {"latency_ms_median": 1.5, "repeats": 2, "latencies_ms": [1.5, 1.5]},
-    } | extra
+    return record(case, timing={"latency_ms_median": 1.5, "repeats": 2, "latencies_ms": [1.5, 1.5]}, **extra)
 
 
 def mlaconf(*argv: str) -> int:
@@ -189,34 +178,31 @@ def one_error_line(err: str, *fragments: str) -> None:
     assert all(f in lines[0] for f in fragments), (fragments, lines[0])
 
 
+DAMAGES = [
+    (name, file)
+    for file, table in (("run.json", RUN_DAMAGES), ("results.jsonl", RESULT_DAMAGES))
+    for name in sorted(table)
+]
+
+
 @pytest.mark.parametrize("allow_incomplete", [False, True], ids=["strict", "allow-incomplete"])
 @pytest.mark.parametrize("verb", VERBS)
-@pytest.mark.parametrize("damage", sorted(RUN_DAMAGES), ids=str)
-def test_every_run_json_damage_is_one_line_in_every_verb(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str, verb: str, allow_incomplete: bool
+@pytest.mark.parametrize(("damage", "damaged_file"), DAMAGES, ids=[f"{file}:{name}" for name, file in DAMAGES])
+def test_every_damage_is_one_line_in_every_verb(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    damage: str,
+    damaged_file: str,
+    verb: str,
+    allow_incomplete: bool,
 ) -> None:
     good, bad = pair(tmp_path)
-    apply, fragment = RUN_DAMAGES[damage]
+    apply, fragment = (RUN_DAMAGES if damaged_file == "run.json" else RESULT_DAMAGES)[damage]
     apply(bad)
     extra = ["--allow-incomplete"] if allow_incomplete else []
     assert mlaconf("report", *verb_argv(verb, good, bad, tmp_path / "out"), *extra) == 2
-    one_error_line(capsys.readouterr().err, str(bad / "run.json"), fragment)
+    one_error_line(capsys.readouterr().err, str(bad / damaged_file), fragment)
     assert not (tmp_path / "out").exists() and not (bad / "report.html").exists()  # nothing written
-
-
-@pytest.mark.parametrize("allow_incomplete", [False, True], ids=["strict", "allow-incomplete"])
-@pytest.mark.parametrize("verb", VERBS)
-@pytest.mark.parametrize("damage", sorted(RESULT_DAMAGES), ids=str)
-def test_every_results_damage_is_one_line_in_every_verb(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str, verb: str, allow_incomplete: bool
-) -> None:
-    good, bad = pair(tmp_path)
-    apply, fragment = RESULT_DAMAGES[damage]
-    apply(bad)
-    extra = ["--allow-incomplete"] if allow_incomplete else []
-    assert mlaconf("report", *verb_argv(verb, good, bad, tmp_path / "out"), *extra) == 2
-    one_error_line(capsys.readouterr().err, str(bad / "results.jsonl"), fragment)
-    assert not (tmp_path / "out").exists() and not (bad / "report.html").exists()
 
 
 @pytest.mark.parametrize("allow_incomplete", [False, True], ids=["strict", "allow-incomplete"])
