@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from mlaconf.reports import diff, diff_render, html, merge
-from mlaconf.reports.records import RESULTS_FILE, IncompleteRun, load_run_dir, sort_records
+from mlaconf.reports.records import sort_records
+from mlaconf.reports.rundir import RESULTS_FILE, IncompleteRun, load_run_dir
 
 ALLOW_INCOMPLETE_HELP = (
     "use runs that are in progress, interrupted, crashed, from before run statuses, or whose counts "

@@ -44,24 +44,19 @@ from typing import Any
 
 from mlaconf.facts.versions import release_unknown_line
 from mlaconf.reports import html
+from mlaconf.reports.aggregate import fmt, fmt_slack, number, slack, verdict
 from mlaconf.reports.records import (
     EVIDENCE_KEYS,
     PASSING,
     Record,
-    RunState,
     evidence,
     evidence_sha256,
     failure_text,
-    fmt,
-    fmt_slack,
-    load_run_dir,
-    number,
     record_id,
     record_key,
-    slack,
     upgrade,
-    verdict,
 )
+from mlaconf.reports.rundir import RunState, load_run_dir
 
 #: Fewest timed calls per side before latencies are compared at all: with n calls a side the
 #: smallest one-sided p is 1 / C(2n, n) (5.4e-6 at n = 10), so a slowdown can stay significant

@@ -15,6 +15,7 @@ from html import escape
 from pathlib import Path
 
 from mlaconf.reports import html, safeio, svg
+from mlaconf.reports.aggregate import fmt, fmt_slack
 from mlaconf.reports.diff import (
     ALPHA,
     CATEGORIES,
@@ -27,7 +28,6 @@ from mlaconf.reports.diff import (
     DiffResult,
     Gate,
 )
-from mlaconf.reports.records import fmt, fmt_slack
 
 #: Pairs of a class shown in the page's table before the rest collapse under "N more".
 ROWS_SHOWN = 10

@@ -16,12 +16,9 @@ from typing import Any
 
 from mlaconf.facts.versions import release_unknown_line
 from mlaconf.reports import safeio, svg
-from mlaconf.reports.records import (
-    HTML_FILE,
-    VERDICTS,
+from mlaconf.reports.aggregate import (
     GroupKey,
     GroupStats,
-    Record,
     case_records,
     failing_summary,
     fmt,
@@ -35,6 +32,8 @@ from mlaconf.reports.records import (
     verdict,
     worst_cases,
 )
+from mlaconf.reports.records import VERDICTS, Record
+from mlaconf.reports.rundir import HTML_FILE
 
 CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em;color:#222;max-width:100%}

@@ -12,21 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from mlaconf.reports import html, safeio
-from mlaconf.reports.records import (
-    RESULTS_FILE,
-    RUN_FILE,
-    VERDICTS,
-    Record,
-    RunState,
-    dumps,
-    load_run_dir,
-    record_key,
-    sort_records,
-    verdict,
-    without_volatile,
-    write_json,
-    write_results,
-)
+from mlaconf.reports.aggregate import verdict
+from mlaconf.reports.records import VERDICTS, Record, dumps, record_key, sort_records, without_volatile
+from mlaconf.reports.rundir import RESULTS_FILE, RUN_FILE, RunState, load_run_dir, write_json, write_results
 
 
 @dataclass

@@ -11,21 +11,20 @@ The fields one by one: docs/reports.md, "The record schema" (that table's one ho
 
 Keys a record does not know are kept as they are (:attr:`ResultRecord.extra`), so the suites can
 add information without a schema change; a field's meaning never changes without a new
-``schema_version``."""
+``schema_version``.
+
+This module is the schema alone (fields, validation, upgrade, identity, evidence); the run
+directory's files are :mod:`mlaconf.reports.rundir`, the numbers the tables show
+:mod:`mlaconf.reports.aggregate`."""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
-import math
-import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
-from mlaconf.reports import safeio
 from mlaconf.reports.values import value_problem
 
 Record = dict[str, Any]
@@ -43,10 +42,6 @@ PASSING = frozenset({"passed", "xpassed"})
 FAILURE_KINDS = ("exception", "crash", "timeout", "not_run")
 #: Keys that depend on the machine's speed, never on the computation.
 VOLATILE_KEYS = ("timing",)
-
-RESULTS_FILE = "results.jsonl"
-RUN_FILE = "run.json"
-HTML_FILE = "report.html"
 
 #: user_properties name under which a record travels from xdist workers to the controller.
 PROPERTY_NAME = "mla_result"
@@ -259,7 +254,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _type_name(value: Any) -> str:
+def json_type_name(value: Any) -> str:
     names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
     return names.get(type(value), "a number")
 
@@ -269,32 +264,36 @@ def validate_types(data: Mapping[str, Any]) -> None:
     belongs, an array where an object belongs ...)."""
     for name in _TEXT_FIELDS:
         if data.get(name) is not None and not isinstance(data[name], str):
-            raise RecordError(f"record field {name!r}: expected a string, got {_type_name(data[name])}")
+            raise RecordError(f"record field {name!r}: expected a string, got {json_type_name(data[name])}")
     for name in _OBJECT_FIELDS:
         value = data.get(name)
         if value is not None and not isinstance(value, Mapping | ErrorEvidence | RelationEvidence | Failure):
-            raise RecordError(f"record field {name!r}: expected an object, got {_type_name(data[name])}")
+            raise RecordError(f"record field {name!r}: expected an object, got {json_type_name(data[name])}")
     for name in _LIST_FIELDS:
         if data.get(name) is not None and not isinstance(data[name], list | tuple):
-            raise RecordError(f"record field {name!r}: expected an array, got {_type_name(data[name])}")
+            raise RecordError(f"record field {name!r}: expected an array, got {json_type_name(data[name])}")
     if data.get("worst_slack") is not None and not _is_number(data["worst_slack"]):
-        raise RecordError(f"record field 'worst_slack': expected a number, got {_type_name(data['worst_slack'])}")
+        raise RecordError(f"record field 'worst_slack': expected a number, got {json_type_name(data['worst_slack'])}")
     for n, check in enumerate(data.get("checks") or ()):
         if not isinstance(check, Mapping):
-            raise RecordError(f"record field 'checks[{n}]': expected an object, got {_type_name(check)}")
+            raise RecordError(f"record field 'checks[{n}]': expected an object, got {json_type_name(check)}")
         for key in ("value", "bound", "slack"):
             if check.get(key) is not None and not _is_number(check[key]):
-                raise RecordError(f"record field 'checks[{n}].{key}': expected a number, got {_type_name(check[key])}")
+                raise RecordError(
+                    f"record field 'checks[{n}].{key}': expected a number, got {json_type_name(check[key])}"
+                )
         for key in ("passed", "decisive"):
             if check.get(key) is not None and not isinstance(check[key], bool):
-                raise RecordError(f"record field 'checks[{n}].{key}': expected a boolean, got {_type_name(check[key])}")
+                raise RecordError(
+                    f"record field 'checks[{n}].{key}': expected a boolean, got {json_type_name(check[key])}"
+                )
     for name, value in (data.get("metrics") or {}).items():
         if isinstance(value, Mapping | list):
-            raise RecordError(f"record field 'metrics.{name}': expected a number, got {_type_name(value)}")
+            raise RecordError(f"record field 'metrics.{name}': expected a number, got {json_type_name(value)}")
     for name, value in (data.get("timing") or {}).items():
         numbers = value if name == "latencies_ms" and isinstance(value, list) else [value]
         if not all(v is None or _is_number(v) for v in numbers):
-            raise RecordError(f"record field 'timing.{name}': expected numbers, got {_type_name(value)}")
+            raise RecordError(f"record field 'timing.{name}': expected numbers, got {json_type_name(value)}")
     if problem := value_problem(data):
         raise RecordError(problem)
 
@@ -404,258 +403,6 @@ def evidence_sha256(record: Mapping[str, Any]) -> str:
     return hashlib.sha256(dumps(evidence(record)).encode()).hexdigest()
 
 
-def write_results(path: Path, records: Iterable[Record]) -> None:
-    """Write sorted records as JSON lines, atomically (:func:`safeio.atomic_write`)."""
-    safeio.atomic_write(path, "".join(dumps(r) + "\n" for r in sort_records(records)))
-
-
-def read_results(path: Path) -> list[Record]:
-    """Read a results.jsonl (any known schema version, upgraded to the current one).  A malformed
-    line (not JSON, too deep, a duplicate key, a field of the wrong type, an unknown schema
-    version) or a record repeated on two lines raises ValueError naming the file and line."""
-    records: list[Record] = []
-    first_line: dict[tuple[str, str], int] = {}
-    for lineno, line in enumerate(safeio.read_text(path).splitlines(), 1):
-        if not line.strip():
-            continue
-        value = safeio.loads(line, f"{path}:{lineno}")
-        if not isinstance(value, dict):
-            raise ValueError(f"{path}:{lineno}: a record must be a JSON object, got {_type_name(value)}")
-        try:
-            record = ResultRecord.from_dict(value).to_dict()
-        except RecordError as exc:
-            raise ValueError(f"{path}:{lineno}: {exc}") from exc
-        key = record_key(record)
-        if key in first_line and not str(record.get("test", "")).endswith("@teardown"):
-            raise ValueError(
-                f"{path}:{lineno}: duplicate record of {key[0]} [{key[1]}] (first on line {first_line[key]})"
-            )
-        first_line.setdefault(key, lineno)
-        records.append(record)
-    return records
-
-
-def write_json(path: Path, value: Any) -> None:
-    """Pretty JSON, atomically."""
-    safeio.atomic_write(path, json.dumps(value, indent=2, sort_keys=True, default=str) + "\n")
-
-
-# ---- run.json: the run's status and counts -------------------------------------------------------
-
-#: ``run.json["status"]``: written ``in_progress`` before the first test, then one of the others.
-RUN_STATUSES = (
-    "in_progress",
-    "complete",
-    "interrupted",
-    "crashed",
-    "timed_out",
-    "no_tests",
-    "usage_error",
-    "collection_error",
-    "internal_error",
-)
-#: Statuses a report verb accepts without ``--allow-incomplete``.
-FINISHED = "complete"
-
-
-class IncompleteRun(ValueError):
-    """A run directory that must not be diffed, merged or rendered as if it were complete."""
-
-
-@dataclass(frozen=True)
-class RunCounts:
-    """How many tests the run selected (after -k/-m/--deselect), ran, and recorded (lines of
-    results.jsonl, one per test outcome pytest counts, incl. tests that never ran)."""
-
-    selected: int
-    run: int
-    recorded: int
-
-    def __post_init__(self) -> None:
-        for name in ("selected", "run", "recorded"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise RecordError(f"'counts.{name}': expected a count (an integer >= 0), got {value!r}")
-        if self.run > self.selected:
-            raise RecordError(f"'counts': {self.run} tests ran but only {self.selected} were selected")
-
-
-@dataclass(frozen=True)
-class RunState:
-    """The part of run.json that says whether the run finished: ``status`` (:data:`RUN_STATUSES`)
-    and ``counts``.  The run side writes ``RunState(...).to_dict()`` into run.json (before the
-    first test with ``in_progress``, at the end with the final status); readers build it with
-    :meth:`from_run` and ask :meth:`problem`."""
-
-    status: str
-    counts: RunCounts
-
-    def __post_init__(self) -> None:
-        if self.status not in RUN_STATUSES:
-            raise RecordError(f"'status': {self.status!r} is not one of {', '.join(RUN_STATUSES)}")
-
-    @classmethod
-    def build(cls, status: str, *, selected: int, run: int, recorded: int) -> RunState:
-        """Validated state for the writer (raises RecordError on a bad status or counts)."""
-        return cls(status, RunCounts(selected, run, recorded))
-
-    def to_dict(self) -> dict[str, Any]:
-        """The run.json keys: ``{"status": ..., "counts": {"selected", "run", "recorded"}}``."""
-        return {"status": self.status, "counts": dataclasses.asdict(self.counts)}
-
-    @classmethod
-    def from_run(cls, run: Mapping[str, Any]) -> RunState:
-        """Read status and counts from a run.json; raises RecordError saying what is missing or wrong."""
-        if "status" not in run:
-            raise RecordError(
-                "has no 'status' (written by an mlaconf from before run statuses, or not by a run at all)"
-            )
-        counts = run.get("counts")
-        if not isinstance(counts, Mapping) or not all(k in counts for k in ("selected", "run", "recorded")):
-            raise RecordError("'counts' must be an object with 'selected', 'run' and 'recorded'")
-        status = run["status"]
-        if not isinstance(status, str):
-            raise RecordError(f"'status': expected a string, got {status!r}")
-        return cls(status, RunCounts(counts["selected"], counts["run"], counts["recorded"]))
-
-    def problem(self, records: int) -> str | None:
-        """Why this run is not a complete one whose results.jsonl holds ``records`` records, or None."""
-        c = self.counts
-        if self.status == "in_progress":
-            return f"is still in progress, or was killed (ran {c.run} of {c.selected} tests so far)"
-        if self.status == "no_tests":
-            return "selected no test (no_tests): it tested nothing"
-        if self.status != FINISHED:
-            return f"was {self.status} after {c.run} of {c.selected} selected tests"
-        if c.recorded != records:
-            return f"says {c.recorded} records but results.jsonl holds {records}"
-        return None
-
-    @property
-    def short(self) -> int:
-        """Selected tests that never ran (0 for a run that ran everything)."""
-        return self.counts.selected - self.counts.run
-
-
-#: run.json's top-level fields a reader relies on, and the JSON type each must have.
-RUN_FIELD_TYPES: dict[str, type] = {
-    "run_id": str,
-    "run_name": str,
-    "environment": dict,
-    "problems": list,
-    "backends": list,
-    "policies": list,
-    "devices_seen": list,
-    "args": list,
-    "shards": list,
-    "verdicts": dict,
-    "counts_by_suite": dict,
-    "records": int,
-}
-
-
-def _check_run_fields(path: Path, value: Mapping[str, Any]) -> None:
-    """Malformed, not incomplete: a field of the wrong type, problems that are not strings, or a
-    status/counts that are present but wrong (no flag admits these)."""
-    for name, kind in RUN_FIELD_TYPES.items():
-        item = value.get(name)
-        if item is not None and (not isinstance(item, kind) or isinstance(item, bool)):
-            raise ValueError(f"{path}: {name!r}: expected {_json_kind(kind)}, got {_type_name(item)}")
-    if not all(isinstance(p, str) for p in value.get("problems") or []):
-        raise ValueError(f"{path}: 'problems': expected an array of strings")
-    if "status" in value:
-        try:
-            RunState.from_run(value)
-        except RecordError as exc:
-            raise ValueError(f"{path}: {exc}") from exc
-
-
-def _json_kind(kind: type) -> str:
-    return {str: "a string", dict: "an object", list: "an array", int: "an integer"}.get(kind, kind.__name__)
-
-
-def read_run(directory: Path, *, required: bool = False) -> dict[str, Any]:
-    """run.json of a report directory, validated as an object with a known schema version and
-    fields of their types; {} when absent and not ``required``."""
-    path = directory / RUN_FILE
-    if not path.exists() and not path.is_symlink():
-        if required:
-            raise IncompleteRun(f"{path}: missing; is {directory} a run directory?")
-        return {}
-    value = safeio.loads(safeio.read_text(path), str(path))
-    if not isinstance(value, dict):
-        raise ValueError(
-            f"{path}: run.json must be a JSON object, got {'null' if value is None else _type_name(value)}"
-        )
-    version = value.get("schema_version")
-    if version is not None and (
-        not isinstance(version, int) or isinstance(version, bool) or version not in KNOWN_SCHEMAS
-    ):
-        raise ValueError(
-            f"{path}: 'schema_version' {version!r} is not a known version ({', '.join(map(str, KNOWN_SCHEMAS))})"
-        )
-    _check_run_fields(path, value)
-    return value
-
-
-def run_state(directory: Path, run: Mapping[str, Any]) -> RunState:
-    """The run's :class:`RunState`; an old or malformed run.json raises IncompleteRun naming it."""
-    try:
-        return RunState.from_run(run)
-    except RecordError as exc:
-        raise IncompleteRun(f"{directory / RUN_FILE}: {exc}") from exc
-
-
-def check_complete(directory: Path, run: Mapping[str, Any], records: int) -> RunState:
-    """The run's state, or IncompleteRun (one line naming run.json) for a run in progress,
-    interrupted, crashed, old (no status) or inconsistent with its results.jsonl."""
-    state = run_state(directory, run)
-    problem = state.problem(records)
-    if problem:
-        raise IncompleteRun(f"{directory / RUN_FILE}: the run {problem}")
-    return state
-
-
-def load_run_dir(
-    directory: Path, *, allow_incomplete: bool = False
-) -> tuple[list[Record], dict[str, Any], RunState | None]:
-    """A run directory's records, run.json and state.  Unless ``allow_incomplete``, a run that is
-    not complete and consistent raises IncompleteRun; with it, the state is None when run.json
-    cannot say (missing, old)."""
-    records = read_results(directory / RESULTS_FILE)
-    run = read_run(directory, required=not allow_incomplete)
-    if not allow_incomplete:
-        return records, run, check_complete(directory, run, len(records))
-    try:
-        return records, run, run_state(directory, run)
-    except IncompleteRun:
-        return records, run, None
-
-
-def number(value: Any) -> float | None:
-    """A finite-or-not float from a record field, None when absent or not numeric."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value)
-
-
-def metric(record: Mapping[str, Any], name: str) -> float | None:
-    """``record['metrics'][name]`` as a float, tolerant of missing pieces."""
-    metrics = record.get("metrics")
-    return number(metrics.get(name)) if isinstance(metrics, Mapping) else None
-
-
-def slack(record: Mapping[str, Any]) -> float | None:
-    """Worst slack (measured / allowed; > 1 fails).  NaN counts as infinitely bad."""
-    value = number(record.get("worst_slack"))
-    return math.inf if value is not None and math.isnan(value) else value
-
-
-def verdict(record: Mapping[str, Any]) -> str:
-    value = str(record.get("verdict", "error"))
-    return value if value in VERDICTS else "error"
-
-
 def failure_text(record: Mapping[str, Any]) -> str:
     """The record's failure outside the verdict path in a few words, or ``""``."""
     failure = record.get("failure")
@@ -665,120 +412,3 @@ def failure_text(record: Mapping[str, Any]) -> str:
         return _sub(Failure, failure, "failure").text()  # type: ignore[no-any-return]
     except RecordError:
         return str(failure)
-
-
-def failing_summary(record: Mapping[str, Any]) -> str:
-    """The failing metric(s) in a few words, else the check closest to its bound."""
-    if text := failure_text(record):
-        return text
-    failing = record.get("failing")
-    if isinstance(failing, list) and failing:
-        return ", ".join(str(f) for f in failing)
-    checks = [c for c in record.get("checks") or [] if isinstance(c, Mapping) and c.get("decisive", True)]
-    if checks:  # evidence-only checks (decisive false) never stand for the verdict
-        worst = max(checks, key=lambda c: number(c.get("slack")) or -math.inf)
-        return f"{worst.get('rule', '?')}:{worst.get('metric', '?')}"
-    return str(record.get("message") or "")
-
-
-GroupKey = tuple[str, str, str, str]
-GROUP_FIELDS = ("backend", "dtype", "mask", "cache")
-
-
-def group_key(record: Mapping[str, Any]) -> GroupKey:
-    b, d, m, c = (str(record.get(name, "?")) for name in GROUP_FIELDS)
-    return b, d, m, c
-
-
-def finite(values: Iterable[float | None]) -> list[float]:
-    return [v for v in values if v is not None and math.isfinite(v)]
-
-
-def worst(values: Iterable[float | None]) -> float | None:
-    """Largest value where NaN/Inf dominate (a NaN error is the worst possible)."""
-    present = [math.inf if math.isnan(v) else v for v in values if v is not None]
-    return max(present) if present else None
-
-
-@dataclass
-class GroupStats:
-    """Aggregates of one backend x dtype x mask x cache group."""
-
-    key: GroupKey
-    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(VERDICTS, 0))
-    worst_slack: float | None = None
-    max_rel_err: float | None = None
-    median_rmse: float | None = None
-    median_latency_ms: float | None = None
-    median_tflops: float | None = None
-    records: list[Record] = field(default_factory=list)
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-
-def timing_value(record: Mapping[str, Any], name: str) -> float | None:
-    timing = record.get("timing")
-    return number(timing.get(name)) if isinstance(timing, Mapping) else None
-
-
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
-
-
-def group_stats(records: Iterable[Record]) -> list[GroupStats]:
-    """Per-group counts and error aggregates, sorted by group key."""
-    groups: dict[GroupKey, GroupStats] = {}
-    for record in records:
-        key = group_key(record)
-        stats = groups.setdefault(key, GroupStats(key))
-        stats.counts[verdict(record)] += 1
-        stats.records.append(record)
-    for stats in groups.values():
-        rs = stats.records
-        stats.worst_slack = worst(slack(r) for r in rs if verdict(r) != "skipped")
-        stats.max_rel_err = worst(metric(r, "max_rel_err") for r in rs)
-        stats.median_rmse = _median(finite(metric(r, "rmse") for r in rs))
-        stats.median_latency_ms = _median(finite(timing_value(r, "latency_ms_median") for r in rs))
-        stats.median_tflops = _median(finite(timing_value(r, "tflops") for r in rs))
-    return [groups[k] for k in sorted(groups)]
-
-
-def case_records(records: Iterable[Record]) -> list[Record]:
-    """The conformance records (what the backend x dtype x mask x cache tables are about)."""
-    return [r for r in records if str(r.get("suite") or "conformance") not in SUITES[1:]]
-
-
-def suite_counts(records: Iterable[Record]) -> list[tuple[str, str, dict[str, int]]]:
-    """Verdict counts per suite and backend, in :data:`SUITES` order."""
-    counts: dict[tuple[str, str], dict[str, int]] = {}
-    for record in records:
-        suite = str(record.get("suite") or "conformance")
-        key = (suite, str(record.get("backend", "?")))
-        counts.setdefault(key, dict.fromkeys(VERDICTS, 0))[verdict(record)] += 1
-    order = {name: i for i, name in enumerate(SUITES)}
-    return [(s, b, c) for (s, b), c in sorted(counts.items(), key=lambda kv: (order.get(kv[0][0], 9), kv[0]))]
-
-
-def worst_cases(records: Iterable[Record], count: int = 10) -> list[Record]:
-    """The ``count`` measured records with the largest worst_slack (skipped ones never rank)."""
-    ranked = [r for r in records if slack(r) is not None and verdict(r) != "skipped"]
-    ranked.sort(key=lambda r: (-(slack(r) or 0.0), record_key(r)))
-    return ranked[:count]
-
-
-def fmt_slack(value: float | None) -> str:
-    """Slack with fixed decimals (1.000 is the bound) unless it is huge."""
-    return fmt(value, ".3f" if value is not None and abs(value) < 1000 else ".2e")
-
-
-def fmt(value: float | None, spec: str = ".3g") -> str:
-    """Number for a table cell; '-' when absent."""
-    if value is None:
-        return "-"
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return format(value, spec)

@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from mlaconf.facts.versions import release_unknown_line
-from mlaconf.reports.records import (
+from mlaconf.reports.aggregate import (
     GROUP_FIELDS,
-    Record,
     case_records,
     failing_summary,
     fmt,
@@ -31,6 +30,7 @@ from mlaconf.reports.records import (
     verdict,
     worst_cases,
 )
+from mlaconf.reports.records import Record
 
 Markup = dict[str, bool]
 Cell = tuple[str, Markup]

@@ -41,7 +41,7 @@ except ImportError:  # not POSIX: the plugin still loads; report-directory claim
     fcntl = None  # type: ignore[assignment]
 
 from mlaconf.facts.processes import process_alive
-from mlaconf.reports import env, records, safeio
+from mlaconf.reports import aggregate, env, records, rundir, safeio
 from mlaconf.reports.records import PROPERTY_NAME, Failure, Record, RecordError, ResultRecord, make_record
 from mlaconf.runner.failures import crash_record, failure_of, short_text
 from mlaconf.runner.identity import BACKEND_LABELS, MLA_PARAMETER, identity, identity_from_nodeid
@@ -316,8 +316,8 @@ class Collector:
                 moved = f"{moved}; {NO_LOCK_NOTE}" if moved else NO_LOCK_NOTE
             safeio.safe_dir(state.report_dir)
             text = json.dumps(self.run_document(None, "in_progress"), indent=2, sort_keys=True, default=str)
-            safeio.create_exclusive(state.report_dir / records.RUN_FILE, text + "\n")
-            safeio.create_exclusive(state.report_dir / records.RESULTS_FILE, "")
+            safeio.create_exclusive(state.report_dir / rundir.RUN_FILE, text + "\n")
+            safeio.create_exclusive(state.report_dir / rundir.RESULTS_FILE, "")
         except (OSError, safeio.ReportFileError) as exc:
             raise pytest.UsageError(f"report directory {state.report_dir}: {exc}") from None
         finally:
@@ -487,8 +487,8 @@ class Collector:
         try:
             safeio.safe_dir(state.report_dir)
             run = self.run_document(time.time(), status)
-            records.write_results(state.report_dir / records.RESULTS_FILE, ordered)
-            records.write_json(state.report_dir / records.RUN_FILE, run)
+            rundir.write_results(state.report_dir / rundir.RESULTS_FILE, ordered)
+            rundir.write_json(state.report_dir / rundir.RUN_FILE, run)
             html.write_report(state.report_dir, ordered, run)
         except (OSError, safeio.ReportFileError) as exc:  # a planted link, a full disk: say so, fail the run
             state.problems.append(f"the report could not be written: {exc}")
@@ -542,21 +542,21 @@ class Collector:
         """run.json: the lead's run info, then run facts, status and the environment (these win);
         ``finished`` is None while the run is in progress."""
         state, config = self.state, self.config
-        run_state = records.RunState.build(
+        run_state = rundir.RunState.build(
             status, selected=len(state.selected.keys() | state.ran), run=len(state.ran), recorded=len(state.records)
         )
         counts = dict.fromkeys(records.VERDICTS, 0)
         suites: dict[str, dict[str, int]] = {}
         for record in state.records:
-            counts[records.verdict(record)] += 1
+            counts[aggregate.verdict(record)] += 1
             per_suite = suites.setdefault(str(record.get("suite", "?")), dict.fromkeys(records.VERDICTS, 0))
-            per_suite[records.verdict(record)] += 1
+            per_suite[aggregate.verdict(record)] += 1
         doc: dict[str, Any] = dict(state.run_info)
         if "backends" not in doc:  # none named (auto): what ran, and whether anything could run on it
             seen: dict[str, bool] = {}
             for record in state.records:
                 label = str(record.get("backend"))
-                seen[label] = seen.get(label, False) or records.verdict(record) != "skipped"
+                seen[label] = seen.get(label, False) or aggregate.verdict(record) != "skipped"
             doc["backends"] = [
                 {"name": label, "label": label, "explicit": False, "ran": ran} for label, ran in sorted(seen.items())
             ]
@@ -590,11 +590,11 @@ def _earlier_run(directory: Path) -> dict[str, Any]:
     """What run.json says of the run before this one; a file the readers refuse (an older schema, a
     damaged field) is still read for its liveness, so a live run is never moved aside."""
     try:
-        return records.read_run(directory)
+        return rundir.read_run(directory)
     except (records.RecordError, safeio.ReportFileError, ValueError):
         pass
     try:
-        raw = safeio.loads(safeio.read_text(directory / records.RUN_FILE), str(directory / records.RUN_FILE))
+        raw = safeio.loads(safeio.read_text(directory / rundir.RUN_FILE), str(directory / rundir.RUN_FILE))
     except (safeio.ReportFileError, ValueError, OSError):
         return {}
     return raw if isinstance(raw, dict) else {}

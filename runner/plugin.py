@@ -25,7 +25,7 @@ from mlaconf.facts.shard import in_shard, parse_shard
 from mlaconf.golden.spec import SUITES_PACKAGE
 from mlaconf.harness import registry
 from mlaconf.reports import env
-from mlaconf.reports.records import RUN_FILE, write_json
+from mlaconf.reports.rundir import RUN_FILE, write_json
 from mlaconf.reports.safeio import ReportFileError
 from mlaconf.runner import hypothesis_profiles
 from mlaconf.runner.collect import (

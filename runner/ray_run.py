@@ -41,16 +41,8 @@ from mlaconf.golden.spec import SUITES_PACKAGE
 from mlaconf.golden.store import DEFAULT_DIR_NAME, ENV_DIR
 from mlaconf.harness import registry
 from mlaconf.reports import merge, safeio, summary
-from mlaconf.reports.records import (
-    RESULTS_FILE,
-    RUN_FILE,
-    Failure,
-    RunState,
-    make_record,
-    sort_records,
-    write_json,
-    write_results,
-)
+from mlaconf.reports.records import Failure, make_record, sort_records
+from mlaconf.reports.rundir import RESULTS_FILE, RUN_FILE, RunState, write_json, write_results
 from mlaconf.runner.command import pytest_command
 
 #: Ray retries of a shard whose worker, node or pytest process died.

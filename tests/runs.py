@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mlaconf.reports.records import RunState, write_json, write_results
+from mlaconf.reports.rundir import RunState, write_json, write_results
 
 
 def record(case: str, **fields: Any) -> dict[str, Any]:

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from mlaconf.reports import cli, diff
-from mlaconf.reports.records import ResultRecord, read_results
+from mlaconf.reports.records import ResultRecord
+from mlaconf.reports.rundir import read_results
 from tests.runs import write_run_dir
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from mlaconf.reports.aggregate import failing_summary
 from mlaconf.reports.records import (
     SCHEMA_VERSION,
     ErrorEvidence,
@@ -14,11 +15,9 @@ from mlaconf.reports.records import (
     RecordError,
     RelationEvidence,
     ResultRecord,
-    failing_summary,
-    read_results,
     record_key,
-    write_results,
 )
+from mlaconf.reports.rundir import read_results, write_results
 
 
 def test_round_trip_keeps_every_field_and_unknown_keys() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from mlaconf.reports import cli, diff, diff_render
-from mlaconf.reports.records import write_json, write_results
+from mlaconf.reports.rundir import write_json, write_results
 
 
 def rec(

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from mlaconf.reports import cli, html
-from mlaconf.reports.records import read_results, write_json, write_results
+from mlaconf.reports.rundir import read_results, write_json, write_results
 from mlaconf.reports.safeio import ReportFileError, atomic_write
 from tests.runs import write_run_dir
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from mlaconf.reports import cli, html, summary, svg
-from mlaconf.reports.records import group_stats
+from mlaconf.reports.aggregate import group_stats
 from tests.runs import write_run_dir
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from mlaconf.reports import cli
-from mlaconf.reports.records import read_results, without_volatile
+from mlaconf.reports.records import without_volatile
+from mlaconf.reports.rundir import read_results
 
 pytest_plugins = ["pytester"]
 

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from mlaconf.reports import cli, diff
-from mlaconf.reports.records import RecordError, RunState
+from mlaconf.reports.records import RecordError
+from mlaconf.reports.rundir import RunState
 from tests.runs import write_run_dir
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from mlaconf.reports.records import ResultRecord, read_results
+from mlaconf.reports.records import ResultRecord
+from mlaconf.reports.rundir import read_results
 
 pytestmark = pytest.mark.slow
 

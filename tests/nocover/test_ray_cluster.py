@@ -33,7 +33,8 @@ from mlaconf.golden.spec import CaseSpec, load_suite
 from mlaconf.golden.store import GoldenStore, read_meta
 from mlaconf.golden.types import GoldenCase
 from mlaconf.reports.diff import diff_dirs
-from mlaconf.reports.records import read_results, without_volatile
+from mlaconf.reports.records import without_volatile
+from mlaconf.reports.rundir import read_results
 
 ray = pytest.importorskip("ray", reason="needs the optional 'ray' extra: pip install '.[ray]'")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from mlaconf.reports.records import read_results
+from mlaconf.reports.rundir import read_results
 
 pytestmark = pytest.mark.slow
 

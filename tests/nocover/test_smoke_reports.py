@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from mlaconf.golden.spec import load_suites
-from mlaconf.reports.records import read_results, without_volatile
+from mlaconf.reports.records import without_volatile
+from mlaconf.reports.rundir import read_results
 
 pytestmark = pytest.mark.slow
 
