@@ -27,7 +27,9 @@ import pytest
 
 from mlaconf.facts.operator import V_DIM
 from mlaconf.golden.inputs import generate_inputs
-from mlaconf.golden.spec import CaseSpec, SpecError, build_case, read_toml, suites_dir
+from mlaconf.golden.spec import CaseSpec, SpecError
+from mlaconf.golden.spec_build import build_case
+from mlaconf.golden.suites import read_toml, suites_dir
 from mlaconf.harness.backend import Backend
 from mlaconf.judge.deviations import DeviationSet
 from mlaconf.judge.policy import PolicySet

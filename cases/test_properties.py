@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 
 from mlaconf.facts.operator import DEFAULT_QK_SCALE, DTYPES, KV_LAYOUTS, Q_LAYOUTS
 from mlaconf.golden.generate import build_golden
-from mlaconf.golden.spec import DISTRIBUTIONS, CaseSpec, build_case
+from mlaconf.golden.spec import DISTRIBUTIONS, CaseSpec
+from mlaconf.golden.spec_build import build_case
 from mlaconf.harness.backend import Backend, BackendError
 from mlaconf.judge.deviations import DeviationSet
 from mlaconf.judge.policy import PolicySet

@@ -23,7 +23,8 @@ import numpy as np
 from mlaconf.golden.bench_limits import build_work, limit_report, measure_rates
 from mlaconf.golden.inputs import generate_inputs
 from mlaconf.golden.reference import DEFAULT_TILE, blas_threads, effective_scale, reference_attention
-from mlaconf.golden.spec import CaseSpec, build_case
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.spec_build import build_case
 
 #: The benchmark's cases: name -> spec fields (one batch, 16 heads, bf16 inputs).
 CASES: dict[str, dict[str, Any]] = {

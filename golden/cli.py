@@ -23,8 +23,9 @@ from mlaconf.golden import cost
 from mlaconf.golden import regen as rg
 from mlaconf.golden.layout import out_shape
 from mlaconf.golden.progress import flops_text
-from mlaconf.golden.spec import CaseSpec, SpecError, available_suites, load_suite, suite_path
+from mlaconf.golden.spec import CaseSpec, SpecError
 from mlaconf.golden.store import FileMeta, GoldenStore, GoldenStoreError, read_golden, read_meta
+from mlaconf.golden.suites import available_suites, load_suite, suite_path
 
 
 def shard_argument(text: str) -> tuple[int, int]:

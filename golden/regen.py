@@ -34,8 +34,9 @@ from mlaconf.facts.shard import in_shard
 from mlaconf.golden import progress as work_progress
 from mlaconf.golden.magnitudes import CANCELLING_MAGNITUDES, cancellation_noise
 from mlaconf.golden.progress import CaseWork, Progress
-from mlaconf.golden.spec import CaseSpec, load_suite, load_suites
+from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.store import Builder, GoldenStore, GoldenStoreError, read_golden, read_meta
+from mlaconf.golden.suites import load_suite, load_suites
 from mlaconf.golden.types import GoldenCase
 
 DEFAULT_BUILDER = "mlaconf.golden.generate:build_golden"

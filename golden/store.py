@@ -73,6 +73,7 @@ from filelock import FileLock
 from mlaconf.golden.layout import out_shape
 from mlaconf.golden.magnitudes import ROW_MAGNITUDES, magnitude_names
 from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.spec_build import spec_from_json
 from mlaconf.golden.types import INPUT_NAMES, GoldenCase, OpInputs
 
 #: 4: whole-file integrity header, error-model magnitudes, bf16 as uint16 bit patterns (2: none of them);
@@ -451,7 +452,7 @@ class FileMeta:
         return str(self.attrs.get("generator_version", ""))
 
     def spec(self) -> CaseSpec:
-        return CaseSpec.from_json(str(self.attrs["spec_json"]))
+        return spec_from_json(str(self.attrs["spec_json"]))
 
 
 def _check_whole_file(fh: IO[bytes], path: Path) -> dict[str, str] | None:

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from mlaconf.facts.operator import DTYPES
-from mlaconf.golden.spec import CaseSpec, read_toml
+from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.stats import UNIT_ROUNDOFF, ErrorStats
+from mlaconf.golden.suites import read_toml
 from mlaconf.judge.error_model import ModelResult
 from mlaconf.judge.metrics import Metrics
 from mlaconf.judge.systematic import Significance

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from mlaconf.golden.spec import SUITES_PACKAGE
+from mlaconf.golden.suites import SUITES_PACKAGE
 from mlaconf.runner.selection import DEFAULT_SUITE
 
 #: ``mlaconf run``'s short spellings -> the plugin's options (namespaced, so they collide with no project's).

@@ -19,7 +19,8 @@ from typing import Any
 from mlaconf.facts.evidence import UNCONFIRMED
 from mlaconf.facts.torch_npu_ops import RULES
 from mlaconf.facts.versions import RELEASE_UNKNOWN
-from mlaconf.golden.spec import CaseSpec, load_suites
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.suites import load_suites
 from mlaconf.judge.deviations import DeviationSet, load_deviations
 
 REPORT_JSON = "facts_report.json"

@@ -30,7 +30,8 @@ from mlaconf.golden.bench_measure import CASES, bench_spec
 from mlaconf.golden.inputs import generate_inputs
 from mlaconf.golden.reference import DEVICE_ENV, reference_attention, torch_attention
 from mlaconf.golden.regen import relative_difference
-from mlaconf.golden.spec import CaseSpec, build_case
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.spec_build import build_case
 
 EXTRA_CASES: dict[str, dict[str, Any]] = {
     "deepseek-h128-4096": {"q_seqlen": [4096], "head_num": 128, "mask_type": "mask_free"},

@@ -15,7 +15,7 @@ import threading
 import time
 
 from mlaconf.golden.inputs import generate_inputs
-from mlaconf.golden.spec import build_case
+from mlaconf.golden.spec_build import build_case
 from mlaconf.harness import registry
 from mlaconf.runner.execution import make_call
 

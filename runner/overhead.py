@@ -20,8 +20,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from mlaconf.golden.spec import CaseSpec, build_case, load_suite, load_suites
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.spec_build import build_case
 from mlaconf.golden.store import GoldenStore
+from mlaconf.golden.suites import load_suite, load_suites
 from mlaconf.harness import registry
 from mlaconf.judge.deviations import load_deviations
 from mlaconf.judge.policy import load_policies

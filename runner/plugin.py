@@ -22,7 +22,7 @@ import pytest
 from mlaconf.facts.operator import CACHE_NAMES, MASK_NAMES
 from mlaconf.facts.processes import THREAD_ENV, usable_cpus
 from mlaconf.facts.shard import in_shard, parse_shard
-from mlaconf.golden.spec import SUITES_PACKAGE
+from mlaconf.golden.suites import SUITES_PACKAGE
 from mlaconf.harness import registry
 from mlaconf.reports import env
 from mlaconf.reports.rundir import RUN_FILE, write_json

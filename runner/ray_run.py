@@ -37,8 +37,8 @@ from _pytest._io import TerminalWriter
 
 from mlaconf.facts.cluster import node_resources
 from mlaconf.facts.processes import THREAD_ENV, kill_with_parent, process_alive
-from mlaconf.golden.spec import SUITES_PACKAGE
 from mlaconf.golden.store import DEFAULT_DIR_NAME, ENV_DIR
+from mlaconf.golden.suites import SUITES_PACKAGE
 from mlaconf.harness import registry
 from mlaconf.reports import merge, safeio, summary
 from mlaconf.reports.records import Failure, make_record, sort_records

@@ -26,7 +26,9 @@ import numpy as np
 import torch
 
 from mlaconf.golden.generate import build_golden
-from mlaconf.golden.spec import CaseSpec, SpecError, available_suites, load_suite, load_suites, validate_case
+from mlaconf.golden.spec import CaseSpec, SpecError
+from mlaconf.golden.spec_build import validate_case
+from mlaconf.golden.suites import available_suites, load_suite, load_suites
 from mlaconf.golden.types import GoldenCase
 from mlaconf.harness import registry
 from mlaconf.harness.backend import Backend, Unsupported

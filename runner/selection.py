@@ -8,7 +8,8 @@ from fnmatch import fnmatchcase
 
 import pytest
 
-from mlaconf.golden.spec import CaseSpec, SpecError, available_suites, load_suite, load_suites
+from mlaconf.golden.spec import CaseSpec, SpecError
+from mlaconf.golden.suites import available_suites, load_suite, load_suites
 from mlaconf.judge.deviations import DeviationSet
 
 ERROR_SUITE = "errors"

@@ -117,7 +117,7 @@ def worker(pristine_dir: Path, work_dir: Path, suite: str, tasks: Path, start: i
     """Judge the flips of ``tasks`` (JSON lines) from index ``start``; one JSON line per flip on stdout."""
     import numpy as np
 
-    from mlaconf.golden.spec import load_suites
+    from mlaconf.golden.suites import load_suites
 
     logging.disable(logging.WARNING)  # the store logs every rebuild; the answers say it all
     from mlaconf.golden.store import GoldenCorruptError, GoldenStore, GoldenStoreError
@@ -283,8 +283,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         worker(args.store, work, args.suite, args.tasks, args.start)
         return 0
     from mlaconf.golden.regen import regen
-    from mlaconf.golden.spec import load_suites
     from mlaconf.golden.store import GoldenStore
+    from mlaconf.golden.suites import load_suites
 
     summary = regen(load_suites([args.suite]), GoldenStore(args.store))
     if summary.count("failed"):

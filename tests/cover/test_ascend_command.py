@@ -172,7 +172,7 @@ def _write_records(run: Path, records: list[dict[str, object]]) -> None:
 
 
 def test_the_facts_report_says_what_the_device_did_to_each_unconfirmed_fact(tmp_path: Path) -> None:
-    from mlaconf.golden.spec import load_suites
+    from mlaconf.golden.suites import load_suites
     from mlaconf.runner.facts_report import REPORT_JSON, write_facts_report
 
     rank3 = next(c for c in load_suites(["errors"]) if c.name == "mask-free-mask-rank3")

@@ -14,8 +14,10 @@ import torch
 
 import mlaconf.harness.atb
 import mlaconf.native
+from mlaconf.facts.operator import as_c_float
 from mlaconf.facts.status import STATUS_CODES
-from mlaconf.golden.spec import CaseSpec, as_c_float, load_suites
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.suites import load_suites
 from mlaconf.harness.atb import AtbBackend
 from mlaconf.harness.backend import TENSOR_ARGS, Backend, BackendError, MlaPrefillCall
 from mlaconf.judge.deviations import DeviationSet

@@ -9,7 +9,8 @@ import pytest
 from mlaconf.golden.baseline import baseline_kernel, emulate_baseline, fp16_score_path, fp32_score_path, round_to_bf16
 from mlaconf.golden.inputs import generate_inputs, numpy_dtype
 from mlaconf.golden.reference import reference_attention
-from mlaconf.golden.spec import CaseSpec, build_case
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.spec_build import build_case
 from mlaconf.golden.types import OpInputs
 
 

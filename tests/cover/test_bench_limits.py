@@ -22,7 +22,8 @@ from mlaconf.golden.bench_limits import (
 )
 from mlaconf.golden.generate import build_golden
 from mlaconf.golden.reference import DEFAULT_TILE, FUSED_TILE, for_each_tile
-from mlaconf.golden.spec import CaseSpec, build_case
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.spec_build import build_case
 
 RATES = MachineRates(gemm64=1e10, gemm32=2e10, bandwidth=1e10, softmax=1e9)
 

@@ -8,7 +8,7 @@ import pytest
 
 import tests.defects as defects
 from mlaconf.golden.generate import build_golden
-from mlaconf.golden.spec import build_case
+from mlaconf.golden.spec_build import build_case
 from mlaconf.golden.types import GoldenCase
 from mlaconf.judge.causes import likely_cause
 from mlaconf.runner.execution import execute, make_call

@@ -51,7 +51,7 @@ GB = 1024**3
 def test_a_case_asks_for_the_cpus_whose_memory_covers_its_peak() -> None:
     from mlaconf.golden import cost
     from mlaconf.golden.ray_regen import ClusterShape
-    from mlaconf.golden.spec import build_case
+    from mlaconf.golden.spec_build import build_case
 
     small = build_case({"q_seqlen": [4], "head_num": 1}, source="t")
     big = build_case({"q_seqlen": [4096], "head_num": 16}, source="t")

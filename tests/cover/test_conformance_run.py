@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mlaconf.golden.generate import build_golden
-from mlaconf.golden.spec import build_case
+from mlaconf.golden.spec_build import build_case
 from mlaconf.golden.types import GoldenCase
 from mlaconf.harness.backend import BackendError, MlaPrefillCall
 from mlaconf.harness.torch_backend import TorchSdpaBackend
@@ -187,12 +187,13 @@ def test_error_map_of_other_deciding_rules(golden: GoldenCase, check: Check, sca
 
 def test_a_framework_failure_names_the_function_it_came_from() -> None:
     """A failure's ``where``: the innermost function of ours on the stack, by its installed name."""
-    from mlaconf.golden.spec import SpecError, build_case
+    from mlaconf.golden.spec import SpecError
+    from mlaconf.golden.spec_build import build_case
     from mlaconf.runner.failures import _where
 
     with pytest.raises(SpecError) as excinfo:
         build_case({"q_seqlen": [4], "head_num": 0}, source="test")
-    assert _where(excinfo).startswith("mlaconf.golden.spec."), _where(excinfo)
+    assert _where(excinfo).startswith("mlaconf.golden.spec_build."), _where(excinfo)
 
 
 @pytest.mark.parametrize(("backend", "disagreeing"), [("torch-cpu", 0), ("nondeterministic", 3)])

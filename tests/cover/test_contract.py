@@ -11,7 +11,9 @@ import torch
 
 from mlaconf.facts.status import STATUS_CODES
 from mlaconf.golden.inputs import generate_inputs
-from mlaconf.golden.spec import CaseSpec, SpecError, build_case, load_suites
+from mlaconf.golden.spec import CaseSpec, SpecError
+from mlaconf.golden.spec_build import build_case, spec_from_json
+from mlaconf.golden.suites import load_suites
 from mlaconf.harness.backend import Availability, BackendError, BackendInfo, MlaPrefillCall
 from mlaconf.harness.contract import (
     CHECK_NAMES,
@@ -117,7 +119,7 @@ def test_error_suite_is_well_formed() -> None:
 def test_source_commit_is_provenance_not_content() -> None:
     case = case_named("null-q")
     assert dataclasses.replace(case, source_commit="").case_id == case.case_id
-    assert CaseSpec.from_json(case.to_json()).source_commit == case.source_commit
+    assert spec_from_json(case.to_json()).source_commit == case.source_commit
     with pytest.raises(SpecError, match=r"source_commit.*40-hex-digit"):
         build_case({"q_seqlen": [4], "head_num": 1, "source_commit": "ddcc8b622"}, source="<test>")
 
@@ -250,8 +252,8 @@ def test_unconfirmed_at_is_validated() -> None:
 
 def test_expect_by_release_is_validated_and_round_trips() -> None:
     rank3 = case_named("mask-free-mask-rank3")
-    assert CaseSpec.from_json(rank3.to_json()) == rank3
-    assert CaseSpec.from_json(rank3.to_json()).unconfirmed_at == ("8.3.RC1",)
+    assert spec_from_json(rank3.to_json()) == rank3
+    assert spec_from_json(rank3.to_json()).unconfirmed_at == ("8.3.RC1",)
     assert rank3.expected_rejection("not-a-version") == (rank3.expect_error, rank3.expect_stage)
     base = {"q_seqlen": [4], "head_num": 1, "expect_error": "ERROR_INVALID_PARAM"}
     bad = {

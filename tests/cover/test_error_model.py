@@ -24,7 +24,8 @@ from mlaconf.golden.magnitudes import (
     torch_magnitudes,
 )
 from mlaconf.golden.reference import effective_scale, reference_attention
-from mlaconf.golden.spec import CaseSpec, build_case
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.spec_build import build_case
 from mlaconf.golden.stats import ErrorStats
 from mlaconf.golden.store import SCHEMA_VERSION, GoldenStore
 from mlaconf.golden.types import GoldenCase

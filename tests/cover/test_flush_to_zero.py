@@ -11,7 +11,8 @@ import pytest
 from mlaconf.golden.generate import build_golden
 from mlaconf.golden.layout import causal_offset, kv_views, offsets, q_views
 from mlaconf.golden.reference import effective_scale
-from mlaconf.golden.spec import CaseSpec, build_case
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.spec_build import build_case
 from mlaconf.golden.types import GoldenCase
 from mlaconf.judge.policy import load_policies
 from mlaconf.judge.verdict import judge_output

@@ -188,16 +188,16 @@ def test_a_suite_file_in_the_suites_folder_is_a_suite_everywhere(
 ) -> None:
     """`mlaconf list`, `--mla-suite` and `mlaconf run --suite` read suite names from the folder."""
     from mlaconf import build_parser
-    from mlaconf.golden import spec
+    from mlaconf.golden import suites
     from mlaconf.runner.selection import suite_choices
 
-    shipped = spec.suites_dir()
+    shipped = suites.suites_dir()
     for name in ("smoke", "errors"):
         (tmp_path / f"{name}.toml").write_text((shipped / f"{name}.toml").read_text())
     (tmp_path / "mine.toml").write_text(MINE)
-    monkeypatch.setattr(spec, "suites_dir", lambda: tmp_path)
+    monkeypatch.setattr(suites, "suites_dir", lambda: tmp_path)
     assert suite_choices() == ["mine", "smoke", "all"]
-    assert {c.suite for c in spec.load_suites(["mine"])} == {"mine"}
+    assert {c.suite for c in suites.load_suites(["mine"])} == {"mine"}
     args = build_parser().parse_args(["run", "--suite", "mine"])
     assert args.suite == ["mine"]
 

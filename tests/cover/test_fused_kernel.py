@@ -9,7 +9,7 @@ import pytest
 
 from mlaconf.golden import _tile_kernel as kernel
 from mlaconf.golden.reference import ROUNDED_UP_FLOOR
-from mlaconf.golden.spec import load_suites
+from mlaconf.golden.suites import load_suites
 from tests.agreement import AGREEMENT, worst_disagreement
 
 FLOOR32 = np.float32(ROUNDED_UP_FLOOR)

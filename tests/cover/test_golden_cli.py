@@ -12,8 +12,8 @@ import pytest
 
 from mlaconf.golden import cli
 from mlaconf.golden.progress import Progress
-from mlaconf.golden.spec import load_suite
 from mlaconf.golden.store import GoldenStore
+from mlaconf.golden.suites import load_suite
 from tests.goldens import reseal
 
 SUITE = """
@@ -212,7 +212,7 @@ def test_build_reports_work_inside_a_case(mask_type: int) -> None:
     """Every reference and baseline tile reports its useful FLOPs: a build ends at exactly 100 %."""
     from mlaconf.golden import progress
     from mlaconf.golden.generate import build_golden
-    from mlaconf.golden.spec import build_case
+    from mlaconf.golden.spec_build import build_case
 
     fields: dict[str, object] = {"q_seqlen": [300, 0, 40], "head_num": 2, "mask_type": mask_type}
     if mask_type == 3:

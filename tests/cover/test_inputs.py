@@ -8,7 +8,8 @@ import pytest
 
 from mlaconf.golden.inputs import LARGE_LOGIT_STD, V_OUTLIER_MAGNITUDE, build_mask, generate_inputs
 from mlaconf.golden.layout import kv_views, q_views
-from mlaconf.golden.spec import CaseSpec, build_case
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.spec_build import build_case
 
 
 def spec_of(**fields: object) -> CaseSpec:

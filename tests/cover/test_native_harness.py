@@ -528,7 +528,7 @@ def test_an_unwritten_row_fails_every_check(atb_double: Any, context: ext.Contex
     """The harness poisons attenOut with NaN: the double writes nothing, so the poison survives the
     launch, and a kernel that leaves one row unwritten fails where torch.empty's stale bytes might pass."""
     from mlaconf.golden.generate import build_golden
-    from mlaconf.golden.spec import build_case
+    from mlaconf.golden.spec_build import build_case
     from mlaconf.harness.atb import output_buffer
     from mlaconf.judge.policy import load_policies
     from mlaconf.judge.verdict import judge_output

@@ -24,7 +24,8 @@ from mlaconf.facts.evidence import CONFIRMED, UNCONFIRMED
 from mlaconf.facts.torch_npu_ops import FIA_TND_MAX_TOKENS, RULES, OpRule
 from mlaconf.golden.generate import build_golden
 from mlaconf.golden.inputs import generate_inputs
-from mlaconf.golden.spec import CaseSpec, build_case
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.spec_build import build_case
 from mlaconf.golden.types import GoldenCase
 from mlaconf.harness import registry
 from mlaconf.harness.backend import Backend, MlaPrefillCall, Unsupported

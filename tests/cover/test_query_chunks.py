@@ -7,7 +7,8 @@ import pytest
 
 from mlaconf.golden.inputs import generate_inputs
 from mlaconf.golden.reference import reference_attention
-from mlaconf.golden.spec import CaseSpec, build_case
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.spec_build import build_case
 from mlaconf.runner.metamorphic import query_chunk
 
 FULL = build_case(

@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from mlaconf.golden.inputs import generate_inputs
-from mlaconf.golden.spec import CaseSpec, build_case, load_suites
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.spec_build import build_case
+from mlaconf.golden.suites import load_suites
 from mlaconf.runner.execution import make_call
 from tests.defects import REAL_BUGS, SLICE_KEYS, TILE_ROWS, control_math, one_row_tile_p_reuse
 

@@ -19,7 +19,8 @@ from mlaconf.golden.reference import (
     reference_attention,
     torch_attention,
 )
-from mlaconf.golden.spec import CaseSpec, build_case
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.spec_build import build_case
 from mlaconf.golden.types import OpInputs
 
 NOPE, ROPE, VD = 128, 64, 128

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from mlaconf import main
-from mlaconf.golden.spec import CaseSpec, load_suites
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.suites import load_suites
 from mlaconf.harness import registry
 from mlaconf.judge.causes import relative_error
 from mlaconf.reports.records import ResultRecord

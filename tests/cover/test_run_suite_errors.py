@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from mlaconf import build_parser
-from mlaconf.golden import spec
+from mlaconf.golden import suites as suite_files
+from mlaconf.golden.spec import SpecError
 from mlaconf.runner.selection import suite_choices
 
 BROKEN = '[suite]\nname = "broken"\n\n[[matrix]\nhead_num = 1\n'
@@ -20,10 +21,10 @@ def suites(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The shipped suites folder, copied, with a suite that does not parse beside them."""
     folder = tmp_path / "suites"
     folder.mkdir()
-    for path in spec.suites_dir().glob("*.toml"):
+    for path in suite_files.suites_dir().glob("*.toml"):
         shutil.copy(path, folder / path.name)
     (folder / "broken.toml").write_text(BROKEN)
-    monkeypatch.setattr(spec, "suites_dir", lambda: folder)
+    monkeypatch.setattr(suite_files, "suites_dir", lambda: folder)
     return folder
 
 
@@ -36,8 +37,8 @@ def test_help_and_every_parser_still_work(suites: Path, capsys: pytest.CaptureFi
 
 
 def test_only_the_broken_suite_fails_in_one_line_naming_file_and_line(suites: Path) -> None:
-    assert spec.load_suites(["smoke"])  # the others load
-    with pytest.raises(spec.SpecError) as caught:
-        spec.load_suites(["broken"])
+    assert suite_files.load_suites(["smoke"])  # the others load
+    with pytest.raises(SpecError) as caught:
+        suite_files.load_suites(["broken"])
     text = str(caught.value)
     assert str(suites / "broken.toml") in text and "line 4" in text and "\n" not in text, text

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from mlaconf.facts.operator import DEFAULT_QK_SCALE
-from mlaconf.golden.spec import SpecError, build_case, load_suite, load_suites
+from mlaconf.golden.spec import SpecError
+from mlaconf.golden.spec_build import build_case
+from mlaconf.golden.suites import load_suite, load_suites
 
 
 def write_suite(tmp_path: Path, body: str) -> Path:

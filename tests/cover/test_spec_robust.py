@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 
 from mlaconf.facts.operator import MAX_BATCH
 from mlaconf.golden import cli
-from mlaconf.golden.spec import CaseSpec, SpecError, build_case, load_suite, validate_case
+from mlaconf.golden.spec import SpecError
+from mlaconf.golden.spec_build import build_case, spec_from_json, validate_case
+from mlaconf.golden.suites import load_suite
 
 FIELDS = [
     "q_seqlen",
@@ -162,14 +164,14 @@ def test_undecodable_or_deeply_nested_files_are_spec_errors(tmp_path: Path, data
 
 def test_stored_spec_json_is_checked_like_a_suite() -> None:
     spec = build_case({"q_seqlen": [3], "head_num": 2}, source="test")
-    assert CaseSpec.from_json(spec.to_json()) == spec
+    assert spec_from_json(spec.to_json()) == spec
     for text in ("[1]", "{", json.dumps({**json.loads(spec.to_json()), "perturb": "../x"})):
         with pytest.raises(SpecError):
-            CaseSpec.from_json(text)
+            spec_from_json(text)
 
 
 def test_unknown_suite_names_cannot_escape_the_cases_directory() -> None:
-    from mlaconf.golden.spec import load_suites
+    from mlaconf.golden.suites import load_suites
 
     with pytest.raises(SpecError, match=re.escape("no suite named '../cases/smoke'")):
         load_suites(["../cases/smoke"])
@@ -338,4 +340,4 @@ def test_any_suite_file_gives_a_valid_suite_or_a_spec_error(fuzz_dir: Path, docu
         if spec.expect_error is None:
             validate_case(spec)
         assert SAFE_ID.fullmatch(spec.case_id) and len(spec.case_id) < 255, spec.case_id
-        assert CaseSpec.from_json(spec.to_json()) == spec
+        assert spec_from_json(spec.to_json()) == spec

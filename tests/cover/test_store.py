@@ -18,7 +18,8 @@ import pytest
 from mlaconf.facts.shard import in_shard, parse_shard
 from mlaconf.golden import regen as rg
 from mlaconf.golden.generate import GENERATOR_VERSION, build_golden
-from mlaconf.golden.spec import CaseSpec, build_case
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.spec_build import build_case, spec_from_json
 from mlaconf.golden.store import (
     ENV_DIR,
     GoldenCorruptError,
@@ -138,7 +139,7 @@ def test_file_schema_and_attributes(store: GoldenStore) -> None:
         f.visititems(lambda name, obj: datasets.append(name) if isinstance(obj, h5py.Dataset) else None)
         assert sorted(sums) == sorted(datasets)
         assert all(f[name].attrs["xxh3_128"] == sha for name, sha in sums.items())
-    assert CaseSpec.from_json(attrs["spec_json"]).content_hash == BF16.content_hash
+    assert spec_from_json(attrs["spec_json"]).content_hash == BF16.content_hash
     assert attrs["content_hash"] == BF16.content_hash and attrs["case_id"] == BF16.case_id
     assert attrs["generator_version"] == GENERATOR_VERSION and attrs["seed"] == BF16.seed
     versions = json.loads(attrs["provenance_json"])  # the one list of library versions in the file

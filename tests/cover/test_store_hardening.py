@@ -12,7 +12,7 @@ import pytest
 
 from mlaconf.golden import store as gs
 from mlaconf.golden.generate import GENERATOR_VERSION, build_golden
-from mlaconf.golden.spec import build_case
+from mlaconf.golden.spec_build import build_case
 from mlaconf.golden.store import GoldenCorruptError, GoldenStore, GoldenWriteError, write_golden
 
 SMALL = build_case({"q_seqlen": [3, 2], "head_num": 1, "dtype": "bf16", "name": "harden"}, source="test")
@@ -79,8 +79,8 @@ def test_a_fifo_named_like_a_golden_is_corrupt_not_a_hang(tmp_path: Path) -> Non
     os.mkfifo(fifo)
     code = (
         "from mlaconf.golden.store import GoldenStore, GoldenCorruptError\n"
-        "from mlaconf.golden.spec import CaseSpec\n"
-        f"spec = CaseSpec.from_json({SMALL.to_json()!r})\n"
+        "from mlaconf.golden.spec_build import spec_from_json\n"
+        f"spec = spec_from_json({SMALL.to_json()!r})\n"
         "try:\n"
         f"    GoldenStore({str(store.root)!r}).load(spec)\n"
         "except GoldenCorruptError as exc:\n"

@@ -18,7 +18,8 @@ import xxhash
 
 import mlaconf.golden.store as gs
 from mlaconf.golden.generate import build_golden
-from mlaconf.golden.spec import CaseSpec, build_case
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.spec_build import build_case
 from mlaconf.golden.store import GoldenCorruptError, GoldenStaleError, GoldenStore, GoldenWriteError
 from mlaconf.golden.types import GoldenCase
 

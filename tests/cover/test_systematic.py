@@ -11,8 +11,10 @@ import pytest
 
 from mlaconf.golden.generate import build_golden
 from mlaconf.golden.reference import reference_attention
-from mlaconf.golden.spec import CaseSpec, build_case, load_suites
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.spec_build import build_case
 from mlaconf.golden.stats import UNIT_ROUNDOFF
+from mlaconf.golden.suites import load_suites
 from mlaconf.golden.types import GoldenCase
 from mlaconf.judge.metrics import round_to_dtype
 from mlaconf.judge.policy import load_policies

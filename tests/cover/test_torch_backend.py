@@ -7,7 +7,8 @@ import pytest
 
 from mlaconf.golden.inputs import generate_inputs
 from mlaconf.golden.reference import reference_attention
-from mlaconf.golden.spec import CaseSpec, build_case
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.spec_build import build_case
 from mlaconf.harness.torch_backend import torch_cpu
 from mlaconf.runner.execution import execute, make_call
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from mlaconf.golden.generate import build_golden
-from mlaconf.golden.spec import CaseSpec, build_case
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.spec_build import build_case
 from mlaconf.judge.policy import load_policies
 from mlaconf.judge.verdict import judge_output
 from mlaconf.runner.execution import execute, make_call

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mlaconf.golden.spec import load_suites
+from mlaconf.golden.suites import load_suites
 
 pytestmark = pytest.mark.slow
 

@@ -25,8 +25,9 @@ from mlaconf.golden.inputs import generate_inputs
 from mlaconf.golden.layout import out_shape, row_valid
 from mlaconf.golden.magnitudes import ROW_MAGNITUDES, element_magnitudes, round_up_bf16
 from mlaconf.golden.regen import verify
-from mlaconf.golden.spec import CaseSpec, load_suite
+from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.store import GoldenStore, read_golden
+from mlaconf.golden.suites import load_suite
 from mlaconf.golden.types import GoldenCase
 
 pytestmark = pytest.mark.slow

@@ -20,8 +20,10 @@ from pathlib import Path
 import pytest
 
 from mlaconf.golden.regen import regen
-from mlaconf.golden.spec import CaseSpec, build_case, load_suite, load_suites
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.spec_build import build_case
 from mlaconf.golden.store import GoldenStore
+from mlaconf.golden.suites import load_suite, load_suites
 from mlaconf.golden.types import GoldenCase
 from tests import flips
 

@@ -23,7 +23,8 @@ from hypothesis import HealthCheck, given, settings
 
 from mlaconf.cases.test_properties import case_specs
 from mlaconf.golden.generate import build_golden
-from mlaconf.golden.spec import CaseSpec, load_suites
+from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.suites import load_suites
 from mlaconf.judge.policy import load_policies
 from mlaconf.judge.verdict import judge_output, mode_text
 from mlaconf.runner.execution import execute, make_call
