@@ -21,10 +21,12 @@ from mlaconf.facts.operator import NOPE_DIM
 from mlaconf.facts.shard import parse_shard
 from mlaconf.golden import cost
 from mlaconf.golden import regen as rg
+from mlaconf.golden.h5file import FileMeta, read_golden, read_meta
+from mlaconf.golden.integrity import GoldenStoreError
 from mlaconf.golden.layout import out_shape
 from mlaconf.golden.progress import flops_text
 from mlaconf.golden.spec import CaseSpec, SpecError
-from mlaconf.golden.store import FileMeta, GoldenStore, GoldenStoreError, read_golden, read_meta
+from mlaconf.golden.store import GoldenStore
 from mlaconf.golden.suites import available_suites, load_suite, suite_path
 
 

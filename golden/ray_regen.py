@@ -38,10 +38,11 @@ from typing import Any, TextIO
 from mlaconf.facts.cluster import node_resources
 from mlaconf.golden import cost
 from mlaconf.golden import progress as work_progress
+from mlaconf.golden.integrity import GoldenStoreError
 from mlaconf.golden.progress import Progress
 from mlaconf.golden.regen import BuilderRef, CaseOutcome, RegenSummary, RegenTask, regen_one, resolve_builder
 from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.store import GoldenStore, GoldenStoreError
+from mlaconf.golden.store import GoldenStore
 from mlaconf.golden.types import GoldenCase
 
 STORE_MODES = ("shared", "driver")

@@ -32,10 +32,12 @@ import numpy as np
 from mlaconf.facts.processes import THREAD_ENV, kill_with_parent, usable_cpus
 from mlaconf.facts.shard import in_shard
 from mlaconf.golden import progress as work_progress
+from mlaconf.golden.h5file import read_golden, read_meta
+from mlaconf.golden.integrity import GoldenStoreError
 from mlaconf.golden.magnitudes import CANCELLING_MAGNITUDES, cancellation_noise
 from mlaconf.golden.progress import CaseWork, Progress
 from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.store import Builder, GoldenStore, GoldenStoreError, read_golden, read_meta
+from mlaconf.golden.store import Builder, GoldenStore
 from mlaconf.golden.suites import load_suite, load_suites
 from mlaconf.golden.types import GoldenCase
 

@@ -120,7 +120,8 @@ def worker(pristine_dir: Path, work_dir: Path, suite: str, tasks: Path, start: i
     from mlaconf.golden.suites import load_suites
 
     logging.disable(logging.WARNING)  # the store logs every rebuild; the answers say it all
-    from mlaconf.golden.store import GoldenCorruptError, GoldenStore, GoldenStoreError
+    from mlaconf.golden.integrity import GoldenCorruptError, GoldenStoreError
+    from mlaconf.golden.store import GoldenStore
 
     specs = {spec.case_id: spec for spec in load_suites([suite])}
     pristine_store, store = GoldenStore(pristine_dir), GoldenStore(work_dir)

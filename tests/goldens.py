@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mlaconf.facts.operator import V_DIM
-from mlaconf.golden.store import seal
+from mlaconf.golden.integrity import seal
 from mlaconf.golden.types import GoldenCase
 from mlaconf.judge.metrics import Metrics, compute_metrics
 

@@ -11,6 +11,7 @@ import pytest
 
 from mlaconf.golden.generate import build_golden
 from mlaconf.golden.inputs import generate_inputs
+from mlaconf.golden.integrity import SCHEMA_VERSION
 from mlaconf.golden.layout import causal_offset, kv_views, offsets, q_views
 from mlaconf.golden.magnitudes import (
     CANCELLING_MAGNITUDES,
@@ -27,7 +28,7 @@ from mlaconf.golden.reference import effective_scale, reference_attention
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.spec_build import build_case
 from mlaconf.golden.stats import ErrorStats
-from mlaconf.golden.store import SCHEMA_VERSION, GoldenStore
+from mlaconf.golden.store import GoldenStore
 from mlaconf.golden.types import GoldenCase
 from mlaconf.judge.error_model import fp16_score_path, model_ratio, scale_cast_error, tail_factor
 from mlaconf.judge.policy import load_policies
@@ -224,7 +225,7 @@ def test_magnitudes_survive_the_store(tmp_path: Any) -> None:
 def test_schema_2_files_are_stale_and_rebuilt_with_magnitudes(tmp_path: Any) -> None:
     import h5py
 
-    from mlaconf.golden.store import GoldenCorruptError, GoldenStaleError
+    from mlaconf.golden.integrity import GoldenCorruptError, GoldenStaleError
 
     store = GoldenStore(tmp_path)
     path = store.save(build_golden(CAUSAL))

@@ -18,17 +18,11 @@ import pytest
 from mlaconf.facts.shard import in_shard, parse_shard
 from mlaconf.golden import regen as rg
 from mlaconf.golden.generate import GENERATOR_VERSION, build_golden
+from mlaconf.golden.h5file import read_golden
+from mlaconf.golden.integrity import GoldenCorruptError, GoldenMissingError, GoldenStaleError, GoldenStoreError
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.spec_build import build_case, spec_from_json
-from mlaconf.golden.store import (
-    ENV_DIR,
-    GoldenCorruptError,
-    GoldenMissingError,
-    GoldenStaleError,
-    GoldenStore,
-    GoldenStoreError,
-    read_golden,
-)
+from mlaconf.golden.store import ENV_DIR, GoldenStore
 from mlaconf.golden.types import GoldenCase
 from tests.goldens import reseal
 

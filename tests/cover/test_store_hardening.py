@@ -12,8 +12,9 @@ import pytest
 
 from mlaconf.golden import store as gs
 from mlaconf.golden.generate import GENERATOR_VERSION, build_golden
+from mlaconf.golden.integrity import GoldenCorruptError, GoldenWriteError
 from mlaconf.golden.spec_build import build_case
-from mlaconf.golden.store import GoldenCorruptError, GoldenStore, GoldenWriteError, write_golden
+from mlaconf.golden.store import GoldenStore, write_golden
 
 SMALL = build_case({"q_seqlen": [3, 2], "head_num": 1, "dtype": "bf16", "name": "harden"}, source="test")
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,8 +79,9 @@ def test_a_fifo_named_like_a_golden_is_corrupt_not_a_hang(tmp_path: Path) -> Non
     fifo = store.path_for(SMALL)
     os.mkfifo(fifo)
     code = (
-        "from mlaconf.golden.store import GoldenStore, GoldenCorruptError\n"
+        "from mlaconf.golden.integrity import GoldenCorruptError\n"
         "from mlaconf.golden.spec_build import spec_from_json\n"
+        "from mlaconf.golden.store import GoldenStore\n"
         f"spec = spec_from_json({SMALL.to_json()!r})\n"
         "try:\n"
         f"    GoldenStore({str(store.root)!r}).load(spec)\n"

@@ -16,11 +16,14 @@ import numpy as np
 import pytest
 import xxhash
 
+import mlaconf.golden.h5file as h5file
+import mlaconf.golden.integrity as integrity
 import mlaconf.golden.store as gs
 from mlaconf.golden.generate import build_golden
+from mlaconf.golden.integrity import GoldenCorruptError, GoldenStaleError, GoldenWriteError
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.spec_build import build_case
-from mlaconf.golden.store import GoldenCorruptError, GoldenStaleError, GoldenStore, GoldenWriteError
+from mlaconf.golden.store import GoldenStore
 from mlaconf.golden.types import GoldenCase
 
 SMALL = build_case({"q_seqlen": [3, 0, 5], "head_num": 2, "dtype": "fp16"}, source="test")
@@ -146,12 +149,12 @@ class CountingPattern:
 
 def test_digest_cache_skips_rehashing_settled_files_only(store: GoldenStore, monkeypatch: pytest.MonkeyPatch) -> None:
     path = store.save(build_golden(SMALL))
-    counter = CountingPattern(gs._FIRST_LINE)
-    monkeypatch.setattr(gs, "_FIRST_LINE", counter)
+    counter = CountingPattern(integrity._FIRST_LINE)
+    monkeypatch.setattr(integrity, "_FIRST_LINE", counter)
     store.load(SMALL)
     store.load(SMALL)
     assert counter.calls == 4, "a file changed within the last second is re-hashed on every open"
-    monkeypatch.setattr(gs, "CACHE_SETTLE_NS", -1)  # as if the file were old
+    monkeypatch.setattr(integrity, "CACHE_SETTLE_NS", -1)  # as if the file were old
     counter.calls = 0
     store.load(SMALL)
     store.load(SMALL)
@@ -172,15 +175,16 @@ def test_data_the_cache_vouched_for_is_still_hashed_per_dataset(
     hashed the whole file compares the header's digests instead of hashing again."""
     path = store.save(build_golden(SMALL))
     hashed: list[int] = []
-    plain = gs._digest
-    monkeypatch.setattr(gs, "_digest", lambda arr: hashed.append(arr.size) or plain(arr))
+    plain = h5file.array_digest
+    monkeypatch.setattr(h5file, "array_digest", lambda arr: hashed.append(arr.size) or plain(arr))
     store.load(SMALL)
     assert hashed == [], "the whole-file check just covered these bytes"
     with h5py.File(path, "r", locking=False) as f:
         offset = int(f["golden/out"].id.get_offset())
     flip(path, offset + 8)  # raw data changed ...
     st = path.stat()
-    monkeypatch.setitem(gs._VERIFIED, (st.st_dev, st.st_ino), (st.st_size, st.st_mtime_ns, st.st_ctime_ns))  # vouched
+    vouched = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    monkeypatch.setitem(integrity._VERIFIED, (st.st_dev, st.st_ino), vouched)
     with pytest.raises(GoldenCorruptError, match=r"golden/out.*digest mismatch"):
         store.load(SMALL)
     assert hashed, "the per-dataset checksums were computed"

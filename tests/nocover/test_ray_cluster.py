@@ -29,8 +29,9 @@ import pytest
 from mlaconf import main
 from mlaconf.golden import cli
 from mlaconf.golden import regen as rg
+from mlaconf.golden.h5file import read_meta
 from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.store import GoldenStore, read_meta
+from mlaconf.golden.store import GoldenStore
 from mlaconf.golden.suites import load_suite
 from mlaconf.golden.types import GoldenCase
 from mlaconf.reports.diff import diff_dirs

@@ -21,12 +21,13 @@ import numpy as np
 import pytest
 
 from mlaconf.golden.generate import build_golden
+from mlaconf.golden.h5file import read_golden
 from mlaconf.golden.inputs import generate_inputs
 from mlaconf.golden.layout import out_shape, row_valid
 from mlaconf.golden.magnitudes import ROW_MAGNITUDES, element_magnitudes, round_up_bf16
 from mlaconf.golden.regen import verify
 from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.store import GoldenStore, read_golden
+from mlaconf.golden.store import GoldenStore
 from mlaconf.golden.suites import load_suite
 from mlaconf.golden.types import GoldenCase
 
