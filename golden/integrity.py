@@ -164,13 +164,6 @@ def seal(fh: IO[bytes], known: dict[str, str] | None = None) -> int:
     return size
 
 
-def reseal(path: Path) -> None:
-    """Rewrite a file's integrity header in place: for tests that edit a golden on purpose, to reach
-    the checks behind the header."""
-    with open(path, "r+b") as fh:
-        seal(fh)
-
-
 def check_whole_file(fh: IO[bytes], path: Path) -> dict[str, str] | None:
     """The integrity header and whole-file digest, read with plain Python I/O before HDF5 parses a byte.
 
