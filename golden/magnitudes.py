@@ -69,6 +69,7 @@ from mlaconf.golden.reference import (
     tile_bounds,
     tile_flops,
     tile_kernel,
+    value_gemm,
 )
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.types import OpInputs
@@ -236,11 +237,13 @@ def fused_tile(
     score_terms: bool,
     work: Workspace,
     subnormal_terms: bool = False,
+    vt: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """The golden ``out`` exactly as :func:`mlaconf.golden.reference.fused_tile` computes it, and the
     magnitudes from the same exponentials: ``pv_abs`` and ``pv_rss`` from float32 GEMMs of the
     rounded-up operands lifted by :func:`lift_float32_sum` (never below their float64 values), the
-    row magnitudes from the kernel's float64 row statistics."""
+    row magnitudes from the kernel's float64 row statistics.  ``vt`` is ``v`` transposed (the task's,
+    so that it is not copied per tile; made here when None)."""
     qs = q * scale
     shape = (q.shape[0], k.shape[0])  # tile-sized temporaries live in the thread's workspace: no fresh pages
     raw = work.take("raw", shape, np.float64)  # T (and S) need the raw scores, masked keys as 0
@@ -249,7 +252,8 @@ def fused_tile(
     assert rounded is not None
     p32, p2_32 = rounded
     denom = stats[2][:, None]
-    golden = gemm(p, v, np.empty((q.shape[0], v.shape[1])))
+    vt = np.ascontiguousarray(v.T) if vt is None else vt
+    golden = value_gemm(p, vt)
     golden /= denom
     # The exact A and R never exceed max |V| (A is a mean of |V|, R <= max |V| sqrt(sum P^2) <= max |V|): capped
     # there, the bound stays inside bf16's range (rounded up to bf16 it can never become inf)
@@ -273,7 +277,7 @@ def fused_tile(
         sub_abs = gemm(sub, np.abs(v), np.empty((q.shape[0], v.shape[1])))
         out["pv_sub"] = (sub_abs + dropped * np.abs(golden)) / (denom - dropped)
     ps_sums = (ps_abs.sum(axis=1, keepdims=True), ps.sum(axis=1, keepdims=True))
-    psv = gemm(ps, v, np.empty((q.shape[0], v.shape[1])))
+    psv = value_gemm(ps, vt)
     out["pv_scale"] = _scale_derivative(psv, *ps_sums, golden, np.abs(v).max(axis=0), k.shape[0])
     if score_terms:
         probs = np.divide(p, denom, out=work.take("probs", shape, np.float64))
@@ -420,7 +424,16 @@ def reference_and_magnitudes(
     def visit(task: HeadTask, i0: int, i1: int, k_end: int, diag: tuple[int, int] | None) -> None:
         ops = value_operands(task.v)
         part = fused_tile(
-            task.q[i0:i1], task.k[:k_end], task.v[:k_end], ops, scale, diag, score_terms, work, subnormal_terms
+            task.q[i0:i1],
+            task.k[:k_end],
+            task.v[:k_end],
+            ops,
+            scale,
+            diag,
+            score_terms,
+            work,
+            subnormal_terms,
+            task.vt[:, :k_end],
         )
         golden[task.q_start + i0 : task.q_start + i1, task.head] = part["out"]
         put(task, i0, i1, part)
