@@ -195,6 +195,108 @@ RowKernel pick_row_kernel() {
 
 const RowKernel softmax_row = pick_row_kernel();
 
+// The emulated baseline's fp32 score path (mlaconf.golden.baseline) for one row: scale the fp32 scores,
+// row max, e = exp(s - max) rounded to float32 (our float64 exp, then one rounding), their sum (float64
+// lanes, rounded once to float32: within half an ulp of the exact sum of the float32 e, as numpy's pairwise
+// float32 sum is within a few), and e rounded to the input dtype in place, where the kernel's P.V reads it.
+enum class Rounding { bf16 = 0, fp16_flushed = 1 };
+
+// float32 -> bf16 (nearest even), kept as float32 bits: half an ulp (minus one when the kept bit is even).
+MLA_INLINE v8i round_bits_bf16(v8i bits) { return (bits + 0x7FFF + ((bits >> 16) & 1)) & ~0xFFFF; }
+MLA_INLINE int32_t round_bits_bf16(int32_t bits) { return (bits + 0x7FFF + ((bits >> 16) & 1)) & ~0xFFFF; }
+
+// e in [0, 1] -> nearest fp16 (even), kept as float32 bits, 0 where that is below fp16's smallest normal
+// 2^-14 (a flush-to-zero device's P): from 2^-14 - 2^-25 (the midpoint below 2^-14, which ties to it) up to
+// 2^-14 the result is 2^-14; from 2^-14 on fp16 keeps float32's top 10 mantissa bits.
+constexpr int32_t kFp16MinNormalBits = 0x38800000;   // 2^-14
+constexpr int32_t kFp16FlushBelowBits = 0x387FE000;  // 2^-14 - 2^-25
+MLA_INLINE v8i round_bits_fp16(v8i bits) {
+    const v8i normal = (bits + 0xFFF + ((bits >> 13) & 1)) & ~0x1FFF;
+    const v8i low = bits >= kFp16FlushBelowBits ? v8i{} + kFp16MinNormalBits : v8i{};
+    return bits >= kFp16MinNormalBits ? normal : low;
+}
+MLA_INLINE int32_t round_bits_fp16(int32_t bits) {
+    if (bits >= kFp16MinNormalBits) {
+        return (bits + 0xFFF + ((bits >> 13) & 1)) & ~0x1FFF;
+    }
+    return bits >= kFp16FlushBelowBits ? kFp16MinNormalBits : 0;
+}
+
+MLA_INLINE float baseline_row_body(float *s, int64_t allowed, int64_t cols, float scale, Rounding rounding) {
+    float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < allowed; ++j) {
+        s[j] *= scale;
+        mx = s[j] > mx ? s[j] : mx;
+    }
+    v8d lo{}, hi{};
+    int64_t j = 0;
+    for (; j + 16 <= allowed; j += 16) {
+        v8f x[2];
+        std::memcpy(x, s + j, sizeof x);
+        const v8f e0 = __builtin_convertvector(
+            exp_nonpositive<v8d, v8l>(__builtin_convertvector(x[0] - mx, v8d)), v8f);
+        const v8f e1 = __builtin_convertvector(
+            exp_nonpositive<v8d, v8l>(__builtin_convertvector(x[1] - mx, v8d)), v8f);
+        lo += __builtin_convertvector(e0, v8d);
+        hi += __builtin_convertvector(e1, v8d);
+        v8i bits[2] = {reinterpret_cast<v8i>(e0), reinterpret_cast<v8i>(e1)};
+        for (v8i &b : bits) {
+            b = rounding == Rounding::bf16 ? round_bits_bf16(b) : round_bits_fp16(b);
+        }
+        std::memcpy(s + j, bits, sizeof bits);
+    }
+    double sum = 0.0;
+    const v8d lanes = lo + hi;
+    for (int lane = 0; lane < 8; ++lane) {
+        sum += lanes[lane];
+    }
+    for (; j < allowed; ++j) {
+        const float e = static_cast<float>(exp_nonpositive<double, int64_t>(static_cast<double>(s[j] - mx)));
+        sum += e;
+        int32_t bits;
+        std::memcpy(&bits, &e, sizeof bits);
+        bits = rounding == Rounding::bf16 ? round_bits_bf16(bits) : round_bits_fp16(bits);
+        std::memcpy(s + j, &bits, sizeof bits);
+    }
+    for (int64_t k = allowed; k < cols; ++k) {
+        s[k] = 0.0f;
+    }
+    return static_cast<float>(sum);
+}
+
+using BaselineRowKernel = float (*)(float *, int64_t, int64_t, float, Rounding);
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma"))) float baseline_row_avx512(
+    float *s, int64_t allowed, int64_t cols, float scale, Rounding rounding) {
+    return baseline_row_body(s, allowed, cols, scale, rounding);
+}
+__attribute__((target("avx2,fma"))) float baseline_row_avx2(float *s, int64_t allowed, int64_t cols, float scale,
+                                                             Rounding rounding) {
+    return baseline_row_body(s, allowed, cols, scale, rounding);
+}
+#endif
+float baseline_row_baseline(float *s, int64_t allowed, int64_t cols, float scale, Rounding rounding) {
+    return baseline_row_body(s, allowed, cols, scale, rounding);
+}
+
+BaselineRowKernel pick_baseline_kernel() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw")) {
+        return baseline_row_avx512;
+    }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        return baseline_row_avx2;
+    }
+#endif
+    return baseline_row_baseline;
+}
+
+const BaselineRowKernel baseline_row = pick_baseline_kernel();
+
 template <typename T>
 T *writable(py::array_t<T> &a, const char *name, int64_t rows, int64_t cols) {
     if (a.ndim() != 2 || a.shape(0) != rows || a.shape(1) != cols) {
@@ -212,6 +314,15 @@ T *row_vector(py::array_t<T> &a, const char *name, int64_t rows) {
         throw std::invalid_argument(std::string(name) + " must be a writable C-contiguous [rows] array");
     }
     return a.mutable_data();
+}
+
+// Row r's allowed keys: all cols without a causal offset, else min(cols, first + r + 1), at least 0.
+int64_t allowed_keys(bool is_causal, int64_t first, int64_t r, int64_t cols) {
+    if (!is_causal) {
+        return cols;
+    }
+    const int64_t last = first + r;  // last allowed key of row r
+    return last + 1 < cols ? (last + 1 > 0 ? last + 1 : 0) : cols;
 }
 
 // In place: scores [rows, cols] -> e^(s - row max) on the allowed keys, 0 on masked ones.
@@ -247,11 +358,7 @@ void softmax_tile(py::array_t<double> scores, py::array_t<double> stats, py::obj
     {
         py::gil_scoped_release release;
         for (int64_t r = 0; r < rows; ++r) {
-            int64_t allowed = cols;
-            if (is_causal) {
-                const int64_t last = first + r;  // last allowed key of row r
-                allowed = last + 1 < cols ? (last + 1 > 0 ? last + 1 : 0) : cols;
-            }
+            const int64_t allowed = allowed_keys(is_causal, first, r, cols);
             const RowStats row = softmax_row(s + r * cols, allowed, cols, p32 ? p32 + r * cols : nullptr,
                                              p2 ? p2 + r * cols : nullptr, floor);
             st[r] = row.max;
@@ -259,6 +366,32 @@ void softmax_tile(py::array_t<double> scores, py::array_t<double> stats, py::obj
             st[2 * rows + r] = row.sum;
             st[3 * rows + r] = row.sumsq;
         }
+    }
+}
+
+// In place: float32 scores [rows, cols] -> P rounded to the input dtype (bf16, or fp16 with subnormals
+// flushed) on the allowed keys, 0 on masked ones; denom [rows] receives the float32 sums of the unrounded P.
+void baseline_softmax_tile(py::array_t<float> scores, py::array_t<float> denom, float scale, py::object causal,
+                           const std::string &dtype) {
+    Rounding rounding;
+    if (dtype == "bf16") {
+        rounding = Rounding::bf16;
+    } else if (dtype == "fp16") {
+        rounding = Rounding::fp16_flushed;
+    } else {
+        throw std::invalid_argument("dtype must be 'bf16' or 'fp16', got '" + dtype + "'");
+    }
+    if (scores.ndim() != 2) {
+        throw std::invalid_argument("scores must be a 2-D float32 array");
+    }
+    const int64_t rows = scores.shape(0), cols = scores.shape(1);
+    float *s = writable(scores, "scores", rows, cols);
+    float *d = row_vector(denom, "denom", rows);
+    const bool is_causal = !causal.is_none();
+    const int64_t first = is_causal ? causal.cast<int64_t>() : -1;
+    py::gil_scoped_release release;
+    for (int64_t r = 0; r < rows; ++r) {
+        d[r] = baseline_row(s + r * cols, allowed_keys(is_causal, first, r, cols), cols, scale, rounding);
     }
 }
 
@@ -338,6 +471,10 @@ PYBIND11_MODULE(_tile_kernel, m) {
           py::arg("p32"), py::arg("p2_32"), py::arg("floor"),
           "In place: scores -> e^(s - row max) on allowed keys (0 on masked ones); stats[4, rows] = max, "
           "min, sum P, sum P^2; optionally P and P^2 rounded up to float32 and floored at floor (0 on masked keys).");
+    m.def("baseline_softmax_tile", &baseline_softmax_tile, py::arg("scores"), py::arg("denom"), py::arg("scale"),
+          py::arg("causal_first"), py::arg("dtype"),
+          "In place: float32 scores -> P = e^(s scale - row max) rounded to dtype (fp16: subnormals flushed), 0 on "
+          "masked keys; denom[rows] = float32 sums of the unrounded P.");
     m.def("scaled_products", &scaled_products, py::arg("p"), py::arg("denom"), py::arg("raw"), py::arg("ps"),
           py::arg("ps_abs"), "ps = (p / denom[row]) * raw and ps_abs = |ps|, as numpy's separate steps round them.");
     m.def("round_to_bf16", &round_to_bf16, py::arg("values"), py::arg("out"),
