@@ -269,14 +269,14 @@ def fused_tile(
         "score_dot": np.linalg.norm(qs, axis=1) * _largest_key_norm(np.linalg.norm(k, axis=1), q.shape[0], diag),
     }
     m = stats[0][:, None]
-    ps, ps_abs = work.take("ps", shape, np.float64), work.take("ps_abs", shape, np.float64)
-    tile_kernel().scaled_products(p, stats[2], raw, ps, ps_abs)  # (P / sum) s and its |.|: one pass
+    ps, sums = work.take("ps", shape, np.float64), np.empty((2, q.shape[0]))
+    tile_kernel().scaled_products(p, stats[2], raw, ps, sums)  # (P / sum) s and the row sums of |.| and of it
     if subnormal_terms:  # fp16: the keys whose e may be flushed to zero, and the renormalisation they cause
         sub = p * subnormal_weight(p)
         dropped = sub.sum(axis=1, keepdims=True)  # over the kept sum: a flushed row renormalises by it
         sub_abs = gemm(sub, np.abs(v), np.empty((q.shape[0], v.shape[1])))
         out["pv_sub"] = (sub_abs + dropped * np.abs(golden)) / (denom - dropped)
-    ps_sums = (ps_abs.sum(axis=1, keepdims=True), ps.sum(axis=1, keepdims=True))
+    ps_sums = (sums[0][:, None], sums[1][:, None])
     psv = value_gemm(ps, vt)
     out["pv_scale"] = _scale_derivative(psv, *ps_sums, golden, np.abs(v).max(axis=0), k.shape[0])
     if score_terms:

@@ -395,11 +395,11 @@ void baseline_softmax_tile(py::array_t<float> scores, py::array_t<float> denom, 
     }
 }
 
-// T's products in one pass: ps = (p / denom[row]) * raw and ps_abs = |ps|, rounded exactly as numpy's
-// separate divide, multiply and abs round (two roundings, no contraction: there is no add), so the
-// golden's bits do not depend on which of the two computed them.
+// T's products in one pass: ps = (p / denom[row]) * raw, rounded exactly as numpy's separate divide and
+// multiply round (two roundings, no contraction: there is no add), and sums [2, rows] = the row sums of
+// |ps| and of ps (float64, eight lanes: within T's guard of (keys + 4) eps64, which bounds any order).
 void scaled_products(py::array_t<double> p, py::array_t<double> denom, py::array_t<double> raw,
-                     py::array_t<double> ps, py::array_t<double> ps_abs) {
+                     py::array_t<double> ps, py::array_t<double> sums) {
     if (p.ndim() != 2) {
         throw std::invalid_argument("p must be a 2-D float64 array");
     }
@@ -408,16 +408,21 @@ void scaled_products(py::array_t<double> p, py::array_t<double> denom, py::array
     const double *d = row_vector(denom, "denom", rows);
     const double *rr = writable(raw, "raw", rows, cols);
     double *out = writable(ps, "ps", rows, cols);
-    double *out_abs = writable(ps_abs, "ps_abs", rows, cols);
+    double *sum = writable(sums, "sums", 2, rows);
     py::gil_scoped_release release;
     for (int64_t r = 0; r < rows; ++r) {
         const double dr = d[r];
         const int64_t at = r * cols;
+        double total_abs = 0.0, total = 0.0;
+#pragma omp simd reduction(+ : total_abs, total)
         for (int64_t j = 0; j < cols; ++j) {
             const double value = (pp[at + j] / dr) * rr[at + j];
             out[at + j] = value;
-            out_abs[at + j] = std::fabs(value);
+            total_abs += std::fabs(value);
+            total += value;
         }
+        sum[r] = total_abs;
+        sum[rows + r] = total;
     }
 }
 
@@ -476,7 +481,8 @@ PYBIND11_MODULE(_tile_kernel, m) {
           "In place: float32 scores -> P = e^(s scale - row max) rounded to dtype (fp16: subnormals flushed), 0 on "
           "masked keys; denom[rows] = float32 sums of the unrounded P.");
     m.def("scaled_products", &scaled_products, py::arg("p"), py::arg("denom"), py::arg("raw"), py::arg("ps"),
-          py::arg("ps_abs"), "ps = (p / denom[row]) * raw and ps_abs = |ps|, as numpy's separate steps round them.");
+          py::arg("sums"),
+          "ps = (p / denom[row]) * raw, as numpy's separate steps round it; sums[2, rows] = row sums of |ps| and ps.");
     m.def("round_to_bf16", &round_to_bf16, py::arg("values"), py::arg("out"),
           "float64 -> bf16 bits (nearest even, one rounding) into out; False where a value leaves bf16's normal range.");
     m.def("exp_nonpositive", &exp_nonpositive_array, py::arg("x"), "The kernel's e^x for x <= 0.");

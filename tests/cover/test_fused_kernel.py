@@ -81,25 +81,30 @@ def test_fused_golden_agrees_with_the_unfused_formula(spec: object) -> None:
     assert worst_disagreement(spec) <= AGREEMENT  # type: ignore[arg-type]
 
 
-def test_scaled_products_round_as_numpys_separate_steps() -> None:
+def test_scaled_products_round_as_numpys_separate_steps_and_sum_the_rows() -> None:
     rng = np.random.default_rng(5)
     p = rng.uniform(0.0, 1.0, (37, 211))
     p[:, -9:] = 0.0  # masked keys
     raw = rng.normal(0.0, 30.0, p.shape)
     denom = rng.uniform(1.0, 200.0, (p.shape[0],))
-    ps, ps_abs = np.full_like(p, np.nan), np.full_like(p, np.nan)
-    kernel.scaled_products(p, denom, raw, ps, ps_abs)
+    ps, sums = np.full_like(p, np.nan), np.full((2, p.shape[0]), np.nan)
+    kernel.scaled_products(p, denom, raw, ps, sums)
     expected = (p / denom[:, None]) * raw
     assert np.array_equal(ps.view(np.uint64), expected.view(np.uint64))  # bit for bit, signed zeros too
-    assert np.array_equal(ps_abs, np.abs(expected))
+    # T's guard bounds the sums' error by (keys + 4) eps64 times the sum of |ps|, whatever the order
+    bound = (p.shape[1] + 4) * np.finfo(np.float64).eps * np.abs(expected).sum(axis=1)
+    assert np.all(np.abs(sums[0] - np.abs(expected).sum(axis=1)) <= bound)
+    assert np.all(np.abs(sums[1] - expected.sum(axis=1)) <= bound)
 
 
 def test_scaled_products_refuse_mismatched_shapes() -> None:
     p = np.zeros((4, 8))
     with pytest.raises(ValueError, match="ps must be"):
-        kernel.scaled_products(p, np.ones(4), p.copy(), np.zeros((4, 7)), p.copy())
+        kernel.scaled_products(p, np.ones(4), p.copy(), np.zeros((4, 7)), np.zeros((2, 4)))
     with pytest.raises(ValueError, match="denom must be"):
-        kernel.scaled_products(p, np.ones(3), p.copy(), p.copy(), p.copy())
+        kernel.scaled_products(p, np.ones(3), p.copy(), p.copy(), np.zeros((2, 4)))
+    with pytest.raises(ValueError, match="sums must be"):
+        kernel.scaled_products(p, np.ones(4), p.copy(), p.copy(), np.zeros((4, 2)))
 
 
 def baseline_scores(rng: np.random.Generator, scale: float) -> np.ndarray:
