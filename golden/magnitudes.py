@@ -60,7 +60,6 @@ from mlaconf.golden.reference import (
     ROUNDED_UP_FLOOR,
     HeadTask,
     Workspace,
-    apply_causal,
     effective_scale,
     for_each_tile,
     fused_scores,
@@ -248,7 +247,6 @@ def fused_tile(
     shape = (q.shape[0], k.shape[0])  # tile-sized temporaries live in the thread's workspace: no fresh pages
     raw = work.take("raw", shape, np.float64)  # T (and S) need the raw scores, masked keys as 0
     p, stats, rounded = fused_scores(qs, k, diag, work, rounded_up=True, raw=raw)
-    apply_causal(raw, diag, 0.0)
     assert rounded is not None
     p32, p2_32 = rounded
     denom = stats[2][:, None]

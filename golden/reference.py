@@ -223,11 +223,10 @@ def fused_scores(
     """``P = e^(q k^T - row max)`` (0 on masked keys) in a workspace tile, and its row statistics
     ``[4, rows]`` (max and min of the allowed scores, sum of P, sum of P^2); with ``rounded_up``
     also P and P^2 as float32 rounded up (floored at float32's smallest normal: :mod:`mlaconf.golden.magnitudes`).
-    ``raw`` receives a copy of the scores before the softmax (a copy costs far less than a second GEMM)."""
+    ``raw`` receives the scores before the softmax with masked keys 0, copied in the kernel's pass (a copy
+    costs far less than a second GEMM)."""
     rows, cols = q.shape[0], k.shape[0]
     scores = gemm(q, k.T, work.take("scores", (rows, cols), np.float64))
-    if raw is not None:
-        np.copyto(raw, scores)
     stats = np.empty((4, rows))
     p32 = (
         (work.take("p32", (rows, cols), np.float32), work.take("p2_32", (rows, cols), np.float32))
@@ -235,7 +234,7 @@ def fused_scores(
         else None
     )
     first = None if diag is None else diag[0] + diag[1]
-    tile_kernel().softmax_tile(scores, stats, first, *(p32 or (None, None)), ROUNDED_UP_FLOOR)
+    tile_kernel().softmax_tile(scores, stats, first, *(p32 or (None, None)), ROUNDED_UP_FLOOR, raw)
     return scores, stats, p32
 
 

@@ -103,7 +103,7 @@ struct RowStats {
 };
 
 MLA_INLINE RowStats softmax_row_body(double *s, int64_t allowed, int64_t cols, float *p32, float *p2_32,
-                                     float floor) {
+                                     float floor, double *raw) {
     int32_t floor_scalar_bits;
     std::memcpy(&floor_scalar_bits, &floor, sizeof floor_scalar_bits);
     const v8i floor_bits = v8i{} + floor_scalar_bits;
@@ -113,6 +113,10 @@ MLA_INLINE RowStats softmax_row_body(double *s, int64_t allowed, int64_t cols, f
     for (int64_t j = 0; j < allowed; ++j) {
         mx = s[j] > mx ? s[j] : mx;
         mn = s[j] < mn ? s[j] : mn;
+    }
+    if (raw != nullptr) {  // the scores before the softmax, masked keys 0 (what T and S read)
+        std::memcpy(raw, s, sizeof(double) * static_cast<size_t>(allowed));
+        std::fill(raw + allowed, raw + cols, 0.0);
     }
     v8d vsum{}, vsumsq{};
     int64_t j = 0;
@@ -162,20 +166,21 @@ MLA_INLINE RowStats softmax_row_body(double *s, int64_t allowed, int64_t cols, f
     return {mx, mn, sum, sumsq};
 }
 
-using RowKernel = RowStats (*)(double *, int64_t, int64_t, float *, float *, float);
+using RowKernel = RowStats (*)(double *, int64_t, int64_t, float *, float *, float, double *);
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma"))) RowStats softmax_row_avx512(
-    double *s, int64_t allowed, int64_t cols, float *p32, float *p2_32, float floor) {
-    return softmax_row_body(s, allowed, cols, p32, p2_32, floor);
+    double *s, int64_t allowed, int64_t cols, float *p32, float *p2_32, float floor, double *raw) {
+    return softmax_row_body(s, allowed, cols, p32, p2_32, floor, raw);
 }
 __attribute__((target("avx2,fma"))) RowStats softmax_row_avx2(double *s, int64_t allowed, int64_t cols, float *p32,
-                                                               float *p2_32, float floor) {
-    return softmax_row_body(s, allowed, cols, p32, p2_32, floor);
+                                                               float *p2_32, float floor, double *raw) {
+    return softmax_row_body(s, allowed, cols, p32, p2_32, floor, raw);
 }
 #endif
-RowStats softmax_row_baseline(double *s, int64_t allowed, int64_t cols, float *p32, float *p2_32, float floor) {
-    return softmax_row_body(s, allowed, cols, p32, p2_32, floor);
+RowStats softmax_row_baseline(double *s, int64_t allowed, int64_t cols, float *p32, float *p2_32, float floor,
+                              double *raw) {
+    return softmax_row_body(s, allowed, cols, p32, p2_32, floor, raw);
 }
 
 // The widest variant this CPU runs, chosen once (GCC's target_clones does not dispatch static functions).
@@ -327,9 +332,10 @@ int64_t allowed_keys(bool is_causal, int64_t first, int64_t r, int64_t cols) {
 
 // In place: scores [rows, cols] -> e^(s - row max) on the allowed keys, 0 on masked ones.
 // Row r may see keys j < allowed(r): cols without a causal offset, else min(cols, first + r + 1)
-// with first = row0 + offset.  stats [4, rows] receives max, min, sum P, sum P^2 per row.
+// with first = row0 + offset.  stats [4, rows] receives max, min, sum P, sum P^2 per row; raw (optional)
+// a copy of the scores before the softmax with masked keys 0.
 void softmax_tile(py::array_t<double> scores, py::array_t<double> stats, py::object causal, py::object p32_obj,
-                  py::object p2_obj, float floor) {
+                  py::object p2_obj, float floor, py::object raw_obj) {
     if (!(floor > 0.0f) || !std::isnormal(floor)) {
         throw std::invalid_argument("floor must be a positive normal float32");
     }
@@ -355,12 +361,18 @@ void softmax_tile(py::array_t<double> scores, py::array_t<double> stats, py::obj
         p32 = writable(p32_arr, "p32", rows, cols);
         p2 = writable(p2_arr, "p2_32", rows, cols);
     }
+    double *raw = nullptr;
+    py::array_t<double> raw_arr;
+    if (!raw_obj.is_none()) {
+        raw_arr = raw_obj.cast<py::array_t<double>>();
+        raw = writable(raw_arr, "raw", rows, cols);
+    }
     {
         py::gil_scoped_release release;
         for (int64_t r = 0; r < rows; ++r) {
             const int64_t allowed = allowed_keys(is_causal, first, r, cols);
             const RowStats row = softmax_row(s + r * cols, allowed, cols, p32 ? p32 + r * cols : nullptr,
-                                             p2 ? p2 + r * cols : nullptr, floor);
+                                             p2 ? p2 + r * cols : nullptr, floor, raw ? raw + r * cols : nullptr);
             st[r] = row.max;
             st[rows + r] = row.min;
             st[2 * rows + r] = row.sum;
@@ -473,9 +485,10 @@ py::array_t<double> exp_nonpositive_array(py::array_t<double, py::array::c_style
 PYBIND11_MODULE(_tile_kernel, m) {
     m.doc() = "Fused softmax passes of the golden generator's float64 attention tiles";
     m.def("softmax_tile", &softmax_tile, py::arg("scores"), py::arg("stats"), py::arg("causal_first"),
-          py::arg("p32"), py::arg("p2_32"), py::arg("floor"),
+          py::arg("p32"), py::arg("p2_32"), py::arg("floor"), py::arg("raw") = py::none(),
           "In place: scores -> e^(s - row max) on allowed keys (0 on masked ones); stats[4, rows] = max, "
-          "min, sum P, sum P^2; optionally P and P^2 rounded up to float32 and floored at floor (0 on masked keys).");
+          "min, sum P, sum P^2; optionally P and P^2 rounded up to float32 and floored at floor (0 on masked keys) "
+          "and raw = the scores before, masked keys 0.");
     m.def("baseline_softmax_tile", &baseline_softmax_tile, py::arg("scores"), py::arg("denom"), py::arg("scale"),
           py::arg("causal_first"), py::arg("dtype"),
           "In place: float32 scores -> P = e^(s scale - row max) rounded to dtype (fp16: subnormals flushed), 0 on "

@@ -41,10 +41,12 @@ def test_softmax_tile_masks_and_reports_row_statistics(causal_first: int | None)
     work = scores.copy()
     stats = np.empty((4, 9))
     p32, p2 = np.empty((9, 37), np.float32), np.empty((9, 37), np.float32)
-    kernel.softmax_tile(work, stats, causal_first, p32, p2, ROUNDED_UP_FLOOR)
+    raw = np.full_like(scores, np.nan)
+    kernel.softmax_tile(work, stats, causal_first, p32, p2, ROUNDED_UP_FLOOR, raw)
     for r in range(9):
         allowed = 37 if causal_first is None else max(0, min(37, causal_first + r + 1))
         row = scores[r, :allowed]
+        assert np.array_equal(raw[r, :allowed], row) and not raw[r, allowed:].any()  # the scores before, masked 0
         if allowed == 0:
             assert not work[r].any() and not p32[r].any()
             continue
