@@ -301,8 +301,8 @@ def format_interleaved(report: dict[str, Any]) -> str:
     m = report["machine"]
     lines = [
         f"machine: {m['nproc']} cores, {m['cpu']}; BLAS {m['blas']}; threads {report['threads']}",
-        f"A/B interleaved, {report['repeats']} rounds; ratio = arm GF/s (useful FLOPs) / GEMM {report['gemm_n']}^3 GF/s"
-        " of the same round: median [min, max]",
+        f"A/B interleaved, {report['repeats']} rounds; ratio = arm GF/s (useful FLOPs; tile_gemm: the FLOPs it "
+        f"computes) / GEMM {report['gemm_n']}^3 GF/s of the same round: median [min, max]",
     ]
     for row in report["cases"]:
         load = row["load1"]
