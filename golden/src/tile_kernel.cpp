@@ -1,10 +1,12 @@
 // Fused softmax steps of the golden generator's attention tiles (mlaconf.golden._tile_kernel).
 //
-// The GEMMs stay in BLAS (numpy); between them a tile of scores [rows, cols] is turned into
+// The GEMMs stay in BLAS (torch's MKL); between them a tile of scores [rows, cols] is turned into
 // unnormalised probabilities in one pass per row while the row sits in L1/L2: causal mask,
 // row max and min, exp(s - max), the row sums of P and P^2, and (for the magnitudes' float32
-// GEMMs) P and P^2 rounded up to float32 and floored (mlaconf.golden.magnitudes says why).  numpy needs four to six passes over the tile in memory
-// for the same work, and its float64 exp is scalar libm.
+// GEMMs) P and P^2 rounded up to float32 and floored (mlaconf.golden.magnitudes says why).  numpy
+// needs four to six passes over the tile in memory for the same work, and its float64 exp is scalar
+// libm.  The emulated baseline's float32 tiles get one such pass too (baseline_softmax_tile: scale,
+// mask, max, exp, row sum, P rounded to bf16 / fp16).
 //
 // exp is our own: Cody-Waite reduction by ln 2 and a degree-13 Taylor polynomial on |r| <= ln2/2
 // (truncation below 2^-60 relative), evaluated with FMA, scaled by 2^n in two steps so gradual
