@@ -10,9 +10,9 @@ fp16 subnormals are flushed to zero (P and the output): of the two legitimate un
 (docs/conformance.md "Flush-to-zero") the one with the larger error, so the benchmark ratios of a
 device that flushes and of one with gradual underflow are both measured against it.
 
-The kernels work in place on one float32 score tile and mask only the diagonal block; the bf16
-rounding of P is done with integer arithmetic (exact round-to-nearest-even, several times
-faster than a cast through ml_dtypes).
+The kernels work in place on one float32 score tile and mask only the diagonal block; on the fp32
+score path the steps between the GEMMs run in the compiled tile kernel, rounding P to bf16 or fp16
+with integer arithmetic (exact round-to-nearest-even).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from mlaconf.golden.reference import (
     TileKernel,
     Workspace,
     _torch,
-    apply_causal,
     attention,
     causal_block,
     gemm,
+    tile_kernel,
 )
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.types import OpInputs
@@ -66,23 +66,6 @@ def _gemm32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return gemm(a, b, np.empty((a.shape[0], b.shape[1]), dtype=np.float32))
 
 
-def round_to_bf16(values: np.ndarray) -> np.ndarray:
-    """float32 -> nearest bf16 (ties to even), kept as float32; finite inputs only.
-
-    bf16 is the upper half of a float32, so rounding is adding half an ulp (minus one when the
-    kept part is even) to the bit pattern and clearing the low 16 bits; carries into the exponent
-    are exactly what rounding up across a binade or to infinity needs.
-    """
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).copy()
-    odd = bits >> 16
-    odd &= 1
-    bits += odd
-    bits += 0x7FFF
-    bits &= 0xFFFF0000
-    rounded: np.ndarray = bits.view(np.float32)
-    return rounded
-
-
 def fp16_score_path(scale: float) -> TileKernel:
     """fp16 with maskType 0/2: scores, scale, mask and max in fp16; exp and sum in fp32."""
     scale16 = np.float32(np.float16(scale))
@@ -108,29 +91,20 @@ def fp16_score_path(scale: float) -> TileKernel:
 
 
 def fp32_score_path(dtype: np.dtype) -> TileKernel:
-    """bf16 (all masks) and fp16 CAUSAL: scores in fp32, P cast to the input dtype."""
+    """bf16 (all masks) and fp16 CAUSAL: scores in fp32, P cast to the input dtype.
 
-    torch = _torch()
+    Between the two GEMMs one compiled pass per row (``baseline_softmax_tile``: scale, mask, row max,
+    exp, the fp32 row sum, P rounded in place) replaces numpy's six passes over the tile."""
+    rounding = "fp16" if dtype == _HALF else "bf16"
     work = Workspace()  # the tile's scores reuse one buffer per thread (fresh pages cost page faults)
-
-    def round_p(probs: np.ndarray) -> np.ndarray:
-        if dtype == _HALF:
-            return flush_fp16_subnormals(_to(probs, _HALF))
-        if torch is not None and probs.flags.c_contiguous:  # torch's cast: the same RNE, in place, ~2x faster
-            tensor = torch.from_numpy(probs)
-            tensor.copy_(tensor.bfloat16())
-            return probs
-        return round_to_bf16(probs)
 
     def kernel(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, diag: Diag) -> np.ndarray:
         scores = gemm(q, k.T, work.take("scores32", (q.shape[0], k.shape[0]), np.float32))
-        scores *= np.float32(scale)
-        apply_causal(scores, diag, -np.inf)
-        scores -= scores.max(axis=1, keepdims=True)
-        np.exp(scores, out=scores)
-        denom = scores.sum(axis=1, keepdims=True, dtype=np.float32)
-        out = _gemm32(round_p(scores), v)
-        out /= denom
+        denom = np.empty(q.shape[0], dtype=np.float32)
+        first = None if diag is None else diag[0] + diag[1]
+        tile_kernel().baseline_softmax_tile(scores, denom, float(np.float32(scale)), first, rounding)
+        out = _gemm32(scores, v)
+        out /= denom[:, None]
         return out
 
     return kernel

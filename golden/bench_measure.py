@@ -20,11 +20,24 @@ from typing import Any
 
 import numpy as np
 
-from mlaconf.golden.bench_limits import build_work, limit_report, measure_rates
+from mlaconf.facts.operator import SCORE_DIM, V_DIM
+from mlaconf.golden.bench_limits import build_work, computed_pairs, limit_report, measure_rates
 from mlaconf.golden.inputs import generate_inputs
-from mlaconf.golden.reference import DEFAULT_TILE, blas_threads, effective_scale, reference_attention
+from mlaconf.golden.reference import (
+    DEFAULT_TILE,
+    FUSED_TILE,
+    HeadTask,
+    Workspace,
+    blas_threads,
+    effective_scale,
+    for_each_tile,
+    gemm,
+    reference_attention,
+    value_gemm,
+)
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.spec_build import build_case
+from mlaconf.golden.types import OpInputs
 
 #: The benchmark's cases: name -> spec fields (one batch, 16 heads, bf16 inputs).
 CASES: dict[str, dict[str, Any]] = {
@@ -191,11 +204,25 @@ def _measure_build(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def tile_gemms(inputs: OpInputs, spec: CaseSpec, threads: int) -> None:
+    """The fused reference's two float64 GEMMs at its tiles' shapes (``q k^T`` and :func:`value_gemm`, same
+    tiles, same workers) with nothing between them: the GEMM "at the size of the tiles'" that the
+    reference is also measured against; its rate counts the FLOPs computed (masked corners included)."""
+    work = Workspace()
+
+    def visit(task: HeadTask, i0: int, i1: int, k_end: int, diag: tuple[int, int] | None) -> None:
+        scores = gemm(task.q[i0:i1], task.k[:k_end].T, work.take("scores", (i1 - i0, k_end), np.float64))
+        value_gemm(scores, task.vt[:, :k_end])
+
+    for_each_tile(inputs, spec, visit, np.float64, tile=FUSED_TILE, threads=threads)
+
+
 def _measure_interleaved(job: dict[str, Any]) -> dict[str, Any]:
     """A/B interleaved in one process: per round a float64 GEMM, the fused reference, the unfused
-    numpy reference it replaced, and an end-to-end build (``build_golden`` + write), in a rotating
-    order; each arm's ratio to the GEMM sample of the same round, so a load change on this shared
-    machine moves both sides of a ratio together.  ``os.getloadavg()`` is kept per round."""
+    numpy reference it replaced, an end-to-end build (``build_golden`` + write) and the reference's
+    GEMMs alone at its tiles' shapes (:func:`tile_gemms`, whose rate counts the FLOPs it computes), in a
+    rotating order; each arm's ratio to the GEMM sample of the same round, so a load change on this
+    shared machine moves both sides of a ratio together.  ``os.getloadavg()`` is kept per round."""
     import tempfile
 
     from mlaconf.golden.generate import GENERATOR_VERSION, build_golden
@@ -214,10 +241,12 @@ def _measure_interleaved(job: dict[str, Any]) -> dict[str, Any]:
         golden = build_golden(spec, threads=threads)
         write_golden(golden, Path(tmp.name) / f"{spec.case_id}.h5", GENERATOR_VERSION)
 
+    computed_flops = 2.0 * (SCORE_DIM + V_DIM) * computed_pairs(spec, FUSED_TILE)
     arms: dict[str, tuple[Callable[[], object], float]] = {
         "gemm": (lambda: a @ b, 2.0 * n**3),
         "reference": (lambda: reference_attention(inputs, spec, threads=threads), spec.useful_flops),
         "unfused": (lambda: attention(inputs, spec, float64_tile, np.float64, threads=threads), spec.useful_flops),
+        "tile_gemm": (lambda: tile_gemms(inputs, spec, threads), computed_flops),
     }
     if job.get("end_to_end", True):
         arms["e2e"] = (end_to_end, spec.useful_flops)

@@ -25,7 +25,9 @@ from mlaconf.golden.types import GoldenCase, OpInputs
 #: 2.3: baseline statistics are golden.stats.ErrorStats (the baseline-relative rules' denominators only);
 #: 2.4: pv_sub (fp16 flush-to-zero magnitude), structured inputs, a flushing baseline;
 #: 2.5: fused tile kernel (its exp and summation order), pv_abs/pv_rss from float32 GEMMs lifted to bounds.
-GENERATOR_VERSION = "2.5"
+#: 2.6: P V and (P s) V as transposed GEMMs (their summation order); the baseline's fp32 score path in the
+#: compiled kernel (its exp and row sum).
+GENERATOR_VERSION = "2.6"
 
 
 def _version(package: str) -> str:

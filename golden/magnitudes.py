@@ -60,7 +60,6 @@ from mlaconf.golden.reference import (
     ROUNDED_UP_FLOOR,
     HeadTask,
     Workspace,
-    apply_causal,
     effective_scale,
     for_each_tile,
     fused_scores,
@@ -69,6 +68,7 @@ from mlaconf.golden.reference import (
     tile_bounds,
     tile_flops,
     tile_kernel,
+    value_gemm,
 )
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.types import OpInputs
@@ -236,20 +236,22 @@ def fused_tile(
     score_terms: bool,
     work: Workspace,
     subnormal_terms: bool = False,
+    vt: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """The golden ``out`` exactly as :func:`mlaconf.golden.reference.fused_tile` computes it, and the
     magnitudes from the same exponentials: ``pv_abs`` and ``pv_rss`` from float32 GEMMs of the
     rounded-up operands lifted by :func:`lift_float32_sum` (never below their float64 values), the
-    row magnitudes from the kernel's float64 row statistics."""
+    row magnitudes from the kernel's float64 row statistics.  ``vt`` is ``v`` transposed (the task's,
+    so that it is not copied per tile; made here when None)."""
     qs = q * scale
     shape = (q.shape[0], k.shape[0])  # tile-sized temporaries live in the thread's workspace: no fresh pages
     raw = work.take("raw", shape, np.float64)  # T (and S) need the raw scores, masked keys as 0
     p, stats, rounded = fused_scores(qs, k, diag, work, rounded_up=True, raw=raw)
-    apply_causal(raw, diag, 0.0)
     assert rounded is not None
     p32, p2_32 = rounded
     denom = stats[2][:, None]
-    golden = gemm(p, v, np.empty((q.shape[0], v.shape[1])))
+    vt = np.ascontiguousarray(v.T) if vt is None else vt
+    golden = value_gemm(p, vt)
     golden /= denom
     # The exact A and R never exceed max |V| (A is a mean of |V|, R <= max |V| sqrt(sum P^2) <= max |V|): capped
     # there, the bound stays inside bf16's range (rounded up to bf16 it can never become inf)
@@ -265,15 +267,15 @@ def fused_tile(
         "score_dot": np.linalg.norm(qs, axis=1) * _largest_key_norm(np.linalg.norm(k, axis=1), q.shape[0], diag),
     }
     m = stats[0][:, None]
-    ps, ps_abs = work.take("ps", shape, np.float64), work.take("ps_abs", shape, np.float64)
-    tile_kernel().scaled_products(p, stats[2], raw, ps, ps_abs)  # (P / sum) s and its |.|: one pass
+    ps, sums = work.take("ps", shape, np.float64), np.empty((2, q.shape[0]))
+    tile_kernel().scaled_products(p, stats[2], raw, ps, sums)  # (P / sum) s and the row sums of |.| and of it
     if subnormal_terms:  # fp16: the keys whose e may be flushed to zero, and the renormalisation they cause
         sub = p * subnormal_weight(p)
         dropped = sub.sum(axis=1, keepdims=True)  # over the kept sum: a flushed row renormalises by it
         sub_abs = gemm(sub, np.abs(v), np.empty((q.shape[0], v.shape[1])))
         out["pv_sub"] = (sub_abs + dropped * np.abs(golden)) / (denom - dropped)
-    ps_sums = (ps_abs.sum(axis=1, keepdims=True), ps.sum(axis=1, keepdims=True))
-    psv = gemm(ps, v, np.empty((q.shape[0], v.shape[1])))
+    ps_sums = (sums[0][:, None], sums[1][:, None])
+    psv = value_gemm(ps, vt)
     out["pv_scale"] = _scale_derivative(psv, *ps_sums, golden, np.abs(v).max(axis=0), k.shape[0])
     if score_terms:
         probs = np.divide(p, denom, out=work.take("probs", shape, np.float64))
@@ -420,7 +422,16 @@ def reference_and_magnitudes(
     def visit(task: HeadTask, i0: int, i1: int, k_end: int, diag: tuple[int, int] | None) -> None:
         ops = value_operands(task.v)
         part = fused_tile(
-            task.q[i0:i1], task.k[:k_end], task.v[:k_end], ops, scale, diag, score_terms, work, subnormal_terms
+            task.q[i0:i1],
+            task.k[:k_end],
+            task.v[:k_end],
+            ops,
+            scale,
+            diag,
+            score_terms,
+            work,
+            subnormal_terms,
+            task.vt[:, :k_end],
         )
         golden[task.q_start + i0 : task.q_start + i1, task.head] = part["out"]
         put(task, i0, i1, part)

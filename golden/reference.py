@@ -65,6 +65,7 @@ class HeadTask:
     q: np.ndarray  # [q_len, 192]
     k: np.ndarray  # [kv_len, 192]
     v: np.ndarray  # [kv_len, 128]
+    vt: np.ndarray  # [128, kv_len], V transposed, C-contiguous: the operand of value_gemm
 
 
 #: A tile kernel computes attention rows for queries ``q`` against keys ``k[:k_end]``.
@@ -93,9 +94,10 @@ def iter_head_tasks(inputs: OpInputs, spec: CaseSpec, compute_dtype: type[np.flo
             # Fortran order: the tiles' ``q @ k[:k_end].T`` is then a plain (NN) GEMM, ~5-9 % faster
             k = np.asfortranarray(np.concatenate([kn[:, g], kr[:, g]], axis=1), dtype=compute_dtype)
             v = np.ascontiguousarray(vv[:, g], dtype=compute_dtype)
+            vt = np.ascontiguousarray(v.T)
             for h in range(g * group, (g + 1) * group):
                 q = np.concatenate([qn[rows, h], qr[rows, h]], axis=1).astype(compute_dtype)
-                yield HeadTask(b, h, int(starts[b]), q_len, causal_offset(spec, b), q, k, v)
+                yield HeadTask(b, h, int(starts[b]), q_len, causal_offset(spec, b), q, k, v, vt)
 
 
 def tile_bounds(task: HeadTask, tile: int) -> Iterator[tuple[int, int, int, tuple[int, int] | None]]:
@@ -199,6 +201,16 @@ def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
+def value_gemm(p: np.ndarray, vt: np.ndarray) -> np.ndarray:
+    """``p @ v`` for ``vt = v.T`` (C-contiguous rows, any row stride), as the transposed product ``vt @ p.T``
+    into a fresh array: MKL's float64 GEMM runs ~1.4x faster with the tile's rows as N than with V's 128
+    columns (docs/benchmarks.md).  Returns the ``[rows, 128]`` (Fortran-ordered) view."""
+    out = np.empty((vt.shape[0], p.shape[0]), dtype=p.dtype)
+    gemm(vt, p.T, out)
+    result: np.ndarray = out.T
+    return result
+
+
 def fused_scores(
     q: np.ndarray,
     k: np.ndarray,
@@ -211,11 +223,10 @@ def fused_scores(
     """``P = e^(q k^T - row max)`` (0 on masked keys) in a workspace tile, and its row statistics
     ``[4, rows]`` (max and min of the allowed scores, sum of P, sum of P^2); with ``rounded_up``
     also P and P^2 as float32 rounded up (floored at float32's smallest normal: :mod:`mlaconf.golden.magnitudes`).
-    ``raw`` receives a copy of the scores before the softmax (a copy costs far less than a second GEMM)."""
+    ``raw`` receives the scores before the softmax with masked keys 0, copied in the kernel's pass (a copy
+    costs far less than a second GEMM)."""
     rows, cols = q.shape[0], k.shape[0]
     scores = gemm(q, k.T, work.take("scores", (rows, cols), np.float64))
-    if raw is not None:
-        np.copyto(raw, scores)
     stats = np.empty((4, rows))
     p32 = (
         (work.take("p32", (rows, cols), np.float32), work.take("p2_32", (rows, cols), np.float32))
@@ -223,17 +234,18 @@ def fused_scores(
         else None
     )
     first = None if diag is None else diag[0] + diag[1]
-    tile_kernel().softmax_tile(scores, stats, first, *(p32 or (None, None)), ROUNDED_UP_FLOOR)
+    tile_kernel().softmax_tile(scores, stats, first, *(p32 or (None, None)), ROUNDED_UP_FLOOR, raw)
     return scores, stats, p32
 
 
 def fused_tile(
-    q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, diag: tuple[int, int] | None, work: Workspace
+    q: np.ndarray, k: np.ndarray, vt: np.ndarray, scale: float, diag: tuple[int, int] | None, work: Workspace
 ) -> np.ndarray:
     """:func:`float64_tile` with the elementwise steps fused in the compiled kernel (same scaled q,
-    same row max; the sums and exp round differently, within ~1e-15 of the result)."""
+    same row max; the sums, exp and ``P V`` (:func:`value_gemm`) round differently, within ~1e-15 of
+    the result); ``vt`` is V transposed."""
     p, stats, _ = fused_scores(q * scale, k, diag, work)
-    out = gemm(p, v, np.empty((q.shape[0], v.shape[1])))
+    out = value_gemm(p, vt)
     out /= stats[2][:, None]
     return out
 
@@ -414,13 +426,14 @@ def reference_attention(
     """
     if device == "cpu":
         work = Workspace()
+        out = np.zeros((spec.total_q, spec.head_num, V_DIM))
+        scale = effective_scale(spec)
 
-        def kernel(
-            q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, diag: tuple[int, int] | None
-        ) -> np.ndarray:
-            return fused_tile(q, k, v, scale, diag, work)
+        def visit(task: HeadTask, i0: int, i1: int, k_end: int, diag: tuple[int, int] | None) -> None:
+            tile_out = fused_tile(task.q[i0:i1], task.k[:k_end], task.vt[:, :k_end], scale, diag, work)
+            out[task.q_start + i0 : task.q_start + i1, task.head] = tile_out
 
-        out = attention(inputs, spec, kernel, np.float64, tile=tile or FUSED_TILE, threads=threads)
+        for_each_tile(inputs, spec, visit, np.float64, tile=tile or FUSED_TILE, threads=threads)
     else:
         out = torch_attention(inputs, spec, device=device, tile=tile or DEFAULT_GPU_TILE)
     return out.reshape(out_shape(spec)), row_valid(spec)

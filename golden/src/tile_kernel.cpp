@@ -1,10 +1,12 @@
 // Fused softmax steps of the golden generator's attention tiles (mlaconf.golden._tile_kernel).
 //
-// The GEMMs stay in BLAS (numpy); between them a tile of scores [rows, cols] is turned into
+// The GEMMs stay in BLAS (torch's MKL); between them a tile of scores [rows, cols] is turned into
 // unnormalised probabilities in one pass per row while the row sits in L1/L2: causal mask,
 // row max and min, exp(s - max), the row sums of P and P^2, and (for the magnitudes' float32
-// GEMMs) P and P^2 rounded up to float32 and floored (mlaconf.golden.magnitudes says why).  numpy needs four to six passes over the tile in memory
-// for the same work, and its float64 exp is scalar libm.
+// GEMMs) P and P^2 rounded up to float32 and floored (mlaconf.golden.magnitudes says why).  numpy
+// needs four to six passes over the tile in memory for the same work, and its float64 exp is scalar
+// libm.  The emulated baseline's float32 tiles get one such pass too (baseline_softmax_tile: scale,
+// mask, max, exp, row sum, P rounded to bf16 / fp16).
 //
 // exp is our own: Cody-Waite reduction by ln 2 and a degree-13 Taylor polynomial on |r| <= ln2/2
 // (truncation below 2^-60 relative), evaluated with FMA, scaled by 2^n in two steps so gradual
@@ -103,7 +105,7 @@ struct RowStats {
 };
 
 MLA_INLINE RowStats softmax_row_body(double *s, int64_t allowed, int64_t cols, float *p32, float *p2_32,
-                                     float floor) {
+                                     float floor, double *raw) {
     int32_t floor_scalar_bits;
     std::memcpy(&floor_scalar_bits, &floor, sizeof floor_scalar_bits);
     const v8i floor_bits = v8i{} + floor_scalar_bits;
@@ -113,6 +115,10 @@ MLA_INLINE RowStats softmax_row_body(double *s, int64_t allowed, int64_t cols, f
     for (int64_t j = 0; j < allowed; ++j) {
         mx = s[j] > mx ? s[j] : mx;
         mn = s[j] < mn ? s[j] : mn;
+    }
+    if (raw != nullptr) {  // the scores before the softmax, masked keys 0 (what T and S read)
+        std::memcpy(raw, s, sizeof(double) * static_cast<size_t>(allowed));
+        std::fill(raw + allowed, raw + cols, 0.0);
     }
     v8d vsum{}, vsumsq{};
     int64_t j = 0;
@@ -162,20 +168,21 @@ MLA_INLINE RowStats softmax_row_body(double *s, int64_t allowed, int64_t cols, f
     return {mx, mn, sum, sumsq};
 }
 
-using RowKernel = RowStats (*)(double *, int64_t, int64_t, float *, float *, float);
+using RowKernel = RowStats (*)(double *, int64_t, int64_t, float *, float *, float, double *);
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma"))) RowStats softmax_row_avx512(
-    double *s, int64_t allowed, int64_t cols, float *p32, float *p2_32, float floor) {
-    return softmax_row_body(s, allowed, cols, p32, p2_32, floor);
+    double *s, int64_t allowed, int64_t cols, float *p32, float *p2_32, float floor, double *raw) {
+    return softmax_row_body(s, allowed, cols, p32, p2_32, floor, raw);
 }
 __attribute__((target("avx2,fma"))) RowStats softmax_row_avx2(double *s, int64_t allowed, int64_t cols, float *p32,
-                                                               float *p2_32, float floor) {
-    return softmax_row_body(s, allowed, cols, p32, p2_32, floor);
+                                                               float *p2_32, float floor, double *raw) {
+    return softmax_row_body(s, allowed, cols, p32, p2_32, floor, raw);
 }
 #endif
-RowStats softmax_row_baseline(double *s, int64_t allowed, int64_t cols, float *p32, float *p2_32, float floor) {
-    return softmax_row_body(s, allowed, cols, p32, p2_32, floor);
+RowStats softmax_row_baseline(double *s, int64_t allowed, int64_t cols, float *p32, float *p2_32, float floor,
+                              double *raw) {
+    return softmax_row_body(s, allowed, cols, p32, p2_32, floor, raw);
 }
 
 // The widest variant this CPU runs, chosen once (GCC's target_clones does not dispatch static functions).
@@ -194,6 +201,108 @@ RowKernel pick_row_kernel() {
 }
 
 const RowKernel softmax_row = pick_row_kernel();
+
+// The emulated baseline's fp32 score path (mlaconf.golden.baseline) for one row: scale the fp32 scores,
+// row max, e = exp(s - max) rounded to float32 (our float64 exp, then one rounding), their sum (float64
+// lanes, rounded once to float32: within half an ulp of the exact sum of the float32 e, as numpy's pairwise
+// float32 sum is within a few), and e rounded to the input dtype in place, where the kernel's P.V reads it.
+enum class Rounding { bf16 = 0, fp16_flushed = 1 };
+
+// float32 -> bf16 (nearest even), kept as float32 bits: half an ulp (minus one when the kept bit is even).
+MLA_INLINE v8i round_bits_bf16(v8i bits) { return (bits + 0x7FFF + ((bits >> 16) & 1)) & ~0xFFFF; }
+MLA_INLINE int32_t round_bits_bf16(int32_t bits) { return (bits + 0x7FFF + ((bits >> 16) & 1)) & ~0xFFFF; }
+
+// e in [0, 1] -> nearest fp16 (even), kept as float32 bits, 0 where that is below fp16's smallest normal
+// 2^-14 (a flush-to-zero device's P): from 2^-14 - 2^-25 (the midpoint below 2^-14, which ties to it) up to
+// 2^-14 the result is 2^-14; from 2^-14 on fp16 keeps float32's top 10 mantissa bits.
+constexpr int32_t kFp16MinNormalBits = 0x38800000;   // 2^-14
+constexpr int32_t kFp16FlushBelowBits = 0x387FE000;  // 2^-14 - 2^-25
+MLA_INLINE v8i round_bits_fp16(v8i bits) {
+    const v8i normal = (bits + 0xFFF + ((bits >> 13) & 1)) & ~0x1FFF;
+    const v8i low = bits >= kFp16FlushBelowBits ? v8i{} + kFp16MinNormalBits : v8i{};
+    return bits >= kFp16MinNormalBits ? normal : low;
+}
+MLA_INLINE int32_t round_bits_fp16(int32_t bits) {
+    if (bits >= kFp16MinNormalBits) {
+        return (bits + 0xFFF + ((bits >> 13) & 1)) & ~0x1FFF;
+    }
+    return bits >= kFp16FlushBelowBits ? kFp16MinNormalBits : 0;
+}
+
+MLA_INLINE float baseline_row_body(float *s, int64_t allowed, int64_t cols, float scale, Rounding rounding) {
+    float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
+    for (int64_t j = 0; j < allowed; ++j) {
+        s[j] *= scale;
+        mx = s[j] > mx ? s[j] : mx;
+    }
+    v8d lo{}, hi{};
+    int64_t j = 0;
+    for (; j + 16 <= allowed; j += 16) {
+        v8f x[2];
+        std::memcpy(x, s + j, sizeof x);
+        const v8f e0 = __builtin_convertvector(
+            exp_nonpositive<v8d, v8l>(__builtin_convertvector(x[0] - mx, v8d)), v8f);
+        const v8f e1 = __builtin_convertvector(
+            exp_nonpositive<v8d, v8l>(__builtin_convertvector(x[1] - mx, v8d)), v8f);
+        lo += __builtin_convertvector(e0, v8d);
+        hi += __builtin_convertvector(e1, v8d);
+        v8i bits[2] = {reinterpret_cast<v8i>(e0), reinterpret_cast<v8i>(e1)};
+        for (v8i &b : bits) {
+            b = rounding == Rounding::bf16 ? round_bits_bf16(b) : round_bits_fp16(b);
+        }
+        std::memcpy(s + j, bits, sizeof bits);
+    }
+    double sum = 0.0;
+    const v8d lanes = lo + hi;
+    for (int lane = 0; lane < 8; ++lane) {
+        sum += lanes[lane];
+    }
+    for (; j < allowed; ++j) {
+        const float e = static_cast<float>(exp_nonpositive<double, int64_t>(static_cast<double>(s[j] - mx)));
+        sum += e;
+        int32_t bits;
+        std::memcpy(&bits, &e, sizeof bits);
+        bits = rounding == Rounding::bf16 ? round_bits_bf16(bits) : round_bits_fp16(bits);
+        std::memcpy(s + j, &bits, sizeof bits);
+    }
+    for (int64_t k = allowed; k < cols; ++k) {
+        s[k] = 0.0f;
+    }
+    return static_cast<float>(sum);
+}
+
+using BaselineRowKernel = float (*)(float *, int64_t, int64_t, float, Rounding);
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma"))) float baseline_row_avx512(
+    float *s, int64_t allowed, int64_t cols, float scale, Rounding rounding) {
+    return baseline_row_body(s, allowed, cols, scale, rounding);
+}
+__attribute__((target("avx2,fma"))) float baseline_row_avx2(float *s, int64_t allowed, int64_t cols, float scale,
+                                                             Rounding rounding) {
+    return baseline_row_body(s, allowed, cols, scale, rounding);
+}
+#endif
+float baseline_row_baseline(float *s, int64_t allowed, int64_t cols, float scale, Rounding rounding) {
+    return baseline_row_body(s, allowed, cols, scale, rounding);
+}
+
+BaselineRowKernel pick_baseline_kernel() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw")) {
+        return baseline_row_avx512;
+    }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+        return baseline_row_avx2;
+    }
+#endif
+    return baseline_row_baseline;
+}
+
+const BaselineRowKernel baseline_row = pick_baseline_kernel();
 
 template <typename T>
 T *writable(py::array_t<T> &a, const char *name, int64_t rows, int64_t cols) {
@@ -214,11 +323,21 @@ T *row_vector(py::array_t<T> &a, const char *name, int64_t rows) {
     return a.mutable_data();
 }
 
+// Row r's allowed keys: all cols without a causal offset, else min(cols, first + r + 1), at least 0.
+int64_t allowed_keys(bool is_causal, int64_t first, int64_t r, int64_t cols) {
+    if (!is_causal) {
+        return cols;
+    }
+    const int64_t last = first + r;  // last allowed key of row r
+    return last + 1 < cols ? (last + 1 > 0 ? last + 1 : 0) : cols;
+}
+
 // In place: scores [rows, cols] -> e^(s - row max) on the allowed keys, 0 on masked ones.
 // Row r may see keys j < allowed(r): cols without a causal offset, else min(cols, first + r + 1)
-// with first = row0 + offset.  stats [4, rows] receives max, min, sum P, sum P^2 per row.
+// with first = row0 + offset.  stats [4, rows] receives max, min, sum P, sum P^2 per row; raw (optional)
+// a copy of the scores before the softmax with masked keys 0.
 void softmax_tile(py::array_t<double> scores, py::array_t<double> stats, py::object causal, py::object p32_obj,
-                  py::object p2_obj, float floor) {
+                  py::object p2_obj, float floor, py::object raw_obj) {
     if (!(floor > 0.0f) || !std::isnormal(floor)) {
         throw std::invalid_argument("floor must be a positive normal float32");
     }
@@ -244,16 +363,18 @@ void softmax_tile(py::array_t<double> scores, py::array_t<double> stats, py::obj
         p32 = writable(p32_arr, "p32", rows, cols);
         p2 = writable(p2_arr, "p2_32", rows, cols);
     }
+    double *raw = nullptr;
+    py::array_t<double> raw_arr;
+    if (!raw_obj.is_none()) {
+        raw_arr = raw_obj.cast<py::array_t<double>>();
+        raw = writable(raw_arr, "raw", rows, cols);
+    }
     {
         py::gil_scoped_release release;
         for (int64_t r = 0; r < rows; ++r) {
-            int64_t allowed = cols;
-            if (is_causal) {
-                const int64_t last = first + r;  // last allowed key of row r
-                allowed = last + 1 < cols ? (last + 1 > 0 ? last + 1 : 0) : cols;
-            }
+            const int64_t allowed = allowed_keys(is_causal, first, r, cols);
             const RowStats row = softmax_row(s + r * cols, allowed, cols, p32 ? p32 + r * cols : nullptr,
-                                             p2 ? p2 + r * cols : nullptr, floor);
+                                             p2 ? p2 + r * cols : nullptr, floor, raw ? raw + r * cols : nullptr);
             st[r] = row.max;
             st[rows + r] = row.min;
             st[2 * rows + r] = row.sum;
@@ -262,11 +383,37 @@ void softmax_tile(py::array_t<double> scores, py::array_t<double> stats, py::obj
     }
 }
 
-// T's products in one pass: ps = (p / denom[row]) * raw and ps_abs = |ps|, rounded exactly as numpy's
-// separate divide, multiply and abs round (two roundings, no contraction: there is no add), so the
-// golden's bits do not depend on which of the two computed them.
+// In place: float32 scores [rows, cols] -> P rounded to the input dtype (bf16, or fp16 with subnormals
+// flushed) on the allowed keys, 0 on masked ones; denom [rows] receives the float32 sums of the unrounded P.
+void baseline_softmax_tile(py::array_t<float> scores, py::array_t<float> denom, float scale, py::object causal,
+                           const std::string &dtype) {
+    Rounding rounding;
+    if (dtype == "bf16") {
+        rounding = Rounding::bf16;
+    } else if (dtype == "fp16") {
+        rounding = Rounding::fp16_flushed;
+    } else {
+        throw std::invalid_argument("dtype must be 'bf16' or 'fp16', got '" + dtype + "'");
+    }
+    if (scores.ndim() != 2) {
+        throw std::invalid_argument("scores must be a 2-D float32 array");
+    }
+    const int64_t rows = scores.shape(0), cols = scores.shape(1);
+    float *s = writable(scores, "scores", rows, cols);
+    float *d = row_vector(denom, "denom", rows);
+    const bool is_causal = !causal.is_none();
+    const int64_t first = is_causal ? causal.cast<int64_t>() : -1;
+    py::gil_scoped_release release;
+    for (int64_t r = 0; r < rows; ++r) {
+        d[r] = baseline_row(s + r * cols, allowed_keys(is_causal, first, r, cols), cols, scale, rounding);
+    }
+}
+
+// T's products in one pass: ps = (p / denom[row]) * raw, rounded exactly as numpy's separate divide and
+// multiply round (two roundings, no contraction: there is no add), and sums [2, rows] = the row sums of
+// |ps| and of ps (float64, eight lanes: within T's guard of (keys + 4) eps64, which bounds any order).
 void scaled_products(py::array_t<double> p, py::array_t<double> denom, py::array_t<double> raw,
-                     py::array_t<double> ps, py::array_t<double> ps_abs) {
+                     py::array_t<double> ps, py::array_t<double> sums) {
     if (p.ndim() != 2) {
         throw std::invalid_argument("p must be a 2-D float64 array");
     }
@@ -275,16 +422,21 @@ void scaled_products(py::array_t<double> p, py::array_t<double> denom, py::array
     const double *d = row_vector(denom, "denom", rows);
     const double *rr = writable(raw, "raw", rows, cols);
     double *out = writable(ps, "ps", rows, cols);
-    double *out_abs = writable(ps_abs, "ps_abs", rows, cols);
+    double *sum = writable(sums, "sums", 2, rows);
     py::gil_scoped_release release;
     for (int64_t r = 0; r < rows; ++r) {
         const double dr = d[r];
         const int64_t at = r * cols;
+        double total_abs = 0.0, total = 0.0;
+#pragma omp simd reduction(+ : total_abs, total)
         for (int64_t j = 0; j < cols; ++j) {
             const double value = (pp[at + j] / dr) * rr[at + j];
             out[at + j] = value;
-            out_abs[at + j] = std::fabs(value);
+            total_abs += std::fabs(value);
+            total += value;
         }
+        sum[r] = total_abs;
+        sum[rows + r] = total;
     }
 }
 
@@ -335,11 +487,17 @@ py::array_t<double> exp_nonpositive_array(py::array_t<double, py::array::c_style
 PYBIND11_MODULE(_tile_kernel, m) {
     m.doc() = "Fused softmax passes of the golden generator's float64 attention tiles";
     m.def("softmax_tile", &softmax_tile, py::arg("scores"), py::arg("stats"), py::arg("causal_first"),
-          py::arg("p32"), py::arg("p2_32"), py::arg("floor"),
+          py::arg("p32"), py::arg("p2_32"), py::arg("floor"), py::arg("raw") = py::none(),
           "In place: scores -> e^(s - row max) on allowed keys (0 on masked ones); stats[4, rows] = max, "
-          "min, sum P, sum P^2; optionally P and P^2 rounded up to float32 and floored at floor (0 on masked keys).");
+          "min, sum P, sum P^2; optionally P and P^2 rounded up to float32 and floored at floor (0 on masked keys) "
+          "and raw = the scores before, masked keys 0.");
+    m.def("baseline_softmax_tile", &baseline_softmax_tile, py::arg("scores"), py::arg("denom"), py::arg("scale"),
+          py::arg("causal_first"), py::arg("dtype"),
+          "In place: float32 scores -> P = e^(s scale - row max) rounded to dtype (fp16: subnormals flushed), 0 on "
+          "masked keys; denom[rows] = float32 sums of the unrounded P.");
     m.def("scaled_products", &scaled_products, py::arg("p"), py::arg("denom"), py::arg("raw"), py::arg("ps"),
-          py::arg("ps_abs"), "ps = (p / denom[row]) * raw and ps_abs = |ps|, as numpy's separate steps round them.");
+          py::arg("sums"),
+          "ps = (p / denom[row]) * raw, as numpy's separate steps round it; sums[2, rows] = row sums of |ps| and ps.");
     m.def("round_to_bf16", &round_to_bf16, py::arg("values"), py::arg("out"),
           "float64 -> bf16 bits (nearest even, one rounding) into out; False where a value leaves bf16's normal range.");
     m.def("exp_nonpositive", &exp_nonpositive_array, py::arg("x"), "The kernel's e^x for x <= 0.");

@@ -113,10 +113,12 @@ def test_interleaved_table_states_the_limit_and_how_much_of_it_e2e_reached() -> 
         "ratio_range": {"reference": [0.8, 1.0], "e2e": [0.1, 0.3]},
         "load1": [0.5, 0.7],
         "limit": {"ratio": 0.4, "limit_s": 3.0},
+        "reference_vs_tile_gemm": [0.93, 0.9, 0.97],
     }
     report = {"machine": {"nproc": 2, "cpu": "x", "blas": "y"}, "threads": 2, "repeats": 3, "gemm_n": 2048}
     text = bench.format_interleaved({**report, "cases": [row]})
     assert "derived end-to-end limit 0.40" in text and "e2e reaches 0.50 [0.25, 0.75] of it" in text
+    assert "same GEMMs at its tiles' shapes (tile_gemm above, masked corners counted): 0.93 [0.90, 0.97]" in text
 
 
 def test_judge_share_line_states_the_share_and_the_target() -> None:
@@ -126,3 +128,26 @@ def test_judge_share_line_states_the_share_and_the_target() -> None:
     assert "2.5 % (target <= 5 %)" in format_share(row)
     spec = judge_spec("ds1")
     assert (spec.q_seqlen, spec.kv_seqlen, spec.head_num) == ((4096, 4096), (16384, 4096), 16)
+
+
+def test_tile_gemms_compute_the_flops_their_rate_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tile_gemm arm's GEMM calls add up to the FLOPs its rate divides by (whole tiles, masked corners)."""
+    from mlaconf.golden import bench_measure
+    from mlaconf.golden.inputs import generate_inputs
+
+    spec = build_case({"q_seqlen": [700, 90], "head_num": 2, "mask_type": 2, "dtype": "bf16"}, source="test")
+    done: list[float] = []
+    real_gemm, real_value = bench_measure.gemm, bench_measure.value_gemm
+
+    def counted_gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
+        done.append(2.0 * a.shape[0] * a.shape[1] * b.shape[1])
+        return real_gemm(a, b, out)
+
+    def counted_value(p: np.ndarray, vt: np.ndarray) -> np.ndarray:
+        done.append(2.0 * p.shape[0] * p.shape[1] * vt.shape[0])
+        return real_value(p, vt)
+
+    monkeypatch.setattr(bench_measure, "gemm", counted_gemm)
+    monkeypatch.setattr(bench_measure, "value_gemm", counted_value)
+    bench_measure.tile_gemms(generate_inputs(spec), spec, threads=1)
+    assert sum(done) == 2.0 * (SCORE_DIM + V_DIM) * computed_pairs(spec, FUSED_TILE) > spec.useful_flops

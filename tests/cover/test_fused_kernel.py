@@ -41,10 +41,12 @@ def test_softmax_tile_masks_and_reports_row_statistics(causal_first: int | None)
     work = scores.copy()
     stats = np.empty((4, 9))
     p32, p2 = np.empty((9, 37), np.float32), np.empty((9, 37), np.float32)
-    kernel.softmax_tile(work, stats, causal_first, p32, p2, ROUNDED_UP_FLOOR)
+    raw = np.full_like(scores, np.nan)
+    kernel.softmax_tile(work, stats, causal_first, p32, p2, ROUNDED_UP_FLOOR, raw)
     for r in range(9):
         allowed = 37 if causal_first is None else max(0, min(37, causal_first + r + 1))
         row = scores[r, :allowed]
+        assert np.array_equal(raw[r, :allowed], row) and not raw[r, allowed:].any()  # the scores before, masked 0
         if allowed == 0:
             assert not work[r].any() and not p32[r].any()
             continue
@@ -81,25 +83,78 @@ def test_fused_golden_agrees_with_the_unfused_formula(spec: object) -> None:
     assert worst_disagreement(spec) <= AGREEMENT  # type: ignore[arg-type]
 
 
-def test_scaled_products_round_as_numpys_separate_steps() -> None:
+def test_scaled_products_round_as_numpys_separate_steps_and_sum_the_rows() -> None:
     rng = np.random.default_rng(5)
     p = rng.uniform(0.0, 1.0, (37, 211))
     p[:, -9:] = 0.0  # masked keys
     raw = rng.normal(0.0, 30.0, p.shape)
     denom = rng.uniform(1.0, 200.0, (p.shape[0],))
-    ps, ps_abs = np.full_like(p, np.nan), np.full_like(p, np.nan)
-    kernel.scaled_products(p, denom, raw, ps, ps_abs)
+    ps, sums = np.full_like(p, np.nan), np.full((2, p.shape[0]), np.nan)
+    kernel.scaled_products(p, denom, raw, ps, sums)
     expected = (p / denom[:, None]) * raw
     assert np.array_equal(ps.view(np.uint64), expected.view(np.uint64))  # bit for bit, signed zeros too
-    assert np.array_equal(ps_abs, np.abs(expected))
+    # T's guard bounds the sums' error by (keys + 4) eps64 times the sum of |ps|, whatever the order
+    bound = (p.shape[1] + 4) * np.finfo(np.float64).eps * np.abs(expected).sum(axis=1)
+    assert np.all(np.abs(sums[0] - np.abs(expected).sum(axis=1)) <= bound)
+    assert np.all(np.abs(sums[1] - expected.sum(axis=1)) <= bound)
 
 
 def test_scaled_products_refuse_mismatched_shapes() -> None:
     p = np.zeros((4, 8))
     with pytest.raises(ValueError, match="ps must be"):
-        kernel.scaled_products(p, np.ones(4), p.copy(), np.zeros((4, 7)), p.copy())
+        kernel.scaled_products(p, np.ones(4), p.copy(), np.zeros((4, 7)), np.zeros((2, 4)))
     with pytest.raises(ValueError, match="denom must be"):
-        kernel.scaled_products(p, np.ones(3), p.copy(), p.copy(), p.copy())
+        kernel.scaled_products(p, np.ones(3), p.copy(), p.copy(), np.zeros((2, 4)))
+    with pytest.raises(ValueError, match="sums must be"):
+        kernel.scaled_products(p, np.ones(4), p.copy(), p.copy(), np.zeros((4, 2)))
+
+
+def baseline_scores(rng: np.random.Generator, scale: float) -> np.ndarray:
+    """float32 scores whose e^(s scale - max) cover [0, 1] densely, fp16's flush boundary 2^-14 (with the
+    midpoint 2^-14 - 2^-25 that ties up to it) and float32's subnormals."""
+    near_flush = np.log(2.0**-14) + np.linspace(-3e-4, 3e-4, 4001)
+    spread = -rng.exponential(8.0, 20_000)
+    tiny = -rng.uniform(87.0, 104.0, 3_000)  # e below float32's normal range
+    return (np.concatenate([[0.0], near_flush, spread, tiny]) / scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp16"])
+@pytest.mark.parametrize("causal_first", [None, 3, -1])
+def test_baseline_softmax_tile_rounds_p_as_ml_dtypes_and_masks(name: str, causal_first: int | None) -> None:
+    """P = e^(s scale - max) through the kernel's exp to float32, then one rounding to the input dtype
+    (ml_dtypes / numpy, bit for bit; fp16 below 2^-14 flushed to 0); masked keys 0; the sum of the
+    float32 e rounded once."""
+    import ml_dtypes
+
+    scale = np.float32(0.75)
+    row = baseline_scores(np.random.default_rng(6), float(scale))
+    scores = np.stack([row, row[::-1].copy(), np.roll(row, 7)])
+    got, denom = scores.copy(), np.full(scores.shape[0], np.nan, dtype=np.float32)
+    kernel.baseline_softmax_tile(got, denom, float(scale), causal_first, name)
+    scaled = scores * scale
+    cols = np.arange(scores.shape[1])
+    for r in range(scores.shape[0]):
+        allowed = scores.shape[1] if causal_first is None else max(0, min(scores.shape[1], causal_first + r + 1))
+        x = scaled[r, :allowed]
+        e = kernel.exp_nonpositive((x - x.max()).astype(np.float64)).astype(np.float32) if allowed else x
+        want = e.astype(ml_dtypes.bfloat16 if name == "bf16" else np.float16).astype(np.float32)
+        if name == "fp16":
+            want[want < 2.0**-14] = 0.0
+        assert np.array_equal(got[r, :allowed].view(np.uint32), want.view(np.uint32))
+        assert np.all(got[r, cols >= allowed] == 0.0)
+        assert denom[r] == np.float32(e.astype(np.float64).sum())  # one rounding of the float64 sum
+    if name == "fp16" and causal_first is None:  # the boundary cases occur: kept at 2^-14, flushed below it
+        assert np.any(got == np.float32(2.0**-14)) and np.any((got == 0.0) & (scaled > scaled.max() - 10.0))
+
+
+def test_baseline_softmax_tile_refuses_bad_arguments() -> None:
+    scores = np.zeros((3, 5), dtype=np.float32)
+    with pytest.raises(ValueError, match="dtype must be"):
+        kernel.baseline_softmax_tile(scores, np.empty(3, dtype=np.float32), 1.0, None, "fp32")
+    with pytest.raises(ValueError, match="denom must be"):
+        kernel.baseline_softmax_tile(scores, np.empty(2, dtype=np.float32), 1.0, None, "bf16")
+    with pytest.raises(ValueError, match="scores must be"):
+        kernel.baseline_softmax_tile(scores.T, np.empty(5, dtype=np.float32), 1.0, None, "bf16")
 
 
 def test_round_to_bf16_matches_ml_dtypes_bit_for_bit() -> None:
