@@ -139,15 +139,19 @@ def _slack(check: dict[str, Any]) -> float:
 
 
 def systematic_table(paths: Iterable[Path]) -> str:
-    """Per backend and case suite: verdicts (failed), the temperature test's largest z / x, the
-    systematic rule's largest deciding slack min(z / x, effect / floor) over its two tests (it fails
-    a verdict only when both pass 1), and the largest slack of any deciding check."""
+    """Per backend and case suite: verdicts (failed), records without one (errors: a test that raised or,
+    in an interrupted run, never ran), the temperature test's largest z / x, the systematic rule's
+    largest deciding slack min(z / x, effect / floor) over its two tests (it fails a verdict only when
+    both pass 1), and the largest slack of any deciding check."""
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     for record in records(paths):
         if record.get("verdict") in ("skipped", None):
             continue
         key = (str(record["backend"]), str(record.get("case_suite") or "-"))
-        row = rows.setdefault(key, dict(cases=0, failed=0, z=0.0, deciding=0.0, worst=0.0, check=""))
+        row = rows.setdefault(key, dict(cases=0, failed=0, errors=0, z=0.0, deciding=0.0, worst=0.0, check=""))
+        if record.get("verdict") not in ("passed", "failed"):
+            row["errors"] += 1
+            continue
         row["cases"] += 1
         row["failed"] += record.get("verdict") == "failed"
         slacks = {f"{c['rule']}:{c['metric']}": _slack(c) for c in record.get("checks") or []}
@@ -159,13 +163,14 @@ def systematic_table(paths: Iterable[Path]) -> str:
             if check.get("decisive", True) and _slack(check) > row["worst"]:
                 row["worst"], row["check"] = _slack(check), f"{check['rule']}:{check['metric']}"
     lines = [
-        "| backend | suite | verdicts | failed | temperature z / x | systematic deciding | largest deciding | check |",
-        "|---|---|---|---|---|---|---|---|",
+        "| backend | suite | verdicts | failed | errors | temperature z / x | systematic deciding "
+        "| largest deciding | check |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for (backend, suite), row in sorted(rows.items()):
         lines.append(
-            f"| {backend} | {suite} | {row['cases']} | {row['failed']} | {row['z']:.2f} | {row['deciding']:.2f} "
-            f"| {row['worst']:.2f} | {row['check']} |"
+            f"| {backend} | {suite} | {row['cases']} | {row['failed']} | {row['errors']} | {row['z']:.2f} "
+            f"| {row['deciding']:.2f} | {row['worst']:.2f} | {row['check']} |"
         )
     return "\n".join(lines)
 

@@ -26,8 +26,9 @@ def test_deciding_slack_is_the_smaller_of_z_and_effect_and_a_rerun_replaces(tmp_
             record("c1", backend="zoo-x", case_suite="standard", checks=checks),
             record("c2", backend="zoo-x", case_suite="standard", verdict="failed", checks=[]),
             record("c3", backend="zoo-x", case_suite="edge", verdict="skipped"),
+            record("c4", backend="zoo-x", case_suite="standard", verdict="error"),  # never ran: no verdict
         ],
     )
     again = write_run_dir(tmp_path / "b", [record("c2", backend="zoo-x", case_suite="standard", checks=checks[:1])])
     rows = systematic_table([first, again]).splitlines()[2:]
-    assert rows == ["| zoo-x | standard | 2 | 0 | 8.00 | 0.40 | 0.30 | model:max_err_over_bound |"]
+    assert rows == ["| zoo-x | standard | 2 | 0 | 1 | 8.00 | 0.40 | 0.30 | model:max_err_over_bound |"]
