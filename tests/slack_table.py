@@ -133,14 +133,59 @@ def defect_table(paths: Iterable[Path]) -> str:
     return "\n".join(lines)
 
 
+def _slack(check: dict[str, Any]) -> float:
+    slack = float(check.get("slack", 0.0))
+    return math.inf if math.isnan(slack) else slack
+
+
+def systematic_table(paths: Iterable[Path]) -> str:
+    """Per backend and case suite: verdicts (failed), records without one (errors: a test that raised or,
+    in an interrupted run, never ran), the temperature test's largest z / x, the systematic rule's
+    largest deciding slack min(z / x, effect / floor) over its two tests (it fails a verdict only when
+    both pass 1), and the largest slack of any deciding check."""
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for record in records(paths):
+        if record.get("verdict") in ("skipped", None):
+            continue
+        key = (str(record["backend"]), str(record.get("case_suite") or "-"))
+        row = rows.setdefault(key, dict(cases=0, failed=0, errors=0, z=0.0, deciding=0.0, worst=0.0, check=""))
+        if record.get("verdict") not in ("passed", "failed"):
+            row["errors"] += 1
+            continue
+        row["cases"] += 1
+        row["failed"] += record.get("verdict") == "failed"
+        slacks = {f"{c['rule']}:{c['metric']}": _slack(c) for c in record.get("checks") or []}
+        row["z"] = max(row["z"], slacks.get("systematic:temperature_z", 0.0))
+        for test in ("temperature", "format"):
+            both = min(slacks.get(f"systematic:{test}_z", 0.0), slacks.get(f"systematic:{test}_effect", 0.0))
+            row["deciding"] = max(row["deciding"], both)
+        for check in record.get("checks") or []:
+            if check.get("decisive", True) and _slack(check) > row["worst"]:
+                row["worst"], row["check"] = _slack(check), f"{check['rule']}:{check['metric']}"
+    lines = [
+        "| backend | suite | verdicts | failed | errors | temperature z / x | systematic deciding "
+        "| largest deciding | check |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (backend, suite), row in sorted(rows.items()):
+        lines.append(
+            f"| {backend} | {suite} | {row['cases']} | {row['failed']} | {row['errors']} | {row['z']:.2f} "
+            f"| {row['deciding']:.2f} | {row['worst']:.2f} | {row['check']} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", type=Path)
     parser.add_argument("--defects", action="store_true", help="per-backend failure summary instead")
     parser.add_argument("--matrix", action="store_true", help="backend x (dtype, mask) grid of largest slacks")
+    parser.add_argument("--systematic", action="store_true", help="per backend and suite: the systematic slacks")
     args = parser.parse_args(argv)
     if args.defects:
         print(defect_table(args.paths))
+    elif args.systematic:
+        print(systematic_table(args.paths))
     else:
         print(matrix(groups(args.paths)) if args.matrix else table(groups(args.paths)))
 
