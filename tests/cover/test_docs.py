@@ -136,3 +136,65 @@ def test_the_cheap_commands_run_as_documented(tmp_path: Path) -> None:
     refused = run_mlaconf(["run", "--suite", "nosuch"], tmp_path)
     assert refused.returncode == 2 and "invalid choice: 'nosuch'" in refused.stderr  # README: exit 2
     assert "exit 2" in (REPO / "README.md").read_text()
+
+
+#: Names the documents mention as what does *not* exist (docs/architecture.md: a package at the root).
+NOT_CODE = {"mlaconf.tests", "mlaconf.setup", "mlaconf.build"}
+#: A code name in backticks: ``mlaconf.room.module.Name.attr`` or ``Class.attr`` (a class of the product).
+CODE_NAME = re.compile(r"`(mlaconf(?:\.\w+)+|[A-Z]\w*[a-z]\w*\.\w+)(?:\(\))?`")
+ROOMS = ("cases", "facts", "golden", "harness", "judge", "mlaconf", "native", "reports", "runner")
+
+
+def _has(owner: object, name: str) -> bool:
+    fields = {**getattr(owner, "__annotations__", {}), **getattr(owner, "__dataclass_fields__", {})}
+    return hasattr(owner, name) or name in fields
+
+
+def resolves(name: str, classes: dict[str, str]) -> bool:
+    """Whether a documented code name exists: the longest importable module prefix, then attributes."""
+    import importlib
+
+    parts = name.split(".")
+    if parts[0] != "mlaconf":
+        home = classes.get(parts[0], "")
+        if home.endswith((".cpp", ".h")):  # a class of the native harness: a member by that name
+            return re.search(rf"\b{parts[1]}\s*\(", (REPO / home).read_text()) is not None
+        if not home:
+            return False
+        parts = [*home.split("."), *parts]
+    for cut in range(len(parts), 0, -1):
+        try:
+            owner: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            if not _has(owner, attr):
+                return False
+            owner = getattr(owner, attr, None)
+        return True
+    return False
+
+
+def product_classes() -> dict[str, str]:
+    """Class name -> its module (``mlaconf.room.module``), or its C++ file for the native harness's."""
+    classes = {}
+    for room in ROOMS:
+        for path in (REPO / room).rglob("*.py"):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            module = ".".join(parts if parts[0] == "mlaconf" else ("mlaconf", *parts))
+            classes.update(dict.fromkeys(re.findall(r"^class (\w+)", path.read_text(), re.M), module))
+    for path in [*(REPO / "native").rglob("*.cpp"), *(REPO / "native").rglob("*.h")]:
+        classes.update(dict.fromkeys(re.findall(r"^class (\w+)", path.read_text(), re.M), str(path.relative_to(REPO))))
+    return classes
+
+
+def test_every_code_name_in_the_docs_exists() -> None:
+    """``mlaconf.x.y`` and ``Class.attr`` in the documents name code that exists (a rename leaves none behind)."""
+    classes = product_classes()
+    missing = []
+    for document in (d for d in DOCUMENTS if d.name != "CHANGELOG.md"):  # history names what was
+        for name in sorted(set(CODE_NAME.findall(document.read_text())) - NOT_CODE):
+            if not resolves(name, classes):
+                missing.append(f"{document.relative_to(REPO)}: `{name}`")
+    assert not missing, "documented names the code lacks: " + "; ".join(missing)
+    assert not resolves("DeviationSet.unused", classes) and resolves("DeviationSet.entries", classes)
