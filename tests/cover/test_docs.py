@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.docs_commands import PLANS, documented_commands, every_command
+
 REPO = Path(__file__).resolve().parents[2]
 DOCUMENTS = [
     REPO / "README.md",
@@ -63,22 +65,6 @@ def test_the_link_checker_finds_a_broken_link(tmp_path: Path) -> None:
     assert broken_links(page) == ["#nothing (no such heading)", "missing.md (no such file)"]
 
 
-#: The documents whose shell blocks a new user copies from.
-HOW_TOS = [REPO / "README.md", REPO / "docs" / "usage.md"]
-
-
-def documented_commands(tool: str) -> list[tuple[str, list[str]]]:
-    """Every ``tool ...`` line of the how-tos' shell blocks, as (document, argv without the tool)."""
-    found = []
-    for document in HOW_TOS:
-        for block in re.findall(r"```(?:bash|sh)\n(.*?)```", document.read_text(), re.S):
-            for line in block.replace("\\\n", " ").splitlines():
-                words = shlex.split(line, comments=True)
-                if words and words[0] == tool:
-                    found.append((document.name, words[1:]))
-    return found
-
-
 def run_mlaconf(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "MLA_GOLDEN_DIR": str(cwd / ".golden")}
     return subprocess.run(
@@ -118,6 +104,15 @@ def test_every_documented_pytest_option_exists(tmp_path: Path) -> None:
     assert options, "no pytest command found in the how-tos"
     unknown = sorted(option for option in options if not re.search(rf"(^|[\s,]){re.escape(option)}\b", listed.stdout))
     assert not unknown, f"documented pytest options pytest does not know: {unknown}"
+
+
+def test_every_documented_command_has_a_plan() -> None:
+    """tests/nocover/test_docs_commands.py runs each command the how-tos show as its plan says; a
+    command added to the docs without a plan, or a plan whose command the docs dropped, fails here."""
+    documented = every_command()
+    assert documented and not [c for c in documented if c not in PLANS], [c for c in documented if c not in PLANS]
+    assert not [c for c in PLANS if c not in documented], [c for c in PLANS if c not in documented]
+    assert all(plan.not_run or plan.text for plan in PLANS.values())  # every run is checked by what it prints
 
 
 def test_the_cheap_commands_run_as_documented(tmp_path: Path) -> None:
