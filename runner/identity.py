@@ -10,6 +10,7 @@ rest from the id (:func:`identity_from_nodeid`).  Both read the suite from marke
 from __future__ import annotations
 
 import importlib
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +46,9 @@ def declared_markers(nodeid: str) -> list[str]:
     if not module_name.isidentifier():
         return []
     try:
-        module = importlib.import_module(f"{SUITES_PACKAGE}.{module_name}")
+        with warnings.catch_warnings():  # read, not run: a session that registered no MLA marker may read them
+            warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
+            module = importlib.import_module(f"{SUITES_PACKAGE}.{module_name}")
     except ImportError:
         return []
     marks: list[Any] = []
