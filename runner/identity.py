@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from mlaconf.golden.spec import SUITES_PACKAGE
+from mlaconf.golden.suites import SUITES_PACKAGE
 from mlaconf.reports.records import SUITES
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from mlaconf.reports.records import read_results
+from mlaconf.reports.rundir import read_results
 
 REPO = Path(__file__).resolve().parents[2]
 
