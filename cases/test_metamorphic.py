@@ -50,6 +50,7 @@ from mlaconf.runner.metamorphic import (
     tolerance_pair,
     widen_padding,
 )
+from mlaconf.runner.selection import runs_metamorphic
 
 pytestmark = pytest.mark.metamorphic
 
@@ -89,7 +90,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     option = metafunc.config.getoption("mla_seeds")
     seeds: list[int | None] = [int(s) for s in option.split(",") if s.strip()] if option else [None]
-    specs = [_spec(name, seed) for name in names for seed in seeds]
+    # deselected as an empty parameter set unless the run selects this suite (runner.selection)
+    specs = [_spec(name, seed) for name in names for seed in seeds] if runs_metamorphic(metafunc.config) else []
     metafunc.parametrize(
         "mla_meta_spec",
         [

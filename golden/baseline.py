@@ -111,7 +111,7 @@ def fp32_score_path(dtype: np.dtype) -> TileKernel:
 
 
 def baseline_kernel(spec: CaseSpec) -> TileKernel:
-    """The precision path ATB takes for this case's dtype and mask (spec section 4)."""
+    """The precision path ATB takes for this case's dtype and mask (docs/operator.md §4)."""
     if spec.dtype == "fp16" and spec.mask_type in (0, 2):
         return fp16_score_path(spec.qk_scale)
     return fp32_score_path(numpy_dtype(spec.dtype))

@@ -67,7 +67,7 @@ def case_rng(spec: CaseSpec) -> np.random.Generator:
 
 
 def build_mask(dtype: str) -> np.ndarray:
-    """The 512x512 MASK_FREE mask encoded for the dtype's kernels (spec section 4)."""
+    """The 512x512 MASK_FREE mask encoded for the dtype's kernels (docs/operator.md §4)."""
     upper = np.triu(np.ones((MASK_SIZE, MASK_SIZE), dtype=bool), k=1)
     value = MASKED_VALUE[dtype]
     return round_to(np.where(upper, value, 0.0), dtype)

@@ -1,4 +1,4 @@
-"""The float64 MLA prefill reference (spec section 4), computed blockwise.
+"""The float64 MLA prefill reference (docs/operator.md §4), computed blockwise.
 
 For each batch, kv head and query head, query rows are processed in tiles: one GEMM against the
 keys the tile may see (keys beyond the last allowed one are never touched, so causal masks halve

@@ -1,4 +1,4 @@
-"""Per-element error bound of a correct kernel on the documented precision path (spec section 4).
+"""Per-element error bound of a correct kernel on the documented precision path (docs/operator.md §4).
 
 docs/conformance.md ("The error-model rule") derives it; in short, for output element e = (i, h, c)
 of a case with N checked elements, u the unit roundoff of the case dtype, u32 = 2^-24, u16 = 2^-11,
@@ -53,7 +53,7 @@ FTZ_OUTPUT_LIMIT = 2.0**-13
 
 
 def fp16_score_path(spec: CaseSpec) -> bool:
-    """fp16 with maskType 0/2 stores and scales scores in fp16 (spec section 4)."""
+    """fp16 with maskType 0/2 stores and scales scores in fp16 (docs/operator.md §4)."""
     return scores_in_fp16(spec.dtype, spec.mask_type)
 
 

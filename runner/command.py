@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mlaconf.golden.suites import SUITES_PACKAGE
-from mlaconf.runner.selection import DEFAULT_SUITE
 
 #: ``mlaconf run``'s short spellings -> the plugin's options (namespaced, so they collide with no project's).
 PLUGIN_OPTIONS = {
@@ -54,7 +53,7 @@ def pytest_command(args: argparse.Namespace) -> list[str]:
     cache = Path.cwd() / ".pytest_cache"
     targets = [] if names_tests(extra, Path.cwd()) else [suites]
     command = [sys.executable, "-m", "pytest", *targets, "-o", f"cache_dir={cache}", "-n", str(args.jobs)]
-    defaults = {"suite": [DEFAULT_SUITE], "backend": ["auto"]}
+    defaults = {"backend": ["auto"]}  # no --suite passes no filter: the plugin's default selection
     for dest, option in PLUGIN_OPTIONS.items():
         value = getattr(args, dest) or defaults.get(dest)
         for item in value if isinstance(value, list) else [value] if value else []:

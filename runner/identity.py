@@ -1,31 +1,26 @@
 """Which test a record is about: its suite, test, case or relation and backend, built in one place.
 
-A test's own process (an xdist worker or not) reads its suite marker and parameters
-(:func:`identity`); the xdist controller, which knows a test that never reported its setup by its
-id alone, reads the same fields from the id (:func:`identity_from_nodeid`).  Both end in
-:func:`make_identity`, so a record's identity fields have one author.
+A test's own process (an xdist worker or not) reads its markers and parameters (:func:`identity`);
+the xdist controller, which collects nothing and knows a test that never reported its setup by its id
+alone, reads the markers that test's function and module declare (:func:`declared_markers`) and the
+rest from the id (:func:`identity_from_nodeid`).  Both read the suite from markers by one rule
+(:func:`suite_of`) and end in :func:`make_identity`, so a record's identity fields have one author.
 """
 
 from __future__ import annotations
 
+import importlib
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from mlaconf.golden.suites import SUITES_PACKAGE
 from mlaconf.reports.records import SUITES
 
 if TYPE_CHECKING:
     from mlaconf.golden.spec import CaseSpec
-
-#: Test modules of the suites -> their suite marker, for the xdist controller only, which knows a test
-#: by its id alone (a test's own process reads the marker itself, :func:`identity`).
-SUITE_OF_MODULE = {
-    "test_conformance": "conformance",
-    "test_error_contract": "error_contract",
-    "test_metamorphic": "metamorphic",
-    "test_properties": "property",
-}
 #: The parameter every MLA test runs under: the backend's selection name.
 MLA_PARAMETER = "mla_backend_name"
 #: Parameters that carry a test's case spec.
@@ -41,6 +36,26 @@ POLICY_SUITES = ("conformance", "property")
 def policy_name(config: pytest.Config) -> str:
     """The run's tolerance policy (``--mla-policy``): the one place its name is read."""
     return str(config.getoption("mla_policy", None) or "default")
+
+
+def declared_markers(nodeid: str) -> list[str]:
+    """The marker names a shipped suite's test declares on its function and module (``pytestmark``),
+    read from the code as pytest reads them for the item; none for a test outside the suites package."""
+    path, _, rest = nodeid.partition("::")
+    module_name, function = path.rsplit("/", 1)[-1].removesuffix(".py"), rest.partition("[")[0]
+    if not module_name.isidentifier():
+        return []
+    try:
+        with warnings.catch_warnings():  # read, not run: a session that registered no MLA marker may read them
+            warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
+            module = importlib.import_module(f"{SUITES_PACKAGE}.{module_name}")
+    except ImportError:
+        return []
+    marks: list[Any] = []
+    for owner in (module, getattr(module, function, None)):
+        declared = getattr(owner, "pytestmark", [])
+        marks += declared if isinstance(declared, list) else [declared]
+    return [str(getattr(mark, "name", "")) for mark in marks]
 
 
 def suite_of(markers: Iterable[str]) -> str:
@@ -101,11 +116,10 @@ def identity(item: pytest.Item) -> dict[str, Any]:
 
 
 def identity_from_nodeid(nodeid: str, backends: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """A best guess for a test whose worker died before its setup was reported: the suite marker of
-    its module, the backend from the end of the parameter id (``backends``: selection name ->
-    label), the case from the rest."""
-    path, _, rest = nodeid.partition("::")
-    module = path.rsplit("/", 1)[-1].removesuffix(".py")
+    """A test whose worker died before its setup was reported: the suite from the markers its code
+    declares, the backend from the end of the parameter id (``backends``: selection name -> label),
+    the case from the rest (a best guess)."""
+    rest = nodeid.partition("::")[2]
     function, _, params = rest.partition("[")
     params = params.removesuffix("]")
     backend, case = "?", params
@@ -114,8 +128,6 @@ def identity_from_nodeid(nodeid: str, backends: Mapping[str, str] | None = None)
         if params == name or params.endswith(f"-{name}"):
             backend, case = by_id[name], params[: -len(name)].rstrip("-")
             break
-    ident = make_identity(
-        suite=suite_of([SUITE_OF_MODULE.get(module, "")]), test=nodeid, function=function, backend=backend
-    )
+    ident = make_identity(suite=suite_of(declared_markers(nodeid)), test=nodeid, function=function, backend=backend)
     ident.setdefault("case_id", case or rest)  # the id's case part, beside a relation too: a guess needs both
     return ident

@@ -42,11 +42,13 @@ from mlaconf.runner.identity import BACKEND_LABELS, policy_name
 from mlaconf.runner.selection import (
     ALL_SUITES,
     DEFAULT_SUITE,
+    METAMORPHIC_SUITE,
     case_param,
     error_cases,
     load_cases,
     mark,
     marker_name,
+    policy_problem,
     selected_cases,
     suite_choices,
     unmatched_deviations,
@@ -231,7 +233,7 @@ def marker_lines() -> list[str]:
     markers += [f"{d}: dtype {d}" for d in ("fp16", "bf16")]
     markers += [f"{name}: maskType {code}" for code, name in MASK_NAMES.items()]
     markers += [f"{name}: cacheMode {code}" for code, name in CACHE_NAMES.items()]
-    markers += [f"{s}: the {s} suite" for s in suite_choices() if s != ALL_SUITES]
+    markers += [f"{s}: the {s} suite" for s in suite_choices() if s not in (ALL_SUITES, METAMORPHIC_SUITE)]
     markers += [f"{marker_name(n)}: backend {n}" for n in registry.BUILTIN]
     return markers
 
@@ -314,14 +316,9 @@ def check_front_door(config: pytest.Config) -> None:
         set_run_info(config, "golden_store", str(Path(os.environ.get("MLA_GOLDEN_DIR") or ".golden").resolve()))
     policy, tolerances = policy_name(config), config.getoption("mla_tolerances")
     if policy != "default" or tolerances:
-        from mlaconf.judge.policy import load_policies
-
-        try:
-            names = set(load_policies(Path(tolerances) if tolerances else None).policies)
-        except Exception as exc:
-            raise pytest.UsageError(f"--mla-tolerances {tolerances or '(built-in)'}: {exc}") from exc
-        if policy not in names:
-            raise pytest.UsageError(f"--mla-policy {policy!r}: no such policy; choose from {', '.join(sorted(names))}")
+        problem = policy_problem(policy, tolerances, "--mla-policy")
+        if problem:
+            raise pytest.UsageError(problem)
     set_run_info(config, "policy", policy)
     suites = config.getoption("mla_suite") or ([] if config.getoption("mla_cases") else [DEFAULT_SUITE])
     unknown = [name for name in suites if name not in suite_choices()]

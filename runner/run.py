@@ -14,7 +14,7 @@ from typing import Any
 from mlaconf.facts.processes import kill_with_parent
 from mlaconf.harness.registry import AUTO_ORDER, BUILTIN
 from mlaconf.runner.command import pytest_command
-from mlaconf.runner.selection import DEFAULT_SUITE, suite_choices
+from mlaconf.runner.selection import DEFAULT_SUITE, policy_problem, suite_choices
 
 #: Signals that stop the run: forwarded to pytest's process group as SIGINT (its clean stop).
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -23,6 +23,11 @@ STOP_GRACE_S = 15.0
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.policy is not None:  # checked here, not in pytest: the message names the option typed
+        problem = policy_problem(args.policy, option_value(args.pytest_args, "--mla-tolerances"), "--policy")
+        if problem:
+            print(f"mlaconf run: error: {problem}", file=sys.stderr)
+            return 2
     if args.ray is not None:
         return run_on_cluster(args)
     command = pytest_command(args)
@@ -30,6 +35,17 @@ def run(args: argparse.Namespace) -> int:
     # its own session: a signal reaches the whole run (pytest and every xdist worker) only through us
     child = subprocess.Popen(command, start_new_session=True, preexec_fn=kill_with_parent)
     return wait_forwarding_stops(child)
+
+
+def option_value(argv: list[str], option: str) -> str | None:
+    """The value of ``option`` among pytest arguments (``OPTION VALUE`` or ``OPTION=VALUE``; the last wins)."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == option and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(f"{option}="):
+            value = arg.partition("=")[2]
+    return value
 
 
 def wait_forwarding_stops(child: subprocess.Popen[Any]) -> int:

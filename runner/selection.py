@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from fnmatch import fnmatchcase
+from pathlib import Path
 
 import pytest
 
@@ -13,13 +14,39 @@ from mlaconf.golden.suites import available_suites, load_suite, load_suites
 from mlaconf.judge.deviations import DeviationSet
 
 ERROR_SUITE = "errors"
+#: The metamorphic relations (``cases/test_metamorphic.py``; their specs: ``metamorphic.toml``, no value suite).
+METAMORPHIC_SUITE = "metamorphic"
 ALL_SUITES = "all"
 DEFAULT_SUITE = "smoke"
 
 
 def suite_choices() -> list[str]:
-    """What ``--mla-suite`` and ``mlaconf run --suite`` accept: the value suites in the suites folder, and all."""
-    return [name for name in available_suites() if name != ERROR_SUITE] + [ALL_SUITES]
+    """What ``--mla-suite`` and ``mlaconf run --suite`` accept: the value suites in the suites folder,
+    the metamorphic suite, and all."""
+    return [name for name in available_suites() if name != ERROR_SUITE] + [METAMORPHIC_SUITE, ALL_SUITES]
+
+
+def runs_metamorphic(config: pytest.Config) -> bool:
+    """Whether the run selects the metamorphic relations: named, within ``all``, or no suite filter at
+    all (no ``--mla-suite``, no ``--mla-cases``).  A suite of one's own (``--mla-suite mine``) runs alone."""
+    suites = config.getoption("mla_suite") or []
+    if config.getoption("mla_cases"):
+        return METAMORPHIC_SUITE in suites
+    return not suites or bool({METAMORPHIC_SUITE, ALL_SUITES} & set(suites))
+
+
+def policy_problem(policy: str, tolerances: str | None, option: str) -> str | None:
+    """Why ``policy`` is no policy of the tolerance file, as one line naming ``option``, the spelling
+    the user typed (``--mla-policy`` in pytest, ``--policy`` in ``mlaconf run``); None when it is one."""
+    from mlaconf.judge.policy import load_policies
+
+    try:
+        names = set(load_policies(Path(tolerances) if tolerances else None).policies)
+    except Exception as exc:
+        return f"--mla-tolerances {tolerances or '(built-in)'}: {exc}"
+    if policy in names:
+        return None
+    return f"{option} {policy!r}: no such policy; choose from {', '.join(sorted(names))}"
 
 
 _NOT_IDENTIFIER = re.compile(r"[^0-9A-Za-z_]")
@@ -51,7 +78,8 @@ def _load(config: pytest.Config) -> list[CaseSpec]:
     try:
         if cases_file:
             return load_suite(cases_file)
-        return load_suites(config.getoption("mla_suite") or [DEFAULT_SUITE])
+        names = [name for name in config.getoption("mla_suite") or [DEFAULT_SUITE] if name != METAMORPHIC_SUITE]
+        return load_suites(names) if names else []
     except SpecError as exc:  # a bad suite file is the user's input: say what and where, no traceback
         raise pytest.UsageError(str(exc)) from exc
 

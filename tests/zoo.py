@@ -5,7 +5,7 @@ correct kernel (``tests/nocover/test_zoo.py``; docs/conformance.md reports their
 zero-argument factory usable as ``--mla-backend tests.zoo:<name>`` and implements the Backend
 protocol through :class:`mlaconf.harness.torch_backend.TorchSdpaBackend`'s batching and layouts, replacing
 only the per-sequence attention.  Every path rounds the output once to the case dtype and keeps
-every accumulation in fp32; they differ where spec section 4 allows a correct kernel to differ:
+every accumulation in fp32; they differ where docs/operator.md §4 allows a correct kernel to differ:
 
 * ``fp32_p``       fp32 scores, softmax and P (P never rounded), one fp32 P.V GEMM.
 * ``p_rounded``    fp32 scores; unnormalised P = exp(s - m) rounded to the input dtype before an

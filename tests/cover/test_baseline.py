@@ -1,4 +1,4 @@
-"""The emulated same-dtype baseline rounds where spec section 4 says ATB's kernels round."""
+"""The emulated same-dtype baseline rounds where docs/operator.md §4 says ATB's kernels round."""
 
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def test_a_row_that_sees_one_key_returns_that_value_exactly(dtype: str, mask_typ
 
 
 def first_value(inputs: OpInputs, spec: CaseSpec, b: int) -> np.ndarray:
-    """v of batch b's first key, ``[Hkv, 128]`` (spec section 2 layouts)."""
+    """v of batch b's first key, ``[Hkv, 128]`` (docs/operator.md §2 layouts)."""
     if spec.kv_layout == "padded":
         return np.ascontiguousarray(inputs.v[b, 0].reshape(spec.kv_head_num, 128))
     return np.ascontiguousarray(inputs.v[sum(spec.kv_seqlen[:b])])

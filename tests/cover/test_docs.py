@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.docs_commands import PLANS, documented_commands, every_command
+
 REPO = Path(__file__).resolve().parents[2]
 DOCUMENTS = [
     REPO / "README.md",
@@ -63,22 +65,6 @@ def test_the_link_checker_finds_a_broken_link(tmp_path: Path) -> None:
     assert broken_links(page) == ["#nothing (no such heading)", "missing.md (no such file)"]
 
 
-#: The documents whose shell blocks a new user copies from.
-HOW_TOS = [REPO / "README.md", REPO / "docs" / "usage.md"]
-
-
-def documented_commands(tool: str) -> list[tuple[str, list[str]]]:
-    """Every ``tool ...`` line of the how-tos' shell blocks, as (document, argv without the tool)."""
-    found = []
-    for document in HOW_TOS:
-        for block in re.findall(r"```(?:bash|sh)\n(.*?)```", document.read_text(), re.S):
-            for line in block.replace("\\\n", " ").splitlines():
-                words = shlex.split(line, comments=True)
-                if words and words[0] == tool:
-                    found.append((document.name, words[1:]))
-    return found
-
-
 def run_mlaconf(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "MLA_GOLDEN_DIR": str(cwd / ".golden")}
     return subprocess.run(
@@ -120,6 +106,15 @@ def test_every_documented_pytest_option_exists(tmp_path: Path) -> None:
     assert not unknown, f"documented pytest options pytest does not know: {unknown}"
 
 
+def test_every_documented_command_has_a_plan() -> None:
+    """tests/nocover/test_docs_commands.py runs each command the how-tos show as its plan says; a
+    command added to the docs without a plan, or a plan whose command the docs dropped, fails here."""
+    documented = every_command()
+    assert documented and not [c for c in documented if c not in PLANS], [c for c in documented if c not in PLANS]
+    assert not [c for c in PLANS if c not in documented], [c for c in PLANS if c not in documented]
+    assert all(plan.not_run or plan.text for plan in PLANS.values())  # every run is checked by what it prints
+
+
 def test_the_cheap_commands_run_as_documented(tmp_path: Path) -> None:
     """list, show (of the README's case) and store in an empty directory; verify there finds nothing to
     verify, which is never green; run's unknown suite."""
@@ -136,3 +131,65 @@ def test_the_cheap_commands_run_as_documented(tmp_path: Path) -> None:
     refused = run_mlaconf(["run", "--suite", "nosuch"], tmp_path)
     assert refused.returncode == 2 and "invalid choice: 'nosuch'" in refused.stderr  # README: exit 2
     assert "exit 2" in (REPO / "README.md").read_text()
+
+
+#: Names the documents mention as what does *not* exist (docs/architecture.md: a package at the root).
+NOT_CODE = {"mlaconf.tests", "mlaconf.setup", "mlaconf.build"}
+#: A code name in backticks: ``mlaconf.room.module.Name.attr`` or ``Class.attr`` (a class of the product).
+CODE_NAME = re.compile(r"`(mlaconf(?:\.\w+)+|[A-Z]\w*[a-z]\w*\.\w+)(?:\(\))?`")
+ROOMS = ("cases", "facts", "golden", "harness", "judge", "mlaconf", "native", "reports", "runner")
+
+
+def _has(owner: object, name: str) -> bool:
+    fields = {**getattr(owner, "__annotations__", {}), **getattr(owner, "__dataclass_fields__", {})}
+    return hasattr(owner, name) or name in fields
+
+
+def resolves(name: str, classes: dict[str, str]) -> bool:
+    """Whether a documented code name exists: the longest importable module prefix, then attributes."""
+    import importlib
+
+    parts = name.split(".")
+    if parts[0] != "mlaconf":
+        home = classes.get(parts[0], "")
+        if home.endswith((".cpp", ".h")):  # a class of the native harness: a member by that name
+            return re.search(rf"\b{parts[1]}\s*\(", (REPO / home).read_text()) is not None
+        if not home:
+            return False
+        parts = [*home.split("."), *parts]
+    for cut in range(len(parts), 0, -1):
+        try:
+            owner: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            if not _has(owner, attr):
+                return False
+            owner = getattr(owner, attr, None)
+        return True
+    return False
+
+
+def product_classes() -> dict[str, str]:
+    """Class name -> its module (``mlaconf.room.module``), or its C++ file for the native harness's."""
+    classes = {}
+    for room in ROOMS:
+        for path in (REPO / room).rglob("*.py"):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            module = ".".join(parts if parts[0] == "mlaconf" else ("mlaconf", *parts))
+            classes.update(dict.fromkeys(re.findall(r"^class (\w+)", path.read_text(), re.M), module))
+    for path in [*(REPO / "native").rglob("*.cpp"), *(REPO / "native").rglob("*.h")]:
+        classes.update(dict.fromkeys(re.findall(r"^class (\w+)", path.read_text(), re.M), str(path.relative_to(REPO))))
+    return classes
+
+
+def test_every_code_name_in_the_docs_exists() -> None:
+    """``mlaconf.x.y`` and ``Class.attr`` in the documents name code that exists (a rename leaves none behind)."""
+    classes = product_classes()
+    missing = []
+    for document in (d for d in DOCUMENTS if d.name != "CHANGELOG.md"):  # history names what was
+        for name in sorted(set(CODE_NAME.findall(document.read_text())) - NOT_CODE):
+            if not resolves(name, classes):
+                missing.append(f"{document.relative_to(REPO)}: `{name}`")
+    assert not missing, "documented names the code lacks: " + "; ".join(missing)
+    assert not resolves("DeviationSet.unused", classes) and resolves("DeviationSet.entries", classes)

@@ -85,13 +85,12 @@ def test_own_suite_file_collects_and_feeds_the_error_suite(tmp_path: Path) -> No
         str(mine),
         "--mla-backend",
         "torch-cpu-strict",
-        "-m",
-        "mine",
-        paths=("cases/test_conformance.py", "cases/test_error_contract.py"),
+        paths=("cases/test_conformance.py", "cases/test_error_contract.py", "cases/test_metamorphic.py"),
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     ids = [line for line in result.stdout.splitlines() if "::" in line]
-    assert len(ids) == 3, ids  # one value case, both error cases of the file, none of errors.toml
+    # one value case, both error cases of the file; none of errors.toml, no metamorphic relation
+    assert len(ids) == 3, ids
     assert sum("test_error_contract" in i for i in ids) == 2
     assert any("-spec-" in i for i in ids) and any("-mask7-" in i for i in ids)
 
@@ -196,7 +195,7 @@ def test_a_suite_file_in_the_suites_folder_is_a_suite_everywhere(
         (tmp_path / f"{name}.toml").write_text((shipped / f"{name}.toml").read_text())
     (tmp_path / "mine.toml").write_text(MINE)
     monkeypatch.setattr(suites, "suites_dir", lambda: tmp_path)
-    assert suite_choices() == ["mine", "smoke", "all"]
+    assert suite_choices() == ["mine", "smoke", "metamorphic", "all"]
     assert {c.suite for c in suites.load_suites(["mine"])} == {"mine"}
     args = build_parser().parse_args(["run", "--suite", "mine"])
     assert args.suite == ["mine"]
@@ -209,7 +208,50 @@ def test_a_misspelt_suite_is_our_usage_error(tmp_path: Path) -> None:
     assert run.returncode == 2 and "invalid choice: 'smok'" in run.stderr and "Traceback" not in run.stderr
     result = pytest_run(tmp_path, "--mla-suite", "smok", paths=("cases/test_conformance.py",))
     assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "--mla-suite 'smok': no such suite; choose from deepseek, edge, smoke, standard, all" in result.stderr
+    choices = "deepseek, edge, smoke, standard, metamorphic, all"
+    assert f"--mla-suite 'smok': no such suite; choose from {choices}" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("suites", "cases", "metamorphic"),
+    [
+        ([], None, True),  # no filter: the default selection
+        (["mine"], None, False),
+        (["smoke"], None, False),
+        (["metamorphic"], None, True),
+        (["smoke", "metamorphic"], None, True),
+        (["all"], None, True),
+        ([], "mine.toml", False),
+        (["metamorphic"], "mine.toml", True),
+    ],
+)
+def test_a_suite_filter_runs_the_metamorphic_suite_only_when_it_selects_it(
+    suites: list[str], cases: str | None, metamorphic: bool
+) -> None:
+    from mlaconf.runner.selection import runs_metamorphic
+
+    options = {"mla_suite": suites or None, "mla_cases": cases}
+    config = argparse.Namespace(getoption=options.__getitem__)
+    assert runs_metamorphic(config) is metamorphic  # type: ignore[arg-type]
+
+
+def test_mlaconf_run_without_suite_passes_no_filter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlaconf import build_parser
+    from mlaconf.runner.run import pytest_command
+
+    monkeypatch.chdir(tmp_path)
+    assert "--mla-suite" not in pytest_command(build_parser().parse_args(["run"]))
+    command = pytest_command(build_parser().parse_args(["run", "--suite", "smoke"]))
+    assert command[command.index("--mla-suite") + 1] == "smoke"
+
+
+def test_a_misspelt_policy_names_the_option_typed(capsys: pytest.CaptureFixture[str]) -> None:
+    from mlaconf import main
+
+    assert main(["run", "--policy", "nosuch", "--backend", "torch-cpu"]) == 2  # before pytest starts
+    err = capsys.readouterr().err
+    assert err.startswith("mlaconf run: error: --policy 'nosuch': no such policy; choose from ")
+    assert err.count("\n") == 1 and "--mla-policy" not in err and "default" in err
 
 
 def test_mlaconf_run_keeps_pytests_cache_for_lf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

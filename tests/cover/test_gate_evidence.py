@@ -3,7 +3,6 @@ are one run twice, or say they have problems never pass ``mlaconf report diff``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -11,22 +10,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.runs import write_run_dir
+from tests.runs import record, write_run_dir
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def rec(case: str, verdict: str = "passed", backend: str = "atb", **extra: Any) -> dict[str, Any]:
-    return {
-        "schema_version": 2,
-        "suite": "conformance",
-        "test": f"t[{case}]",
-        "case_id": case,
-        "backend": backend,
-        "verdict": verdict,
-        "worst_slack": 0.25,
-        "output_sha256": hashlib.sha256(case.encode()).hexdigest(),
-    } | extra
+    return record(case, verdict=verdict, backend=backend, **extra)
 
 
 def diff(base: Path, cand: Path, *flags: str) -> tuple[int, str]:

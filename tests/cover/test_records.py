@@ -139,12 +139,16 @@ def test_one_builder_validates_every_record_it_makes() -> None:
 
 
 def test_the_suite_comes_from_the_markers_by_one_rule() -> None:
-    from mlaconf.runner.identity import SUITE_OF_MODULE, make_identity, suite_of
+    from mlaconf.runner.identity import declared_markers, make_identity, suite_of
 
     assert suite_of(["smoke", "fp16", "error_contract", "errors"]) == "error_contract"
     assert suite_of(["property", "metamorphic"]) == "metamorphic"  # the first in records.SUITES order
     assert suite_of([]) == "conformance"
-    assert {suite_of([marker]) for marker in SUITE_OF_MODULE.values()} == set(SUITE_OF_MODULE.values())
+    modules = {"conformance": "test_conformance", "error_contract": "test_error_contract"}
+    modules.update(metamorphic="test_metamorphic", property="test_properties")
+    for suite, module in modules.items():  # what the controller reads of a test it knows by id alone
+        assert suite_of(declared_markers(f"cases/{module}.py::test_x[a-b]")) == suite
+    assert declared_markers("tests/test_conformance_like.py::test[a]") == declared_markers("../x.py::t") == []
     ident = make_identity(suite="property", test="t", function="test_tolerance_any_case", backend="b", policy="p")
     assert ident == {"suite": "property", "test": "t", "backend": "b", "relation": "tolerance any case", "policy": "p"}
     plain = make_identity(suite="error_contract", test="t", function="f", backend="b", case_id="c", policy="p")

@@ -1,7 +1,7 @@
-"""The blocked float64 reference against independent implementations written from the spec.
+"""The blocked float64 reference against independent implementations written from docs/operator.md.
 
-``simple_attention`` below re-derives layouts from spec section 2 and the mathematics from section
-4 with a per-row loop; it shares no code with ``mlaconf.golden.reference`` or ``mlaconf.golden.layout``.
+``simple_attention`` below re-derives layouts from its §2 and the mathematics from its §4 with a
+per-row loop; it shares no code with ``mlaconf.golden.reference`` or ``mlaconf.golden.layout``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ NOPE, ROPE, VD = 128, 64, 128
 
 
 def allowed_keys(mask_type: int, i: int, q_len: int, kv_len: int) -> int:
-    """Number of keys row i may see (spec section 4: keys 0..n-1)."""
+    """Number of keys row i may see (docs/operator.md §4: keys 0..n-1)."""
     if mask_type == 2:
         return i + 1
     if mask_type == 3:
@@ -36,7 +36,7 @@ def allowed_keys(mask_type: int, i: int, q_len: int, kv_len: int) -> int:
 
 
 def head_rows(inputs: OpInputs, spec: CaseSpec, b: int, h: int) -> tuple[np.ndarray, ...]:
-    """Batch b's q (query head h) and k, v (its kv head) as float64, read per spec section 2."""
+    """Batch b's q (query head h) and k, v (its kv head) as float64, read per docs/operator.md §2."""
     q_start = sum(spec.q_seqlen[:b])
     q_len, kv_len = spec.q_seqlen[b], spec.kv_seqlen[b]
     g = h // (spec.head_num // spec.kv_head_num)

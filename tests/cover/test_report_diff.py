@@ -11,6 +11,7 @@ import pytest
 
 from mlaconf.reports import cli, diff, diff_render
 from mlaconf.reports.rundir import write_json, write_results
+from tests.runs import record
 
 
 def rec(
@@ -23,19 +24,19 @@ def rec(
     latency: float = 1.0,
     policy: str = "atb",
 ) -> dict[str, Any]:
-    return {
-        "case_id": case,
-        "backend": backend,
-        "dtype": "fp16",
-        "mask": "causal",
-        "cache": "krope_ctkv",
-        "verdict": verdict,
-        "worst_slack": slack,
-        "policy": policy,
-        "metrics": {"max_rel_err": slack * 1e-3, "rmse": slack * 1e-4},
-        "output_sha256": hashlib.sha256(f"{case}{backend}{digest}".encode()).hexdigest(),
-        "timing": {"latency_ms_median": latency, "repeats": 12, "tflops": 1.0, "latencies_ms": calls(latency)},
-    }
+    return record(
+        case,
+        backend=backend,
+        dtype="fp16",
+        mask="causal",
+        cache="krope_ctkv",
+        verdict=verdict,
+        worst_slack=slack,
+        policy=policy,
+        metrics={"max_rel_err": slack * 1e-3, "rmse": slack * 1e-4},
+        output_sha256=hashlib.sha256(f"{case}{backend}{digest}".encode()).hexdigest(),
+        timing={"latency_ms_median": latency, "repeats": 12, "tflops": 1.0, "latencies_ms": calls(latency)},
+    )
 
 
 def calls(median: float, n: int = 12) -> list[float]:

@@ -10,22 +10,21 @@ from pathlib import Path
 from typing import Any
 
 from mlaconf.reports import diff, diff_render
-from tests.runs import write_run_dir
+from tests.runs import record, write_run_dir
 
 CAUSE = {"name": "causal_top_left", "text": "output matches the golden with a top-left causal mask"}
 
 
 def rec(case: str, verdict: str = "passed", slack: float = 0.2, **extra: Any) -> dict[str, Any]:
-    return {
-        "schema_version": 2,
-        "suite": "conformance",
-        "test": f"cases/test_conformance.py::test_conformance[{case}-torch-cpu]",
-        "case_id": case,
-        "backend": "torch-cpu",
-        "verdict": verdict,
-        "worst_slack": slack,
-        "output_sha256": hashlib.sha256(f"{case}{verdict}".encode()).hexdigest(),
-    } | extra
+    return record(
+        case,
+        test=f"cases/test_conformance.py::test_conformance[{case}-torch-cpu]",
+        backend="torch-cpu",
+        verdict=verdict,
+        worst_slack=slack,
+        output_sha256=hashlib.sha256(f"{case}{verdict}".encode()).hexdigest(),
+        **extra,
+    )
 
 
 def diffed(tmp_path: Path, failing: int) -> diff.DiffResult:

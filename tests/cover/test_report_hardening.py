@@ -8,14 +8,13 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from mlaconf.reports import cli, html
 from mlaconf.reports.rundir import read_results, write_json, write_results
 from mlaconf.reports.safeio import ReportFileError, atomic_write
-from tests.runs import write_run_dir
+from tests.runs import record, write_run_dir
 
 
 def mlaconf(*argv: str) -> int:
@@ -23,20 +22,6 @@ def mlaconf(*argv: str) -> int:
     cli.register(parser.add_subparsers(dest="verb", required=True))
     args = parser.parse_args(argv)
     return int(args.func(args))
-
-
-def rec(case: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "schema_version": 2,
-        "suite": "conformance",
-        "test": f"t[{case}]",
-        "case_id": case,
-        "backend": "cpu",
-        "verdict": "passed",
-        "worst_slack": 0.25,
-        "output_sha256": "ab" * 32,
-        **extra,
-    }
 
 
 def one_error_line(capsys: pytest.CaptureFixture[str], *fragments: str) -> str:
@@ -52,11 +37,11 @@ def one_error_line(capsys: pytest.CaptureFixture[str], *fragments: str) -> str:
 def test_a_symlink_planted_at_the_old_temp_name_is_never_written(tmp_path: Path, name: str) -> None:
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
-    run = write_run_dir(tmp_path / "run", [rec("a")])
+    run = write_run_dir(tmp_path / "run", [record("a")])
     (run / name).symlink_to(victim)
-    write_results(run / "results.jsonl", [rec("a")])
+    write_results(run / "results.jsonl", [record("a")])
     write_json(run / "run.json", json.loads((run / "run.json").read_text()))
-    html.write_report(run, [rec("a")], {})
+    html.write_report(run, [record("a")], {})
     assert victim.read_text() == "precious\n" and (run / name).is_symlink()
     assert mlaconf("report", "html", str(run)) == 0
     assert victim.read_text() == "precious\n"
@@ -76,7 +61,7 @@ def test_a_symlink_at_the_final_name_is_refused(tmp_path: Path, name: str) -> No
 def test_diff_refuses_a_symlink_planted_in_its_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     victim = tmp_path / "victim"
     victim.write_text("precious\n")
-    base, cand = write_run_dir(tmp_path / "a", [rec("a")]), write_run_dir(tmp_path / "b", [rec("a")])
+    base, cand = write_run_dir(tmp_path / "a", [record("a")]), write_run_dir(tmp_path / "b", [record("a")])
     (cand / "diff").mkdir()
     (cand / "diff" / "diff.md").symlink_to(victim)
     assert mlaconf("report", "diff", str(base), str(cand)) == 2
@@ -89,7 +74,7 @@ def test_temp_files_are_unique_per_write(tmp_path: Path) -> None:
     name (another run's half-written one) is left alone."""
     other = tmp_path / "results.jsonl.tmp"
     other.write_text("another run's half-written file\n")
-    write_results(tmp_path / "results.jsonl", [rec("a")])
+    write_results(tmp_path / "results.jsonl", [record("a")])
     assert other.read_text() == "another run's half-written file\n"
     assert [r["case_id"] for r in read_results(tmp_path / "results.jsonl")] == ["a"]
 
@@ -100,14 +85,14 @@ def deep(levels: int) -> str:
 
 BROKEN_LINES = {
     "deep": ('{"case_id": "x", "backend": "cpu", "verdict": "passed", "n": ' + deep(20000) + "}", "nested deeper"),
-    "schema 99": (json.dumps(rec("x", schema_version=99)), "schema_version"),
-    "schema as text": (json.dumps(rec("x", schema_version="2")), "schema_version"),
-    "schema as float": (json.dumps(rec("x", schema_version=2.0)), "schema_version"),
-    "slack as text": (json.dumps(rec("x", worst_slack="high")), "worst_slack"),
-    "checks not a list": (json.dumps(rec("x", checks={"rule": "atb"})), "checks"),
-    "check slack as text": (json.dumps(rec("x", checks=[{"rule": "atb", "slack": "1"}])), "checks[0].slack"),
-    "metrics as list": (json.dumps(rec("x", metrics=[1, 2])), "metrics"),
-    "backend as number": (json.dumps(rec("x", backend=3)), "backend"),
+    "schema 99": (json.dumps(record("x", schema_version=99)), "schema_version"),
+    "schema as text": (json.dumps(record("x", schema_version="2")), "schema_version"),
+    "schema as float": (json.dumps(record("x", schema_version=2.0)), "schema_version"),
+    "slack as text": (json.dumps(record("x", worst_slack="high")), "worst_slack"),
+    "checks not a list": (json.dumps(record("x", checks={"rule": "atb"})), "checks"),
+    "check slack as text": (json.dumps(record("x", checks=[{"rule": "atb", "slack": "1"}])), "checks[0].slack"),
+    "metrics as list": (json.dumps(record("x", metrics=[1, 2])), "metrics"),
+    "backend as number": (json.dumps(record("x", backend=3)), "backend"),
     "duplicate key": ('{"case_id": "x", "backend": "cpu", "verdict": "passed", "verdict": "failed"}', "duplicate key"),
     "not an object": ("[1, 2]", "JSON object"),
 }
@@ -119,8 +104,8 @@ def test_a_broken_record_is_one_line_naming_file_and_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], verb: str, case: str
 ) -> None:
     line, fragment = BROKEN_LINES[case]
-    good = write_run_dir(tmp_path / "good", [rec("a")])
-    bad = write_run_dir(tmp_path / "bad", [rec("a"), rec("b")])
+    good = write_run_dir(tmp_path / "good", [record("a")])
+    bad = write_run_dir(tmp_path / "bad", [record("a"), record("b")])
     results = bad / "results.jsonl"
     results.write_text(results.read_text().splitlines()[0] + "\n" + line + "\n")
     argv = {
@@ -134,8 +119,8 @@ def test_a_broken_record_is_one_line_naming_file_and_line(
 
 @pytest.mark.parametrize("verb", ["diff", "html"])
 def test_a_duplicated_record_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], verb: str) -> None:
-    good = write_run_dir(tmp_path / "good", [rec("a")])
-    bad = write_run_dir(tmp_path / "bad", [rec("a"), rec("b")])
+    good = write_run_dir(tmp_path / "good", [record("a")])
+    bad = write_run_dir(tmp_path / "bad", [record("a"), record("b")])
     results = bad / "results.jsonl"
     first = results.read_text().splitlines()[0]
     results.write_text(f"{first}\n{first}\n")
@@ -159,8 +144,8 @@ def test_a_duplicated_record_is_refused(tmp_path: Path, capsys: pytest.CaptureFi
 def test_a_broken_run_json_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], verb: str, text: str, fragment: str
 ) -> None:
-    good = write_run_dir(tmp_path / "good", [rec("a")])
-    bad = write_run_dir(tmp_path / "bad", [rec("a")])
+    good = write_run_dir(tmp_path / "good", [record("a")])
+    bad = write_run_dir(tmp_path / "bad", [record("a")])
     (bad / "run.json").write_text(text)
     argv = {
         "diff": ["diff", str(good), str(bad)],

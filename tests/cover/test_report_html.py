@@ -11,13 +11,12 @@ from typing import Any
 
 from mlaconf.reports import cli, html, summary, svg
 from mlaconf.reports.aggregate import group_stats
-from tests.runs import write_run_dir
+from tests.runs import record, write_run_dir
 
 
 def rec(i: int, backend: str = "npu", verdict: str = "passed", **extra: Any) -> dict[str, Any]:
     slack = 0.1 * (i % 12)
-    r = {
-        "case_id": f"case{i:03d}",
+    fields: dict[str, Any] = {
         "backend": backend,
         "dtype": ("fp16", "bf16")[i % 2],
         "mask": ("causal", "mask_free")[i % 2],
@@ -42,7 +41,7 @@ def rec(i: int, backend: str = "npu", verdict: str = "passed", **extra: Any) -> 
         "output_sha256": f"{i:064x}",
         "timing": {"latency_ms_median": 0.5 + i, "repeats": 3, "tflops": 2.0},
     }
-    return r | extra
+    return record(f"case{i:03d}", **fields | extra)
 
 
 def records() -> list[dict[str, Any]]:

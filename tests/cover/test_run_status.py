@@ -6,7 +6,6 @@ gate fails on a candidate that ran fewer tests than it selected."""
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ import pytest
 from mlaconf.reports import cli, diff
 from mlaconf.reports.records import RecordError
 from mlaconf.reports.rundir import RunState
-from tests.runs import write_run_dir
+from tests.runs import record, write_run_dir
 
 
 def mlaconf(*argv: str) -> int:
@@ -26,20 +25,7 @@ def mlaconf(*argv: str) -> int:
     return int(args.func(args))
 
 
-def rec(case: str, verdict: str = "passed") -> dict[str, Any]:
-    return {
-        "schema_version": 2,
-        "suite": "conformance",
-        "test": f"t[{case}]",
-        "case_id": case,
-        "backend": "cpu",
-        "verdict": verdict,
-        "worst_slack": 0.25,
-        "output_sha256": hashlib.sha256(case.encode()).hexdigest(),
-    }
-
-
-RECORDS = [rec(f"c{i}") for i in range(47)]
+RECORDS = [record(f"c{i}") for i in range(47)]
 
 
 def set_run(directory: Path, **fields: Any) -> None:

@@ -26,7 +26,7 @@ def test_smoke_covers_every_dtype_mask_and_layout() -> None:
         ("fp16", "bf16"), (0, 2, 3), ("2d", "3d"), ("padded", "packed")
     ):
         if mask == 3 and kv_layout == "packed":
-            continue  # CAUSAL accepts only the padded layout (spec section 2)
+            continue  # CAUSAL accepts only the padded layout (docs/operator.md §2)
         assert (dtype, mask, q_layout, kv_layout) in seen, f"smoke lacks {dtype}/{mask}/{q_layout}/{kv_layout}"
     assert any(len(set(c.q_seqlen)) > 1 for c in cases), "no ragged batch"
     assert any(c.mask_type == 3 and c.kv_head_num < c.head_num for c in cases), "no GQA causal case"

@@ -1,10 +1,10 @@
 """Discriminating power: the smoke suite plus the metamorphic tests fail every planted defect of
 ``tests/defects.py``, while the unmodified torch CPU backend passes them on five seeds.
 
-Each backend runs in its own ``pytest`` subprocess (``--mla-suite smoke``, ``-p no:cacheprovider``,
-JUnit XML parsed for the outcome), all sharing one golden directory: the clean run, under xdist
-with two workers, generates every golden first; the defect runs then go two at a time and only
-read goldens.  Set ``MLA_DEFECT_SUMMARY=<file>`` to keep a JSON summary of which tests caught each
+Each backend runs in its own ``pytest`` subprocess (``--mla-suite smoke --mla-suite metamorphic``,
+``-p no:cacheprovider``, JUnit XML parsed for the outcome), all sharing one golden directory: the
+clean run, under xdist with two workers, generates every golden first; the defect runs then go two
+at a time and only read goldens.  Set ``MLA_DEFECT_SUMMARY=<file>`` to keep a JSON summary of which tests caught each
 defect (``docs/conformance.md`` is written from it).
 """
 
@@ -96,6 +96,8 @@ def run_pytest(backend: str, work: Path, golden_dir: Path, *extra: str, suites: 
         backend,
         "--mla-suite",
         "smoke",
+        "--mla-suite",
+        "metamorphic",
         "--mla-golden-dir",
         str(golden_dir),
         "--mla-report-dir",

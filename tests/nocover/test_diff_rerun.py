@@ -111,6 +111,8 @@ def run_suites(tmp_path: Path, name: str, mode: str) -> Path:
             "0",
             "--mla-cases",
             str(tmp_path / "rerun.toml"),
+            "--mla-suite",
+            "metamorphic",  # beside a suite file of one's own only when named
             "--mla-backend",
             "upgraded:factory",
             "--mla-golden-dir",

@@ -34,7 +34,7 @@ sys.exit(pytest.main(sys.argv[1:]))
 def test_smoke_passes_through_the_fake_on_both_backends(tmp_path: Path) -> None:
     report = tmp_path / "report"
     argv = [sys.executable, "-c", RUN.format(root=str(ROOT)), str(ROOT / "cases"), "-p", "no:cacheprovider", "-q"]
-    argv += ["-n", "0", "--mla-suite", "smoke", "--mla-report-dir", str(report)]
+    argv += ["-n", "0", "--mla-suite", "smoke", "--mla-suite", "metamorphic", "--mla-report-dir", str(report)]
     argv += [
         "--mla-backend",
         "tests.fake_torch_npu:ring_mla_on_cpu",

@@ -37,6 +37,8 @@ def smoke(tmp_path: Path, name: str) -> Path:
             "2",
             "--mla-suite",
             "smoke",
+            "--mla-suite",
+            "metamorphic",
             "--mla-backend",
             "torch-cpu-strict",  # declares the error contract, so all four suites run
             "--hypothesis-profile",
