@@ -275,21 +275,36 @@ def test_a_stop_signal_to_mlaconf_run_stops_the_whole_run_and_says_interrupted(
     assert survivors(mark) == [], "a process of the run outlived mlaconf"
 
 
-def ended(work: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, object]]:
-    """``mlaconf run`` on torch-cpu into ``work/report``, which holds a complete earlier run; its run.json."""
+EARLIER_RUN = {"status": "complete", "counts": {"selected": 1, "run": 1}}
+
+
+def mlaconf_run(work: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``mlaconf run`` on torch-cpu into ``work/report``, which holds a complete earlier run."""
     report = work / "report"
     report.mkdir(exist_ok=True)
-    (report / "run.json").write_text(json.dumps({"status": "complete", "counts": {"selected": 1, "run": 1}}))
+    (report / "run.json").write_text(json.dumps(EARLIER_RUN))
     cli = [sys.executable, "-m", "mlaconf", "run", "--backend", "torch-cpu", "-n", "0", "--report-dir", str(report)]
     cli += ["--golden-dir", str(work / "golden"), *args]
-    done = subprocess.run(cli, cwd=work, env=environment(work), capture_output=True, text=True, timeout=280)
+    return subprocess.run(cli, cwd=work, env=environment(work), capture_output=True, text=True, timeout=280)
+
+
+def ended(work: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, object]]:
+    """:func:`mlaconf_run` once pytest has started: the earlier run moved aside, the new run.json."""
+    done = mlaconf_run(work, *args)
     assert json.loads((work / "report.previous-1" / "run.json").read_text())["status"] == "complete"  # moved aside
-    return done, json.loads((report / "run.json").read_text())
+    return done, json.loads((work / "report" / "run.json").read_text())
+
+
+def test_a_policy_typo_is_refused_before_the_named_directory_is_touched(work: Path) -> None:
+    done = mlaconf_run(work, "--policy", "no-such-policy")
+    assert done.returncode == 2 and "--policy 'no-such-policy': no such policy" in done.stderr, done.stderr
+    assert json.loads((work / "report" / "run.json").read_text()) == EARLIER_RUN
+    assert not (work / "report.previous-1").exists()
 
 
 def test_a_usage_error_ends_the_named_directory_usage_error(work: Path) -> None:
-    done, doc = ended(work, "--policy", "no-such-policy")
-    assert done.returncode == 4 and "no such policy" in done.stdout + done.stderr
+    done, doc = ended(work, "--", "--mla-policy", "no-such-policy")
+    assert done.returncode == 4 and "--mla-policy 'no-such-policy': no such policy" in done.stdout + done.stderr
     assert doc["status"] == "usage_error" and "no-such-policy" in str(doc["problems"]), doc
 
 
