@@ -185,16 +185,30 @@ RowStats softmax_row_baseline(double *s, int64_t allowed, int64_t cols, float *p
     return softmax_row_body(s, allowed, cols, p32, p2_32, floor, raw);
 }
 
-// The widest variant this CPU runs, chosen once (GCC's target_clones does not dispatch static functions).
-RowKernel pick_row_kernel() {
+// The widest instruction set this CPU runs, for choosing each kernel's variant once (GCC's
+// target_clones does not dispatch static functions).
+enum class Isa { baseline, avx2, avx512 };
+
+Isa widest_isa() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw")) {
-        return softmax_row_avx512;
+        return Isa::avx512;
     }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        return softmax_row_avx2;
+        return Isa::avx2;
+    }
+#endif
+    return Isa::baseline;
+}
+
+RowKernel pick_row_kernel() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    switch (widest_isa()) {
+    case Isa::avx512: return softmax_row_avx512;
+    case Isa::avx2: return softmax_row_avx2;
+    case Isa::baseline: break;
     }
 #endif
     return softmax_row_baseline;
@@ -290,13 +304,10 @@ float baseline_row_baseline(float *s, int64_t allowed, int64_t cols, float scale
 
 BaselineRowKernel pick_baseline_kernel() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw")) {
-        return baseline_row_avx512;
-    }
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        return baseline_row_avx2;
+    switch (widest_isa()) {
+    case Isa::avx512: return baseline_row_avx512;
+    case Isa::avx2: return baseline_row_avx2;
+    case Isa::baseline: break;
     }
 #endif
     return baseline_row_baseline;
