@@ -235,14 +235,14 @@ def fused_tile(
     diag: tuple[int, int] | None,
     score_terms: bool,
     work: Workspace,
-    subnormal_terms: bool = False,
-    vt: np.ndarray | None = None,
+    subnormal_terms: bool,
+    vt: np.ndarray,
 ) -> dict[str, np.ndarray]:
     """The golden ``out`` exactly as :func:`mlaconf.golden.reference.fused_tile` computes it, and the
     magnitudes from the same exponentials: ``pv_abs`` and ``pv_rss`` from float32 GEMMs of the
     rounded-up operands lifted by :func:`lift_float32_sum` (never below their float64 values), the
     row magnitudes from the kernel's float64 row statistics.  ``vt`` is ``v`` transposed (the task's,
-    so that it is not copied per tile; made here when None)."""
+    so that it is not copied per tile)."""
     qs = q * scale
     shape = (q.shape[0], k.shape[0])  # tile-sized temporaries live in the thread's workspace: no fresh pages
     raw = work.take("raw", shape, np.float64)  # T (and S) need the raw scores, masked keys as 0
@@ -250,7 +250,6 @@ def fused_tile(
     assert rounded is not None
     p32, p2_32 = rounded
     denom = stats[2][:, None]
-    vt = np.ascontiguousarray(v.T) if vt is None else vt
     golden = value_gemm(p, vt)
     golden /= denom
     # The exact A and R never exceed max |V| (A is a mean of |V|, R <= max |V| sqrt(sum P^2) <= max |V|): capped
