@@ -25,6 +25,13 @@ def usable_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def thread_share() -> int:
+    """The threads this process should run at once: OMP_NUM_THREADS when set (an xdist worker's or a
+    regen job's share, see THREAD_ENV), else every usable CPU."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    return max(int(value), 1) if value.strip().isdigit() else usable_cpus()
+
+
 def process_alive(pid: object) -> bool:
     """Whether a process of this host with that pid is running (another user's counts as running)."""
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:

@@ -17,12 +17,12 @@ from typing import Any
 
 import numpy as np
 
+from mlaconf.golden.chunks import RowChunk, map_chunks, row_chunks
+
 #: Small-value floor of relative errors (msprobe / ATB benchmark standard).
 REL_FLOOR = {"fp16": 2.0**-11, "bf16": 2.0**-8}
 #: Unit roundoff (half the spacing at 1.0) of each output dtype.
 UNIT_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8}
-#: Elements per chunk; about ten float64 temporaries of this size live at once (~90 MB at most).
-CHUNK_ELEMENTS = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,8 @@ class ErrorStats:
 
 
 class ErrorSums:
-    """Running sums and maxima of :class:`ErrorStats` over chunks of elements."""
+    """Running sums and maxima of :class:`ErrorStats` over chunks of elements: each chunk folded into
+    its own, then merged in chunk order (:mod:`mlaconf.golden.chunks`)."""
 
     def __init__(self, dtype: str) -> None:
         if dtype not in REL_FLOOR:
@@ -71,6 +72,14 @@ class ErrorSums:
         self.sum_sq += float(np.square(err).sum())
         return rel
 
+    def merge(self, other: ErrorSums) -> None:
+        """Add a later chunk's sums: the same floats as folding its chunk here."""
+        self.n += other.n
+        self.max_abs = max(self.max_abs, other.max_abs)
+        self.max_rel = max(self.max_rel, other.max_rel)
+        self.sum_rel += other.sum_rel
+        self.sum_sq += other.sum_sq
+
     def stats(self) -> ErrorStats:
         n = max(self.n, 1)
         return ErrorStats(self.n, self.max_abs, self.max_rel, self.sum_rel / n, float(np.sqrt(self.sum_sq / n)))
@@ -78,16 +87,18 @@ class ErrorSums:
 
 def error_stats(actual: np.ndarray, expected: np.ndarray, row_valid: np.ndarray, dtype: str) -> ErrorStats:
     """:class:`ErrorStats` of ``actual`` against ``expected`` (both ``[T, ...]``) over the valid rows."""
-    rows = np.flatnonzero(np.asarray(row_valid, dtype=bool))
-    per_row = max(int(np.prod(actual.shape[1:])), 1)
-    step = max(CHUNK_ELEMENTS // per_row, 1)
-    sums = ErrorSums(dtype)
-    for start in range(0, rows.size, step):
-        pick = rows[start : start + step]
-        a = np.asarray(actual[pick], dtype=np.float64)
-        g = np.asarray(expected[pick], dtype=np.float64)
+
+    def chunk_sums(chunk: RowChunk) -> ErrorSums:
+        a = np.asarray(actual[chunk.pick], dtype=np.float64)
+        g = np.asarray(expected[chunk.pick], dtype=np.float64)
         bad = ~(np.isfinite(a) & np.isfinite(g))
+        sums = ErrorSums(dtype)
         with np.errstate(invalid="ignore", over="ignore"):
             err = np.where(bad, np.inf, np.abs(a - g))
-        sums.fold(err, np.where(bad, 0.0, np.abs(g)))
-    return sums.stats()
+            sums.fold(err, np.where(bad, 0.0, np.abs(g)))
+        return sums
+
+    total = ErrorSums(dtype)
+    for part in map_chunks(chunk_sums, row_chunks(row_valid, int(np.prod(actual.shape[1:])))):
+        total.merge(part)
+    return total.stats()

@@ -30,7 +30,7 @@ from typing import IO
 
 from filelock import FileLock
 
-from mlaconf.golden.h5file import FileMeta, dataset_arrays, read_golden, read_meta, write_hdf5
+from mlaconf.golden.h5file import FileMeta, ReadBlock, dataset_arrays, read_golden, read_meta, write_hdf5
 from mlaconf.golden.integrity import (
     SCHEMA_VERSION,
     GoldenMissingError,
@@ -164,6 +164,7 @@ class GoldenStore:
         chosen = root if root is not None else os.environ.get(ENV_DIR) or Path.cwd() / DEFAULT_DIR_NAME
         self.root = Path(chosen).expanduser().resolve()
         self._generator_version = generator_version
+        self._read_block = ReadBlock()  # loads one after another reuse one golden's memory
 
     @property
     def generator_version(self) -> str:
@@ -201,7 +202,7 @@ class GoldenStore:
         path = self.path_for(spec)
         meta = read_meta(path)
         self.check_stale(meta, spec)
-        return read_golden(path, spec)[0]
+        return read_golden(path, spec, self._read_block)[0]
 
     @contextlib.contextmanager
     def _locked(self, spec: CaseSpec) -> Iterator[None]:

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mlaconf.facts.operator import SCORE_DIM, V_DIM, scores_in_fp16
+from mlaconf.golden.chunks import RowChunk, map_chunks, row_chunks
 from mlaconf.golden.magnitudes import ROW_MAGNITUDES, allowed_keys, element_magnitudes
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.stats import UNIT_ROUNDOFF
@@ -45,8 +46,6 @@ U32 = 2.0**-24
 U16 = 2.0**-11
 #: Random (Hoeffding) terms per element; the union bound spreads ``false_alarm`` over them.
 RANDOM_TERMS = 4
-#: Elements per chunk of the vectorised evaluation.
-CHUNK_ELEMENTS = 2 * 1024 * 1024
 #: An fp16 output whose |g| is below this may come out 0 on a flush-to-zero device (twice the smallest
 #: normal 2^-14, so a computed value that rounding moved below it is covered).
 FTZ_OUTPUT_LIMIT = 2.0**-13
@@ -93,6 +92,10 @@ class ModelResult:
         )
 
 
+#: A chunk's largest ratio: the ratio, token, head, column, golden, actual, bound and the bound's terms.
+_Worst = tuple[float, int, int, int, float, float, float, dict[str, float]]
+
+
 def model_ratio(
     actual: np.ndarray,
     golden: np.ndarray,
@@ -114,28 +117,26 @@ def model_ratio(
     elem = {n: magnitudes[n].reshape(shape) for n in element_magnitudes(spec)}
     rows = {n: magnitudes[n].reshape(t, h) for n in ROW_MAGNITUDES}
     keys = allowed_keys(spec)
-    valid = np.flatnonzero(np.asarray(row_valid, dtype=bool))
-    n_elements = int(valid.size * h * V_DIM)
+    chunks = row_chunks(row_valid, h * V_DIM)
+    n_elements = sum(chunk.tokens.size for chunk in chunks) * h * V_DIM
     lam = tail_factor(n_elements, false_alarm)
     u = UNIT_ROUNDOFF[spec.dtype]
     u_s = U16 if fp16_score_path(spec) else U32
     eps = abs(scale_cast_error(spec))
-    best = -1.0
-    worst: tuple[int, int, int, float, float, float, dict[str, float]] | None = None
-    n_over = 0
-    step = max(CHUNK_ELEMENTS // (h * V_DIM), 1)
-    for start in range(0, valid.size, step):
-        tok = valid[start : start + step]
-        a = a_all[tok].astype(np.float64)
-        g = g_all[tok].astype(np.float64)
+
+    def chunk_ratio(chunk: RowChunk) -> tuple[int, _Worst]:
+        """The chunk's count over 1 and its largest ratio (the first of equal ones), with its terms."""
+        tok, pick = chunk.tokens, chunk.pick
+        a = a_all[pick].astype(np.float64)
+        g = np.asarray(g_all[pick], dtype=np.float64)
         ag = np.abs(g)
-        rho = rows["p_rss"][tok].astype(np.float64)[:, :, None]
-        absmax = rows["score_absmax"][tok].astype(np.float64)[:, :, None]
-        spread = elem["pv_rss"][tok].astype(np.float64) + rho * ag  # >= ||P o (V - g)||_2
-        total = elem["pv_abs"][tok].astype(np.float64) + ag  # >= sum_j P |V - g|: the worst case
+        rho = rows["p_rss"][pick].astype(np.float64)[:, :, None]
+        absmax = rows["score_absmax"][pick].astype(np.float64)[:, :, None]
+        spread = elem["pv_rss"][pick].astype(np.float64) + rho * ag  # >= ||P o (V - g)||_2
+        total = elem["pv_abs"][pick].astype(np.float64) + ag  # >= sum_j P |V - g|: the worst case
         # a random term never exceeds its worst case (all roundings aligned): min(lam * 2-norm, 1-norm)
         p_terms = np.minimum(lam * spread, total)
-        dot = (lam * math.sqrt(SCORE_DIM) * U32) * rows["score_dot"][tok].astype(np.float64)[:, :, None]
+        dot = (lam * math.sqrt(SCORE_DIM) * U32) * rows["score_dot"][pick].astype(np.float64)[:, :, None]
         n = keys[tok].astype(np.float64)[:, None, None]
         score_cap = 4.0 * absmax * total
         terms: dict[str, np.ndarray | float] = {
@@ -145,14 +146,14 @@ def model_ratio(
             * (
                 score_cap
                 if "pvs_rss" not in elem
-                else np.minimum(lam * elem["pvs_rss"][tok].astype(np.float64), score_cap)
+                else np.minimum(lam * elem["pvs_rss"][pick].astype(np.float64), score_cap)
             ),
             "qk_accum": dot * p_terms,
-            "scale_cast": eps * np.abs(elem["pv_scale"][tok].astype(np.float64)) if eps else 0.0,
+            "scale_cast": eps * np.abs(elem["pv_scale"][pick].astype(np.float64)) if eps else 0.0,
             "pv_accum": U32 * np.minimum(lam * np.sqrt(n), n) * total + U32 * ag,
         }
         if "pv_sub" in elem:  # exact; inside F too, so a flushing device uses at most half the bound
-            terms["flush_to_zero"] = elem["pv_sub"][tok].astype(np.float64) + np.where(ag < FTZ_OUTPUT_LIMIT, ag, 0.0)
+            terms["flush_to_zero"] = elem["pv_sub"][pick].astype(np.float64) + np.where(ag < FTZ_OUTPUT_LIMIT, ag, 0.0)
         bound = np.zeros_like(ag)
         for term in terms.values():
             bound += term
@@ -162,26 +163,24 @@ def model_ratio(
             ratio = err / bound  # err > 0 over a zero bound: inf
         ratio[err == 0.0] = 0.0  # including 0 / 0
         ratio[np.isnan(ratio)] = np.inf
-        n_over += int(np.count_nonzero(ratio > 1.0))
-        if cells is not None:
+        if cells is not None:  # the chunks' rows are disjoint
             cells[tok] = ratio.max(axis=2)
         flat = int(np.argmax(ratio))
+        r, hh, c = (int(i) for i in np.unravel_index(flat, ratio.shape))
+        parts = {k: safety * float(np.broadcast_to(v, ratio.shape)[r, hh, c]) for k, v in terms.items()}
         value = float(ratio.flat[flat])
-        if value > best:
-            r, hh, c = (int(i) for i in np.unravel_index(flat, ratio.shape))
-            best = value
-            worst = (
-                int(tok[r]),
-                hh,
-                c,
-                float(g[r, hh, c]),
-                float(a[r, hh, c]),
-                float(bound[r, hh, c]),
-                {k: safety * float(np.broadcast_to(v, ratio.shape)[r, hh, c]) for k, v in terms.items()},
-            )
+        worst = (value, int(tok[r]), hh, c, float(g[r, hh, c]), float(a[r, hh, c]), float(bound[r, hh, c]), parts)
+        return int(np.count_nonzero(ratio > 1.0)), worst
+
+    n_over = 0
+    worst: _Worst | None = None
+    for over, candidate in map_chunks(chunk_ratio, chunks):
+        n_over += over
+        if worst is None or candidate[0] > worst[0]:
+            worst = candidate
     if worst is None:
         return ModelResult(0.0, 0, 0, lam, "no element checked", 0.0, 0.0, {})
-    token, head, col, g0, a0, b0, parts = worst
+    best, token, head, col, g0, a0, b0, parts = worst
     loc = locate(token, head, col, spec.q_seqlen)
     where = (
         f"batch {loc.batch} row {loc.row_in_batch} (token {token}) head {head} col {col}: "

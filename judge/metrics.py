@@ -1,8 +1,9 @@
 """Error metrics of a backend's output against the float64 golden, on valid rows only (the verdict's evidence).
 
-Everything is computed in float64, vectorised, and in row chunks so that temporaries stay bounded
-for outputs of hundreds of millions of elements.  Definitions (``a`` = actual, ``g`` = golden, both
-over the valid rows; ``u`` = unit roundoff of the output dtype):
+Everything is computed in float64, vectorised, and in row chunks (:mod:`mlaconf.golden.chunks`) so
+that temporaries stay bounded and in cache for outputs of hundreds of millions of elements.
+Definitions (``a`` = actual, ``g`` = golden, both over the valid rows; ``u`` = unit roundoff of the
+output dtype):
 
 * relative error ``|a - g| / max(|g|, floor)`` with the small-value floor of the msprobe/ATB
   benchmark standard, ``2**-11`` (fp16) and ``2**-8`` (bf16), so near-zero goldens do not blow up;
@@ -27,7 +28,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from mlaconf.golden.stats import CHUNK_ELEMENTS, REL_FLOOR, ErrorSums
+from mlaconf.golden.chunks import RowChunk, map_chunks, row_chunks
+from mlaconf.golden.stats import REL_FLOOR, ErrorSums
 
 #: Relative-error threshold of the "thousandth" rules (fp16 0.1%, bf16 0.4%).
 THOUSANDTH = {"fp16": 0.001, "bf16": 0.004}
@@ -200,7 +202,7 @@ def ulp_distance(actual: np.ndarray, expected: np.ndarray, dtype: str) -> np.nda
 
 
 class _Accumulator:
-    """Running sums and maxima over chunks of valid rows."""
+    """Sums and maxima of chunks of valid rows: one per chunk, merged in chunk order."""
 
     def __init__(self, dtype: str) -> None:
         self.dtype = dtype
@@ -277,6 +279,27 @@ class _Accumulator:
             self.worst = (int(tokens[row]), head, col, float(g[row, head, col]), float(a[row, head, col]))
         self.max_scaled = max(self.max_scaled, value)
 
+    def merge(self, other: _Accumulator) -> None:
+        """Add a later chunk's accumulator: the same numbers as adding its chunk here."""
+        self.sums.merge(other.sums)
+        self.max_ulp = max(self.max_ulp, other.max_ulp)
+        self.max_scaled = max(self.max_scaled, other.max_scaled)
+        self.max_abs_expected = max(self.max_abs_expected, other.max_abs_expected)
+        self.sum_signed += other.sum_signed
+        self.sum_abs_e += other.sum_abs_e
+        self.sum_sq_e += other.sum_sq_e
+        self.sum_sq_a += other.sum_sq_a
+        self.dot += other.dot
+        self.beyond += other.beyond
+        self.nan += other.nan
+        self.inf += other.inf
+        self.e_nan += other.e_nan
+        self.e_inf += other.e_inf
+        self.nan_match &= other.nan_match
+        self.inf_match &= other.inf_match
+        if other.worst_scaled > self.worst_scaled:  # strictly: the first of equal errors stays
+            self.worst, self.worst_scaled = other.worst, other.worst_scaled
+
     def finish(self, n_rows: int, q_seqlen: Sequence[int]) -> Metrics:
         stats = self.sums.stats()
         n = max(stats.n_elements, 1)
@@ -336,7 +359,7 @@ def compute_metrics(
     """Compare ``actual`` (any float dtype, ``[T, H, D]``) with the float64 golden on valid rows.
 
     ``row_valid`` (bool ``[T]``) drops rows of zero-length batches; ``q_seqlen`` locates the worst
-    element.  Rows are processed in chunks of about :data:`CHUNK_ELEMENTS` elements.
+    element.  Rows are processed in chunks (:func:`mlaconf.golden.chunks.row_chunks`).
     """
     if dtype not in REL_FLOOR:
         raise ValueError(f"dtype must be 'fp16' or 'bf16', got {dtype!r}")
@@ -347,16 +370,17 @@ def compute_metrics(
         raise ValueError(f"row_valid has shape {row_valid.shape}, expected ({actual.shape[0]},)")
     if sum(q_seqlen) != actual.shape[0]:
         raise ValueError(f"sum(q_seqlen) = {sum(q_seqlen)} differs from the {actual.shape[0]} output rows")
-    rows = np.flatnonzero(row_valid)
-    per_row = max(actual.shape[1] * actual.shape[2], 1)
-    step = max(CHUNK_ELEMENTS // per_row, 1)
-    acc = _Accumulator(dtype)
-    contiguous = rows.size == actual.shape[0]  # every row valid: slices, not gathered copies
     own = np.dtype(np.float16) if dtype == "fp16" else np.dtype(ml_dtypes.bfloat16)
-    for start in range(0, rows.size, step):
-        tokens = rows[start : start + step]
-        pick = slice(start, start + tokens.size) if contiguous else tokens
-        chunk = actual[pick]
-        a16 = chunk if chunk.dtype == own else None
-        acc.add(np.asarray(chunk, dtype=np.float64), np.asarray(expected[pick], dtype=np.float64), tokens, a16)
-    return acc.finish(int(rows.size), q_seqlen)
+
+    def chunk_metrics(chunk: RowChunk) -> _Accumulator:
+        part = actual[chunk.pick]
+        acc = _Accumulator(dtype)
+        with np.errstate(over="ignore"):  # an overflowing sum takes the NaN/Inf path, which is exact
+            a, g = np.asarray(part, dtype=np.float64), np.asarray(expected[chunk.pick], dtype=np.float64)
+            acc.add(a, g, chunk.tokens, part if part.dtype == own else None)
+        return acc
+
+    total = _Accumulator(dtype)
+    for part in map_chunks(chunk_metrics, row_chunks(row_valid, actual.shape[1] * actual.shape[2])):
+        total.merge(part)
+    return total.finish(int(np.count_nonzero(row_valid)), q_seqlen)

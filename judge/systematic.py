@@ -39,8 +39,9 @@ import ml_dtypes
 import numpy as np
 
 from mlaconf.facts.operator import V_DIM
+from mlaconf.golden.chunks import RowChunk, map_chunks, row_chunks
 from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.stats import CHUNK_ELEMENTS, UNIT_ROUNDOFF
+from mlaconf.golden.stats import UNIT_ROUNDOFF
 from mlaconf.judge.error_model import U32, scale_cast_error
 from mlaconf.judge.metrics import EXPONENT_BITS, bits16_finite
 
@@ -91,25 +92,32 @@ def critical_value(alpha: float, tests: int = 1) -> float:
 
 
 def _projections(
-    actual: np.ndarray, golden: np.ndarray, valid: np.ndarray, direction: np.ndarray, spec: CaseSpec
+    actual: np.ndarray, golden: np.ndarray, row_valid: np.ndarray, direction: np.ndarray, spec: CaseSpec
 ) -> tuple[np.ndarray, np.ndarray, float] | None:
     """Per valid (row, head): sum_c T^2 and sum_c T (actual - golden), and sum g^2 over them; None
     when ``actual`` is not finite."""
     shape = (spec.total_q, spec.head_num, V_DIM)
     a_all, g_all, d_all = actual.reshape(shape), golden.reshape(shape), direction.reshape(shape)
-    tt = np.zeros((valid.size, spec.head_num))
-    te = np.zeros((valid.size, spec.head_num))
-    gg = 0.0
-    step = max(CHUNK_ELEMENTS // (spec.head_num * V_DIM), 1)
-    for start in range(0, valid.size, step):
-        tok = valid[start : start + step]
-        err = a_all[tok].astype(np.float64) - g_all[tok]
+
+    def chunk_sums(chunk: RowChunk) -> tuple[np.ndarray, np.ndarray, float] | None:
+        g = np.asarray(g_all[chunk.pick], dtype=np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):  # a NaN/Inf output: None
+            err = a_all[chunk.pick].astype(np.float64) - g
         if not np.isfinite(err).all():
             return None
-        d = d_all[tok].astype(np.float64)
-        gg += float(np.square(g_all[tok].astype(np.float64)).sum())
-        tt[start : start + tok.size] = np.einsum("rhc,rhc->rh", d, d)
-        te[start : start + tok.size] = np.einsum("rhc,rhc->rh", d, err)
+        d = d_all[chunk.pick].astype(np.float64)
+        return np.einsum("rhc,rhc->rh", d, d), np.einsum("rhc,rhc->rh", d, err), float(np.square(g).sum())
+
+    parts = map_chunks(chunk_sums, row_chunks(row_valid, spec.head_num * V_DIM))
+    if any(part is None for part in parts):
+        return None
+    done = [part for part in parts if part is not None]
+    empty = np.zeros((0, spec.head_num))
+    tt = np.concatenate([part[0] for part in done]) if done else empty
+    te = np.concatenate([part[1] for part in done]) if done else empty
+    gg = 0.0
+    for part in done:
+        gg += part[2]
     return tt, te, gg
 
 
@@ -138,8 +146,7 @@ def temperature_check(
     critical = critical_value(alpha, 2)
     if "pv_scale" not in magnitudes:
         return Significance("temperature", math.nan, math.nan, math.nan, critical, "no stored T (pv_scale)")
-    valid = np.flatnonzero(np.asarray(row_valid, dtype=bool))
-    sums = _projections(actual, golden, valid, magnitudes["pv_scale"], spec)
+    sums = _projections(actual, golden, row_valid, magnitudes["pv_scale"], spec)
     if sums is None:
         return Significance("temperature", math.nan, math.nan, math.nan, critical, "output not finite")
     tt, te, gg = sums
@@ -149,7 +156,7 @@ def temperature_check(
     estimate = float(te.sum()) / total
     ends = [0.0, scale_cast_error(spec)]
     spread = 0.0
-    documented = None if baseline is None else _projections(baseline, golden, valid, magnitudes["pv_scale"], spec)
+    documented = None if baseline is None else _projections(baseline, golden, row_valid, magnitudes["pv_scale"], spec)
     if documented is not None:
         ends.append(float(documented[1].sum()) / total)
         spread = variant_spread(ends[-1], documented[1] - ends[-1] * tt, total)
@@ -198,17 +205,17 @@ def format_check(
     critical = critical_value(alpha, h + 1)
     shape = (spec.total_q, h, V_DIM)
     a_all, g_all = actual.reshape(shape), golden.reshape(shape)
-    valid = np.flatnonzero(np.asarray(row_valid, dtype=bool))
-    n, k, n_g, k_g = (np.zeros(h, dtype=np.int64) for _ in range(4))
-    step = max(CHUNK_ELEMENTS // (h * V_DIM), 1)
-    for start in range(0, valid.size, step):
-        tok = valid[start : start + step]
-        normal, zero = _zero_low_bits(a_all[tok], spec.dtype)  # another float dtype: as rounded to the case's
-        n += normal.sum(axis=(0, 2))
-        k += (normal & zero).sum(axis=(0, 2))
-        normal_g, zero_g = _zero_low_bits(np.asarray(g_all[tok], dtype=np.float64), spec.dtype)
-        n_g += normal_g.sum(axis=(0, 2))
-        k_g += (normal_g & zero_g).sum(axis=(0, 2))
+
+    def chunk_counts(chunk: RowChunk) -> np.ndarray:
+        """Per head: normal outputs, those with zero low bits, the same two of the golden rounded."""
+        normal, zero = _zero_low_bits(a_all[chunk.pick], spec.dtype)  # another float dtype: as rounded to the case's
+        normal_g, zero_g = _zero_low_bits(np.asarray(g_all[chunk.pick], dtype=np.float64), spec.dtype)
+        return np.stack([m.sum(axis=(0, 2)) for m in (normal, normal & zero, normal_g, normal_g & zero_g)])
+
+    counts = np.zeros((4, h), dtype=np.int64)
+    for part in map_chunks(chunk_counts, row_chunks(row_valid, h * V_DIM)):
+        counts += part
+    n, k, n_g, k_g = counts
     chance = 2.0**-LOW_BITS
 
     def null_rate(kg: int, ng: int) -> float:

@@ -9,8 +9,9 @@ from typing import Any, Literal
 import numpy as np
 
 from mlaconf.facts.operator import V_DIM
+from mlaconf.golden.chunks import RowChunk, map_chunks, row_chunks
 from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.stats import CHUNK_ELEMENTS, ErrorStats
+from mlaconf.golden.stats import ErrorStats
 from mlaconf.golden.types import GoldenCase
 from mlaconf.judge.deviations import Deviation
 from mlaconf.judge.error_model import ModelResult, model_ratio
@@ -139,14 +140,15 @@ def _scaled_error(golden: GoldenCase, out: np.ndarray, grid: np.ndarray) -> None
     spec = golden.spec
     rows, heads = spec.total_q, spec.head_num
     a, g = out.reshape(rows, heads, V_DIM), golden.out.reshape(rows, heads, V_DIM)
-    step = max(CHUNK_ELEMENTS // (heads * V_DIM), 1)
-    for start in range(0, rows, step):
-        stop = min(start + step, rows)
-        got, want = a[start:stop].astype(np.float64), g[start:stop]
+
+    def chunk_error(chunk: RowChunk) -> None:
+        got, want = a[chunk.pick].astype(np.float64), g[chunk.pick]
         with np.errstate(invalid="ignore", over="ignore"):
             err = np.abs(got - want) / np.maximum(np.abs(want), 1.0)
         err = np.where(np.isfinite(err), err, np.inf).max(axis=2)
-        grid[start:stop, :heads] = np.where(golden.row_valid[start:stop, None], err, np.nan)
+        grid[chunk.pick, :heads] = np.where(golden.row_valid[chunk.pick, None], err, np.nan)  # disjoint rows
+
+    map_chunks(chunk_error, row_chunks(np.ones(rows, dtype=bool), heads * V_DIM))
 
 
 def verdict_context(golden: GoldenCase, out: np.ndarray) -> VerdictContext:

@@ -9,6 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from mlaconf.golden import chunks
 from mlaconf.judge import metrics as gm
 from mlaconf.judge.metrics import Metrics, compute_metrics, locate, round_to_dtype, ulp_distance
 
@@ -144,7 +145,7 @@ def test_chunked_equals_unchunked(monkeypatch: pytest.MonkeyPatch) -> None:
     row_valid[30] = True
     q_seqlen = [10, 0, 27]
     whole = compute_metrics(actual, expected, row_valid, "fp16", q_seqlen)
-    monkeypatch.setattr(gm, "CHUNK_ELEMENTS", 7)  # below one row: one row per chunk
+    monkeypatch.setattr(chunks, "CHUNK_ELEMENTS", 7)  # below one row: one row per chunk
     chunked = compute_metrics(actual, expected, row_valid, "fp16", q_seqlen)
     for key, value in whole.to_dict().items():
         other = chunked.to_dict()[key]
@@ -197,7 +198,7 @@ def test_worst_is_first_of_equal_violations_across_chunks(monkeypatch: pytest.Mo
     expected = np.ones((4, 1, 2))
     actual = expected.astype(np.float16)
     actual[1, 0, 1] = actual[3, 0, 0] = np.nan
-    monkeypatch.setattr(gm, "CHUNK_ELEMENTS", 2)  # one row per chunk
+    monkeypatch.setattr(chunks, "CHUNK_ELEMENTS", 2)  # one row per chunk
     m = compute_metrics(actual, expected, np.ones(4, bool), "fp16", [2, 2])
     assert _worst(m) == (0, 1, 1, 0, 1)
 

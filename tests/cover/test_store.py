@@ -6,7 +6,9 @@ import dataclasses
 import json
 import logging
 import os
+import pickle
 import re
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import numpy as np
 import pytest
 
 from mlaconf.facts.shard import in_shard, parse_shard
+from mlaconf.golden import h5file
 from mlaconf.golden import regen as rg
 from mlaconf.golden.generate import GENERATOR_VERSION, build_golden
 from mlaconf.golden.h5file import read_golden
@@ -282,6 +285,37 @@ def test_read_golden_without_spec_uses_the_stored_spec(store: GoldenStore) -> No
     with pytest.raises(GoldenMissingError):
         read_golden(store.root / "absent.h5")
     assert issubclass(GoldenCorruptError, GoldenStoreError) and issubclass(GoldenStaleError, GoldenStoreError)
+
+
+def _golden_bytes(golden: GoldenCase) -> dict[str, bytes]:
+    named = {f"inputs/{n}": a for n, a in golden.inputs.arrays().items()} | {
+        f"golden/{n}": a for n, a in golden.magnitudes.items()
+    }
+    named |= {"golden/out": golden.out, "golden/row_valid": golden.row_valid, "baseline/out": golden.baseline_out}
+    return {name: bits(array).tobytes() for name, array in named.items()}
+
+
+def test_a_load_reuses_memory_only_once_the_last_golden_is_dropped(
+    store: GoldenStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A golden still alive keeps its memory: the next load reads elsewhere, and reuses it once dropped."""
+    monkeypatch.setattr(h5file, "BLOCK_MIN_BYTES", 0)  # this golden is small
+    built = _golden_bytes(build_golden(CAUSAL))
+    store.save(build_golden(CAUSAL))
+    first = store.load(CAUSAL)
+    second = store.load(CAUSAL)
+    assert not np.shares_memory(first.out, second.out) and not np.shares_memory(first.inputs.k, second.out)
+    assert _golden_bytes(first) == _golden_bytes(second) == built
+    assert second.out.base is not None and second.inputs.q.base is second.out.base  # one block holds them all
+    block = weakref.ref(second.out.base)  # a reference of the test's own would keep it in use
+    del second
+    third = store.load(CAUSAL)
+    assert third.out.base is block()  # reused
+    assert _golden_bytes(third) == _golden_bytes(first) == built
+    assert pickle.loads(pickle.dumps(store)).load(CAUSAL).out.base is not block()  # a copy has its own
+    monkeypatch.setattr(h5file, "BLOCK_MIN_BYTES", 1 << 40)
+    del third
+    assert store.load(CAUSAL).out.base is not block()  # below the minimum: arrays of its own
 
 
 # -- recompute comparison and sharding (golden/regen.py) ------------------------------------------

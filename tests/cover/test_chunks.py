@@ -1,0 +1,128 @@
+"""mlaconf.golden.chunks: row chunks, and the judge's results the same on any number of threads."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from mlaconf.golden import chunks
+from mlaconf.golden.chunks import RowChunk, map_chunks, row_chunks
+from mlaconf.golden.generate import build_golden
+from mlaconf.golden.spec_build import build_case
+from mlaconf.golden.types import GoldenCase
+from mlaconf.judge.error_model import ModelResult, model_ratio
+from mlaconf.judge.metrics import Metrics, compute_metrics
+from mlaconf.judge.systematic import Significance, format_check, temperature_check
+
+CASE = build_case(
+    {"q_seqlen": [40, 0, 24], "head_num": 2, "dtype": "bf16", "mask_type": 3, "kv_layout": "padded"}, source="test"
+)
+
+
+def test_row_chunks_cover_the_valid_rows_once_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(chunks, "CHUNK_ELEMENTS", 10)
+    valid = np.array([True, False, True, True, True, False, True])
+    found = row_chunks(valid, 4)  # two rows per chunk
+    assert [c.tokens.tolist() for c in found] == [[0, 2], [3, 4], [6]]
+    assert [c.start for c in found] == [0, 2, 4]
+    assert all(isinstance(c.pick, np.ndarray) for c in found)  # gathered: some rows are invalid
+    whole = row_chunks(np.ones(5, bool), 4)
+    assert [c.pick for c in whole] == [slice(0, 2), slice(2, 4), slice(4, 5)]
+    assert row_chunks(np.zeros(3, bool), 4) == []
+
+
+def test_results_come_back_in_chunk_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    monkeypatch.setattr(chunks, "CHUNK_ELEMENTS", 1)
+    names: set[str] = set()
+
+    def first(chunk: RowChunk) -> int:
+        names.add(threading.current_thread().name)
+        return int(chunk.tokens[0])
+
+    assert map_chunks(first, row_chunks(np.ones(50, bool), 1)) == list(range(50))
+    assert any(name.startswith("mlaconf-chunks") for name in names)  # it did use the pool
+    names.clear()
+    assert map_chunks(first, row_chunks(np.ones(2, bool), 1)) == [0, 1]
+    assert names == {threading.current_thread().name}  # two chunks: not worth a hand-off
+
+
+def _judge(golden: GoldenCase, out: np.ndarray) -> tuple[Metrics, ModelResult, np.ndarray, Significance, Significance]:
+    spec = golden.spec
+    shape = (spec.total_q, spec.head_num, 128)
+    metrics = compute_metrics(out.reshape(shape), golden.out.reshape(shape), golden.row_valid, "bf16", spec.q_seqlen)
+    cells = np.full((spec.total_q, spec.head_num), np.nan)
+    model = model_ratio(
+        out, golden.out, golden.row_valid, golden.magnitudes, spec, false_alarm=1e-3, safety=2.0, cells=cells
+    )
+    temperature = temperature_check(
+        out, golden.out, golden.row_valid, golden.magnitudes, spec, 1e-3, golden.baseline_out
+    )
+    fmt = format_check(out, golden.out, golden.row_valid, spec, 1e-3)
+    return metrics, model, cells, temperature, fmt
+
+
+@pytest.mark.parametrize("threads", ["2", "5"])
+def test_the_judge_is_the_same_on_any_number_of_threads(monkeypatch: pytest.MonkeyPatch, threads: str) -> None:
+    """Chunks merge in order, so every float is the one-thread float: a verdict never depends on cores."""
+    golden = build_golden(CASE)
+    rng = np.random.default_rng(5)
+    out = (golden.out * (1 + 4e-3 * rng.standard_normal(golden.out.shape))).astype(ml_dtypes.bfloat16)
+    monkeypatch.setattr(chunks, "CHUNK_ELEMENTS", 3 * 256)  # 3 rows a chunk: 22 chunks
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    alone = _judge(golden, out)
+    monkeypatch.setenv("OMP_NUM_THREADS", threads)
+    shared = _judge(golden, out)
+    assert alone[0] == shared[0] and alone[1] == shared[1] and alone[3] == shared[3] and alone[4] == shared[4]
+    assert np.array_equal(alone[2], shared[2], equal_nan=True)
+    assert alone[0].n_elements == 64 * 2 * 128 and alone[1].max_ratio > 0.0  # it judged something
+
+
+def test_an_error_in_a_chunk_reaches_the_caller_and_the_pool_lives_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setattr(chunks, "CHUNK_ELEMENTS", 1)
+    rows = row_chunks(np.ones(20, bool), 1)
+
+    def fails_at_seven(chunk: RowChunk) -> int:
+        if chunk.start == 7:
+            raise ValueError("chunk 7")
+        return chunk.start
+
+    with pytest.raises(ValueError, match="chunk 7"):
+        map_chunks(fails_at_seven, rows)
+    assert map_chunks(lambda c: c.start, rows) == list(range(20))
+
+
+def test_a_map_inside_a_chunk_runs_inline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool thread that waited on the pool could wait forever once every thread did."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setattr(chunks, "CHUNK_ELEMENTS", 1)
+    rows = row_chunks(np.ones(6, bool), 1)
+
+    def inner(chunk: RowChunk) -> int:
+        return sum(map_chunks(lambda c: c.start, rows)) + chunk.start
+
+    assert map_chunks(inner, rows) == [15 + i for i in range(6)]
+
+
+def _in_child(queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    queue.put(map_chunks(lambda c: c.start, row_chunks(np.ones(8, bool), 1)))
+
+
+@pytest.mark.timeout(60)
+def test_a_forked_child_makes_its_own_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parent's pool threads do not survive a fork: the child must not wait on them."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setattr(chunks, "CHUNK_ELEMENTS", 1)
+    assert map_chunks(lambda c: c.start, row_chunks(np.ones(4, bool), 1)) == [0, 1, 2, 3]  # the parent's pool
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_in_child, args=(queue,))
+    child.start()
+    assert queue.get(timeout=30) == list(range(8))
+    child.join(30)
+    assert child.exitcode == 0
