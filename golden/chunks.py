@@ -26,7 +26,7 @@ CHUNK_ELEMENTS = 128 * 1024
 #: At most this many judge threads, whatever the core count (the passes are memory-bound beyond it).
 MAX_THREADS = 8
 #: A thread is only worth its hand-offs with at least this many chunks to do: a case of one or two
-#: chunks (most of the smoke suite) runs inline, where the pool made its judge 15 % slower.
+#: chunks (most of the smoke suite) runs inline; on the pool the smoke suite's overhead was 15 % larger.
 MIN_CHUNKS_PER_THREAD = 2
 
 R = TypeVar("R")
@@ -70,7 +70,7 @@ def _executor(threads: int) -> ThreadPoolExecutor:
     """The process's pool (a forked child makes its own: the parent's threads did not come along)."""
     global _pool
     with _pool_lock:
-        if _pool is None or _pool[0] != os.getpid() or _pool[1] < threads:
+        if _pool is None or _pool[0] != os.getpid() or _pool[1] != threads:  # never more than the share
             if _pool is not None and _pool[0] == os.getpid():
                 _pool[2].shutdown(wait=False)
             _pool = (os.getpid(), threads, ThreadPoolExecutor(threads, "mlaconf-chunks", initializer=_mark_worker))
@@ -83,8 +83,8 @@ def map_chunks(fn: Callable[[RowChunk], R], chunks: Sequence[RowChunk]) -> list[
     ``fn`` runs in another thread: numpy's error state (``np.errstate``) is per thread, so ``fn`` sets
     its own.  A call from inside a pool thread runs inline (no pool thread waits on the pool); an
     exception or a Ctrl-C cancels the chunks not yet started."""
-    threads = min(thread_share(), MAX_THREADS, len(chunks) // MIN_CHUNKS_PER_THREAD)
-    if threads <= 1 or getattr(_in_worker, "active", False):
+    threads = min(thread_share(), MAX_THREADS)
+    if min(threads, len(chunks) // MIN_CHUNKS_PER_THREAD) <= 1 or getattr(_in_worker, "active", False):
         return [fn(chunk) for chunk in chunks]
     pool = _executor(threads)
     futures: list[Future[R]] = [pool.submit(fn, chunk) for chunk in chunks]

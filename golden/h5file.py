@@ -199,9 +199,8 @@ class FileMeta:
 
 #: Each dataset starts at a multiple of this many bytes of a read block (a cache line).
 BLOCK_ALIGN = 64
-#: Goldens smaller than this are read into arrays of their own: malloc serves them from memory it
-#: reuses anyway (32 MiB is glibc's largest mmap threshold), and one ``read_direct`` per dataset costs
-#: more than ``ds[()]`` at that size (the smoke suite's loads took 1.4 ms longer through the block).
+#: Goldens smaller than this are read into arrays of their own: malloc serves arrays below glibc's
+#: largest mmap threshold (32 MiB) from memory it reuses anyway, so a block would only hold memory.
 BLOCK_MIN_BYTES = 32 << 20
 
 
@@ -235,7 +234,7 @@ def _block_views(datasets: dict[str, Any], block: ReadBlock | None, file_bytes: 
     """An empty array per dataset, all views of one block of ``block``, when every dataset is a plain
     numeric array and together they fit in the file (contiguous and uncompressed, as written) and
     reach BLOCK_MIN_BYTES; else nothing, and each is read into an array of its own."""
-    if block is None:
+    if block is None or file_bytes < BLOCK_MIN_BYTES:  # before asking HDF5 about every dataset
         return {}
     spans: dict[str, tuple[int, int]] = {}
     total = 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+import time
 
 import ml_dtypes
 import numpy as np
@@ -49,6 +50,28 @@ def test_results_come_back_in_chunk_order(monkeypatch: pytest.MonkeyPatch) -> No
     names.clear()
     assert map_chunks(first, row_chunks(np.ones(2, bool), 1)) == [0, 1]
     assert names == {threading.current_thread().name}  # two chunks: not worth a hand-off
+
+
+def test_never_more_threads_than_the_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A smaller share after a larger one (another worker count, say) is honoured, not the old pool's size."""
+    monkeypatch.setattr(chunks, "CHUNK_ELEMENTS", 1)
+    rows = row_chunks(np.ones(40, bool), 1)
+    lock, running, most = threading.Lock(), [0], [0]
+
+    def busy(chunk: RowChunk) -> int:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.002)
+        with lock:
+            running[0] -= 1
+        return chunk.start
+
+    for share, allowed in (("5", 5), ("2", 2)):
+        monkeypatch.setenv("OMP_NUM_THREADS", share)
+        most[0] = 0
+        assert map_chunks(busy, rows) == list(range(40))
+        assert 1 < most[0] <= allowed, share
 
 
 def _judge(golden: GoldenCase, out: np.ndarray) -> tuple[Metrics, ModelResult, np.ndarray, Significance, Significance]:
