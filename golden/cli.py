@@ -19,7 +19,7 @@ import numpy as np
 from mlaconf.facts.cluster import LOCAL, ClusterUnavailable, connected, node_resources
 from mlaconf.facts.operator import NOPE_DIM
 from mlaconf.facts.shard import parse_shard
-from mlaconf.golden import cost
+from mlaconf.golden import cost, drift
 from mlaconf.golden import regen as rg
 from mlaconf.golden.h5file import FileMeta, read_golden, read_meta
 from mlaconf.golden.integrity import GoldenStoreError
@@ -109,7 +109,9 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--recompute",
         action="store_true",
-        help=f"rebuild: inputs bit-exact, golden/out within {rg.RECOMPUTE_RTOL:g} relative",
+        help=f"rebuild and compare: inputs bit-exact, golden/out within {drift.REFERENCE_AGREEMENT:g} of |g|+A, "
+        "magnitudes within one rounding step, the baseline and its statistics within the baseline's rounding "
+        "bound (a move within it is reported as ok)",
     )
     p.set_defaults(func=cmd_verify)
 
@@ -466,10 +468,10 @@ def _print_provenance(meta: FileMeta, provenance: dict[str, str]) -> None:
     for key, value in sorted(meta.attrs.items()):
         if key not in skip:
             print(f"  {key} = {value}")
-    blas = json.loads(str(meta.attrs.get("blas", "{}")))
+    blas = json.loads(str(meta.attrs.get("blas", "{}")))  # numpy's build: computes none of the stored arrays
     for key in ("blas", "lapack"):
         if isinstance(blas.get(key), dict):
-            print(f"  {key} = {blas[key].get('name', '?')} {blas[key].get('version', '')}".rstrip())
+            print(f"  numpy's {key} = {blas[key].get('name', '?')} {blas[key].get('version', '')}".rstrip())
     for key, value in sorted(provenance.items()):
         print(f"  builder.{key} = {value}")
 

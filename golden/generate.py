@@ -14,7 +14,7 @@ from mlaconf.golden.baseline import emulate_baseline
 from mlaconf.golden.inputs import generate_inputs
 from mlaconf.golden.layout import row_valid
 from mlaconf.golden.magnitudes import reference_and_magnitudes, torch_magnitudes
-from mlaconf.golden.reference import DEVICE_ENV, reference_attention
+from mlaconf.golden.reference import DEVICE_ENV, gemm_library, reference_attention
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.stats import error_stats
 from mlaconf.golden.types import GoldenCase, OpInputs
@@ -34,9 +34,23 @@ def _version(package: str) -> str:
     return package_version(package) or "absent"
 
 
-def provenance() -> dict[str, str]:
-    """Library versions that could change the reference's bits."""
+def computed_by(device: str) -> dict[str, str]:
+    """The library that computed each stored array: the reference (and its magnitudes) and the
+    baseline run their GEMMs in torch's BLAS (:func:`mlaconf.golden.reference.gemm`), not numpy's; a
+    float32 GEMM's summation order, hence the baseline's last bits, depends on it (docs/golden-files.md)."""
+    blas = gemm_library()
+    reference = f"float64 GEMMs in {blas}" if device == "cpu" else f"torch {_version('torch')} float64 on {device}"
     return {
+        "inputs_computed_by": f"numpy {np.__version__} random Generator, rounded by ml_dtypes {_version('ml_dtypes')}",
+        "reference_computed_by": reference,
+        "baseline_computed_by": f"float32 GEMMs in {blas}",
+    }
+
+
+def provenance() -> dict[str, str]:
+    """Library versions that could change the reference's bits, and which library computed each array."""
+    device = os.environ.get(DEVICE_ENV, "cpu")
+    return computed_by(device) | {
         "generator_version": GENERATOR_VERSION,
         "python": platform.python_version(),
         "numpy": np.__version__,
@@ -45,7 +59,7 @@ def provenance() -> dict[str, str]:
         "hdf5": h5py.version.hdf5_version,
         "platform": platform.platform(),
         "torch": _version("torch"),  # the reference's GEMMs run in torch's BLAS
-        "reference_device": os.environ.get(DEVICE_ENV, "cpu"),
+        "reference_device": device,
     }
 
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import re
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -199,6 +201,22 @@ def gemm(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
         return np.matmul(a, b, out=out)
     torch.matmul(torch.from_numpy(a), torch.from_numpy(b), out=torch.from_numpy(out))
     return out
+
+
+def gemm_library() -> str:
+    """What :func:`gemm` runs in, for a golden's provenance: torch's BLAS (MKL in the x86 wheels; not
+    numpy's OpenBLAS) with the CPU code path it picks, which decides the summation order; MKL_CBWR,
+    when set, fixes that path."""
+    torch = _torch()
+    if torch is None:  # pragma: no cover - torch is a dependency
+        return f"numpy {np.__version__} matmul (numpy's BLAS)"
+    config = torch.__config__.show()
+    blas = re.search(r"BLAS_INFO=([^,\s]+)", config)
+    mkl = re.search(r"Math Kernel Library Version ([0-9.]+)", config)
+    name = f"MKL {mkl[1]}" if mkl and blas and blas[1] == "mkl" else (blas[1] if blas else "unknown BLAS")
+    capability = torch.backends.cpu.get_cpu_capability()
+    cbwr = os.environ.get("MKL_CBWR", "unset")
+    return f"{name} via torch {torch.__version__} (CPU capability {capability}, MKL_CBWR {cbwr})"
 
 
 def value_gemm(p: np.ndarray, vt: np.ndarray) -> np.ndarray:

@@ -5,16 +5,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import io
+import re
 from pathlib import Path
 
 import h5py
 import pytest
 
-from mlaconf.golden import cli
+from mlaconf.golden import baseline, cli
 from mlaconf.golden.progress import Progress
 from mlaconf.golden.store import GoldenStore
 from mlaconf.golden.suites import load_suite
-from tests.goldens import reseal
+from tests.goldens import consistent, reseal, split_sum_gemm
 
 SUITE = """
 [suite]
@@ -130,8 +131,33 @@ def test_verify_recompute_catches_reference_drift(
     assert rc == 0, "checksums alone cannot see the drift"
     rc, text = run(capsys, "verify", "--cases", suite, "--out", out, "--recompute")
     assert rc == 1
-    assert f"{store.path_for(spec)}: dataset 'golden/out': reference drift: relative difference 1.0" in text
+    assert f"{store.path_for(spec)}: dataset 'golden/out': reference drift: " in text
+    assert re.search(r"[0-9]+ elements moved, largest [0-9.e-]+ of \|g\|\+A \(limit 1e-12\)", text)
     assert f"verify: {N_CASES - 1} ok, 1 bad" in text
+
+
+def test_verify_recompute_on_another_blas_path_is_ok_and_says_what_moved(
+    capsys: pytest.CaptureFixture[str], suite: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The baseline's float32 GEMMs summed in another order (as MKL_CBWR=COMPATIBLE or another CPU
+    would): exit 0, each moved file named with the size of its move; a stored baseline moved beyond its
+    rounding bound is still bad."""
+    out = tmp_path / "store"
+    assert run(capsys, "regen", "--cases", suite, "--out", out)[0] == 0
+    monkeypatch.setattr(baseline, "gemm", split_sum_gemm)
+    rc, text = run(capsys, "verify", "--out", out, "--recompute")
+    assert rc == 0, text
+    moved = re.findall(r"^ok \(baseline moved within its bound\) (\S+): ([0-9]+) of", text, re.MULTILINE)
+    assert moved and all(int(count) > 0 for _, count in moved)
+    assert f"verify: {N_CASES} ok ({len(moved)} moved within their bounds), 0 bad" in text
+    store = GoldenStore(out)
+    spec = next(s for s in load_suite(suite) if s.dtype == "bf16" and s.mask_type == 3)
+    golden = store.load(spec)
+    scaled = (golden.baseline_out.astype(float) * 1.5).astype(golden.baseline_out.dtype)
+    store.save(consistent(golden, baseline_out=scaled))
+    rc, text = run(capsys, "verify", "--out", out, "--recompute")
+    assert rc == 1
+    assert f"{store.path_for(spec)}: dataset 'baseline/out': baseline drift beyond its rounding bound" in text
 
 
 def test_verify_names_missing_files_of_selected_cases(

@@ -27,7 +27,7 @@ from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.spec_build import build_case, spec_from_json
 from mlaconf.golden.store import ENV_DIR, GoldenStore
 from mlaconf.golden.types import GoldenCase
-from tests.goldens import reseal
+from tests.goldens import consistent, reseal
 
 FP16 = build_case({"q_seqlen": [3, 0, 5], "head_num": 2, "dtype": "fp16"}, source="test")
 BF16 = build_case({"q_seqlen": [4, 6], "head_num": 2, "dtype": "bf16", "mask_type": 2, "q_layout": "2d"}, source="test")
@@ -210,9 +210,9 @@ def test_tampered_baseline_statistics_are_corrupt_and_drift_is_reported(store: G
         store.load(FP16)
     assert info.value.dataset == "baseline (attributes)" and str(path) in str(info.value)
     stats = dict(golden.baseline_stats, rmse=float(golden.baseline_stats["rmse"]) * 1.001)
-    problems = rg.compare_recomputed(path, dataclasses.replace(golden, baseline_stats=stats), golden)
+    problems = rg.compare_recomputed(path, dataclasses.replace(golden, baseline_stats=stats), golden).problems
     assert [p.dataset for p in problems] == ["baseline (attributes)"] and "rmse" in problems[0].message
-    assert rg.compare_recomputed(path, golden, build_golden(FP16)) == []
+    assert rg.compare_recomputed(path, golden, build_golden(FP16)) == rg.Recomputed([], [])
 
 
 def test_other_generator_version_is_stale_and_ensure_rebuilds(tmp_path: Path) -> None:
@@ -322,13 +322,13 @@ def test_a_load_reuses_memory_only_once_the_last_golden_is_dropped(
 
 
 def _perturbed(golden: GoldenCase, rel: float) -> GoldenCase:
-    return dataclasses.replace(golden, out=golden.out * (1.0 + rel))
+    return consistent(golden, out=golden.out * (1.0 + rel))
 
 
 @pytest.mark.parametrize(("rel", "flagged"), [(1e-9, True), (1e-11, True), (1e-14, False), (0.0, False)])
 def test_recompute_comparison_threshold(rel: float, flagged: bool) -> None:
     golden = build_golden(FP16)
-    problems = rg.compare_recomputed(Path("x.h5"), _perturbed(golden, rel), golden)
+    problems = rg.compare_recomputed(Path("x.h5"), _perturbed(golden, rel), golden).problems
     assert [p.dataset for p in problems] == (["golden/out"] if flagged else [])
 
 
@@ -337,7 +337,7 @@ def test_recompute_comparison_needs_bit_exact_inputs() -> None:
     q = golden.inputs.q.copy()
     q.view(np.uint16).flat[7] ^= 1  # one ulp
     changed = dataclasses.replace(golden, inputs=dataclasses.replace(golden.inputs, q=q))
-    problems = rg.compare_recomputed(Path("x.h5"), changed, golden)
+    problems = rg.compare_recomputed(Path("x.h5"), changed, golden).problems
     assert [p.dataset for p in problems] == ["inputs/q"]
 
 
@@ -349,7 +349,7 @@ def test_recomputed_magnitudes_may_differ_by_one_rounding_step(steps: int, flagg
     largest = int(np.argmax(stored.astype(np.float64)))
     bits.flat[largest] += steps  # the array's largest element: the floor cannot hide a step there
     moved = dict(golden.magnitudes, pv_abs=bits.view(stored.dtype))
-    problems = rg.compare_recomputed(Path("x.h5"), golden, dataclasses.replace(golden, magnitudes=moved))
+    problems = rg.compare_recomputed(Path("x.h5"), golden, dataclasses.replace(golden, magnitudes=moved)).problems
     assert [p.dataset for p in problems] == (["golden/pv_abs"] if flagged else [])
 
 
@@ -411,11 +411,11 @@ def test_the_device_path_recomputes_within_tolerance(
     monkeypatch.setenv("MLA_GOLDEN_DEVICE", "cpu:0")
     fresh = build_golden(spec)
     assert fresh.provenance["reference_device"] == "cpu:0"
-    assert rg.compare_recomputed(Path("x.h5"), stored, fresh) == []
+    assert rg.compare_recomputed(Path("x.h5"), stored, fresh).problems == []
     if spec.total_q > 1:  # rows with many keys carry real S values: doubling them is drift
         doubled = dict(
             fresh.magnitudes,
             pvs_rss=(fresh.magnitudes["pvs_rss"].astype(np.float64) * 2).astype(fresh.magnitudes["pvs_rss"].dtype),
         )
-        moved = rg.compare_recomputed(Path("x.h5"), stored, dataclasses.replace(fresh, magnitudes=doubled))
+        moved = rg.compare_recomputed(Path("x.h5"), stored, dataclasses.replace(fresh, magnitudes=doubled)).problems
         assert [p.dataset for p in moved] == ["golden/pvs_rss"]
