@@ -16,6 +16,7 @@ from mlaconf.golden.types import GoldenCase
 from mlaconf.judge.deviations import Deviation
 from mlaconf.judge.error_model import ModelResult, model_ratio
 from mlaconf.judge.metrics import Metrics, compute_metrics
+from mlaconf.judge.msprobe import BenchmarkMetrics, benchmark_metrics
 from mlaconf.judge.policy import Check, Policy, PolicySet, Verdict, VerdictContext
 from mlaconf.judge.systematic import Significance, format_check, temperature_check
 
@@ -165,8 +166,17 @@ def verdict_context(golden: GoldenCase, out: np.ndarray) -> VerdictContext:
             format_check(out, golden.out, golden.row_valid, spec, each),
         )
 
+    @functools.cache
+    def msprobe(small_value: float, atol: float, eps: float) -> tuple[BenchmarkMetrics, BenchmarkMetrics]:
+        def score(output: np.ndarray) -> BenchmarkMetrics:
+            return benchmark_metrics(
+                output, golden.out, golden.row_valid, small_value=small_value, small_value_atol=atol, bench_eps=eps
+            )
+
+        return score(out), score(golden.baseline_out)
+
     if not golden.magnitudes:
-        return VerdictContext.from_spec(spec, systematic=systematic)
+        return VerdictContext.from_spec(spec, systematic=systematic, msprobe=msprobe)
 
     @functools.cache
     def model(false_alarm: float, safety: float) -> ModelResult:
@@ -174,4 +184,4 @@ def verdict_context(golden: GoldenCase, out: np.ndarray) -> VerdictContext:
             out, golden.out, golden.row_valid, golden.magnitudes, spec, false_alarm=false_alarm, safety=safety
         )
 
-    return VerdictContext.from_spec(spec, model, systematic)
+    return VerdictContext.from_spec(spec, model, systematic, msprobe)
