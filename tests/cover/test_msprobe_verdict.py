@@ -68,9 +68,8 @@ def test_correct_outputs_pass_and_a_scale_error_fails(golden: GoldenCase) -> Non
     for out in (golden.baseline_out, correct):
         _, verdict = judge_output(golden, out, POLICIES, "msprobe", "b")
         assert verdict.passed, verdict.summary()
-        assert [c.metric for c in verdict.checks if c.decisive and c.rule == "msprobe"][0] == (
-            "small_value_err_ratio_ratio"
-        )
+        deciding = [c.metric for c in verdict.checks if c.decisive and c.rule == "msprobe"]
+        assert deciding == ["small_value_err_ratio_ratio", "rmse_ratio", "max_rel_err_ratio", "mean_rel_err_ratio"]
     scaled = round_to_dtype(golden.out * 1.05, "bf16")
     _, wrong = judge_output(golden, scaled, POLICIES, "msprobe", "b")
     assert not wrong.passed and {"rmse_ratio", "mean_rel_err_ratio"} <= {c.metric for c in wrong.failing}
