@@ -618,6 +618,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         help="golden store for the input bundles (default $MLA_GOLDEN_DIR, else .golden)",
     )
+    parser.add_argument(
+        "--judge",
+        action="store_true",
+        help="also build each case's golden and judge its dumped device output like a backend's, with msprobe's "
+        "benchmark verdict beside ours (exit 1 when one fails)",
+    )
+    parser.add_argument("--policy", default="default", help="the policy --judge decides by (default: 'default')")
     parser.set_defaults(func=_main)
 
 
@@ -639,6 +646,7 @@ def _main(args: argparse.Namespace) -> int:
     if not result.cases:
         print(f"mlaconf import-dump: {args.dump_dir}: no MLA prefill call could be imported", file=sys.stderr)
         return 1
+    failed = judge_dumped(result.cases, args.golden_dir, args.policy) if args.judge else 0
     text = suite_text(result, args.dump_dir, args.suite)
     if args.out is None:
         sys.stdout.write(text)
@@ -651,4 +659,28 @@ def _main(args: argparse.Namespace) -> int:
             print(f"mlaconf import-dump: {args.out}: cannot write: {err}", file=sys.stderr)
             return 2
         print(f"wrote {len(result.cases)} cases to {args.out}", file=sys.stderr)
-    return 0
+    return 1 if failed else 0
+
+
+def judge_dumped(cases: list[CaseSpec], store: Path | None, policy: str) -> int:
+    """Judge each case's dumped output against its golden (built here); one line each, ours and msprobe's
+    verdict side by side.  Returns how many failed ours."""
+    from mlaconf.golden.input_store import load_dumped_output
+    from mlaconf.golden.store import GoldenStore
+    from mlaconf.judge.policy import load_policies
+    from mlaconf.judge.verdict import judge_output
+
+    policies, goldens, failed = load_policies(), GoldenStore(store), 0
+    for spec in cases:
+        out = load_dumped_output(spec.case_id, goldens.root)
+        if out is None:
+            print(f"judged {spec.name}: no dumped output to judge", file=sys.stderr)
+            continue
+        _, verdict = judge_output(goldens.ensure(spec), out, policies, policy, "dumped")
+        theirs = [c for c in verdict.checks if c.rule == "msprobe" and c.metric != "eb_ratio"]
+        msprobe = "PASS" if theirs and all(c.passed for c in theirs) else "FAIL"
+        failed += not verdict.passed
+        print(
+            f"judged {spec.name}: {verdict.summary()} msprobe's benchmark standard alone: {msprobe}.", file=sys.stderr
+        )
+    return failed

@@ -14,7 +14,7 @@ and the trusted platform is the emulated ATB-precision baseline the golden carri
   error 0 and the mean scaled by ``n / (n - excluded + 1e-4) + 1e-4``;
 * ``max_rel_err`` / ``mean_rel_err``: of ``|out - g| / (|g| + eps)`` over the finite, non-small elements
   (``eps``: the bench dtype's machine epsilon, float32's for fp16 outputs, 2^-8 for bf16), 0 when none;
-* ``eb`` (error balance): ``|#(out > g) - #(out < g)| / n``; recorded, never deciding (msprobe rounds the
+* ``eb`` (error balance): ``|#(out > g) - #(out < g)| / n``; recorded without a bound (msprobe rounds the
   bench to the output dtype before this count; here the float64 bench is compared).
 
 Non-finite elements drop out of every metric: an output that is NaN everywhere scores 0 on each and passes

@@ -49,7 +49,6 @@ RULE_PARAMS: dict[str, tuple[str, ...]] = {
         "rmse",
         "max_rel_err",
         "mean_rel_err",
-        "eb",
     ),
 }
 OVERRIDE_SELECTORS = ("policy", "backend", "dtype", "mask", "case")
@@ -313,8 +312,8 @@ def _systematic(p: Callable[[str], float], m: Metrics, b: ErrorStats | None, ctx
 def _msprobe(p: Callable[[str], float], m: Metrics, b: ErrorStats | None, ctx: VerdictContext) -> list[Check]:
     """msprobe's benchmark standard (judge.msprobe): each deciding metric of the output over the same metric
     of the emulated baseline (msprobe's trusted platform), the baseline's floored at ``minimum_err``, within
-    the threshold of the same name; the error balance (``eb``) recorded against its threshold, never deciding
-    (msprobe leaves it out of its status).  Non-finite elements drop out of msprobe's metrics, so these
+    the threshold of the same name; the error balance (``eb``) recorded without a bound (msprobe computes it
+    and leaves it out of its status).  Non-finite elements drop out of msprobe's metrics, so these
     checks alone pass an all-NaN output: the implicit ``finite`` rule fails it."""
     if ctx.msprobe is None:  # metrics alone: nothing to score (deciding, :meth:`Policy.evaluate` fails it)
         return []
@@ -323,7 +322,8 @@ def _msprobe(p: Callable[[str], float], m: Metrics, b: ErrorStats | None, ctx: V
     for name in (*DECIDING, "eb"):
         value, trusted = getattr(out, name), getattr(base, name)
         note = f"{name} {value:.3g} / baseline {trusted:.3g}"
-        check = _check("msprobe", f"{name}_ratio", ratio(value, trusted, p("minimum_err")), p(name), note)
+        bound = p(name) if name in DECIDING else math.inf
+        check = _check("msprobe", f"{name}_ratio", ratio(value, trusted, p("minimum_err")), bound, note)
         checks.append(check if name in DECIDING else dataclasses.replace(check, decisive=False))
     return checks
 

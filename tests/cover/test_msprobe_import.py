@@ -182,3 +182,25 @@ def test_cases_without_inputs_keep_their_hashes() -> None:
     spec = build_case(dict(q_seqlen=[128], head_num=4, dtype="bf16", mask_type=2, seed=1), source="t")
     assert "inputs" not in spec.content() and "-dump-" not in spec.case_id
     assert spec.case_id == "bf16-mask_free-krope_ctkv-b1-s128-h4-q3d-packed-ad9bbf06"
+
+
+def test_judge_puts_msprobes_verdict_beside_ours(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--judge`` judges each dumped output like a backend's: both pass the correct stand-in's outputs; an
+    all-NaN dumped output fails ours while msprobe's standard alone passes it (its blind spot)."""
+    dump, store = extract("npu", tmp_path), tmp_path / "store"
+    assert main(["import-dump", str(dump), "--golden-dir", str(store), "--judge"]) == 0
+    judged = [line for line in capsys.readouterr().err.splitlines() if line.startswith("judged ")]
+    assert len(judged) == 2 and all("PASS under policy 'default'" in line for line in judged)
+    assert all(line.endswith("msprobe's benchmark standard alone: PASS.") for line in judged)
+    ring = import_dump(dump, store).cases[0]
+    out = load_dumped_output(ring.case_id, store)
+    assert out is not None
+    path = next(inputs_dir(store).glob(f"{ring.case_id}.dumped_out.npz"))
+    path.unlink()
+    from mlaconf.golden.input_store import save_dumped_output
+
+    save_dumped_output(ring.case_id, np.full_like(out, np.nan), store)
+    assert main(["import-dump", str(dump), "--golden-dir", str(store), "--judge"]) == 1
+    nan_line = next(line for line in capsys.readouterr().err.splitlines() if line.startswith(f"judged {ring.name}:"))
+    assert "FAIL under policy 'default'" in nan_line and "finite: nan_count" in nan_line
+    assert nan_line.endswith("msprobe's benchmark standard alone: PASS.")
