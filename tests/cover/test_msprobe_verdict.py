@@ -152,3 +152,18 @@ def test_agrees_with_msprobes_own_comparator(golden: GoldenCase) -> None:
             )
         ).compare()
         assert (status == "pass") == all(_msprobe_checks(golden, out, "msprobe").values()), (label, status)
+
+
+def test_a_temperature_error_passes_msprobe_but_not_ours(golden: GoldenCase) -> None:
+    """The systematic class: qkScale 0.2 % off, correctly rounded otherwise.  msprobe's ratios of average
+    errors stay within bounds; the default policy's systematic-error tests fail it."""
+    import dataclasses
+
+    from mlaconf.golden.reference import reference_attention
+
+    spec = dataclasses.replace(golden.spec, qk_scale=golden.spec.qk_scale * 1.002)
+    out, _ = reference_attention(golden.inputs, spec)
+    warm = round_to_dtype(out, "bf16")
+    assert all(_msprobe_checks(golden, warm).values())
+    _, ours = judge_output(golden, warm, POLICIES, "default", "b")
+    assert not ours.passed and {c.rule for c in ours.failing} == {"systematic"}, ours.summary()
