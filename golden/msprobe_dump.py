@@ -284,7 +284,8 @@ def _tensor(call: DumpedCall, name: str, entry: dict[str, Any]) -> np.ndarray:
     if not path.is_file():
         raise Unrecoverable(f"tensor {name}: {path} is missing")
     if path.suffix == ".npy":
-        return np.load(path, allow_pickle=False)
+        loaded: np.ndarray = np.load(path, allow_pickle=False)
+        return loaded
     import torch  # lazily: the CLI imports this module to register the verb
 
     try:

@@ -78,9 +78,13 @@ def dump_npu(out: Path) -> None:
     def rand(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=generator).to(dtype)
 
-    q, q_rope, k, k_rope, v = rand(tokens, heads, 128), rand(tokens, heads, 64), rand(tokens, heads, 128), rand(
-        tokens, heads, 64
-    ), rand(tokens, heads, 128)
+    q, q_rope, k, k_rope, v = (
+        rand(tokens, heads, 128),
+        rand(tokens, heads, 64),
+        rand(tokens, heads, 128),
+        rand(tokens, heads, 64),
+        rand(tokens, heads, 128),
+    )
     mask = torch.where(torch.ones(512, 512, dtype=torch.bool).triu(1), 1.0, 0.0).to(dtype)
     seqlen = torch.tensor([lens, lens], dtype=torch.int32)
     ring = dict(q_nope=q, q_rope=q_rope, k_nope=k, k_rope=k_rope, value=v, mask=mask, seqlen=seqlen)
