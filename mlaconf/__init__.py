@@ -25,11 +25,11 @@ ROOMS = ("facts", "golden", "harness", "native", "judge", "runner", "cases", "re
 VERB_MODULES = (
     "mlaconf.golden.cli",
     "mlaconf.golden.bench",
-    "mlaconf.golden.msprobe_dump",
     "mlaconf.reports.cli",
     "mlaconf.runner.run",
     "mlaconf.runner.repro",
     "mlaconf.runner.ascend",
+    "mlaconf.runner.import_dump",
 )
 
 
