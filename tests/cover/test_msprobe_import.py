@@ -204,3 +204,54 @@ def test_judge_puts_msprobes_verdict_beside_ours(tmp_path: Path, capsys: pytest.
     nan_line = next(line for line in capsys.readouterr().err.splitlines() if line.startswith(f"judged {ring.name}:"))
     assert "FAIL under policy 'default'" in nan_line and "finite: nan_count" in nan_line
     assert nan_line.endswith("msprobe's benchmark standard alone: PASS.")
+
+
+def _write_dump(folder: Path, name: str, args: list[object], kwargs: dict[str, object], out: torch.Tensor) -> None:
+    """A dump.json as msprobe writes it (tensors as data_name files), for an op the stand-in lacks."""
+    tensors = folder / "dump_tensor_data"
+    tensors.mkdir(parents=True)
+
+    def entry(label: str, value: object) -> object:
+        if isinstance(value, torch.Tensor):
+            data_name = f"{name}.{label}.pt"
+            torch.save(value, tensors / data_name)
+            return {
+                "type": "torch.Tensor",
+                "dtype": str(value.dtype),
+                "shape": list(value.shape),
+                "data_name": data_name,
+            }
+        return {"type": type(value).__name__, "value": value}
+
+    call = {
+        "input_args": [entry(f"input.{i}", a) for i, a in enumerate(args)],
+        "input_kwargs": {k: entry(f"kwargs.{k}", v) for k, v in kwargs.items()},
+        "output": [entry("output.0", out)],
+    }
+    (folder / "dump.json").write_text(json.dumps({"task": "tensor", "level": "L1", "data": {name: call}}))
+
+
+def test_fusion_attention_in_bnsd_by_position(tmp_path: Path) -> None:
+    """npu_fusion_attention(query, key, value, head_num, input_layout, ..., sparse_mode=3): BNSD rows packed in
+    batch order, the 192-wide q and k split at 128; causal with equal lengths and heads is MASK_FREE."""
+    generator = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(2, 3, 4, 192, generator=generator).half() for _ in range(2))
+    v, out = (torch.randn(2, 3, 4, 128, generator=generator).half() for _ in range(2))
+    name = "NPU.npu_fusion_attention.0.forward"
+    _write_dump(
+        tmp_path / "dump" / "step0" / "rank0", name, [q, k, v, 3, "BNSD"], {"scale": 0.1, "sparse_mode": 3}, out
+    )
+    result = import_dump(tmp_path / "dump", tmp_path / "store")
+    assert not result.unrecoverable and len(result.cases) == 1 and "keep_prob=1.0" in result.notes[0]
+    spec = result.cases[0]
+    assert (spec.mask_name, spec.q_seqlen, spec.head_num, spec.dtype) == ("mask_free", (4, 4), 3, "fp16")
+    bundle = load_bundle(spec.inputs or "", tmp_path / "store")
+    packed = q.permute(0, 2, 1, 3).reshape(8, 3, 192)
+    assert np.array_equal(bits(bundle["q_rope"]), bits(packed[..., 128:]))
+    assert np.array_equal(bits(bundle["v"]), bits(v.permute(0, 2, 1, 3).reshape(8, 3, 128)))
+    dumped_out = load_dumped_output(spec.case_id, tmp_path / "store")
+    assert dumped_out is not None and np.array_equal(bits(dumped_out), bits(out.permute(0, 2, 1, 3).reshape(8, 3, 128)))
+    _write_dump(tmp_path / "drop", name, [q, k, v, 3, "BNSD"], {"keep_prob": 0.9}, out)
+    assert import_dump(tmp_path / "drop", tmp_path / "store").unrecoverable == [
+        "./NPU.npu_fusion_attention.0.forward: keep_prob 0.9: dropout is not MLA prefill"
+    ]
