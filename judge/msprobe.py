@@ -91,27 +91,29 @@ def benchmark_metrics(
     a, g = out.reshape(rows, -1), golden.reshape(rows, -1)
 
     def chunk_sums(chunk: RowChunk) -> _Sums:
-        got, want = a[chunk.pick].astype(np.float64), g[chunk.pick].astype(np.float64)
+        want = np.asarray(g[chunk.pick], dtype=np.float64).reshape(-1)
         with np.errstate(invalid="ignore", over="ignore"):
-            diff = got - want
+            diff = a[chunk.pick].reshape(-1).astype(np.float64)
+            diff -= want
             err = np.abs(diff)
-            finite = np.isfinite(got) & np.isfinite(want)
-            small = finite & (np.abs(want) <= small_value)
-            excluded = ~finite | small
-            squares = float(np.square(np.where(excluded, 0.0, err)).sum())
-            normal = finite & ~small
-            rel = err[normal] / (np.abs(want[normal]) + bench_eps)
+            finite = np.isfinite(diff)  # both values finite (NaN or an inf on either side makes it not)
+            magnitude = np.abs(want)
+            normal = finite & (magnitude > small_value)
+            small = finite & ~normal
+            kept = np.where(normal, err, 0.0)  # small and non-finite elements count as error 0
+            magnitude += bench_eps
+            rel = kept / magnitude
         return _Sums(
             n=err.size,
-            excluded=int(excluded.sum()),
-            squares=squares,
-            small=int(small.sum()),
-            small_err=int((small & (err > small_value_atol)).sum()),
-            rel_count=int(rel.size),
+            excluded=err.size - int(np.count_nonzero(normal)),
+            squares=float(kept @ kept),
+            small=int(np.count_nonzero(small)),
+            small_err=int(np.count_nonzero(small & (err > small_value_atol))),
+            rel_count=int(np.count_nonzero(normal)),
             rel_sum=float(rel.sum()),
             rel_max=float(rel.max()) if rel.size else 0.0,
-            larger=int((diff > 0).sum()),
-            smaller=int((diff < 0).sum()),
+            larger=int(np.count_nonzero(diff > 0)),
+            smaller=int(np.count_nonzero(diff < 0)),
         )
 
     parts = map_chunks(chunk_sums, row_chunks(row_valid, a.shape[1] if a.ndim > 1 else V_DIM))
