@@ -33,6 +33,7 @@ from mlaconf.facts.processes import THREAD_ENV, kill_with_parent, usable_cpus
 from mlaconf.facts.shard import in_shard
 from mlaconf.golden import progress as work_progress
 from mlaconf.golden.h5file import read_golden, read_meta
+from mlaconf.golden.input_store import inputs_from
 from mlaconf.golden.integrity import GoldenStoreError
 from mlaconf.golden.magnitudes import CANCELLING_MAGNITUDES, cancellation_noise
 from mlaconf.golden.progress import CaseWork, Progress
@@ -547,4 +548,6 @@ def _verify_one(store: GoldenStore, path: Path, spec: CaseSpec | None, build: Bu
         return [Problem(path, f"file name does not match its case_id {meta.attrs.get('case_id')!r}")]
     if build is None:
         return []
-    return compare_recomputed(path, stored, build(stored.spec))
+    with inputs_from(store.root):  # a case with explicit inputs reads them from this store
+        fresh = build(stored.spec)
+    return compare_recomputed(path, stored, fresh)

@@ -91,7 +91,7 @@ def test_an_sdpa_dump_of_a_cpu_model(tmp_path: Path, capsys: pytest.CaptureFixtu
     _passes_on_torch_cpu(store, suite)
 
 
-def test_a_stand_in_npu_dump_of_ring_mla_by_keyword(tmp_path: Path) -> None:
+def test_a_stand_in_npu_dump_of_ring_mla_by_keyword(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     dump, store = extract("npu", tmp_path), tmp_path / "store"
     result = import_dump(dump, store)
     assert [spec.name.split("-", 2)[2] for spec in result.cases] == [
@@ -118,6 +118,8 @@ def test_a_stand_in_npu_dump_of_ring_mla_by_keyword(tmp_path: Path) -> None:
 
     suite.write_text(suite_text(result, dump, "npu"))
     _passes_on_torch_cpu(store, suite)
+    monkeypatch.delenv("MLA_GOLDEN_DIR", raising=False)  # the bundles come from the store verify is given
+    assert main(["verify", "--cases", str(suite), "--out", str(store), "--recompute"]) == 0
 
 
 def _call(args: list[object], kwargs: dict[str, object]) -> DumpedCall:
