@@ -242,6 +242,8 @@ def generate_inputs(spec: CaseSpec) -> OpInputs:
     Drawn in chunks of :data:`CHUNK_ELEMENTS` float64 values and rounded into the device-dtype
     tensors as they go: the only whole-tensor arrays are the results themselves (2 bytes a value).
     """
+    if spec.inputs is not None:
+        return explicit_inputs(spec)
     streams = case_streams(spec)
     t, h, hkv, dtype = spec.total_q, spec.head_num, max(spec.kv_head_num, 1), numpy_dtype(spec.dtype)
     q = np.empty((t, h * NOPE_DIM), dtype=dtype)
@@ -282,3 +284,60 @@ def generate_inputs(spec: CaseSpec) -> OpInputs:
         kv_seqlen=np.asarray(spec.kv_seqlen, dtype=np.int32),
         mask=build_mask(spec.dtype) if spec.mask_type == 2 else None,
     )
+
+
+def explicit_inputs(spec: CaseSpec) -> OpInputs:
+    """A case's explicit inputs (``spec.inputs``, golden/input_store.py), exactly as stored, in the case's
+    layouts: the padded kv layout gets the generator's garbage beyond each kvSeqLen (from the case's
+    ``pad_*`` streams), the valid rows keep their bits."""
+    from mlaconf.golden.input_store import InputBundleError, load_bundle
+
+    assert spec.inputs is not None
+    bundle = load_bundle(spec.inputs)
+    t, h, hkv = spec.total_q, spec.head_num, spec.kv_head_num
+    expected = {
+        "q": (t, h, NOPE_DIM),
+        "q_rope": (t, h, ROPE_DIM),
+        "k": (spec.total_kv, hkv, NOPE_DIM),
+        "k_rope": (spec.total_kv, hkv, ROPE_DIM),
+        "v": (spec.total_kv, hkv, V_DIM),
+    }
+    for role, shape in expected.items():
+        got = bundle[role]
+        if got.shape != shape or got.dtype != numpy_dtype(spec.dtype):
+            raise InputBundleError(
+                f"input bundle {spec.inputs[:12]}: case {spec.name or spec.case_id}: {role} is {got.dtype}"
+                f"{list(got.shape)}, the case needs {spec.dtype}{list(shape)}"
+            )
+    q, q_rope = bundle["q"], bundle["q_rope"]
+    if spec.q_layout == "2d":
+        q, q_rope = q.reshape(t, -1), q_rope.reshape(t, -1)
+    kv = [bundle["k"], bundle["k_rope"], bundle["v"]]
+    if spec.kv_layout == "padded":
+        streams = case_streams(spec)
+        padded = [np.empty((spec.batch, spec.padded_rows, x.shape[1] * x.shape[2]), dtype=x.dtype) for x in kv]
+        for dest, packed, pad in zip(padded, kv, ("pad_k", "pad_k_rope", "pad_v"), strict=True):
+            _fill_padded([dest], _row_reader(packed.reshape(spec.total_kv, -1)), spec, [streams[pad]])
+        kv = padded
+    return OpInputs(
+        q=q,
+        q_rope=q_rope,
+        k=kv[0],
+        k_rope=kv[1],
+        v=kv[2],
+        q_seqlen=np.asarray(spec.q_seqlen, dtype=np.int32),
+        kv_seqlen=np.asarray(spec.kv_seqlen, dtype=np.int32),
+        mask=build_mask(spec.dtype) if spec.mask_type == 2 else None,
+    )
+
+
+def _row_reader(rows: np.ndarray) -> Any:
+    """``draw(n)``: the next ``n`` rows of ``rows`` as float64 (exact: rounding them back keeps their bits)."""
+    cursor = 0
+
+    def draw(n: int) -> np.ndarray:
+        nonlocal cursor
+        cursor += n
+        return rows[cursor - n : cursor].astype(np.float64)
+
+    return draw

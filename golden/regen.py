@@ -33,6 +33,7 @@ from mlaconf.facts.shard import in_shard
 from mlaconf.golden import drift
 from mlaconf.golden import progress as work_progress
 from mlaconf.golden.h5file import read_golden, read_meta
+from mlaconf.golden.input_store import inputs_from
 from mlaconf.golden.integrity import GoldenStoreError
 from mlaconf.golden.magnitudes import CANCELLING_MAGNITUDES, cancellation_noise
 from mlaconf.golden.progress import CaseWork, Progress
@@ -574,4 +575,6 @@ def _verify_one(store: GoldenStore, path: Path, spec: CaseSpec | None, build: Bu
         return Recomputed([Problem(path, f"file name does not match its case_id {meta.attrs.get('case_id')!r}")], [])
     if build is None:
         return Recomputed([], [])
-    return compare_recomputed(path, stored, build(stored.spec))
+    with inputs_from(store.root):  # a case with explicit inputs reads them from this store
+        fresh = build(stored.spec)
+    return compare_recomputed(path, stored, fresh)

@@ -99,6 +99,10 @@ class CaseSpec:
     #: unstructured cases did not change when it was added.
     structure: Structure | None = None
     seed: int = 0
+    #: Explicit inputs (an imported dump's call): the content hash of the tensor bundle in the golden
+    #: store's ``inputs/`` folder (golden/input_store.py) that replaces the seeded draws; absent from the
+    #: content when None, so the hashes of generated cases did not change when it was added.
+    inputs: str | None = None
     expect_error: str | None = None
     expect_stage: str | None = None
     perturb: str | None = None
@@ -157,11 +161,13 @@ class CaseSpec:
     def content(self) -> dict[str, Any]:
         """The fields that determine inputs and outputs (what the hash covers).
 
-        ``expect_by_release`` and ``structure`` count only when given, so the cases without them keep
+        ``expect_by_release``, ``structure`` and ``inputs`` count only when given, so the cases without them keep
         their hashes."""
         skip = {"name", "suite", "source", "source_commit", "expect_by_release", "unconfirmed_at"}
         if self.structure is None:
             skip.add("structure")
+        if self.inputs is None:
+            skip.add("inputs")
         data = {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in skip}
         if self.expect_by_release:
             data["expect_by_release"] = [
@@ -214,6 +220,8 @@ class CaseSpec:
             parts.append(self.distribution)
         if self.structure is not None:
             parts.append(self.structure.label)
+        if self.inputs is not None:
+            parts.append("dump")
         if self.expect_error:
             parts.append(f"err-{self.perturb or 'param'}")
         return "-".join(parts)

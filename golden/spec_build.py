@@ -38,6 +38,8 @@ SEED_LIMIT = 2**63
 #: Most entries of a length list in any case: error cases may exceed B <= MAX_BATCH to test it.
 MAX_LIST = 2 * MAX_BATCH
 #: Names (case, suite) and perturbation names: no path separators, no leading dot, bounded length.
+#: ``inputs``: the sha256 of an explicit input bundle (golden/input_store.py).
+INPUTS_HASH = re.compile(r"[0-9a-f]{64}")
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,127}")
 SAFE_PERTURB = re.compile(r"[a-z0-9_]{1,64}")
 SAFE_STATUS = re.compile(r"ERROR_[A-Z0-9_]{1,64}")
@@ -202,6 +204,9 @@ def _check_fields(raw: Mapping[str, Any], fail: Fail) -> None:
                 else (f"a string matching {pattern.pattern} (no path separators, at most 128 characters)")
             )
             raise fail(name, f"must be {what}, got {show_value(value)}")
+    inputs = raw.get("inputs")
+    if inputs is not None and not (isinstance(inputs, str) and INPUTS_HASH.fullmatch(inputs)):
+        raise fail("inputs", f"must be the 64-hex-digit content hash of an input bundle, got {show_value(inputs)}")
     if not isinstance(raw.get("source", ""), str):
         raise fail("source", f"must be a string, got {show_value(raw['source'])}")
     scale = raw.get("qk_scale", DEFAULT_QK_SCALE)
@@ -347,6 +352,8 @@ def validate_case(spec: CaseSpec) -> None:
     if not (math.isfinite(spec.qk_scale) and 0.0 < spec.qk_scale <= 1.0):
         fail("qk_scale", f"must be in (0, 1], got {spec.qk_scale}")
     if spec.structure is not None:
+        if spec.inputs is not None:
+            fail("structure", "the inputs are explicit (inputs = ...): there are no draws to shape")
         _validate_structure(spec, fail)
     if spec.mask_type == 3:
         if spec.head_num % spec.kv_head_num:

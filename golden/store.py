@@ -31,6 +31,7 @@ from typing import IO
 from filelock import FileLock
 
 from mlaconf.golden.h5file import FileMeta, ReadBlock, dataset_arrays, read_golden, read_meta, write_hdf5
+from mlaconf.golden.input_store import inputs_from
 from mlaconf.golden.integrity import (
     SCHEMA_VERSION,
     GoldenMissingError,
@@ -242,7 +243,8 @@ class GoldenStore:
                 except GoldenStoreError as exc:
                     why = f"{type(exc).__name__}: {exc}"
                     log.warning("rebuilding golden %s: %s", path, why)
-            golden = (builder or default_builder())(spec)
+            with inputs_from(self.root):  # a case with explicit inputs reads them from this store
+                golden = (builder or default_builder())(spec)
             size = self._write(golden)
         return EnsureResult(golden, path, "generated", why, size)
 

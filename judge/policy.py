@@ -23,6 +23,7 @@ from mlaconf.golden.stats import UNIT_ROUNDOFF, ErrorStats
 from mlaconf.golden.suites import read_toml
 from mlaconf.judge.error_model import ModelResult
 from mlaconf.judge.metrics import Metrics
+from mlaconf.judge.msprobe import DECIDING, BenchmarkMetrics, ratio
 from mlaconf.judge.systematic import Significance
 
 DEFAULT_PATH = Path(__file__).resolve().parent / "tolerances.toml"
@@ -39,6 +40,16 @@ RULE_PARAMS: dict[str, tuple[str, ...]] = {
     "ulp": ("max_ulp",),
     "relative": ("k", "floor_u"),
     "systematic": ("false_alarm",),
+    "msprobe": (
+        "small_value",
+        "small_value_atol",
+        "bench_eps",
+        "minimum_err",
+        "small_value_err_ratio",
+        "rmse",
+        "max_rel_err",
+        "mean_rel_err",
+    ),
 }
 OVERRIDE_SELECTORS = ("policy", "backend", "dtype", "mask", "case")
 
@@ -56,6 +67,9 @@ class PolicyError(ValueError):
 ModelFn = Callable[[float, float], ModelResult]
 #: The systematic-error tests (temperature, format signature) at a false-alarm rate, bound like the model.
 SystematicFn = Callable[[float], tuple[Significance, ...]]
+#: msprobe's benchmark metrics ``(output, baseline)`` against the golden for ``(small_value,
+#: small_value_atol, bench_eps)`` (judge.msprobe), bound to the output like the model.
+MsprobeFn = Callable[[float, float, float], tuple[BenchmarkMetrics, BenchmarkMetrics]]
 
 
 @dataclass(frozen=True)
@@ -67,12 +81,24 @@ class VerdictContext:
     max_seq: int
     model: ModelFn | None = None
     systematic: SystematicFn | None = None
+    msprobe: MsprobeFn | None = None
 
     @classmethod
     def from_spec(
-        cls, spec: CaseSpec, model: ModelFn | None = None, systematic: SystematicFn | None = None
+        cls,
+        spec: CaseSpec,
+        model: ModelFn | None = None,
+        systematic: SystematicFn | None = None,
+        msprobe: MsprobeFn | None = None,
     ) -> VerdictContext:
-        return cls(dtype=spec.dtype, head_num=spec.head_num, max_seq=spec.max_q, model=model, systematic=systematic)
+        return cls(
+            dtype=spec.dtype,
+            head_num=spec.head_num,
+            max_seq=spec.max_q,
+            model=model,
+            systematic=systematic,
+            msprobe=msprobe,
+        )
 
 
 @dataclass(frozen=True)
@@ -283,6 +309,29 @@ def _systematic(p: Callable[[str], float], m: Metrics, b: ErrorStats | None, ctx
     return checks
 
 
+def _msprobe(p: Callable[[str], float], m: Metrics, b: ErrorStats | None, ctx: VerdictContext) -> list[Check]:
+    """msprobe's benchmark standard (judge.msprobe): each deciding metric of the output over the same metric
+    of the emulated baseline (msprobe's trusted platform), the baseline's floored at ``minimum_err``, within
+    the threshold of the same name; the error balance (``eb``) recorded without a bound (msprobe computes it
+    and leaves it out of its status).  Non-finite elements drop out of msprobe's metrics, so these
+    checks alone pass an all-NaN output: the implicit ``finite`` rule fails it."""
+    if ctx.msprobe is None:  # metrics alone: nothing to score (deciding, :meth:`Policy.evaluate` fails it)
+        return []
+    out, base = ctx.msprobe(p("small_value"), p("small_value_atol"), p("bench_eps"))
+    checks = []
+    for name in (*DECIDING, "eb"):
+        value, trusted = getattr(out, name), getattr(base, name)
+        note = f"{name} {value:.3g} / baseline {trusted:.3g}"
+        bound = p(name) if name in DECIDING else math.inf
+        check = _check("msprobe", f"{name}_ratio", ratio(value, trusted, p("minimum_err")), bound, note)
+        checks.append(check if name in DECIDING else dataclasses.replace(check, decisive=False))
+    return checks
+
+
+#: Rules that can only fail a verdict, so measuring nothing passes nothing; any other deciding rule that
+#: measures nothing (a context without the output) fails: a verdict is never vacuous.
+ONLY_FAILS = frozenset({"systematic"})
+
 RULES: dict[str, RuleFn] = {
     "model": _model,
     "atb": _atb,
@@ -291,6 +340,7 @@ RULES: dict[str, RuleFn] = {
     "ulp": _ulp,
     "relative": _relative,
     "systematic": _systematic,
+    "msprobe": _msprobe,
 }
 
 
@@ -321,6 +371,8 @@ class Policy:
                 return self.param(rule, name, context.dtype)
 
             found = RULES[rule](lookup, metrics, baseline, context)
+            if not found and rule in self.rules and rule not in ONLY_FAILS:
+                found = [Check(rule, "measured", math.nan, 1.0, False, "the context has no output to measure")]
             if rule not in self.rules:
                 found = [dataclasses.replace(c, decisive=False) for c in found]
             checks += found

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 from typing import Any, Literal
 
 import numpy as np
@@ -16,6 +17,7 @@ from mlaconf.golden.types import GoldenCase
 from mlaconf.judge.deviations import Deviation
 from mlaconf.judge.error_model import ModelResult, model_ratio
 from mlaconf.judge.metrics import Metrics, compute_metrics
+from mlaconf.judge.msprobe import BenchmarkMetrics, benchmark_metrics
 from mlaconf.judge.policy import Check, Policy, PolicySet, Verdict, VerdictContext
 from mlaconf.judge.systematic import Significance, format_check, temperature_check
 
@@ -151,6 +153,12 @@ def _scaled_error(golden: GoldenCase, out: np.ndarray, grid: np.ndarray) -> None
     map_chunks(chunk_error, row_chunks(np.ones(rows, dtype=bool), heads * V_DIM))
 
 
+#: msprobe's scores of the baselines of the goldens judged last (every record of a golden shares its
+#: baseline's): keyed by the array's id and the parameters, held by a weak reference to the array.
+BASELINE_SCORES_KEPT = 16
+_BASELINE_SCORES: dict[tuple[int, float, float, float], tuple[weakref.ref[np.ndarray], BenchmarkMetrics]] = {}
+
+
 def verdict_context(golden: GoldenCase, out: np.ndarray) -> VerdictContext:
     """The case's context, with the error-model rule and the systematic tests bound to ``out`` and the
     golden's magnitudes (no model when the golden carries none: that rule then fails rather than pass
@@ -165,8 +173,24 @@ def verdict_context(golden: GoldenCase, out: np.ndarray) -> VerdictContext:
             format_check(out, golden.out, golden.row_valid, spec, each),
         )
 
+    @functools.cache
+    def msprobe(small_value: float, atol: float, eps: float) -> tuple[BenchmarkMetrics, BenchmarkMetrics]:
+        def score(output: np.ndarray) -> BenchmarkMetrics:
+            return benchmark_metrics(
+                output, golden.out, golden.row_valid, small_value=small_value, small_value_atol=atol, bench_eps=eps
+            )
+
+        key = (id(golden.baseline_out), small_value, atol, eps)
+        kept = _BASELINE_SCORES.get(key)
+        if kept is None or kept[0]() is not golden.baseline_out:  # an id reused by another array: score again
+            kept = (weakref.ref(golden.baseline_out), score(golden.baseline_out))
+            _BASELINE_SCORES[key] = kept
+            while len(_BASELINE_SCORES) > BASELINE_SCORES_KEPT:
+                del _BASELINE_SCORES[next(iter(_BASELINE_SCORES))]
+        return score(out), kept[1]
+
     if not golden.magnitudes:
-        return VerdictContext.from_spec(spec, systematic=systematic)
+        return VerdictContext.from_spec(spec, systematic=systematic, msprobe=msprobe)
 
     @functools.cache
     def model(false_alarm: float, safety: float) -> ModelResult:
@@ -174,4 +198,4 @@ def verdict_context(golden: GoldenCase, out: np.ndarray) -> VerdictContext:
             out, golden.out, golden.row_valid, golden.magnitudes, spec, false_alarm=false_alarm, safety=safety
         )
 
-    return VerdictContext.from_spec(spec, model, systematic)
+    return VerdictContext.from_spec(spec, model, systematic, msprobe)

@@ -14,6 +14,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,6 +92,10 @@ PLANS: dict[str, Plan] = {
     "pytest cases -k s129 --mla-policy strict --junitxml=out.xml": Plan(0, "1 passed"),
     "pytest cases --mla-seeds 1,2,3,4,5": Plan(0, "5 passed"),
     "pytest cases --mla-cases my_cases.toml": Plan(0, "1 passed"),
+    "mlaconf import-dump msprobe_dump --out imported.toml": Plan(0, "wrote 2 cases to imported.toml"),
+    "mlaconf run --backend torch-cpu -- --mla-cases imported.toml": Plan(
+        not_run="the narrowing's tiny suite would replace imported.toml: tests/nocover/test_msprobe_dumps.py runs it"
+    ),
 }
 
 
@@ -137,6 +142,9 @@ def prepare(work: Path, my_lib: str) -> None:
     """The files the documents assume: the suite files they name and usage.md's own backend example."""
     for name in ("tiny.toml", "my.toml", "my_cases.toml"):
         (work / name).write_text(TINY)
+    with tarfile.open(REPO / "tests" / "data" / "msprobe" / "sdpa.tar.xz") as archive:  # a dump msprobe wrote
+        archive.extractall(work, filter="data")
+    (work / "sdpa").rename(work / "msprobe_dump")
     usage = (REPO / "docs" / "usage.md").read_text()
     (work / "my_kernels.py").write_text(re.search(r"```python\n(# my_kernels\.py.*?)```", usage, re.S).group(1))  # type: ignore[union-attr]
     (work / "my_lib.py").write_text(my_lib)
