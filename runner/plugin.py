@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from mlaconf.facts.operator import CACHE_NAMES, MASK_NAMES
-from mlaconf.facts.processes import THREAD_ENV, usable_cpus
+from mlaconf.facts.processes import THREAD_ENV, kill_with_parent, usable_cpus
 from mlaconf.facts.shard import in_shard, parse_shard
 from mlaconf.golden.suites import SUITES_PACKAGE
 from mlaconf.harness import registry
 from mlaconf.reports import env
-from mlaconf.reports.rundir import RUN_FILE, write_json
+from mlaconf.reports.rundir import REPORTS_DIR, RUN_FILE, write_json
 from mlaconf.reports.safeio import ReportFileError
 from mlaconf.runner import hypothesis_profiles
 from mlaconf.runner.collect import (
@@ -39,6 +39,7 @@ from mlaconf.runner.collect import (
     set_run_info,
 )
 from mlaconf.runner.identity import BACKEND_LABELS, policy_name
+from mlaconf.runner.run_directory import deselect_recorded
 from mlaconf.runner.selection import (
     ALL_SUITES,
     DEFAULT_SUITE,
@@ -61,8 +62,6 @@ if TYPE_CHECKING:
     from mlaconf.judge.policy import PolicySet
 
 MARKER = "mla_case"
-#: Where reports go when neither --mla-report-dir nor --mla-run-name's default is overridden (working directory).
-REPORTS_DIR = Path("reports") / "out"
 BACKENDS = pytest.StashKey[list[str]]()
 #: Selection name -> the backend's own name, for plug-ins selected by import path (test ids).
 BACKEND_IDS = pytest.StashKey[dict[str, str]]()
@@ -156,6 +155,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "the working directory); nothing is written when no test attached a record",
     )
     report.addoption(
+        "--mla-resume",
+        action="store_true",
+        default=False,
+        help="continue the interrupted run in --mla-report-dir: run only its selected tests without a "
+        "record, with the same arguments, environment and goldens (else refused), into the same run",
+    )
+    report.addoption(
         "--mla-run-name", default=None, metavar="NAME", help="name of this run (default: timestamp + short host name)"
     )
     report.addoption(
@@ -190,6 +196,7 @@ def pytest_configure(config: pytest.Config) -> None:
     share_cpu_threads(config)
     if hasattr(config, "workerinput"):  # Ctrl-C is the controller's to handle: it stops the workers cleanly
         signal.signal(signal.SIGINT, _leave_to_the_controller)
+        kill_with_parent()  # a SIGKILLed controller leaves no worker running on
     hypothesis_profiles.load_default()
     for line in marker_lines():
         config.addinivalue_line("markers", line)
@@ -384,8 +391,15 @@ def report_state(config: pytest.Config) -> ReportState:
         shard = parse_shard(shard_text) if shard_text else None
     except ValueError as exc:
         raise pytest.UsageError(f"--mla-shard: {exc}") from exc
+    resume = bool(config.getoption("mla_resume"))
+    if resume and not config.getoption("mla_report_dir") and workerinput is None:
+        raise pytest.UsageError("--mla-resume needs --mla-report-dir: the run directory to continue")
     return ReportState(
-        report_dir=report_dir, run_name=run_name, save_outputs=bool(config.getoption("mla_save_outputs")), shard=shard
+        report_dir=report_dir,
+        run_name=run_name,
+        save_outputs=bool(config.getoption("mla_save_outputs")),
+        shard=shard,
+        resume=resume,
     )
 
 
@@ -481,6 +495,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if empty:
         config.hook.pytest_deselected(items=empty)
         items[:] = [item for item in items if item not in empty]
+    if config.stash[STATE].resume:
+        deselect_recorded(config, items, config.stash[STATE].report_dir)
     shard = config.stash[STATE].shard
     if shard is None:
         return

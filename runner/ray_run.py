@@ -42,7 +42,7 @@ from mlaconf.golden.suites import SUITES_PACKAGE
 from mlaconf.harness import registry
 from mlaconf.reports import merge, safeio, summary
 from mlaconf.reports.records import Failure, make_record, sort_records
-from mlaconf.reports.rundir import RESULTS_FILE, RUN_FILE, RunState, write_json, write_results
+from mlaconf.reports.rundir import REPORTS_DIR, RESULTS_FILE, RUN_FILE, RunState, write_json, write_results
 from mlaconf.runner.command import pytest_command
 
 #: Ray retries of a shard whose worker, node or pytest process died.
@@ -181,8 +181,6 @@ def plugin_arguments(args: argparse.Namespace) -> list[str]:
 
 
 def report_dir(args: argparse.Namespace) -> Path:
-    from mlaconf.runner.plugin import REPORTS_DIR
-
     if args.report_dir:
         return Path(args.report_dir)
     name = args.run_name or time.strftime("%Y%m%d-%H%M%S") + "-ray"
