@@ -195,7 +195,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(Collector(config, config.stash[STATE]), "mla-report-collector")
     share_cpu_threads(config)
     if hasattr(config, "workerinput"):  # Ctrl-C is the controller's to handle: it stops the workers cleanly
-        signal.signal(signal.SIGINT, _leave_to_the_controller)
+        signal.signal(signal.SIGINT, LeaveToTheController())
         kill_with_parent()  # a SIGKILLed controller leaves no worker running on
     hypothesis_profiles.load_default()
     for line in marker_lines():
@@ -224,9 +224,25 @@ def end_with_usage_error(config: pytest.Config, message: str) -> None:
         return
 
 
-def _leave_to_the_controller(signum: int, frame: object) -> None:
-    """A worker's SIGINT handler: nothing (the controller stops the workers).  A handler, not SIG_IGN,
-    so that processes a test starts get the default Ctrl-C back (exec resets handlers, not ignores)."""
+class LeaveToTheController:
+    """A worker's SIGINT handler: no exception (the controller stops the workers), but no test starts
+    here after the running one: the controller records nothing after a stop, so a test run then would
+    be lost work.  A handler, not SIG_IGN, so that processes a test starts get the default Ctrl-C back
+    (exec resets handlers, not ignores)."""
+
+    def __init__(self) -> None:
+        self.session: pytest.Session | None = None
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if self.session is not None:
+            self.session.shouldstop = "interrupted: the controller stops the run"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """An xdist worker's Ctrl-C handler learns the session it stops."""
+    handler = signal.getsignal(signal.SIGINT)
+    if isinstance(handler, LeaveToTheController):
+        handler.session = session
 
 
 def marker_lines() -> list[str]:
