@@ -204,3 +204,16 @@ def test_a_journal_survives_its_writer_killed(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", script], timeout=60, check=False)
     assert done.returncode == -signal.SIGKILL
     assert len(rundir.read_results(path, torn=pytest.fail)) == 3
+
+
+def test_a_ray_shard_is_kept_as_it_arrives(tmp_path: Path) -> None:
+    from mlaconf.runner.ray_run import ShardResult, keep_shard
+
+    (tmp_path / "results.jsonl").write_text("")
+    journal = rundir.Journal(tmp_path / "results.jsonl")
+    files = {"results.jsonl": "".join(dumps(r) + "\n" for r in RECORDS).encode()}
+    keep_shard(tmp_path, ShardResult("1/2", 0, files, "host", 1.0, ""), journal)
+    # before any other shard or the driver's end: the run's journal and the shard's own files hold it
+    assert cases(tmp_path / "results.jsonl") == ["c0", "c1", "c2"]
+    assert cases(tmp_path / "shards" / "1-of-2" / "results.jsonl") == ["c0", "c1", "c2"]
+    journal.close()
