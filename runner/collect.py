@@ -308,6 +308,7 @@ class Collector:
         unnamed = () if "backends" in state.run_info else ("backends",)  # then read off the records
         earlier, kept, torn = resumable(state.report_dir, self.run_document(None, "in_progress"), skip=unnamed)
         state.run_id = str(earlier.get("run_id") or state.run_id)
+        state.run_name = str(earlier.get("run_name") or state.run_name)
         state.started_text = str(earlier.get("started") or "") or None
         state.resumed = resumed_note(earlier, len(kept))
         state.records[:0] = kept

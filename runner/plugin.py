@@ -211,8 +211,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def end_with_usage_error(config: pytest.Config, message: str) -> None:
     """A named report directory ends ``usage_error`` (an earlier run there is moved aside): it never
     shows a previous run as this one.  A default (timestamped) directory is left unmade."""
-    if not (config.getoption("mla_report_dir") or config.getoption("mla_run_name")):
-        return
+    if not (config.getoption("mla_report_dir") or config.getoption("mla_run_name")) or config.getoption("mla_resume"):
+        return  # a default directory is left unmade; a run being resumed is left as it was
     collector = config.pluginmanager.get_plugin("mla-report-collector")
     if not isinstance(collector, Collector):
         return

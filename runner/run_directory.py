@@ -202,7 +202,8 @@ def resumable(
             raise pytest.UsageError(
                 f"{where}: cannot resume, this run differs from the one it would continue: {difference}"
             )
-    return earlier, [r for r in kept if (r.get("failure") or {}).get("kind") != "not_run"], (torn or [None])[0]
+    ran = [r for r in kept if (r.get("failure") or {}).get("kind") != "not_run"]
+    return earlier, ran, torn[0] if torn else None
 
 
 def recorded_tests(directory: Path) -> set[str]:
