@@ -25,6 +25,8 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STOP_GRACE_S = 15.0
 #: pytest's exit status for a session stopped by Ctrl-C (KeyboardInterrupt).
 PYTEST_INTERRUPTED = 2
+#: The exit statuses of a pytest that ended its session (pytest.ExitCode: OK ... NO_TESTS_COLLECTED).
+PYTEST_EXITS = range(6)
 #: ``mlaconf run`` options that --resume takes from the run it continues (so none may be given with it).
 RESUME_REPEATS = ("suite", "backend", "policy", "golden_dir", "run_name", "report_dir", "ray", "pytest_args")
 
@@ -93,7 +95,7 @@ def launch(command: list[str], cwd: Path, directory: Path | None) -> int:
     # its own session: a signal reaches the whole run (pytest and every xdist worker) only through us
     child = subprocess.Popen(command, cwd=cwd, start_new_session=True, preexec_fn=_child_setup)
     ending = wait_forwarding_stops(child)
-    if ending.status < 0 or ending.forced:
+    if ending.status not in PYTEST_EXITS or ending.forced:  # pytest could not have ended the run itself
         end_for_pytest(ending, child.pid, directory, cwd)
     if ending.stopped:
         print(f"mlaconf run: stopped by {signal.Signals(ending.signal or 0).name}", file=sys.stderr)
@@ -124,9 +126,9 @@ def named_run_dir(command: list[str]) -> Path | None:
 def end_for_pytest(ending: Ending, pid: int, directory: Path | None, cwd: Path) -> None:
     """pytest died before it could end its run (killed after the grace, or by a signal from elsewhere):
     end run.json from the journal, ``interrupted`` if a stop was asked for, else ``killed``."""
-    how = f"killed by {signal.Signals(-ending.status).name}" if ending.status < 0 else "killed"
+    how = f"was killed by {signal.Signals(-ending.status).name}" if ending.status < 0 else f"exited {ending.status}"
     status = "interrupted" if ending.signal is not None else "killed"
-    why = f"pytest was {how} before it ended the run: its journal holds every test that ended before"
+    why = f"pytest {how} before it ended the run: its journal holds every test that ended before"
     candidates = [directory] if directory else sorted((cwd / rundir.REPORTS_DIR).glob("*/"), reverse=True)
     for candidate in candidates:
         try:

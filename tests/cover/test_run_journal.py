@@ -130,21 +130,25 @@ def test_pytest_gets_ctrl_c_back_when_mlaconf_run_inherited_it_ignored(
     assert "default_int_handler" in out and "SIG_IGN" not in out, out
 
 
-def test_a_child_killed_from_elsewhere_ends_its_run_killed(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "end, code", [("os.kill(os.getpid(), signal.SIGKILL)", 128 + signal.SIGKILL), ("os._exit(7)", 7)]
+)
+def test_a_pytest_gone_without_ending_its_run_has_it_ended_killed(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], end: str, code: int
+) -> None:
     report = tmp_path / "report"
     script = (
         "import json, os, pathlib, signal; d = pathlib.Path('report'); d.mkdir();"
         "(d / 'results.jsonl').write_text('');"
         "(d / 'run.json').write_text(json.dumps({'status': 'in_progress', 'pid': os.getpid(),"
-        " 'counts': {'selected': 2, 'run': 0, 'recorded': 0}}));"
-        "os.kill(os.getpid(), signal.SIGKILL)"
+        " 'counts': {'selected': 2, 'run': 0, 'recorded': 0}}));" + end
     )
-    code = launch(
+    status = launch(
         [sys.executable, "-c", script, "--mla-report-dir", str(report)],
         tmp_path,
         named_run_dir(["--mla-report-dir", str(report)]),
     )
-    assert code == 128 + signal.SIGKILL
+    assert status == code
     doc = rundir.read_run(report)
     assert doc["status"] == "killed" and doc["counts"] == {"selected": 2, "run": 0, "recorded": 0}, doc
     err = capfd.readouterr().err
