@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -221,3 +222,30 @@ def test_a_ray_shard_is_kept_as_it_arrives(tmp_path: Path) -> None:
     assert cases(tmp_path / "results.jsonl") == ["c0", "c1", "c2"]
     assert cases(tmp_path / "shards" / "1-of-2" / "results.jsonl") == ["c0", "c1", "c2"]
     journal.close()
+
+
+def test_a_pytest_that_ignores_the_stop_is_killed_after_the_grace_and_its_run_ended_interrupted(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(run_verb, "STOP_GRACE_S", 0.5)
+    report = tmp_path / "report"
+    script = (
+        "import json, os, pathlib, signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN);"
+        "d = pathlib.Path('report'); d.mkdir(); (d / 'results.jsonl').write_text('');"
+        "(d / 'run.json').write_text(json.dumps({'status': 'in_progress', 'pid': os.getpid(),"
+        " 'counts': {'selected': 2, 'run': 0, 'recorded': 0}})); pathlib.Path('ready').touch(); time.sleep(60)"
+    )
+
+    def stop_when_ready() -> None:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "ready").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=stop_when_ready, daemon=True).start()
+    started = time.monotonic()
+    status = launch([sys.executable, "-c", script], tmp_path, report)
+    assert status == 128 + signal.SIGTERM and time.monotonic() - started < 20
+    assert rundir.read_run(report)["status"] == "interrupted"
+    err = capfd.readouterr().err
+    assert "ended interrupted" in err and "stopped by SIGTERM" in err, err
