@@ -14,8 +14,10 @@ one :class:`mlaconf.reports.records.ResultRecord`:
   setup report.
 
 Records travel inside ``TestReport.user_properties`` (the one channel xdist already ships from
-workers to the controller), so the controller alone gathers them and writes ``results.jsonl``,
-``run.json`` and ``report.html`` into the report directory, then prints the summary.
+workers to the controller), so the controller alone gathers them: each is journaled into
+``results.jsonl`` as its test ends, and at the end ``results.jsonl``, ``run.json`` and
+``report.html`` are written whole and the summary printed.  The report directory itself (claim,
+journal, resume) is :mod:`mlaconf.runner.run_directory`'s.
 """
 
 from __future__ import annotations
