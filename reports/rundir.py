@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable, Mapping
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +22,7 @@ from typing import Any
 from mlaconf.reports import safeio
 from mlaconf.reports.records import (
     KNOWN_SCHEMAS,
+    VERDICTS,
     Record,
     RecordError,
     ResultRecord,
@@ -30,6 +35,10 @@ from mlaconf.reports.records import (
 RESULTS_FILE = "results.jsonl"
 RUN_FILE = "run.json"
 HTML_FILE = "report.html"
+#: Where run directories go when no report directory is named (relative to the working directory).
+REPORTS_DIR = Path("reports") / "out"
+#: Longest a record appended to the journal waits before it is synced to disk (seconds).
+SYNC_S = 2.0
 
 
 def write_results(path: Path, records: Iterable[Record]) -> None:
@@ -37,16 +46,32 @@ def write_results(path: Path, records: Iterable[Record]) -> None:
     safeio.atomic_write(path, "".join(dumps(r) + "\n" for r in sort_records(records)))
 
 
-def read_results(path: Path) -> list[Record]:
+def say_torn(line: str) -> None:
+    """The default way a reader says it dropped a torn last line: one line on stderr."""
+    print(line, file=sys.stderr)
+
+
+def read_results(path: Path, *, torn: Callable[[str], None] = say_torn) -> list[Record]:
     """Read a results.jsonl (any known schema version, upgraded to the current one).  A malformed
     line (not JSON, too deep, a duplicate key, a field of the wrong type, an unknown schema
-    version) or a record repeated on two lines raises ValueError naming the file and line."""
+    version) or a record repeated on two lines raises ValueError naming the file and line.
+
+    A last line without its newline that does not parse is the end of a journal cut off mid-write
+    (a killed run): it is dropped and ``torn`` is told so, in one line naming the file and line."""
     records: list[Record] = []
     first_line: dict[tuple[str, str], int] = {}
-    for lineno, line in enumerate(safeio.read_text(path).splitlines(), 1):
+    text = safeio.read_text(path)
+    lines = text.splitlines()
+    for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        value = safeio.loads(line, f"{path}:{lineno}")
+        try:
+            value = safeio.loads(line, f"{path}:{lineno}")
+        except safeio.ReportFileError:
+            if lineno == len(lines) and not text.endswith("\n"):
+                torn(f"{path}:{lineno}: dropped a torn last line ({len(line)} characters; the run was cut off)")
+                break
+            raise
         if not isinstance(value, dict):
             raise ValueError(f"{path}:{lineno}: a record must be a JSON object, got {json_type_name(value)}")
         try:
@@ -63,6 +88,58 @@ def read_results(path: Path) -> list[Record]:
     return records
 
 
+class Journal:
+    """results.jsonl while its run is in progress: each record appended as one line as its test
+    ends (one ``write``, so a killed process loses no line it finished), synced to disk at most
+    :data:`SYNC_S` seconds later (a power cut loses at most that).  The run's end replaces the
+    file with the sorted records (:func:`write_results`)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
+        self._lock = threading.Lock()
+        self._synced = time.monotonic()
+        self._timer: threading.Timer | None = None
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        """Append one record; it reaches the disk within :data:`SYNC_S` seconds."""
+        data = (dumps(record) + "\n").encode("utf-8")
+        with self._lock:
+            if self._fd is None:
+                raise ValueError(f"{self.path}: the journal is closed")
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
+            if time.monotonic() - self._synced >= SYNC_S:
+                self._sync_locked()
+            elif self._timer is None:
+                self._timer = threading.Timer(SYNC_S, self.sync)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def sync(self) -> None:
+        """Flush what was appended to the disk."""
+        with self._lock:
+            self._sync_locked()
+
+    def _sync_locked(self) -> None:
+        self._timer = None
+        if self._fd is not None:
+            os.fsync(self._fd)
+        self._synced = time.monotonic()
+
+    def close(self) -> None:
+        """Sync and close (the run's end, before results.jsonl is rewritten)."""
+        with self._lock:
+            timer, self._timer = self._timer, None
+            if self._fd is not None:
+                os.fsync(self._fd)
+                os.close(self._fd)
+                self._fd = None
+        if timer is not None:
+            timer.cancel()
+
+
 def write_json(path: Path, value: Any) -> None:
     """Pretty JSON, atomically."""
     safeio.atomic_write(path, json.dumps(value, indent=2, sort_keys=True, default=str) + "\n")
@@ -76,6 +153,7 @@ RUN_STATUSES = (
     "complete",
     "interrupted",
     "crashed",
+    "killed",
     "timed_out",
     "no_tests",
     "usage_error",
@@ -258,3 +336,51 @@ def load_run_dir(
         return records, run, run_state(directory, run)
     except IncompleteRun:
         return records, run, None
+
+
+# ---- a run whose pytest died: ended by the survivor ----------------------------------------------
+
+
+def tests_recorded(records: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The tests that ran and have a record (a test recorded as ``not_run`` has none that counts)."""
+    return {
+        str(r.get("test", "")).removesuffix("@teardown")
+        for r in records
+        if (r.get("failure") or {}).get("kind") != "not_run"
+    }
+
+
+def end_abandoned(directory: Path, pid: int, status: str, why: str) -> RunState | None:
+    """End a run whose pytest (``pid``) died before it could: run.json gets ``status`` and counts from
+    the journal (every test that ended before the death has its record), results.jsonl is rewritten
+    whole (a torn last line dropped).  Nothing is touched, and None returned, unless run.json says
+    ``in_progress`` and names ``pid`` (the run is this pytest's, and it never ended it)."""
+    try:
+        run = read_run(directory)
+    except (ValueError, OSError):
+        return None
+    if run.get("status") != "in_progress" or run.get("pid") != pid:
+        return None
+    records = read_results(directory / RESULTS_FILE)
+    ran = tests_recorded(records)
+    selected = max(int((run.get("counts") or {}).get("selected") or 0), len(ran))
+    state = RunState.build(status, selected=selected, run=len(ran), recorded=len(records))
+    verdicts = dict.fromkeys(VERDICTS, 0)
+    suites: dict[str, dict[str, int]] = {}
+    for record in records:
+        name = str(record.get("verdict"))
+        name = name if name in VERDICTS else "error"
+        verdicts[name] += 1
+        suites.setdefault(str(record.get("suite", "?")), dict.fromkeys(VERDICTS, 0))[name] += 1
+    problems = [*run.get("problems", []), why]
+    run.update(
+        state.to_dict(),
+        records=len(records),
+        verdicts=verdicts,
+        counts_by_suite=suites,
+        problems=problems,
+        finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    )
+    write_results(directory / RESULTS_FILE, records)
+    write_json(directory / RUN_FILE, run)
+    return state

@@ -14,8 +14,10 @@ one :class:`mlaconf.reports.records.ResultRecord`:
   setup report.
 
 Records travel inside ``TestReport.user_properties`` (the one channel xdist already ships from
-workers to the controller), so the controller alone gathers them and writes ``results.jsonl``,
-``run.json`` and ``report.html`` into the report directory, then prints the summary.
+workers to the controller), so the controller alone gathers them: each is journaled into
+``results.jsonl`` as its test ends, and at the end ``results.jsonl``, ``run.json`` and
+``report.html`` are written whole and the summary printed.  The report directory itself (claim,
+journal, resume) is :mod:`mlaconf.runner.run_directory`'s.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import dataclasses
 import importlib.resources
 import json
 import os
-import socket
 import time
 import uuid
 import warnings
@@ -35,16 +36,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-try:
-    import fcntl
-except ImportError:  # not POSIX: the plugin still loads; report-directory claims go unserialised
-    fcntl = None  # type: ignore[assignment]
-
-from mlaconf.facts.processes import process_alive
 from mlaconf.reports import aggregate, env, records, rundir, safeio
 from mlaconf.reports.records import PROPERTY_NAME, Failure, Record, RecordError, ResultRecord, make_record
 from mlaconf.runner.failures import crash_record, failure_of, short_text
 from mlaconf.runner.identity import BACKEND_LABELS, MLA_PARAMETER, identity, identity_from_nodeid
+from mlaconf.runner.run_directory import RunDirectory, goldens_facts, resumable, resumed_note
 
 if TYPE_CHECKING:
     from mlaconf.judge.verdict import Outcome
@@ -54,8 +50,6 @@ JUNIT_FIELDS = ("verdict", "worst_slack", "policy", "backend")
 JUNIT_METRICS = ("max_rel_err", "rmse")
 #: user_properties name of a test's identity, sent with its setup report (for crash records).
 IDENTITY_NAME = "mla_identity"
-#: Said once when a report directory is claimed without fcntl (not POSIX).
-NO_LOCK_NOTE = "no fcntl on this system: concurrent runs claiming one report directory are not serialised"
 
 
 @dataclass
@@ -86,6 +80,11 @@ class ReportState:
     refused: bool = False
     #: Collection reports that failed (a test file that does not import, a suite that does not parse).
     collection_errors: int = 0
+    #: ``--mla-resume``: this session continues the interrupted run in ``report_dir``; run.json's
+    #: ``started`` and ``resumed`` (one entry per resume) once it has.
+    resume: bool = False
+    started_text: str | None = None
+    resumed: list[dict[str, Any]] = field(default_factory=list)
 
 
 STATE = pytest.StashKey[ReportState]()
@@ -297,54 +296,32 @@ class Collector:
     def __init__(self, config: pytest.Config, state: ReportState) -> None:
         self.config = config
         self.state = state
+        self.directory = RunDirectory(state.report_dir)
 
     def claim(self) -> str | None:
-        """Own the report directory before any test: run.json ``in_progress``, created exclusively.
-
-        A directory is never silently reused: one whose run is still alive (same host, its pid
-        running) is a usage error; one that holds a finished or dead run has that run moved to a
-        fresh sibling name (``<dir>.previous-N``), so nothing is lost and the directory never shows
-        an old run as this one.  Returns the line that says so, or None."""
+        """Own the report directory before any test (:meth:`RunDirectory.claim`); with
+        ``--mla-resume``, continue the run there instead: its records stay, its tests are not rerun.
+        Returns a line to say (an earlier run moved aside, a torn journal), or None."""
         state = self.state
-        parent = safeio.safe_dir(state.report_dir.parent)
-        lock = None if fcntl is None else os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            if lock is not None:
-                fcntl.flock(lock, fcntl.LOCK_EX)  # claims in one parent directory happen one at a time
-            moved = self._move_earlier_run()
-            if lock is None:
-                moved = f"{moved}; {NO_LOCK_NOTE}" if moved else NO_LOCK_NOTE
-            safeio.safe_dir(state.report_dir)
-            text = json.dumps(self.run_document(None, "in_progress"), indent=2, sort_keys=True, default=str)
-            safeio.create_exclusive(state.report_dir / rundir.RUN_FILE, text + "\n")
-            safeio.create_exclusive(state.report_dir / rundir.RESULTS_FILE, "")
-        except (OSError, safeio.ReportFileError) as exc:
-            raise pytest.UsageError(f"report directory {state.report_dir}: {exc}") from None
-        finally:
-            if lock is not None:
-                os.close(lock)
+        if not state.resume:
+            moved = self.directory.claim(self.run_document(None, "in_progress"))
+            state.claimed = True
+            return moved
+        unnamed = () if "backends" in state.run_info else ("backends",)  # then read off the records
+        earlier, kept, torn = resumable(state.report_dir, self.run_document(None, "in_progress"), skip=unnamed)
+        state.run_id = str(earlier.get("run_id") or state.run_id)
+        state.run_name = str(earlier.get("run_name") or state.run_name)
+        state.started_text = str(earlier.get("started") or "") or None
+        state.resumed = resumed_note(earlier, len(kept))
+        state.records[:0] = kept
+        for record in kept:
+            nodeid = str(record.get("test", "")).removesuffix("@teardown")
+            state.ran.add(nodeid)
+            state.selected.setdefault(nodeid, None)
+        self.directory.claim(self.run_document(None, "in_progress"), kept=kept)
         state.claimed = True
-        return moved
-
-    def _move_earlier_run(self) -> str | None:
-        directory = self.state.report_dir
-        if not directory.exists() or not any(directory.iterdir()):
-            return None
-        earlier = _earlier_run(directory)
-        environment = earlier.get("environment")
-        host = environment.get("host") if isinstance(environment, dict) else None
-        pid = earlier.get("pid")
-        if earlier.get("status") == "in_progress" and host == socket.gethostname() and process_alive(pid):
-            raise pytest.UsageError(
-                f"{directory}: run {earlier.get('run_name')!r} (pid {pid}) is still writing there; "
-                "give this run another --mla-run-name or --mla-report-dir"
-            )
-        number = 1
-        while (aside := directory.with_name(f"{directory.name}.previous-{number}")).exists():
-            number += 1
-        os.rename(directory, aside)
-        status = earlier.get("status", "no status")
-        return f"{directory} held an earlier run ({status}, started {earlier.get('started', '?')}): moved to {aside}"
+        said = f"resuming the run in {state.report_dir}: {len(kept)} tests recorded earlier are not rerun"
+        return f"{said}; {torn}" if torn else said
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         """Count failed collections (xdist forwards its workers'): the run ends ``collection_error``."""
@@ -364,7 +341,8 @@ class Collector:
 
     def _claim_for_selection(self) -> None:
         """Claim the report directory once MLA tests are selected to run (not for --collect-only)."""
-        if self.state.claimed or not self.state.selected or self.config.option.collectonly:
+        state = self.state
+        if state.claimed or not (state.selected or state.resume) or self.config.option.collectonly:
             return
         try:
             moved = self.claim()
@@ -390,7 +368,7 @@ class Collector:
             if name == PROPERTY_NAME:
                 record: Record = json.loads(str(value))
                 record["verdict"] = agreed_verdict(str(record.get("verdict")), outcome)  # pytest's counts
-                state.records.append(record)
+                self._keep(record)
                 found = True
         if found or report.nodeid in state.selected or report.nodeid in state.identities:
             state.ran.add(report.nodeid)  # an MLA test, or any test that attached a record
@@ -413,7 +391,15 @@ class Collector:
             )
         else:
             return
-        state.records.append(made.to_dict())
+        self._keep(made.to_dict())
+
+    def _keep(self, record: Record) -> None:
+        """A test's record: gathered for the end, and journaled now (a hard end keeps it)."""
+        self.state.records.append(record)
+        try:
+            self.directory.append(record)
+        except OSError as exc:  # a full disk: the end's write says it again, and fails the run
+            self.state.problems.append(f"the journal {self.directory.path / rundir.RESULTS_FILE}: {exc}")
 
     def _backend_labels(self) -> dict[str, str]:
         """Selection name -> record label of the run's backends (as far as the controller knows)."""
@@ -459,12 +445,13 @@ class Collector:
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         """Account for every selected test, then complete run.json; fail a run that cannot pass."""
-        from mlaconf.reports import html
-
         state, config = self.state, self.config
         empty = exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and any(
             config.getoption(name, None) for name in ("mla_cases", "mla_suite", "mla_backend")
         )
+        if empty and state.resume and state.claimed:  # everything had run: the resumed run ends now
+            empty = False
+            session.exitstatus = pytest.ExitCode.OK
         if empty:  # pytest exits 5 'no tests ran': say why that is no pass
             state.problems.append("empty selection: no MLA test was selected (a -k or -m that matches nothing?)")
         if state.refused:
@@ -479,17 +466,14 @@ class Collector:
         status = "complete" if config.option.collectonly else self.final_status(exitstatus)
         if empty:
             status = "no_tests"
-        if state.problems and session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        failing = state.resume and any(aggregate.verdict(r) in ("failed", "error") for r in state.records)
+        if (state.problems or failing) and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a resumed run's earlier failures count
         if not state.claimed and not state.records:
             return
         ordered = records.sort_records(state.records)
         try:
-            safeio.safe_dir(state.report_dir)
-            run = self.run_document(time.time(), status)
-            rundir.write_results(state.report_dir / rundir.RESULTS_FILE, ordered)
-            rundir.write_json(state.report_dir / rundir.RUN_FILE, run)
-            html.write_report(state.report_dir, ordered, run)
+            self.directory.finish(ordered, self.run_document(time.time(), status))
         except (OSError, safeio.ReportFileError) as exc:  # a planted link, a full disk: say so, fail the run
             state.problems.append(f"the report could not be written: {exc}")
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -566,7 +550,7 @@ class Collector:
                 "run_name": state.run_name,
                 "run_id": state.run_id,
                 "pid": os.getpid(),
-                "started": _iso(state.started),
+                "started": state.started_text or _iso(state.started),
                 "finished": None if finished is None else _iso(finished),
                 "shard": f"{state.shard[0]}/{state.shard[1]}" if state.shard else None,
                 "workers": getattr(config.option, "numprocesses", None) or 0,
@@ -580,21 +564,11 @@ class Collector:
                     {f"{r.get('backend')}:{r.get('device')}" for r in state.records if r.get("device")}
                 ),
                 "environment": env.collect(Path(__file__).resolve().parent.parent),
+                "goldens": goldens_facts(),
+                "invocation_dir": str(config.invocation_params.dir),
             }
             | run_state.to_dict()
         )
+        if state.resumed:
+            doc["resumed"] = state.resumed
         return doc
-
-
-def _earlier_run(directory: Path) -> dict[str, Any]:
-    """What run.json says of the run before this one; a file the readers refuse (an older schema, a
-    damaged field) is still read for its liveness, so a live run is never moved aside."""
-    try:
-        return rundir.read_run(directory)
-    except (records.RecordError, safeio.ReportFileError, ValueError):
-        pass
-    try:
-        raw = safeio.loads(safeio.read_text(directory / rundir.RUN_FILE), str(directory / rundir.RUN_FILE))
-    except (safeio.ReportFileError, ValueError, OSError):
-        return {}
-    return raw if isinstance(raw, dict) else {}

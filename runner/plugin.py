@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from mlaconf.facts.operator import CACHE_NAMES, MASK_NAMES
-from mlaconf.facts.processes import THREAD_ENV, usable_cpus
+from mlaconf.facts.processes import THREAD_ENV, kill_with_parent, usable_cpus
 from mlaconf.facts.shard import in_shard, parse_shard
 from mlaconf.golden.suites import SUITES_PACKAGE
 from mlaconf.harness import registry
 from mlaconf.reports import env
-from mlaconf.reports.rundir import RUN_FILE, write_json
+from mlaconf.reports.rundir import REPORTS_DIR, RUN_FILE, write_json
 from mlaconf.reports.safeio import ReportFileError
 from mlaconf.runner import hypothesis_profiles
 from mlaconf.runner.collect import (
@@ -39,6 +39,7 @@ from mlaconf.runner.collect import (
     set_run_info,
 )
 from mlaconf.runner.identity import BACKEND_LABELS, policy_name
+from mlaconf.runner.run_directory import deselect_recorded
 from mlaconf.runner.selection import (
     ALL_SUITES,
     DEFAULT_SUITE,
@@ -61,8 +62,6 @@ if TYPE_CHECKING:
     from mlaconf.judge.policy import PolicySet
 
 MARKER = "mla_case"
-#: Where reports go when neither --mla-report-dir nor --mla-run-name's default is overridden (working directory).
-REPORTS_DIR = Path("reports") / "out"
 BACKENDS = pytest.StashKey[list[str]]()
 #: Selection name -> the backend's own name, for plug-ins selected by import path (test ids).
 BACKEND_IDS = pytest.StashKey[dict[str, str]]()
@@ -156,6 +155,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "the working directory); nothing is written when no test attached a record",
     )
     report.addoption(
+        "--mla-resume",
+        action="store_true",
+        default=False,
+        help="continue the interrupted run in --mla-report-dir: run only its selected tests without a "
+        "record, with the same arguments, environment and goldens (else refused), into the same run",
+    )
+    report.addoption(
         "--mla-run-name", default=None, metavar="NAME", help="name of this run (default: timestamp + short host name)"
     )
     report.addoption(
@@ -189,7 +195,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(Collector(config, config.stash[STATE]), "mla-report-collector")
     share_cpu_threads(config)
     if hasattr(config, "workerinput"):  # Ctrl-C is the controller's to handle: it stops the workers cleanly
-        signal.signal(signal.SIGINT, _leave_to_the_controller)
+        signal.signal(signal.SIGINT, LeaveToTheController())
+        kill_with_parent()  # a SIGKILLed controller leaves no worker running on
     hypothesis_profiles.load_default()
     for line in marker_lines():
         config.addinivalue_line("markers", line)
@@ -204,8 +211,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def end_with_usage_error(config: pytest.Config, message: str) -> None:
     """A named report directory ends ``usage_error`` (an earlier run there is moved aside): it never
     shows a previous run as this one.  A default (timestamped) directory is left unmade."""
-    if not (config.getoption("mla_report_dir") or config.getoption("mla_run_name")):
-        return
+    if not (config.getoption("mla_report_dir") or config.getoption("mla_run_name")) or config.getoption("mla_resume"):
+        return  # a default directory is left unmade; a run being resumed is left as it was
     collector = config.pluginmanager.get_plugin("mla-report-collector")
     if not isinstance(collector, Collector):
         return
@@ -217,9 +224,25 @@ def end_with_usage_error(config: pytest.Config, message: str) -> None:
         return
 
 
-def _leave_to_the_controller(signum: int, frame: object) -> None:
-    """A worker's SIGINT handler: nothing (the controller stops the workers).  A handler, not SIG_IGN,
-    so that processes a test starts get the default Ctrl-C back (exec resets handlers, not ignores)."""
+class LeaveToTheController:
+    """A worker's SIGINT handler: no exception (the controller stops the workers), but no test starts
+    here after the running one: the controller records nothing after a stop, so a test run then would
+    be lost work.  A handler, not SIG_IGN, so that processes a test starts get the default Ctrl-C back
+    (exec resets handlers, not ignores)."""
+
+    def __init__(self) -> None:
+        self.session: pytest.Session | None = None
+
+    def __call__(self, signum: int, frame: object) -> None:
+        if self.session is not None:
+            self.session.shouldstop = "interrupted: the controller stops the run"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """An xdist worker's Ctrl-C handler learns the session it stops."""
+    handler = signal.getsignal(signal.SIGINT)
+    if isinstance(handler, LeaveToTheController):
+        handler.session = session
 
 
 def marker_lines() -> list[str]:
@@ -384,8 +407,15 @@ def report_state(config: pytest.Config) -> ReportState:
         shard = parse_shard(shard_text) if shard_text else None
     except ValueError as exc:
         raise pytest.UsageError(f"--mla-shard: {exc}") from exc
+    resume = bool(config.getoption("mla_resume"))
+    if resume and not config.getoption("mla_report_dir") and workerinput is None:
+        raise pytest.UsageError("--mla-resume needs --mla-report-dir: the run directory to continue")
     return ReportState(
-        report_dir=report_dir, run_name=run_name, save_outputs=bool(config.getoption("mla_save_outputs")), shard=shard
+        report_dir=report_dir,
+        run_name=run_name,
+        save_outputs=bool(config.getoption("mla_save_outputs")),
+        shard=shard,
+        resume=resume,
     )
 
 
@@ -481,6 +511,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if empty:
         config.hook.pytest_deselected(items=empty)
         items[:] = [item for item in items if item not in empty]
+    if config.stash[STATE].resume:
+        deselect_recorded(config, items, config.stash[STATE].report_dir)
     shard = config.stash[STATE].shard
     if shard is None:
         return

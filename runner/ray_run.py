@@ -12,7 +12,10 @@ A shard whose worker or node dies (or whose pytest dies by a signal or leaves no
 by Ray, up to ``retries`` times; a shard lost for good has its tests collected (a short Ray task) and
 recorded as not run (an ``error`` record with a ``not_run`` failure, as the plugin records a test that
 never ran), so no test is ever missing from the report, and the run is marked crashed and fails.
-Ctrl-C cancels every shard, writes the shards that finished and marks the run interrupted.
+Ctrl-C cancels every shard, writes the shards that finished and marks the run interrupted.  Each
+shard's files are written as the shard arrives (``<run dir>/shards/K-of-N/``) and its records
+appended to the run's results.jsonl journal, so a driver killed outright keeps every shard that
+arrived (run.json stays ``in_progress``).
 """
 
 from __future__ import annotations
@@ -42,7 +45,16 @@ from mlaconf.golden.suites import SUITES_PACKAGE
 from mlaconf.harness import registry
 from mlaconf.reports import merge, safeio, summary
 from mlaconf.reports.records import Failure, make_record, sort_records
-from mlaconf.reports.rundir import RESULTS_FILE, RUN_FILE, RunState, write_json, write_results
+from mlaconf.reports.rundir import (
+    REPORTS_DIR,
+    RESULTS_FILE,
+    RUN_FILE,
+    Journal,
+    RunState,
+    read_results,
+    write_json,
+    write_results,
+)
 from mlaconf.runner.command import pytest_command
 
 #: Ray retries of a shard whose worker, node or pytest process died.
@@ -181,8 +193,6 @@ def plugin_arguments(args: argparse.Namespace) -> list[str]:
 
 
 def report_dir(args: argparse.Namespace) -> Path:
-    from mlaconf.runner.plugin import REPORTS_DIR
-
     if args.report_dir:
         return Path(args.report_dir)
     name = args.run_name or time.strftime("%Y%m%d-%H%M%S") + "-ray"
@@ -206,6 +216,8 @@ def run_on_ray(ray: Any, args: argparse.Namespace, *, retries: int = DEFAULT_RET
         safeio.safe_dir(out)
         claim = RunState.build("in_progress", selected=0, run=0, recorded=0).to_dict()
         write_json(out / RUN_FILE, {"schema_version": 2, "run_name": out.name, **claim})
+        safeio.create_exclusive(out / RESULTS_FILE, "")
+        journal = Journal(out / RESULTS_FILE)
     except (OSError, safeio.ReportFileError) as exc:
         print(f"error: cannot claim run directory {out}: {exc}", file=sys.stderr)
         return 2
@@ -231,6 +243,7 @@ def run_on_ray(ray: Any, args: argparse.Namespace, *, retries: int = DEFAULT_RET
                 print(f"shard {shard}: lost after {retries} retries: {lost[shard]}", file=sys.stderr, flush=True)
                 continue
             results[shard] = result
+            keep_shard(out, result, journal)
             print(
                 f"shard {shard} on {result.host}: pytest exit {result.returncode} in {result.seconds:.1f}s "
                 f"({len(results)}/{len(shards)} done)",
@@ -243,6 +256,7 @@ def run_on_ray(ray: Any, args: argparse.Namespace, *, retries: int = DEFAULT_RET
             with contextlib.suppress(Exception):
                 ray.cancel(ref, force=True)
         problems.append(f"interrupted: shards {', '.join(sorted(pending.values()))} did not finish")
+    journal.close()
     starts: dict[str, list[tuple[str, int]]] = {}
     with contextlib.suppress(Exception):
         starts = ray.get(attempts.get.remote(), timeout=10)
@@ -261,6 +275,23 @@ def run_on_ray(ray: Any, args: argparse.Namespace, *, retries: int = DEFAULT_RET
     return _gather(out, shards, results, starts, problems, interrupted, set(lost))
 
 
+def write_shard(out: Path, result: ShardResult) -> Path:
+    """A shard's files under ``out/shards/K-of-N/``."""
+    directory = safeio.safe_dir(out / "shards" / result.shard.replace("/", "-of-"))
+    for name, data in result.files.items():
+        safeio.atomic_write(directory / name, data.decode("utf-8"))
+    return directory
+
+
+def keep_shard(out: Path, result: ShardResult, journal: Journal) -> Path:
+    """A shard's files, and its records in the run's journal, as it arrives (a killed driver keeps them)."""
+    directory = write_shard(out, result)
+    if RESULTS_FILE in result.files:
+        for record in read_results(directory / RESULTS_FILE):
+            journal.append(record)
+    return directory
+
+
 def _jsonl(records: Sequence[dict[str, Any]]) -> bytes:
     return "".join(json.dumps(r, sort_keys=True) + "\n" for r in records).encode()
 
@@ -277,9 +308,7 @@ def _gather(
     """Write every shard's files under ``out/shards`` and their merge into ``out``; the exit status."""
     dirs = []
     for shard, result in sorted(results.items(), key=lambda item: int(item[0].split("/")[0])):
-        directory = safeio.safe_dir(out / "shards" / shard.replace("/", "-of-"))
-        for name, data in result.files.items():
-            safeio.atomic_write(directory / name, data.decode("utf-8"))
+        directory = write_shard(out, result)
         if RESULTS_FILE not in result.files:
             write_results(directory / RESULTS_FILE, [])
         if RUN_FILE not in result.files:  # a lost shard (its tests never ran), or one without MLA tests

@@ -9,10 +9,13 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from mlaconf.facts.processes import kill_with_parent
 from mlaconf.harness.registry import AUTO_ORDER, BUILTIN
+from mlaconf.reports import rundir
 from mlaconf.runner.command import pytest_command
 from mlaconf.runner.selection import DEFAULT_SUITE, policy_problem, suite_choices
 
@@ -20,9 +23,32 @@ from mlaconf.runner.selection import DEFAULT_SUITE, policy_problem, suite_choice
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: Seconds pytest has after a stop signal to record what ran and stop its workers, before the group is killed.
 STOP_GRACE_S = 15.0
+#: pytest's exit status for a session stopped by Ctrl-C (KeyboardInterrupt).
+PYTEST_INTERRUPTED = 2
+#: The exit statuses of a pytest that ended its session (pytest.ExitCode: OK ... NO_TESTS_COLLECTED).
+PYTEST_EXITS = range(6)
+#: ``mlaconf run`` options that --resume takes from the run it continues (so none may be given with it).
+RESUME_REPEATS = ("suite", "backend", "policy", "golden_dir", "run_name", "report_dir", "ray", "pytest_args")
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How pytest ended: its exit status (negative: the signal that killed it), the first stop
+    signal ``mlaconf run`` received (None: none), and whether the grace ran out (the group was killed)."""
+
+    status: int
+    signal: int | None
+    forced: bool
+
+    @property
+    def stopped(self) -> bool:
+        """A stop signal actually stopped the run (not one that came after pytest had ended it)."""
+        return self.signal is not None and (self.forced or self.status in (PYTEST_INTERRUPTED, -signal.SIGKILL))
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.resume is not None:
+        return resume(args)
     if args.policy is not None:  # checked here, not in pytest: the message names the option typed
         problem = policy_problem(args.policy, option_value(args.pytest_args, "--mla-tolerances"), "--policy")
         if problem:
@@ -31,10 +57,93 @@ def run(args: argparse.Namespace) -> int:
     if args.ray is not None:
         return run_on_cluster(args)
     command = pytest_command(args)
+    return launch(command, Path.cwd(), named_run_dir(command))
+
+
+def resume(args: argparse.Namespace) -> int:
+    """``run --resume DIR``: pytest again with the interrupted run's own arguments, in its working
+    directory, plus ``--mla-resume`` (the plugin runs only the tests without a record and refuses,
+    in one line, when the environment, goldens or arguments differ)."""
+    given = [name for name in RESUME_REPEATS if getattr(args, name, None)] + (["jobs"] if args.jobs != "auto" else [])
+    if given:
+        print(
+            f"mlaconf run: error: --resume repeats the run's own options; drop --{given[0].replace('_', '-')}",
+            file=sys.stderr,
+        )
+        return 2
+    directory = Path(args.resume).resolve()
+    try:
+        earlier = rundir.read_run(directory, required=True)
+    except (ValueError, OSError) as exc:
+        print(f"mlaconf run: error: --resume {args.resume}: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
+    saved, cwd = earlier.get("args"), Path(str(earlier.get("invocation_dir") or Path.cwd()))
+    if not saved or not cwd.is_dir():
+        print(
+            f"mlaconf run: error: --resume {args.resume}: run.json names no arguments or working directory "
+            "to repeat (a run from before --resume)",
+            file=sys.stderr,
+        )
+        return 2
+    command = [sys.executable, "-m", "pytest", *saved, "--mla-report-dir", str(directory), "--mla-resume"]
+    return launch(command, cwd, directory)
+
+
+def launch(command: list[str], cwd: Path, directory: Path | None) -> int:
+    """Run pytest (printed first), forward stops, and end its run directory if pytest could not."""
     print("+ python " + " ".join(command[1:]), flush=True)
     # its own session: a signal reaches the whole run (pytest and every xdist worker) only through us
-    child = subprocess.Popen(command, start_new_session=True, preexec_fn=kill_with_parent)
-    return wait_forwarding_stops(child)
+    child = subprocess.Popen(command, cwd=cwd, start_new_session=True, preexec_fn=_child_setup)
+    ending = wait_forwarding_stops(child)
+    if ending.status not in PYTEST_EXITS or ending.forced:  # pytest could not have ended the run itself
+        end_for_pytest(ending, child.pid, directory, cwd)
+    if ending.stopped:
+        print(f"mlaconf run: stopped by {signal.Signals(ending.signal or 0).name}", file=sys.stderr)
+        return 128 + (ending.signal or 0)
+    if ending.signal is not None:
+        name = signal.Signals(ending.signal).name
+        print(f"mlaconf run: {name} came after pytest had ended the run; nothing was stopped", file=sys.stderr)
+    return 128 - ending.status if ending.status < 0 else ending.status
+
+
+def _child_setup() -> None:
+    """In pytest's process before exec: die with ``mlaconf run``, and take Ctrl-C (a background job of
+    a non-interactive shell inherits SIGINT ignored, and an ignored signal stays ignored across exec)."""
+    kill_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def named_run_dir(command: list[str]) -> Path | None:
+    """The run directory pytest will claim, as its options name it (the plugin's rule; the last one
+    wins), else None (a default, timestamped name: found by pytest's pid when needed)."""
+    named = option_value(command, "--mla-report-dir")
+    if named:
+        return Path(named).resolve()
+    name = option_value(command, "--mla-run-name")
+    return (rundir.REPORTS_DIR / name).resolve() if name else None
+
+
+def end_for_pytest(ending: Ending, pid: int, directory: Path | None, cwd: Path) -> None:
+    """pytest died before it could end its run (killed after the grace, or by a signal from elsewhere):
+    end run.json from the journal, ``interrupted`` if a stop was asked for, else ``killed``."""
+    how = f"was killed by {signal.Signals(-ending.status).name}" if ending.status < 0 else f"exited {ending.status}"
+    status = "interrupted" if ending.signal is not None else "killed"
+    why = f"pytest {how} before it ended the run: its journal holds every test that ended before"
+    candidates = [directory] if directory else sorted((cwd / rundir.REPORTS_DIR).glob("*/"), reverse=True)
+    for candidate in candidates:
+        try:
+            state = rundir.end_abandoned(candidate, pid, status, why)
+        except (ValueError, OSError) as exc:
+            print(f"mlaconf run: {candidate}: could not end the run: {exc}", file=sys.stderr)
+            return
+        if state is not None:
+            c = state.counts
+            print(
+                f"mlaconf run: {why}; {candidate} ended {status}: {c.run} of {c.selected} selected tests recorded; "
+                f"mlaconf run --resume {candidate} runs the rest",
+                file=sys.stderr,
+            )
+            return
 
 
 def option_value(argv: list[str], option: str) -> str | None:
@@ -48,11 +157,12 @@ def option_value(argv: list[str], option: str) -> str | None:
     return value
 
 
-def wait_forwarding_stops(child: subprocess.Popen[Any]) -> int:
-    """pytest's exit status, or ``128 + signal`` when a stop signal came: the first is forwarded to
-    pytest's process group as SIGINT (it records what ran and ends run.json ``interrupted``); a second
-    one, or :data:`STOP_GRACE_S` without an end, kills the group.  No process of the run outlives this."""
+def wait_forwarding_stops(child: subprocess.Popen[Any]) -> Ending:
+    """How pytest ended.  The first stop signal is forwarded to pytest's process group as SIGINT (it
+    records what ran and ends run.json ``interrupted``); a second one, or :data:`STOP_GRACE_S` without
+    an end, kills the group.  No process of the run outlives this."""
     received: list[int] = []
+    forced = False
 
     def stop(signum: int, frame: object) -> None:
         received.append(signum)
@@ -70,15 +180,13 @@ def wait_forwarding_stops(child: subprocess.Popen[Any]) -> int:
             if received and deadline is None:
                 deadline = time.monotonic() + STOP_GRACE_S
             if deadline is not None and time.monotonic() > deadline:
+                forced = True
                 _signal_group(child.pid, signal.SIGKILL)
     finally:
         _signal_group(child.pid, signal.SIGKILL)  # workers left behind by a controller that ended early
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    if received:
-        print(f"mlaconf run: stopped by {signal.Signals(received[0]).name}", file=sys.stderr)
-        return 128 + received[0]
-    return status
+    return Ending(status, received[0] if received else None, forced or len(received) > 1)
 
 
 def _signal_group(pgid: int, signum: int) -> None:
@@ -139,6 +247,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=2,
         metavar="N",
         help="with --ray: times a shard whose worker or node died is run again (default 2)",
+    )
+    parser.add_argument(
+        "--resume",
+        default=None,
+        metavar="DIR",
+        help="finish the interrupted or killed run in DIR: only its selected tests without a record run, "
+        "with its own arguments, into the same run (refused when the environment or goldens differ)",
     )
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="extra pytest arguments after --")
     parser.set_defaults(func=run)

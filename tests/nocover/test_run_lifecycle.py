@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import socket
@@ -36,7 +37,8 @@ CASES = textwrap.dedent("""
     [[matrix]]
     head_num = [1, 2, 3, 4, 5, 6]
 """)
-#: torch-cpu, except that it sleeps on every call ($SLOW_S) and kills its process on head_num == $EXIT_HEADS.
+#: torch-cpu, except that it sleeps on every call ($SLOW_S), kills its process on head_num == $EXIT_HEADS, and
+#: notes each call that returned in $DONE_FILE (its head_num, the test's case, and when).
 BACKEND = textwrap.dedent("""
     import os
     import time
@@ -62,7 +64,11 @@ BACKEND = textwrap.dedent("""
             time.sleep(float(os.environ.get("SLOW_S", "0")))
             if call.head_num >= int(os.environ.get("EXIT_HEADS", "99")):
                 os._exit(3)
-            return self.cpu.run(call)
+            out = self.cpu.run(call)
+            if os.environ.get("DONE_FILE"):
+                with open(os.environ["DONE_FILE"], "a") as done:
+                    done.write(f"{call.head_num} {time.time()}\\n")
+            return out
 
     def factory():
         return Slow()
@@ -235,44 +241,121 @@ def survivors(mark: str) -> list[int]:
     return found
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
-def test_a_stop_signal_to_mlaconf_run_stops_the_whole_run_and_says_interrupted(
-    work: Path, stop: signal.Signals
-) -> None:
-    report, mark = work / "report", f"{os.getpid()}-{stop.name}"
+def in_background(work: Path, report: Path, mark: str, **env: str) -> tuple[subprocess.Popen[str], int]:
+    """``mlaconf run`` (6 conformance tests, ``-n 2``) as a CI script starts it: a background job of
+    ``bash -c`` (SIGINT inherited ignored), in a session of its own; returned once two tests have
+    recorded and the next ones are half-way through their backend call, with the mlaconf pid."""
     cli = [sys.executable, "-m", "mlaconf", "run", "--backend", "slow:factory", "-n", "2"]
     cli += ["--golden-dir", str(work / "golden"), "--report-dir", str(report)]
-    cli += ["--", "-p", "no:cacheprovider", "--mla-cases", str(work / "lifecycle.toml")]
-    child = subprocess.Popen(
-        cli,
+    cli += ["--", "-p", "no:cacheprovider", "--mla-cases", str(work / "lifecycle.toml"), "-k", "test_conformance"]
+    pidfile = work / "mlaconf.pid"
+    shell = subprocess.Popen(
+        ["bash", "-c", '"$@" & echo $! > "$PIDFILE"; wait $!', "bash", *cli],
         cwd=work,
-        env=environment(work, SLOW_S="2", MLA_LIFECYCLE_MARK=mark),
+        env=environment(work, MLA_LIFECYCLE_MARK=mark, PIDFILE=str(pidfile), DONE_FILE=str(work / "done"), **env),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        start_new_session=True,  # the signal goes to the mlaconf pid alone, as `timeout` or `kill` send it
+        start_new_session=True,
     )
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        journal = report / "results.jsonl"
+        if journal.exists() and len(journal.read_text().splitlines()) >= 2:
+            time.sleep(float(env.get("SLOW_S", "0")) / 2)
+            return shell, int(pidfile.read_text())
+        if shell.poll() is not None:
+            break
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(shell.pid, signal.SIGKILL)
+    pytest.fail(f"the run never recorded two tests: {shell.communicate()[0][-3000:]}")
+
+
+def finished_and_recorded(work: Path, report: Path, before: float = math.inf) -> tuple[set[str], set[str]]:
+    """The cases whose backend call returned (``before`` then), and the cases results.jsonl holds a
+    record of a run for."""
+    lines = (work / "done").read_text().splitlines() if (work / "done").exists() else []
+    done = {case for case, at in (line.split() for line in lines) if float(at) < before}
+    kept = [r for r in read_results(report / "results.jsonl") if (r.get("failure") or {}).get("kind") != "not_run"]
+    return done, {str(r["case_id"]).split("-h")[1].split("-")[0] for r in kept}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
+def test_a_stop_signal_to_a_background_mlaconf_run_stops_it_keeping_every_finished_test(
+    work: Path, stop: signal.Signals
+) -> None:
+    report, mark = work / "report", f"{os.getpid()}-{stop.name}"
+    shell, pid = in_background(work, report, mark, SLOW_S="2")
     try:
-        deadline = time.monotonic() + 120
-        while len(list((work / "golden").glob("*.h5"))) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert json.loads((report / "run.json").read_text())["status"] == "in_progress"
-        sent = time.monotonic()
-        os.kill(child.pid, stop)
-        out, _ = child.communicate(timeout=60)
+        sent, stopped_at = time.monotonic(), time.time()
+        os.kill(pid, stop)
+        out, _ = shell.communicate(timeout=60)
         assert time.monotonic() - sent < 30, "the run took more than seconds to stop"
     finally:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGKILL)
-    assert child.returncode == 128 + stop, out[-3000:]
+            os.killpg(shell.pid, signal.SIGKILL)
+    assert shell.returncode == 128 + stop, out[-3000:]
     assert f"stopped by {stop.name}" in out and "Traceback" not in out, out[-3000:]
     doc = json.loads((report / "run.json").read_text())
     counts = doc["counts"]
-    assert doc["status"] == "interrupted" and counts["run"] < counts["selected"], doc
+    assert doc["status"] == "interrupted" and 2 <= counts["run"] < counts["selected"] == 6, doc
     assert len(read_results(report / "results.jsonl")) == counts["recorded"] == counts["selected"]
+    done, recorded = finished_and_recorded(work, report, before=stopped_at)
+    assert recorded == done and len(recorded) == counts["run"], (done, recorded)  # the tests in flight: not_run
     time.sleep(1)
     assert survivors(mark) == [], "a process of the run outlived mlaconf"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_sigkilled_run_keeps_its_finished_tests_and_resumes_to_a_run_identical_to_an_uninterrupted_one(
+    work: Path,
+) -> None:
+    report, mark = work / "report", f"{os.getpid()}-KILL"
+    shell, _ = in_background(work, report, mark, SLOW_S="2")
+    killed_at = time.time()
+    os.killpg(shell.pid, signal.SIGKILL)  # bash and mlaconf; pytest and its workers die with their parents
+    shell.communicate(timeout=60)
+    time.sleep(1)
+    assert survivors(mark) == [], "a process of the run outlived the kill"
+    doc = json.loads((report / "run.json").read_text())
+    assert doc["status"] == "in_progress", doc
+    done, recorded = finished_and_recorded(work, report, before=killed_at)
+    assert recorded == done and 2 <= len(recorded) < 6, (done, recorded)
+    resume = [sys.executable, "-m", "mlaconf", "run", "--resume", str(report)]
+    saved = (report / "run.json").read_bytes()
+    plants = {
+        "environment": lambda doc: doc["environment"]["packages"].update(torch="0.0.1"),  # an upgrade
+        "goldens": lambda doc: doc["goldens"].update(generator="0.1"),  # goldens of another generator
+    }
+    for field, plant in plants.items():
+        changed = json.loads(saved)
+        plant(changed)
+        (report / "run.json").write_text(json.dumps(changed))
+        refused = subprocess.run(resume, cwd=work, env=environment(work), capture_output=True, text=True, timeout=280)
+        assert refused.returncode == 4, refused.stdout[-3000:] + refused.stderr[-3000:]
+        lines = [line for line in (refused.stdout + refused.stderr).splitlines() if "cannot resume" in line]
+        assert len(lines) == 1 and f"{field}." in lines[0], refused.stdout[-3000:]
+        assert finished_and_recorded(work, report)[1] == recorded  # the run is left as it was
+        (report / "run.json").write_bytes(saved)
+    env = environment(work, DONE_FILE=str(work / "done"))
+    done_resume = subprocess.run(resume, cwd=work, env=env, capture_output=True, text=True, timeout=280)
+    assert done_resume.returncode == 0, done_resume.stdout[-3000:] + done_resume.stderr[-3000:]
+    assert f"{len(recorded)} tests recorded earlier are not rerun" in done_resume.stdout
+    doc = json.loads((report / "run.json").read_text())
+    assert doc["status"] == "complete" and doc["counts"] == {"selected": 6, "run": 6, "recorded": 6}, doc
+    assert doc["resumed"][0]["kept"] == len(recorded) and doc["run_id"] == json.loads(saved)["run_id"]
+    calls = sorted(line.split()[0] for line in (work / "done").read_text().splitlines())
+    assert calls == sorted("123456"), calls  # each test ran once: none recorded earlier ran again
+    base = work / "base"
+    cli = [sys.executable, "-m", "mlaconf", "run", "--backend", "slow:factory", "-n", "2", "--golden-dir"]
+    cli += [str(work / "golden"), "--report-dir", str(base), "--", "-p", "no:cacheprovider"]
+    cli += ["--mla-cases", str(work / "lifecycle.toml"), "-k", "test_conformance"]
+    assert subprocess.run(cli, cwd=work, env=environment(work), capture_output=True, timeout=280).returncode == 0
+    diff = mlaconf("report", "diff", str(base), str(report), "--out", str(work / "diff"))
+    assert diff.returncode == 0, diff.stdout[-3000:] + diff.stderr[-3000:]
+    assert "identical: 6" in diff.stdout and "GATE PASSES" in diff.stdout, diff.stdout
 
 
 EARLIER_RUN = {"status": "complete", "counts": {"selected": 1, "run": 1}}
