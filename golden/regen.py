@@ -40,9 +40,9 @@ from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.store import Builder, GoldenStore
 from mlaconf.golden.suites import load_suite, load_suites
 from mlaconf.golden.types import GoldenCase
+from mlaconf.golden.verbs import RECOMPUTE_RTOL
 
 DEFAULT_BUILDER = "mlaconf.golden.generate:build_golden"
-RECOMPUTE_RTOL = 1e-12
 #: Magnitudes are stored rounded up (bf16 per element, float32 per row): a recomputation whose float64
 #: value lands across a rounding boundary differs by one step, element by element.
 MAGNITUDE_STEP = {"bfloat16": 2.0**-7, "float32": 2.0**-22}

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from mlaconf.facts.processes import kill_with_parent
-from mlaconf.harness.registry import AUTO_ORDER, BUILTIN
+from mlaconf.harness.registry import AUTO_ORDER, BUILTIN, choices_text, name_problem
 from mlaconf.runner.command import pytest_command
 from mlaconf.runner.selection import DEFAULT_SUITE, policy_problem, suite_choices
 
@@ -23,6 +23,10 @@ STOP_GRACE_S = 15.0
 
 
 def run(args: argparse.Namespace) -> int:
+    names = [name.strip() for value in args.backend or [] for name in value.split(",") if name.strip()]
+    for problem in filter(None, map(name_problem, names)):  # a typo fails here, before pytest and torch load
+        print(f"mlaconf run: error: {problem}\n{choices_text()}", file=sys.stderr)
+        return 2
     if args.policy is not None:  # checked here, not in pytest: the message names the option typed
         problem = policy_problem(args.policy, option_value(args.pytest_args, "--mla-tolerances"), "--policy")
         if problem:
