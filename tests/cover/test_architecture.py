@@ -178,4 +178,4 @@ def test_pytest_fixtures_names_the_path_git_knows(tmp_path: Path) -> None:
         text=True,
     )
     assert listed.returncode == 0, listed.stdout[-2000:] + listed.stderr[-2000:]
-    assert "runner/plugin.py:" in listed.stdout and "mlaconf/runner" not in listed.stdout
+    assert "runner/session.py:" in listed.stdout and "mlaconf/runner" not in listed.stdout
