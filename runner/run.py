@@ -24,8 +24,8 @@ STOP_GRACE_S = 15.0
 
 def run(args: argparse.Namespace) -> int:
     names = [name.strip() for value in args.backend or [] for name in value.split(",") if name.strip()]
-    for problem in filter(None, map(name_problem, names)):  # a typo fails here, before pytest and torch load
-        print(f"mlaconf run: error: {problem}\n{choices_text()}", file=sys.stderr)
+    for unknown in filter(None, map(name_problem, names)):  # a typo fails here, before pytest and torch load
+        print(f"mlaconf run: error: {unknown}\n{choices_text()}", file=sys.stderr)
         return 2
     if args.policy is not None:  # checked here, not in pytest: the message names the option typed
         problem = policy_problem(args.policy, option_value(args.pytest_args, "--mla-tolerances"), "--policy")
