@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -35,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     if args.ray is not None:
         return run_on_cluster(args)
     command = pytest_command(args)
-    print("+ python " + " ".join(command[1:]), flush=True)
+    print("+ python " + shlex.join(command[1:]), flush=True)  # quoted: it can be pasted back into a shell
     # its own session: a signal reaches the whole run (pytest and every xdist worker) only through us
     child = subprocess.Popen(command, start_new_session=True, preexec_fn=kill_with_parent)
     return wait_forwarding_stops(child)

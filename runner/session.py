@@ -446,12 +446,25 @@ def mla_report(request: pytest.FixtureRequest) -> MlaReport:
     return MlaReport(node, request.config.stash[STATE])
 
 
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    """Known deviations for a selected backend that no selected case matched (controller only)."""
-    from mlaconf.judge.deviations import load_deviations
-
+@pytest.hookimpl(trylast=True)  # after the collector's tables: the last word before pytest's counts
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, exitstatus: int | pytest.ExitCode, config: pytest.Config
+) -> None:
+    """Known deviations for a selected backend that no selected case matched, then the run's verdict in one
+    word and where its report is (controller only)."""
     if hasattr(config, "workerinput"):
         return
+    stale_deviations(terminalreporter, config)
+    html = config.stash[STATE].report_dir / "report.html"
+    where = f"report: {html}" if html.is_file() else "no report written"
+    passed = int(exitstatus) == 0
+    terminalreporter.write_sep("=", f"MLA run: {'PASS' if passed else 'FAIL'}; {where}", green=passed, red=not passed)
+
+
+def stale_deviations(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """Known deviations of a selected backend that no selected case matched, after a conformance run."""
+    from mlaconf.judge.deviations import load_deviations
+
     ran_conformance = any(  # the suite's marker, which every report carries among its keywords
         "conformance" in getattr(report, "keywords", {})
         for reports in terminalreporter.stats.values()

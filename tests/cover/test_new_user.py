@@ -1,0 +1,55 @@
+"""What a new user meets first: the run's verdict in one word with its report's path, a command line that can
+be pasted back, one line per bad store path (not one per case)."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+
+import mlaconf
+from mlaconf.runner import run
+
+pytest_plugins = ["pytester"]
+# pytester restores sys.modules after every in-process run: what an inner MLA run imports (torch for run.json's
+# device probe, hypothesis's example database for our profiles) is imported here once, so each inner run shares
+# it (as tests/cover/test_report_plugin.py does for torch).
+pytest.importorskip("torch")
+pytest.importorskip("hypothesis.database")
+
+REPO = Path(__file__).resolve().parents[2]
+
+SUITE = """
+import pytest
+
+@pytest.mark.parametrize("verdict", [pytest.param(%r, marks=pytest.mark.mla_case(case_id="c1", content_hash="ab"))])
+def test_case(verdict, mla_report):
+    mla_report.attach({"case_id": "c1", "suite": "fake", "backend": "fake", "verdict": verdict, "message": "",
+                       "checks": [], "metrics": {}, "failing": [] if verdict == "passed" else ["x:y"]})
+    assert verdict == "passed"
+"""
+
+
+@pytest.mark.parametrize("verdict, word", [("passed", "PASS"), ("failed", "FAIL")])
+def test_the_run_ends_with_its_verdict_and_report(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, verdict: str, word: str
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    pytester.makepyfile(test_fake=SUITE % verdict)
+    out = pytester.path / "report"
+    result = pytester.runpytest("-p", "no:cacheprovider", "--mla-report-dir", str(out))
+    last = [line for line in result.outlines if "MLA run:" in line]
+    assert len(last) == 1 and f"MLA run: {word}; report: {out / 'report.html'}" in last[0], result.outlines[-15:]
+    assert (out / "report.html").is_file()
+
+
+def test_the_echoed_command_is_shell_quoted(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(run.subprocess, "Popen", lambda *a, **k: None)  # the echo only: no pytest is started
+    monkeypatch.setattr(run, "wait_forwarding_stops", lambda child: 0)
+    assert mlaconf.main(["run", "--backend", "torch-cpu", "--", "-k", "bf16 and causal"]) == 0
+    echoed = capsys.readouterr().out.strip().removeprefix("+ ")
+    assert "-k 'bf16 and causal'" in echoed and shlex.split(echoed)[-2:] == ["-k", "bf16 and causal"]
