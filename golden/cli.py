@@ -45,6 +45,13 @@ def _fail(message: str) -> int:
     return 2
 
 
+def store_problem(store: GoldenStore) -> str | None:
+    """Why the store's path cannot be a store (it is a file): one line, not one failure per case."""
+    if store.root.exists() and not store.root.is_dir():
+        return f"golden store {store.root} is not a directory (--out/--golden-dir or $MLA_GOLDEN_DIR names a file)"
+    return None
+
+
 def regen_threads(todo: Sequence[CaseSpec], jobs: int) -> tuple[int, int]:
     """(jobs, builder threads per job) as :func:`mlaconf.golden.regen.regen` will use them."""
     jobs = max(1, min(jobs, len(todo)))
@@ -93,6 +100,8 @@ def cmd_regen(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         return _fail("--jobs must be >= 1")
     store = GoldenStore(args.out)
+    if problem := store_problem(store):
+        return _fail(problem)
     todo = [s for s in specs if s.expect_error is None]
     if args.ray is not None:
         if args.jobs != 1:
@@ -160,10 +169,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
     except SpecError as exc:
         return _fail(str(exc))
     store = GoldenStore(args.out)
+    if problem := store_problem(store):
+        return _fail(problem)
     report = rg.verify(store, specs, recompute=args.recompute, builder=args.builder)
     print(report.format())
     if not report.checked:
-        print(f"verify: no golden files selected in {store.root}", file=sys.stderr)
+        missing = "" if store.root.is_dir() else " (no such directory)"
+        print(f"verify: no golden files selected in {store.root}{missing}", file=sys.stderr)
     return 1 if report.problems or not report.checked else 0
 
 
@@ -175,6 +187,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         return _fail("--jobs must be >= 1")
     store = GoldenStore(args.out)
+    if problem := store_problem(store):
+        return _fail(problem)
     fit = fit_here(store, [s for s in specs if s.expect_error is None], args.jobs)
     valid = 0
     flops = disk = peak = 0
@@ -233,6 +247,8 @@ def _suite_specs(extra_files: Sequence[str]) -> dict[str, list[CaseSpec]]:
 
 def cmd_store(args: argparse.Namespace) -> int:
     store = GoldenStore(args.out)
+    if problem := store_problem(store):
+        return _fail(problem)
     try:
         suites = _suite_specs(args.cases)
     except SpecError as exc:
@@ -305,6 +321,8 @@ def _describe(name: str, arr: np.ndarray, spec: CaseSpec) -> str:
 
 def cmd_show(args: argparse.Namespace) -> int:
     store = GoldenStore(args.out)
+    if problem := store_problem(store):
+        return _fail(problem)
     matches = find_files(store, args.case)
     if len(matches) != 1:
         found = ", ".join(p.stem for p in matches) or "none"

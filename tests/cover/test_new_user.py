@@ -53,3 +53,23 @@ def test_the_echoed_command_is_shell_quoted(
     assert mlaconf.main(["run", "--backend", "torch-cpu", "--", "-k", "bf16 and causal"]) == 0
     echoed = capsys.readouterr().out.strip().removeprefix("+ ")
     assert "-k 'bf16 and causal'" in echoed and shlex.split(echoed)[-2:] == ["-k", "bf16 and causal"]
+
+
+STORE_HINT = "(--out/--golden-dir or $MLA_GOLDEN_DIR names a file)"
+
+
+@pytest.mark.parametrize("verb", [["regen", "smoke", "--out"], ["verify", "--golden-dir"], ["list", "smoke", "--out"]])
+def test_a_store_path_that_is_a_file_is_one_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], verb: list[str]
+) -> None:
+    not_a_store = tmp_path / "golden.h5"
+    not_a_store.write_bytes(b"")
+    assert mlaconf.main([*verb, str(not_a_store)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [f"error: golden store {not_a_store} is not a directory " + STORE_HINT]
+    assert captured.out == ""
+
+
+def test_verify_says_when_the_store_does_not_exist(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert mlaconf.main(["verify", "--golden-dir", str(tmp_path / "nowhere")]) == 1
+    assert "(no such directory)" in capsys.readouterr().err
