@@ -4,6 +4,7 @@ be pasted back, one line per bad store path (not one per case)."""
 from __future__ import annotations
 
 import shlex
+import warnings
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,23 @@ def test_a_store_path_that_is_a_file_is_one_error(
 def test_verify_says_when_the_store_does_not_exist(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert mlaconf.main(["verify", "--golden-dir", str(tmp_path / "nowhere")]) == 1
     assert "(no such directory)" in capsys.readouterr().err
+
+
+def test_the_likely_cause_catalogue_warns_nothing_on_a_row_it_leaves_without_keys() -> None:
+    """last_key_dropped leaves batch 1's first causal row no key (3 queries, 2 keys): a NaN prediction there,
+    silently; the other rows are finite."""
+    import numpy as np
+
+    from mlaconf.golden.generate import build_golden
+    from mlaconf.golden.spec_build import build_case
+    from mlaconf.judge import causes
+
+    fields = {"q_seqlen": [1, 3], "head_num": 1, "dtype": "fp16", "mask_type": "causal", "kv_layout": "padded"}
+    golden = build_golden(build_case({**fields, "seed": 1}, source="test"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        predicted = dict(causes.mistake_goldens(golden))
+    dropped = [out for mistake, out in predicted.items() if mistake.name == "last_key_dropped"]
+    assert len(dropped) == 1
+    nan_rows = np.isnan(dropped[0]).reshape(4, -1).all(axis=1)
+    assert nan_rows.tolist() == [False, True, False, False] and np.isfinite(dropped[0][~nan_rows]).all()
