@@ -12,7 +12,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +54,7 @@ from mlaconf.runner.selection import (
 )
 
 if TYPE_CHECKING:
+    from mlaconf.golden.progress import CaseWork
     from mlaconf.golden.store import GoldenStore
     from mlaconf.harness.backend import Backend
     from mlaconf.judge.deviations import DeviationSet
@@ -416,10 +417,30 @@ def mla_golden_store(pytestconfig: pytest.Config) -> Iterator[GoldenStore]:
     from mlaconf.golden import progress
     from mlaconf.golden.store import GoldenStore
 
-    remove = progress.add_listener(progress.Announcer(progress.fd_writer(pytestconfig.stash[TERMINAL_FD])))
     root = pytestconfig.getoption("mla_golden_dir") or os.environ.get("MLA_GOLDEN_DIR")
-    yield GoldenStore(Path(root) if root else None)
-    remove()
+    store = GoldenStore(Path(root) if root else None)
+    write = progress.fd_writer(pytestconfig.stash[TERMINAL_FD])
+    removers = [progress.add_listener(progress.Announcer(write)), progress.add_listener(on_demand_notice(write, store))]
+    yield store
+    for remove in removers:
+        remove()
+
+
+def on_demand_notice(write: Callable[[str], None], store: GoldenStore) -> Callable[[CaseWork], None]:
+    """One line the first time this process builds a golden: a run that generates them says so (they may take
+    minutes and hundreds of MB), and how to build them ahead."""
+    told = False
+
+    def listen(work: CaseWork) -> None:
+        nonlocal told
+        if not told and not work.finished:
+            told = True
+            write(
+                f"golden: {work.case_id} is not in the store {store.root}: generating missing goldens on demand "
+                f"('mlaconf regen SUITE --out {store.root}' builds them ahead)"
+            )
+
+    return listen
 
 
 @pytest.fixture(scope="session")

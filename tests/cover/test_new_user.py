@@ -3,7 +3,10 @@ be pasted back, one line per bad store path (not one per case)."""
 
 from __future__ import annotations
 
+import os
 import shlex
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -94,3 +97,25 @@ def test_the_likely_cause_catalogue_warns_nothing_on_a_row_it_leaves_without_key
     assert len(dropped) == 1
     nan_rows = np.isnan(dropped[0]).reshape(4, -1).all(axis=1)
     assert nan_rows.tolist() == [False, True, False, False] and np.isfinite(dropped[0][~nan_rows]).all()
+
+
+def test_a_run_that_generates_goldens_says_so_once(tmp_path: Path) -> None:
+    suite = tmp_path / "tiny.toml"
+    suite.write_text("[defaults]\nhead_num = 1\n\n[[case]]\nq_seqlen = [4]\n\n[[case]]\nq_seqlen = [5]\n")
+    store = tmp_path / "store"
+    options = ["--mla-cases", str(suite), "--mla-golden-dir", str(store), "--mla-backend", "torch-cpu"]
+    options += ["--mla-report-dir", str(tmp_path / "report")]
+    ran = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", str(REPO / "cases" / "test_conformance.py"), *options],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    notices = [
+        line for line in (ran.stdout + ran.stderr).splitlines() if "generating missing goldens on demand" in line
+    ]
+    assert len(notices) == 1 and f"mlaconf regen SUITE --out {store.resolve()}" in notices[0], notices
+    assert len(list(store.glob("*.h5"))) == 2
