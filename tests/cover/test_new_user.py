@@ -104,9 +104,9 @@ def test_a_run_that_generates_goldens_says_so_once(tmp_path: Path) -> None:
     suite.write_text("[defaults]\nhead_num = 1\n\n[[case]]\nq_seqlen = [4]\n\n[[case]]\nq_seqlen = [5]\n")
     store = tmp_path / "store"
     options = ["--mla-cases", str(suite), "--mla-golden-dir", str(store), "--mla-backend", "torch-cpu"]
-    options += ["--mla-report-dir", str(tmp_path / "report")]
+    options += ["--mla-report-dir", str(tmp_path / "report"), str(REPO / "cases" / "test_conformance.py")]
     ran = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", str(REPO / "cases" / "test_conformance.py"), *options],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", *options],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
