@@ -107,6 +107,11 @@ def resolve(test_id: str, backend: str | None, cases: Path | None) -> tuple[Case
     name = backend or match.group("backend")
     if not name:
         raise ReproError(f"test id {test_id!r} names no backend: pass --backend NAME")
+    if registry.name_problem(name):  # a plug-in's test id carries its own name, not its import path
+        raise ReproError(
+            f"test id {test_id!r} ends in {name!r}, no built-in backend: for a plug-in backend add "
+            "--backend pkg.module:factory (the --mla-backend value of the run)"
+        )
     specs = load_suite(cases) if cases else load_suites(available_suites())
     found = [s for s in specs if s.case_id == match.group("case")]
     if not found:

@@ -119,3 +119,12 @@ def test_a_run_that_generates_goldens_says_so_once(tmp_path: Path) -> None:
     ]
     assert len(notices) == 1 and f"mlaconf regen SUITE --out {store.resolve()}" in notices[0], notices
     assert len(list(store.glob("*.h5"))) == 2
+
+
+def test_repro_of_a_plugin_test_id_says_which_option_is_missing(capsys: pytest.CaptureFixture[str]) -> None:
+    from mlaconf.golden.suites import load_suite, suite_path
+
+    case = load_suite(suite_path("smoke"))[0].case_id
+    assert mlaconf.main(["repro", f"cases/test_conformance.py::test_conformance[{case}-my-npu]", "--out", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "'my-npu', no built-in backend" in err and "--backend pkg.module:factory" in err
