@@ -52,11 +52,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from mlaconf.facts.processes import usable_cpus
-from mlaconf.golden.bench_limits import format_limits
-from mlaconf.golden.bench_measure import CASES, SDPA_SCORE_BUDGET, bench_spec, run_job
+from mlaconf.golden.bench_cases import CASES
+
+# bench_measure and bench_limits load numpy and ml_dtypes: imported where used, so every --help stays light.
 
 
 def format_tile(result: dict[str, Any]) -> str:
@@ -73,6 +72,8 @@ def format_tile(result: dict[str, Any]) -> str:
 
 def machine() -> dict[str, Any]:
     """What the numbers depend on: cores, CPU, numpy and its BLAS (and the kernel it picked)."""
+    import numpy as np
+
     model = "unknown"
     try:
         with open("/proc/cpuinfo") as cpuinfo:
@@ -110,6 +111,8 @@ def run_bench(
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """All measurements; returns the JSON-able report."""
+    from mlaconf.golden.bench_measure import SDPA_SCORE_BUDGET, bench_spec, run_job
+
     gemm_job = {"kind": "gemm", "n": gemm_n, "threads": threads, "repeats": repeats}
     log(f"float64 GEMM {gemm_n}^3 on {threads} threads ...")
     gemm_times = run_job(gemm_job)["times"]
@@ -178,6 +181,8 @@ def run_bench(
 
 
 def format_table(report: dict[str, Any]) -> str:
+    from mlaconf.golden.bench_limits import format_limits
+
     m = report["machine"]
     lines = [
         f"machine: {m['nproc']} cores, {m['cpu']}; numpy {m['numpy']}; BLAS {m['blas']}",
@@ -264,6 +269,8 @@ def _median_range(values: list[float]) -> list[float]:
 
 def run_interleaved(cases: list[str], *, repeats: int, threads: int, gemm_n: int, end_to_end: bool) -> dict[str, Any]:
     """The A/B interleaved ratios (:func:`_measure_interleaved`) per case, with medians."""
+    from mlaconf.golden.bench_measure import run_job
+
     rows = []
     for name in cases:
         result = run_job(
@@ -328,6 +335,8 @@ def format_interleaved(report: dict[str, Any]) -> str:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    from mlaconf.golden.bench_measure import run_job
+
     if args.ab:
         ab = run_interleaved(
             args.cases,

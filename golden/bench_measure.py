@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from mlaconf.facts.operator import SCORE_DIM, V_DIM
+from mlaconf.golden.bench_cases import CASES
 from mlaconf.golden.bench_limits import build_work, computed_pairs, limit_report, measure_rates
 from mlaconf.golden.inputs import generate_inputs
 from mlaconf.golden.reference import (
@@ -39,12 +40,6 @@ from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.spec_build import build_case
 from mlaconf.golden.types import OpInputs
 
-#: The benchmark's cases: name -> spec fields (one batch, 16 heads, bf16 inputs).
-CASES: dict[str, dict[str, Any]] = {
-    "causal-4096": {"q_seqlen": [4096], "head_num": 16, "mask_type": "mask_free"},
-    "bidir-4096": {"q_seqlen": [4096], "head_num": 16, "mask_type": "undefined"},
-    "causal-16384": {"q_seqlen": [16384], "head_num": 16, "mask_type": "mask_free"},
-}
 SDPA_SCORE_BUDGET = 512 << 20  # bytes of float64 scores one SDPA call may materialise (peak ~3x that)
 ROOT = Path(__file__).resolve().parent.parent
 

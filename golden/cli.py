@@ -16,10 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from mlaconf.facts.cluster import LOCAL, ClusterUnavailable, connected, node_resources
+from mlaconf.facts.cluster import ClusterUnavailable, connected, node_resources
 from mlaconf.facts.operator import NOPE_DIM
-from mlaconf.facts.shard import parse_shard
-from mlaconf.golden import cost, drift
+from mlaconf.golden import cost, verbs
 from mlaconf.golden import regen as rg
 from mlaconf.golden.h5file import FileMeta, read_golden, read_meta
 from mlaconf.golden.integrity import GoldenStoreError
@@ -28,135 +27,6 @@ from mlaconf.golden.progress import flops_text
 from mlaconf.golden.spec import CaseSpec, SpecError
 from mlaconf.golden.store import GoldenStore
 from mlaconf.golden.suites import available_suites, load_suite, suite_path
-
-
-def shard_argument(text: str) -> tuple[int, int]:
-    """``--shard K/N`` for argparse: the reason in the usage error, not 'invalid value'."""
-    try:
-        return parse_shard(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
-
-
-def _common(parser: argparse.ArgumentParser, *, selects: bool = True) -> None:
-    parser.add_argument(
-        "--out",
-        "--golden-dir",
-        dest="out",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="golden store directory (default: $MLA_GOLDEN_DIR, else .golden in the working directory)",
-    )
-    if selects:
-        parser.add_argument("suites", nargs="*", metavar="SUITE", help="suite names or 'all'")
-        parser.add_argument("--cases", action="append", default=[], metavar="FILE", help="a TOML suite file")
-        parser.add_argument(
-            "--shard",
-            type=shard_argument,
-            default=None,
-            metavar="K/N",
-            help="only cases with int(content_hash) %% N == K-1 (split across hosts)",
-        )
-    parser.add_argument("--builder", default=None, help=argparse.SUPPRESS)
-
-
-def _oversize_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--allow-oversize",
-        action="store_true",
-        help="build cases whose estimated peak memory exceeds this host's memory or whose file exceeds "
-        "the store's free disk (refused otherwise, before any work)",
-    )
-
-
-def register(subparsers: Any) -> None:
-    p = subparsers.add_parser(
-        "regen",
-        help="generate missing, stale or corrupt golden files",
-        description="Generate golden files; only missing, stale or corrupt ones "
-        "unless --force.  Safe to run in several processes or hosts at once.",
-    )
-    _common(p)
-    p.add_argument("--jobs", "-j", type=int, default=1, metavar="N", help="worker processes (default 1)")
-    p.add_argument("--force", action="store_true", help="rebuild even valid files")
-    _oversize_flag(p)
-    p.add_argument(
-        "--ray",
-        nargs="?",
-        const=LOCAL,
-        default=None,
-        metavar="ADDRESS",
-        help="run every case as a task on a Ray cluster (auto, HOST:PORT, ray://HOST:10001; none: "
-        "$RAY_ADDRESS or a local cluster); needs the 'ray' extra; see docs/cluster.md",
-    )
-    p.add_argument(
-        "--ray-store",
-        choices=("shared", "driver"),
-        default="shared",
-        help="with --ray: tasks write into the store (shared: a filesystem every node mounts at the same "
-        "path, with atomic rename and locks), or return the golden for this process to write (driver)",
-    )
-    p.set_defaults(func=cmd_regen)
-
-    p = subparsers.add_parser(
-        "verify",
-        help="check golden checksums (and recompute the reference)",
-        description="Verify golden files of the selected cases, or every file in the "
-        "store when no case is selected.  Exit 1 on any problem.",
-    )
-    _common(p)
-    p.add_argument(
-        "--recompute",
-        action="store_true",
-        help=f"rebuild and compare: inputs bit-exact, golden/out within {drift.REFERENCE_AGREEMENT:g} of |g|+A, "
-        "magnitudes within one rounding step, the baseline and its statistics within the baseline's rounding "
-        "bound (a move within it is reported as ok)",
-    )
-    p.set_defaults(func=cmd_verify)
-
-    p = subparsers.add_parser(
-        "show",
-        help="describe one golden file",
-        description="Describe one golden file: its spec, every dataset's dtype, shape "
-        "and value range, the emulated baseline's error against the golden, and "
-        "where and how it was built.  Exit 1 if the file is corrupt.",
-    )
-    _common(p, selects=False)
-    p.add_argument("case", metavar="CASE", help="case id, case id prefix, or content hash prefix")
-    p.set_defaults(func=cmd_show)
-
-    p = subparsers.add_parser(
-        "list",
-        help="list cases, their cost and whether a valid golden exists",
-        description="One line per case: output and kv shapes, useful FLOPs, bytes on "
-        "disk (the file's, else '~' an estimate), estimated peak memory of generating "
-        "it with --jobs 1, and the golden's state; then the totals.",
-    )
-    _common(p)
-    p.add_argument(
-        "--jobs", "-j", type=int, default=1, metavar="N", help="judge the fit for regen with N jobs (default 1)"
-    )
-    p.set_defaults(func=cmd_list)
-
-    p = subparsers.add_parser(
-        "store",
-        help="size of the store per suite; prune files no suite references",
-        description="Show the store's size per shipped suite (and --cases files) and the "
-        "files no suite references (other seeds, removed or edited cases, leftover "
-        "temp files).  --prune lists what it would delete; add --yes to delete.",
-    )
-    _common(p, selects=False)
-    p.add_argument(
-        "--cases",
-        action="append",
-        default=[],
-        metavar="FILE",
-        help="a TOML suite file whose cases count as referenced too",
-    )
-    p.add_argument("--prune", action="store_true", help="list unreferenced files for deletion (dry run)")
-    p.add_argument("--yes", action="store_true", help="with --prune: really delete them")
-    p.set_defaults(func=cmd_store)
 
 
 def _select(args: argparse.Namespace, default_all: bool) -> list[CaseSpec] | None:
@@ -173,6 +43,13 @@ INTERRUPTED = 130
 def _fail(message: str) -> int:
     print(f"error: {message}", file=sys.stderr)
     return 2
+
+
+def store_problem(store: GoldenStore) -> str | None:
+    """Why the store's path cannot be a store (it is a file): one line, not one failure per case."""
+    if store.root.exists() and not store.root.is_dir():
+        return f"golden store {store.root} is not a directory (--out/--golden-dir or $MLA_GOLDEN_DIR names a file)"
+    return None
 
 
 def regen_threads(todo: Sequence[CaseSpec], jobs: int) -> tuple[int, int]:
@@ -223,6 +100,8 @@ def cmd_regen(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         return _fail("--jobs must be >= 1")
     store = GoldenStore(args.out)
+    if problem := store_problem(store):
+        return _fail(problem)
     todo = [s for s in specs if s.expect_error is None]
     if args.ray is not None:
         if args.jobs != 1:
@@ -290,10 +169,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
     except SpecError as exc:
         return _fail(str(exc))
     store = GoldenStore(args.out)
+    if problem := store_problem(store):
+        return _fail(problem)
     report = rg.verify(store, specs, recompute=args.recompute, builder=args.builder)
     print(report.format())
     if not report.checked:
-        print(f"verify: no golden files selected in {store.root}", file=sys.stderr)
+        missing = "" if store.root.is_dir() else " (no such directory)"
+        print(f"verify: no golden files selected in {store.root}{missing}", file=sys.stderr)
     return 1 if report.problems or not report.checked else 0
 
 
@@ -305,6 +187,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         return _fail("--jobs must be >= 1")
     store = GoldenStore(args.out)
+    if problem := store_problem(store):
+        return _fail(problem)
     fit = fit_here(store, [s for s in specs if s.expect_error is None], args.jobs)
     valid = 0
     flops = disk = peak = 0
@@ -363,6 +247,8 @@ def _suite_specs(extra_files: Sequence[str]) -> dict[str, list[CaseSpec]]:
 
 def cmd_store(args: argparse.Namespace) -> int:
     store = GoldenStore(args.out)
+    if problem := store_problem(store):
+        return _fail(problem)
     try:
         suites = _suite_specs(args.cases)
     except SpecError as exc:
@@ -435,6 +321,8 @@ def _describe(name: str, arr: np.ndarray, spec: CaseSpec) -> str:
 
 def cmd_show(args: argparse.Namespace) -> int:
     store = GoldenStore(args.out)
+    if problem := store_problem(store):
+        return _fail(problem)
     matches = find_files(store, args.case)
     if len(matches) != 1:
         found = ", ".join(p.stem for p in matches) or "none"
@@ -479,10 +367,10 @@ def _print_provenance(meta: FileMeta, provenance: dict[str, str]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the golden verbs alone (``python -m mlaconf.golden.cli``), without the other areas' verbs."""
     parser = argparse.ArgumentParser(prog="golden", description=__doc__)
-    register(parser.add_subparsers(dest="verb", required=True, metavar="VERB"))
+    verbs.register(parser.add_subparsers(dest="verb", required=True, metavar="VERB"))
     args = parser.parse_args(argv)
     try:
-        return int(args.func(args))
+        return int(globals()[args.func.partition(":")[2]](args))  # verbs names each verb's function here
     except KeyboardInterrupt:  # outside regen's own handling (e.g. while cases are selected)
         print("interrupted", file=sys.stderr)
         return INTERRUPTED

@@ -52,12 +52,21 @@ def choices_text() -> str:
     return "valid backends: auto, " + ", ".join(BUILTIN) + ", or an import path 'pkg.module:factory'"
 
 
+def name_problem(name: str) -> str | None:
+    """Why ``name`` can name no backend (neither ``auto``, a built-in name nor an import path), else None:
+    checked before anything is imported, so ``mlaconf run --backend typo`` fails at once."""
+    if name == "auto" or name in BUILTIN or ":" in name:
+        return None
+    return f"unknown backend {name!r}: expected a built-in name or 'pkg.module:factory'"
+
+
 def create(name: str) -> Backend:
     """Instantiate a backend by built-in name or import path (``auto`` resolved first)."""
     if name == "auto":
         name = resolve_auto()
-    if name not in BUILTIN and ":" not in name:
-        raise BackendSelectionError(f"unknown backend {name!r}: expected a built-in name or 'pkg.module:factory'")
+    problem = name_problem(name)
+    if problem:
+        raise BackendSelectionError(problem)
     factory = _import_factory(BUILTIN.get(name, name))
     if not callable(factory):
         raise BackendSelectionError(f"backend {name!r}: {BUILTIN.get(name, name)} is not callable")

@@ -10,7 +10,7 @@ import importlib.metadata
 import importlib.util
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -21,13 +21,16 @@ golden files, run the conformance suites on a backend, and compare, merge or ren
 'mlaconf VERB --help' describes each verb."""
 #: The top-level folders of a checkout; installed, they are the subpackages ``mlaconf.<room>``.
 ROOMS = ("facts", "golden", "harness", "native", "judge", "runner", "cases", "reports")
-#: Modules exposing ``register(subparsers)``; each verb sets ``func(args) -> int`` as its default.
+#: Modules exposing ``register(subparsers)``; each verb sets ``func(args) -> int`` as its default.  Every one is
+#: imported to print any help or usage error, so each must be light: it loads neither torch, ml_dtypes, h5py
+#: nor hypothesis, and names its heavy work as ``func="module:function"`` (:func:`verb_function`; docs/architecture.md;
+#: tests/cover/test_cli_light.py holds every registered verb to this).
 VERB_MODULES = (
-    "mlaconf.golden.cli",
+    "mlaconf.golden.verbs",
     "mlaconf.golden.bench",
     "mlaconf.reports.cli",
     "mlaconf.runner.run",
-    "mlaconf.runner.repro",
+    "mlaconf.runner.verbs",
     "mlaconf.runner.ascend",
     "mlaconf.runner.import_dump",
 )
@@ -72,6 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def verb_function(func: Callable[[argparse.Namespace], int] | str) -> Callable[[argparse.Namespace], int]:
+    """A verb's ``func`` default: a function, or ``"package.module:function"`` imported only when the verb runs,
+    so building the parser for a help text or a usage error never loads a verb's heavy work."""
+    if callable(func):
+        return func
+    module_name, _, name = func.partition(":")
+    function: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module_name), name)
+    return function
+
+
 def _version() -> str:
     try:
         return importlib.metadata.version(DISTRIBUTION)
@@ -95,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(stop, _interrupt)
     try:
         args = build_parser().parse_args(argv)
-        return int(args.func(args))
+        return int(verb_function(args.func)(args))
     except KeyboardInterrupt:  # a verb's own handling prints its summary; this one only ends quietly
         print("interrupted", file=sys.stderr)
         return 130

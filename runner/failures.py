@@ -8,12 +8,14 @@ from typing import Any
 
 import pytest
 
+from mlaconf import ROOMS
 from mlaconf.reports.records import Failure, ResultRecord, make_record
 
 #: Where a timeout or exception happened, when a backend method is on the stack.
 BACKEND_METHODS = ("run", "synchronize", "available", "info")
-#: Our rooms, as the second part of a module name (``mlaconf.golden.store``).
-_FRAMEWORK = ("golden", "harness", "judge", "runner", "native", "facts")
+#: Our rooms that run under a test, as the second part of a module name (``mlaconf.golden.store``): not the
+#: test modules themselves (cases) nor reports, which never runs inside a test.
+_FRAMEWORK = frozenset(ROOMS) - {"cases", "reports"}
 _MESSAGE_LIMIT = 2000
 #: pytest-timeout's failure message starts with this.
 TIMEOUT_PREFIX = "Timeout (>"

@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from mlaconf.golden.bench_measure import CASES, bench_spec
+from mlaconf.golden.bench_cases import CASES
+from mlaconf.golden.bench_measure import bench_spec
 from mlaconf.golden.inputs import generate_inputs
 from mlaconf.golden.reference import DEVICE_ENV, reference_attention, torch_attention
 from mlaconf.golden.regen import relative_difference

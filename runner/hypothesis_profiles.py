@@ -1,7 +1,7 @@
 """Hypothesis profiles of the MLA suites: ``mla-ci``, ``mla-dev``, ``mla-thorough`` and ``mla-soak``.
 
-Registering a profile changes nothing by itself, so the plugin registers them when it loads (hypothesis
-reads ``--hypothesis-profile`` in its own ``pytest_configure`` and refuses names not yet registered);
+The entry point registers them in an MLA run, or when ``--hypothesis-profile`` names one of them, before
+hypothesis reads that option in its own ``pytest_configure`` (it refuses names not yet registered);
 the names are prefixed so that they never stand in for a project's own ``ci`` or ``dev``. Only an MLA run
 loads one: ``--hypothesis-profile NAME`` if given, else ``mla-ci`` when the ``CI`` environment variable is
 set and ``mla-dev`` otherwise (:func:`load_default`).

@@ -39,8 +39,6 @@ from mlaconf.runner.conformance import CaseResult, run_case
 
 #: A test id's parameters: ``<case id>-<backend>``; a case id ends in its 8-hex content hash.
 PARAMS = re.compile(r"^(?P<case>.+?-[0-9a-f]{8})(?:-(?P<backend>.+))?$")
-#: Default wall-clock budget of ``shrink``, in seconds.
-DEFAULT_BUDGET_S = 300.0
 #: The standalone program per backend kind, in runner/repro_templates.
 TEMPLATES = {
     "torch": "repro_torch.py.tmpl",
@@ -109,6 +107,11 @@ def resolve(test_id: str, backend: str | None, cases: Path | None) -> tuple[Case
     name = backend or match.group("backend")
     if not name:
         raise ReproError(f"test id {test_id!r} names no backend: pass --backend NAME")
+    if registry.name_problem(name):  # a plug-in's test id carries its own name, not its import path
+        raise ReproError(
+            f"test id {test_id!r} ends in {name!r}, no built-in backend: for a plug-in backend add "
+            "--backend pkg.module:factory (the --mla-backend value of the run)"
+        )
     specs = load_suite(cases) if cases else load_suites(available_suites())
     found = [s for s in specs if s.case_id == match.group("case")]
     if not found:
@@ -481,37 +484,3 @@ def run_repro(args: argparse.Namespace) -> int:
         if first.result.record.likely_cause:
             print(f"likely cause: {first.result.record.likely_cause['text']}")
     return 0
-
-
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "test_id", metavar="TEST_ID", help="a conformance test id (…test_conformance[CASE-BACKEND]) or CASE id"
-    )
-    parser.add_argument("--backend", default=None, help="the backend (default: the one the test id ends with)")
-    parser.add_argument("--cases", type=Path, default=None, metavar="FILE", help="the suite file holding the case")
-    parser.add_argument("--policy", default="default", help="tolerance policy (default: default)")
-
-
-def register(subparsers: Any) -> None:
-    shrink_parser = subparsers.add_parser(
-        "shrink",
-        help="the smallest spec still failing by the same check",
-        description="Search for the smallest spec (batch, lengths, heads, prefix, layout, distribution) that still "
-        "fails by the same deciding check on the same backend, goldens built on the fly; print its TOML and the "
-        "size reduction. Ctrl-C or the time budget keeps the best so far.",
-    )
-    _common(shrink_parser)
-    shrink_parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, metavar="SECONDS", help="time budget")
-    shrink_parser.add_argument(
-        "--repeat", type=int, default=1, metavar="N", help="a candidate must fail N times (nondeterministic backends)"
-    )
-    shrink_parser.set_defaults(func=run_shrink)
-    repro_parser = subparsers.add_parser(
-        "repro",
-        help="a directory that reruns one case without mlaconf",
-        description="Write a directory a kernel engineer can run without mlaconf: the inputs and golden (case.npz), "
-        "the call's arguments, the verdict with its likely cause, the environment, a standalone program and a README.",
-    )
-    _common(repro_parser)
-    repro_parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="the directory to write")
-    repro_parser.set_defaults(func=run_repro)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mlaconf.facts.processes import kill_with_parent
-from mlaconf.harness.registry import AUTO_ORDER, BUILTIN
+from mlaconf.harness.registry import AUTO_ORDER, BUILTIN, choices_text, name_problem
 from mlaconf.reports import rundir
 from mlaconf.runner.command import pytest_command
 from mlaconf.runner.selection import DEFAULT_SUITE, policy_problem, suite_choices
@@ -49,6 +50,10 @@ class Ending:
 def run(args: argparse.Namespace) -> int:
     if args.resume is not None:
         return resume(args)
+    names = [name.strip() for value in args.backend or [] for name in value.split(",") if name.strip()]
+    for unknown in filter(None, map(name_problem, names)):  # a typo fails here, before pytest and torch load
+        print(f"mlaconf run: error: {unknown}\n{choices_text()}", file=sys.stderr)
+        return 2
     if args.policy is not None:  # checked here, not in pytest: the message names the option typed
         problem = policy_problem(args.policy, option_value(args.pytest_args, "--mla-tolerances"), "--policy")
         if problem:
@@ -91,7 +96,7 @@ def resume(args: argparse.Namespace) -> int:
 
 def launch(command: list[str], cwd: Path, directory: Path | None) -> int:
     """Run pytest (printed first), forward stops, and end its run directory if pytest could not."""
-    print("+ python " + " ".join(command[1:]), flush=True)
+    print("+ python " + shlex.join(command[1:]), flush=True)  # quoted: it can be pasted back into a shell
     # its own session: a signal reaches the whole run (pytest and every xdist worker) only through us
     child = subprocess.Popen(command, cwd=cwd, start_new_session=True, preexec_fn=_child_setup)
     ending = wait_forwarding_stops(child)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import mlaconf
 from tests.docs_commands import PLANS, documented_commands, every_command
 
 REPO = Path(__file__).resolve().parents[2]
@@ -137,7 +138,7 @@ def test_the_cheap_commands_run_as_documented(tmp_path: Path) -> None:
 NOT_CODE = {"mlaconf.tests", "mlaconf.setup", "mlaconf.build"}
 #: A code name in backticks: ``mlaconf.room.module.Name.attr`` or ``Class.attr`` (a class of the product).
 CODE_NAME = re.compile(r"`(mlaconf(?:\.\w+)+|[A-Z]\w*[a-z]\w*\.\w+)(?:\(\))?`")
-ROOMS = ("cases", "facts", "golden", "harness", "judge", "mlaconf", "native", "reports", "runner")
+ROOMS = tuple(sorted({*mlaconf.ROOMS, "mlaconf"}))
 
 
 def _has(owner: object, name: str) -> bool:

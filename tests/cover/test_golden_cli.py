@@ -11,7 +11,7 @@ from pathlib import Path
 import h5py
 import pytest
 
-from mlaconf.golden import baseline, cli
+from mlaconf.golden import baseline, cli, verbs
 from mlaconf.golden.progress import Progress
 from mlaconf.golden.store import GoldenStore
 from mlaconf.golden.suites import load_suite
@@ -72,10 +72,10 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str
 
 def test_register_adds_the_four_verbs() -> None:
     parser = argparse.ArgumentParser()
-    cli.register(parser.add_subparsers(dest="verb"))
+    verbs.register(parser.add_subparsers(dest="verb"))
     for verb, extra in (("regen", []), ("verify", []), ("list", []), ("show", ["abc"]), ("store", [])):
         args = parser.parse_args([verb, *extra])
-        assert callable(args.func) and args.func.__name__ == f"cmd_{verb}"
+        assert args.func == f"mlaconf.golden.cli:cmd_{verb}" and callable(getattr(cli, f"cmd_{verb}"))
 
 
 def test_regen_is_incremental(capsys: pytest.CaptureFixture[str], suite: Path, tmp_path: Path) -> None:
