@@ -17,10 +17,11 @@ from mlaconf.runner import run
 
 pytest_plugins = ["pytester"]
 # pytester restores sys.modules after every in-process run: what an inner MLA run imports (torch for run.json's
-# device probe, hypothesis's example database for our profiles) is imported here once, so each inner run shares
+# device probe, hypothesis's example database for our profiles, ml_dtypes for the judge) is imported here once, so each inner run shares
 # it (as tests/cover/test_report_plugin.py does for torch).
 pytest.importorskip("torch")
 pytest.importorskip("hypothesis.database")
+pytest.importorskip("ml_dtypes")
 
 REPO = Path(__file__).resolve().parents[2]
 
