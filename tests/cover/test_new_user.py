@@ -17,8 +17,8 @@ from mlaconf.runner import run
 
 pytest_plugins = ["pytester"]
 # pytester restores sys.modules after every in-process run: what an inner MLA run imports (torch for run.json's
-# device probe, hypothesis's example database for our profiles, ml_dtypes for the judge) is imported here once, so each inner run shares
-# it (as tests/cover/test_report_plugin.py does for torch).
+# device probe, hypothesis's example database for our profiles, ml_dtypes for the judge) is imported here once,
+# so each inner run shares it (as tests/cover/test_report_plugin.py does for torch).
 pytest.importorskip("torch")
 pytest.importorskip("hypothesis.database")
 pytest.importorskip("ml_dtypes")
