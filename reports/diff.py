@@ -14,8 +14,12 @@ Every pair falls in one class (:data:`CATEGORIES`, each under its own heading):
 ``crashed``           a test whose xdist worker now dies under it
 ``timed_out``         a test that now runs past its timeout
 ``not_run``           no evidence: skipped or never run on both sides, or never run in the
-                      candidate (listed first; fails the gate unless skips are expected)
+                      candidate (fails the gate unless skips are expected)
 ``fixed`` ``changed`` ``identical`` ``added`` ``missing``  as before
+``not_applicable``    skipped on both sides because the backend's own declarations rule the test
+                      out (:func:`mlaconf.reports.records.not_applicable`: no error contract,
+                      ``Unsupported``, not deterministic): neither evidence nor its absence; never
+                      fails the gate, never counts as compared, listed last and folded away
 
 The six regression classes fail the gate, as do pairs not run (unless ``skips_expected``), missing
 cases (unless allowed), a candidate that ran fewer tests than it selected or has problems, a diff
@@ -52,6 +56,7 @@ from mlaconf.reports.records import (
     evidence,
     evidence_sha256,
     failure_text,
+    not_applicable,
     record_id,
     record_key,
     upgrade,
@@ -66,36 +71,41 @@ MIN_REPEATS = 10
 ALPHA = 0.01
 
 CATEGORIES = (
-    "not_run",
     "regressed",
     "status_changed",
     "relation_broken",
     "determinism_lost",
     "crashed",
     "timed_out",
+    "not_run",
+    "missing",
     "fixed",
     "changed",
-    "identical",
     "added",
-    "missing",
+    "identical",
+    "not_applicable",
 )
 #: Classes that are regressions: each fails the gate.
 REGRESSIONS = ("regressed", "status_changed", "relation_broken", "determinism_lost", "crashed", "timed_out")
-#: Headings, in the order they are listed.
+#: Headings, in the order they are listed: what fails the gate, then what changed, then (folded
+#: away) what does not apply to the backend.
 HEADINGS = {
-    "not_run": "Not run (skipped on both sides, or never run in the candidate)",
     "regressed": "Regressed",
     "status_changed": "Error status or stage changed",
     "relation_broken": "Metamorphic relations broken",
     "determinism_lost": "Determinism lost",
     "crashed": "Crashes",
     "timed_out": "Timeouts",
+    "not_run": "Not run (skipped on both sides, or never run in the candidate)",
+    "missing": "Missing",
     "fixed": "Fixed",
     "changed": "Changed",
     "added": "Added",
-    "missing": "Missing",
+    "not_applicable": "Not applicable (ruled out by the backend's declarations on both sides)",
 }
 LISTED = tuple(HEADINGS)
+#: Classes of pairs the gate has no comparison for.
+UNCOMPARED = ("not_run", "added", "missing", "not_applicable")
 #: Series colours of the diff scatter: every class that fails the gate is drawn red.
 CATEGORY_COLOURS = {
     **dict.fromkeys(REGRESSIONS, "#b00020"),
@@ -175,14 +185,15 @@ class DiffResult:
     #: Why the candidate cannot pass whatever its records say (it ran fewer tests than it selected,
     #: it has problems, both sides are one run).
     gate_failures: list[str] = field(default_factory=list)
-    #: Records of the baseline (of ``base_backend`` when given): what a full comparison pairs.
+    #: Records of the baseline (of ``base_backend`` when given) that apply to its backend: what a
+    #: full comparison pairs.
     baseline: int = 0
     #: Share of the baseline that must be compared (both sides ran); None: every pair no flag excused.
     min_compared: float | None = None
 
     def compared(self) -> int:
         """Pairs where both sides ran the test: the evidence the gate stands on."""
-        return sum(c.category not in ("not_run", "added", "missing") for c in self.cases)
+        return sum(c.category not in UNCOMPARED for c in self.cases)
 
     def coverage_reason(self) -> str | None:
         """Why too little was compared (None: enough): no pair at all, or fewer than a stated
@@ -241,6 +252,8 @@ class DiffResult:
         counts = self.counts()
         excused = [f"{counts['not_run']} not run (expected)"] if counts["not_run"] else []
         excused += [f"{counts['missing']} missing (allowed)"] if counts["missing"] else []
+        if counts["not_applicable"]:
+            excused.append(f"{counts['not_applicable']} not applicable (declared by the backend on both sides)")
         return (
             f"GATE PASSES: {counts['identical']} identical, {counts['changed']} changed within tolerance, "
             f"{self.compared()} of {self.baseline} baseline pairs compared" + "".join(f", {e}" for e in excused)
@@ -365,7 +378,11 @@ def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
     if base.get("policy") and cand.get("policy") and base.get("policy") != cand.get("policy"):
         d.reasons.append(f"policy {base.get('policy')} -> {cand.get('policy')}")
     moved = f"{verdict(base)} -> {verdict(cand)}"
-    if c_kind == "not_run" or (c_state == "skip" and (b_state == "skip" or b_kind == "not_run")):
+    b_na, c_na = not_applicable(base), not_applicable(cand)
+    if b_na and c_na:
+        d.category = "not_applicable"  # both backends say the test does not apply: nothing to compare
+        d.reasons.append(c_na if b_na == c_na else f"base: {b_na}; candidate: {c_na}")
+    elif c_kind == "not_run" or (c_state == "skip" and (b_state == "skip" or b_kind == "not_run")):
         d.category = "not_run"  # no evidence on the candidate's side: neither identical nor regressed
         d.reasons.append(failure_text(cand) or str(cand.get("message") or "skipped on both sides"))
     elif b_kind == "not_run":
@@ -391,6 +408,8 @@ def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
     elif b_state != c_state:
         d.category = "missing" if c_state == "skip" else "added"
         d.reasons.append(f"{moved} (not comparable)")
+        skipped = base if b_state == "skip" else cand
+        d.reasons.append(str(skipped.get("message") or ""))
     elif verdict(base) == verdict(cand) and same_result(base, cand):
         d.category = "identical"
     elif b_state == "pass" and cs is not None and cs > 0.5 and (bs is None or bs <= 0 or cs > slack_threshold * bs):
@@ -400,7 +419,7 @@ def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
         d.reasons.append(moved if verdict(base) != verdict(cand) else _changed_reason(base, cand))
         if suite == "metamorphic":
             d.reasons.append(_relation_reason(cand))
-    if d.category not in ("not_run", "identical", "added", "missing"):
+    if d.category not in (*UNCOMPARED, "identical"):
         bm, cm = _metrics(base), _metrics(cand)
         d.failing_metrics = sorted(set(_failing_metrics(base)) | set(_failing_metrics(cand)))
         d.metric_deltas = {k: (bm.get(k), cm.get(k)) for k in sorted(bm.keys() | cm.keys())}
@@ -660,7 +679,9 @@ def diff_dirs(
         notes + _run_notes(base_run, cand_run, cases, backends),
         _env_changes(base_run, cand_run),
         gate_failures,
-        baseline=sum(base_backend is None or r.get("backend") == base_backend for r in base_records),
+        baseline=sum(
+            (base_backend is None or r.get("backend") == base_backend) and not not_applicable(r) for r in base_records
+        ),
         min_compared=min_compared,
     )
     ratios = [c.latency_ratio for c in cases if c.latency_ratio is not None]

@@ -107,6 +107,22 @@ def _perf_rows(result: DiffResult) -> list[list[str]]:
     ]
 
 
+def folded_reasons(result: DiffResult) -> list[tuple[int, str]]:
+    """The not-applicable pairs as (count, reason), most frequent first: one line per declaration
+    instead of a row per test."""
+    counts: dict[str, int] = {}
+    for d in result.by_category("not_applicable"):
+        # the reason names the case it rules out; fold "cannot express case X: why" by its why
+        reason = _fold_key(_why(d), d.case_id)
+        counts[reason] = counts.get(reason, 0) + 1
+    return sorted(((n, r) for r, n in counts.items()), key=lambda nr: (-nr[0], nr[1]))
+
+
+def _fold_key(reason: str, case_id: str) -> str:
+    subject = case_id.rpartition(":")[2]
+    return reason.replace(f" {subject}:", ":") if subject else reason
+
+
 def _heading(category: str, count: int) -> str:
     gate = " (fails the gate)" if category in REGRESSIONS else ""
     return f"{HEADINGS[category]} ({count}){gate}"
@@ -129,6 +145,9 @@ def terminal(result: DiffResult, width: int | None = None, gate: Gate = (False, 
         if not found:
             continue
         lines.append(f"-- {_heading(category, len(found))}")
+        if category == "not_applicable":  # folded: one line per declaration
+            lines += [f"NOT_APPL  {n} x {reason}" for n, reason in folded_reasons(result)]
+            continue
         for d in found:
             why = _why(d)
             failing = _deltas(d)
@@ -176,7 +195,10 @@ def markdown(result: DiffResult, gate: Gate = (False, False, False)) -> str:
         parts.append("\n## Environment changes\n\n" + _md_table(["key", "base", "candidate"], result.env_changes))
     for category in LISTED:
         rows = _rows(result, category)
-        if rows:
+        if rows and category == "not_applicable":
+            folded = _md_table(["tests", "reason"], [[str(n), r] for n, r in folded_reasons(result)])
+            parts.append(f"\n## {_heading(category, len(rows))}\n\n" + folded)
+        elif rows:
             parts.append(f"\n## {_heading(category, len(rows))}\n\n" + _md_table(HEADERS, rows))
             commands = [c for d in result.by_category(category) for c in d.next_commands]
             if commands:
@@ -264,7 +286,13 @@ def render_html(result: DiffResult, gate: Gate = (False, False, False)) -> str:
         sections.append("<h2>Environment changes</h2>" + html.table(["key", "base", "candidate"], result.env_changes))
     for category in LISTED:
         rows = _rows(result, category)
-        if rows:
+        if rows and category == "not_applicable":  # folded away: they neither changed nor fail
+            folded = html.table(["tests", "reason"], [[str(n), r] for n, r in folded_reasons(result)])
+            sections.append(
+                f'<details id="{category}"><summary>{escape(_heading(category, len(rows)))}</summary>'
+                f"{folded}{_collapsed_table(rows)}</details>"
+            )
+        elif rows:
             cls = "regressed" if category in REGRESSIONS else category
             sections.append(
                 f'<h2 class="{cls}" id="{category}">{escape(_heading(category, len(rows)))}</h2>'

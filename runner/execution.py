@@ -9,13 +9,13 @@ from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
-import pytest
 import torch
 import xxhash
 
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.types import OpInputs
 from mlaconf.harness.backend import Backend, BackendError, MlaPrefillCall, Unsupported
+from mlaconf.runner.applicability import not_applicable
 
 
 def to_torch(array: np.ndarray) -> torch.Tensor:
@@ -83,7 +83,7 @@ def execute(backend: Backend, call: MlaPrefillCall, spec: CaseSpec, *, repeats: 
     try:
         return _timed(backend, call, spec, repeats, warmup)
     except Unsupported as exc:
-        pytest.skip(f"backend {backend.name} cannot express case {spec.case_id}: {exc}")
+        not_applicable(f"backend {backend.name} cannot express case {spec.case_id}: {exc}")
 
 
 def _timed(backend: Backend, call: MlaPrefillCall, spec: CaseSpec, repeats: int, warmup: int) -> Execution:
