@@ -25,8 +25,10 @@ The six regression classes fail the gate, as do pairs not run (unless ``skips_ex
 cases (unless allowed), a candidate that ran fewer tests than it selected or has problems, a diff
 that compared fewer pairs than ``min_compared`` of the baseline, and one run on both sides.
 Two records are ``identical`` when their outputs' digests match (conformance, metamorphic
-relations, properties), or, without digests, when their
-verdict and evidence match (:func:`mlaconf.reports.records.evidence_sha256`).
+relations, properties: bit-identical outputs), or, without digests, when their verdict and evidence
+match (:func:`mlaconf.reports.records.evidence_sha256`); the verdict says which (:data:`SAMENESS`).
+A ``changed`` pair says by how much: the largest change of a deciding check's slack, and the largest
+error against the golden in ulp of the output dtype (``max_ulp_err``) on each side.
 
 Latency is compared only where both runs recorded at least :data:`MIN_REPEATS` timed calls per
 case (``--mla-timing-repeats``): the candidate is slower when a one-sided Mann-Whitney U test (scipy)
@@ -113,6 +115,12 @@ CATEGORY_COLOURS = {
     "changed": "#0072b2",
     "identical": "#999999",
 }
+#: What an identical pair rests on, in the words the verdict uses.
+SAMENESS = {
+    "bit": "bit-identical",
+    "evidence": "same verdict and evidence, no output digest",
+    "random": "property held on both sides over random examples",
+}
 #: The gate's flags: (fail_on_perf, allow_missing, skips_expected).
 Gate = tuple[bool, bool, bool]
 #: Environment entries worth naming when they differ between the runs.
@@ -146,8 +154,10 @@ class CaseDiff:
     check_deltas: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
     #: The checks that decide the verdict: failing deciding checks, else the tightest deciding one.
     deciding: list[str] = field(default_factory=list)
-    #: Checks recorded as evidence only (never deciding, never listed as failing).
+    #: Checks recorded as evidence only on every side that has them (never deciding, never failing).
     evidence_checks: list[str] = field(default_factory=list)
+    #: Checks deciding on one side and evidence only on the other -> which way, in words.
+    role_changes: dict[str, str] = field(default_factory=dict)
     #: What the latency comparison found: "not compared (...)", "unchanged (...)", "slower ...".
     latency: str = ""
     #: Candidate / base median latency, where compared.
@@ -157,6 +167,13 @@ class CaseDiff:
     #: Commands that shrink the failing candidate case and write its repro (conformance and
     #: metamorphic tests, what ``mlaconf shrink`` takes; empty unless the candidate fails).
     next_commands: list[str] = field(default_factory=list)
+    #: What "identical" rests on (:data:`SAMENESS`), for identical pairs.
+    sameness: str = ""
+    #: Changed pairs: the largest change of a deciding check's slack (candidate - base) and its check.
+    slack_change: float | None = None
+    slack_change_check: str = ""
+    #: Changed pairs: the largest error against the golden in ulp of the output dtype, (base, candidate).
+    ulp: tuple[float | None, float | None] = (None, None)
 
 
 @dataclass
@@ -255,9 +272,38 @@ class DiffResult:
         if counts["not_applicable"]:
             excused.append(f"{counts['not_applicable']} not applicable (declared by the backend on both sides)")
         return (
-            f"GATE PASSES: {counts['identical']} identical, {counts['changed']} changed within tolerance, "
+            f"GATE PASSES: {self.identical_text()}, {self.changed_text()}, "
             f"{self.compared()} of {self.baseline} baseline pairs compared" + "".join(f", {e}" for e in excused)
         )
+
+    def identical_text(self) -> str:
+        """How many pairs are identical and what that rests on: ``104 identical (bit-identical)``
+        when every one has equal output digests, else how many rest on what (:data:`SAMENESS`)."""
+        pairs = self.by_category("identical")
+        kinds = {k: sum(d.sameness == k for d in pairs) for k in SAMENESS}
+        if not pairs:
+            return "0 identical"
+        if kinds["bit"] == len(pairs):
+            return f"{len(pairs)} identical (bit-identical)"
+        parts = [f"{n} {SAMENESS[k]}" for k, n in kinds.items() if n]
+        return f"{len(pairs)} identical ({', '.join(parts)})"
+
+    def changed_text(self) -> str:
+        """How many pairs changed within tolerance and by how much at most: the largest change of a
+        deciding check's slack, and the largest error against the golden in ulp on each side."""
+        pairs = self.by_category("changed")
+        text = f"{len(pairs)} changed within tolerance"
+        moves = [d for d in pairs if d.slack_change is not None]
+        if not moves:
+            return text
+        worst = max(moves, key=lambda d: abs(d.slack_change or 0.0))
+        parts = [f"largest slack change {worst.slack_change:+.3g} ({worst.slack_change_check}, {worst.case_id})"]
+        ulps = [d.ulp for d in pairs if None not in d.ulp]
+        if ulps:
+            base_ulp = max(u[0] for u in ulps if u[0] is not None)
+            cand_ulp = max(u[1] for u in ulps if u[1] is not None)
+            parts.append(f"largest error vs golden {base_ulp:g} -> {cand_ulp:g} ulp")
+        return f"{text} ({'; '.join(parts)})"
 
 
 def _state(record: Record) -> str:
@@ -346,6 +392,24 @@ def same_result(base: Record, cand: Record) -> bool:
     return evidence_sha256(base) == evidence_sha256(cand)
 
 
+def sameness(base: Record, cand: Record) -> str:
+    """What makes an identical pair identical (a key of :data:`SAMENESS`)."""
+    b_sha, c_sha = _digests(base, cand)
+    if b_sha and c_sha:
+        return "bit" if b_sha == c_sha else "random"
+    return "evidence"
+
+
+def _slack_change(d: CaseDiff) -> None:
+    """Set how much a changed pair moved: the deciding (else any) check whose slack moved most."""
+    moved = {n: c - b for n, (b, c) in d.check_deltas.items() if b is not None and c is not None}
+    deciding = {n: v for n, v in moved.items() if n not in d.evidence_checks}
+    pool = deciding or moved
+    if pool:
+        d.slack_change_check = max(pool, key=lambda n: abs(pool[n]))
+        d.slack_change = pool[d.slack_change_check]
+
+
 def _changed_reason(base: Record, cand: Record) -> str:
     b_sha, c_sha = _digests(base, cand)
     if b_sha and c_sha and b_sha != c_sha:
@@ -428,8 +492,32 @@ def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
             n: (number((b_checks.get(n) or {}).get("slack")), number((c_checks.get(n) or {}).get("slack")))
             for n in sorted(b_checks.keys() | c_checks.keys())
         }
-        d.evidence_checks = [n for n, c in {**b_checks, **c_checks}.items() if not _decisive(c)]
+        # each side's role read from its own record: the base's failing deciding check of a fixed
+        # pair is no evidence-only check because the candidate records it as evidence
+        b_ev = {n for n, c in b_checks.items() if not _decisive(c)}
+        c_ev = {n for n, c in c_checks.items() if not _decisive(c)}
+        d.evidence_checks = sorted(
+            n
+            for n in b_checks.keys() | c_checks.keys()
+            if (n in b_ev or n not in b_checks) and (n in c_ev or n not in c_checks)
+        )
+        d.role_changes = {
+            n: "deciding in the base, evidence in the candidate" for n in sorted(c_ev & b_checks.keys() - b_ev)
+        }
+        d.role_changes |= {
+            n: "evidence in the base, deciding in the candidate" for n in sorted(b_ev & c_checks.keys() - c_ev)
+        }
         d.deciding = deciding_checks(base, cand)
+    if d.category == "identical":
+        d.sameness = sameness(base, cand)
+    if d.category == "changed":
+        _slack_change(d)
+        if d.slack_change is not None:
+            d.reasons.append(f"largest slack change {d.slack_change:+.3g} ({d.slack_change_check})")
+        ulp = (_metrics(base).get("max_ulp_err"), _metrics(cand).get("max_ulp_err"))
+        if None not in ulp:
+            d.ulp = ulp
+            d.reasons.append(f"largest error vs golden {ulp[0]:g} -> {ulp[1]:g} ulp")
     if d.category == "changed" and b_state == "fail":
         d.reasons.append("still failing")
     if c_state == "fail" and d.category not in ("not_run", "fixed") and suite in ("conformance", "metamorphic"):

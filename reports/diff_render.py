@@ -41,9 +41,15 @@ def _value(value: float | None, spec: str) -> str:
 
 
 def _check_text(d: CaseDiff, name: str) -> str:
+    """A check's slack before and after, with its role (evidence only, or a role that changed) and
+    whether it fails now (FAILING) or failed in the base only (FAILED in the base)."""
     b, c = d.check_deltas.get(name, (None, None))
     role = " (evidence)" if name in d.evidence_checks else ""
-    mark = " FAILING" if name in d.deciding and c is not None and c > 1.0 else ""
+    role = f" ({d.role_changes[name]})" if name in d.role_changes else role
+    deciding = name in d.deciding
+    mark = " FAILING" if deciding and c is not None and c > 1.0 else ""
+    if deciding and not mark and b is not None and b > 1.0:
+        mark = " FAILED in the base"
     return f"{name}{role}{mark} slack {fmt_slack(b)}->{fmt_slack(c)}"
 
 

@@ -56,7 +56,8 @@ def test_expected_skips_pass_and_the_verdict_says_how_many(tmp_path: Path) -> No
     assert diff(a, b) == (1, "GATE FAILS: 1 not run (no evidence; --skips-expected if meant)")
     assert diff(a, b, "--skips-expected") == (
         0,
-        "GATE PASSES: 2 identical, 0 changed within tolerance, 2 of 3 baseline pairs compared, 1 not run (expected)",
+        "GATE PASSES: 2 identical (bit-identical), 0 changed within tolerance, 2 of 3 baseline pairs compared, "
+        "1 not run (expected)",
     )
     assert diff(a, b, "--skips-expected", "--min-compared", "0.9")[0] == 1  # a stated share not met
 

@@ -244,7 +244,10 @@ def test_the_diff_says_the_gates_verdict_first(tmp_path: Path, capsys: pytest.Ca
     assert "**GATE FAILS: 1 regressed; 1 missing**" in diff_render.markdown(result)
     again = write_run_dir(tmp_path / "c", [conformance("passed", 0.8, 0.003, "a"), record("conformance", "gone")])
     same = diff.diff_dirs(base, again)
-    assert same.verdict() == "GATE PASSES: 2 identical, 0 changed within tolerance, 2 of 2 baseline pairs compared"
+    assert same.verdict() == (
+        "GATE PASSES: 2 identical (1 bit-identical, 1 same verdict and evidence, no output digest), "
+        "0 changed within tolerance, 2 of 2 baseline pairs compared"
+    )
     assert 'class="banner pass"' in diff_render.render_html(same)
     # the verb prints the verdict right after the counts
     parser = argparse.ArgumentParser()
