@@ -123,14 +123,22 @@ SAMENESS = {
 }
 #: The gate's flags: (fail_on_perf, allow_missing, skips_expected).
 Gate = tuple[bool, bool, bool]
-#: Environment entries worth naming when they differ between the runs.
+#: Environment entries listed first when they differ (toolkit, libraries, BLAS, CPU); every other
+#: difference of run.json's ``environment`` follows them.
 ENV_KEYS = (
     "environment.ascend.cann_toolkit.version",
     "environment.ascend.atb.version",
     "environment.ascend.driver.version",
+    "environment.builds.torch.version",
+    "environment.builds.torch_npu.version",
     "environment.packages.torch",
     "environment.packages.torch_npu",
     "environment.packages.numpy",
+    "environment.packages.ml_dtypes",
+    "environment.packages.h5py",
+    "environment.torch_runtime.blas_info",
+    "environment.torch_runtime.num_threads",
+    "environment.cpu.isa",
     "environment.host",
     "environment.git.revision",
 )
@@ -701,8 +709,12 @@ def _same_run(base: Path, cand: Path, base_run: Mapping[str, Any], cand_run: Map
 
 
 def _env_changes(base_run: Mapping[str, Any], cand_run: Mapping[str, Any]) -> list[tuple[str, str, str]]:
-    b, c = dict(html.flatten(dict(base_run))), dict(html.flatten(dict(cand_run)))
-    return [(k, b.get(k, "-"), c.get(k, "-")) for k in ENV_KEYS if b.get(k) != c.get(k)]
+    """Every entry of the two runs' ``environment`` that differs, :data:`ENV_KEYS` first ("-":
+    absent on that side, e.g. a run recorded before the entry existed)."""
+    b = dict(html.flatten({"environment": base_run.get("environment") or {}}))
+    c = dict(html.flatten({"environment": cand_run.get("environment") or {}}))
+    keys = [k for k in ENV_KEYS if k in b or k in c] + sorted((b.keys() | c.keys()) - set(ENV_KEYS))
+    return [(k, b.get(k, "-"), c.get(k, "-")) for k in keys if b.get(k) != c.get(k)]
 
 
 def diff_dirs(

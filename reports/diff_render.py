@@ -144,8 +144,8 @@ def terminal(result: DiffResult, width: int | None = None, gate: Gate = (False, 
         "  " + "  ".join(f"{k}: {v}" for k, v in counts.items()) + f"  perf: {len(result.perf)}",
     ]
     lines.append(f"  {result.verdict(*gate)}")
+    lines += [f"  env {k}: {b} -> {c}" for k, b, c in result.env_changes]  # what the verdicts depend on
     lines += [f"  NOTE: {n}" for n in result.notes]
-    lines += [f"  env {k}: {b} -> {c}" for k, b, c in result.env_changes]
     for category in LISTED:
         found = result.by_category(category)
         if not found:
@@ -196,9 +196,9 @@ def markdown(result: DiffResult, gate: Gate = (False, False, False)) -> str:
         _md_table([*result.counts(), "perf"], [[str(v) for v in result.counts().values()] + [str(len(result.perf))]]),
     ]
     parts.append(f"\n**{result.verdict(*gate)}**")
-    parts += [f"\n> **Note:** {n}" for n in result.notes]
     if result.env_changes:
         parts.append("\n## Environment changes\n\n" + _md_table(["key", "base", "candidate"], result.env_changes))
+    parts += [f"\n> **Note:** {n}" for n in result.notes]
     for category in LISTED:
         rows = _rows(result, category)
         if rows and category == "not_applicable":
@@ -284,12 +284,15 @@ def render_html(result: DiffResult, gate: Gate = (False, False, False)) -> str:
         f'<div class="banner {"fail" if result.gate_reasons(*gate) else "pass"}" id="verdict">'
         f"{escape(result.verdict(*gate))}</div>",
     )
+    if result.env_changes:
+        sections.append(
+            f'<h2 id="environment">Environment changes ({len(result.env_changes)})</h2>'
+            + html.table(["key", "base", "candidate"], result.env_changes)
+        )
     sections += [f'<p class="note">Note: {escape(n)}</p>' for n in result.notes]
     chart = slack_chart(result)
     if chart:
         sections.append(f'<h2>Base and candidate side by side</h2><div class="plots">{chart}</div>')
-    if result.env_changes:
-        sections.append("<h2>Environment changes</h2>" + html.table(["key", "base", "candidate"], result.env_changes))
     for category in LISTED:
         rows = _rows(result, category)
         if rows and category == "not_applicable":  # folded away: they neither changed nor fail
