@@ -70,7 +70,8 @@ def register(subparsers: Any) -> None:
         "--latency-threshold",
         type=float,
         default=1.2,
-        help="latency ratio cand/base (median and fastest call) listed as a perf regression when significant "
+        help="latency ratio cand/base (fastest calls and median, each call over the host calibration timed "
+        "before it) listed as a perf regression when significant "
         f"(one-sided Mann-Whitney U, Holm-corrected at {diff.ALPHA:g}, at least {diff.MIN_REPEATS} timed calls "
         "per side; default 1.2)",
     )

@@ -31,12 +31,16 @@ A ``changed`` pair says by how much: the largest change of a deciding check's sl
 error against the golden in ulp of the output dtype (``max_ulp_err``) on each side.
 
 Latency is compared only where both runs recorded at least :data:`MIN_REPEATS` timed calls per
-case (``--mla-timing-repeats``): the candidate is slower when a one-sided Mann-Whitney U test (scipy)
-of its per-call latencies against the base's is significant at family-wise level :data:`ALPHA`
-over all compared pairs (Holm-Bonferroni), and both the median and the fastest call got slower
-by more than the latency threshold (load on a shared host inflates some calls; a slower kernel is
-slower on its fastest call too).  Every other pair is "not compared" (too few repeats) or
-"unchanged".  Latency gates only when asked (``--fail-on-perf``).
+case (``--mla-timing-repeats``).  Each call is divided by the host calibration timed just before it
+where both sides have one (``timing.calibration_ms``: a burst of load slows both alike); a side is
+then its fastest :func:`fastest_k` calls.  The candidate is slower when a one-sided Mann-Whitney U
+test (scipy) of its calls against the base's is significant at family-wise level :data:`ALPHA`
+over all compared pairs (Holm-Bonferroni), and both its fastest calls and its median got slower by
+more than the latency threshold: the whole distribution moved, not a few calls.  Uncalibrated pairs
+(runs from before the calibration) are judged against the run-wide fastest-call ratio when the
+whole run moved beyond the threshold: a host slower throughout is said once (:class:`HostShift`),
+never reported case by case.  Every pair's verdict says what was compared and the noise seen;
+latency gates only when asked (``--fail-on-perf``).
 """
 
 from __future__ import annotations
@@ -69,6 +73,9 @@ from mlaconf.reports.rundir import RunState, load_run_dir
 #: smallest one-sided p is 1 / C(2n, n) (5.4e-6 at n = 10), so a slowdown can stay significant
 #: after the Holm correction over up to ~1,800 compared pairs.
 MIN_REPEATS = 10
+#: Fewest uncalibrated pairs whose common fastest-call ratio is taken for the whole run's (a host
+#: or toolkit slower throughout) rather than for each pair's own.
+MIN_RUN_WIDE = 5
 #: Family-wise significance level of the one-sided Mann-Whitney U tests "the candidate is slower".
 ALPHA = 0.01
 
@@ -193,10 +200,14 @@ class PerfDiff:
     #: p-value of the one-sided Mann-Whitney U test (candidate slower) and the repeats per side.
     p_value: float | None = None
     repeats: tuple[int, int] = (0, 0)
+    #: Candidate over base on the fastest calls (calibrated where both sides were), and what that compared.
+    fast_ratio: float | None = None
+    basis: str = ""
 
     @property
     def ratio(self) -> float:
-        return self.cand_ms / self.base_ms
+        """The slowdown: on the fastest calls where known, else of the medians."""
+        return self.fast_ratio if self.fast_ratio is not None else self.cand_ms / self.base_ms
 
 
 @dataclass
@@ -537,36 +548,92 @@ def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
 
 @dataclass(frozen=True)
 class LatencyTest:
-    """One pair's per-call latencies compared: medians, fastest calls, the one-sided p-value."""
+    """One pair's per-call latencies compared.
+
+    Each call is divided by the host calibration timed just before it where both sides have one
+    (``timing.calibration_ms``: a busy moment slows both alike), else taken raw.  ``fast`` is the
+    mean of the fastest :func:`fastest_k` calls of a side, ``mid`` the median; ``noise`` a side's
+    spread (interquartile range over median); ``host`` the candidate's median calibration over the
+    base's (None: uncalibrated)."""
 
     base_ms: float
     cand_ms: float
-    base_min: float
-    cand_min: float
+    base_fast: float
+    cand_fast: float
+    base_mid: float
+    cand_mid: float
     p_value: float
     repeats: tuple[int, int]
+    k: int
+    calibrated: bool
+    noise: tuple[float, float]
+    host: float | None = None
 
-    def slower(self, threshold: float) -> bool:
-        """Slower by more than ``threshold`` on the median and on the fastest call."""
-        return self.cand_ms > threshold * self.base_ms and self.cand_min > threshold * self.base_min
+    def ratio(self) -> float:
+        """The candidate over the base on the fastest calls (calibrated where possible)."""
+        return self.cand_fast / self.base_fast if self.base_fast > 0 else math.inf
+
+    def slower(self, threshold: float, scale: float = 1.0) -> bool:
+        """Slower by more than ``threshold`` times ``scale`` (the run-wide factor of uncalibrated
+        pairs) on the fastest calls and on the median: a shift of the whole distribution."""
+        limit = threshold * scale
+        return self.cand_fast > limit * self.base_fast and self.cand_mid > limit * self.base_mid
+
+    def basis(self) -> str:
+        over = "each over its calibration" if self.calibrated else "uncalibrated"
+        return f"fastest {self.k} of {self.repeats[0]} / {self.repeats[1]} timed calls, {over}"
+
+
+def fastest_k(n: int) -> int:
+    """How many of a side's fastest calls stand for it: a quarter, at least 3."""
+    return min(n, max(3, n // 4))
+
+
+def _spread(values: Sequence[float]) -> float:
+    q1, _, q3 = statistics.quantiles(values, n=4)
+    mid = statistics.median(values)
+    return (q3 - q1) / mid if mid > 0 else math.inf
+
+
+def _series(record: Record, key: str) -> list[float]:
+    timing = record.get("timing")
+    raw = timing.get(key) if isinstance(timing, Mapping) else None
+    return [float(v) for v in raw or [] if number(v) is not None and math.isfinite(float(v))]
 
 
 def latency_test(base: Record, cand: Record) -> LatencyTest | str:
     """The pair's latency test, or why it is not compared ("" when neither side was timed)."""
-    samples = []
-    for record in (base, cand):
-        timing = record.get("timing")
-        raw = timing.get("latencies_ms") if isinstance(timing, Mapping) else None
-        samples.append([float(v) for v in raw or [] if number(v) is not None and math.isfinite(float(v))])
-    b, c = samples
+    b, c = _series(base, "latencies_ms"), _series(cand, "latencies_ms")
     if not (isinstance(base.get("timing"), Mapping) or isinstance(cand.get("timing"), Mapping)):
         return ""  # nothing timed (a rejection, a relation, a skip)
     if len(b) < MIN_REPEATS or len(c) < MIN_REPEATS:
         return f"not compared ({len(b)} vs {len(c)} timed calls; needs {MIN_REPEATS} each)"
     from scipy import stats  # only here: the diff's other paths and the plugin never pay its import
 
+    cal_b, cal_c = _series(base, "calibration_ms"), _series(cand, "calibration_ms")
+    calibrated = len(cal_b) == len(b) and len(cal_c) == len(c) and min(cal_b + cal_c) > 0
+    host = statistics.median(cal_c) / statistics.median(cal_b) if calibrated else None
+    if calibrated:
+        b = [x / y for x, y in zip(b, cal_b, strict=True)]
+        c = [x / y for x, y in zip(c, cal_c, strict=True)]
+    kb, kc = fastest_k(len(b)), fastest_k(len(c))
+    fast_b, fast_c = statistics.fmean(sorted(b)[:kb]), statistics.fmean(sorted(c)[:kc])
+    raw_b, raw_c = _series(base, "latencies_ms"), _series(cand, "latencies_ms")
     p = float(stats.mannwhitneyu(c, b, alternative="greater").pvalue)
-    return LatencyTest(statistics.median(b), statistics.median(c), min(b), min(c), p, (len(b), len(c)))
+    return LatencyTest(
+        statistics.median(raw_b),
+        statistics.median(raw_c),
+        fast_b,
+        fast_c,
+        statistics.median(b),
+        statistics.median(c),
+        p,
+        (len(b), len(c)),
+        min(kb, kc),
+        calibrated,
+        (_spread(b), _spread(c)),
+        host,
+    )
 
 
 def holm_significant(p_values: Sequence[float], alpha: float = ALPHA) -> list[bool]:
@@ -580,19 +647,112 @@ def holm_significant(p_values: Sequence[float], alpha: float = ALPHA) -> list[bo
     return rejected
 
 
-def judge_latency(tests: Sequence[tuple[CaseDiff, LatencyTest]], threshold: float) -> list[PerfDiff]:
-    """Set each pair's latency verdict; the significant slowdowns beyond ``threshold``."""
+@dataclass(frozen=True)
+class HostShift:
+    """What the compared pairs say about the two runs as a whole: the run-wide factor (median over
+    pairs) of the calibration (``host``, calibrated pairs) and of the kernels' fastest calls
+    (``kernels``, uncalibrated pairs), and the noise seen (median spread of a side)."""
+
+    host: float | None
+    kernels: float | None
+    calibrated: int
+    uncalibrated: int
+    noise: tuple[float, float]
+
+    def scale(self, threshold: float) -> float:
+        """The factor uncalibrated pairs are judged against: the run-wide one when the whole run
+        moved beyond ``threshold`` (a host slower throughout is no case-by-case regression)."""
+        k = self.kernels
+        broad = self.uncalibrated >= MIN_RUN_WIDE
+        return k if broad and k is not None and (k > threshold or k < 1 / threshold) else 1.0
+
+    def notes(self, threshold: float) -> list[str]:
+        """The latency comparison in words whose wording matches their numbers."""
+        noise = f"noise seen: a case's calls spread {self.noise[0]:.0%} (base) and {self.noise[1]:.0%} (candidate)"
+        out = []
+        if self.host is not None:
+            out.append(
+                f"latency: {self.calibrated} pairs compared on their fastest calls, each call over the host "
+                f"calibration timed just before it; {noise} (interquartile range / median)"
+            )
+            if self.host > threshold:
+                out.append(
+                    f"the candidate's host was slower throughout: its calibration ran {self.host:.2f}x as "
+                    f"long over {self.calibrated} pairs; calibrated latencies discount it"
+                )
+            elif self.host < 1 / threshold:
+                out.append(
+                    f"the candidate's host was faster throughout: its calibration ran {self.host:.2f}x as "
+                    f"long over {self.calibrated} pairs; calibrated latencies discount it"
+                )
+            else:
+                out.append(
+                    f"host calibration ratio {self.host:.2f}x over {self.calibrated} pairs: within "
+                    f"{threshold:g}x, the hosts ran alike"
+                )
+        if self.kernels is not None:
+            out.append(
+                f"latency: {self.uncalibrated} pairs compared on their fastest calls without a calibration "
+                f"(runs before it); {noise}"
+            )
+            k = self.kernels
+            if self.scale(threshold) != 1.0:
+                way = "slower" if k > 1 else "faster"
+                out.append(
+                    f"the candidate ran {way} throughout: median fastest-call ratio {k:.2f}x over "
+                    f"{self.uncalibrated} uncalibrated pairs, a host or a toolkit {way} across the board "
+                    "(no calibration tells which); each case is judged against that ratio, not reported "
+                    "one by one; rerun both on one quiet host"
+                )
+            elif k > threshold or k < 1 / threshold:
+                out.append(
+                    f"median fastest-call ratio {k:.2f}x over {self.uncalibrated} uncalibrated pairs, too few "
+                    f"(< {MIN_RUN_WIDE}) to call it run-wide: each pair is judged on its own"
+                )
+            else:
+                out.append(
+                    f"median fastest-call ratio {k:.2f}x over {self.uncalibrated} uncalibrated pairs: "
+                    f"within {threshold:g}x, no change across the board"
+                )
+        return out
+
+
+def host_shift(tests: Sequence[LatencyTest]) -> HostShift:
+    cal = [t for t in tests if t.calibrated and t.host is not None]
+    raw = [t for t in tests if not t.calibrated]
+    return HostShift(
+        statistics.median(t.host for t in cal if t.host is not None) if cal else None,
+        statistics.median(t.ratio() for t in raw) if raw else None,
+        len(cal),
+        len(raw),
+        (statistics.median(t.noise[0] for t in tests), statistics.median(t.noise[1] for t in tests)),
+    )
+
+
+def judge_latency(
+    tests: Sequence[tuple[CaseDiff, LatencyTest]], threshold: float
+) -> tuple[list[PerfDiff], HostShift | None]:
+    """Set each pair's latency verdict (what was compared, the ratio, the noise); the significant
+    slowdowns beyond ``threshold`` (uncalibrated pairs: beyond the run-wide factor too), and what
+    the runs say as a whole."""
+    if not tests:
+        return [], None
+    shift = host_shift([t for _, t in tests])
     perf = []
     significant = holm_significant([t.p_value for _, t in tests])
     for (d, t), sig in zip(tests, significant, strict=True):
-        ratio = t.cand_ms / t.base_ms if t.base_ms > 0 else math.inf
+        ratio = t.ratio()
         d.latency_ratio = ratio
-        if sig and t.slower(threshold):
-            d.latency = f"slower {ratio:.2f}x (p = {t.p_value:.2g})"
-            perf.append(PerfDiff(d.case_id, d.backend, t.base_ms, t.cand_ms, t.p_value, t.repeats))
+        scale = 1.0 if t.calibrated else shift.scale(threshold)
+        seen = f"{t.basis()}; median {t.cand_mid / t.base_mid:.2f}x; noise {t.noise[0]:.0%} / {t.noise[1]:.0%}"
+        if sig and t.slower(threshold, scale):
+            d.latency = f"slower {ratio:.2f}x (p = {t.p_value:.2g}; {seen})"
+            perf.append(PerfDiff(d.case_id, d.backend, t.base_ms, t.cand_ms, t.p_value, t.repeats, ratio, t.basis()))
         else:
-            d.latency = f"unchanged ({ratio:.2f}x, p = {t.p_value:.2g}{'' if sig else ', not significant'})"
-    return perf
+            why = "" if sig else ", not significant"
+            why += f", within the run-wide {scale:.2f}x" if sig and scale != 1.0 else ""
+            d.latency = f"unchanged ({ratio:.2f}x, p = {t.p_value:.2g}{why}; {seen})"
+    return perf, shift
 
 
 def diff_records(
@@ -607,6 +767,27 @@ def diff_records(
     """Pair records by subject and backend; with ``base_backend`` and ``cand_backend``, pair the
     base run's records of one backend with the candidate's of another, subject by subject (e.g.
     ATB against a GPU kernel on the same goldens)."""
+    cases, perf, _ = compare_records(
+        base,
+        cand,
+        slack_threshold=slack_threshold,
+        latency_threshold=latency_threshold,
+        base_backend=base_backend,
+        cand_backend=cand_backend,
+    )
+    return cases, perf
+
+
+def compare_records(
+    base: Sequence[Record],
+    cand: Sequence[Record],
+    *,
+    slack_threshold: float = 1.5,
+    latency_threshold: float = 1.2,
+    base_backend: str | None = None,
+    cand_backend: str | None = None,
+) -> tuple[list[CaseDiff], list[PerfDiff], HostShift | None]:
+    """:func:`diff_records`, and what the latencies say about the two runs as a whole."""
     base = [upgrade(r) for r in base]
     cand = [upgrade(r) for r in cand]
     across = base_backend is not None or cand_backend is not None
@@ -647,9 +828,9 @@ def diff_records(
         else:
             d.latency = test
         cases.append(d)
-    perf = judge_latency(timed, latency_threshold)
+    perf, shift = judge_latency(timed, latency_threshold)
     perf.sort(key=lambda p: -p.ratio)
-    return cases, perf
+    return cases, perf, shift
 
 
 def _backends(records: Sequence[Record]) -> list[str]:
@@ -757,7 +938,7 @@ def diff_dirs(
         if backend is not None and not any(r.get("backend") == backend for r in records):
             have = _backends(records)
             notes.append(f"the {side} run has no records of backend {backend!r} (it has {', '.join(have) or 'none'})")
-    cases, perf = diff_records(
+    cases, perf, shift = compare_records(
         base_records,
         cand_records,
         slack_threshold=slack_threshold,
@@ -784,12 +965,8 @@ def diff_dirs(
         ),
         min_compared=min_compared,
     )
-    ratios = [c.latency_ratio for c in cases if c.latency_ratio is not None]
-    if ratios:
-        result.notes.append(
-            f"median latency ratio over {len(ratios)} compared pairs: {statistics.median(ratios):.2f}x "
-            "(far from 1 everywhere: a busier or slower host, or a slower toolkit; rerun both on a quiet host)"
-        )
+    if shift is not None:
+        result.notes += shift.notes(latency_threshold)
     if result.not_compared():
         result.notes.append(
             f"latency not compared for {result.not_compared()} pairs: fewer than {MIN_REPEATS} timed calls "

@@ -90,7 +90,7 @@ def _rows(result: DiffResult, category: str) -> list[list[str]]:
 
 
 HEADERS = ["case", "backend", "verdict", "slack", "why", "deciding check, then other deltas (base->cand)"]
-PERF_HEADERS = ["case", "backend", "base ms", "cand ms", "ratio", "p (Mann-Whitney U)", "timed calls"]
+PERF_HEADERS = ["case", "backend", "base ms", "cand ms", "ratio", "p (Mann-Whitney U)", "timed calls", "compared"]
 
 
 def _ms(value: float) -> str:
@@ -108,6 +108,7 @@ def _perf_rows(result: DiffResult) -> list[list[str]]:
             f"{p.ratio:.2f}x",
             fmt(p.p_value, ".2g"),
             f"{p.repeats[0]} / {p.repeats[1]}",
+            p.basis,
         ]
         for p in result.perf
     ]
@@ -173,7 +174,7 @@ def terminal(result: DiffResult, width: int | None = None, gate: Gate = (False, 
         lines.append(f"-- Perf regressions ({len(result.perf)})")
     lines += [
         f"PERF      {p.case_id} [{p.backend}] {_ms(p.base_ms)} ms -> {_ms(p.cand_ms)} ms ({p.ratio:.2f}x, "
-        f"Mann-Whitney U p = {fmt(p.p_value, '.2g')}, {p.repeats[0]} / {p.repeats[1]} timed calls)"
+        f"Mann-Whitney U p = {fmt(p.p_value, '.2g')}, {p.basis or f'{p.repeats[0]} / {p.repeats[1]} timed calls'})"
         for p in result.perf
     ]
     if width is not None:  # every line after the counts, notes too, cut to the terminal
@@ -336,7 +337,9 @@ def write_outputs(result: DiffResult, out: Path, gate: Gate = (False, False, Fal
                     "test": "Mann-Whitney U, one-sided (candidate slower), Holm-Bonferroni over the compared pairs",
                     "alpha": ALPHA,
                     "min_repeats": MIN_REPEATS,
-                    "effect": "median and fastest call both slower by more than the latency threshold",
+                    "effect": "the fastest calls (a quarter, at least 3) and the median both slower by more than "
+                    "the latency threshold, each call over the host calibration timed before it where both sides "
+                    "have one; uncalibrated pairs against the run-wide ratio when the whole run moved",
                 },
                 "gate_failing_classes": list(REGRESSIONS),
                 "regressions": len(result.regressions()),

@@ -296,7 +296,7 @@ def validate_types(data: Mapping[str, Any]) -> None:
         if isinstance(value, Mapping | list):
             raise RecordError(f"record field 'metrics.{name}': expected a number, got {json_type_name(value)}")
     for name, value in (data.get("timing") or {}).items():
-        numbers = value if name == "latencies_ms" and isinstance(value, list) else [value]
+        numbers = value if name in ("latencies_ms", "calibration_ms") and isinstance(value, list) else [value]
         if not all(v is None or _is_number(v) for v in numbers):
             raise RecordError(f"record field 'timing.{name}': expected numbers, got {json_type_name(value)}")
     if problem := value_problem(data):
