@@ -16,7 +16,7 @@ from typing import NoReturn
 import pytest
 
 
-class NotApplicable(pytest.skip.Exception):
+class NotApplicable(pytest.skip.Exception):  # type: ignore[misc,name-defined]  # pytest's public skip type
     """The skip of a test the backend's declarations rule out; its message is the reason."""
 
 

@@ -73,12 +73,15 @@ class Execution:
 
     def timing(self) -> dict[str, float | int | list[float]]:
         seconds = self.median_ms / 1e3
-        return {
+        timing: dict[str, float | int | list[float]] = {
             "latency_ms_median": round(self.median_ms, 4),
             "repeats": len(self.latencies_ms),
             "latencies_ms": [round(v, 4) for v in self.latencies_ms],  # per call: what the diff's test compares
             "tflops": round(self.flops / seconds / 1e12, 6) if seconds > 0 else 0.0,
-        } | ({"calibration_ms": [round(v, 4) for v in self.calibration_ms]} if self.calibration_ms else {})
+        }
+        if self.calibration_ms:
+            timing["calibration_ms"] = [round(v, 4) for v in self.calibration_ms]
+        return timing
 
 
 def execute(backend: Backend, call: MlaPrefillCall, spec: CaseSpec, *, repeats: int = 1, warmup: int = 0) -> Execution:
