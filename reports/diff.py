@@ -226,6 +226,8 @@ class DiffResult:
     baseline: int = 0
     #: Share of the baseline that must be compared (both sides ran); None: every pair no flag excused.
     min_compared: float | None = None
+    #: A kernel slowdown across the board (:meth:`HostShift.across_the_board`), "" if none.
+    perf_across: str = ""
 
     def compared(self) -> int:
         """Pairs where both sides ran the test: the evidence the gate stands on."""
@@ -274,6 +276,8 @@ class DiffResult:
             reasons.append(coverage)
         if fail_on_perf and self.perf:
             reasons.append(f"{len(self.perf)} perf regressions")
+        if fail_on_perf and self.perf_across:
+            reasons.append("kernels slower across the board")
         return reasons
 
     def exit_status(self, fail_on_perf: bool, allow_missing: bool = False, skips_expected: bool = False) -> int:
@@ -658,6 +662,22 @@ class HostShift:
     calibrated: int
     uncalibrated: int
     noise: tuple[float, float]
+    #: Calibrated pairs: the median over pairs of the candidate's median call over the base's.
+    calibrated_kernels: float | None = None
+
+    def across_the_board(self, threshold: float) -> str:
+        """A kernel slowdown across the board ("" if none): over at least :data:`MIN_RUN_WIDE`
+        calibrated pairs the calls' common ratio, over the host calibration's, beyond ``threshold``.
+        A median over many cases is what survives a loaded host's noise, which can hide a 2x
+        slowdown case by case."""
+        k, h = self.calibrated_kernels, self.host
+        if k is None or h is None or h <= 0 or self.calibrated < MIN_RUN_WIDE or k / h <= threshold:
+            return ""
+        return (
+            f"the candidate's kernels are slower across the board: their calls took {k:.2f}x as long "
+            f"(median over {self.calibrated} pairs) while the host calibration beside them took {h:.2f}x, "
+            f"{k / h:.2f}x on the kernels"
+        )
 
     def scale(self, threshold: float) -> float:
         """The factor uncalibrated pairs are judged against: the run-wide one when the whole run
@@ -726,6 +746,7 @@ def host_shift(tests: Sequence[LatencyTest]) -> HostShift:
         len(cal),
         len(raw),
         (statistics.median(t.noise[0] for t in tests), statistics.median(t.noise[1] for t in tests)),
+        statistics.median(t.cand_ms / t.base_ms for t in cal if t.base_ms > 0) if cal else None,
     )
 
 
@@ -967,6 +988,9 @@ def diff_dirs(
     )
     if shift is not None:
         result.notes += shift.notes(latency_threshold)
+        result.perf_across = shift.across_the_board(latency_threshold)
+        if result.perf_across:
+            result.notes.append(result.perf_across + " (a perf regression: --fail-on-perf gates it)")
     if result.not_compared():
         result.notes.append(
             f"latency not compared for {result.not_compared()} pairs: fewer than {MIN_REPEATS} timed calls "

@@ -170,8 +170,10 @@ def terminal(result: DiffResult, width: int | None = None, gate: Gate = (False, 
                 + (f" | {failing}" if failing else "")
             )
             lines.append(line)
-    if result.perf:
-        lines.append(f"-- Perf regressions ({len(result.perf)})")
+    if result.perf or result.perf_across:
+        lines.append(f"-- Perf regressions ({len(result.perf) + bool(result.perf_across)})")
+    if result.perf_across:
+        lines.append(f"PERF      across the board: {result.perf_across}")
     lines += [
         f"PERF      {p.case_id} [{p.backend}] {_ms(p.base_ms)} ms -> {_ms(p.cand_ms)} ms ({p.ratio:.2f}x, "
         f"Mann-Whitney U p = {fmt(p.p_value, '.2g')}, {p.basis or f'{p.repeats[0]} / {p.repeats[1]} timed calls'})"
@@ -346,6 +348,7 @@ def write_outputs(result: DiffResult, out: Path, gate: Gate = (False, False, Fal
                 "categories": {category: [asdict(c) for c in result.by_category(category)] for category in LISTED},
                 "cases": [asdict(c) for c in result.cases if c.category != "identical"],
                 "perf": [asdict(p) | {"ratio": p.ratio} for p in result.perf],
+                "perf_across_the_board": result.perf_across,
                 "env_changes": result.env_changes,
             },
             indent=1,

@@ -116,3 +116,25 @@ def test_the_runner_times_the_calibration_beside_every_call() -> None:
     assert records.ResultRecord.from_dict(good).timing == good["timing"]
     with pytest.raises(records.RecordError, match="calibration_ms"):
         records.ResultRecord.from_dict(record("c", timing={"latencies_ms": [1.0], "calibration_ms": [math.nan]}))
+
+
+def test_a_kernel_2x_slower_everywhere_is_flagged_across_the_board(tmp_path: Any) -> None:
+    """On a loaded host a 2x slowdown can drown case by case; the median over the pairs, over the
+    host calibration's, does not (measured: 2.04x over 70 pairs at load 13, docs/reports.md)."""
+    from tests.runs import write_run_dir
+
+    slow = {f"c{k}": {"kernel": 2.0, **BURSTS.get(f"c{k}", {})} for k in range(40)}
+    base, cand = rerun(**slow)
+    result = diff.diff_dirs(
+        write_run_dir(tmp_path / "a", base, run_id="a"), write_run_dir(tmp_path / "b", cand, run_id="b")
+    )
+    assert "kernels are slower across the board" in result.perf_across
+    ratio = float(result.perf_across.rsplit(", ", 1)[1].split("x")[0])
+    assert ratio == pytest.approx(2.0, rel=0.1), result.perf_across
+    assert result.exit_status(fail_on_perf=True) == 1 and result.exit_status(fail_on_perf=False) == 0
+    # a host slower throughout moves the calibration too: nothing across the board
+    base, cand = rerun(**{f"c{k}": {"host": 1.8} for k in range(40)})
+    result = diff.diff_dirs(
+        write_run_dir(tmp_path / "c", base, run_id="c"), write_run_dir(tmp_path / "d", cand, run_id="d")
+    )
+    assert result.perf_across == "" and result.exit_status(fail_on_perf=True) == 0
