@@ -17,17 +17,16 @@ from pathlib import Path
 from mlaconf.reports import html, safeio, svg
 from mlaconf.reports.aggregate import fmt, fmt_slack
 from mlaconf.reports.diff import (
-    ALPHA,
     CATEGORIES,
     CATEGORY_COLOURS,
     HEADINGS,
     LISTED,
-    MIN_REPEATS,
     REGRESSIONS,
     CaseDiff,
     DiffResult,
     Gate,
 )
+from mlaconf.reports.latency import ALPHA, MIN_REPEATS
 
 #: Pairs of a class shown in the page's table before the rest collapse under "N more".
 ROWS_SHOWN = 10

@@ -19,10 +19,12 @@ import re
 import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from mlaconf.facts.versions import ascend_versions, package_version
+from mlaconf.reports.html import flatten
 
 PACKAGES = ("torch", "torch_npu", "numpy", "h5py", "ml_dtypes", "pytest", "pytest-xdist")
 #: Packages whose ``version.py`` holds the build's full version string and build tags.
@@ -175,3 +177,33 @@ def collect(repo: Path) -> dict[str, Any]:
         "devices": found,
         "git": git_revision(repo),
     }
+
+
+#: Environment entries listed first when they differ (toolkit, libraries, BLAS, CPU); every other
+#: difference of run.json's ``environment`` follows them.
+ENV_KEYS = (
+    "environment.ascend.cann_toolkit.version",
+    "environment.ascend.atb.version",
+    "environment.ascend.driver.version",
+    "environment.builds.torch.version",
+    "environment.builds.torch_npu.version",
+    "environment.packages.torch",
+    "environment.packages.torch_npu",
+    "environment.packages.numpy",
+    "environment.packages.ml_dtypes",
+    "environment.packages.h5py",
+    "environment.torch_runtime.blas_info",
+    "environment.torch_runtime.num_threads",
+    "environment.cpu.isa",
+    "environment.host",
+    "environment.git.revision",
+)
+
+
+def changes(base_run: Mapping[str, Any], cand_run: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """Every entry of the two runs' ``environment`` that differs, :data:`ENV_KEYS` first ("-":
+    absent on that side, e.g. a run recorded before the entry existed)."""
+    b = dict(flatten({"environment": base_run.get("environment") or {}}))
+    c = dict(flatten({"environment": cand_run.get("environment") or {}}))
+    keys = [k for k in ENV_KEYS if k in b or k in c] + sorted((b.keys() | c.keys()) - set(ENV_KEYS))
+    return [(k, b.get(k, "-"), c.get(k, "-")) for k in keys if b.get(k) != c.get(k)]
