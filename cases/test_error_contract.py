@@ -15,6 +15,7 @@ from mlaconf.golden.spec import CaseSpec
 from mlaconf.harness.backend import Backend
 from mlaconf.judge.deviations import DeviationSet
 from mlaconf.reports.records import ErrorEvidence
+from mlaconf.runner.applicability import not_applicable
 from mlaconf.runner.collect import MlaReport
 from mlaconf.runner.perturb import judge_error_case
 
@@ -25,7 +26,7 @@ def test_error_contract(
     mla_error_case: CaseSpec, mla_backend: Backend, mla_deviation_set: DeviationSet, mla_report: MlaReport
 ) -> None:
     if not mla_backend.error_contract:
-        pytest.skip(
+        not_applicable(
             f"backend {mla_backend.name} declares no error contract (error_contract = False); "
             "only backends promising ATB's status codes are checked"
         )

@@ -33,6 +33,7 @@ from mlaconf.golden.suites import read_toml, suites_dir
 from mlaconf.harness.backend import Backend
 from mlaconf.judge.deviations import DeviationSet
 from mlaconf.judge.policy import PolicySet
+from mlaconf.runner.applicability import not_applicable
 from mlaconf.runner.collect import MlaReport
 from mlaconf.runner.execution import execute, make_call
 from mlaconf.runner.identity import policy_name
@@ -256,7 +257,7 @@ def test_determinism(
     """Exact: five runs of the same call give bit-identical valid rows (backends that declare
     ``deterministic = False`` are skipped)."""
     if not mla_backend.deterministic:
-        pytest.skip(f"backend {mla_backend.name} declares deterministic = False")
+        not_applicable(f"backend {mla_backend.name} declares deterministic = False")
     problems = Problems("determinism", "exact", mla_meta_spec, mla_backend, mla_deviation_set, mla_report)
     call = make_call(generate_inputs(mla_meta_spec), mla_meta_spec)
     shape = (mla_meta_spec.total_q, mla_meta_spec.head_num, V_DIM)

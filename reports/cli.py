@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mlaconf.reports import diff, diff_render, html, merge
+from mlaconf.reports import diff, diff_render, html, latency, merge
 from mlaconf.reports.records import sort_records
 from mlaconf.reports.rundir import RESULTS_FILE, IncompleteRun, load_run_dir
 
@@ -70,8 +70,9 @@ def register(subparsers: Any) -> None:
         "--latency-threshold",
         type=float,
         default=1.2,
-        help="latency ratio cand/base (median and fastest call) listed as a perf regression when significant "
-        f"(one-sided Mann-Whitney U, Holm-corrected at {diff.ALPHA:g}, at least {diff.MIN_REPEATS} timed calls "
+        help="latency ratio cand/base (fastest calls and median, each call over the host calibration timed "
+        "before it) listed as a perf regression when significant "
+        f"(one-sided Mann-Whitney U, Holm-corrected at {latency.ALPHA:g}, at least {latency.MIN_REPEATS} timed calls "
         "per side; default 1.2)",
     )
     p.add_argument("--fail-on-perf", action="store_true", help="perf regressions also fail the exit status")

@@ -3,48 +3,41 @@
 Records are matched by what they are about (:func:`mlaconf.reports.records.record_key`: the case for
 conformance and error-contract records, the relation and case for metamorphic ones, the property)
 and backend, or, with ``base_backend``/``cand_backend``, across two backends case by case.
-Every pair falls in one class (:data:`CATEGORIES`, each under its own heading):
-
-``regressed``         a numeric or property check that passed and now fails, a known deviation
-                      that now fails differently, or worst slack grown past the threshold
-``status_changed``    an error-contract case whose observed status or stage changed (and that
-                      does not now meet the contract)
-``relation_broken``   a metamorphic relation that held and now breaks
-``determinism_lost``  the determinism relation (bit-identical reruns) that held and now breaks
-``crashed``           a test whose xdist worker now dies under it
-``timed_out``         a test that now runs past its timeout
-``not_run``           no evidence: skipped or never run on both sides, or never run in the
-                      candidate (listed first; fails the gate unless skips are expected)
-``fixed`` ``changed`` ``identical`` ``added`` ``missing``  as before
+Every pair falls in one class (:data:`CATEGORIES`; :data:`HEADINGS` in words, docs/reports.md "The
+diff" in full).  ``not_applicable``: skipped on both sides because the backend's own declarations
+rule the test out (:func:`mlaconf.reports.records.not_applicable`: no error contract,
+``Unsupported``, not deterministic): never compared, never failing, listed last and folded away.
 
 The six regression classes fail the gate, as do pairs not run (unless ``skips_expected``), missing
 cases (unless allowed), a candidate that ran fewer tests than it selected or has problems, a diff
 that compared fewer pairs than ``min_compared`` of the baseline, and one run on both sides.
 Two records are ``identical`` when their outputs' digests match (conformance, metamorphic
-relations, properties), or, without digests, when their
-verdict and evidence match (:func:`mlaconf.reports.records.evidence_sha256`).
+relations, properties: bit-identical outputs), or, without digests, when their verdict and evidence
+match (:func:`mlaconf.reports.records.evidence_sha256`); the verdict says which (:data:`SAMENESS`).
+A ``changed`` pair says by how much: the largest change of a deciding check's slack, and the largest
+error against the golden in ulp of the output dtype (``max_ulp_err``) on each side.
 
-Latency is compared only where both runs recorded at least :data:`MIN_REPEATS` timed calls per
-case (``--mla-timing-repeats``): the candidate is slower when a one-sided Mann-Whitney U test (scipy)
-of its per-call latencies against the base's is significant at family-wise level :data:`ALPHA`
-over all compared pairs (Holm-Bonferroni), and both the median and the fastest call got slower
-by more than the latency threshold (load on a shared host inflates some calls; a slower kernel is
-slower on its fastest call too).  Every other pair is "not compared" (too few repeats) or
-"unchanged".  Latency gates only when asked (``--fail-on-perf``).
+Latency is compared by :mod:`mlaconf.reports.latency`; it gates only when asked (``--fail-on-perf``).
 """
 
 from __future__ import annotations
 
-import math
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mlaconf.facts.versions import release_unknown_line
-from mlaconf.reports import html
+from mlaconf.reports import env, html
 from mlaconf.reports.aggregate import fmt, fmt_slack, number, slack, verdict
+from mlaconf.reports.latency import (
+    MIN_REPEATS,
+    HostShift,
+    LatencyTest,
+    PerfDiff,
+    judge_latency,
+    latency_test,
+)
 from mlaconf.reports.records import (
     EVIDENCE_KEYS,
     PASSING,
@@ -52,50 +45,49 @@ from mlaconf.reports.records import (
     evidence,
     evidence_sha256,
     failure_text,
+    not_applicable,
     record_id,
     record_key,
     upgrade,
 )
 from mlaconf.reports.rundir import RunState, load_run_dir
 
-#: Fewest timed calls per side before latencies are compared at all: with n calls a side the
-#: smallest one-sided p is 1 / C(2n, n) (5.4e-6 at n = 10), so a slowdown can stay significant
-#: after the Holm correction over up to ~1,800 compared pairs.
-MIN_REPEATS = 10
-#: Family-wise significance level of the one-sided Mann-Whitney U tests "the candidate is slower".
-ALPHA = 0.01
-
 CATEGORIES = (
-    "not_run",
     "regressed",
     "status_changed",
     "relation_broken",
     "determinism_lost",
     "crashed",
     "timed_out",
+    "not_run",
+    "missing",
     "fixed",
     "changed",
-    "identical",
     "added",
-    "missing",
+    "identical",
+    "not_applicable",
 )
 #: Classes that are regressions: each fails the gate.
 REGRESSIONS = ("regressed", "status_changed", "relation_broken", "determinism_lost", "crashed", "timed_out")
-#: Headings, in the order they are listed.
+#: Headings, in the order they are listed: what fails the gate, then what changed, then (folded
+#: away) what does not apply to the backend.
 HEADINGS = {
-    "not_run": "Not run (skipped on both sides, or never run in the candidate)",
     "regressed": "Regressed",
     "status_changed": "Error status or stage changed",
     "relation_broken": "Metamorphic relations broken",
     "determinism_lost": "Determinism lost",
     "crashed": "Crashes",
     "timed_out": "Timeouts",
+    "not_run": "Not run (skipped on both sides, or never run in the candidate)",
+    "missing": "Missing",
     "fixed": "Fixed",
     "changed": "Changed",
     "added": "Added",
-    "missing": "Missing",
+    "not_applicable": "Not applicable (ruled out by the backend's declarations on both sides)",
 }
 LISTED = tuple(HEADINGS)
+#: Classes of pairs the gate has no comparison for.
+UNCOMPARED = ("not_run", "added", "missing", "not_applicable")
 #: Series colours of the diff scatter: every class that fails the gate is drawn red.
 CATEGORY_COLOURS = {
     **dict.fromkeys(REGRESSIONS, "#b00020"),
@@ -103,19 +95,14 @@ CATEGORY_COLOURS = {
     "changed": "#0072b2",
     "identical": "#999999",
 }
+#: What an identical pair rests on, in the words the verdict uses.
+SAMENESS = {
+    "bit": "bit-identical",
+    "evidence": "same verdict and evidence, no output digest",
+    "random": "property held on both sides over random examples",
+}
 #: The gate's flags: (fail_on_perf, allow_missing, skips_expected).
 Gate = tuple[bool, bool, bool]
-#: Environment entries worth naming when they differ between the runs.
-ENV_KEYS = (
-    "environment.ascend.cann_toolkit.version",
-    "environment.ascend.atb.version",
-    "environment.ascend.driver.version",
-    "environment.packages.torch",
-    "environment.packages.torch_npu",
-    "environment.packages.numpy",
-    "environment.host",
-    "environment.git.revision",
-)
 
 
 @dataclass
@@ -136,8 +123,10 @@ class CaseDiff:
     check_deltas: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
     #: The checks that decide the verdict: failing deciding checks, else the tightest deciding one.
     deciding: list[str] = field(default_factory=list)
-    #: Checks recorded as evidence only (never deciding, never listed as failing).
+    #: Checks recorded as evidence only on every side that has them (never deciding, never failing).
     evidence_checks: list[str] = field(default_factory=list)
+    #: Checks deciding on one side and evidence only on the other -> which way, in words.
+    role_changes: dict[str, str] = field(default_factory=dict)
     #: What the latency comparison found: "not compared (...)", "unchanged (...)", "slower ...".
     latency: str = ""
     #: Candidate / base median latency, where compared.
@@ -147,21 +136,13 @@ class CaseDiff:
     #: Commands that shrink the failing candidate case and write its repro (conformance and
     #: metamorphic tests, what ``mlaconf shrink`` takes; empty unless the candidate fails).
     next_commands: list[str] = field(default_factory=list)
-
-
-@dataclass
-class PerfDiff:
-    case_id: str
-    backend: str
-    base_ms: float
-    cand_ms: float
-    #: p-value of the one-sided Mann-Whitney U test (candidate slower) and the repeats per side.
-    p_value: float | None = None
-    repeats: tuple[int, int] = (0, 0)
-
-    @property
-    def ratio(self) -> float:
-        return self.cand_ms / self.base_ms
+    #: What "identical" rests on (:data:`SAMENESS`), for identical pairs.
+    sameness: str = ""
+    #: Changed pairs: the largest change of a deciding check's slack (candidate - base) and its check.
+    slack_change: float | None = None
+    slack_change_check: str = ""
+    #: Changed pairs: the largest error against the golden in ulp of the output dtype, (base, candidate).
+    ulp: tuple[float | None, float | None] = (None, None)
 
 
 @dataclass
@@ -175,14 +156,17 @@ class DiffResult:
     #: Why the candidate cannot pass whatever its records say (it ran fewer tests than it selected,
     #: it has problems, both sides are one run).
     gate_failures: list[str] = field(default_factory=list)
-    #: Records of the baseline (of ``base_backend`` when given): what a full comparison pairs.
+    #: Records of the baseline (of ``base_backend`` when given) that apply to its backend: what a
+    #: full comparison pairs.
     baseline: int = 0
     #: Share of the baseline that must be compared (both sides ran); None: every pair no flag excused.
     min_compared: float | None = None
+    #: A kernel slowdown across the board (:meth:`HostShift.across_the_board`), "" if none.
+    perf_across: str = ""
 
     def compared(self) -> int:
         """Pairs where both sides ran the test: the evidence the gate stands on."""
-        return sum(c.category not in ("not_run", "added", "missing") for c in self.cases)
+        return sum(c.category not in UNCOMPARED for c in self.cases)
 
     def coverage_reason(self) -> str | None:
         """Why too little was compared (None: enough): no pair at all, or fewer than a stated
@@ -227,6 +211,8 @@ class DiffResult:
             reasons.append(coverage)
         if fail_on_perf and self.perf:
             reasons.append(f"{len(self.perf)} perf regressions")
+        if fail_on_perf and self.perf_across:
+            reasons.append("kernels slower across the board")
         return reasons
 
     def exit_status(self, fail_on_perf: bool, allow_missing: bool = False, skips_expected: bool = False) -> int:
@@ -241,10 +227,41 @@ class DiffResult:
         counts = self.counts()
         excused = [f"{counts['not_run']} not run (expected)"] if counts["not_run"] else []
         excused += [f"{counts['missing']} missing (allowed)"] if counts["missing"] else []
+        if counts["not_applicable"]:
+            excused.append(f"{counts['not_applicable']} not applicable (declared by the backend on both sides)")
         return (
-            f"GATE PASSES: {counts['identical']} identical, {counts['changed']} changed within tolerance, "
+            f"GATE PASSES: {self.identical_text()}, {self.changed_text()}, "
             f"{self.compared()} of {self.baseline} baseline pairs compared" + "".join(f", {e}" for e in excused)
         )
+
+    def identical_text(self) -> str:
+        """How many pairs are identical and what that rests on: ``104 identical (bit-identical)``
+        when every one has equal output digests, else how many rest on what (:data:`SAMENESS`)."""
+        pairs = self.by_category("identical")
+        kinds = {k: sum(d.sameness == k for d in pairs) for k in SAMENESS}
+        if not pairs:
+            return "0 identical"
+        if kinds["bit"] == len(pairs):
+            return f"{len(pairs)} identical (bit-identical)"
+        parts = [f"{n} {SAMENESS[k]}" for k, n in kinds.items() if n]
+        return f"{len(pairs)} identical ({', '.join(parts)})"
+
+    def changed_text(self) -> str:
+        """How many pairs changed within tolerance and by how much at most: the largest change of a
+        deciding check's slack, and the largest error against the golden in ulp on each side."""
+        pairs = self.by_category("changed")
+        text = f"{len(pairs)} changed within tolerance"
+        moves = [d for d in pairs if d.slack_change is not None]
+        if not moves:
+            return text
+        worst = max(moves, key=lambda d: abs(d.slack_change or 0.0))
+        parts = [f"largest slack change {worst.slack_change:+.3g} ({worst.slack_change_check}, {worst.case_id})"]
+        ulps = [d.ulp for d in pairs if None not in d.ulp]
+        if ulps:
+            base_ulp = max(u[0] for u in ulps if u[0] is not None)
+            cand_ulp = max(u[1] for u in ulps if u[1] is not None)
+            parts.append(f"largest error vs golden {base_ulp:g} -> {cand_ulp:g} ulp")
+        return f"{text} ({'; '.join(parts)})"
 
 
 def _state(record: Record) -> str:
@@ -333,6 +350,24 @@ def same_result(base: Record, cand: Record) -> bool:
     return evidence_sha256(base) == evidence_sha256(cand)
 
 
+def sameness(base: Record, cand: Record) -> str:
+    """What makes an identical pair identical (a key of :data:`SAMENESS`)."""
+    b_sha, c_sha = _digests(base, cand)
+    if b_sha and c_sha:
+        return "bit" if b_sha == c_sha else "random"
+    return "evidence"
+
+
+def _slack_change(d: CaseDiff) -> None:
+    """Set how much a changed pair moved: the deciding (else any) check whose slack moved most."""
+    moved = {n: c - b for n, (b, c) in d.check_deltas.items() if b is not None and c is not None}
+    deciding = {n: v for n, v in moved.items() if n not in d.evidence_checks}
+    pool = deciding or moved
+    if pool:
+        d.slack_change_check = max(pool, key=lambda n: abs(pool[n]))
+        d.slack_change = pool[d.slack_change_check]
+
+
 def _changed_reason(base: Record, cand: Record) -> str:
     b_sha, c_sha = _digests(base, cand)
     if b_sha and c_sha and b_sha != c_sha:
@@ -365,7 +400,11 @@ def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
     if base.get("policy") and cand.get("policy") and base.get("policy") != cand.get("policy"):
         d.reasons.append(f"policy {base.get('policy')} -> {cand.get('policy')}")
     moved = f"{verdict(base)} -> {verdict(cand)}"
-    if c_kind == "not_run" or (c_state == "skip" and (b_state == "skip" or b_kind == "not_run")):
+    b_na, c_na = not_applicable(base), not_applicable(cand)
+    if b_na and c_na:
+        d.category = "not_applicable"  # both backends say the test does not apply: nothing to compare
+        d.reasons.append(c_na if b_na == c_na else f"base: {b_na}; candidate: {c_na}")
+    elif c_kind == "not_run" or (c_state == "skip" and (b_state == "skip" or b_kind == "not_run")):
         d.category = "not_run"  # no evidence on the candidate's side: neither identical nor regressed
         d.reasons.append(failure_text(cand) or str(cand.get("message") or "skipped on both sides"))
     elif b_kind == "not_run":
@@ -391,6 +430,8 @@ def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
     elif b_state != c_state:
         d.category = "missing" if c_state == "skip" else "added"
         d.reasons.append(f"{moved} (not comparable)")
+        skipped = base if b_state == "skip" else cand
+        d.reasons.append(str(skipped.get("message") or ""))
     elif verdict(base) == verdict(cand) and same_result(base, cand):
         d.category = "identical"
     elif b_state == "pass" and cs is not None and cs > 0.5 and (bs is None or bs <= 0 or cs > slack_threshold * bs):
@@ -400,7 +441,7 @@ def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
         d.reasons.append(moved if verdict(base) != verdict(cand) else _changed_reason(base, cand))
         if suite == "metamorphic":
             d.reasons.append(_relation_reason(cand))
-    if d.category not in ("not_run", "identical", "added", "missing"):
+    if d.category not in (*UNCOMPARED, "identical"):
         bm, cm = _metrics(base), _metrics(cand)
         d.failing_metrics = sorted(set(_failing_metrics(base)) | set(_failing_metrics(cand)))
         d.metric_deltas = {k: (bm.get(k), cm.get(k)) for k in sorted(bm.keys() | cm.keys())}
@@ -409,8 +450,32 @@ def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
             n: (number((b_checks.get(n) or {}).get("slack")), number((c_checks.get(n) or {}).get("slack")))
             for n in sorted(b_checks.keys() | c_checks.keys())
         }
-        d.evidence_checks = [n for n, c in {**b_checks, **c_checks}.items() if not _decisive(c)]
+        # each side's role read from its own record: the base's failing deciding check of a fixed
+        # pair is no evidence-only check because the candidate records it as evidence
+        b_ev = {n for n, c in b_checks.items() if not _decisive(c)}
+        c_ev = {n for n, c in c_checks.items() if not _decisive(c)}
+        d.evidence_checks = sorted(
+            n
+            for n in b_checks.keys() | c_checks.keys()
+            if (n in b_ev or n not in b_checks) and (n in c_ev or n not in c_checks)
+        )
+        d.role_changes = {
+            n: "deciding in the base, evidence in the candidate" for n in sorted(c_ev & b_checks.keys() - b_ev)
+        }
+        d.role_changes |= {
+            n: "evidence in the base, deciding in the candidate" for n in sorted(b_ev & c_checks.keys() - c_ev)
+        }
         d.deciding = deciding_checks(base, cand)
+    if d.category == "identical":
+        d.sameness = sameness(base, cand)
+    if d.category == "changed":
+        _slack_change(d)
+        if d.slack_change is not None:
+            d.reasons.append(f"largest slack change {d.slack_change:+.3g} ({d.slack_change_check})")
+        ulp = (_metrics(base).get("max_ulp_err"), _metrics(cand).get("max_ulp_err"))
+        if None not in ulp:
+            d.ulp = ulp
+            d.reasons.append(f"largest error vs golden {ulp[0]:g} -> {ulp[1]:g} ulp")
     if d.category == "changed" and b_state == "fail":
         d.reasons.append("still failing")
     if c_state == "fail" and d.category not in ("not_run", "fixed") and suite in ("conformance", "metamorphic"):
@@ -418,66 +483,6 @@ def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
         d.likely_cause = str(cause.get("text") or "") if isinstance(cause, Mapping) else ""
         d.next_commands = html.repro_commands(cand)
     return d
-
-
-@dataclass(frozen=True)
-class LatencyTest:
-    """One pair's per-call latencies compared: medians, fastest calls, the one-sided p-value."""
-
-    base_ms: float
-    cand_ms: float
-    base_min: float
-    cand_min: float
-    p_value: float
-    repeats: tuple[int, int]
-
-    def slower(self, threshold: float) -> bool:
-        """Slower by more than ``threshold`` on the median and on the fastest call."""
-        return self.cand_ms > threshold * self.base_ms and self.cand_min > threshold * self.base_min
-
-
-def latency_test(base: Record, cand: Record) -> LatencyTest | str:
-    """The pair's latency test, or why it is not compared ("" when neither side was timed)."""
-    samples = []
-    for record in (base, cand):
-        timing = record.get("timing")
-        raw = timing.get("latencies_ms") if isinstance(timing, Mapping) else None
-        samples.append([float(v) for v in raw or [] if number(v) is not None and math.isfinite(float(v))])
-    b, c = samples
-    if not (isinstance(base.get("timing"), Mapping) or isinstance(cand.get("timing"), Mapping)):
-        return ""  # nothing timed (a rejection, a relation, a skip)
-    if len(b) < MIN_REPEATS or len(c) < MIN_REPEATS:
-        return f"not compared ({len(b)} vs {len(c)} timed calls; needs {MIN_REPEATS} each)"
-    from scipy import stats  # only here: the diff's other paths and the plugin never pay its import
-
-    p = float(stats.mannwhitneyu(c, b, alternative="greater").pvalue)
-    return LatencyTest(statistics.median(b), statistics.median(c), min(b), min(c), p, (len(b), len(c)))
-
-
-def holm_significant(p_values: Sequence[float], alpha: float = ALPHA) -> list[bool]:
-    """Holm-Bonferroni step-down: which hypotheses are rejected at family-wise level ``alpha``."""
-    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
-    rejected = [False] * len(p_values)
-    for rank, i in enumerate(order):
-        if p_values[i] > alpha / (len(p_values) - rank):
-            break
-        rejected[i] = True
-    return rejected
-
-
-def judge_latency(tests: Sequence[tuple[CaseDiff, LatencyTest]], threshold: float) -> list[PerfDiff]:
-    """Set each pair's latency verdict; the significant slowdowns beyond ``threshold``."""
-    perf = []
-    significant = holm_significant([t.p_value for _, t in tests])
-    for (d, t), sig in zip(tests, significant, strict=True):
-        ratio = t.cand_ms / t.base_ms if t.base_ms > 0 else math.inf
-        d.latency_ratio = ratio
-        if sig and t.slower(threshold):
-            d.latency = f"slower {ratio:.2f}x (p = {t.p_value:.2g})"
-            perf.append(PerfDiff(d.case_id, d.backend, t.base_ms, t.cand_ms, t.p_value, t.repeats))
-        else:
-            d.latency = f"unchanged ({ratio:.2f}x, p = {t.p_value:.2g}{'' if sig else ', not significant'})"
-    return perf
 
 
 def diff_records(
@@ -492,6 +497,27 @@ def diff_records(
     """Pair records by subject and backend; with ``base_backend`` and ``cand_backend``, pair the
     base run's records of one backend with the candidate's of another, subject by subject (e.g.
     ATB against a GPU kernel on the same goldens)."""
+    cases, perf, _ = compare_records(
+        base,
+        cand,
+        slack_threshold=slack_threshold,
+        latency_threshold=latency_threshold,
+        base_backend=base_backend,
+        cand_backend=cand_backend,
+    )
+    return cases, perf
+
+
+def compare_records(
+    base: Sequence[Record],
+    cand: Sequence[Record],
+    *,
+    slack_threshold: float = 1.5,
+    latency_threshold: float = 1.2,
+    base_backend: str | None = None,
+    cand_backend: str | None = None,
+) -> tuple[list[CaseDiff], list[PerfDiff], HostShift | None]:
+    """:func:`diff_records`, and what the latencies say about the two runs as a whole."""
     base = [upgrade(r) for r in base]
     cand = [upgrade(r) for r in cand]
     across = base_backend is not None or cand_backend is not None
@@ -532,9 +558,9 @@ def diff_records(
         else:
             d.latency = test
         cases.append(d)
-    perf = judge_latency(timed, latency_threshold)
+    perf, shift = judge_latency(timed, latency_threshold)
     perf.sort(key=lambda p: -p.ratio)
-    return cases, perf
+    return cases, perf, shift
 
 
 def _backends(records: Sequence[Record]) -> list[str]:
@@ -593,11 +619,6 @@ def _same_run(base: Path, cand: Path, base_run: Mapping[str, Any], cand_run: Map
     return ""
 
 
-def _env_changes(base_run: Mapping[str, Any], cand_run: Mapping[str, Any]) -> list[tuple[str, str, str]]:
-    b, c = dict(html.flatten(dict(base_run))), dict(html.flatten(dict(cand_run)))
-    return [(k, b.get(k, "-"), c.get(k, "-")) for k in ENV_KEYS if b.get(k) != c.get(k)]
-
-
 def diff_dirs(
     base: Path,
     cand: Path,
@@ -638,7 +659,7 @@ def diff_dirs(
         if backend is not None and not any(r.get("backend") == backend for r in records):
             have = _backends(records)
             notes.append(f"the {side} run has no records of backend {backend!r} (it has {', '.join(have) or 'none'})")
-    cases, perf = diff_records(
+    cases, perf, shift = compare_records(
         base_records,
         cand_records,
         slack_threshold=slack_threshold,
@@ -658,17 +679,18 @@ def diff_dirs(
         cases,
         perf,
         notes + _run_notes(base_run, cand_run, cases, backends),
-        _env_changes(base_run, cand_run),
+        env.changes(base_run, cand_run),
         gate_failures,
-        baseline=sum(base_backend is None or r.get("backend") == base_backend for r in base_records),
+        baseline=sum(
+            (base_backend is None or r.get("backend") == base_backend) and not not_applicable(r) for r in base_records
+        ),
         min_compared=min_compared,
     )
-    ratios = [c.latency_ratio for c in cases if c.latency_ratio is not None]
-    if ratios:
-        result.notes.append(
-            f"median latency ratio over {len(ratios)} compared pairs: {statistics.median(ratios):.2f}x "
-            "(far from 1 everywhere: a busier or slower host, or a slower toolkit; rerun both on a quiet host)"
-        )
+    if shift is not None:
+        result.notes += shift.notes(latency_threshold)
+        result.perf_across = shift.across_the_board(latency_threshold)
+        if result.perf_across:
+            result.notes.append(result.perf_across + " (a perf regression: --fail-on-perf gates it)")
     if result.not_compared():
         result.notes.append(
             f"latency not compared for {result.not_compared()} pairs: fewer than {MIN_REPEATS} timed calls "

@@ -17,17 +17,16 @@ from pathlib import Path
 from mlaconf.reports import html, safeio, svg
 from mlaconf.reports.aggregate import fmt, fmt_slack
 from mlaconf.reports.diff import (
-    ALPHA,
     CATEGORIES,
     CATEGORY_COLOURS,
     HEADINGS,
     LISTED,
-    MIN_REPEATS,
     REGRESSIONS,
     CaseDiff,
     DiffResult,
     Gate,
 )
+from mlaconf.reports.latency import ALPHA, MIN_REPEATS
 
 #: Pairs of a class shown in the page's table before the rest collapse under "N more".
 ROWS_SHOWN = 10
@@ -41,9 +40,15 @@ def _value(value: float | None, spec: str) -> str:
 
 
 def _check_text(d: CaseDiff, name: str) -> str:
+    """A check's slack before and after, with its role (evidence only, or a role that changed) and
+    whether it fails now (FAILING) or failed in the base only (FAILED in the base)."""
     b, c = d.check_deltas.get(name, (None, None))
     role = " (evidence)" if name in d.evidence_checks else ""
-    mark = " FAILING" if name in d.deciding and c is not None and c > 1.0 else ""
+    role = f" ({d.role_changes[name]})" if name in d.role_changes else role
+    deciding = name in d.deciding
+    mark = " FAILING" if deciding and c is not None and c > 1.0 else ""
+    if deciding and not mark and b is not None and b > 1.0:
+        mark = " FAILED in the base"
     return f"{name}{role}{mark} slack {fmt_slack(b)}->{fmt_slack(c)}"
 
 
@@ -84,7 +89,7 @@ def _rows(result: DiffResult, category: str) -> list[list[str]]:
 
 
 HEADERS = ["case", "backend", "verdict", "slack", "why", "deciding check, then other deltas (base->cand)"]
-PERF_HEADERS = ["case", "backend", "base ms", "cand ms", "ratio", "p (Mann-Whitney U)", "timed calls"]
+PERF_HEADERS = ["case", "backend", "base ms", "cand ms", "ratio", "p (Mann-Whitney U)", "timed calls", "compared"]
 
 
 def _ms(value: float) -> str:
@@ -102,9 +107,26 @@ def _perf_rows(result: DiffResult) -> list[list[str]]:
             f"{p.ratio:.2f}x",
             fmt(p.p_value, ".2g"),
             f"{p.repeats[0]} / {p.repeats[1]}",
+            p.basis,
         ]
         for p in result.perf
     ]
+
+
+def folded_reasons(result: DiffResult) -> list[tuple[int, str]]:
+    """The not-applicable pairs as (count, reason), most frequent first: one line per declaration
+    instead of a row per test."""
+    counts: dict[str, int] = {}
+    for d in result.by_category("not_applicable"):
+        # the reason names the case it rules out; fold "cannot express case X: why" by its why
+        reason = _fold_key(_why(d), d.case_id)
+        counts[reason] = counts.get(reason, 0) + 1
+    return sorted(((n, r) for r, n in counts.items()), key=lambda nr: (-nr[0], nr[1]))
+
+
+def _fold_key(reason: str, case_id: str) -> str:
+    subject = case_id.rpartition(":")[2]
+    return reason.replace(f" {subject}:", ":") if subject else reason
 
 
 def _heading(category: str, count: int) -> str:
@@ -122,13 +144,16 @@ def terminal(result: DiffResult, width: int | None = None, gate: Gate = (False, 
         "  " + "  ".join(f"{k}: {v}" for k, v in counts.items()) + f"  perf: {len(result.perf)}",
     ]
     lines.append(f"  {result.verdict(*gate)}")
+    lines += [f"  env {k}: {b} -> {c}" for k, b, c in result.env_changes]  # what the verdicts depend on
     lines += [f"  NOTE: {n}" for n in result.notes]
-    lines += [f"  env {k}: {b} -> {c}" for k, b, c in result.env_changes]
     for category in LISTED:
         found = result.by_category(category)
         if not found:
             continue
         lines.append(f"-- {_heading(category, len(found))}")
+        if category == "not_applicable":  # folded: one line per declaration
+            lines += [f"NOT_APPL  {n} x {reason}" for n, reason in folded_reasons(result)]
+            continue
         for d in found:
             why = _why(d)
             failing = _deltas(d)
@@ -144,11 +169,13 @@ def terminal(result: DiffResult, width: int | None = None, gate: Gate = (False, 
                 + (f" | {failing}" if failing else "")
             )
             lines.append(line)
-    if result.perf:
-        lines.append(f"-- Perf regressions ({len(result.perf)})")
+    if result.perf or result.perf_across:
+        lines.append(f"-- Perf regressions ({len(result.perf) + bool(result.perf_across)})")
+    if result.perf_across:
+        lines.append(f"PERF      across the board: {result.perf_across}")
     lines += [
         f"PERF      {p.case_id} [{p.backend}] {_ms(p.base_ms)} ms -> {_ms(p.cand_ms)} ms ({p.ratio:.2f}x, "
-        f"Mann-Whitney U p = {fmt(p.p_value, '.2g')}, {p.repeats[0]} / {p.repeats[1]} timed calls)"
+        f"Mann-Whitney U p = {fmt(p.p_value, '.2g')}, {p.basis or f'{p.repeats[0]} / {p.repeats[1]} timed calls'})"
         for p in result.perf
     ]
     if width is not None:  # every line after the counts, notes too, cut to the terminal
@@ -171,12 +198,15 @@ def markdown(result: DiffResult, gate: Gate = (False, False, False)) -> str:
         _md_table([*result.counts(), "perf"], [[str(v) for v in result.counts().values()] + [str(len(result.perf))]]),
     ]
     parts.append(f"\n**{result.verdict(*gate)}**")
-    parts += [f"\n> **Note:** {n}" for n in result.notes]
     if result.env_changes:
         parts.append("\n## Environment changes\n\n" + _md_table(["key", "base", "candidate"], result.env_changes))
+    parts += [f"\n> **Note:** {n}" for n in result.notes]
     for category in LISTED:
         rows = _rows(result, category)
-        if rows:
+        if rows and category == "not_applicable":
+            folded = _md_table(["tests", "reason"], [[str(n), r] for n, r in folded_reasons(result)])
+            parts.append(f"\n## {_heading(category, len(rows))}\n\n" + folded)
+        elif rows:
             parts.append(f"\n## {_heading(category, len(rows))}\n\n" + _md_table(HEADERS, rows))
             commands = [c for d in result.by_category(category) for c in d.next_commands]
             if commands:
@@ -256,15 +286,24 @@ def render_html(result: DiffResult, gate: Gate = (False, False, False)) -> str:
         f'<div class="banner {"fail" if result.gate_reasons(*gate) else "pass"}" id="verdict">'
         f"{escape(result.verdict(*gate))}</div>",
     )
+    if result.env_changes:
+        sections.append(
+            f'<h2 id="environment">Environment changes ({len(result.env_changes)})</h2>'
+            + html.table(["key", "base", "candidate"], result.env_changes)
+        )
     sections += [f'<p class="note">Note: {escape(n)}</p>' for n in result.notes]
     chart = slack_chart(result)
     if chart:
         sections.append(f'<h2>Base and candidate side by side</h2><div class="plots">{chart}</div>')
-    if result.env_changes:
-        sections.append("<h2>Environment changes</h2>" + html.table(["key", "base", "candidate"], result.env_changes))
     for category in LISTED:
         rows = _rows(result, category)
-        if rows:
+        if rows and category == "not_applicable":  # folded away: they neither changed nor fail
+            folded = html.table(["tests", "reason"], [[str(n), r] for n, r in folded_reasons(result)])
+            sections.append(
+                f'<details id="{category}"><summary>{escape(_heading(category, len(rows)))}</summary>'
+                f"{folded}{_collapsed_table(rows)}</details>"
+            )
+        elif rows:
             cls = "regressed" if category in REGRESSIONS else category
             sections.append(
                 f'<h2 class="{cls}" id="{category}">{escape(_heading(category, len(rows)))}</h2>'
@@ -299,13 +338,16 @@ def write_outputs(result: DiffResult, out: Path, gate: Gate = (False, False, Fal
                     "test": "Mann-Whitney U, one-sided (candidate slower), Holm-Bonferroni over the compared pairs",
                     "alpha": ALPHA,
                     "min_repeats": MIN_REPEATS,
-                    "effect": "median and fastest call both slower by more than the latency threshold",
+                    "effect": "the fastest calls (a quarter, at least 3) and the median both slower by more than "
+                    "the latency threshold, each call over the host calibration timed before it where both sides "
+                    "have one; uncalibrated pairs against the run-wide ratio when the whole run moved",
                 },
                 "gate_failing_classes": list(REGRESSIONS),
                 "regressions": len(result.regressions()),
                 "categories": {category: [asdict(c) for c in result.by_category(category)] for category in LISTED},
                 "cases": [asdict(c) for c in result.cases if c.category != "identical"],
                 "perf": [asdict(p) | {"ratio": p.ratio} for p in result.perf],
+                "perf_across_the_board": result.perf_across,
                 "env_changes": result.env_changes,
             },
             indent=1,

@@ -459,6 +459,48 @@ def group_anchor(key: Sequence[str]) -> str:
     return anchor("fail", *key)
 
 
+def _path(value: Any, *keys: str) -> Any:
+    for key in keys:
+        value = value.get(key) if isinstance(value, Mapping) else None
+    return value
+
+
+def backend_line(records: Sequence[Record], run: Mapping[str, Any]) -> str:
+    """What the verdicts ran on, for the banner: each backend with the versions it reported, then
+    the toolkit, libraries, BLAS and CPU of run.json's environment (absent entries left out)."""
+    versions: dict[str, dict[str, str]] = {}
+    for r in records:
+        reported = r.get("backend_versions")
+        versions.setdefault(str(r.get("backend")), {}).update(reported if isinstance(reported, Mapping) else {})
+    parts = [
+        f"backend {name}" + (" (" + ", ".join(f"{k} {v}" for k, v in sorted(vs.items())) + ")" if vs else "")
+        for name, vs in sorted(versions.items())
+    ]
+    environment = run.get("environment")
+    builds = {k: _path(environment, "builds", k, "version") for k in ("torch", "torch_npu")}
+    packages = _path(environment, "packages") or {}
+    libraries = {
+        "CANN": _path(environment, "ascend", "cann_toolkit", "version"),
+        "ATB": _path(environment, "ascend", "atb", "version"),
+        "torch": builds["torch"] or packages.get("torch"),
+        "torch_npu": builds["torch_npu"] or packages.get("torch_npu"),
+        **{k: packages.get(k) for k in ("numpy", "ml_dtypes", "h5py")},
+    }
+    parts += [f"{k} {v}" for k, v in libraries.items() if v]
+    runtime = _path(environment, "torch_runtime") or {}
+    if runtime.get("blas_info"):
+        threads, capability = runtime.get("num_threads"), runtime.get("cpu_capability")
+        parts.append(f"torch BLAS {runtime['blas_info']}, {threads} threads, {capability}")
+    blas = _path(environment, "blas")
+    for lib in blas if isinstance(blas, list) else []:
+        if isinstance(lib, Mapping) and lib.get("user_api") == "blas":
+            parts.append(f"{lib.get('internal_api')} {lib.get('version') or ''} ({lib.get('num_threads')} threads)")
+    isa = _path(environment, "cpu", "isa")
+    if isinstance(isa, list) and isa:
+        parts.append(f"CPU {_path(environment, 'cpu', 'machine') or ''} {' '.join(map(str, isa))}")
+    return " · ".join(p.replace("  ", " ") for p in parts)
+
+
 def verdict_banner(records: Sequence[Record], run: Mapping[str, Any]) -> str:
     """The run's verdict in one coloured line, then every verdict's count (failures in red)."""
     counts = {v: sum(verdict(r) == v for r in records) for v in VERDICTS}
@@ -491,7 +533,9 @@ def verdict_banner(records: Sequence[Record], run: Mapping[str, Any]) -> str:
     unknown = release_unknown_line(str(r.get("message") or "") for r in records)
     if unknown:
         lines += f'<p class="release-unknown">{escape(unknown)}</p>'
-    return f'<div class="banner {cls}" id="verdict">{escape(text)}</div><p class="counts">{chips}</p>{lines}'
+    ran_on = backend_line(records, run)
+    ran_on = f'<p class="backend" id="backend">{escape(ran_on)}</p>' if ran_on else ""
+    return f'<div class="banner {cls}" id="verdict">{escape(text)}</div>{ran_on}<p class="counts">{chips}</p>{lines}'
 
 
 def contents(entries: Sequence[tuple[str, str]]) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -146,6 +147,8 @@ class ResultRecord:
     failure: Failure | None = None
     timing: Mapping[str, Any] | None = None
     output_sha256: str | None = None
+    #: Why the backend's own declarations rule the test out (a skip that is no missing evidence).
+    not_applicable: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
@@ -197,6 +200,7 @@ class ResultRecord:
             "likely_cause",
             "timing",
             "output_sha256",
+            "not_applicable",
         ):
             args.setdefault(name, None)
         args["error"] = _sub(ErrorEvidence, args.get("error"), "error")
@@ -234,6 +238,7 @@ _TEXT_FIELDS = (
     "policy",
     "deviation",
     "output_sha256",
+    "not_applicable",
 )
 _OBJECT_FIELDS = (
     "backend_versions",
@@ -291,7 +296,7 @@ def validate_types(data: Mapping[str, Any]) -> None:
         if isinstance(value, Mapping | list):
             raise RecordError(f"record field 'metrics.{name}': expected a number, got {json_type_name(value)}")
     for name, value in (data.get("timing") or {}).items():
-        numbers = value if name == "latencies_ms" and isinstance(value, list) else [value]
+        numbers = value if name in ("latencies_ms", "calibration_ms") and isinstance(value, list) else [value]
         if not all(v is None or _is_number(v) for v in numbers):
             raise RecordError(f"record field 'timing.{name}': expected numbers, got {json_type_name(value)}")
     if problem := value_problem(data):
@@ -306,10 +311,20 @@ def _plain(value: Any) -> Any:
     return value
 
 
+#: Skip messages of the declarations a record states in ``not_applicable`` since that field
+#: exists, as runs before it wrote them (cases/test_error_contract.py, cases/test_metamorphic.py,
+#: runner/execution.py): their records diff as not applicable too.
+_DECLARED_SKIPS = re.compile(
+    r"backend \S+ (declares no error contract \(error_contract = False\)|declares deterministic = False$"
+    r"|cannot express case \S+: )"
+)
+
+
 def upgrade(data: Mapping[str, Any]) -> Record:
     """A record of any schema version as a schema-2 dict (old conformance records, schema 1:
     ``suite`` was the case's TOML suite, ``nodeid`` the test, ``error`` held ``{status, name,
-    stage}``)."""
+    stage}``; a skip a backend's declaration called for, written before ``not_applicable``, gets
+    that field from its message)."""
     out = dict(data)
     version = out.get("schema_version", 1)
     if not isinstance(version, int) or isinstance(version, bool):
@@ -319,6 +334,9 @@ def upgrade(data: Mapping[str, Any]) -> Record:
             f"record field 'schema_version': {version} is not a known version "
             f"({', '.join(map(str, KNOWN_SCHEMAS))}); written by a newer mlaconf?"
         )
+    message = str(out.get("message") or "")
+    if "not_applicable" not in out and out.get("verdict") == "skipped" and _DECLARED_SKIPS.match(message):
+        out["not_applicable"] = message  # written before the field: the declaration's skip message
     if version >= SCHEMA_VERSION:
         return out
     out["schema_version"] = SCHEMA_VERSION
@@ -401,6 +419,12 @@ def evidence(record: Mapping[str, Any]) -> Record:
 def evidence_sha256(record: Mapping[str, Any]) -> str:
     """SHA-256 of :func:`evidence`: equal digests = the same verdict on the same evidence."""
     return hashlib.sha256(dumps(evidence(record)).encode()).hexdigest()
+
+
+def not_applicable(record: Mapping[str, Any]) -> str | None:
+    """Why the backend's declarations rule the record's (skipped) test out, or None."""
+    reason = record.get("not_applicable")
+    return reason if record.get("verdict") == "skipped" and isinstance(reason, str) and reason else None
 
 
 def failure_text(record: Mapping[str, Any]) -> str:

@@ -38,6 +38,7 @@ import pytest
 
 from mlaconf.reports import aggregate, env, records, rundir, safeio
 from mlaconf.reports.records import PROPERTY_NAME, Failure, Record, RecordError, ResultRecord, make_record
+from mlaconf.runner.applicability import declared_reason
 from mlaconf.runner.failures import crash_record, failure_of, short_text
 from mlaconf.runner.identity import BACKEND_LABELS, MLA_PARAMETER, identity, identity_from_nodeid
 from mlaconf.runner.run_directory import RunDirectory, goldens_facts, resumable, resumed_note
@@ -176,6 +177,8 @@ def complete_report(item: pytest.Item, call: pytest.CallInfo[None], report: pyte
     else:
         record = _from_outcome(ident, outcome, report, item, excinfo)
     changes: dict[str, Any] = {}
+    if outcome == "skipped" and (reason := declared_reason(excinfo)):
+        changes["not_applicable"] = reason  # the backend's own declaration rules the test out
     if record.verdict != agreed_verdict(record.verdict, outcome):
         changes["verdict"] = outcome
         if outcome in ("failed", "error") and record.failure is None and excinfo is not None:

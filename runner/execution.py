@@ -5,17 +5,17 @@ from __future__ import annotations
 import hashlib
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import ml_dtypes
 import numpy as np
-import pytest
 import torch
 import xxhash
 
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.types import OpInputs
 from mlaconf.harness.backend import Backend, BackendError, MlaPrefillCall, Unsupported
+from mlaconf.runner.applicability import not_applicable
 
 
 def to_torch(array: np.ndarray) -> torch.Tensor:
@@ -63,6 +63,9 @@ class Execution:
     out: np.ndarray
     latencies_ms: list[float]
     flops: int
+    #: The host calibration timed just before each timed call (:func:`calibration_ms`), when timed
+    #: more than once: what lets ``report diff`` tell a busy host from a slower kernel.
+    calibration_ms: list[float] = field(default_factory=list)
 
     @property
     def median_ms(self) -> float:
@@ -70,12 +73,15 @@ class Execution:
 
     def timing(self) -> dict[str, float | int | list[float]]:
         seconds = self.median_ms / 1e3
-        return {
+        timing: dict[str, float | int | list[float]] = {
             "latency_ms_median": round(self.median_ms, 4),
             "repeats": len(self.latencies_ms),
             "latencies_ms": [round(v, 4) for v in self.latencies_ms],  # per call: what the diff's test compares
             "tflops": round(self.flops / seconds / 1e12, 6) if seconds > 0 else 0.0,
         }
+        if self.calibration_ms:
+            timing["calibration_ms"] = [round(v, 4) for v in self.calibration_ms]
+        return timing
 
 
 def execute(backend: Backend, call: MlaPrefillCall, spec: CaseSpec, *, repeats: int = 1, warmup: int = 0) -> Execution:
@@ -83,15 +89,31 @@ def execute(backend: Backend, call: MlaPrefillCall, spec: CaseSpec, *, repeats: 
     try:
         return _timed(backend, call, spec, repeats, warmup)
     except Unsupported as exc:
-        pytest.skip(f"backend {backend.name} cannot express case {spec.case_id}: {exc}")
+        not_applicable(f"backend {backend.name} cannot express case {spec.case_id}: {exc}")
+
+
+#: Side of the square float32 CPU matmul timed as the host calibration (~33 MFLOP, well under 1 ms).
+CALIBRATION_SIZE = 256
+
+
+def calibration_ms() -> float:
+    """Time of one fixed CPU matmul on torch's threads: it slows down with the host's load as a
+    kernel's call beside it does, and not when only the kernel got slower."""
+    a = torch.ones(CALIBRATION_SIZE, CALIBRATION_SIZE)
+    start = time.perf_counter()
+    torch.mm(a, a)
+    return (time.perf_counter() - start) * 1e3
 
 
 def _timed(backend: Backend, call: MlaPrefillCall, spec: CaseSpec, repeats: int, warmup: int) -> Execution:
     for _ in range(warmup):
         backend.run(call)
     latencies: list[float] = []
+    calibration: list[float] = []
     first: torch.Tensor | None = None
     for _ in range(max(1, repeats)):
+        if repeats > 1:  # interleaved: each call has the host's speed of its own moment
+            calibration.append(calibration_ms())
         backend.synchronize()
         start = time.perf_counter()
         result = backend.run(call)
@@ -103,7 +125,7 @@ def _timed(backend: Backend, call: MlaPrefillCall, spec: CaseSpec, repeats: int,
         latencies.append((time.perf_counter() - start) * 1e3)
         first = result if first is None else first
     assert first is not None
-    return Execution(to_numpy(first), latencies, spec.useful_flops)
+    return Execution(to_numpy(first), latencies, spec.useful_flops, calibration)
 
 
 def disagreeing_reruns(backend: Backend, call: MlaPrefillCall, first: np.ndarray, reruns: int) -> int:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from mlaconf.reports import cli, diff, diff_render
+from mlaconf.reports import cli, diff, diff_render, latency
 from mlaconf.reports.records import ResultRecord, evidence_sha256
 from tests.runs import write_run_dir
 
@@ -105,7 +105,7 @@ def noise(median: float, n: int, seed: int) -> list[float]:
 def test_latency_needs_enough_timed_calls() -> None:
     cases, perf = diff.diff_records([timed([1.0])], [timed([9.2])])
     assert perf == [] and cases[0].latency.startswith("not compared (1 vs 1 timed calls; needs 10 each)")
-    few = diff.MIN_REPEATS - 1
+    few = latency.MIN_REPEATS - 1
     cases, perf = diff.diff_records([timed(noise(1.0, few, 1))], [timed(noise(5.0, few, 2))])
     assert perf == [] and cases[0].latency.startswith("not compared")
 
@@ -123,7 +123,7 @@ def test_a_real_slowdown_is_reported_with_its_test() -> None:
     cand[7] = timed(noise(8.0 * 1.5, 12, 7), "c7")  # 1.5x slower on every call
     cases, perf = diff.diff_records(base, cand)
     assert [(p.case_id, p.repeats) for p in perf] == [("c7", (12, 12))]
-    assert perf[0].p_value is not None and perf[0].p_value < diff.ALPHA / 60  # survives the Holm correction
+    assert perf[0].p_value is not None and perf[0].p_value < latency.ALPHA / 60  # survives the Holm correction
     assert perf[0].ratio == pytest.approx(1.5, rel=0.15)
     text = diff_render.terminal(diff.DiffResult("a", "b", cases, perf, [], []))
     assert "PERF      c7 [torch-cpu]" in text and "Mann-Whitney U p = " in text and "12 / 12 timed calls" in text
@@ -138,8 +138,8 @@ def test_a_few_slow_calls_from_load_are_no_regression() -> None:
 
 
 def test_holm_correction() -> None:
-    assert diff.holm_significant([0.001, 0.02, 0.004], alpha=0.01) == [True, False, True]
-    assert diff.holm_significant([0.006, 0.006], alpha=0.01) == [False, False]
+    assert latency.holm_significant([0.001, 0.02, 0.004], alpha=0.01) == [True, False, True]
+    assert latency.holm_significant([0.006, 0.006], alpha=0.01) == [False, False]
 
 
 def checks(model: float, atb: float) -> list[dict[str, Any]]:
@@ -244,7 +244,10 @@ def test_the_diff_says_the_gates_verdict_first(tmp_path: Path, capsys: pytest.Ca
     assert "**GATE FAILS: 1 regressed; 1 missing**" in diff_render.markdown(result)
     again = write_run_dir(tmp_path / "c", [conformance("passed", 0.8, 0.003, "a"), record("conformance", "gone")])
     same = diff.diff_dirs(base, again)
-    assert same.verdict() == "GATE PASSES: 2 identical, 0 changed within tolerance, 2 of 2 baseline pairs compared"
+    assert same.verdict() == (
+        "GATE PASSES: 2 identical (1 bit-identical, 1 same verdict and evidence, no output digest), "
+        "0 changed within tolerance, 2 of 2 baseline pairs compared"
+    )
     assert 'class="banner pass"' in diff_render.render_html(same)
     # the verb prints the verdict right after the counts
     parser = argparse.ArgumentParser()

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from mlaconf.reports import cli, diff, diff_render
+from mlaconf.reports import cli, diff, diff_render, latency
 from mlaconf.reports.rundir import write_json, write_results
 from tests.runs import record
 
@@ -214,5 +214,5 @@ def test_integer_metric_deltas_print_as_integers() -> None:
     cases, _ = diff.diff_records([b], [c])
     text = diff_render.markdown(diff.DiffResult("a", "b", cases, [], [], []))
     assert "n_rows 129->130 (+1)" in text and "rmse 1.00e-04->2.00e-04 (+1.00e-04)" in text
-    slow = diff.DiffResult("a", "b", [], [diff.PerfDiff("x", "npu", 625.0, 1250.0)], [], [])
+    slow = diff.DiffResult("a", "b", [], [latency.PerfDiff("x", "npu", 625.0, 1250.0)], [], [])
     assert "625 ms -> 1250 ms (2.00x," in diff_render.terminal(slow)

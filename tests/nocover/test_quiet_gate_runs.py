@@ -80,7 +80,8 @@ def test_two_identical_smoke_runs_diff_to_nothing(tmp_path: Path, capsys: pytest
 
     assert mlaconf("report", "diff", str(base), str(cand)) == 0
     out = capsys.readouterr().out
-    assert f"changed: 0  identical: {len(records)}" in out and "perf: 0" in out
+    assert "changed: 0" in out and f"identical: {len(records)}" in out and "perf: 0" in out
+    assert f"GATE PASSES: {len(records)} identical (bit-identical)" in out
     assert "latency not compared" in out  # one timed call per case: never a perf verdict
     data = json.loads((cand / "diff" / "diff.json").read_text())
     assert data["regressions"] == 0 and data["perf"] == [] and data["cases"] == []
