@@ -29,6 +29,7 @@ VERB_MODULES = (
     "mlaconf.runner.run",
     "mlaconf.runner.repro",
     "mlaconf.runner.ascend",
+    "mlaconf.runner.power_cli",
 )
 
 
