@@ -108,7 +108,7 @@ class Defect(TorchSdpaBackend):
 class ControlMath(Defect):
     description = "control: the float32 math path of the defects below, without a bug (must pass)"
 
-    def _attend(
+    def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
     ) -> torch.Tensor:
         return math_attend(q, k, v, group, scale, mask_type)
@@ -145,7 +145,7 @@ class MaskFreeIgnored(Defect):
 class CausalTopLeft(Defect):
     description = "CAUSAL aligned top-left (j <= i) instead of bottom-right (j <= i + kv - q)"
 
-    def _attend(
+    def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
     ) -> torch.Tensor:
         return super()._attend(q, k, v, group, scale, 2 if mask_type == 3 else mask_type)
@@ -154,7 +154,7 @@ class CausalTopLeft(Defect):
 class GqaModulo(Defect):
     description = "GQA head mapping h % Hkv instead of h // (H / Hkv)"
 
-    def _attend(
+    def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
     ) -> torch.Tensor:
         order = torch.arange(k.shape[1] * group) % k.shape[1]  # query head h reads kv head h % Hkv
@@ -164,7 +164,7 @@ class GqaModulo(Defect):
 class OneKeyShort(Defect):
     description = "the last key of every sequence is dropped"
 
-    def _attend(
+    def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
     ) -> torch.Tensor:
         if k.shape[0] > 1:
@@ -204,7 +204,7 @@ class PaddingNanUnsafe(Defect):
         s = _padded_s(call)
         return call if s is None else _replace(call, kv_seqlen=torch.full_like(call.kv_seqlen, s))
 
-    def _attend(
+    def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
     ) -> torch.Tensor:
         kv_len = self._true_kv.pop(0)  # batches arrive in order, those with query rows only
@@ -214,7 +214,7 @@ class PaddingNanUnsafe(Defect):
 class PFp8(Defect):
     description = "P rounded to 4 significant bits (fp8 e4m3) before P.V"
 
-    def _attend(
+    def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
     ) -> torch.Tensor:
         return math_attend(q, k, v, group, scale, mask_type, p_round=lambda p: round_significand(p, 4))
@@ -266,12 +266,12 @@ class Bf16Acc64(Defect):
         "(instead of staying fp32)"
     )
 
-    def _attend(
+    def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        group: int,  # type: ignore[override]
+        group: int,
         scale: float,
         mask_type: int,
     ) -> torch.Tensor:
@@ -294,12 +294,12 @@ class Bf16Acc64(Defect):
 class LastKeyLong(Defect):
     description = f"sequences of more than {LONG_SEQUENCE} keys never read their last key (an off-by-one tail loop)"
 
-    def _attend(
+    def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        group: int,  # type: ignore[override]
+        group: int,
         scale: float,
         mask_type: int,
     ) -> torch.Tensor:
@@ -357,7 +357,7 @@ class FrozenMax(Defect):
         f"online softmax whose running max stops being updated after {HEALTHY_BLOCKS} blocks of {FLASH_BLOCK} keys"
     )
 
-    def _attend(
+    def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
     ) -> torch.Tensor:
         return flash_attend(q, k, v, group, scale, mask_type, frozen_max=True)
@@ -369,7 +369,7 @@ class LateRescaleMissing(Defect):
         f"of {FLASH_BLOCK} keys (the running sum is still rescaled)"
     )
 
-    def _attend(
+    def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
     ) -> torch.Tensor:
         return flash_attend(q, k, v, group, scale, mask_type, skip_rescale=True)
@@ -400,7 +400,7 @@ class CausalOffsetBatch0(ControlMath):
         self._offset = int(call.kv_seqlen[0]) - int(call.q_seqlen[0])
         return call
 
-    def _attend(
+    def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
     ) -> torch.Tensor:
         if mask_type != 3:
@@ -412,7 +412,7 @@ class CausalOffsetBatch0(ControlMath):
 class PrefixTailDropped(ControlMath):
     description = f"CAUSAL: the prefix is read in whole blocks of {PREFIX_BLOCK} keys, its partial last block skipped"
 
-    def _attend(
+    def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
     ) -> torch.Tensor:
         prefix = k.shape[0] - q.shape[0]
@@ -493,7 +493,7 @@ class OneRowTilePReuse(ControlMath):
         "(ATB mla_prefill before 27d134563, RingMLA before 936db453c)"
     )
 
-    def _attend(
+    def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
     ) -> torch.Tensor:
         q_len, kv_len = q.shape[0], k.shape[0]

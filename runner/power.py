@@ -495,7 +495,7 @@ def html_page(run: PowerRun) -> str:
         for r in map(zoo_row, run.zoo())
     ]
     survivors = [[r.subject.name, run.missing(r)] for r in run.survivors()]
-    sections = [html.tag("p", summary_line(run))]
+    sections: list[str] = [html.tag("p", summary_line(run))]
     if survivors:
         sections += [html.tag("h2", "Survivors"), html.table(["defect", "what no case has"], survivors)]
     sections += [
