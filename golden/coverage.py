@@ -2,8 +2,9 @@
 
 The factor model (factors and levels, docs/conformance.md) names what a case exercises; a defect's
 trigger (:mod:`mlaconf.harness.defects`) is stated in the same terms.  Per-batch factors (q_len,
-kv_len, prefix) give a case every level one of its batches hits.  Prefix here: ``lt128`` 1-127,
-``mult128`` a positive multiple of 128, ``long`` any other prefix above 128.
+kv_len, prefix) give a case every level one of its batches hits.  The level rules are the coverage model's
+(facts/factors.toml): prefix ``lt128`` 1-127, ``mult128`` a positive multiple of 128, ``mid`` 129-511 and
+``long`` above 512, neither a multiple of 128.
 """
 
 from __future__ import annotations
@@ -12,17 +13,19 @@ from mlaconf.golden.spec import CaseSpec
 
 #: Query tile rows of ATB's kernel: a query length's residue modulo it decides the last tile.
 TILE = 128
+#: Keys per slice of ATB's kernel.
+SLICE = 512
 
 
 def _q_levels(q: int) -> set[str]:
     levels = {"one"} if q == 1 else {"lt16"} if q < 16 else set()
-    if q > 1 and q % TILE == 1:
+    if q > TILE and q % TILE == 1:
         levels.add("mod128_1")
-    elif q >= 16 and q % TILE == 0:
+    elif q % TILE == 0:
         levels.add("mod128_0")
     elif q >= 16:
         levels.add("mod128_mid")
-    if q > 512:
+    if q > SLICE:
         levels.add("gt512")
     return levels
 
@@ -40,7 +43,9 @@ def _prefix_level(prefix: int) -> str:
         return "zero"
     if prefix < TILE:
         return "lt128"
-    return "mult128" if prefix % TILE == 0 else "long"
+    if prefix % TILE == 0:
+        return "mult128"
+    return "mid" if prefix < SLICE else "long"
 
 
 def case_levels(spec: CaseSpec) -> dict[str, frozenset[str]]:
@@ -63,6 +68,7 @@ def case_levels(spec: CaseSpec) -> dict[str, frozenset[str]]:
         "kv_layout": frozenset({spec.kv_layout}),
         "batch": frozenset(batch),
         "group": frozenset({str(spec.head_num // spec.kv_head_num)}),
+        "kv_heads": frozenset({"one" if spec.kv_head_num == 1 else "two" if spec.kv_head_num == 2 else "many"}),
         "q_len": frozenset(level for q, _ in rows for level in _q_levels(q)),
         "kv_len": frozenset(level for _, kv in rows for level in _kv_levels(kv)),
         "prefix": frozenset(_prefix_level(kv - q) for q, kv in rows),

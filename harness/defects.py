@@ -526,7 +526,7 @@ PROBES: dict[str, str] = {
 #: The masks the operator's goldens cover, by name.
 OPERATOR_MASKS = tuple(MASK_NAMES[code] for code in SUPPORTED_MASKS)
 #: Trigger levels (the factor model's names, docs/conformance.md "Coverage"): a prefix kv - q > 0.
-NONZERO_PREFIX = ("lt128", "mult128", "long")
+NONZERO_PREFIX = ("lt128", "mult128", "mid", "long")
 #: More than one batch.
 SEVERAL_BATCHES = ("two", "many")
 #: Grouped-query heads over more than one kv head (group 128 is 128 heads over one kv head: every mapping agrees).
@@ -583,7 +583,7 @@ _ENTRIES = (
     DefectEntry("frozen_max", FrozenMax),
     DefectEntry("late_rescale_missing", LateRescaleMissing),
     DefectEntry("causal_offset_batch0", CausalOffsetBatch0, {"mask": ("causal",), "batch": SEVERAL_BATCHES}),
-    DefectEntry("prefix_tail_dropped", PrefixTailDropped, {"mask": ("causal",), "prefix": ("lt128", "long")}),
+    DefectEntry("prefix_tail_dropped", PrefixTailDropped, {"mask": ("causal",), "prefix": ("lt128", "mid", "long")}),
     DefectEntry("scale_in_input_dtype", ScaleInInputDtype),
     DefectEntry("half_heads_bf16", HalfHeadsBf16, {"dtype": ("fp16",)}),
     DefectEntry("tail_row_unwritten", TailRowUnwritten),
