@@ -176,7 +176,7 @@ class PowerRun:
         seen = self.levels.values()
         absent = [f for f, wanted in trigger.items() if not any(lv.get(f, frozenset()) & set(wanted) for lv in seen)]
         if absent:
-            return "no case has " + " or ".join(levels_text(f, trigger[f]) for f in absent)
+            return "; ".join(f"no case has {levels_text(f, trigger[f])}" for f in absent)
         if not result.reached:
             return "no case has " + " and ".join(levels_text(f, w) for f, w in trigger.items()) + " together"
         probe = f" (probe: {defects.PROBES[result.subject.probe]})" if result.subject.probe else ""
