@@ -34,8 +34,10 @@ from mlaconf.runner.metamorphic import poison_padding
 POLICY = "default"
 #: A kill by a single case is thin: one changed case and the suite no longer sees the defect.
 THIN = 1
-#: Candidate cases tried per survivor when suggesting cases that kill it (cheapest first).
+#: Candidate cases tried per survivor when suggesting cases that kill it.
 SUGGESTIONS_TRIED = 4
+#: Largest candidate tried on a survivor (useful FLOPs): a suggestion costs a golden and a run.
+SUGGESTION_FLOPS = 2e9
 
 Trigger = Mapping[str, Sequence[str]]
 
@@ -284,14 +286,23 @@ class PowerRunner:
         self.run.complete = self.run.done == len(cases)
 
     def suggest(self, candidates: Sequence[CaseSpec]) -> None:
-        """For each survivor, the cheapest shipped cases that reach it, each tried: those that kill it first."""
+        """For each survivor, shipped cases that reach it, each tried (those that kill it listed first): of the
+        cases up to :data:`SUGGESTION_FLOPS`, those with the most levels no case of the suite has, then the
+        cheapest (a survivor its cases reach and pass needs something they lack)."""
         tried: dict[tuple[str, str], Verdict] = {}
+        own = {s.case_id for s in self.run.cases}
+        seen = {(f, level) for levels in self.run.levels.values() for f, names in levels.items() for level in names}
+
+        def rank(spec: CaseSpec) -> tuple[int, int]:
+            new = {(f, level) for f, names in case_levels(spec).items() for level in names} - seen
+            return -len(new), spec.useful_flops
+
+        affordable = [s for s in candidates if s.case_id not in own and s.useful_flops <= SUGGESTION_FLOPS]
         for result in self.run.survivors():
             subject = result.subject
-            own = {s.case_id for s in self.run.cases}
-            reaching = [s for s in candidates if s.case_id not in own and reaches(subject.trigger, case_levels(s))]
+            reaching = [s for s in affordable if reaches(subject.trigger, case_levels(s))]
             found: list[dict[str, Any]] = []
-            for spec in sorted(reaching, key=lambda s: s.useful_flops)[:SUGGESTIONS_TRIED]:
+            for spec in sorted(reaching, key=rank)[:SUGGESTIONS_TRIED]:
                 if self._stop.is_set():
                     return
                 key = (subject.name, spec.case_id)
