@@ -33,6 +33,7 @@ VERB_MODULES = (
     "mlaconf.runner.verbs",
     "mlaconf.runner.ascend",
     "mlaconf.runner.import_dump",
+    "mlaconf.runner.power_cli",
 )
 
 

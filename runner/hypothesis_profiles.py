@@ -12,7 +12,7 @@ set and ``mla-dev`` otherwise (:func:`load_default`).
   replayed first next time.
 * ``mla-thorough``: many more examples, same database; for a soak run before a release.
 * ``mla-soak``: 2,000 derandomized examples, no database: the zoo of correct implementations
-  (``tests/zoo.py``) must pass all of them (docs/conformance.md records the run).
+  (``harness/zoo.py``) must pass all of them (docs/conformance.md records the run).
 """
 
 from __future__ import annotations

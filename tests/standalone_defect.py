@@ -1,7 +1,7 @@
 """A planted defect that imports nothing of mlaconf (numpy and torch only): a top-left CAUSAL mask.
 
 The repro test copies a repro directory of this backend into a venv without mlaconf and checks the
-failure reproduces there; ``tests.defects`` cannot serve (its defects build on mlaconf's backends).
+failure reproduces there; ``mlaconf.harness.defects`` cannot serve (its defects build on mlaconf's backends).
 It satisfies the Backend protocol structurally.
 """
 

@@ -6,10 +6,10 @@ import functools
 
 import pytest
 
-import tests.defects as defects
 from mlaconf.golden.generate import build_golden
 from mlaconf.golden.spec_build import build_case
 from mlaconf.golden.types import GoldenCase
+from mlaconf.harness import defects
 from mlaconf.judge.causes import likely_cause
 from mlaconf.runner.execution import execute, make_call
 

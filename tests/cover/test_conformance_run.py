@@ -200,7 +200,7 @@ def test_a_framework_failure_names_the_function_it_came_from() -> None:
 def test_mla_repeat_compares_every_rerun_bitwise(golden: GoldenCase, backend: str, disagreeing: int) -> None:
     """``--mla-repeat 4``: three reruns after the first call; a backend whose output moves by one ulp per
     call fails however small the change, and the record counts the disagreeing runs."""
-    from tests.defects import nondeterministic
+    from mlaconf.harness.defects import nondeterministic
 
     chosen = TorchSdpaBackend("cpu") if backend == "torch-cpu" else nondeterministic()
     result = run_case(golden, chosen, policy_set=POLICIES, policy="default", deviations=load_deviations(None), reruns=4)

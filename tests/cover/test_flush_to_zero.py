@@ -14,10 +14,10 @@ from mlaconf.golden.reference import effective_scale
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.spec_build import build_case
 from mlaconf.golden.types import GoldenCase
+from mlaconf.harness import defects, zoo
 from mlaconf.judge.policy import load_policies
 from mlaconf.judge.verdict import judge_output
 from mlaconf.runner.execution import execute, make_call
-from tests import defects, zoo
 
 POLICIES = load_policies()
 #: The edge suite's fp16 CAUSAL large-logit case (seed 4), where a flushing kernel reached model slack

@@ -13,8 +13,8 @@ from mlaconf.golden.inputs import generate_inputs
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.spec_build import build_case
 from mlaconf.golden.suites import load_suites
+from mlaconf.harness.defects import REAL_BUGS, SLICE_KEYS, TILE_ROWS, control_math, one_row_tile_p_reuse
 from mlaconf.runner.execution import make_call
-from tests.defects import REAL_BUGS, SLICE_KEYS, TILE_ROWS, control_math, one_row_tile_p_reuse
 
 ROOT = Path(__file__).resolve().parents[2]
 

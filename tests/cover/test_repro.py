@@ -30,7 +30,9 @@ CASE = "fp16-causal-krope_ctkv-b2-s130-kv258-h4-g2-q3d-padded-99377e85"
 
 def test_shrink_reaches_an_eighth_failing_by_the_same_check() -> None:
     spec, name = resolve(
-        f"mlaconf/cases/test_conformance.py::test_conformance[{CASE}-tests.defects:causal_top_left]", None, None
+        f"mlaconf/cases/test_conformance.py::test_conformance[{CASE}-mlaconf.harness.defects:causal_top_left]",
+        None,
+        None,
     )
     backend = registry.create(name)
     first = attempt(spec, backend, "default")

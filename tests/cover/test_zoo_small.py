@@ -14,10 +14,10 @@ import pytest
 from mlaconf.golden.generate import build_golden
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.spec_build import build_case
+from mlaconf.harness import zoo
 from mlaconf.judge.policy import load_policies
 from mlaconf.judge.verdict import judge_output
 from mlaconf.runner.execution import execute, make_call
-from tests import zoo
 
 POLICIES = load_policies()
 SPECS = [

@@ -1,5 +1,5 @@
 """Discriminating power: the smoke suite plus the metamorphic tests fail every planted defect of
-``tests/defects.py``, while the unmodified torch CPU backend passes them on five seeds.
+``harness/defects.py``, while the unmodified torch CPU backend passes them on five seeds.
 
 Each backend runs in its own ``pytest`` subprocess (``--mla-suite smoke --mla-suite metamorphic``,
 ``-p no:cacheprovider``, JUnit XML parsed for the outcome), all sharing one golden directory: the
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.defects import DEFECTS, REAL_BUGS
+from mlaconf.harness.defects import CATALOGUE, REAL_BUGS
 
 pytestmark = pytest.mark.slow
 
@@ -143,10 +143,14 @@ def clean(work: Path) -> Run:
 
 @pytest.fixture(scope="module")
 def defect_runs(work: Path, clean: Run) -> Iterator[dict[str, Run]]:
-    names = ["control_math", *DEFECTS]
+    names = ["control_math", *CATALOGUE]
     with ThreadPoolExecutor(PARALLEL) as pool:
         runs = dict(
-            zip(names, pool.map(lambda n: run_pytest(f"tests.defects:{n}", work, work / "golden"), names), strict=True)
+            zip(
+                names,
+                pool.map(lambda n: run_pytest(f"mlaconf.harness.defects:{n}", work, work / "golden"), names),
+                strict=True,
+            )
         )
     yield runs
     summary = os.environ.get("MLA_DEFECT_SUMMARY")
@@ -163,7 +167,7 @@ def _summary(work: Path, clean: Run, runs: dict[str, Run]) -> dict[str, object]:
         },
         "defects": {
             name: {
-                "description": DEFECTS[name].description if name in DEFECTS else "control",
+                "description": CATALOGUE[name].description if name in CATALOGUE else "control",
                 "seconds": round(run.seconds, 1),
                 "failed": {t: run.messages[t] for t in run.with_outcome("failed")},
                 "largest_slack": run.largest_slack(),
@@ -188,11 +192,11 @@ def test_control_math_path_passes(defect_runs: dict[str, Run]) -> None:
     assert run.returncode == 0 and run.outcomes and not run.with_outcome("failed"), run.describe()
 
 
-@pytest.mark.parametrize("name", list(DEFECTS))
+@pytest.mark.parametrize("name", list(CATALOGUE))
 def test_defect_is_caught(name: str, defect_runs: dict[str, Run]) -> None:
     run = defect_runs[name]
     assert run.returncode == 1, run.describe()  # 1 = tests failed (not a usage or internal error)
-    assert run.with_outcome("failed"), f"defect {name} ({DEFECTS[name].description}) was not caught\n{run.describe()}"
+    assert run.with_outcome("failed"), f"defect {name} ({CATALOGUE[name].description}) was not caught\n{run.describe()}"
     assert not run.with_outcome("error"), run.describe()
     if any("test_conformance" in test for test in run.with_outcome("failed")):
         largest = run.largest_slack()
@@ -204,7 +208,7 @@ def test_defect_is_caught(name: str, defect_runs: dict[str, Run]) -> None:
 
 def test_forgetful_contract_model_fails_the_error_suite(work: Path) -> None:
     run = run_pytest(
-        "tests.defects:strict_forgets_seqlen_values",
+        "mlaconf.harness.defects:strict_forgets_seqlen_values",
         work,
         work / "golden-errors",
         suites=("cases/test_error_contract.py",),

@@ -27,7 +27,7 @@ def test_property_failure_ends_with_verdict_and_shrunk_spec() -> None:
             "0",
             "-x",
             "--mla-backend",
-            "tests.defects:scale_twice",
+            "mlaconf.harness.defects:scale_twice",
             "--hypothesis-profile",
             "mla-ci",
             "-W",

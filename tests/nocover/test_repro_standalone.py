@@ -39,7 +39,7 @@ BIG = "fp16-causal-krope_ctkv-b1-s300-kv556-h16-g2-q3d-padded-8d9c441e"
     ],
 )
 def test_planted_defects_shrink_to_an_eighth(defect: str, cause: str) -> None:
-    spec, name = resolve(f"{CASE}-tests.defects:{defect}", None, None)
+    spec, name = resolve(f"{CASE}-mlaconf.harness.defects:{defect}", None, None)
     backend = registry.create(name)
     first = attempt(spec, backend, "default")
     assert first.failed

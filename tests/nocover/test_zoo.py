@@ -1,4 +1,4 @@
-"""The default policy never fails a correct kernel: every member of ``tests/zoo.py`` passes every suite.
+"""The default policy never fails a correct kernel: every member of ``harness/zoo.py`` passes every suite.
 
 * conformance: smoke, standard and edge on seeds 1-5, all members in one pytest subprocess (two
   xdist workers; goldens shared), every record passed;
@@ -25,10 +25,10 @@ from mlaconf.cases.test_properties import case_specs
 from mlaconf.golden.generate import build_golden
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.suites import load_suites
+from mlaconf.harness import zoo
 from mlaconf.judge.policy import load_policies
 from mlaconf.judge.verdict import judge_output, mode_text
 from mlaconf.runner.execution import execute, make_call
-from tests import zoo
 from tests.slack_table import groups, table
 
 # About an hour on 2 cores, so deselected by default: `pytest -m soak tests/nocover/test_zoo.py`.
@@ -36,7 +36,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.soak]
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = "1,2,3,4,5"
-BACKENDS = ",".join(f"tests.zoo:{name}" for name in zoo.ZOO)
+BACKENDS = ",".join(f"mlaconf.harness.zoo:{name}" for name in zoo.ZOO)
 ZOO_EXAMPLES = int(os.environ.get("ZOO_EXAMPLES", "2000"))
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 

@@ -1,25 +1,33 @@
-"""Planted defects: the torch CPU backend with one bug each, to prove the suites can fail.
+"""The defect catalogue: the torch CPU backend with one bug each, to measure whether a suite can fail.
 
-Each defect is a zero-argument factory usable as ``--mla-backend tests.defects:<name>``;
-:data:`DEFECTS` lists them with what they get wrong.  ``control_math`` is the defects' own float32
-attention path without a bug: it must pass, so failures of ``p_fp8`` and ``padding_nan_unsafe``
-come from their bug, not from the path.  Zero-length batches' rows are "don't care", so writing
-garbage there would not be a defect and none of these does only that.
+:data:`CATALOGUE` holds every planted defect with its one-line description, its trigger in the factor
+model's terms (the cases that can reach it), the probe it needs if judging one output cannot show it, and
+for a reproduced upstream bug its public source and the releases that carried it (docs/real-bugs.md).
+Each name is a zero-argument factory usable as ``--mla-backend mlaconf.harness.defects:<name>``;
+``mlaconf power`` runs them all over a suite.  Adding a defect: a :class:`Defect` subclass whose
+``description`` says what is wrong, and one :class:`DefectEntry` line in ``_ENTRIES``.
+
+``control_math`` is the defects' own float32 attention path without a bug: it must pass, so failures of
+``p_fp8`` and ``padding_nan_unsafe`` come from their bug, not from the path.  Zero-length batches' rows
+are "don't care", so writing garbage there would not be a defect and none of these does only that.
 ``strict_forgets_seqlen_values`` plants a defect in the error-contract model instead
-(``torch-cpu-strict`` minus one check).
+(``torch-cpu-strict`` minus one check; not catalogued: no conformance case can show it).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
-from mlaconf.facts.operator import kv_layout_of, scores_in_fp16
+from mlaconf.facts.operator import MASK_NAMES, SUPPORTED_MASKS, kv_layout_of, scores_in_fp16
 from mlaconf.harness.backend import MlaPrefillCall
 from mlaconf.harness.contract import ContractBackend
 from mlaconf.harness.torch_backend import NOPE, ROPE, VDIM, TorchSdpaBackend
+from mlaconf.harness.zoo import blockwise, fp32_heads, visible_keys
 
 LONG_ROW_KEYS = 128  # nan_long_rows: rows that may see more keys than this get NaN
 ACC_FLUSH_KEYS = 64  # bf16_acc_64: the accumulator is rounded to bf16 after every block of this many keys
@@ -100,7 +108,7 @@ class Defect(TorchSdpaBackend):
 class ControlMath(Defect):
     description = "control: the float32 math path of the defects below, without a bug (must pass)"
 
-    def _attend(
+    def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
     ) -> torch.Tensor:
         return math_attend(q, k, v, group, scale, mask_type)
@@ -137,7 +145,7 @@ class MaskFreeIgnored(Defect):
 class CausalTopLeft(Defect):
     description = "CAUSAL aligned top-left (j <= i) instead of bottom-right (j <= i + kv - q)"
 
-    def _attend(
+    def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
     ) -> torch.Tensor:
         return super()._attend(q, k, v, group, scale, 2 if mask_type == 3 else mask_type)
@@ -146,7 +154,7 @@ class CausalTopLeft(Defect):
 class GqaModulo(Defect):
     description = "GQA head mapping h % Hkv instead of h // (H / Hkv)"
 
-    def _attend(
+    def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
     ) -> torch.Tensor:
         order = torch.arange(k.shape[1] * group) % k.shape[1]  # query head h reads kv head h % Hkv
@@ -156,7 +164,7 @@ class GqaModulo(Defect):
 class OneKeyShort(Defect):
     description = "the last key of every sequence is dropped"
 
-    def _attend(
+    def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
     ) -> torch.Tensor:
         if k.shape[0] > 1:
@@ -196,7 +204,7 @@ class PaddingNanUnsafe(Defect):
         s = _padded_s(call)
         return call if s is None else _replace(call, kv_seqlen=torch.full_like(call.kv_seqlen, s))
 
-    def _attend(
+    def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
     ) -> torch.Tensor:
         kv_len = self._true_kv.pop(0)  # batches arrive in order, those with query rows only
@@ -206,7 +214,7 @@ class PaddingNanUnsafe(Defect):
 class PFp8(Defect):
     description = "P rounded to 4 significant bits (fp8 e4m3) before P.V"
 
-    def _attend(
+    def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
     ) -> torch.Tensor:
         return math_attend(q, k, v, group, scale, mask_type, p_round=lambda p: round_significand(p, 4))
@@ -258,19 +266,17 @@ class Bf16Acc64(Defect):
         "(instead of staying fp32)"
     )
 
-    def _attend(
+    def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        group: int,  # type: ignore[override]
+        group: int,
         scale: float,
         mask_type: int,
     ) -> torch.Tensor:
-        from tests.zoo import _allowed, _heads, blockwise
-
-        qh, kh, vh = _heads(q, k, v, group)
-        allowed = _allowed(q.shape[0], k.shape[0], mask_type)
+        qh, kh, vh = fp32_heads(q, k, v, group)
+        allowed = visible_keys(q.shape[0], k.shape[0], mask_type)
         acc, _, total = blockwise(
             qh,
             kh,
@@ -288,12 +294,12 @@ class Bf16Acc64(Defect):
 class LastKeyLong(Defect):
     description = f"sequences of more than {LONG_SEQUENCE} keys never read their last key (an off-by-one tail loop)"
 
-    def _attend(
+    def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        group: int,  # type: ignore[override]
+        group: int,
         scale: float,
         mask_type: int,
     ) -> torch.Tensor:
@@ -324,10 +330,8 @@ def flash_attend(
     """Online softmax over blocks of :data:`FLASH_BLOCK` keys, P rounded to the input dtype per block;
     after :data:`HEALTHY_BLOCKS` blocks the running max stops moving (``frozen_max``) or the
     accumulator is no longer rescaled when it moves (``skip_rescale``; the running sum still is)."""
-    from tests.zoo import _allowed, _heads
-
-    qh, kh, vh = _heads(q, k, v, group)
-    allowed = _allowed(q.shape[0], k.shape[0], mask_type)
+    qh, kh, vh = fp32_heads(q, k, v, group)
+    allowed = visible_keys(q.shape[0], k.shape[0], mask_type)
     heads, rows, kv = qh.shape[0], qh.shape[1], kh.shape[1]
     acc = torch.zeros(heads, rows, vh.shape[2])
     m = torch.full((heads, rows, 1), float("-inf"))
@@ -353,7 +357,7 @@ class FrozenMax(Defect):
         f"online softmax whose running max stops being updated after {HEALTHY_BLOCKS} blocks of {FLASH_BLOCK} keys"
     )
 
-    def _attend(
+    def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
     ) -> torch.Tensor:
         return flash_attend(q, k, v, group, scale, mask_type, frozen_max=True)
@@ -365,7 +369,7 @@ class LateRescaleMissing(Defect):
         f"of {FLASH_BLOCK} keys (the running sum is still rescaled)"
     )
 
-    def _attend(
+    def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
     ) -> torch.Tensor:
         return flash_attend(q, k, v, group, scale, mask_type, skip_rescale=True)
@@ -396,7 +400,7 @@ class CausalOffsetBatch0(ControlMath):
         self._offset = int(call.kv_seqlen[0]) - int(call.q_seqlen[0])
         return call
 
-    def _attend(
+    def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
     ) -> torch.Tensor:
         if mask_type != 3:
@@ -408,7 +412,7 @@ class CausalOffsetBatch0(ControlMath):
 class PrefixTailDropped(ControlMath):
     description = f"CAUSAL: the prefix is read in whole blocks of {PREFIX_BLOCK} keys, its partial last block skipped"
 
-    def _attend(
+    def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
     ) -> torch.Tensor:
         prefix = k.shape[0] - q.shape[0]
@@ -419,112 +423,9 @@ class PrefixTailDropped(ControlMath):
         return causal_attend(q, k, v, group, scale, (cols <= rows + prefix) & ~skipped)
 
 
-DEFECTS: dict[str, type[Defect]] = {
-    "scale_ignored": ScaleIgnored,
-    "scale_twice": ScaleTwice,
-    "rope_dropped": RopeDropped,
-    "mask_free_ignored": MaskFreeIgnored,
-    "causal_top_left": CausalTopLeft,
-    "gqa_modulo": GqaModulo,
-    "one_key_short": OneKeyShort,
-    "padded_as_packed": PaddedAsPacked,
-    "padding_rows_read": PaddingRowsRead,
-    "padding_nan_unsafe": PaddingNanUnsafe,
-    "p_fp8": PFp8,
-    "batch_swap": BatchSwap,
-    "nondeterministic": Nondeterministic,
-    "nan_long_rows": NanLongRows,
-    "bf16_acc_64": Bf16Acc64,
-    "last_key_long": LastKeyLong,
-    "frozen_max": FrozenMax,
-    "late_rescale_missing": LateRescaleMissing,
-    "causal_offset_batch0": CausalOffsetBatch0,
-    "prefix_tail_dropped": PrefixTailDropped,
-}
-
-
 def control_math() -> Defect:
+    """The defects' own float32 attention path without a bug: it must pass wherever they are judged."""
     return ControlMath("control_math")
-
-
-def scale_ignored() -> Defect:
-    return ScaleIgnored("scale_ignored")
-
-
-def scale_twice() -> Defect:
-    return ScaleTwice("scale_twice")
-
-
-def rope_dropped() -> Defect:
-    return RopeDropped("rope_dropped")
-
-
-def mask_free_ignored() -> Defect:
-    return MaskFreeIgnored("mask_free_ignored")
-
-
-def causal_top_left() -> Defect:
-    return CausalTopLeft("causal_top_left")
-
-
-def gqa_modulo() -> Defect:
-    return GqaModulo("gqa_modulo")
-
-
-def one_key_short() -> Defect:
-    return OneKeyShort("one_key_short")
-
-
-def padded_as_packed() -> Defect:
-    return PaddedAsPacked("padded_as_packed")
-
-
-def padding_rows_read() -> Defect:
-    return PaddingRowsRead("padding_rows_read")
-
-
-def padding_nan_unsafe() -> Defect:
-    return PaddingNanUnsafe("padding_nan_unsafe")
-
-
-def p_fp8() -> Defect:
-    return PFp8("p_fp8")
-
-
-def batch_swap() -> Defect:
-    return BatchSwap("batch_swap")
-
-
-def nondeterministic() -> Defect:
-    return Nondeterministic("nondeterministic")
-
-
-def nan_long_rows() -> Defect:
-    return NanLongRows("nan_long_rows")
-
-
-def bf16_acc_64() -> Defect:
-    return Bf16Acc64("bf16_acc_64")
-
-
-def last_key_long() -> Defect:
-    return LastKeyLong("last_key_long")
-
-
-def frozen_max() -> Defect:
-    return FrozenMax("frozen_max")
-
-
-def late_rescale_missing() -> Defect:
-    return LateRescaleMissing("late_rescale_missing")
-
-
-def causal_offset_batch0() -> Defect:
-    return CausalOffsetBatch0("causal_offset_batch0")
-
-
-def prefix_tail_dropped() -> Defect:
-    return PrefixTailDropped("prefix_tail_dropped")
 
 
 def strict_forgets_seqlen_values() -> ContractBackend:
@@ -566,21 +467,6 @@ class HalfHeadsBf16(Defect):
         return out
 
 
-SYSTEMATIC_DEFECTS: dict[str, type[Defect]] = {
-    "scale_in_input_dtype": ScaleInInputDtype,
-    "half_heads_bf16": HalfHeadsBf16,
-}
-DEFECTS.update(SYSTEMATIC_DEFECTS)
-
-
-def scale_in_input_dtype() -> Defect:
-    return ScaleInInputDtype("scale_in_input_dtype")
-
-
-def half_heads_bf16() -> Defect:
-    return HalfHeadsBf16("half_heads_bf16")
-
-
 # -- thin kills raised to margin 2 (issue 27 item 5) ------------------------------------------------
 
 
@@ -591,13 +477,6 @@ class TailRowUnwritten(Defect):
         if out.shape[0]:
             out.reshape(out.shape[0], -1)[-1] = 0
         return out
-
-
-DEFECTS["tail_row_unwritten"] = TailRowUnwritten
-
-
-def tail_row_unwritten() -> Defect:
-    return TailRowUnwritten("tail_row_unwritten")
 
 
 # -- real bugs of the public record (docs/real-bugs.md) ------------------------------------------
@@ -614,7 +493,7 @@ class OneRowTilePReuse(ControlMath):
         "(ATB mla_prefill before 27d134563, RingMLA before 936db453c)"
     )
 
-    def _attend(
+    def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
     ) -> torch.Tensor:
         q_len, kv_len = q.shape[0], k.shape[0]
@@ -635,15 +514,99 @@ class OneRowTilePReuse(ControlMath):
         return out
 
 
-REAL_BUG_DEFECTS: dict[str, type[Defect]] = {
-    "one_row_tile_p_reuse": OneRowTilePReuse,
+# -- the catalogue --------------------------------------------------------------------------------
+
+#: How a run must treat a case for a defect to show (beside judging the plain output against its golden).
+Probe = Literal["rerun", "nan_padding"]
+#: Probe -> what it does to a conformance case, and the suite option or relation that does it in a pytest run.
+PROBES: dict[str, str] = {
+    "rerun": "every case called twice and the outputs compared bitwise (--mla-repeat 2)",
+    "nan_padding": "padded kv's rows beyond kvSeqLen filled with NaN (the metamorphic relation padding_contents)",
 }
-DEFECTS.update(REAL_BUG_DEFECTS)
+#: The masks the operator's goldens cover, by name.
+OPERATOR_MASKS = tuple(MASK_NAMES[code] for code in SUPPORTED_MASKS)
+#: Trigger levels (the factor model's names, docs/conformance.md "Coverage"): a prefix kv - q > 0.
+NONZERO_PREFIX = ("lt128", "mult128", "mid", "long")
+#: More than one batch.
+SEVERAL_BATCHES = ("two", "many")
+#: Grouped-query heads over more than one kv head (group 128 is 128 heads over one kv head: every mapping agrees).
+GQA_OVER_KV_HEADS = ("2", "3", "4", "5", "6", "7", "8", "16")
+
+
+@dataclass(frozen=True)
+class RealBug:
+    """An upstream bug a defect reproduces: where it is in the public record and which releases carried it."""
+
+    source: str
+    releases: str
+
+
+@dataclass(frozen=True)
+class DefectEntry:
+    """One planted defect: its backend class, and the cases that can reach it.
+
+    ``trigger`` is a necessary condition in the factor model's terms (``{factor: levels}``): a case reaches
+    the defect only if, for every factor named, its levels meet the listed ones; off the trigger the defect
+    computes exactly what its correct path does, so a power run skips those cases."""
+
+    name: str
+    backend: type[Defect]
+    trigger: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    probe: Probe | None = None
+    real_bug: RealBug | None = None
+
+    @property
+    def description(self) -> str:
+        return self.backend.description
+
+    def make(self) -> Defect:
+        return self.backend(self.name)
+
+
+_ENTRIES = (
+    DefectEntry("scale_ignored", ScaleIgnored),
+    DefectEntry("scale_twice", ScaleTwice),
+    DefectEntry("rope_dropped", RopeDropped),
+    DefectEntry("mask_free_ignored", MaskFreeIgnored, {"mask": ("mask_free",)}),
+    DefectEntry("causal_top_left", CausalTopLeft, {"mask": ("causal",), "prefix": NONZERO_PREFIX}),
+    DefectEntry("gqa_modulo", GqaModulo, {"group": GQA_OVER_KV_HEADS}),
+    DefectEntry("one_key_short", OneKeyShort),
+    DefectEntry("padded_as_packed", PaddedAsPacked, {"kv_layout": ("padded",), "batch": SEVERAL_BATCHES}),
+    DefectEntry("padding_rows_read", PaddingRowsRead, {"kv_layout": ("padded",)}),
+    DefectEntry("padding_nan_unsafe", PaddingNanUnsafe, {"kv_layout": ("padded",)}, probe="nan_padding"),
+    DefectEntry("p_fp8", PFp8),
+    DefectEntry("batch_swap", BatchSwap, {"batch": SEVERAL_BATCHES}),
+    DefectEntry("nondeterministic", Nondeterministic, probe="rerun"),
+    DefectEntry("nan_long_rows", NanLongRows),
+    DefectEntry("bf16_acc_64", Bf16Acc64),
+    DefectEntry("last_key_long", LastKeyLong),
+    DefectEntry("frozen_max", FrozenMax),
+    DefectEntry("late_rescale_missing", LateRescaleMissing),
+    DefectEntry("causal_offset_batch0", CausalOffsetBatch0, {"mask": ("causal",), "batch": SEVERAL_BATCHES}),
+    DefectEntry("prefix_tail_dropped", PrefixTailDropped, {"mask": ("causal",), "prefix": ("lt128", "mid", "long")}),
+    DefectEntry("scale_in_input_dtype", ScaleInInputDtype),
+    DefectEntry("half_heads_bf16", HalfHeadsBf16, {"dtype": ("fp16",)}),
+    DefectEntry("tail_row_unwritten", TailRowUnwritten),
+    DefectEntry(
+        "one_row_tile_p_reuse",
+        OneRowTilePReuse,
+        {"q_len": ("one", "mod128_1", "gt512")},
+        real_bug=RealBug(
+            source="hicann/ascend-transformer-boost 27d134563 and d5ee027c0 (mla_prefill), 936db453c (RingMLA)",
+            releases="mla_prefill: CANN releases before 8.2.RC1; RingMLA: before 8.5.0 (8.2.RC1 and 8.3.RC1 carry it)",
+        ),
+    ),
+)
+#: Defect name (its factory in this module: ``--mla-backend mlaconf.harness.defects:<name>``) -> its entry.
+CATALOGUE: dict[str, DefectEntry] = {entry.name: entry for entry in _ENTRIES}
 #: Reproduced upstream bugs (docs/real-bugs.md) -> the masks in which smoke must kill them in both dtypes.
 REAL_BUGS: dict[str, tuple[str, ...]] = {
-    "one_row_tile_p_reuse": ("undefined", "mask_free", "causal"),
+    entry.name: entry.trigger.get("mask", OPERATOR_MASKS) for entry in _ENTRIES if entry.real_bug is not None
 }
 
 
-def one_row_tile_p_reuse() -> Defect:
-    return OneRowTilePReuse("one_row_tile_p_reuse")
+def __getattr__(name: str) -> Callable[[], Defect]:
+    """``<name>()`` builds the catalogued defect of that name (what ``--mla-backend module:<name>`` calls)."""
+    if name in CATALOGUE:
+        return CATALOGUE[name].make
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

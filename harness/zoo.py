@@ -1,11 +1,13 @@
-"""A zoo of correct MLA prefill implementations, each on a different legitimate precision path.
+"""The correct zoo: MLA prefill implementations on other legitimate rounding paths.
 
-Not user-facing backends: they exist to prove that the default tolerance policy never fails a
-correct kernel (``tests/nocover/test_zoo.py``; docs/conformance.md reports their slack).  Each is a
-zero-argument factory usable as ``--mla-backend tests.zoo:<name>`` and implements the Backend
-protocol through :class:`mlaconf.harness.torch_backend.TorchSdpaBackend`'s batching and layouts, replacing
-only the per-sequence attention.  Every path rounds the output once to the case dtype and keeps
-every accumulation in fp32; they differ where docs/operator.md §4 allows a correct kernel to differ:
+A suite must never fail one of them (a false alarm); ``mlaconf power --zoo`` measures how close a suite's
+cases come to it (the largest slack of each member), and ``tests/nocover/test_zoo.py`` runs the shipped
+suites on every member.  Each is a zero-argument factory usable as
+``--mla-backend mlaconf.harness.zoo:<name>`` and implements the Backend protocol through
+:class:`mlaconf.harness.torch_backend.TorchSdpaBackend`'s batching and layouts, replacing only the
+per-sequence attention.  Every path rounds the output once to the case dtype and keeps every
+accumulation in fp32; they differ where docs/operator.md §4 allows a correct kernel to differ
+(:data:`ZOO` holds each member's path in one line):
 
 * ``fp32_p``       fp32 scores, softmax and P (P never rounded), one fp32 P.V GEMM.
 * ``p_rounded``    fp32 scores; unnormalised P = exp(s - m) rounded to the input dtype before an
@@ -41,7 +43,7 @@ import torch
 from mlaconf.harness.torch_backend import TorchSdpaBackend
 
 
-def _allowed(q_len: int, kv_len: int, mask_type: int) -> torch.Tensor | None:
+def visible_keys(q_len: int, kv_len: int, mask_type: int) -> torch.Tensor | None:
     """``[q, kv]`` boolean mask of visible keys, None when every key is visible."""
     if mask_type not in (2, 3):
         return None
@@ -50,7 +52,7 @@ def _allowed(q_len: int, kv_len: int, mask_type: int) -> torch.Tensor | None:
     return torch.arange(kv_len)[None, :] <= rows + offset
 
 
-def _heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int) -> tuple[torch.Tensor, ...]:
+def fp32_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int) -> tuple[torch.Tensor, ...]:
     """q ``[H, q, 192]``, k ``[H, kv, 192]``, v ``[H, kv, 128]`` in fp32 (GQA heads repeated)."""
     qh = q.transpose(0, 1).float()
     kh = k.transpose(0, 1).float().repeat_interleave(group, dim=0)
@@ -72,18 +74,18 @@ class ZooMember(TorchSdpaBackend):
         super().__init__("cpu")
         self.name = f"zoo-{name}"
 
-    def _attend(
+    def _attend(  # type: ignore[override]  # an instance method: the member's own arithmetic
         self,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        group: int,  # type: ignore[override]
+        group: int,
         scale: float,
         mask_type: int,
     ) -> torch.Tensor:
         dtype = q.dtype
-        qh, kh, vh = _heads(q, k, v, group)
-        out = self.attend32(qh, kh, vh, scale, _allowed(q.shape[0], k.shape[0], mask_type), dtype, mask_type)
+        qh, kh, vh = fp32_heads(q, k, v, group)
+        out = self.attend32(qh, kh, vh, scale, visible_keys(q.shape[0], k.shape[0], mask_type), dtype, mask_type)
         return self.round_out(out.transpose(0, 1), dtype)
 
     def round_p(self, p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -446,7 +448,7 @@ def ftz_fp16() -> ZooMember:
     return FtzFp16("ftz_fp16")
 
 
-#: Factory name -> what its path does differently.
+#: Member name (its factory in this module) -> the rounding path it stands for.
 ZOO: dict[str, str] = {
     "fp32_p": Fp32P.description,
     "p_rounded": PRounded.description,
