@@ -214,6 +214,11 @@ def validity(model: FactorModel) -> Validity:
 
 def valid_tuples(model: FactorModel, factor_sets: Iterable[Sequence[str]]) -> list[Tuple]:
     """The valid tuples with one level of each factor of each set, in model order, without repeats."""
+    return list(_valid_tuples(model, tuple(tuple(names) for names in factor_sets)))
+
+
+@cache
+def _valid_tuples(model: FactorModel, factor_sets: tuple[tuple[str, ...], ...]) -> tuple[Tuple, ...]:
     check = validity(model)
     seen: dict[Tuple, None] = {}
     order = {name: i for i, name in enumerate(model.names)}
@@ -223,7 +228,7 @@ def valid_tuples(model: FactorModel, factor_sets: Iterable[Sequence[str]]) -> li
             items = tuple(zip(ordered, levels, strict=True))
             if items not in seen and check.valid(items):
                 seen[items] = None
-    return list(seen)
+    return tuple(seen)
 
 
 def all_factor_sets(model: FactorModel, t: int) -> list[tuple[str, ...]]:

@@ -48,7 +48,7 @@ TARGETS = {"smoke": False, "standard": True}
 MAX_ROWS = 6
 #: Rough seconds of one case in a run (open, execute, judge) and its FLOP and byte rates (torch-cpu, 2
 #: cores); only their ratios matter: they trade one more case against a larger one.
-CASE_SECONDS = 0.15
+CASE_SECONDS = 0.25
 RUN_FLOPS = 2e10
 RUN_BYTES = 2e8
 #: Rough seconds one more batch adds to a case beyond its FLOPs.
@@ -64,13 +64,22 @@ INPUTS: dict[frozenset[str], dict[str, Any]] = {
     frozenset({"late_max", "v_mean"}): {"structure": {"logits": "late_max", "late_from": 128, "v_mean": 4.0}},
     frozenset({"sinks"}): {"structure": {"logits": "sinks", "rise": 7.0, "sink_keys": 1}},
     frozenset({"sinks", "v_mean"}): {"structure": {"logits": "sinks", "rise": 7.0, "sink_keys": 1, "v_mean": 4.0}},
+    frozenset({"large_logits", "late_max"}): {
+        "distribution": "large_logits",
+        "structure": {"logits": "late_max", "late_from": 128},
+    },
+    frozenset({"large_logits", "sinks"}): {
+        "distribution": "large_logits",
+        "structure": {"logits": "sinks", "rise": 7.0, "sink_keys": 1},
+    },
 }
 #: late_max's rise per dtype: above ln of the largest finite P accumulator (fp16 11.1, fp32 88.7).
 LATE_RISE = {"fp16": 16.0, "bf16": 96.0}
+#: "many" first: on a tie the case gets room for several batches' per-batch levels.
 BATCH_OPTIONS = (
-    frozenset({"one"}),
-    frozenset({"two"}),
     frozenset({"many"}),
+    frozenset({"two"}),
+    frozenset({"one"}),
     frozenset({"two", "empty_row"}),
     frozenset({"many", "empty_row"}),
 )
@@ -147,6 +156,7 @@ class Generator:
         self.factor_sets = sorted({tuple(f for f, _ in items) for items in targets})
         covered = set().union(*(row_tuples(row, self.factor_sets) for row in distinct_rows(existing)))
         self.open: dict[Tuple, None] = {items: None for items in targets if items not in covered}
+        self.targets = set(self.open)
         self.menu = length_menu()
         self.options: dict[str, list[frozenset[str]]] = {
             f: [frozenset({lv}) for lv in model.factor(f).level_names] for f in CASE_FACTORS
@@ -214,7 +224,8 @@ class Generator:
             pool = menu
             if slot == 0:
                 pool = [m for m in menu if all(lv in m.levels[f] for f, lv in want.items() if f in PER_BATCH)]
-            if slot == count - 1 and max((c.kv for c in chosen), default=0) < need_kv:
+            unmet = max((c.kv for c in chosen), default=0) < need_kv
+            if unmet and (slot > 0 or any(m.kv >= need_kv for m in pool)):
                 pool = [m for m in pool if m.kv >= need_kv]
             best: tuple[float, int] | None = None
             pick = None
@@ -225,13 +236,13 @@ class Generator:
                     best, pick = score, item
             if pick is None:
                 return None
-            if slot >= 3 and best is not None and best[1] == 0:
+            if slot >= 3 and not unmet and best is not None and best[1] == 0:
                 break  # "many" holds at least three batches; more only while they add tuples
             chosen.append(pick)
             gained |= held[(pick.q, pick.kv)]
         return chosen
 
-    def run(self, cost: Callable[[CaseSpec], float] = case_cost, seeds: int = 6) -> list[CaseSpec]:
+    def run(self, cost: Callable[[CaseSpec], float] = case_cost, seeds: int = 24) -> list[CaseSpec]:
         """Cases until every open tuple is covered (or no candidate covers one: an error naming it)."""
         made: list[CaseSpec] = []
         while self.open:
@@ -249,7 +260,20 @@ class Generator:
             made.append(best[1])
             for items in best[2]:
                 self.open.pop(items, None)
-        return made
+        return self._drop_redundant(made, cost)
+
+    def _drop_redundant(self, made: list[CaseSpec], cost: Callable[[CaseSpec], float]) -> list[CaseSpec]:
+        """Reverse delete: the costliest first, a case whose target tuples the others also hold goes."""
+        held = [self._targets_held(spec) for spec in made]
+        keep = list(range(len(made)))
+        for index in sorted(keep, key=lambda i: (-cost(made[i]), i)):
+            others = set().union(*(held[i] for i in keep if i != index))
+            if held[index] <= others:
+                keep.remove(index)
+        return [made[i] for i in keep]
+
+    def _targets_held(self, spec: CaseSpec) -> set[Tuple]:
+        return {t for row in batch_rows(spec) for t in row_tuples(row, self.factor_sets) if t in self.targets}
 
 
 def targets(model: FactorModel, structure: bool) -> list[Tuple]:
