@@ -85,7 +85,8 @@ def inputs_levels(spec: CaseSpec) -> frozenset[str]:
         levels.add("random")
     if spec.distribution in ("near_tie", "large_logits"):
         levels.add(spec.distribution)
-    if trend == "sinks" or (trend == "late_max" and (structure and structure.late_from or 0) >= LATE_FROM_MIN):
+    late = structure is not None and (structure.late_from or 0) >= LATE_FROM_MIN
+    if trend == "sinks" or (trend == "late_max" and late):
         levels.add(trend)
     if structure is not None and structure.v_mean is not None:
         levels.add("v_mean")
@@ -282,7 +283,9 @@ def describe(items: Tuple) -> str:
     return "no case with " + " and ".join(f"{factor} {level}" for factor, level in items)
 
 
-def coverage(cases: Sequence[CaseSpec], strengths: Sequence[int] = (1, 2, 3), model: FactorModel | None = None) -> list[Coverage]:
+def coverage(
+    cases: Sequence[CaseSpec], strengths: Sequence[int] = (1, 2, 3), model: FactorModel | None = None
+) -> list[Coverage]:
     """t-way coverage for each strength over all factors, and the triples of the kernel-structure sets."""
     model = model or load_model()
     rows = distinct_rows(cases)

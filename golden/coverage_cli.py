@@ -32,7 +32,11 @@ def register(subparsers: Any) -> None:
     p.add_argument("--cases", action="append", default=[], metavar="FILE", help="a TOML suite file")
     p.add_argument("--t", type=int, default=3, choices=(1, 2, 3), help="highest strength t (default 3)")
     p.add_argument(
-        "--show", type=int, default=DEFAULT_SHOW, metavar="N", help=f"uncovered tuples per t (default {DEFAULT_SHOW}; 0: all)"
+        "--show",
+        type=int,
+        default=DEFAULT_SHOW,
+        metavar="N",
+        help=f"uncovered tuples per t (default {DEFAULT_SHOW}; 0: all)",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     p.set_defaults(func=cmd_coverage)

@@ -11,7 +11,6 @@ Smoke holds every valid pair; standard every valid pair and every triple of the 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import sys
@@ -29,8 +28,8 @@ from mlaconf.golden.coverage import (
     Tuple,
     all_factor_sets,
     batch_rows,
-    distinct_rows,
     cheapest_lengths,
+    distinct_rows,
     row_tuples,
     structure_factor_sets,
     valid_tuples,
@@ -112,7 +111,10 @@ def length_menu() -> list[Length]:
     """For each realizable (q_len, kv_len, prefix), the cheapest (q_b, kv_b) that holds it; cheapest first."""
     menu = {}
     for q, kv in sorted(set(cheapest_lengths().values()), key=lambda pair: (pair[0] * pair[1] + pair[0], *pair)):
-        row = {f: frozenset(n for n, rule in PER_BATCH[f].items() if rule(v)) for f, v in zip(PER_BATCH, (q, kv, kv - q), strict=True)}
+        row = {
+            f: frozenset(n for n, rule in PER_BATCH[f].items() if rule(v))
+            for f, v in zip(PER_BATCH, (q, kv, kv - q), strict=True)
+        }
         menu[(q, kv)] = Length(q, kv, row)
     return list(menu.values())
 
