@@ -47,8 +47,8 @@ TARGETS = {"smoke": False, "standard": True}
 MAX_ROWS = 6
 #: Rough seconds of one case in a run (open, execute, judge) and its FLOP and byte rates (torch-cpu, 2
 #: cores); only their ratios matter: they trade one more case against a larger one.
-CASE_SECONDS = 0.25
-RUN_FLOPS = 2e10
+CASE_SECONDS = 0.2
+RUN_FLOPS = 2e9
 RUN_BYTES = 2e8
 #: Rough seconds one more batch adds to a case beyond its FLOPs.
 ROW_SECONDS = 0.01
