@@ -9,7 +9,6 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -116,10 +115,3 @@ def suite_coverage_lines(suites: Sequence[str]) -> list[str]:
     for name in suites:
         names += [n for n in available_suites() if n != "errors"] if name == "all" else [name]
     return [f"coverage {name}: {summary(coverage(load_suites([name])))}" for name in dict.fromkeys(names)]
-
-
-def cases_coverage_line(path: Path) -> str:
-    from mlaconf.golden.coverage import coverage
-    from mlaconf.golden.suites import load_suite
-
-    return f"coverage {path}: {summary(coverage(load_suite(path)))}"
