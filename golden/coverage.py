@@ -153,8 +153,8 @@ def cheapest_lengths() -> dict[tuple[str, str, str], tuple[int, int]]:
     for value, index in zip(codes.tolist(), first.tolist(), strict=True):
         pair = (int(q[order[index]]), int(kv[order[index]]))
         hit = [names[i] for i in range(bit) if value >> i & 1]
-        per = [[lv for f, lv in hit if f == factor] for factor in PER_BATCH]
-        for atom in itertools.product(*per):
+        q_levels, kv_levels, prefix_levels = ([lv for f, lv in hit if f == factor] for factor in PER_BATCH)
+        for atom in itertools.product(q_levels, kv_levels, prefix_levels):
             best = cheapest.get(atom)
             if best is None or (pair[0] * pair[1], pair[0]) < (best[0] * best[1], best[0]):
                 cheapest[atom] = pair
