@@ -210,6 +210,10 @@ def cmd_list(args: argparse.Namespace) -> int:
         f"total: {len(specs)} cases, {flops_text(flops)} useful, {cost.human_bytes(disk)} on disk, "
         f"peak ~{cost.human_bytes(peak)} per worker (largest case)"
     )
+    if args.suites:  # each named suite's t-way coverage of the factor model (mlaconf coverage lists the gaps)
+        from mlaconf.golden.coverage_cli import suite_coverage_lines
+
+        print("\n".join(suite_coverage_lines(args.suites)))
     print(f"list: {len(specs)} cases, {valid} with a valid golden in {store.root}", file=sys.stderr)
     _warn_fit(fit, "list")
     if fit.refused:

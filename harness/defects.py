@@ -533,6 +533,47 @@ SEVERAL_BATCHES = ("two", "many")
 GQA_OVER_KV_HEADS = ("2", "3", "4", "5", "6", "7", "8", "16")
 
 
+# -- conditions the factor model names (facts/factors.toml): a GQA group that is not a power of two, long rows
+
+DENOMINATOR_BLOCK = 16  # fp16_running_denominator: keys summed in fp32 before each fp16 addition
+
+
+class GqaShiftGroup(ControlMath):
+    description = (
+        "GQA kv head taken as h >> log2(group) (a shift, right only when the group is a power of two), "
+        "clamped to the last kv head (apache/tvm PR 17466, mlc-llm PR 2543)"
+    )
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
+    ) -> torch.Tensor:
+        shift = group.bit_length() - 1
+        order = (torch.arange(k.shape[1] * group) >> shift).clamp(max=k.shape[1] - 1)
+        return super()._attend(q, k[:, order], v[:, order], 1, scale, mask_type)
+
+
+class Fp16RunningDenominator(ControlMath):
+    description = (
+        f"the softmax denominator accumulated across the row in fp16 (one fp16 addition per {DENOMINATOR_BLOCK}-key "
+        "block; llama.cpp PR 24389): the sum stalls once a block adds less than half an fp16 ulp of it"
+    )
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
+    ) -> torch.Tensor:
+        qh = q.transpose(0, 1).float()
+        kh = k.transpose(0, 1).float().repeat_interleave(group, dim=0)
+        vh = v.transpose(0, 1).float().repeat_interleave(group, dim=0)
+        scores = (qh @ kh.transpose(1, 2)) * scale
+        scores = scores.masked_fill(~allowed_keys(q.shape[0], k.shape[0], k.shape[0], mask_type), float("-inf"))
+        p = torch.exp(scores - scores.amax(dim=-1, keepdim=True))
+        total = torch.zeros((*p.shape[:-1], 1), dtype=torch.float16)
+        for j0 in range(0, p.shape[-1], DENOMINATOR_BLOCK):
+            block = p[..., j0 : j0 + DENOMINATOR_BLOCK].sum(dim=-1, keepdim=True)
+            total = (total.float() + block).to(torch.float16)
+        return ((p @ vh) / total.float()).transpose(0, 1).to(q.dtype)
+
+
 @dataclass(frozen=True)
 class RealBug:
     """An upstream bug a defect reproduces: where it is in the public record and which releases carried it."""
@@ -587,6 +628,16 @@ _ENTRIES = (
     DefectEntry("scale_in_input_dtype", ScaleInInputDtype),
     DefectEntry("half_heads_bf16", HalfHeadsBf16, {"dtype": ("fp16",)}),
     DefectEntry("tail_row_unwritten", TailRowUnwritten),
+    DefectEntry(
+        "gqa_shift_group",
+        GqaShiftGroup,
+        {"mask": ("causal",), "group": ("3", "5", "6", "7")},  # groups above 1 exist only under CAUSAL
+        real_bug=RealBug(
+            source="apache/tvm PR 17466 (28 query heads over 4 kv heads), mlc-llm PR 2543 (group 6)",
+            releases="not in ATB's public record: a schedule bug other GQA kernels shipped",
+        ),
+    ),
+    DefectEntry("fp16_running_denominator", Fp16RunningDenominator),
     DefectEntry(
         "one_row_tile_p_reuse",
         OneRowTilePReuse,

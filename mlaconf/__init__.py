@@ -28,6 +28,7 @@ ROOMS = ("facts", "golden", "harness", "native", "judge", "runner", "cases", "re
 VERB_MODULES = (
     "mlaconf.golden.verbs",
     "mlaconf.golden.bench",
+    "mlaconf.golden.coverage_cli",
     "mlaconf.reports.cli",
     "mlaconf.runner.run",
     "mlaconf.runner.verbs",

@@ -1,0 +1,166 @@
+"""The factor model of the contract (``facts/factors.toml``): factors, levels with why each is there,
+constraints between levels, and the kernel-structure factor sets whose triples matter.
+
+Data only: classifying a case into levels lives in :mod:`mlaconf.golden.coverage`.  Every problem with
+the file is a :class:`FactorModelError` naming the file and the entry."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, from PyPI
+    import tomli as tomllib
+
+DEFAULT_PATH = Path(__file__).resolve().parent / "factors.toml"
+SCOPES = ("case", "batch")
+
+
+class FactorModelError(ValueError):
+    """The factor model file is malformed; the message names the file and the entry."""
+
+
+@dataclass(frozen=True)
+class Level:
+    name: str
+    why: str
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Factor:
+    """One dimension; ``scope`` is ``batch`` for factors classified batch by batch (q_len, kv_len, prefix)."""
+
+    name: str
+    scope: str
+    why: str
+    levels: tuple[Level, ...]
+
+    @property
+    def level_names(self) -> tuple[str, ...]:
+        return tuple(level.name for level in self.levels)
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """When a case has a level of ``when``, its levels of each factor in ``then`` are among those listed."""
+
+    when: tuple[str, frozenset[str]]
+    then: tuple[tuple[str, frozenset[str]], ...]
+    why: str
+    source: str = ""
+
+    def forbids(self, assignment: Mapping[str, str]) -> bool:
+        """Whether one level per factor (a partial assignment) breaks this constraint."""
+        factor, levels = self.when
+        if assignment.get(factor) not in levels:
+            return False
+        return any(f in assignment and assignment[f] not in allowed for f, allowed in self.then)
+
+
+@dataclass(frozen=True)
+class StructureSet:
+    """Kernel-structure factors whose every valid triple a triple-covering suite holds."""
+
+    name: str
+    factors: tuple[str, ...]
+    why: str
+
+
+@dataclass(frozen=True)
+class FactorModel:
+    factors: tuple[Factor, ...]
+    constraints: tuple[Constraint, ...]
+    structures: tuple[StructureSet, ...]
+
+    def factor(self, name: str) -> Factor:
+        for factor in self.factors:
+            if factor.name == name:
+                return factor
+        raise KeyError(name)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.factors)
+
+    def allows(self, assignment: Mapping[str, str]) -> bool:
+        """Whether no declared constraint forbids these levels together (one level per factor)."""
+        return not any(c.forbids(assignment) for c in self.constraints)
+
+
+def _text(entry: Mapping[str, Any], key: str, where: str, *, required: bool = True) -> str:
+    value = entry.get(key, None if required else "")
+    if not isinstance(value, str) or (required and not value):
+        raise FactorModelError(f"{where}: {key!r} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _level_map(raw: Any, known: Mapping[str, Factor], where: str) -> list[tuple[str, frozenset[str]]]:
+    if not isinstance(raw, Mapping) or not raw:
+        raise FactorModelError(f"{where}: must be a table {{ factor = [levels] }}, got {raw!r}")
+    pairs = []
+    for name, levels in raw.items():
+        if name not in known:
+            raise FactorModelError(f"{where}: unknown factor {name!r}; known: {sorted(known)}")
+        if not isinstance(levels, list) or not levels or not set(levels) <= set(known[name].level_names):
+            wanted = known[name].level_names
+            raise FactorModelError(f"{where}: {name} needs a list of its levels {wanted}, got {levels!r}")
+        pairs.append((name, frozenset(levels)))
+    return pairs
+
+
+def parse_model(data: Mapping[str, Any], source: str) -> FactorModel:
+    """Build and check a model from the parsed TOML (names unique, every reference known)."""
+    factors: dict[str, Factor] = {}
+    for index, entry in enumerate(data.get("factor", [])):
+        where = f"{source}: factor #{index}"
+        name = _text(entry, "name", where)
+        where = f"{source}: factor {name!r}"
+        scope = entry.get("scope")
+        if scope not in SCOPES:
+            raise FactorModelError(f"{where}: scope must be one of {SCOPES}, got {scope!r}")
+        levels = []
+        for level in entry.get("levels", []):
+            source_text = _text(level, "source", where, required=False)
+            levels.append(Level(_text(level, "name", where), _text(level, "why", where), source_text))
+        names = [level.name for level in levels]
+        if len(names) < 2 or len(set(names)) != len(names):
+            raise FactorModelError(f"{where}: needs at least two levels with distinct names, got {names}")
+        if name in factors:
+            raise FactorModelError(f"{where}: defined twice")
+        factors[name] = Factor(name, scope, _text(entry, "why", where), tuple(levels))
+    constraints = []
+    for index, entry in enumerate(data.get("constraint", [])):
+        where = f"{source}: constraint #{index}"
+        when = _level_map(entry.get("when"), factors, f"{where}: when")
+        if len(when) != 1:
+            raise FactorModelError(f"{where}: when names exactly one factor")
+        then = tuple(_level_map(entry.get("then"), factors, f"{where}: then"))
+        source_text = _text(entry, "source", where, required=False)
+        constraints.append(Constraint(when[0], then, _text(entry, "why", where), source_text))
+    structures = []
+    for index, entry in enumerate(data.get("structure", [])):
+        where = f"{source}: structure #{index}"
+        names = entry.get("factors")
+        if not isinstance(names, list) or len(names) < 3 or not set(names) <= set(factors):
+            raise FactorModelError(f"{where}: factors must list three or more of {sorted(factors)}, got {names!r}")
+        structures.append(StructureSet(_text(entry, "name", where), tuple(names), _text(entry, "why", where)))
+    if not factors:
+        raise FactorModelError(f"{source}: no [[factor]] tables")
+    return FactorModel(tuple(factors.values()), tuple(constraints), tuple(structures))
+
+
+@cache
+def load_model(path: Path = DEFAULT_PATH) -> FactorModel:
+    """The factor model (default: the shipped ``facts/factors.toml``)."""
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise FactorModelError(f"{path}: cannot read the factor model: {exc}") from exc
+    return parse_model(data, str(path))

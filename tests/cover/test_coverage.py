@@ -1,0 +1,112 @@
+"""The factor model (facts/factors.toml), case classification and t-way coverage (golden/coverage.py), the
+``mlaconf coverage``; the generated covering sections are checked in tests/nocover/test_covering.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mlaconf.facts.factors import FactorModelError, load_model, parse_model
+from mlaconf.golden.coverage import PER_BATCH, case_levels, coverage, describe, realizable_rows
+from mlaconf.golden.spec import SpecError
+from mlaconf.golden.spec_build import build_case
+
+MODEL = load_model()
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def case(**fields: Any) -> Any:
+    return build_case({"q_seqlen": [64], "head_num": 1, **fields}, source="test")
+
+
+def test_every_level_of_the_model_has_a_rule_and_no_rule_is_unnamed() -> None:
+    for factor, rules in PER_BATCH.items():
+        assert tuple(rules) == MODEL.factor(factor).level_names
+    assert all(level.why for factor in MODEL.factors for level in factor.levels)
+
+
+def test_levels_of_a_case_batch_by_batch() -> None:
+    spec = case(mask_type="causal", kv_layout="padded", q_seqlen=[1, 0, 513], kv_seqlen=[608, 16, 1025], head_num=6,
+                kv_head_num=2, structure={"v_mean": 4.0})  # fmt: skip
+    levels = case_levels(spec)
+    assert levels["q_len"] == {"one", "mod128_1", "gt512"}
+    assert levels["kv_len"] == {"mult16_not64", "not_mult16"}  # 608 and 1025 (the empty batch has no row)
+    assert levels["prefix"] == {"long", "mult128"}  # 607 and 512
+    assert levels["batch"] == {"many", "empty_row"}
+    assert levels["group"] == {"3"} and levels["kv_heads"] == {"two"}
+    assert levels["inputs"] == {"random", "v_mean"}
+    assert case_levels(case(distribution="near_tie"))["inputs"] == {"near_tie"}
+
+
+def test_realizable_rows_follow_kv_equals_q_plus_prefix() -> None:
+    rows = realizable_rows()
+    assert ("one", "mult512", "zero") not in rows  # kv = q = 1
+    assert ("one", "mult512", "long") in rows  # q 1 over 511 cached keys
+    assert ("mod128_0", "mult128_not512", "zero") in rows
+    assert ("lt16", "ge4096", "zero") not in rows
+
+
+def test_constraints_are_the_validators(tmp_path: Path) -> None:
+    """Each declared constraint names a combination the suite validator refuses (one home: docs/operator.md)."""
+    refused = {
+        ("mask", "group"): dict(mask_type="undefined", head_num=4, kv_head_num=2),
+        ("mask", "prefix"): dict(mask_type="mask_free", kv_seqlen=[65]),
+        ("mask", "kv_layout"): dict(mask_type="causal", kv_layout="packed"),
+        ("group", "kv_heads"): dict(mask_type="causal", kv_layout="padded", head_num=256, kv_head_num=2),
+    }
+    declared = {(c.when[0], f) for c in MODEL.constraints for f, _ in c.then}
+    assert declared == set(refused)
+    for fields in refused.values():
+        with pytest.raises(SpecError):
+            case(**fields)
+
+
+def test_a_broken_model_file_is_one_clear_error() -> None:
+    with pytest.raises(FactorModelError, match="unknown factor 'color'"):
+        parse_model(
+            {
+                "factor": [
+                    {
+                        "name": "mask",
+                        "scope": "case",
+                        "why": "w",
+                        "levels": [{"name": "a", "why": "w"}, {"name": "b", "why": "w"}],
+                    }
+                ],
+                "constraint": [{"when": {"color": ["red"]}, "then": {"mask": ["a"]}, "why": "w"}],
+            },
+            "m.toml",
+        )
+
+
+def test_coverage_counts_valid_tuples_and_names_the_missing_ones() -> None:
+    cases = [case(mask_type="causal", kv_layout="padded", head_num=6, kv_head_num=1, kv_seqlen=[200])]
+    one_way, two_way = coverage(cases, (1, 2))
+    assert ("group", "6") not in {t[0] for t in one_way.uncovered}
+    missing = {describe(t) for t in two_way.uncovered}
+    assert "no case with mask causal and group 7" in missing
+    assert "no case with group 6 and q_len one" in missing
+    assert "no case with mask undefined and group 6" not in missing  # invalid: not counted
+    more = coverage(
+        [*cases, case(mask_type="causal", kv_layout="padded", head_num=7, kv_head_num=1, q_seqlen=[1], kv_seqlen=[1])],
+        (2,),
+    )[0]
+    assert len(more.uncovered) < len(two_way.uncovered) and two_way.total == more.total
+
+
+def test_coverage_verb_refuses_a_missing_file_in_one_line(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.toml"
+    done = subprocess.run(
+        [sys.executable, "-m", "mlaconf", "coverage", "--cases", str(missing)], capture_output=True, text=True, cwd=ROOT
+    )
+    assert done.returncode == 2 and str(missing) in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_coverage_verb_module_imports_light() -> None:
+    code = "import sys, mlaconf.golden.coverage_cli; print(sorted({'torch', 'h5py', 'ml_dtypes'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert done.stdout.strip() == "[]"
