@@ -544,7 +544,7 @@ class GqaShiftGroup(ControlMath):
         "clamped to the last kv head (apache/tvm PR 17466, mlc-llm PR 2543)"
     )
 
-    def _attend(
+    def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
     ) -> torch.Tensor:
         shift = group.bit_length() - 1
@@ -558,7 +558,7 @@ class Fp16RunningDenominator(ControlMath):
         "block; llama.cpp PR 24389): the sum stalls once a block adds less than half an fp16 ulp of it"
     )
 
-    def _attend(
+    def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
     ) -> torch.Tensor:
         qh = q.transpose(0, 1).float()
