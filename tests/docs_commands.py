@@ -92,6 +92,11 @@ PLANS: dict[str, Plan] = {
     "pytest cases -k s129 --mla-policy strict --junitxml=out.xml": Plan(0, "1 passed"),
     "pytest cases --mla-seeds 1,2,3,4,5": Plan(0, "5 passed"),
     "pytest cases --mla-cases my_cases.toml": Plan(0, "1 passed"),
+    "mlaconf coverage smoke": Plan(0, "2-way 100.0 %"),
+    "mlaconf power --suite smoke -j 2": Plan(
+        not_run="about 2,000 backend runs, tens of minutes on 2 cores: tests/nocover/test_power_smoke.py runs it"
+    ),
+    "mlaconf power --cases my.toml": Plan(1, "survived"),
     "mlaconf import-dump msprobe_dump --out imported.toml": Plan(0, "wrote 2 cases to imported.toml"),
     "mlaconf run --backend torch-cpu -- --mla-cases imported.toml": Plan(
         not_run="the narrowing's tiny suite would replace imported.toml: tests/nocover/test_msprobe_dumps.py runs it"
