@@ -105,7 +105,7 @@ def test_named_unavailable_backend_fails_the_run_with_its_reason(tmp_path: Path)
     """Named explicitly, an unavailable backend is no green run of skips: exit 1 with the probe's
     reason, and it is in run.json and the tables next to the backend that ran."""
     result = run_pytest(
-        tmp_path, "--mla-backend", "atb", "--mla-backend", "torch-cpu", "-k", "fp16-undefined and b3 and q2d"
+        tmp_path, "--mla-backend", "atb", "--mla-backend", "torch-cpu", "-k", "fp16-undefined and b3-s160 and q2d"
     )
     assert result.returncode == 1, result.stdout[-3000:]
     assert "2 skipped" in result.stdout and "2 passed" in result.stdout

@@ -175,10 +175,10 @@ def test_the_default_verdict_carries_both_tests(bf16_golden: GoldenCase, fp16_go
 
 
 def test_the_suites_expose_the_rounding_paths_on_long_rows() -> None:
-    """Issue 27: near-tie rows up to 4096 keys (both dtypes, bidirectional and CAUSAL) and large-logit
+    """Issue 27: near-tie rows of 4096 keys and more (both dtypes, bidirectional and CAUSAL) and large-logit
     rows long enough to split, where the legitimate paths' roundings are least symmetric."""
     cases = load_suites(["standard", "edge"])
     ties = {(c.dtype, c.mask_type == 3) for c in cases if c.distribution == "near_tie" and c.max_kv >= 2048}
     assert ties == {(d, causal) for d in ("fp16", "bf16") for causal in (False, True)}
-    assert max(c.max_kv for c in cases if c.distribution == "near_tie") == 4096
+    assert max(c.max_kv for c in cases if c.distribution == "near_tie") >= 4096
     assert {c.dtype for c in cases if c.distribution == "large_logits" and c.max_kv >= 1024} == {"fp16", "bf16"}

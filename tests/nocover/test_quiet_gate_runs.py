@@ -81,7 +81,9 @@ def test_two_identical_smoke_runs_diff_to_nothing(tmp_path: Path, capsys: pytest
     assert mlaconf("report", "diff", str(base), str(cand)) == 0
     out = capsys.readouterr().out
     assert "changed: 0" in out and f"identical: {len(records)}" in out and "perf: 0" in out
-    assert f"GATE PASSES: {len(records)} identical (bit-identical)" in out
+    with_output = sum(bool(r.get("output_sha256")) for r in records)  # error-contract tests have none
+    sameness = f"{with_output} bit-identical, {len(records) - with_output} same verdict and evidence, no output digest"
+    assert f"GATE PASSES: {len(records)} identical ({sameness})" in out
     assert "latency not compared" in out  # one timed call per case: never a perf verdict
     data = json.loads((cand / "diff" / "diff.json").read_text())
     assert data["regressions"] == 0 and data["perf"] == [] and data["cases"] == []
