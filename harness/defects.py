@@ -26,7 +26,7 @@ import torch
 from mlaconf.facts.operator import MASK_NAMES, SUPPORTED_MASKS, kv_layout_of, scores_in_fp16
 from mlaconf.harness.backend import MlaPrefillCall
 from mlaconf.harness.contract import ContractBackend
-from mlaconf.harness.torch_backend import NOPE, ROPE, VDIM, TorchSdpaBackend
+from mlaconf.harness.torch_backend import NOPE, ROPE, VDIM, TorchSdpaBackend, head_chunk
 from mlaconf.harness.zoo import blockwise, fp32_heads, visible_keys
 
 LONG_ROW_KEYS = 128  # nan_long_rows: rows that may see more keys than this get NaN
@@ -200,14 +200,21 @@ class PaddingNanUnsafe(Defect):
     description = "padded kv: padding masked with -inf after Q.K and multiplied by P = 0 (NaN leaks)"
 
     def before(self, call: MlaPrefillCall) -> MlaPrefillCall:
-        self._true_kv = [int(kv) for q, kv in zip(call.q_seqlen, call.kv_seqlen, strict=True) if q > 0]
-        s = _padded_s(call)
+        s = _padded_s(call)  # the keys every batch's call sees once kvSeqLen is widened (packed: its own)
+        heads, group = call.head_num, call.head_num // call.kv_head_num
+        # one entry per _attend call: batches in order, those with query rows only, once per head chunk
+        self._true_kv = [
+            int(kv)
+            for q, kv in zip(call.q_seqlen.tolist(), call.kv_seqlen.tolist(), strict=True)
+            if q > 0 and (s or kv) > 0
+            for _ in range(-(-heads // head_chunk(q, s or kv, heads, group)))
+        ]
         return call if s is None else _replace(call, kv_seqlen=torch.full_like(call.kv_seqlen, s))
 
     def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
     ) -> torch.Tensor:
-        kv_len = self._true_kv.pop(0)  # batches arrive in order, those with query rows only
+        kv_len = self._true_kv.pop(0)
         return math_attend(q, k, v, group, scale, mask_type, kv_len=kv_len)
 
 

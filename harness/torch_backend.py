@@ -22,6 +22,11 @@ NOPE, ROPE, VDIM = NOPE_DIM, ROPE_DIM, V_DIM
 SCORE_BUDGET = 1 << 26
 
 
+def head_chunk(q_len: int, kv_len: int, heads: int, group: int) -> int:
+    """Query heads attended per call for one batch: whole GQA groups whose scores fit :data:`SCORE_BUDGET`."""
+    return max(1, min(heads, SCORE_BUDGET // (q_len * kv_len))) // group * group or group
+
+
 def _kv_rows(call: MlaPrefillCall, tensor: torch.Tensor, head_dim: int, batch: int, start: int | None) -> torch.Tensor:
     """Batch ``batch``'s rows of a kv tensor as ``[kv_len, Hkv, D]``: packed from row ``start``,
     padded (``start`` None) from ``tensor[batch]``."""
@@ -76,7 +81,7 @@ class TorchSdpaBackend:
                 start = kv_start if packed else None
                 k_nope_b, k_rope_b = _kv_rows(call, k, NOPE, b, start), _kv_rows(call, k_rope, ROPE, b, start)
                 values = _kv_rows(call, v, VDIM, b, start)
-                heads = max(1, min(h, SCORE_BUDGET // (q_len * kv_len))) // group * group or group
+                heads = head_chunk(q_len, kv_len, h, group)
                 for h0 in range(0, h, heads):  # keys and queries are concatenated per head group only
                     rows = slice(q_start, q_start + q_len)
                     q = torch.cat([q_nope[rows, h0 : h0 + heads], q_rope[rows, h0 : h0 + heads]], -1).to(dev)
