@@ -14,6 +14,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,8 @@ def run_power(args: argparse.Namespace) -> int:
 
     if args.jobs < 1:
         return _fail(f"-j {args.jobs}: must be at least 1")
+    # a defect's NaN or Inf output makes numpy warn while it is judged; the verdict already says it (finite:*)
+    warnings.filterwarnings("ignore", category=RuntimeWarning)
     try:
         if args.cases is not None:
             cases, selection = load_suite(args.cases), f"cases file {args.cases}"
