@@ -79,6 +79,8 @@ class ReportState:
     #: refused it (another run owns it: this run then writes nothing there).
     claimed: bool = False
     refused: bool = False
+    #: The status pytest exits with, once this session's run is ended (None before).
+    exit_status: int | None = None
     #: Collection reports that failed (a test file that does not import, a suite that does not parse).
     collection_errors: int = 0
     #: ``--mla-resume``: this session continues the interrupted run in ``report_dir``; run.json's
@@ -447,7 +449,15 @@ class Collector:
             return None
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        """Account for every selected test, then complete run.json; fail a run that cannot pass."""
+        """Account for every selected test, then complete run.json; fail a run that cannot pass.  The
+        status pytest will exit with is kept for the run's last line (pytest hands the terminal summary
+        the status from before this hook)."""
+        try:
+            self.finish_run(session, exitstatus)
+        finally:
+            self.state.exit_status = int(session.exitstatus)
+
+    def finish_run(self, session: pytest.Session, exitstatus: int) -> None:
         state, config = self.state, self.config
         empty = exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and any(
             config.getoption(name, None) for name in ("mla_cases", "mla_suite", "mla_backend")

@@ -504,7 +504,8 @@ def pytest_terminal_summary(
     stale_deviations(terminalreporter, config)
     html = config.stash[STATE].report_dir / "report.html"
     where = f"report: {html}" if html.is_file() else "no report written"
-    passed = int(exitstatus) == 0
+    final = config.stash[STATE].exit_status
+    passed = int(exitstatus if final is None else final) == 0
     terminalreporter.write_sep("=", f"MLA run: {'PASS' if passed else 'FAIL'}; {where}", green=passed, red=not passed)
 
 

@@ -36,14 +36,23 @@ def test_case(verdict, mla_report):
 """
 
 
-@pytest.mark.parametrize("verdict, word", [("passed", "PASS"), ("failed", "FAIL")])
+@pytest.mark.parametrize(
+    "verdict, word, extra",
+    [
+        ("passed", "PASS", []),
+        ("failed", "FAIL", []),
+        # every test passed, yet the run fails (a backend named explicitly is unavailable): the word is pytest's
+        ("passed", "FAIL", ["--mla-backend", "atb"]),
+    ],
+)
 def test_the_run_ends_with_its_verdict_and_report(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, verdict: str, word: str
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, verdict: str, word: str, extra: list[str]
 ) -> None:
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     pytester.makepyfile(test_fake=SUITE % verdict)
     out = pytester.path / "report"
-    result = pytester.runpytest("-p", "no:cacheprovider", "--mla-report-dir", str(out))
+    result = pytester.runpytest("-p", "no:cacheprovider", "--mla-report-dir", str(out), *extra)
+    assert result.ret == (0 if word == "PASS" else 1)
     last = [line for line in result.outlines if "MLA run:" in line]
     assert len(last) == 1 and f"MLA run: {word}; report: {out / 'report.html'}" in last[0], result.outlines[-15:]
     assert (out / "report.html").is_file()
