@@ -159,6 +159,8 @@ class PowerRun:
     complete: bool = False
     seconds: float = 0.0
     suggestions: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: What stopped the run when a case raised (a full disk while a golden is built ...); None otherwise.
+    error: str | None = None
 
     def defects(self) -> list[SubjectResult]:
         return [r for r in self.results.values() if r.subject.kind == "defect"]
@@ -258,7 +260,8 @@ class PowerRunner:
             self.run.done += 1
 
     def execute(self) -> None:
-        """Every case; returns early (``run.complete`` False) after :meth:`stop` or a KeyboardInterrupt."""
+        """Every case; returns early (``run.complete`` False) after :meth:`stop`, a KeyboardInterrupt or a
+        case that raised (``run.error`` says which and why; the cases done stay in the report)."""
         cases = self.run.cases
         triggers = [r.subject.trigger for r in self.run.results.values()]
         work = {s.case_id: float(s.useful_flops) * sum(reaches(t, case_levels(s)) for t in triggers) for s in cases}
@@ -274,7 +277,13 @@ class PowerRunner:
                     finished, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
                     for future in finished:
                         spec = pending.pop(future)
-                        future.result()
+                        try:
+                            future.result()
+                        except Exception as exc:  # any failure ends the run; the report keeps what was done
+                            reason = (str(exc).splitlines() or [""])[0]
+                            self.run.error = f"case {spec.name}: {type(exc).__name__}: {reason}"
+                            self._stop.set()
+                            continue
                         if bar is not None:
                             bar.advance(spec.name, work[spec.case_id], skipped=not work[spec.case_id])
             except KeyboardInterrupt:
@@ -345,7 +354,8 @@ def summary_line(run: PowerRun) -> str:
     thin = [r for r in found if len(r.failures) == THIN]
     parts = [f"power of {run.selection} ({run.done} of {len(run.cases)} cases)"]
     if not run.complete:
-        parts[0] = "PARTIAL " + parts[0] + " (interrupted: kills are a lower bound)"
+        why = f"stopped by an error: {run.error}" if run.error else "interrupted"
+        parts[0] = "PARTIAL " + parts[0] + f" ({why}: kills are a lower bound)"
     if found:
         text = f"{len(found) - len(survivors)} of {len(found)} defects killed"
         text += f", {len(survivors)} survived" + (
@@ -407,6 +417,7 @@ def report(run: PowerRun, extra: Mapping[str, Any]) -> dict[str, Any]:
         "schema": 1,
         "summary": summary_line(run),
         "complete": run.complete,
+        "error": run.error,
         "selection": run.selection,
         "policy": POLICY,
         "cases": [s.case_id for s in run.cases],

@@ -3,8 +3,9 @@
 Runs every catalogued defect (:mod:`mlaconf.harness.defects`) and every correct zoo member
 (:mod:`mlaconf.harness.zoo`) over a suite's conformance cases, in-process (:mod:`mlaconf.runner.power`),
 and writes power.json, power.md (the tables) and power.html.  Exit 0: every defect killed and no false
-alarm; 1: a survivor or a false alarm (a gate for a change to a suite); 2: bad arguments; 130: stopped,
-the report partial.  Light at import: torch and h5py load only when the verb runs.
+alarm; 1: a survivor or a false alarm (a gate for a change to a suite); 2: bad arguments; 3: a case raised
+(the report partial, the error named); 130: stopped, the report partial.  Light at import: torch and h5py
+load only when the verb runs.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import Any
 
 #: Exit status of a run stopped by Ctrl-C or SIGTERM (its report is written and says it is partial).
 INTERRUPTED = 130
+#: Exit status of a run a case's error stopped (its report is written, partial, and names the error).
+FAILED = 3
 #: Where the report goes without --out (relative to the working directory, like a run's reports).
 DEFAULT_OUT = Path("reports") / "out" / "power"
 #: Shipped suites a survivor's suggested cases come from (the conformance suites).
@@ -97,6 +100,9 @@ def run_power(args: argparse.Namespace) -> int:
     _write(args.out, power.report(run, extra), power.markdown_tables(run), power.html_page(run))
     print(power.text_report(run))
     print(f"report: {args.out / 'power.json'}, {args.out / 'power.html'} ({run.seconds:.0f} s)")
+    if run.error is not None:
+        print(f"power: stopped by an error, the report is partial: {run.error}", file=sys.stderr)
+        return FAILED
     if not run.complete:
         return INTERRUPTED
     return 1 if run.survivors() or run.false_alarms() else 0

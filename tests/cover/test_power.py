@@ -98,6 +98,22 @@ def test_ctrl_c_stops_cleanly_with_a_partial_report(tmp_path: Path, monkeypatch:
     assert not report["complete"] and report["summary"].startswith("PARTIAL")
 
 
+def test_a_case_that_raises_ends_the_run_with_a_partial_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A full disk while a golden is built (any error of a case) still leaves power.json, partial, naming it."""
+
+    def full_disk(self: power.PowerRunner, spec: CaseSpec) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(power.PowerRunner, "case", full_disk)
+    status, report = _power(tmp_path, "--defects", "scale_twice")
+    assert status == 3
+    assert not report["complete"] and "No space left on device" in report["error"]
+    assert report["summary"].startswith("PARTIAL") and "stopped by an error" in report["summary"]
+    assert "No space left on device" in capsys.readouterr().err
+
+
 def _spec(**fields: Any) -> CaseSpec:
     return build_case({"head_num": 2, "seed": 1, **fields}, source="test_power")
 
