@@ -37,6 +37,7 @@ from mlaconf.golden.coverage import (
 )
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.spec_build import build_case
+from mlaconf.golden.store import create_temp, temp_path
 from mlaconf.golden.suites import load_suite, suite_path
 
 #: The line that opens a suite file's generated section; everything after it is the generator's.
@@ -329,16 +330,17 @@ def generated_section(suite: str, model: FactorModel | None = None) -> str:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Temp file beside the target, then rename (never through a symlink)."""
-    if path.is_symlink():
-        raise OSError(f"{path}: a symlink; refusing to write through it")
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    """A temp file beside the target (created exclusively, mode 0644, never through a link), synced, then
+    renamed over it: a suite file is never half-written."""
+    temp = temp_path(path)
     try:
-        with os.fdopen(handle, "w", encoding="utf-8") as out:
-            out.write(text)
+        with create_temp(temp) as out:
+            out.write(text.encode("utf-8"))
+            out.flush()
+            os.fsync(out.fileno())
         os.replace(temp, path)
     except BaseException:
-        Path(temp).unlink(missing_ok=True)
+        temp.unlink(missing_ok=True)
         raise
 
 

@@ -89,7 +89,7 @@ def _reserve(fh: IO[bytes], size: int) -> None:
 _CREATE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
-def _create_temp(tmp: Path) -> IO[bytes]:
+def create_temp(tmp: Path) -> IO[bytes]:
     """Create ``tmp`` exclusively and open it for reading and writing."""
     return os.fdopen(os.open(tmp, _CREATE_FLAGS, 0o644), "w+b")
 
@@ -116,7 +116,7 @@ def write_golden(golden: GoldenCase, path: Path, generator_version: str) -> int:
     created = False
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fh = _create_temp(tmp)
+        fh = create_temp(tmp)
         created = True
         with fh:
             checksums = write_hdf5(fh, golden, arrays, generator_version, lambda: _reserve(fh, reserve))

@@ -228,7 +228,7 @@ def test_a_write_that_fails_inside_hdf5_names_the_os_error(store: GoldenStore, m
     before = path.read_bytes()
     big = build_golden(BIG)
     monkeypatch.setattr(gs, "_reserve", lambda fh, size: None)
-    monkeypatch.setattr(gs, "_create_temp", lambda name: FillingFile(name, "x+"))
+    monkeypatch.setattr(gs, "create_temp", lambda name: FillingFile(name, "x+"))
     with pytest.raises(GoldenWriteError, match=f"case {BIG.case_id!r} into store .*No space left on device"):
         store.save(big)
     monkeypatch.undo()
