@@ -110,9 +110,12 @@ def _timed(backend: Backend, call: MlaPrefillCall, spec: CaseSpec, repeats: int,
         backend.run(call)
     latencies: list[float] = []
     calibration: list[float] = []
+    # a CPU matmul calibrates a kernel on the CPU only: a device kernel does not slow with the host's load
+    # as it does, so dividing by it would hide a device's own slowdown on a busier host
+    calibrate = repeats > 1 and backend.info().device.split(":")[0].strip().lower() == "cpu"
     first: torch.Tensor | None = None
     for _ in range(max(1, repeats)):
-        if repeats > 1:  # interleaved: each call has the host's speed of its own moment
+        if calibrate:  # interleaved: each call has the host's speed of its own moment
             calibration.append(calibration_ms())
         backend.synchronize()
         start = time.perf_counter()

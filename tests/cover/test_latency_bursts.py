@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
+import torch
 
+from mlaconf.harness.backend import BackendInfo
 from mlaconf.reports import diff, records
-from mlaconf.runner.execution import Execution, calibration_ms
+from mlaconf.runner.execution import Execution, calibration_ms, execute
 from tests.runs import record
 
 CALLS = 12
@@ -138,3 +141,31 @@ def test_a_kernel_2x_slower_everywhere_is_flagged_across_the_board(tmp_path: Any
         write_run_dir(tmp_path / "c", base, run_id="c"), write_run_dir(tmp_path / "d", cand, run_id="d")
     )
     assert result.perf_across == "" and result.exit_status(fail_on_perf=True) == 0
+
+
+class _StubKernel:
+    """A backend whose calls cost nothing: only the device it reports matters here."""
+
+    name = "stub"
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+
+    def info(self) -> BackendInfo:
+        return BackendInfo(self.name, self.device)
+
+    def synchronize(self) -> None:
+        pass
+
+    def run(self, call: object) -> torch.Tensor:
+        return torch.zeros(2)
+
+
+@pytest.mark.parametrize(("device", "calibrated"), [("cpu", True), ("npu:0 (Ascend910B3)", False), ("cuda:0", False)])
+def test_only_a_cpu_kernel_is_calibrated_by_the_cpu(device: str, calibrated: bool) -> None:
+    """A device kernel does not slow with the host's CPU load: dividing its latency by a CPU matmul's would
+    hide its own slowdown on a busier host."""
+    spec = SimpleNamespace(useful_flops=1, case_id="stub")
+    done = execute(_StubKernel(device), cast(Any, None), cast(Any, spec), repeats=3)
+    assert len(done.latencies_ms) == 3
+    assert len(done.calibration_ms) == (3 if calibrated else 0)
