@@ -88,10 +88,16 @@ def reference_drift(stored: GoldenCase, fresh: GoldenCase) -> ReferenceDrift:
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             diff = np.where(nan_old | (old == new), 0.0, np.abs(new - old))
             ratio = np.where(diff == 0.0, 0.0, diff / np.maximum(scale, TINY))
-        return float(ratio.max(initial=0.0)), int(np.count_nonzero(diff))
+        return worst_ratio(ratio), int(np.count_nonzero(diff))
 
     results = map_chunks(chunk, all_rows(stored))
     return ReferenceDrift(max((r[0] for r in results), default=0.0), sum(r[1] for r in results))
+
+
+def worst_ratio(ratio: np.ndarray) -> float:
+    """The largest ratio of a chunk, a NaN counted as infinitely far (Python's ``max`` over the chunks would
+    drop a NaN that does not come first, and numpy's ``max`` returns one that ``<=`` then passes)."""
+    return float(np.where(np.isnan(ratio), np.inf, ratio).max(initial=0.0))
 
 
 def baseline_bound(golden: GoldenCase, rows: RowChunk) -> np.ndarray:
@@ -209,7 +215,7 @@ def baseline_drift(stored: GoldenCase, fresh: GoldenCase) -> BaselineDrift:
         sums = np.array([np.square(d[valid]).sum(), d_rel[valid].sum(), d[valid].max(initial=0.0)])
         sums = np.append(sums, d_rel[valid].max(initial=0.0))
         moved = int(np.count_nonzero(move))
-        return moved, float(ratio.max(initial=0.0)), float(move.max(initial=0.0)), sums, int(valid.sum()) * d.shape[1]
+        return moved, worst_ratio(ratio), float(move.max(initial=0.0)), sums, int(valid.sum()) * d.shape[1]
 
     results = map_chunks(chunk, all_rows(stored))
     moved = sum(r[0] for r in results)

@@ -148,6 +148,15 @@ def test_the_reference_is_judged_per_element_against_g_plus_a() -> None:
     assert problems[0].message.startswith("reference drift: 1 elements moved")
 
 
+@pytest.mark.parametrize("where", [0, -1])
+def test_a_nan_ratio_in_any_chunk_is_infinitely_far(where: int) -> None:
+    """A NaN ratio (an infinity that changed sign) fails the yardstick wherever it lies among the chunks."""
+    ratio = np.zeros(8)
+    ratio[where] = np.nan
+    assert drift.worst_ratio(ratio) == np.inf
+    assert drift.worst_ratio(np.array([0.25, 0.5])) == 0.5
+
+
 def test_provenance_names_the_library_that_computed_each_array(tmp_path: Path) -> None:
     golden = build_golden(FP16)
     library = gemm_library()
