@@ -1,7 +1,7 @@
 """docs/conformance.md's defect and zoo tables are what ``mlaconf power --suite smoke`` measures now.
 
-Runs the command (every catalogued defect and zoo member over smoke's 70 cases: an hour on a loaded
-2-core machine, minutes on a quiet one; goldens from ``$MLA_GOLDEN_DIR`` when set) and compares its
+Runs the command (every catalogued defect and zoo member over smoke's 108 cases: an hour on a loaded
+2-core machine, about 4 minutes on a quiet one at -j 2; goldens from ``$MLA_GOLDEN_DIR`` when set) and compares its
 power.md with the tables between the ``power-tables`` markers of the doc: the same defects and members,
 the same kills and case counts, the same deciding checks, slacks within :data:`SLACK_RTOL` (a BLAS
 may round a sum differently).
