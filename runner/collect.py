@@ -41,7 +41,7 @@ from mlaconf.reports.records import PROPERTY_NAME, Failure, Record, RecordError,
 from mlaconf.runner.applicability import declared_reason
 from mlaconf.runner.failures import crash_record, failure_of, short_text
 from mlaconf.runner.identity import BACKEND_LABELS, MLA_PARAMETER, identity, identity_from_nodeid
-from mlaconf.runner.run_directory import RunDirectory, goldens_facts, resumable, resumed_note
+from mlaconf.runner.run_directory import RunDirectory, goldens_facts, is_never_ran, resumable, resumed_note
 
 if TYPE_CHECKING:
     from mlaconf.judge.verdict import Outcome
@@ -399,7 +399,10 @@ class Collector:
         self._keep(made.to_dict())
 
     def _keep(self, record: Record) -> None:
-        """A test's record: gathered for the end, and journaled now (a hard end keeps it)."""
+        """A test's record: gathered for the end, and journaled now (a hard end keeps it).  It replaces a
+        'never ran' record its test got when a stop's accounting came before its report."""
+        test = record.get("test")
+        self.state.records[:] = [r for r in self.state.records if not (r.get("test") == test and is_never_ran(r))]
         self.state.records.append(record)
         try:
             self.directory.append(record)
@@ -507,7 +510,8 @@ class Collector:
     def account_for_unrun(self, exitstatus: int) -> str:
         """A record for every selected test that never ran, and the run's final status."""
         state = self.state
-        unrun = [nodeid for nodeid in state.selected if nodeid not in state.ran]
+        recorded = {record.get("test") for record in state.records}  # a record that came without its count
+        unrun = [nodeid for nodeid in state.selected if nodeid not in state.ran and nodeid not in recorded]
         interrupted = exitstatus == pytest.ExitCode.INTERRUPTED
         if not unrun:
             return "interrupted" if interrupted else "complete"

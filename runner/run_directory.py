@@ -111,6 +111,11 @@ class RunDirectory:
         html.write_report(self.path, list(ordered), dict(run))
 
 
+def is_never_ran(record: Mapping[str, Any]) -> bool:
+    """The record a selected test gets when the run ended before it ran (a stop, xdist out of restarts)."""
+    return (record.get("failure") or {}).get("kind") == "not_run"
+
+
 def live(run: Mapping[str, Any]) -> bool:
     """Whether the run that wrote this run.json is still running (same host, its pid alive)."""
     environment = run.get("environment")
@@ -202,7 +207,7 @@ def resumable(
             raise pytest.UsageError(
                 f"{where}: cannot resume, this run differs from the one it would continue: {difference}"
             )
-    ran = [r for r in kept if (r.get("failure") or {}).get("kind") != "not_run"]
+    ran = [r for r in kept if not is_never_ran(r)]
     return earlier, ran, torn[0] if torn else None
 
 

@@ -15,14 +15,16 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 from mlaconf.reports import rundir
 from mlaconf.reports.records import dumps
 from mlaconf.runner import run as run_verb
+from mlaconf.runner.collect import Collector, ReportState
 from mlaconf.runner.run import Ending, launch, named_run_dir
-from mlaconf.runner.run_directory import comparable_args, first_difference
+from mlaconf.runner.run_directory import comparable_args, first_difference, is_never_ran
 from tests.runs import record
 
 RECORDS = [record(f"c{i}") for i in range(3)]
@@ -249,3 +251,36 @@ def test_a_pytest_that_ignores_the_stop_is_killed_after_the_grace_and_its_run_en
     assert rundir.read_run(report)["status"] == "interrupted"
     err = capfd.readouterr().err
     assert "ended interrupted" in err and "stopped by SIGTERM" in err, err
+
+
+class _Appended:
+    """A journal that keeps what it is given (the Collector's accounting is under test, not the file)."""
+
+    path = Path("journal")
+
+    def __init__(self) -> None:
+        self.lines: list[dict[str, object]] = []
+
+    def append(self, record: dict[str, object]) -> None:
+        self.lines.append(record)
+
+
+def _collector(selected: list[str]) -> Collector:
+    collector = Collector.__new__(Collector)  # its accounting only: no pytest session behind it
+    collector.state = ReportState(report_dir=Path("report"), run_name="r", save_outputs=False, shard=None)
+    collector.state.selected = {nodeid: None for nodeid in selected}
+    collector.directory = cast(Any, _Appended())
+    return collector
+
+
+def test_a_stop_never_gives_a_recorded_test_a_never_ran_record_beside_its_own() -> None:
+    """A stop under xdist can account for a test before its report arrives, or after its record came without
+    its count: either way the run holds one record per test, the test's own (a resume reads it back)."""
+    late, recorded = "cases/test_m.py::test_a[x]", "cases/test_m.py::test_b[y]"
+    collector = _collector([late, recorded])
+    collector._keep({**record("case-b"), "test": recorded})
+    assert collector.account_for_unrun(pytest.ExitCode.INTERRUPTED) == "interrupted"
+    assert [r["test"] for r in collector.state.records if is_never_ran(r)] == [late]  # not the recorded one
+    collector._keep({**record("case-a"), "test": late})  # its report comes after the accounting
+    tests = [r["test"] for r in collector.state.records]
+    assert sorted(tests) == sorted([late, recorded]) and not any(map(is_never_ran, collector.state.records))
