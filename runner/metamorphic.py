@@ -1,67 +1,186 @@
-"""Metamorphic relations' machinery: run both sides, compare, describe, and the input transforms.
+"""Metamorphic relations' machinery: the cases file, one relation test's state, the input transforms.
 
-The relations themselves (which transform, which cases, exact or tolerance) are the tests in
-``cases/test_metamorphic.py``; this module is what they share.
+The relations themselves (which transform, exact or tolerance) are the tests in
+``cases/test_metamorphic.py``; which specs each runs on and its kind are ``cases/metamorphic.toml``
+(:func:`relation_table`); this module is what they share.
+
+A relation fails for one of two reasons, and says which (:class:`Relation`):
+
+* **broken**: two outputs of the backend disagree where the relation says they must not (an exact
+  relation's outputs differ in a valid bit), or the backend rejected one side;
+* **conformance**: a side of a tolerance relation fails its own float64 golden under the run's
+  policy.  That is the conformance failure of that side, reported as such (the message and the
+  record's ``conformance_failures``), never as a second, relational bug; the test still fails.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
+import pytest
 
 from mlaconf.facts.operator import CAUSAL, V_DIM
 from mlaconf.golden.generate import build_golden
-from mlaconf.golden.inputs import case_rng, round_to
+from mlaconf.golden.inputs import case_rng, generate_inputs, round_to
 from mlaconf.golden.layout import offsets, row_valid
-from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.spec import CaseSpec, SpecError
+from mlaconf.golden.spec_build import build_case
+from mlaconf.golden.suites import read_toml, suites_dir
 from mlaconf.golden.types import GoldenCase, OpInputs
 from mlaconf.harness.backend import Backend, BackendError
 from mlaconf.judge.deviations import Deviation, DeviationSet
 from mlaconf.judge.metrics import locate
 from mlaconf.judge.policy import PolicySet
-from mlaconf.judge.verdict import judge_output, mode_text, outcome_message, outcome_of
+from mlaconf.judge.verdict import Outcome, judge_output, mode_text, outcome_message, outcome_of
+from mlaconf.reports.aggregate import conformance_text
 from mlaconf.reports.records import RelationEvidence
 from mlaconf.runner.collect import MlaReport
 from mlaconf.runner.execution import BackendOutputError, array_digest, execute, make_call
+from mlaconf.runner.selection import reseeded, runs_metamorphic
 
-# -- running and comparing -------------------------------------------------------------------------
+# -- the cases file --------------------------------------------------------------------------------
+
+#: The suite's named specs and, per relation (a test function less ``test_``), its kind and specs.
+RELATIONS_FILE = suites_dir() / "metamorphic.toml"
+#: An exact relation's outputs must be bit-identical; a tolerance relation's sides each pass their golden.
+KINDS = ("exact", "tolerance")
 
 
-class Problems:
-    """Collects what went wrong in one relation; ends the test with numbers, case and mode, and
-    attaches its record (the relation, its kind, the largest difference, every problem)."""
+@dataclasses.dataclass(frozen=True)
+class RelationEntry:
+    """One ``[relations.NAME]`` table: the relation's kind and the names of the specs it runs on."""
+
+    kind: str
+    specs: tuple[str, ...]
+
+
+def _file_error(field_name: str, message: str) -> SpecError:
+    return SpecError(str(RELATIONS_FILE), "<file>", field_name, message)
+
+
+@functools.cache
+def relation_table() -> tuple[dict[str, Any], dict[str, RelationEntry]]:
+    """The named specs and every relation's entry, read and checked once per process."""
+    document = read_toml(RELATIONS_FILE, _file_error)
+    specs, relations = document.get("spec", {}), document.get("relations", {})
+    entries: dict[str, RelationEntry] = {}
+    for name, table in relations.items():
+        where = f"relations.{name}"
+        if not isinstance(table, dict) or set(table) != {"kind", "specs"}:
+            raise _file_error(where, "expected a table with exactly 'kind' and 'specs'")
+        if table["kind"] not in KINDS:
+            raise _file_error(f"{where}.kind", f"{table['kind']!r} is not one of {', '.join(KINDS)}")
+        names = table["specs"]
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise _file_error(f"{where}.specs", "expected a non-empty list of spec names")
+        unknown = [n for n in names if n not in specs]
+        if unknown:
+            raise _file_error(f"{where}.specs", f"names no [spec.*] table: {', '.join(unknown)}")
+        entries[name] = RelationEntry(table["kind"], tuple(names))
+    return specs, entries
+
+
+def relation_entry(function: str) -> RelationEntry:
+    """The entry of the relation a test function checks (its name less ``test_``)."""
+    name = function.removeprefix("test_")
+    entry = relation_table()[1].get(name)
+    if entry is None:
+        raise _file_error(f"relations.{name}", f"no table for the relation test {function}")
+    return entry
+
+
+def relation_params(config: pytest.Config, function: str) -> list[Any]:
+    """The specs a relation runs on as parameters, reseeded by ``--mla-seeds`` as every suite is;
+    none unless the run selects the metamorphic suite (an empty parameter set deselects the test)."""
+    if not runs_metamorphic(config):
+        return []
+    named = relation_table()[0]
+    specs = [
+        build_case(dict(named[name], suite="metamorphic"), source=f"{RELATIONS_FILE}:{name}")
+        for name in relation_entry(function).specs
+    ]
+    return [
+        pytest.param(s, id=s.case_id, marks=[getattr(pytest.mark, s.dtype), getattr(pytest.mark, s.mask_name)])
+        for s in reseeded(config, specs)
+    ]
+
+
+# -- one relation test -----------------------------------------------------------------------------
+
+Side = tuple[str, OpInputs, CaseSpec]  # label, inputs, spec of one side of a relation
+
+
+class Relation:
+    """One relation test: its spec and generated inputs, the backend and the run's tolerance policy,
+    and what went wrong so far; :meth:`finish` ends the test with numbers, case and mode and makes
+    its record (the relation, its kind, the largest difference, every problem)."""
 
     def __init__(
         self,
-        relation: str,
+        name: str,
         kind: str,
         spec: CaseSpec,
         backend: Backend,
+        policy_set: PolicySet,
+        policy: str,
         deviations: DeviationSet,
         report: MlaReport,
     ) -> None:
-        self.header = f"metamorphic {relation} ({kind}) on {mode_text(spec, backend.name)}"
+        self.name = name
         self.kind = kind
-        self.items: list[str] = []
-        self.deviation: Deviation | None = deviations.match(backend.name, backend.info().version, spec)
+        self.spec = spec
+        self.backend = backend
+        self.policy_set = policy_set
+        self.policy = policy
         self.report = report
-        self.device = backend.info().device
+        self.inputs = generate_inputs(spec)
+        #: Where two outputs disagree that must not (exact differences, a rejected side).
+        self.broken: list[str] = []
+        #: Sides that fail their own golden: ``{side, worst_slack, summary}``.
+        self.conformance: list[dict[str, Any]] = []
+        #: How the related outputs differ, told beside a conformance failure (no problem by itself).
+        self.notes: list[str] = []
+        self.deviation: Deviation | None = deviations.match(backend.name, backend.info().version, spec)
         self.max_abs_diff: float | None = None
         self.differing: int | None = None
         #: Digest of every compared output's valid rows, in order: equal across runs = same outputs.
         self.outputs = hashlib.sha256()
         self.compared = 0
 
-    def add(self, text: str | None) -> None:
-        if text:
-            self.items.append(text)
+    @property
+    def failed(self) -> bool:
+        return bool(self.broken or self.conformance)
+
+    def attempt(self, label: str, action: Callable[[], np.ndarray]) -> np.ndarray | None:
+        """Run the backend; a rejection or a non-tensor output breaks the relation, not the test."""
+        try:
+            return action()
+        except BackendError as exc:
+            self.broken.append(f"{label}: backend raised {exc}")
+        except BackendOutputError as exc:
+            self.broken.append(f"{label}: interface contract broken: {exc}")
+        return None
+
+    def run(self, label: str, inputs: OpInputs, spec: CaseSpec) -> np.ndarray | None:
+        """The backend's ``[T, H, 128]`` output on one side, None when it failed (recorded)."""
+        return self.attempt(label, lambda: run(self.backend, inputs, spec))
+
+    def judge(self, label: str, out: np.ndarray, inputs: OpInputs, spec: CaseSpec) -> bool:
+        """Whether one side's output passes the policy against its own float64 golden; a side that
+        does not is recorded as a conformance failure of that side."""
+        _, verdict = judge_output(golden_of(inputs, spec), out, self.policy_set, self.policy, self.backend.name)
+        if not verdict.passed:
+            self.conformance.append({"side": label, "worst_slack": verdict.worst_slack, "summary": verdict.summary()})
+        return verdict.passed
 
     def compare(self, a: np.ndarray, b: np.ndarray, spec: CaseSpec, *, exact: bool, label: str = "") -> str | None:
-        """:func:`difference` of two outputs, added as a problem (prefixed by ``label``) when an
-        exact relation finds one; the largest difference is kept as the record's evidence."""
+        """:func:`difference` of two outputs, which breaks an ``exact`` relation when there is one
+        (prefixed by ``label``); the largest difference is kept as the record's evidence."""
         valid = row_valid(spec)
         for out in (a, b):
             self.outputs.update(array_digest(out[valid]).encode())
@@ -73,24 +192,55 @@ class Problems:
             self.max_abs_diff = gap
         found = difference(a, b, spec, exact=exact)
         if exact and found:
-            self.add(f"{label}: {found}" if label else found)
+            self.broken.append(f"{label}: {found}" if label else found)
         return found
 
+    def note_difference(self, a: np.ndarray, b: np.ndarray, spec: CaseSpec) -> None:
+        """Compare two outputs of a tolerance relation; how they differ is told when a side failed."""
+        found = self.compare(a, b, spec, exact=False)
+        if self.conformance and found:
+            self.notes.append(f"related outputs: {found}")
+
+    def tolerance_pair(self, first: Side, second: Side, align: Callable[[np.ndarray], np.ndarray]) -> None:
+        """Run both sides, judge each against its own golden and compare the outputs (``align`` maps
+        the first output onto the second's rows and heads)."""
+        out_first = self.run(*first)
+        out_second = self.run(*second)
+        if out_first is None or out_second is None:
+            return
+        for (label, inputs, spec), out in ((first, out_first), (second, out_second)):
+            self.judge(label, out, inputs, spec)
+        self.note_difference(align(out_first), out_second, second[2])
+
+    def detail(self) -> str:
+        """The failure in words: the conformance failure that explains it first, then what broke."""
+        sides = [f"{conformance_text(c['side'], c['worst_slack'])}: {c['summary']}" for c in self.conformance]
+        broken = [f"broken: {problem}" for problem in self.broken]
+        return " | ".join([*sides, *broken, *self.notes]) if self.failed else "holds"
+
     def finish(self) -> None:
-        """End the test: the relation held or broke, a known deviation applied by the one rule."""
-        holds = not self.items
-        outcome = outcome_of(holds, None, self.deviation)
-        message = outcome_message(self.header, outcome, "holds" if holds else " | ".join(self.items), self.deviation)
-        evidence = RelationEvidence(self.kind, self.max_abs_diff, self.differing, tuple(self.items))
-        record = self.report.record(
-            verdict=outcome,
-            message=message,
-            difference=evidence,
-            output_sha256=self.outputs.hexdigest() if self.compared else None,
-            device=self.device,
-            deviation=self.deviation.id if self.deviation is not None else None,
-        )
-        self.report.conclude(record, outcome, message)
+        """End the test: the relation held or failed, a known deviation applied by the one rule."""
+        outcome = outcome_of(not self.failed, None, self.deviation)
+        header = f"metamorphic {self.name} ({self.kind}) on {mode_text(self.spec, self.backend.name)}"
+        message = outcome_message(header, outcome, self.detail(), self.deviation)
+        conclude_relation(self, outcome, message)
+
+
+def conclude_relation(relation: Relation, outcome: Outcome, message: str) -> None:
+    """The one place a relation test's record is made and the test ended."""
+    values: dict[str, Any] = {}
+    if relation.conformance:
+        values["conformance_failures"] = relation.conformance
+    record = relation.report.record(
+        verdict=outcome,
+        message=message,
+        difference=RelationEvidence(relation.kind, relation.max_abs_diff, relation.differing, tuple(relation.broken)),
+        output_sha256=relation.outputs.hexdigest() if relation.compared else None,
+        device=relation.backend.info().device,
+        deviation=relation.deviation.id if relation.deviation is not None else None,
+        **values,
+    )
+    relation.report.conclude(record, outcome, message)
 
 
 def run(backend: Backend, inputs: OpInputs, spec: CaseSpec) -> np.ndarray:
@@ -102,14 +252,6 @@ def run(backend: Backend, inputs: OpInputs, spec: CaseSpec) -> np.ndarray:
 def golden_of(inputs: OpInputs, spec: CaseSpec) -> GoldenCase:
     """A float64 golden (and emulated baseline) for inputs that are not the spec's generated ones."""
     return build_golden(spec, inputs=inputs)
-
-
-def judged(
-    label: str, out: np.ndarray, inputs: OpInputs, spec: CaseSpec, backend: Backend, policy_set: PolicySet, policy: str
-) -> str | None:
-    """None when ``out`` passes the policy against its own golden, else the verdict's summary."""
-    _, verdict = judge_output(golden_of(inputs, spec), out, policy_set, policy, backend.name)
-    return None if verdict.passed else f"{label}: {verdict.summary()}"
 
 
 def difference_stats(a: np.ndarray, b: np.ndarray, spec: CaseSpec) -> tuple[int, float]:
@@ -135,7 +277,7 @@ def difference(a: np.ndarray, b: np.ndarray, spec: CaseSpec, *, exact: bool) -> 
     valid = np.broadcast_to(row_valid(spec)[:, None, None], a.shape)
     differ = valid & (a.view(np.uint16) != b.view(np.uint16))
     if not differ.any():
-        return None if exact else "outputs bit-identical"
+        return None if exact else "bit-identical"
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     with np.errstate(invalid="ignore"):
         gap = np.where(np.isnan(a64) ^ np.isnan(b64), np.inf, np.nan_to_num(np.abs(a64 - b64), nan=0.0))
@@ -147,18 +289,6 @@ def difference(a: np.ndarray, b: np.ndarray, spec: CaseSpec, *, exact: bool) -> 
         f"batch {where.batch} row {where.row_in_batch} head {head} col {col} "
         f"({float(a64[token, head, col]):.6g} vs {float(b64[token, head, col]):.6g})"
     )
-
-
-def attempt(problems: Problems, action: Callable[[], np.ndarray], label: str) -> np.ndarray | None:
-    """Run the backend; a rejection or a non-tensor output is a problem of the relation, not a
-    crash of the test."""
-    try:
-        return action()
-    except BackendError as exc:
-        problems.add(f"{label}: backend raised {exc}")
-    except BackendOutputError as exc:
-        problems.add(f"{label}: interface contract broken: {exc}")
-    return None
 
 
 # -- transformations -------------------------------------------------------------------------------
@@ -285,33 +415,3 @@ def poison_padding(inputs: OpInputs, spec: CaseSpec, kind: str) -> OpInputs:
             array[b, length:] = round_to(fill, spec.dtype)
         changed[name] = array
     return dataclasses.replace(inputs, **changed)
-
-
-# -- the relations ---------------------------------------------------------------------------------
-
-Side = tuple[str, OpInputs, CaseSpec]  # label, inputs, spec of one side of a relation
-
-
-def tolerance_pair(
-    problems: Problems,
-    backend: Backend,
-    policy_set: PolicySet,
-    policy: str,
-    first: Side,
-    second: Side,
-    align: Callable[[np.ndarray], np.ndarray],
-) -> None:
-    """Run both sides, judge each against its own golden; on failure also describe how the outputs
-    differ (``align`` maps the first output onto the second's rows and heads)."""
-
-    def run_side(side: Side) -> np.ndarray | None:
-        return attempt(problems, lambda: run(backend, side[1], side[2]), side[0])
-
-    out_first, out_second = run_side(first), run_side(second)
-    if out_first is None or out_second is None:
-        return
-    for (label, inputs, spec), out in ((first, out_first), (second, out_second)):
-        problems.add(judged(label, out, inputs, spec, backend, policy_set, policy))
-    found = problems.compare(align(out_first), out_second, second[2], exact=False)
-    if problems.items:
-        problems.add(found)

@@ -84,7 +84,8 @@ def _load(config: pytest.Config) -> list[CaseSpec]:
         raise pytest.UsageError(str(exc)) from exc
 
 
-def _reseeded(config: pytest.Config, cases: list[CaseSpec]) -> list[CaseSpec]:
+def reseeded(config: pytest.Config, cases: list[CaseSpec]) -> list[CaseSpec]:
+    """Every case once per seed of ``--mla-seeds`` (the one reader of that option), else as it is."""
     seeds = config.getoption("mla_seeds")
     if not seeds:
         return cases
@@ -97,7 +98,7 @@ def _reseeded(config: pytest.Config, cases: list[CaseSpec]) -> list[CaseSpec]:
 
 def selected_cases(config: pytest.Config) -> list[CaseSpec]:
     """The value cases (no ``expect_error``) of the selected suites or ``--cases`` file."""
-    return _reseeded(config, [c for c in _load(config) if c.expect_error is None])
+    return reseeded(config, [c for c in _load(config) if c.expect_error is None])
 
 
 def error_cases(config: pytest.Config) -> list[CaseSpec]:
@@ -109,8 +110,8 @@ def error_cases(config: pytest.Config) -> list[CaseSpec]:
 
 def with_seed(case: CaseSpec, seed: int) -> CaseSpec:
     """The same case with another seed (and so another id and golden)."""
-    reseeded = dataclasses.replace(case, seed=seed, name="")
-    return dataclasses.replace(reseeded, name=reseeded.case_id)
+    fresh = dataclasses.replace(case, seed=seed, name="")
+    return dataclasses.replace(fresh, name=fresh.case_id)
 
 
 def case_param(config: pytest.Config, case: CaseSpec) -> object:
