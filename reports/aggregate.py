@@ -141,12 +141,6 @@ def worst_cases(records: Iterable[Record], count: int = 10) -> list[Record]:
     return ranked[:count]
 
 
-def conformance_text(side: str, worst_slack: float | None) -> str:
-    """A side of a metamorphic relation that fails its own golden, in the words of the test's message
-    and of the diff alike."""
-    return f"conformance: side {side!r} fails its golden (worst slack {fmt_slack(worst_slack)})"
-
-
 def fmt_slack(value: float | None) -> str:
     """Slack with fixed decimals (1.000 is the bound) unless it is huge."""
     return fmt(value, ".3f" if value is not None and abs(value) < 1000 else ".2e")

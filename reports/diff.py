@@ -29,7 +29,7 @@ from typing import Any
 
 from mlaconf.facts.versions import release_unknown_line
 from mlaconf.reports import env, html
-from mlaconf.reports.aggregate import conformance_text, fmt, fmt_slack, number, slack, verdict
+from mlaconf.reports.aggregate import fmt_slack, number, slack, verdict
 from mlaconf.reports.latency import (
     MIN_REPEATS,
     HostShift,
@@ -50,6 +50,7 @@ from mlaconf.reports.records import (
     record_key,
     upgrade,
 )
+from mlaconf.reports.relations import relation_broken, relation_reason
 from mlaconf.reports.rundir import RunState, load_run_dir
 
 CATEGORIES = (
@@ -377,33 +378,6 @@ def _changed_reason(base: Record, cand: Record) -> str:
     return _evidence_reason(base, cand) or "records differ"
 
 
-def side_failures(record: Record) -> list[str]:
-    """A relation record's sides that fail their own golden (``conformance_failures``; records of
-    runs before that field have none), each as ``conformance: side ... fails its golden``."""
-    failures = record.get("conformance_failures")
-    sides = [f for f in failures if isinstance(f, Mapping)] if isinstance(failures, list) else []
-    return [conformance_text(str(f.get("side")), number(f.get("worst_slack"))) for f in sides]
-
-
-def relation_broken(record: Record) -> bool:
-    """Whether a failing relation is broken (two of the backend's outputs disagree where it says
-    they must not), not explained by the conformance failure of a side alone: a record with side
-    failures and no problem of the relation itself reports under the conformance failure."""
-    difference = record.get("difference")
-    problems = difference.get("problems") if isinstance(difference, Mapping) else None
-    return bool(problems) or not side_failures(record)
-
-
-def _relation_reason(record: Record) -> str:
-    difference = record.get("difference")
-    if not isinstance(difference, Mapping):
-        return "; ".join(side_failures(record)) or str(record.get("message") or "")
-    gap = difference.get("max_abs_diff")
-    parts = [f"max |diff| {fmt(float(gap), '.4g')}" if isinstance(gap, int | float) else ""]
-    parts += [*side_failures(record), *(str(p) for p in difference.get("problems") or [])]
-    return "; ".join(p for p in parts if p)
-
-
 def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
     """One matched pair: its class (:data:`CATEGORIES`) with the reasons."""
     base, cand = upgrade(base), upgrade(cand)
@@ -435,10 +409,10 @@ def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
         d.reasons += [moved, f"{_observed(base)} -> {_observed(cand)}"]
     elif suite == "metamorphic" and b_state == "pass" and c_state == "fail" and relation_broken(cand):
         d.category = "determinism_lost" if str(cand.get("relation")) == "determinism" else "relation_broken"
-        d.reasons += [moved, _relation_reason(cand)]
+        d.reasons += [moved, relation_reason(cand)]
     elif suite == "metamorphic" and b_state == "pass" and c_state == "fail":
         d.category = "regressed"  # a side fails its golden: the conformance failure, not a second bug
-        d.reasons += [moved, _relation_reason(cand)]
+        d.reasons += [moved, relation_reason(cand)]
     elif (b_state == "pass" and c_state == "fail") or (verdict(base) == "xfailed" and verdict(cand) == "failed"):
         d.category = "regressed"  # incl. a known deviation that now misbehaves differently
         d.reasons.append(moved)
@@ -460,7 +434,7 @@ def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
     if d.category == "changed":
         d.reasons.append(moved if verdict(base) != verdict(cand) else _changed_reason(base, cand))
         if suite == "metamorphic":
-            d.reasons.append(_relation_reason(cand))
+            d.reasons.append(relation_reason(cand))
     if d.category not in (*UNCOMPARED, "identical"):
         bm, cm = _metrics(base), _metrics(cand)
         d.failing_metrics = sorted(set(_failing_metrics(base)) | set(_failing_metrics(cand)))

@@ -37,8 +37,8 @@ from mlaconf.judge.deviations import Deviation, DeviationSet
 from mlaconf.judge.metrics import locate
 from mlaconf.judge.policy import PolicySet
 from mlaconf.judge.verdict import Outcome, judge_output, mode_text, outcome_message, outcome_of
-from mlaconf.reports.aggregate import conformance_text
 from mlaconf.reports.records import RelationEvidence
+from mlaconf.reports.relations import conformance_text
 from mlaconf.runner.collect import MlaReport
 from mlaconf.runner.execution import BackendOutputError, array_digest, execute, make_call
 from mlaconf.runner.selection import reseeded, runs_metamorphic
