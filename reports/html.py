@@ -419,8 +419,9 @@ def next_steps(r: Record) -> str:
     return text + f'<pre class="next">{escape(chr(10).join(repro_commands(r)))}</pre>'
 
 
-#: Record fields shown as evidence when present: error contract, relation, property, failure.
-EVIDENCE_FIELDS = ("error", "difference", "shrunk", "failure")
+#: Record fields shown as evidence when present: error contract, relation (and its sides that fail
+#: their golden), property, failure.
+EVIDENCE_FIELDS = ("error", "difference", "conformance_failures", "shrunk", "failure")
 
 
 def _evidence(r: Record) -> str:
