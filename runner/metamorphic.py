@@ -154,6 +154,7 @@ class Relation:
 
     @property
     def failed(self) -> bool:
+        """Whether the relation broke or a side failed its golden: either fails the test."""
         return bool(self.broken or self.conformance)
 
     def attempt(self, label: str, action: Callable[[], np.ndarray]) -> np.ndarray | None:
