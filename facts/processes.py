@@ -5,9 +5,9 @@ The budget (:func:`thread_share`) is the threads this process may run at once.  
 (:func:`shared_pool`, that many workers) runs both the golden reference's tiles and the chunk passes of the
 judge and of the golden's statistics, under two rules: work mapped from inside a pool worker runs inline (a
 worker waiting on the pool could wait forever once every worker did), and a pool worker runs torch (and the
-MKL under its GEMMs, whose thread count is per thread) on one thread, so the workers never multiply into
-more threads than the budget; the reference also pins BLAS process-wide while its tiles run
-(``mlaconf.golden.reference.pinned_threads``).  A caller maps its own function with the map
+MKL under its GEMMs, whose thread count is per thread) on one thread (:func:`pin_worker_threads`), so the
+workers never multiply into more threads than the budget; the reference also pins BLAS process-wide while
+its tiles run (``mlaconf.golden.reference.pinned_threads``).  A caller maps its own function with the map
 :func:`map_for` hands it (the pool's ``Executor.map`` or the builtin ``map``): results come back in order,
 so every fold adds the same numbers in the same order whatever the budget."""
 
@@ -57,7 +57,6 @@ _worker = threading.local()  # ``pool`` set in the pool's threads; ``torch_pinne
 
 def _start_worker() -> None:
     _worker.pool = True
-    pin_worker_threads()
 
 
 def in_pool_worker() -> bool:
@@ -68,7 +67,8 @@ def in_pool_worker() -> bool:
 def pin_worker_threads() -> None:
     """In a pool worker, torch's intra-op threads (OpenMP and MKL, both counted per calling thread) set to
     one, once torch is loaded: a worker's torch call never fans out past the budget, and a GEMM sums in the
-    same order on every worker.  A no-op in any other thread; cheap to call per work item."""
+    same order on every worker.  Work that runs torch calls it first (cheap: once per worker); a no-op in
+    any other thread, so the caller's own torch threads stay as they are."""
     if in_pool_worker() and not getattr(_worker, "torch_pinned", False) and "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
         _worker.torch_pinned = True

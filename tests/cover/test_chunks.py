@@ -190,11 +190,23 @@ def test_the_reference_is_the_same_on_any_number_of_threads(monkeypatch: pytest.
 
 
 def test_a_pool_worker_runs_torch_on_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Workers never multiply into more threads than the budget: torch (and MKL under it) run one per worker."""
+    """Workers never multiply into more threads than the budget: torch (and MKL under it) run one per worker,
+    and the caller's own torch threads stay as they were."""
     import torch
 
+    before = torch.get_num_threads()
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     monkeypatch.setattr(chunks, "CHUNK_ELEMENTS", 1)
     rows = row_chunks(np.ones(8, bool), 1)
-    counts = map_chunks(lambda c: (torch.get_num_threads(), threading.current_thread().name), rows)
-    assert {count for count, name in counts if name.startswith("mlaconf-pool")} == {1}
+
+    def pinned(chunk: RowChunk) -> tuple[int, str]:
+        processes.pin_worker_threads()
+        return torch.get_num_threads(), threading.current_thread().name
+
+    try:
+        counts = map_chunks(pinned, rows)
+        assert {count for count, name in counts if name.startswith("mlaconf-pool")} == {1}
+        assert any(name.startswith("mlaconf-pool") for _, name in counts)
+        assert torch.get_num_threads() == before
+    finally:
+        torch.set_num_threads(before)  # torch's default for threads not yet started is process-wide
