@@ -98,8 +98,8 @@ def map_for(items: int) -> Callable[..., Iterator[Any]]:
     The mapped function may run on another thread: numpy's error state (``np.errstate``) is per thread, so
     it sets its own.  The caller calls its own function through the standard map, so no room calls back
     into the room that owns the function."""
-    pool = shared_pool() if items >= 2 * MIN_ITEMS_PER_THREAD else None
-    return map if pool is None or min(thread_share(), items // MIN_ITEMS_PER_THREAD) <= 1 else pool.map
+    pool = shared_pool() if items >= 2 * MIN_ITEMS_PER_THREAD else None  # a pool has at least two workers
+    return map if pool is None else pool.map
 
 
 def process_alive(pid: object) -> bool:

@@ -11,17 +11,18 @@ entry function (the entry included):
 * **files**: distinct files among the stops;
 * **climbs**: distinct (caller, callee) pairs where the caller's room lies *below* the callee's, i.e. the
   callee's room imports the caller's (directly or through other rooms) and not the other way round: the
-  only way such a call happens is a callback (``golden/chunks.map_chunks`` calling a judge closure is one).
+  only way such a call happens is a callback (``golden/chunks.map_chunks`` calling a judge closure was one).
   The caller is the nearest first-party frame under the callee (stdlib frames such as ``functools`` or
-  ``concurrent.futures`` in between are skipped).  Which room imports which is read from the rooms' own
+  ``concurrent.futures`` in between are skipped: a function mapped with the builtin ``map`` or an
+  executor's is called by the function that mapped it).  Which room imports which is read from the rooms' own
   imports (an AST scan, lazy imports included), so the house's order is the code's, not a list kept here;
 * **jumps** (printed beside them): distinct (caller, callee) pairs in different files, the hops a reader
   makes between files.
 
 The chunk pool is held to one thread while measuring, so that every callback runs under its caller's frame
 (on a pool thread the caller would be the pool's worker loop) -- the walk does not depend on the cores.
-``run_case`` includes the backend's run (the harness's and torch's first-party wrappers); ``judge_resolved``
-is the judge alone.  tests/cover/test_verdict_walk.py holds the walk to its limits.
+From ``run_case`` the walk includes the backend's run (the runner's execution, the harness's backend) and the
+record; from ``judge_resolved`` it is the judge alone.  tests/cover/test_verdict_walk.py holds the walk to its limits.
 """
 
 from __future__ import annotations
