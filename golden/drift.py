@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from mlaconf.facts.operator import SCORE_DIM, V_DIM, scores_in_fp16
-from mlaconf.golden.chunks import RowChunk, map_chunks, row_chunks
+from mlaconf.facts.processes import map_for
+from mlaconf.golden.chunks import RowChunk, row_chunks
 from mlaconf.golden.magnitudes import allowed_keys
 from mlaconf.golden.stats import REL_FLOOR, UNIT_ROUNDOFF, error_stats
 from mlaconf.golden.types import GoldenCase
@@ -90,7 +91,8 @@ def reference_drift(stored: GoldenCase, fresh: GoldenCase) -> ReferenceDrift:
             ratio = np.where(diff == 0.0, 0.0, diff / np.maximum(scale, TINY))
         return worst_ratio(ratio), int(np.count_nonzero(diff))
 
-    results = map_chunks(chunk, all_rows(stored))
+    rows = all_rows(stored)
+    results = list(map_for(len(rows))(chunk, rows))
     return ReferenceDrift(max((r[0] for r in results), default=0.0), sum(r[1] for r in results))
 
 
@@ -217,7 +219,8 @@ def baseline_drift(stored: GoldenCase, fresh: GoldenCase) -> BaselineDrift:
         moved = int(np.count_nonzero(move))
         return moved, worst_ratio(ratio), float(move.max(initial=0.0)), sums, int(valid.sum()) * d.shape[1]
 
-    results = map_chunks(chunk, all_rows(stored))
+    rows = all_rows(stored)
+    results = list(map_for(len(rows))(chunk, rows))
     moved = sum(r[0] for r in results)
     worst = max((r[1] for r in results), default=0.0)
     largest = max((r[2] for r in results), default=0.0)

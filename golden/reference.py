@@ -26,13 +26,14 @@ import re
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from mlaconf.facts.operator import SCORE_DIM, V_DIM
+from mlaconf.facts.processes import pin_worker_threads, shared_pool
 from mlaconf.golden import progress
 from mlaconf.golden.layout import causal_offset, kv_views, offsets, out_shape, q_views, row_valid
 from mlaconf.golden.spec import CaseSpec
@@ -308,7 +309,7 @@ def pinned_threads() -> Iterator[None]:
 
     Process-wide settings, restored on exit: our workers are the parallelism, and a BLAS or torch
     call that forked its own threads would oversubscribe the cores ``threads`` promised to use.
-    Worker threads also pin torch themselves (:func:`_one_torch_thread`).
+    Pool workers also pin torch themselves (:func:`mlaconf.facts.processes.pin_worker_threads`).
     """
     torch = _torch()
     previous = torch.get_num_threads() if torch is not None else 0
@@ -320,14 +321,6 @@ def pinned_threads() -> Iterator[None]:
     finally:
         if torch is not None:
             torch.set_num_threads(previous)
-
-
-def _one_torch_thread() -> None:
-    """Each worker pins torch (and the MKL under its GEMMs) to one thread itself: MKL keeps its thread
-    count per thread, and a GEMM on more threads sums in another order (other bits)."""
-    torch = _torch()
-    if torch is not None:
-        torch.set_num_threads(1)
 
 
 #: What :func:`for_each_tile` calls per tile: ``(task, i0, i1, k_end, diag)``.
@@ -345,24 +338,29 @@ def for_each_tile(
 ) -> None:
     """Call ``visit`` on every query tile of every (batch, head), then report the tile's useful FLOPs.
 
-    With ``threads > 1`` tiles go to a thread pool through a bounded window (memory stays
-    O(threads) tasks) while BLAS and torch run one thread each; visitors write disjoint rows, so
-    their results are bit-for-bit independent of ``threads``.
+    With ``threads > 1`` up to ``threads`` tiles at once run on the process's pool (at most its thread
+    budget: :func:`mlaconf.facts.processes.shared_pool`; inline inside a pool worker) through a bounded
+    window (memory stays O(threads) tasks) while BLAS and torch run one thread each; visitors write
+    disjoint rows, so their results are bit-for-bit independent of ``threads``.
     """
+    running = threading.BoundedSemaphore(max(threads, 1))
 
     def one_tile(task: HeadTask, i0: int, i1: int, k_end: int, diag: tuple[int, int] | None) -> None:
-        visit(task, i0, i1, k_end, diag)
+        pin_worker_threads()
+        with running:
+            visit(task, i0, i1, k_end, diag)
         progress.add_work(tile_flops(i1 - i0, k_end, diag))
 
     tasks = iter_head_tasks(inputs, spec, compute_dtype)
     with pinned_threads():
-        if threads <= 1:
+        pool = shared_pool() if threads > 1 else None
+        if pool is None:
             for task in tasks:
                 for bounds in tile_bounds(task, tile):
                     one_tile(task, *bounds)
             return
-        with ThreadPoolExecutor(max_workers=threads, initializer=_one_torch_thread) as pool:
-            pending: deque[Future[None]] = deque()
+        pending: deque[Future[None]] = deque()
+        try:
             for task in tasks:
                 for bounds in tile_bounds(task, tile):
                     pending.append(pool.submit(one_tile, task, *bounds))
@@ -370,6 +368,10 @@ def for_each_tile(
                         pending.popleft().result()
             for future in pending:
                 future.result()
+        finally:  # a failed tile: the others not started are dropped, the running ones finish under the pins
+            for future in pending:
+                future.cancel()
+            wait(pending)
 
 
 def attention(

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from mlaconf.golden.chunks import RowChunk, map_chunks, row_chunks
+from mlaconf.facts.processes import map_for
+from mlaconf.golden.chunks import RowChunk, row_chunks
 
 #: Small-value floor of relative errors (msprobe / ATB benchmark standard).
 REL_FLOOR = {"fp16": 2.0**-11, "bf16": 2.0**-8}
@@ -99,6 +100,7 @@ def error_stats(actual: np.ndarray, expected: np.ndarray, row_valid: np.ndarray,
         return sums
 
     total = ErrorSums(dtype)
-    for part in map_chunks(chunk_sums, row_chunks(row_valid, int(np.prod(actual.shape[1:])))):
+    chunks = row_chunks(row_valid, int(np.prod(actual.shape[1:])))
+    for part in map_for(len(chunks))(chunk_sums, chunks):
         total.merge(part)
     return total.stats()

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from mlaconf.facts.operator import SCORE_DIM, V_DIM, scores_in_fp16
-from mlaconf.golden.chunks import RowChunk, map_chunks, row_chunks
+from mlaconf.facts.processes import map_for
+from mlaconf.golden.chunks import RowChunk, row_chunks
 from mlaconf.golden.magnitudes import ROW_MAGNITUDES, allowed_keys, element_magnitudes
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.stats import UNIT_ROUNDOFF
@@ -174,7 +175,7 @@ def model_ratio(
 
     n_over = 0
     worst: _Worst | None = None
-    for over, candidate in map_chunks(chunk_ratio, chunks):
+    for over, candidate in map_for(len(chunks))(chunk_ratio, chunks):
         n_over += over
         if worst is None or candidate[0] > worst[0]:
             worst = candidate

@@ -28,7 +28,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from mlaconf.golden.chunks import RowChunk, map_chunks, row_chunks
+from mlaconf.facts.processes import map_for
+from mlaconf.golden.chunks import RowChunk, row_chunks
 from mlaconf.golden.stats import REL_FLOOR, ErrorSums
 
 #: Relative-error threshold of the "thousandth" rules (fp16 0.1%, bf16 0.4%).
@@ -381,6 +382,7 @@ def compute_metrics(
         return acc
 
     total = _Accumulator(dtype)
-    for part in map_chunks(chunk_metrics, row_chunks(row_valid, actual.shape[1] * actual.shape[2])):
+    chunks = row_chunks(row_valid, actual.shape[1] * actual.shape[2])
+    for part in map_for(len(chunks))(chunk_metrics, chunks):
         total.merge(part)
     return total.finish(int(np.count_nonzero(row_valid)), q_seqlen)

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from mlaconf.facts.operator import V_DIM
-from mlaconf.golden.chunks import RowChunk, map_chunks, row_chunks
+from mlaconf.facts.processes import map_for
+from mlaconf.golden.chunks import RowChunk, row_chunks
 
 #: The metrics msprobe decides on, in its order (``eb`` is computed but not in its status list).
 DECIDING = ("small_value_err_ratio", "rmse", "max_rel_err", "mean_rel_err")
@@ -116,7 +117,8 @@ def benchmark_metrics(
             smaller=int(np.count_nonzero(diff < 0)),
         )
 
-    parts = map_chunks(chunk_sums, row_chunks(row_valid, a.shape[1] if a.ndim > 1 else V_DIM))
+    chunks = row_chunks(row_valid, a.shape[1] if a.ndim > 1 else V_DIM)
+    parts = list(map_for(len(chunks))(chunk_sums, chunks))
     total = sum(parts[1:], parts[0]) if parts else _Sums(0, 0, 0.0, 0, 0, 0, 0.0, 0.0, 0, 0)
     n = max(total.n, 1)
     mse = total.squares / n * (total.n / (total.n - total.excluded + 1e-4) + 1e-4)

@@ -39,7 +39,8 @@ import ml_dtypes
 import numpy as np
 
 from mlaconf.facts.operator import V_DIM
-from mlaconf.golden.chunks import RowChunk, map_chunks, row_chunks
+from mlaconf.facts.processes import map_for
+from mlaconf.golden.chunks import RowChunk, row_chunks
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.stats import UNIT_ROUNDOFF
 from mlaconf.judge.error_model import U32, scale_cast_error
@@ -108,7 +109,8 @@ def _projections(
         d = d_all[chunk.pick].astype(np.float64)
         return np.einsum("rhc,rhc->rh", d, d), np.einsum("rhc,rhc->rh", d, err), float(np.square(g).sum())
 
-    parts = map_chunks(chunk_sums, row_chunks(row_valid, spec.head_num * V_DIM))
+    chunks = row_chunks(row_valid, spec.head_num * V_DIM)
+    parts = list(map_for(len(chunks))(chunk_sums, chunks))
     if any(part is None for part in parts):
         return None
     done = [part for part in parts if part is not None]
@@ -213,7 +215,8 @@ def format_check(
         return np.stack([m.sum(axis=(0, 2)) for m in (normal, normal & zero, normal_g, normal_g & zero_g)])
 
     counts = np.zeros((4, h), dtype=np.int64)
-    for part in map_chunks(chunk_counts, row_chunks(row_valid, h * V_DIM)):
+    chunks = row_chunks(row_valid, h * V_DIM)
+    for part in map_for(len(chunks))(chunk_counts, chunks):
         counts += part
     n, k, n_g, k_g = counts
     chance = 2.0**-LOW_BITS

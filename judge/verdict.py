@@ -10,7 +10,8 @@ from typing import Any, Literal
 import numpy as np
 
 from mlaconf.facts.operator import V_DIM
-from mlaconf.golden.chunks import RowChunk, map_chunks, row_chunks
+from mlaconf.facts.processes import map_for
+from mlaconf.golden.chunks import RowChunk, row_chunks
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.stats import ErrorStats
 from mlaconf.golden.types import GoldenCase
@@ -150,7 +151,8 @@ def _scaled_error(golden: GoldenCase, out: np.ndarray, grid: np.ndarray) -> None
         err = np.where(np.isfinite(err), err, np.inf).max(axis=2)
         grid[chunk.pick, :heads] = np.where(golden.row_valid[chunk.pick, None], err, np.nan)  # disjoint rows
 
-    map_chunks(chunk_error, row_chunks(np.ones(rows, dtype=bool), heads * V_DIM))
+    chunks = row_chunks(np.ones(rows, dtype=bool), heads * V_DIM)
+    list(map_for(len(chunks))(chunk_error, chunks))
 
 
 #: msprobe's scores of the baselines of the goldens judged last (every record of a golden shares its

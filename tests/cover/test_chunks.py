@@ -1,27 +1,39 @@
-"""mlaconf.golden.chunks: row chunks, and the judge's results the same on any number of threads."""
+"""Row chunks (mlaconf.golden.chunks) and the process's one pool (mlaconf.facts.processes): the judge's and the
+reference's results the same on any number of threads."""
 
 from __future__ import annotations
 
 import multiprocessing
 import threading
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import ml_dtypes
 import numpy as np
 import pytest
 
+from mlaconf.facts import processes
 from mlaconf.golden import chunks
-from mlaconf.golden.chunks import RowChunk, map_chunks, row_chunks
+from mlaconf.golden.chunks import RowChunk, row_chunks
 from mlaconf.golden.generate import build_golden
+from mlaconf.golden.inputs import generate_inputs
+from mlaconf.golden.reference import for_each_tile, reference_attention
 from mlaconf.golden.spec_build import build_case
 from mlaconf.golden.types import GoldenCase
 from mlaconf.judge.error_model import ModelResult, model_ratio
 from mlaconf.judge.metrics import Metrics, compute_metrics
 from mlaconf.judge.systematic import Significance, format_check, temperature_check
 
+R = TypeVar("R")
 CASE = build_case(
     {"q_seqlen": [40, 0, 24], "head_num": 2, "dtype": "bf16", "mask_type": 3, "kv_layout": "padded"}, source="test"
 )
+
+
+def map_chunks(fn: Callable[[RowChunk], R], rows: list[RowChunk]) -> list[R]:
+    """How every pass maps its chunks."""
+    return list(processes.map_for(len(rows))(fn, rows))
 
 
 def test_row_chunks_cover_the_valid_rows_once_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -46,7 +58,7 @@ def test_results_come_back_in_chunk_order(monkeypatch: pytest.MonkeyPatch) -> No
         return int(chunk.tokens[0])
 
     assert map_chunks(first, row_chunks(np.ones(50, bool), 1)) == list(range(50))
-    assert any(name.startswith("mlaconf-chunks") for name in names)  # it did use the pool
+    assert any(name.startswith("mlaconf-pool") for name in names)  # it did use the pool
     names.clear()
     assert map_chunks(first, row_chunks(np.ones(2, bool), 1)) == [0, 1]
     assert names == {threading.current_thread().name}  # two chunks: not worth a hand-off
@@ -149,3 +161,52 @@ def test_a_forked_child_makes_its_own_pool(monkeypatch: pytest.MonkeyPatch) -> N
     assert queue.get(timeout=30) == list(range(8))
     child.join(30)
     assert child.exitcode == 0
+
+
+@pytest.mark.parametrize("threads", [2, 5])
+def test_the_reference_is_the_same_on_any_number_of_threads(monkeypatch: pytest.MonkeyPatch, threads: int) -> None:
+    """Tiles run on the one pool, never more at once than asked, and every bit is the one-thread bit."""
+    spec = build_case({"q_seqlen": [70, 0, 31], "head_num": 3, "mask_type": 2, "dtype": "bf16"}, source="test")
+    inputs = generate_inputs(spec)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    alone, _ = reference_attention(inputs, spec, tile=16, threads=threads)  # a budget of one: inline
+    monkeypatch.setenv("OMP_NUM_THREADS", str(threads))
+    shared, _ = reference_attention(inputs, spec, tile=16, threads=threads)
+    assert alone.tobytes() == shared.tobytes() and np.isfinite(alone).any()
+    lock, running, most, names = threading.Lock(), [0], [0], set()
+
+    def visit(*_: object) -> None:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            names.add(threading.current_thread().name)
+        time.sleep(0.002)
+        with lock:
+            running[0] -= 1
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")  # a budget above what the caller asks for
+    for_each_tile(inputs, spec, visit, np.float64, tile=8, threads=threads)
+    assert 1 < most[0] <= threads and all(name.startswith("mlaconf-pool") for name in names)
+
+
+def test_a_pool_worker_runs_torch_on_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers never multiply into more threads than the budget: torch (and MKL under it) run one per worker,
+    and the caller's own torch threads stay as they were."""
+    import torch
+
+    before = torch.get_num_threads()
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setattr(chunks, "CHUNK_ELEMENTS", 1)
+    rows = row_chunks(np.ones(8, bool), 1)
+
+    def pinned(chunk: RowChunk) -> tuple[int, str]:
+        processes.pin_worker_threads()
+        return torch.get_num_threads(), threading.current_thread().name
+
+    try:
+        counts = map_chunks(pinned, rows)
+        assert {count for count, name in counts if name.startswith("mlaconf-pool")} == {1}
+        assert any(name.startswith("mlaconf-pool") for _, name in counts)
+        assert torch.get_num_threads() == before
+    finally:
+        torch.set_num_threads(before)  # torch's default for threads not yet started is process-wide

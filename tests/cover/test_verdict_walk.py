@@ -1,0 +1,37 @@
+"""The verdict walk (tests/verdict_walk.py): judging one verdict never calls up the house, and its path
+does not grow."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlaconf.golden.generate import build_golden
+from tests import verdict_walk
+
+#: Distinct functions judge_resolved entered on the default smoke case when this test was written (69
+#: before the chunk maps stopped calling back into the judge).  Not the issue's 35: that figure came from
+#: another tool; this one counts every property and closure (docs/architecture.md, "The verdict walk").
+MAX_STOPS = 68
+
+
+@pytest.fixture(scope="module")
+def walk() -> verdict_walk.Walk:
+    golden = build_golden(verdict_walk.smoke_case())
+    return verdict_walk.measure(golden, "torch-cpu", "judge_resolved")
+
+
+def test_judging_never_calls_up_the_house(walk: verdict_walk.Walk) -> None:
+    """A lower room calling a higher room's function (golden/chunks calling back into the judge) is a climb."""
+    assert not walk.climbs, sorted(walk.climbs)
+    assert {"judge/metrics.py", "judge/error_model.py", "golden/chunks.py"} <= walk.files  # it walked the judge
+
+
+def test_the_walk_does_not_grow(walk: verdict_walk.Walk) -> None:
+    assert 30 < len(walk.stops) <= MAX_STOPS, "\n".join(walk.stops.values())
+
+
+def test_a_callback_into_a_higher_room_is_a_climb() -> None:
+    """The measure itself: the rooms' order is read from their imports."""
+    assert verdict_walk.is_climb("golden", "judge") and verdict_walk.is_climb("facts", "judge")
+    assert not verdict_walk.is_climb("judge", "golden") and not verdict_walk.is_climb("golden", "harness")
+    assert not verdict_walk.is_climb("judge", "judge")
