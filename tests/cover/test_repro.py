@@ -80,7 +80,8 @@ def test_the_failure_text_and_the_repro_name_one_worst_element(tmp_path: Path) -
     where += f"actual {named['actual']:.6g}"
     assert verdict["message"].split("Worst element: ")[1].startswith(where), verdict["message"]
     assert f"worst element {where}." in (tmp_path / "README").read_text()
-    assert verdict["repro_numbers"]["worst_element"]["token"] == named["token"]
+    numbers = verdict["repro_numbers"]["worst_element"]
+    assert [numbers[k] for k in ("token", "head", "column")] == [named[k] for k in ("token", "head", "column")]
     printed = subprocess.run(
         [sys.executable, "repro.py"], cwd=tmp_path, capture_output=True, text=True, check=True
     ).stdout.splitlines()
