@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 class Ending:
     """What happened in one test, before it is named: its outcome, its message (one paragraph: the
     record's and the start of pytest's failure text) and its evidence (record fields beside the
-    identity, verdict and message: checks, metrics, error ... validated when the record is made)."""
+    identity, verdict and message: checks, metrics, error ..., and a property example's case; validated
+    when the record is made)."""
 
     outcome: Outcome
     message: str
