@@ -14,6 +14,7 @@ from mlaconf.judge.deviations import DeviationSet
 from mlaconf.judge.policy import PolicySet
 from mlaconf.runner.collect import MlaReport
 from mlaconf.runner.conformance import run_case, save_output
+from mlaconf.runner.ending import end
 from mlaconf.runner.identity import policy_name
 
 pytestmark = pytest.mark.conformance
@@ -42,4 +43,4 @@ def test_conformance(
     )
     if mla_report.outputs_dir is not None and result.output is not None:
         save_output(mla_report.outputs_dir, mla_conformance_case, mla_backend.name, result.output)
-    mla_report.conclude(result.record, result.outcome, result.message)
+    end(mla_report, result.ending)

@@ -14,9 +14,9 @@ import pytest
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.harness.backend import Backend
 from mlaconf.judge.deviations import DeviationSet
-from mlaconf.reports.records import ErrorEvidence
 from mlaconf.runner.applicability import not_applicable
 from mlaconf.runner.collect import MlaReport
+from mlaconf.runner.ending import end
 from mlaconf.runner.perturb import judge_error_case
 
 pytestmark = pytest.mark.error_contract
@@ -31,13 +31,4 @@ def test_error_contract(
             "only backends promising ATB's status codes are checked"
         )
     verdict = judge_error_case(mla_error_case, mla_backend, mla_deviation_set)
-    observed, stage = verdict.got if verdict.got is not None else (None, None)
-    evidence = ErrorEvidence(*verdict.expected, observed, stage)  # the expectation of the backend's release
-    record = mla_report.record(
-        verdict=verdict.outcome,
-        message=verdict.message,
-        error=evidence,
-        device=mla_backend.info().device,
-        deviation=verdict.deviation,
-    )
-    mla_report.conclude(record, verdict.outcome, verdict.message)
+    end(mla_report, verdict.ending(mla_backend.info().device))

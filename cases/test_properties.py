@@ -27,9 +27,10 @@ from mlaconf.golden.spec_build import build_case
 from mlaconf.harness.backend import Backend, BackendError
 from mlaconf.judge.deviations import DeviationSet
 from mlaconf.judge.policy import PolicySet
-from mlaconf.judge.verdict import judge_output, mode_text
+from mlaconf.judge.verdict import judge_resolved, mode_text
 from mlaconf.reports.records import ErrorEvidence
 from mlaconf.runner.collect import MlaReport
+from mlaconf.runner.ending import Ending, end, named, verdict_evidence
 from mlaconf.runner.execution import execute, make_call, output_digest
 from mlaconf.runner.failures import failure_of
 from mlaconf.runner.identity import policy_name, spec_fields
@@ -108,24 +109,20 @@ def test_random_case_matches_float64_golden(
             evidence["error"] = ErrorEvidence(observed_status=exc.status_name, observed_stage=exc.stage)
             failure: str | None = f"{subject}: backend rejected a valid case: {exc}"
         else:
-            metrics, verdict = judge_output(golden, out, mla_policy_set, policy, mla_backend.name)
-            evidence.update(
-                checks=[c.to_dict() for c in verdict.checks],
-                worst_slack=float(verdict.worst_slack),
-                metrics=metrics.to_dict(),
-                failing=[c.text() for c in verdict.failing],
-            )
+            resolved = mla_policy_set.resolve(policy, mla_backend.name, spec.dtype, spec.mask_name, spec.case_id)
+            metrics, verdict = judge_resolved(golden, out, resolved)
+            evidence.update(verdict_evidence(golden, out, (metrics, verdict), resolved, failed=not verdict.passed))
             failure = None if verdict.passed else f"{subject}: {verdict.summary()}"
     except Exception as exc:  # outside the verdict path
         evidence["failure"] = failure_of(mla_report.node, pytest.ExceptionInfo.from_exception(exc))
-        mla_report.pending(mla_report.record(verdict="failed", message=str(exc).split("\n")[0], **evidence))
+        mla_report.pending(named(mla_report, Ending("failed", str(exc).split("\n")[0], evidence)))
         raise
     if failure is None:
         record_pass(mla_report, spec.case_id, output_digest(out))
         return
     # kept pending: hypothesis replays the shrunk example last, and its record is the one that stays
-    record = mla_report.record(verdict="failed", message=failure.split("\n")[0], **evidence)
-    mla_report.conclude(record, "failed", f"{failure}{paste}", pending=True)
+    first, _, rest = failure.partition("\n")
+    end(mla_report, Ending("failed", first, evidence, note=(f"\n{rest}" if rest else "") + paste), pending=True)
 
 
 def record_pass(mla_report: MlaReport, case_id: str, digest: str) -> None:
@@ -136,11 +133,5 @@ def record_pass(mla_report: MlaReport, case_id: str, digest: str) -> None:
     running.update(f"{case_id}:{digest};".encode())
     node.stash[EXAMPLES] = (running, count + 1)
     examples = {"count": count + 1, "derandomized": bool(settings().derandomize)}
-    mla_report.attach(
-        mla_report.record(
-            verdict="passed",
-            message=f"{count + 1} examples passed",
-            output_sha256=running.hexdigest(),
-            examples=examples,
-        )
-    )
+    passed = {"output_sha256": running.hexdigest(), "examples": examples}
+    end(mla_report, Ending("passed", f"{count + 1} examples passed", passed))

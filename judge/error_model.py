@@ -41,7 +41,7 @@ from mlaconf.golden.chunks import RowChunk, row_chunks
 from mlaconf.golden.magnitudes import ROW_MAGNITUDES, allowed_keys, element_magnitudes
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.stats import UNIT_ROUNDOFF
-from mlaconf.judge.metrics import locate
+from mlaconf.judge.metrics import Element
 
 U32 = 2.0**-24
 U16 = 2.0**-11
@@ -78,10 +78,15 @@ class ModelResult:
     n_elements: int
     n_over: int
     lam: float
-    where: str
+    element: Element | None
     error: float
     bound: float
     terms: dict[str, float]
+
+    @property
+    def where(self) -> str:
+        """The element of the largest ratio in one line."""
+        return self.element.text() if self.element is not None else "no element checked"
 
     def text(self) -> str:
         if not self.terms:
@@ -180,11 +185,7 @@ def model_ratio(
         if worst is None or candidate[0] > worst[0]:
             worst = candidate
     if worst is None:
-        return ModelResult(0.0, 0, 0, lam, "no element checked", 0.0, 0.0, {})
+        return ModelResult(0.0, 0, 0, lam, None, 0.0, 0.0, {})
     best, token, head, col, g0, a0, b0, parts = worst
-    loc = locate(token, head, col, spec.q_seqlen)
-    where = (
-        f"batch {loc.batch} row {loc.row_in_batch} (token {token}) head {head} col {col}: "
-        f"expected {g0:.6g}, actual {a0:.6g}"
-    )
-    return ModelResult(best, n_elements, n_over, lam, where, abs(a0 - g0), b0, parts)
+    element = Element.at(token, head, col, spec.q_seqlen, g0, a0, "model:max_err_over_bound")
+    return ModelResult(best, n_elements, n_over, lam, element, abs(a0 - g0), b0, parts)

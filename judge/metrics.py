@@ -48,6 +48,40 @@ class Location:
 
 
 @dataclass(frozen=True)
+class Element:
+    """The one output element a verdict names (the failure text and every report of it name this one):
+    where it is, the golden and the backend's value, and the measure that picked it (``located_by``:
+    a check's ``rule:metric``, or ``metric:atb_max_scaled_err`` for the metrics' own worst element)."""
+
+    batch: int
+    row_in_batch: int
+    token: int
+    head: int
+    column: int
+    expected: float
+    actual: float
+    located_by: str
+
+    @classmethod
+    def at(
+        cls, token: int, head: int, column: int, q_seqlen: Sequence[int], expected: float, actual: float, by: str
+    ) -> Element:
+        """The element at a ``[T, H, D]`` index, located in the case's batches."""
+        loc = locate(token, head, column, q_seqlen)
+        return cls(loc.batch, loc.row_in_batch, token, head, column, float(expected), float(actual), by)
+
+    def text(self) -> str:
+        """One line for failure messages."""
+        return (
+            f"batch {self.batch} row {self.row_in_batch} (token {self.token}) "
+            f"head {self.head} col {self.column}: expected {self.expected:.6g}, actual {self.actual:.6g}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class Metrics:
     """Error statistics of one output; every field is a plain float, int, bool or str.
 
@@ -89,15 +123,25 @@ class Metrics:
         """No NaN or Inf in the checked actual values."""
         return self.nan_count == 0 and self.inf_count == 0
 
+    def worst_element(self) -> Element | None:
+        """The element of largest ATB-scaled error, None when nothing was checked."""
+        if self.worst_token < 0:
+            return None
+        return Element(
+            self.worst_batch,
+            self.worst_row_in_batch,
+            self.worst_token,
+            self.worst_head,
+            self.worst_column,
+            self.worst_expected,
+            self.worst_actual,
+            "metric:atb_max_scaled_err",
+        )
+
     def worst_text(self) -> str:
         """A one-line description of the worst element, for failure messages."""
-        if self.worst_token < 0:
-            return "no element checked"
-        return (
-            f"batch {self.worst_batch} row {self.worst_row_in_batch} (token {self.worst_token}) "
-            f"head {self.worst_head} col {self.worst_column}: expected {self.worst_expected:.6g}, "
-            f"actual {self.worst_actual:.6g}"
-        )
+        worst = self.worst_element()
+        return worst.text() if worst is not None else "no element checked"
 
     def to_dict(self) -> dict[str, float | int | bool | str]:
         """JSON- and HDF5-attribute-friendly copy (plain Python scalars only)."""

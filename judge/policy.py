@@ -22,7 +22,7 @@ from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.stats import UNIT_ROUNDOFF, ErrorStats
 from mlaconf.golden.suites import read_toml
 from mlaconf.judge.error_model import ModelResult
-from mlaconf.judge.metrics import Metrics
+from mlaconf.judge.metrics import Element, Metrics
 from mlaconf.judge.msprobe import DECIDING, BenchmarkMetrics, ratio
 from mlaconf.judge.systematic import Significance
 
@@ -113,9 +113,9 @@ class Check:
     note: str = ""
     #: False for evidence only: recorded and reported, but not part of the verdict.
     decisive: bool = True
-    #: Where this check's worst element is, when its rule locates one (the error model's ratio to
-    #: its bound); the verdict then names this element, not a second one by another measure.
-    worst: str = dataclasses.field(default="", compare=False)
+    #: This check's worst element, when its rule locates one (the error model's ratio to its bound);
+    #: the verdict then names this element, not a second one by another measure.
+    worst: Element | None = dataclasses.field(default=None, compare=False)
 
     @property
     def slack(self) -> float:
@@ -171,7 +171,13 @@ class Verdict:
     passed: bool
     checks: list[Check]
     overrides: tuple[AppliedOverride, ...]
-    worst_element: str
+    #: The one element the verdict names (:func:`_worst_element`), None when nothing was checked.
+    worst: Element | None
+
+    @property
+    def worst_element(self) -> str:
+        """The named element in one line, as the failure text says it."""
+        return self.worst.text() if self.worst is not None else "no element checked"
 
     @property
     def failing(self) -> list[Check]:
@@ -226,7 +232,7 @@ def _model(p: Callable[[str], float], m: Metrics, b: ErrorStats | None, ctx: Ver
         return [Check("model", "max_err_over_bound", math.nan, 1.0, False, "no stored magnitudes to bound with")]
     result = ctx.model(p("false_alarm"), p("safety"))
     check = _check("model", "max_err_over_bound", result.max_ratio, 1.0, result.text())
-    return [dataclasses.replace(check, worst=result.where)]
+    return [dataclasses.replace(check, worst=result.element)]
 
 
 def _atb(p: Callable[[str], float], m: Metrics, b: ErrorStats | None, ctx: VerdictContext) -> list[Check]:
@@ -380,13 +386,13 @@ class Policy:
         return Verdict(self.name, passed, checks, self.overrides, _worst_element(checks, metrics))
 
 
-def _worst_element(checks: list[Check], metrics: Metrics) -> str:
+def _worst_element(checks: list[Check], metrics: Metrics) -> Element | None:
     """One worst element per verdict: the one the worst deciding check located (the error model's
     largest error/bound ratio), else the largest scaled error of the metrics."""
-    located = [c for c in checks if c.decisive and c.worst]
+    located = [c for c in checks if c.decisive and c.worst is not None]
     if located:
         return max(located, key=lambda c: c.slack if not math.isnan(c.slack) else math.inf).worst
-    return metrics.worst_text()
+    return metrics.worst_element()
 
 
 # -- loading -------------------------------------------------------------------------------------

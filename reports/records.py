@@ -136,6 +136,8 @@ class ResultRecord:
     checks: tuple[Mapping[str, Any], ...] = ()
     metrics: Mapping[str, Any] = field(default_factory=dict)
     worst_slack: float | None = None
+    #: The one element the verdict names (judge.metrics.Element.to_dict), the failure text's and repro's.
+    worst_element: Mapping[str, Any] | None = None
     failing: tuple[str, ...] = ()
     overrides: tuple[Mapping[str, Any], ...] = ()
     error_map: Mapping[str, Any] | None = None
@@ -195,6 +197,7 @@ class ResultRecord:
             "policy",
             "deviation",
             "worst_slack",
+            "worst_element",
             "error_map",
             "shrunk",
             "likely_cause",
@@ -244,6 +247,7 @@ _OBJECT_FIELDS = (
     "backend_versions",
     "spec",
     "metrics",
+    "worst_element",
     "error_map",
     "error",
     "difference",

@@ -12,32 +12,37 @@ import numpy as np
 from mlaconf.golden.inputs import numpy_dtype
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.types import GoldenCase
-from mlaconf.harness.backend import Backend, BackendError
+from mlaconf.harness.backend import Backend, BackendError, BackendInfo
 from mlaconf.judge import causes
-from mlaconf.judge.deviations import DeviationSet, explaining, release_note
+from mlaconf.judge.deviations import Deviation, DeviationSet, explaining, release_note
 from mlaconf.judge.policy import PolicySet
-from mlaconf.judge.verdict import Outcome, error_map, judge_resolved, mode_text, outcome_message, outcome_of
-from mlaconf.reports.records import ErrorEvidence, ResultRecord, make_record
+from mlaconf.judge.verdict import Outcome, judge_resolved, mode_text, outcome_message, outcome_of
+from mlaconf.reports.records import ErrorEvidence
+from mlaconf.runner.ending import Ending, verdict_evidence
 from mlaconf.runner.execution import (
     BackendOutputError,
-    Execution,
     disagreeing_reruns,
     execute,
     input_digest,
     make_call,
     output_digest,
 )
-from mlaconf.runner.identity import make_identity
 
 
 @dataclass(frozen=True)
 class CaseResult:
-    """What happened for one (case, backend): the outcome, its explanation and the record."""
+    """What happened for one (case, backend): how the test ends and the backend's output (None when it gave none)."""
 
-    outcome: Outcome
-    message: str
-    record: ResultRecord
+    ending: Ending
     output: np.ndarray | None
+
+    @property
+    def outcome(self) -> Outcome:
+        return self.ending.outcome
+
+    @property
+    def message(self) -> str:
+        return self.ending.message
 
 
 def input_digests(golden: GoldenCase) -> dict[str, str]:
@@ -74,103 +79,82 @@ def run_case(
 
     With ``reruns`` > 1 the backend is called that many times and every output must be bitwise the first.
     A failing output is also judged against the likely-cause catalogue (:mod:`mlaconf.judge.causes`)
-    when the case is small or ``try_causes`` asks for it."""
+    when the case is small or ``try_causes`` asks for it.  The test's identity is the caller's
+    (:mod:`mlaconf.runner.ending`)."""
     spec = golden.spec
-    subject = mode_text(spec, backend.name)
     info = backend.info()
     candidates = deviations.candidates(backend.name, info.version, spec)
-    deviation = candidates[0] if candidates else None
-    error: BackendError | None = None
-    execution: Execution | None = None
-    wrong_type: str | None = None
+    about = _Subject(mode_text(spec, backend.name), info, candidates)
     digests = input_digests(golden)
     try:
         call = make_call(golden.inputs, spec)
         execution = execute(backend, call, spec, repeats=repeats, warmup=warmup)
     except BackendError as exc:
-        error = exc
-    except BackendOutputError as exc:
-        wrong_type = str(exc)
-    base: dict[str, Any] = make_identity(
-        suite="conformance", test="", function="test_conformance", backend=backend.name, spec=spec, policy=policy
-    ) | {
-        "device": info.device,
-        "backend_versions": dict(info.versions),
-        "deviation": deviation.id if deviation else None,
-    }
-    if wrong_type is not None:  # no known deviation excuses a broken interface
-        message = outcome_message(subject, "failed", f"interface contract broken: {wrong_type}", None)
-        record = make_record(base, verdict="failed", failing=(wrong_type,), message=message)
-        return CaseResult("failed", message, record, None)
-    if execution is None:
-        assert error is not None
-        deviation = explaining(candidates, False, error.status_name)
-        base["deviation"] = deviation.id if deviation else None
-        outcome = outcome_of(False, error.status_name, deviation)  # a valid case rejected never conforms
-        detail = f"backend raised {error}{release_note(info.version, deviation)}"
-        message = outcome_message(subject, outcome, detail, deviation)
-        record = make_record(
-            base,
-            verdict=outcome,
-            failing=(f"error: {error}",),
-            message=message,
-            error=ErrorEvidence(observed_status=error.status_name, observed_stage=error.stage),
-        )
-        return CaseResult(outcome, message, record, None)
-    violations = contract_violations(golden, execution.out, digests)
-    if violations:  # no known deviation excuses a broken interface
-        broken = "interface contract broken: " + "; ".join(violations)
-        message = outcome_message(subject, "failed", broken, None)
-        record = make_record(
-            base,
-            verdict="failed",
-            failing=tuple(violations),
-            timing=execution.timing(),
-            output_sha256=output_digest(execution.out),
-            message=message,
-        )
-        return CaseResult("failed", message, record, execution.out)
+        return CaseResult(about.rejected(exc), None)
+    except BackendOutputError as exc:  # no known deviation excuses a broken interface
+        return CaseResult(about.broken((str(exc),)), None)
+    out = execution.out
     timing = execution.timing()
+    facts = {"timing": timing, "output_sha256": output_digest(out)}
+    if violations := contract_violations(golden, out, digests):  # no known deviation excuses a broken interface
+        return CaseResult(about.broken(tuple(violations), **facts), out)
     if reruns > 1:
-        disagreeing = disagreeing_reruns(backend, call, execution.out, reruns - 1)
+        disagreeing = disagreeing_reruns(backend, call, out, reruns - 1)
         timing.update(reruns=reruns - 1, disagreeing_runs=disagreeing)
         if disagreeing:  # a race: no known deviation excuses it
             race = f"{disagreeing} of {reruns - 1} reruns differ bitwise from the first call (a race?)"
-            message = outcome_message(subject, "failed", race, None)
-            record = make_record(base, verdict="failed", failing=(race,), timing=timing, message=message)
-            return CaseResult("failed", message, record, execution.out)
+            return CaseResult(about.failed(race, (race,), timing=timing), out)
     resolved = policy_set.resolve(policy, backend.name, spec.dtype, spec.mask_name, spec.case_id)
-    metrics, verdict = judge_resolved(golden, execution.out, resolved)
+    metrics, verdict = judge_resolved(golden, out, resolved)
     deviation = explaining(candidates, verdict.passed, None)
-    base["deviation"] = deviation.id if deviation else None
     outcome = outcome_of(verdict.passed, None, deviation)
     cause = None
     if outcome == "failed" and causes.worth_trying(spec, try_causes):
-        cause = causes.likely_cause(golden, execution.out)
+        cause = causes.likely_cause(golden, out)
     detail = verdict.summary() + release_note(info.version, deviation)
     detail += f" Likely cause: {cause.sentence()}." if cause else ""
-    message = outcome_message(subject, outcome, detail, deviation)
-    emap = None
-    if outcome == "failed":  # only failing records carry a map: records stay small
-        model = None
-        if "model" in resolved.params:
-            model = (resolved.param("model", "false_alarm", spec.dtype), resolved.param("model", "safety", spec.dtype))
-        emap = error_map(golden, execution.out, verdict.worst_check(), model)
-    record = make_record(
-        base,
-        verdict=outcome,
-        checks=tuple(c.to_dict() for c in verdict.checks),
-        worst_slack=float(verdict.worst_slack),
-        metrics=metrics.to_dict(),
-        failing=tuple(c.text() for c in verdict.failing),
-        overrides=tuple(o.to_dict() for o in verdict.overrides),
-        timing=timing,
-        output_sha256=output_digest(execution.out),
-        message=message,
-        error_map=emap,
-        likely_cause=cause.to_dict() if cause else None,
-    )
-    return CaseResult(outcome, message, record, execution.out)
+    evidence = verdict_evidence(golden, out, (metrics, verdict), resolved, failed=outcome == "failed", cause=cause)
+    return CaseResult(about.ending(outcome, detail, deviation, **evidence, **facts), out)
+
+
+@dataclass(frozen=True)
+class _Subject:
+    """One case on one backend, what every ending of :func:`run_case` says: the subject of its message,
+    the backend's device and versions, and the known deviation (the first candidate unless one explains)."""
+
+    text: str
+    info: BackendInfo
+    candidates: list[Deviation]
+
+    def ending(self, outcome: Outcome, detail: str, deviation: Deviation | None, **evidence: Any) -> Ending:
+        """An outcome ``deviation`` classified (None: no known deviation applies)."""
+        message = outcome_message(self.text, outcome, detail, deviation)
+        return Ending(outcome, message, self._about(deviation) | evidence)
+
+    def failed(self, detail: str, failing: tuple[str, ...], **evidence: Any) -> Ending:
+        """A failure no known deviation excuses (a broken interface, a race): the message names none, the
+        record the deviation that would have applied (the first candidate)."""
+        first = self.candidates[0] if self.candidates else None
+        message = outcome_message(self.text, "failed", detail, None)
+        return Ending("failed", message, self._about(first) | {"failing": failing} | evidence)
+
+    def broken(self, violations: tuple[str, ...], **evidence: Any) -> Ending:
+        return self.failed("interface contract broken: " + "; ".join(violations), violations, **evidence)
+
+    def rejected(self, error: BackendError) -> Ending:
+        """A valid case rejected: it never conforms, unless a known deviation predicts the rejection."""
+        deviation = explaining(self.candidates, False, error.status_name)
+        outcome = outcome_of(False, error.status_name, deviation)
+        detail = f"backend raised {error}{release_note(self.info.version, deviation)}"
+        evidence = ErrorEvidence(observed_status=error.status_name, observed_stage=error.stage)
+        return self.ending(outcome, detail, deviation, failing=(f"error: {error}",), error=evidence)
+
+    def _about(self, deviation: Deviation | None) -> dict[str, Any]:
+        return {
+            "device": self.info.device,
+            "backend_versions": dict(self.info.versions),
+            "deviation": deviation.id if deviation else None,
+        }
 
 
 def save_output(directory: Path, spec: CaseSpec, backend: str, out: np.ndarray) -> Path:

@@ -99,6 +99,18 @@ def make_identity(
     return ident
 
 
+def conformance_identity(spec: CaseSpec, backend: str, policy: str) -> dict[str, Any]:
+    """A conformance test's identity outside pytest (``mlaconf repro``, ``mlaconf power``): the test its id names."""
+    return make_identity(
+        suite="conformance",
+        test=f"test_conformance[{spec.case_id}-{backend}]",
+        function="test_conformance",
+        backend=backend,
+        spec=spec,
+        policy=policy,
+    )
+
+
 def identity(item: pytest.Item) -> dict[str, Any]:
     """Which suite, test, case or relation and backend an item is, from its markers and parameters."""
     params: Mapping[str, Any] = getattr(getattr(item, "callspec", None), "params", {})

@@ -63,6 +63,7 @@ def measure(specs: list[CaseSpec], backend_name: str, repeats: int, store: Golde
     """Per case: median per-stage seconds (wall and CPU) over ``repeats`` runs."""
     import mlaconf.runner.conformance as conformance
     import mlaconf.runner.execution as execution
+    from mlaconf.runner.identity import conformance_identity
 
     backend = registry.create(backend_name)
     policies, deviations = load_policies(), load_deviations()
@@ -88,7 +89,7 @@ def measure(specs: list[CaseSpec], backend_name: str, repeats: int, store: Golde
             golden = store.load(spec)
         result = conformance.run_case(golden, backend, policy_set=policies, policy="default", deviations=deviations)
         with timer_ref[0].stage("record"):
-            json.dumps(result.record, default=str)
+            json.dumps(result.ending.record(conformance_identity(spec, backend.name, "default")).to_dict(), default=str)
 
     rows = []
     try:

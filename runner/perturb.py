@@ -23,6 +23,8 @@ from mlaconf.harness.backend import Backend, BackendError, MlaPrefillCall
 from mlaconf.judge.deviations import Deviation, DeviationSet, explaining, release_note
 from mlaconf.judge.verdict import Outcome, outcome_message, outcome_of
 from mlaconf.native.harness import ACL_FORMAT_FRACTAL_NZ, ACL_FORMAT_NCHW, ACL_FORMAT_NHWC
+from mlaconf.reports.records import ErrorEvidence
+from mlaconf.runner.ending import Ending
 from mlaconf.runner.execution import make_call
 
 Perturbation = Callable[[MlaPrefillCall], MlaPrefillCall]
@@ -282,6 +284,13 @@ class ErrorVerdict:
     expected: tuple[str | None, str | None] = (None, None)
     #: The id of the known deviation that applied, for the record.
     deviation: str | None = None
+
+    def ending(self, device: str) -> Ending:
+        """How the error-contract test ends: this verdict, with what was expected of the backend's
+        release and what it did as evidence, on ``device``."""
+        observed, stage = self.got if self.got is not None else (None, None)
+        evidence = ErrorEvidence(*self.expected, observed, stage)
+        return Ending(self.outcome, self.message, {"error": evidence, "device": device, "deviation": self.deviation})
 
 
 def _deviation(

@@ -28,6 +28,7 @@ from mlaconf.judge.deviations import DeviationSet
 from mlaconf.judge.policy import PolicySet
 from mlaconf.reports.records import ResultRecord
 from mlaconf.runner.conformance import run_case
+from mlaconf.runner.identity import conformance_identity
 from mlaconf.runner.metamorphic import poison_padding
 
 #: The policy a power run judges with (the one a plain ``mlaconf run`` uses).
@@ -205,7 +206,8 @@ def _run_one(
         deviations=deviations,
         reruns=2 if subject.probe == "rerun" else 1,
     )
-    return Verdict.of(spec.case_id, result.outcome, result.record)
+    record = result.ending.record(conformance_identity(spec, backend.name, POLICY))
+    return Verdict.of(spec.case_id, result.outcome, record)
 
 
 class PowerRunner:

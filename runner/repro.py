@@ -16,7 +16,7 @@ import platform
 import re
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mlaconf.facts.operator import V_DIM
 from mlaconf.golden.generate import build_golden
 from mlaconf.golden.spec import CaseSpec, SpecError
 from mlaconf.golden.spec_build import validate_case
@@ -34,8 +35,11 @@ from mlaconf.harness import registry
 from mlaconf.harness.backend import Backend, Unsupported
 from mlaconf.judge.causes import relative_error
 from mlaconf.judge.deviations import load_deviations
+from mlaconf.judge.metrics import Element
 from mlaconf.judge.policy import load_policies
+from mlaconf.reports.records import ResultRecord
 from mlaconf.runner.conformance import CaseResult, run_case
+from mlaconf.runner.identity import conformance_identity
 
 #: A test id's parameters: ``<case id>-<backend>``; a case id ends in its 8-hex content hash.
 PARAMS = re.compile(r"^(?P<case>.+?-[0-9a-f]{8})(?:-(?P<backend>.+))?$")
@@ -66,6 +70,8 @@ class Attempt:
     spec: CaseSpec
     golden: GoldenCase
     result: CaseResult
+    #: The conformance test's record of the result (what a run would have recorded).
+    record: ResultRecord
 
     @property
     def failed(self) -> bool:
@@ -74,15 +80,15 @@ class Attempt:
     @property
     def failing_checks(self) -> list[str]:
         """The deciding checks over their bound as ``rule:metric``, worst first (a non-numeric failure: its kind)."""
-        failing = [c for c in self.result.record.checks if c.get("decisive", True) and not c.get("passed", True)]
+        failing = [c for c in self.record.checks if c.get("decisive", True) and not c.get("passed", True)]
         failing.sort(key=lambda c: -float(c.get("slack", 0.0)))
         names = [f"{c['rule']}:{c['metric']}" for c in failing]
-        return names or (["contract"] if self.result.record.failing else [])
+        return names or (["contract"] if self.record.failing else [])
 
     @property
     def cause(self) -> str | None:
         """The likely cause's catalogue name, None when no catalogued mistake explains the output."""
-        found = self.result.record.likely_cause
+        found = self.record.likely_cause
         return str(found["name"]) if found else None
 
     @property
@@ -129,7 +135,7 @@ def attempt(spec: CaseSpec, backend: Backend, policy: str, *, repeat: int = 1) -
         if result.outcome != "failed":
             break
         result = run_case(golden, backend, policy_set=policies, policy=policy, deviations=deviations, try_causes=True)
-    return Attempt(spec, golden, result)
+    return Attempt(spec, golden, result, result.ending.record(conformance_identity(spec, backend.name, policy)))
 
 
 def _halve(n: int) -> int:
@@ -269,8 +275,8 @@ def run_shrink(args: argparse.Namespace) -> int:
     before, after = score_elements(first.spec), score_elements(best.spec)
     print(best.spec.to_toml(), end="")
     print(f"# {before} -> {after} score elements ({after / before:.3g} of the original); {first.check} still fails")
-    if best.result.record.likely_cause:
-        print(f"# likely cause: {best.result.record.likely_cause['text']}")
+    if best.record.likely_cause:
+        print(f"# likely cause: {best.record.likely_cause['text']}")
     return 0 if finished else 130
 
 
@@ -282,23 +288,36 @@ def _bits(array: np.ndarray) -> np.ndarray:
     return array.view(np.uint16) if array.dtype.itemsize == 2 and array.dtype != np.float16 else array
 
 
-def worst_element(out: np.ndarray, golden: np.ndarray, valid: np.ndarray) -> dict[str, Any]:
-    """The element of largest ``|out - g|`` over the valid rows (NaN/Inf first): what the script prints too."""
+def element_numbers(
+    out: np.ndarray, golden: np.ndarray, valid: np.ndarray, named: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """``out`` and the golden at one element: the one the verdict ``named`` (the record's ``worst_element``,
+    where the failure text points), else the element of largest ``|out - g|`` over the valid rows (NaN/Inf
+    first); the script prints both the same way."""
     rows = valid.shape[0]
     got = np.asarray(out, dtype=np.float64).reshape(rows, -1)
     want = np.asarray(golden, dtype=np.float64).reshape(rows, -1)
-    err = np.where(valid[:, None], np.abs(got - want), -1.0)
+    with np.errstate(invalid="ignore"):
+        err = np.where(valid[:, None], np.abs(got - want), -1.0)
     err = np.where(np.isnan(err), np.inf, err)
-    flat = int(np.argmax(err))
-    token, column = divmod(flat, got.shape[1])
+    if named is not None:
+        token, column = int(named["token"]), int(named["head"]) * V_DIM + int(named["column"])
+    else:
+        token, column = divmod(int(np.argmax(err)), got.shape[1])
     return {
         "token": token,
-        "head": column // 128,
-        "column": column % 128,
+        "head": column // V_DIM,
+        "column": column % V_DIM,
         "actual": float(got[token, column]),
         "expected": float(want[token, column]),
         "abs_error": float(err[token, column]),
+        "located_by": str(named["located_by"]) if named is not None else "largest_abs_error",
     }
+
+
+def _element_text(named: Mapping[str, Any]) -> str:
+    """The element the verdict names, as the failure text says it (judge.metrics.Element.text)."""
+    return Element(**{f.name: named[f.name] for f in dataclasses.fields(Element)}).text()
 
 
 def backend_kind(name: str) -> str:
@@ -315,9 +334,12 @@ def backend_kind(name: str) -> str:
     return "plugin"
 
 
-def write_atb_inputs(golden: GoldenCase, spec: CaseSpec, out_dir: Path) -> list[str]:
-    """What repro.cpp reads: atb_call.txt (the harness's exact arguments) and atb_inputs/ (raw bytes per tensor,
-    the float64 golden and one byte per token of row_valid); numpy's zip format is no C++ one-liner."""
+def write_atb_inputs(
+    golden: GoldenCase, spec: CaseSpec, out_dir: Path, named: Mapping[str, Any] | None = None
+) -> list[str]:
+    """What repro.cpp reads: atb_call.txt (the harness's exact arguments and the element the verdict ``named``)
+    and atb_inputs/ (raw bytes per tensor, the float64 golden and one byte per token of row_valid); numpy's zip
+    format is no C++ one-liner."""
     from mlaconf.harness.atb import repro_manifest
     from mlaconf.runner.execution import make_call
 
@@ -326,6 +348,8 @@ def write_atb_inputs(golden: GoldenCase, spec: CaseSpec, out_dir: Path) -> list[
     reference = np.ascontiguousarray(golden.out, dtype=np.float64).reshape(rows, -1)
     data.update(golden=reference.tobytes(), row_valid=golden.row_valid.astype(np.uint8).tobytes())
     lines.append(f"golden {rows} {reference.shape[1]}")
+    if named is not None:
+        lines.append(f"named {named['token']} {named['head']} {named['column']} {named['located_by']}")
     inputs = out_dir / "atb_inputs"
     inputs.mkdir(exist_ok=True)
     for name, payload in data.items():
@@ -394,7 +418,7 @@ def write_npu_calls(backend: Backend, op_name: str, golden: GoldenCase, spec: Ca
 
 def write_repro(first: Attempt, name: str, out_dir: Path) -> list[str]:
     """Write the repro directory; returns the names of the files written."""
-    golden, record, spec = first.golden, first.result.record, first.spec
+    golden, record, spec = first.golden, first.record, first.spec
     out_dir.mkdir(parents=True, exist_ok=True)
     arrays = {key: _bits(value) for key, value in golden.inputs.arrays().items()}
     arrays.update(golden=golden.out, row_valid=golden.row_valid)
@@ -417,9 +441,11 @@ def write_repro(first: Attempt, name: str, out_dir: Path) -> list[str]:
     }
     numbers: dict[str, Any] = {}
     if first.result.output is not None:
+        out, valid = first.result.output, golden.row_valid
         numbers = {
-            "relative_error": relative_error(first.result.output, golden.out, golden.row_valid),
-            "worst_element": worst_element(first.result.output, golden.out, golden.row_valid),
+            "relative_error": relative_error(out, golden.out, valid),
+            "worst_element": element_numbers(out, golden.out, valid, record.worst_element),
+            "largest_abs_error": element_numbers(out, golden.out, valid),
         }
     verdict = {
         "test": f"test_conformance[{spec.case_id}-{name}]",
@@ -428,6 +454,7 @@ def write_repro(first: Attempt, name: str, out_dir: Path) -> list[str]:
         "checks": list(record.checks),
         "failing": list(record.failing),
         "metrics": dict(record.metrics),
+        "worst_element": record.worst_element,
         "likely_cause": record.likely_cause,
         "message": record.message,
         "repro_numbers": numbers,
@@ -451,7 +478,7 @@ def write_repro(first: Attempt, name: str, out_dir: Path) -> list[str]:
     (out_dir / script).write_text(program)
     extra: list[str] = []
     if kind == "atb":
-        extra = write_atb_inputs(golden, spec, out_dir)
+        extra = write_atb_inputs(golden, spec, out_dir, record.worst_element)
     elif kind == "torch_npu":
         extra = write_npu_calls(backend, op_name, golden, spec, out_dir)
     run_line = {
@@ -462,8 +489,9 @@ def write_repro(first: Attempt, name: str, out_dir: Path) -> list[str]:
     }[kind]
     status = "FAILS" if first.failed else f"does not fail ({record.verdict})"
     cause = f"; likely cause: {record.likely_cause['text']}" if record.likely_cause else ""
+    named = f"; worst element {_element_text(record.worst_element)}" if record.worst_element else ""
     (out_dir / "README").write_text(
-        f"MLA prefill case {spec.case_id} on {name} {status}: {first.check or 'no failing check'}{cause}.\n"
+        f"MLA prefill case {spec.case_id} on {name} {status}: {first.check or 'no failing check'}{cause}{named}.\n"
         f"Run: {run_line}; it prints the relative error and worst element recorded in verdict.json.\n"
         "Files: case.npz (inputs, golden; layout in call.json), call.json (arguments), verdict.json, env.json.\n"
     )
@@ -481,6 +509,6 @@ def run_repro(args: argparse.Namespace) -> int:
         print(f"{first.spec.case_id} passes on {name} ({first.result.outcome}): the repro in {args.out} shows a pass")
     else:
         print(f"{first.spec.case_id} fails on {name} by {first.check}: wrote {', '.join(files)} to {args.out}")
-        if first.result.record.likely_cause:
-            print(f"likely cause: {first.result.record.likely_cause['text']}")
+        if first.record.likely_cause:
+            print(f"likely cause: {first.record.likely_cause['text']}")
     return 0

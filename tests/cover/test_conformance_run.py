@@ -18,6 +18,7 @@ from mlaconf.judge.deviations import load_deviations
 from mlaconf.judge.policy import Check, load_policies
 from mlaconf.judge.verdict import MAP_ROWS, error_map
 from mlaconf.runner.conformance import run_case
+from mlaconf.runner.identity import conformance_identity
 
 POLICIES = load_policies()
 
@@ -58,8 +59,9 @@ def run_record(golden: GoldenCase, change: str, deviations: Path | None = None) 
     result = run_case(
         golden, Wrapped(change), policy_set=POLICIES, policy="default", deviations=load_deviations(deviations)
     )
-    assert result.record.verdict == result.outcome and result.record.message == result.message
-    return result.record.to_dict()
+    record = result.ending.record(conformance_identity(golden.spec, "wrapped", "default"))
+    assert record.verdict == result.outcome and record.message == result.message
+    return record.to_dict()
 
 
 def run(golden: GoldenCase, change: str, deviations: Path | None = None) -> tuple[str, str]:
@@ -204,7 +206,7 @@ def test_mla_repeat_compares_every_rerun_bitwise(golden: GoldenCase, backend: st
 
     chosen = TorchSdpaBackend("cpu") if backend == "torch-cpu" else nondeterministic()
     result = run_case(golden, chosen, policy_set=POLICIES, policy="default", deviations=load_deviations(None), reruns=4)
-    record = result.record.to_dict()
+    record = result.ending.record(conformance_identity(golden.spec, chosen.name, "default")).to_dict()
     assert record["timing"]["reruns"] == 3 and record["timing"]["disagreeing_runs"] == disagreeing
     assert result.outcome == ("failed" if disagreeing else "passed"), result.message
     if disagreeing:

@@ -8,14 +8,16 @@ from __future__ import annotations
 import dataclasses
 
 from mlaconf.judge.error_model import ModelResult
+from mlaconf.judge.metrics import Element
 from mlaconf.judge.policy import VerdictContext, load_policies
 from tests.cover.test_policy import CTX16, _base_metrics
 
+ELEMENT = Element(1, 5, 37, 3, 9, 0.5, 0.75, "model:max_err_over_bound")
 WHERE = "batch 1 row 5 (token 37) head 3 col 9: expected 0.5, actual 0.75"
 
 
 def _model(ratio: float) -> ModelResult:
-    return ModelResult(ratio, 100, 3, 7.0, WHERE, 0.25, 0.25 / ratio, {"pv_accum": 0.2})
+    return ModelResult(ratio, 100, 3, 7.0, ELEMENT, 0.25, 0.25 / ratio, {"pv_accum": 0.2})
 
 
 def _ctx(ratio: float) -> VerdictContext:
@@ -29,7 +31,7 @@ def test_a_failing_verdict_names_the_deciding_checks_element_once() -> None:
     verdict = policy.evaluate(metrics, None, _ctx(4.0))
     summary = verdict.summary()
     assert not verdict.passed
-    assert verdict.worst_element == WHERE
+    assert verdict.worst_element == WHERE and verdict.worst == ELEMENT
     assert summary.count("batch ") == 1 and summary.endswith(f"Worst element: {WHERE}."), summary
 
 

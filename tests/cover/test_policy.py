@@ -13,7 +13,7 @@ import pytest
 
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.judge.error_model import ModelResult
-from mlaconf.judge.metrics import Metrics, compute_metrics, round_to_dtype
+from mlaconf.judge.metrics import Element, Metrics, compute_metrics, round_to_dtype
 from mlaconf.judge.policy import DEFAULT_PATH, Check, PolicyError, PolicySet, VerdictContext, load_policies
 
 POLICIES = load_policies()
@@ -29,7 +29,7 @@ def _model_fn(ratio: float) -> Callable[[float, float], ModelResult]:
             100,
             int(ratio > 1),
             7.0,
-            "batch 0 row 1 (token 1) head 0 col 2",
+            Element(0, 1, 1, 0, 2, 0.5, 0.5, "model:max_err_over_bound"),
             1e-4,
             1e-4 / ratio if ratio else 1.0,
             {"p_round": 1e-4},

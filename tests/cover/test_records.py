@@ -66,6 +66,7 @@ def test_keys_tell_suites_apart() -> None:
         ({"case_id": ""}, "needs a 'case_id' or a 'relation'"),
         ({"failure": {"kind": "meltdown"}}, "'failure.kind': 'meltdown'"),
         ({"error": "ERROR_X"}, "'error': expected an object"),
+        ({"worst_element": [3, 0, 17]}, "'worst_element': expected an object"),
     ],
 )
 def test_invalid_records_name_the_field(values: dict[str, object], fragment: str) -> None:
@@ -153,3 +154,26 @@ def test_the_suite_comes_from_the_markers_by_one_rule() -> None:
     assert ident == {"suite": "property", "test": "t", "backend": "b", "relation": "tolerance any case", "policy": "p"}
     plain = make_identity(suite="error_contract", test="t", function="f", backend="b", case_id="c", policy="p")
     assert plain == {"suite": "error_contract", "test": "t", "backend": "b", "case_id": "c"}  # not judged by a policy
+
+
+def test_the_worst_element_is_optional_and_round_trips() -> None:
+    """A record from before ``worst_element`` reads with none; one that names it keeps it."""
+    older = {
+        "schema_version": 2,
+        "suite": "conformance",
+        "test": "t",
+        "backend": "b",
+        "verdict": "failed",
+        "case_id": "c",
+    }
+    assert ResultRecord.from_dict(older).worst_element is None
+    named = {
+        "token": 3,
+        "head": 0,
+        "column": 17,
+        "expected": 0.5,
+        "actual": 0.75,
+        "located_by": "model:max_err_over_bound",
+    }
+    data = json.loads(json.dumps(ResultRecord.from_dict({**older, "worst_element": named}).to_dict()))
+    assert data["worst_element"] == named and ResultRecord.from_dict(data).worst_element == named

@@ -18,7 +18,7 @@ from mlaconf.golden.suites import load_suites
 from mlaconf.harness import registry
 from mlaconf.judge.causes import relative_error
 from mlaconf.reports.records import ResultRecord
-from mlaconf.runner.repro import attempt, resolve, score_elements, shrink, worst_element, write_repro
+from mlaconf.runner.repro import attempt, element_numbers, resolve, score_elements, shrink, write_repro
 from tests import fake_torch_npu
 from tests.fake_torch_npu import CpuFusedInferAttention, CpuRingMla
 
@@ -39,10 +39,10 @@ def test_shrink_reaches_an_eighth_failing_by_the_same_check() -> None:
     best, finished = shrink(first, backend, "default", budget_s=120, report=lambda _: None)
     assert finished and best.failed and first.check in best.failing_checks
     assert score_elements(best.spec) * 8 <= score_elements(first.spec)
-    assert best.result.record.likely_cause is not None
-    assert best.result.record.likely_cause["name"] == "causal_top_left"
+    assert best.record.likely_cause is not None
+    assert best.record.likely_cause["name"] == "causal_top_left"
     assert "Likely cause: output matches the golden with a top-left causal mask" in best.result.message
-    record = best.result.record
+    record = best.record
     assert ResultRecord.from_dict(record.to_dict()).likely_cause == record.likely_cause  # the record field round-trips
 
 
@@ -61,6 +61,35 @@ def test_repro_of_a_passing_test_says_so_and_reruns_standalone(tmp_path: Path) -
     ).stdout
     value = float(printed.split("relative_error ")[1].split()[0])
     assert value == pytest.approx(verdict["repro_numbers"]["relative_error"], rel=1e-5)
+
+
+#: A 28-score-element case a top-left causal mask fails by the error model, whose worst element (the
+#: largest error over its bound) is not the element of largest |out - g|.
+TINY = "fp16-causal-krope_ctkv-b1-s1-kv2-h14-g2-q2d-padded-sinks-871437f8"
+
+
+def test_the_failure_text_and_the_repro_name_one_worst_element(tmp_path: Path) -> None:
+    """The element the failure text names is the record's ``worst_element``, and the one verdict.json, the
+    README and the standalone repro.py name as the worst; the largest |out - g| is printed apart."""
+    assert main(["repro", f"{TINY}-tests.standalone_defect:top_left", "--out", str(tmp_path)]) == 0
+    verdict = json.loads((tmp_path / "verdict.json").read_text())
+    named = verdict["worst_element"]
+    assert verdict["verdict"] == "failed" and named["located_by"] == "model:max_err_over_bound"
+    where = f"batch {named['batch']} row {named['row_in_batch']} (token {named['token']}) "
+    where += f"head {named['head']} col {named['column']}: expected {named['expected']:.6g}, "
+    where += f"actual {named['actual']:.6g}"
+    assert verdict["message"].split("Worst element: ")[1].startswith(where), verdict["message"]
+    assert f"worst element {where}." in (tmp_path / "README").read_text()
+    numbers = verdict["repro_numbers"]["worst_element"]
+    assert [numbers[k] for k in ("token", "head", "column")] == [named[k] for k in ("token", "head", "column")]
+    printed = subprocess.run(
+        [sys.executable, "repro.py"], cwd=tmp_path, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    worst = next(line for line in printed if line.startswith("worst_element "))
+    at = f"token {named['token']} head {named['head']} column {named['column']} "
+    assert worst.startswith(f"worst_element {at}actual {named['actual']:.6g} expected {named['expected']:.6g} ")
+    largest = next(line for line in printed if line.startswith("largest_abs_error "))
+    assert not largest.startswith(f"largest_abs_error {at}")  # a largest-|diff| repro would name another element
 
 
 def test_an_unknown_case_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -97,7 +126,7 @@ def test_atb_repro_builds_and_makes_the_harness_call(tmp_path: Path, atb_double_
     env = {**os.environ, "MLA_ATB_DOUBLE_RECORD": str(tmp_path / "record.json")}
     printed = subprocess.run(["./repro"], cwd=out, env=env, capture_output=True, text=True, check=True).stdout
     assert "AtbMLAPreFillGetWorkspaceSize status 0" in printed and "AtbMLAPreFill status 0" in printed
-    assert "relative_error inf" in printed and "worst_element token 0 head 0 column 0 actual nan" in printed
+    assert "relative_error inf" in printed and "largest_abs_error token 0 head 0 column 0 actual nan" in printed
     record = json.loads((tmp_path / "record.json").read_text())
     call = record["workspace_calls"][0]
     spec, _ = resolve(CASE, "torch-cpu", None)
@@ -119,8 +148,13 @@ def test_atb_repro_builds_and_makes_the_harness_call(tmp_path: Path, atb_double_
     golden, valid = first.golden.out, first.golden.row_valid
     value = float(printed.split("relative_error ")[1].split()[0])
     assert value == pytest.approx(relative_error(answer, golden, valid), rel=1e-5)
-    worst = worst_element(answer, golden, valid)
-    assert f"worst_element token {worst['token']} head {worst['head']} column {worst['column']} " in printed
+    largest = element_numbers(answer, golden, valid)
+    assert f"largest_abs_error token {largest['token']} head {largest['head']} column {largest['column']} " in printed
+    named = first.record.worst_element  # the element the verdict named, wherever the answer's largest error is
+    assert named is not None and named["located_by"] == "model:max_err_over_bound"
+    at = f"worst_element token {named['token']} head {named['head']} column {named['column']} "
+    value = answer.reshape(len(valid), -1)[named["token"], named["head"] * 128 + named["column"]]
+    assert at in printed and printed.split(at)[1].startswith(f"actual {value:.6g} ")
 
 
 def _bf16_causal_with_prefix() -> CaseSpec:
