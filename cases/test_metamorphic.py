@@ -34,7 +34,7 @@ from mlaconf.judge.policy import PolicySet
 from mlaconf.runner.applicability import not_applicable
 from mlaconf.runner.collect import MlaReport
 from mlaconf.runner.execution import execute, make_call
-from mlaconf.runner.identity import identity, policy_name
+from mlaconf.runner.identity import policy_name, relation_name
 from mlaconf.runner.metamorphic import (
     Relation,
     permute_heads,
@@ -72,7 +72,7 @@ def relation(
 ) -> Relation:
     """The running relation: its name is the record's (one source: the test function's name)."""
     return Relation(
-        identity(request.node)["relation"],
+        relation_name(request.function.__name__),
         relation_entry(request.function.__name__).kind,
         mla_meta_spec,
         mla_backend,

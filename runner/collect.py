@@ -240,11 +240,6 @@ class MlaReport:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def record(self, **values: Any) -> ResultRecord:
-        """A record of the running test: its identity (suite, test, case or relation, backend,
-        spec) plus ``values`` (verdict, message, evidence ...), which win."""
-        return make_record(identity(self._node) if is_mla_item(self._node) else {"test": self._node.nodeid}, **values)
-
     def attach(self, record: ResultRecord | Mapping[str, Any]) -> None:
         """Attach the running test's record (one per test; a later one replaces an earlier one).
 

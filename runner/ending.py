@@ -84,6 +84,12 @@ def verdict_evidence(
     }
 
 
+def side_failure(side: str, verdict: Verdict) -> dict[str, Any]:
+    """A metamorphic side's conformance failure (a ``conformance_failures`` entry): which side, its
+    worst slack and its verdict's summary."""
+    return {"side": side, "worst_slack": float(verdict.worst_slack), "summary": verdict.summary()}
+
+
 def named(report: MlaReport, ending: Ending) -> ResultRecord:
     """The running test's record of ``ending``: the test's identity added, the record made."""
     return ending.record(identity(report.node))

@@ -76,6 +76,11 @@ def spec_fields(spec: CaseSpec) -> dict[str, Any]:
     }
 
 
+def relation_name(function: str) -> str:
+    """A relation's name, for its record and its failure text alike: its test function's, without ``test_``."""
+    return function.removeprefix("test_").replace("_", " ")
+
+
 def make_identity(
     *,
     suite: str,
@@ -91,7 +96,7 @@ def make_identity(
     if spec is not None:
         ident.update(spec_fields(spec))
     if suite in RELATION_SUITES:
-        ident["relation"] = function.removeprefix("test_").replace("_", " ")
+        ident["relation"] = relation_name(function)
     if suite in POLICY_SUITES and policy is not None:
         ident["policy"] = policy
     if case_id and not ident.get("case_id") and not ident.get("relation"):

@@ -40,6 +40,7 @@ from mlaconf.judge.verdict import Outcome, judge_output, mode_text, outcome_mess
 from mlaconf.reports.records import RelationEvidence
 from mlaconf.reports.relations import conformance_text
 from mlaconf.runner.collect import MlaReport
+from mlaconf.runner.ending import Ending, end, side_failure
 from mlaconf.runner.execution import BackendOutputError, array_digest, execute, make_call
 from mlaconf.runner.selection import reseeded, runs_metamorphic
 
@@ -176,7 +177,7 @@ class Relation:
         does not is recorded as a conformance failure of that side."""
         _, verdict = judge_output(golden_of(inputs, spec), out, self.policy_set, self.policy, self.backend.name)
         if not verdict.passed:
-            self.conformance.append({"side": label, "worst_slack": verdict.worst_slack, "summary": verdict.summary()})
+            self.conformance.append(side_failure(label, verdict))
         return verdict.passed
 
     def compare(self, a: np.ndarray, b: np.ndarray, spec: CaseSpec, *, exact: bool, label: str = "") -> str | None:
@@ -228,20 +229,18 @@ class Relation:
 
 
 def conclude_relation(relation: Relation, outcome: Outcome, message: str) -> None:
-    """The one place a relation test's record is made and the test ended."""
-    values: dict[str, Any] = {}
+    """End a relation test through the suites' one ending (:func:`mlaconf.runner.ending.end`)."""
+    evidence: dict[str, Any] = {
+        "difference": RelationEvidence(
+            relation.kind, relation.max_abs_diff, relation.differing, tuple(relation.broken)
+        ),
+        "output_sha256": relation.outputs.hexdigest() if relation.compared else None,
+        "device": relation.backend.info().device,
+        "deviation": relation.deviation.id if relation.deviation is not None else None,
+    }
     if relation.conformance:
-        values["conformance_failures"] = relation.conformance
-    record = relation.report.record(
-        verdict=outcome,
-        message=message,
-        difference=RelationEvidence(relation.kind, relation.max_abs_diff, relation.differing, tuple(relation.broken)),
-        output_sha256=relation.outputs.hexdigest() if relation.compared else None,
-        device=relation.backend.info().device,
-        deviation=relation.deviation.id if relation.deviation is not None else None,
-        **values,
-    )
-    relation.report.conclude(record, outcome, message)
+        evidence["conformance_failures"] = relation.conformance
+    end(relation.report, Ending(outcome, message, evidence))
 
 
 def run(backend: Backend, inputs: OpInputs, spec: CaseSpec) -> np.ndarray:

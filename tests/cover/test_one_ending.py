@@ -11,13 +11,14 @@ from mlaconf.runner.ending import Ending
 from mlaconf.runner.identity import conformance_identity
 
 ROOT = Path(__file__).resolve().parents[2]
-#: The suites and their machinery that end through runner/ending.py (the metamorphic suite joins them
-#: when it ends through ``end``).
+#: The suites and their machinery, which end through runner/ending.py.
 ENDING_THROUGH_ONE_PLACE = (
     "cases/test_conformance.py",
     "cases/test_error_contract.py",
+    "cases/test_metamorphic.py",
     "cases/test_properties.py",
     "runner/conformance.py",
+    "runner/metamorphic.py",
     "runner/perturb.py",
 )
 #: What only the one place does: name a test, make its record, hand pytest the outcome.
