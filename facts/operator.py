@@ -24,6 +24,11 @@ MASK_SIZE = 512
 MASKED_VALUE = {"fp16": -10000.0, "bf16": 1.0}
 
 DTYPES = ("fp16", "bf16")
+#: Unit roundoff (half the spacing at 1.0) of each output dtype.
+UNIT_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8}
+#: Unit roundoff of float32 (the kernels' accumulators and softmax) and of fp16 (fp16 scores).
+U32 = 2.0**-24
+U16 = UNIT_ROUNDOFF["fp16"]
 MASK_NAMES = {0: "undefined", 1: "spec", 2: "mask_free", 3: "causal", 4: "swa_norm"}
 MASK_CODES = {name: code for code, name in MASK_NAMES.items()}
 CACHE_NAMES = {0: "kvcache", 1: "krope_ctkv", 2: "int8_nzcache", 3: "nzcache"}

@@ -24,17 +24,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mlaconf.facts.operator import SCORE_DIM, V_DIM, scores_in_fp16
+from mlaconf.facts.operator import SCORE_DIM, U16, U32, UNIT_ROUNDOFF, V_DIM, scores_in_fp16
 from mlaconf.facts.processes import map_for
 from mlaconf.golden.chunks import RowChunk, row_chunks
 from mlaconf.golden.magnitudes import allowed_keys
-from mlaconf.golden.stats import REL_FLOOR, UNIT_ROUNDOFF, error_stats
+from mlaconf.golden.stats import REL_FLOOR, error_stats
 from mlaconf.golden.types import GoldenCase
 
 #: Two float64 evaluations of the reference agree within this fraction of ``|g| + A`` per element.
 REFERENCE_AGREEMENT = 1e-12
-U32 = 2.0**-24
-U16 = 2.0**-11
 #: fp16 outputs below this may be flushed to 0 by one evaluation and not the other (twice the smallest normal).
 FTZ_OUTPUT_LIMIT = 2.0**-13
 #: Covers the second-order terms the first-order rounding bound leaves out.

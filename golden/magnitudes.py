@@ -51,7 +51,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from mlaconf.facts.operator import V_DIM, scores_in_fp16
+from mlaconf.facts.operator import U32, V_DIM, scores_in_fp16
 from mlaconf.golden import progress
 from mlaconf.golden.layout import out_shape
 from mlaconf.golden.reference import (
@@ -89,8 +89,6 @@ SUBNORMAL_WEIGHT_FULL = 2.0**-13
 SUBNORMAL_WEIGHT_ZERO = 2.0**-12
 ROW_MAGNITUDES = ("score_absmax", "score_dot", "p_rss")
 EPS64 = float(np.finfo(np.float64).eps)
-#: Unit roundoff of float32 (half its machine epsilon).
-U32 = 2.0**-24
 #: Floor of the float32 GEMM operands (P, P^2, |V'|, V'^2): float32's smallest normal.  A subnormal
 #: operand makes a float32 GEMM ~100x slower on this hardware; the floor only raises the bound, by at
 #: most n 2^-126 in the column's scale (sqrt of that for pv_rss, ~2^-56 of it at 16 K keys).

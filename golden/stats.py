@@ -22,8 +22,6 @@ from mlaconf.golden.chunks import RowChunk, row_chunks
 
 #: Small-value floor of relative errors (msprobe / ATB benchmark standard).
 REL_FLOOR = {"fp16": 2.0**-11, "bf16": 2.0**-8}
-#: Unit roundoff (half the spacing at 1.0) of each output dtype.
-UNIT_ROUNDOFF = {"fp16": 2.0**-11, "bf16": 2.0**-8}
 
 
 @dataclass(frozen=True)

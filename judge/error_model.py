@@ -35,16 +35,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mlaconf.facts.operator import SCORE_DIM, V_DIM, scores_in_fp16
+from mlaconf.facts.operator import SCORE_DIM, U16, U32, UNIT_ROUNDOFF, V_DIM, scores_in_fp16
 from mlaconf.facts.processes import map_for
 from mlaconf.golden.chunks import RowChunk, row_chunks
 from mlaconf.golden.magnitudes import ROW_MAGNITUDES, allowed_keys, element_magnitudes
 from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.stats import UNIT_ROUNDOFF
 from mlaconf.judge.metrics import Element
 
-U32 = 2.0**-24
-U16 = 2.0**-11
 #: Random (Hoeffding) terms per element; the union bound spreads ``false_alarm`` over them.
 RANDOM_TERMS = 4
 #: An fp16 output whose |g| is below this may come out 0 on a flush-to-zero device (twice the smallest

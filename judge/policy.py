@@ -17,9 +17,9 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-from mlaconf.facts.operator import DTYPES
+from mlaconf.facts.operator import DTYPES, UNIT_ROUNDOFF
 from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.stats import UNIT_ROUNDOFF, ErrorStats
+from mlaconf.golden.stats import ErrorStats
 from mlaconf.golden.suites import read_toml
 from mlaconf.judge.error_model import ModelResult
 from mlaconf.judge.metrics import Element, Metrics

@@ -38,12 +38,11 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
-from mlaconf.facts.operator import V_DIM
+from mlaconf.facts.operator import U32, UNIT_ROUNDOFF, V_DIM
 from mlaconf.facts.processes import map_for
 from mlaconf.golden.chunks import RowChunk, row_chunks
 from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.stats import UNIT_ROUNDOFF
-from mlaconf.judge.error_model import U32, scale_cast_error
+from mlaconf.judge.error_model import scale_cast_error
 from mlaconf.judge.metrics import EXPONENT_BITS, bits16_finite
 
 #: A scale rounded once more in fp32 (qkScale * log2 e, say) is legitimate: this much relative error.

@@ -9,11 +9,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from mlaconf.facts.operator import UNIT_ROUNDOFF
 from mlaconf.golden.generate import build_golden
 from mlaconf.golden.reference import reference_attention
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.spec_build import build_case
-from mlaconf.golden.stats import UNIT_ROUNDOFF
 from mlaconf.golden.suites import load_suites
 from mlaconf.golden.types import GoldenCase
 from mlaconf.judge.metrics import round_to_dtype
