@@ -32,6 +32,8 @@ THREAD_ENV = (
     "NUMEXPR_NUM_THREADS",
 )
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+#: Exit status of a command stopped by Ctrl-C or a stop signal (128 + SIGINT, as shells report it).
+INTERRUPTED = 130
 
 
 def usable_cpus() -> int:

@@ -18,6 +18,7 @@ import numpy as np
 
 from mlaconf.facts.cluster import ClusterUnavailable, connected, node_resources
 from mlaconf.facts.operator import NOPE_DIM
+from mlaconf.facts.processes import INTERRUPTED
 from mlaconf.golden import cost, verbs
 from mlaconf.golden import regen as rg
 from mlaconf.golden.h5file import FileMeta, read_golden, read_meta
@@ -34,10 +35,6 @@ def _select(args: argparse.Namespace, default_all: bool) -> list[CaseSpec] | Non
     if not suites and not args.cases:
         return None
     return rg.select_cases(suites, args.cases, args.shard)
-
-
-#: Exit status of a command stopped by Ctrl-C (128 + SIGINT, as shells report it).
-INTERRUPTED = 130
 
 
 def _fail(message: str) -> int:

@@ -112,8 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         return int(verb_function(args.func)(args))
     except KeyboardInterrupt:  # a verb's own handling prints its summary; this one only ends quietly
+        from mlaconf.facts.processes import INTERRUPTED
+
         print("interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED
 
 
 if __name__ == "__main__":

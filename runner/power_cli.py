@@ -19,8 +19,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-#: Exit status of a run stopped by Ctrl-C or SIGTERM (its report is written and says it is partial).
-INTERRUPTED = 130
+from mlaconf.facts.processes import INTERRUPTED
+
 #: Exit status of a run a case's error stopped (its report is written, partial, and names the error).
 FAILED = 3
 #: Where the report goes without --out (relative to the working directory, like a run's reports).

@@ -39,7 +39,7 @@ from typing import Any
 from _pytest._io import TerminalWriter
 
 from mlaconf.facts.cluster import node_resources
-from mlaconf.facts.processes import THREAD_ENV, kill_with_parent, process_alive
+from mlaconf.facts.processes import INTERRUPTED, THREAD_ENV, kill_with_parent, process_alive
 from mlaconf.golden.store import DEFAULT_DIR_NAME, ENV_DIR
 from mlaconf.golden.suites import SUITES_PACKAGE
 from mlaconf.harness import registry
@@ -350,7 +350,7 @@ def _gather(
         + f") -> {out}"
     )
     if interrupted:
-        return 130
+        return INTERRUPTED
     codes = [r.returncode for r in results.values()]
     failed = problems or merged.conflicts or run["status"] != "complete"
     if failed or any(c not in (0, 1, NO_TESTS) for c in codes):

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from mlaconf.facts.operator import V_DIM
+from mlaconf.facts.processes import INTERRUPTED
 from mlaconf.golden.generate import build_golden
 from mlaconf.golden.spec import CaseSpec, SpecError
 from mlaconf.golden.spec_build import validate_case
@@ -277,7 +278,7 @@ def run_shrink(args: argparse.Namespace) -> int:
     print(f"# {before} -> {after} score elements ({after / before:.3g} of the original); {first.check} still fails")
     if best.record.likely_cause:
         print(f"# likely cause: {best.record.likely_cause['text']}")
-    return 0 if finished else 130
+    return 0 if finished else INTERRUPTED
 
 
 # -- repro ---------------------------------------------------------------------------------------

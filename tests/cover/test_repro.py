@@ -82,8 +82,9 @@ def test_the_failure_text_and_the_repro_name_one_worst_element(tmp_path: Path) -
     assert f"worst element {where}." in (tmp_path / "README").read_text()
     numbers = verdict["repro_numbers"]["worst_element"]
     assert [numbers[k] for k in ("token", "head", "column")] == [named[k] for k in ("token", "head", "column")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # the plug-in backend is this checkout's tests.standalone_defect
     printed = subprocess.run(
-        [sys.executable, "repro.py"], cwd=tmp_path, capture_output=True, text=True, check=True
+        [sys.executable, "repro.py"], cwd=tmp_path, env=env, capture_output=True, text=True, check=True
     ).stdout.splitlines()
     worst = next(line for line in printed if line.startswith("worst_element "))
     at = f"token {named['token']} head {named['head']} column {named['column']} "
