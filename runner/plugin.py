@@ -14,8 +14,6 @@ from typing import Any
 
 import pytest
 
-from mlaconf.harness import registry
-
 #: Whether this session is an MLA run (:func:`mla_requested`).
 ACTIVE = pytest.StashKey[bool]()
 #: dest -> default of every option of the plugin, filled by pytest_addoption (for mla_requested).
@@ -27,6 +25,9 @@ PROFILE_PREFIX = "mla-"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    """The ``--mla-*`` options, in every session's ``pytest --help`` (the backend registry names the built-ins)."""
+    from mlaconf.harness import registry
+
     group = parser.getgroup("mla", "MLA prefill conformance")
     group.addoption(
         "--mla-backend",
