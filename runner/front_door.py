@@ -30,6 +30,9 @@ from mlaconf.runner.selection import DEFAULT_SUITE, load_cases, policy_problem, 
 
 
 def report_state(config: pytest.Config) -> ReportState:
+    """The session's state from its options (every process, xdist workers too): where the run goes, its
+    name, shard and whether it resumes; a malformed ``--mla-shard`` or a resume without its directory
+    is a usage error."""
     workerinput: dict[str, Any] | None = getattr(config, "workerinput", None)
     run_name = config.getoption("mla_run_name") or (time.strftime("%Y%m%d-%H%M%S") + "-" + env.short_host())
     if workerinput is not None and "mla_report_dir" in workerinput:

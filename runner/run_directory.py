@@ -1,11 +1,13 @@
 """The run directory a pytest session owns: claimed before its first test, journaled as tests end,
-written whole at the end, or resumed.
+written whole at the end with run.json's final status, or resumed.
 
-Apart from :mod:`mlaconf.runner.collect` (which gathers the records) because owning a directory
-is its own concern: never reuse one silently (an earlier run is moved aside, a live one refused),
-keep every finished test's record on disk as it arrives (:class:`mlaconf.reports.rundir.Journal`),
-and continue an interrupted run only where nothing that decides its verdicts has changed.
-docs/reports.md, "Stopping and resuming", says what each way of stopping leaves behind."""
+Apart from :mod:`mlaconf.runner.collect` (which gathers the records and hands each to :class:`Run`)
+because owning a directory is its own concern: never reuse one silently (an earlier run is moved aside,
+a live one refused), keep every finished test's record on disk as it arrives
+(:class:`mlaconf.reports.rundir.Journal`), say in run.json how the run ended, and continue an
+interrupted run only where nothing that decides its verdicts has changed.  :class:`ReportState` is
+the session's state both read.  docs/reports.md, "Stopping and resuming", says what each way of
+stopping leaves behind."""
 
 from __future__ import annotations
 
@@ -463,4 +465,4 @@ def deselect_recorded(config: pytest.Config, items: list[pytest.Item], directory
 def resumed_note(earlier: Mapping[str, Any], kept: int) -> list[dict[str, Any]]:
     """run.json ``resumed``: one entry per resume (when, and how many records the run kept)."""
     notes = earlier.get("resumed")
-    return [*(notes if isinstance(notes, list) else []), {"at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "kept": kept}]
+    return [*(notes if isinstance(notes, list) else []), {"at": iso_time(time.time()), "kept": kept}]
