@@ -1,7 +1,7 @@
 """Result records on their way to the report: attached in tests, completed per test, gathered on
 the controller.
 
-Every test of the MLA suites (an item that uses the ``mla_backend_name`` parameter) ends with exactly
+Every test of the MLA suites (:func:`mlaconf.runner.identity.is_mla_test`) ends with exactly
 one :class:`mlaconf.reports.records.ResultRecord`:
 
 * the suites attach one through the ``mla_report`` fixture when they reach a verdict;

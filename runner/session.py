@@ -26,7 +26,7 @@ from mlaconf.harness import registry
 from mlaconf.runner import hypothesis_profiles
 from mlaconf.runner.collect import Collector, MlaReport, complete_report, has_record
 from mlaconf.runner.front_door import check_front_door, report_state
-from mlaconf.runner.identity import BACKEND_LABELS, is_mla_test
+from mlaconf.runner.identity import BACKEND_LABELS, MLA_PARAMETER, is_mla_test
 from mlaconf.runner.run_directory import STATE, deselect_recorded
 from mlaconf.runner.selection import (
     ALL_SUITES,
@@ -181,12 +181,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("mla_conformance_case", [case_param(config, c) for c in selected_cases(config)])
     if "mla_error_case" in metafunc.fixturenames:
         metafunc.parametrize("mla_error_case", [case_param(config, c) for c in error_cases(config)])
-    if "mla_backend_name" in metafunc.fixturenames:
+    if MLA_PARAMETER in metafunc.fixturenames:
         params = [
             pytest.param(name, id=backend_id(config, name), marks=mark(config, name, f"backend {name}"))
             for name in backend_names(config)
         ]
-        metafunc.parametrize("mla_backend_name", params)
+        metafunc.parametrize(MLA_PARAMETER, params)
 
 
 EMPTY_PARAMETER_SET = "got empty parameter set"
