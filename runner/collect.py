@@ -1,7 +1,7 @@
 """Result records on their way to the report: attached in tests, completed per test, gathered on
 the controller.
 
-Every test of the MLA suites (an item that uses the ``mla_backend_name`` parameter) ends with exactly
+Every test of the MLA suites (:func:`mlaconf.runner.identity.is_mla_test`) ends with exactly
 one :class:`mlaconf.reports.records.ResultRecord`:
 
 * the suites attach one through the ``mla_report`` fixture when they reach a verdict;
@@ -14,34 +14,31 @@ one :class:`mlaconf.reports.records.ResultRecord`:
   setup report.
 
 Records travel inside ``TestReport.user_properties`` (the one channel xdist already ships from
-workers to the controller), so the controller alone gathers them: each is journaled into
-``results.jsonl`` as its test ends, and at the end ``results.jsonl``, ``run.json`` and
-``report.html`` are written whole and the summary printed.  The report directory itself (claim,
-journal, resume) is :mod:`mlaconf.runner.run_directory`'s.
+workers to the controller), so the controller alone gathers them, and hands each to the run
+(:class:`mlaconf.runner.run_directory.Run`): it owns the report directory (claim, journal,
+resume, run.json's status, the last writes).  Which tests are MLA tests is
+:func:`mlaconf.runner.identity.is_mla_test`'s one rule.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.resources
 import json
 import os
 import time
-import uuid
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from mlaconf.reports import aggregate, env, records, rundir, safeio
+from mlaconf.reports import records
 from mlaconf.reports.records import PROPERTY_NAME, Failure, Record, RecordError, ResultRecord, make_record
 from mlaconf.runner.applicability import declared_reason
 from mlaconf.runner.failures import crash_record, failure_of, short_text
-from mlaconf.runner.identity import BACKEND_LABELS, MLA_PARAMETER, identity, identity_from_nodeid
-from mlaconf.runner.run_directory import RunDirectory, goldens_facts, is_never_ran, resumable, resumed_note
+from mlaconf.runner.identity import BACKEND_LABELS, identity, identity_from_nodeid, is_mla_test, is_mla_test_id
+from mlaconf.runner.run_directory import ReportState, Run, is_never_ran
 
 if TYPE_CHECKING:
     from mlaconf.judge.verdict import Outcome
@@ -53,44 +50,6 @@ JUNIT_METRICS = ("max_rel_err", "rmse")
 IDENTITY_NAME = "mla_identity"
 
 
-@dataclass
-class ReportState:
-    """Per-session state; on xdist workers only ``report_dir`` and ``save_outputs`` matter."""
-
-    report_dir: Path
-    run_name: str
-    save_outputs: bool
-    shard: tuple[int, int] | None
-    started: float = field(default_factory=time.time)
-    #: This run's identity in run.json: the diff refuses one run on both sides.
-    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    records: list[Record] = field(default_factory=list)
-    run_info: dict[str, Any] = field(default_factory=dict)
-    #: nodeid -> identity (from setup reports), and when the setup report arrived.
-    identities: dict[str, dict[str, Any]] = field(default_factory=dict)
-    setup_seen: dict[str, float] = field(default_factory=dict)
-    #: Lines to print at the end of the run (unavailable explicit backends, empty selection ...).
-    problems: list[str] = field(default_factory=list)
-    #: MLA tests that ended with an outcome pytest counts (run.json ``counts.run``).
-    ran: set[str] = field(default_factory=set)
-    #: MLA tests selected (after deselection): nodeid -> identity (None: known by nodeid only, xdist).
-    selected: dict[str, dict[str, Any] | None] = field(default_factory=dict)
-    #: Whether this process claimed the report directory (wrote run.json ``in_progress``), or was
-    #: refused it (another run owns it: this run then writes nothing there).
-    claimed: bool = False
-    refused: bool = False
-    #: The status pytest exits with, once this session's run is ended (None before).
-    exit_status: int | None = None
-    #: Collection reports that failed (a test file that does not import, a suite that does not parse).
-    collection_errors: int = 0
-    #: ``--mla-resume``: this session continues the interrupted run in ``report_dir``; run.json's
-    #: ``started`` and ``resumed`` (one entry per resume) once it has.
-    resume: bool = False
-    started_text: str | None = None
-    resumed: list[dict[str, Any]] = field(default_factory=list)
-
-
-STATE = pytest.StashKey[ReportState]()
 #: A record a test wants attached only if it ends failing (property tests: the last failing
 #: example, which hypothesis replays last, is the shrunk one).
 PENDING = pytest.StashKey[ResultRecord]()
@@ -98,32 +57,9 @@ PENDING = pytest.StashKey[ResultRecord]()
 ATTACHED = pytest.StashKey[ResultRecord]()
 
 
-def set_run_info(config: pytest.Config, key: str, value: Any) -> None:
-    """Record run-level facts (``golden_store``, ``backends``, ``suites``, ``policy`` ...) in run.json.
-
-    Call it on the controller (``pytest_configure``/``pytest_sessionstart`` or a session fixture
-    under ``-n 0``); values set on xdist workers never reach run.json.  ``value`` must be
-    JSON-serialisable (anything else is written with ``str``).
-    """
-    config.stash[STATE].run_info[key] = value
-
-
-def is_mla_item(item: pytest.Item) -> bool:
-    """A test of the MLA suites: one that runs on a selected backend (the plugin's ``mla_backend_name``
-    parameter; never a generic fixture name a foreign project may also use)."""
-    return MLA_PARAMETER in getattr(item, "fixturenames", ())
-
-
 def has_record(item: pytest.Item) -> bool:
     """Whether a test attached a record through ``mla_report`` (an MLA test or not)."""
     return ATTACHED in item.stash or PENDING in item.stash
-
-
-def is_mla_nodeid(nodeid: str, rootdir: Path) -> bool:
-    """A test of the shipped MLA suites, known by its id only (the xdist controller collects nothing):
-    a parametrized test in a file of the suites package, never a foreign module that shares a name."""
-    suites = Path(str(importlib.resources.files("mlaconf.cases"))).resolve()
-    return (rootdir / nodeid.partition("::")[0]).resolve().parent == suites and nodeid.endswith("]")
 
 
 def outcome_of_report(report: pytest.TestReport) -> str:
@@ -286,42 +222,15 @@ class UnexpectedPassWarning(UserWarning):
     """A known deviation did not reproduce: confirm it and update judge/known_deviations.toml."""
 
 
-def _iso(timestamp: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(timestamp))
-
-
 class Collector:
-    """Controller-only hooks: gather records from reports, write files, print the summary."""
+    """Controller-only hooks: gather every MLA test's record from pytest's reports (making one for a test
+    whose worker crashed or that never ran) and hand each to the run, which owns the report directory
+    (:class:`mlaconf.runner.run_directory.Run`); print the summary."""
 
     def __init__(self, config: pytest.Config, state: ReportState) -> None:
         self.config = config
         self.state = state
-        self.directory = RunDirectory(state.report_dir)
-
-    def claim(self) -> str | None:
-        """Own the report directory before any test (:meth:`RunDirectory.claim`); with
-        ``--mla-resume``, continue the run there instead: its records stay, its tests are not rerun.
-        Returns a line to say (an earlier run moved aside, a torn journal), or None."""
-        state = self.state
-        if not state.resume:
-            moved = self.directory.claim(self.run_document(None, "in_progress"))
-            state.claimed = True
-            return moved
-        unnamed = () if "backends" in state.run_info else ("backends",)  # then read off the records
-        earlier, kept, torn = resumable(state.report_dir, self.run_document(None, "in_progress"), skip=unnamed)
-        state.run_id = str(earlier.get("run_id") or state.run_id)
-        state.run_name = str(earlier.get("run_name") or state.run_name)
-        state.started_text = str(earlier.get("started") or "") or None
-        state.resumed = resumed_note(earlier, len(kept))
-        state.records[:0] = kept
-        for record in kept:
-            nodeid = str(record.get("test", "")).removesuffix("@teardown")
-            state.ran.add(nodeid)
-            state.selected.setdefault(nodeid, None)
-        self.directory.claim(self.run_document(None, "in_progress"), kept=kept)
-        state.claimed = True
-        said = f"resuming the run in {state.report_dir}: {len(kept)} tests recorded earlier are not rerun"
-        return f"{said}; {torn}" if torn else said
+        self.run = Run(config, state)
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         """Count failed collections (xdist forwards its workers'): the run ends ``collection_error``."""
@@ -330,28 +239,14 @@ class Collector:
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         """Without xdist: the selected MLA tests, each with its identity (for a record if it never runs)."""
-        self.state.selected.update({item.nodeid: identity(item) for item in session.items if is_mla_item(item)})
-        self._claim_for_selection()
+        self.state.selected.update({item.nodeid: identity(item) for item in session.items if is_mla_test(item)})
+        self.run.claim_for_selection()
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
         """Under xdist: the selected MLA tests, as every worker collected them (before any test runs)."""
-        self.state.selected.update({nodeid: None for nodeid in ids if is_mla_nodeid(nodeid, self.config.rootpath)})
-        self._claim_for_selection()
-
-    def _claim_for_selection(self) -> None:
-        """Claim the report directory once MLA tests are selected to run (not for --collect-only)."""
-        state = self.state
-        if state.claimed or not (state.selected or state.resume) or self.config.option.collectonly:
-            return
-        try:
-            moved = self.claim()
-        except pytest.UsageError as exc:
-            self.state.refused = True
-            pytest.exit(f"ERROR: {exc}", returncode=pytest.ExitCode.USAGE_ERROR)
-        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-        if moved and reporter is not None:
-            reporter.write_line(f"mla: {moved}", yellow=True)
+        self.state.selected.update({nodeid: None for nodeid in ids if is_mla_test_id(nodeid, self.config.rootpath)})
+        self.run.claim_for_selection()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         """Take the record of every report pytest counts; make one for a crashed worker's test."""
@@ -399,10 +294,7 @@ class Collector:
         test = record.get("test")
         self.state.records[:] = [r for r in self.state.records if not (r.get("test") == test and is_never_ran(r))]
         self.state.records.append(record)
-        try:
-            self.directory.append(record)
-        except OSError as exc:  # a full disk: the end's write says it again, and fails the run
-            self.state.problems.append(f"the journal {self.directory.path / rundir.RESULTS_FILE}: {exc}")
+        self.run.journal(record)
 
     def _backend_labels(self) -> dict[str, str]:
         """Selection name -> record label of the run's backends (as far as the controller knows)."""
@@ -451,56 +343,9 @@ class Collector:
         status pytest will exit with is kept for the run's last line (pytest hands the terminal summary
         the status from before this hook)."""
         try:
-            self.finish_run(session, exitstatus)
+            self.run.end(session, exitstatus, self.account_for_unrun)
         finally:
             self.state.exit_status = int(session.exitstatus)
-
-    def finish_run(self, session: pytest.Session, exitstatus: int) -> None:
-        state, config = self.state, self.config
-        empty = exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and any(
-            config.getoption(name, None) for name in ("mla_cases", "mla_suite", "mla_backend")
-        )
-        if empty and state.resume and state.claimed:  # everything had run: the resumed run ends now
-            empty = False
-            session.exitstatus = pytest.ExitCode.OK
-        if empty:  # pytest exits 5 'no tests ran': say why that is no pass
-            state.problems.append("empty selection: no MLA test was selected (a -k or -m that matches nothing?)")
-        if state.refused:
-            return
-        ended_early = state.collection_errors or exitstatus == pytest.ExitCode.INTERNAL_ERROR
-        if (empty or ended_early) and not state.claimed and not config.option.collectonly:
-            try:  # the directory must not go on showing the previous run as this one
-                self.claim()
-            except pytest.UsageError as exc:
-                state.problems.append(str(exc))
-                return
-        status = "complete" if config.option.collectonly else self.final_status(exitstatus)
-        if empty:
-            status = "no_tests"
-        failing = state.resume and any(aggregate.verdict(r) in ("failed", "error") for r in state.records)
-        if (state.problems or failing) and session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a resumed run's earlier failures count
-        if not state.claimed and not state.records:
-            return
-        ordered = records.sort_records(state.records)
-        try:
-            self.directory.finish(ordered, self.run_document(time.time(), status))
-        except (OSError, safeio.ReportFileError) as exc:  # a planted link, a full disk: say so, fail the run
-            state.problems.append(f"the report could not be written: {exc}")
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
-
-    def final_status(self, exitstatus: int) -> str:
-        """run.json's last status: what stopped the run when something did (docs/reports.md, statuses)."""
-        state = self.state
-        status = self.account_for_unrun(exitstatus)
-        if exitstatus == pytest.ExitCode.INTERNAL_ERROR:
-            state.problems.append("pytest stopped with an internal error (its INTERNALERROR lines say where)")
-            return "internal_error"
-        if state.collection_errors:
-            state.problems.append(f"{state.collection_errors} error(s) during collection: the selection is not whole")
-            return "collection_error"
-        timed_out = any((record.get("failure") or {}).get("kind") == "timeout" for record in state.records)
-        return "timed_out" if status in ("crashed", "interrupted") and timed_out else status
 
     def account_for_unrun(self, exitstatus: int) -> str:
         """A record for every selected test that never ran, and the run's final status."""
@@ -533,54 +378,3 @@ class Collector:
             terminalreporter.section("MLA run cannot pass", red=True)
             for line in self.state.problems:
                 terminalreporter.line(f"ERROR: {line}", red=True)
-
-    def run_document(self, finished: float | None, status: str) -> dict[str, Any]:
-        """run.json: the lead's run info, then run facts, status and the environment (these win);
-        ``finished`` is None while the run is in progress."""
-        state, config = self.state, self.config
-        run_state = rundir.RunState.build(
-            status, selected=len(state.selected.keys() | state.ran), run=len(state.ran), recorded=len(state.records)
-        )
-        counts = dict.fromkeys(records.VERDICTS, 0)
-        suites: dict[str, dict[str, int]] = {}
-        for record in state.records:
-            counts[aggregate.verdict(record)] += 1
-            per_suite = suites.setdefault(str(record.get("suite", "?")), dict.fromkeys(records.VERDICTS, 0))
-            per_suite[aggregate.verdict(record)] += 1
-        doc: dict[str, Any] = dict(state.run_info)
-        if "backends" not in doc:  # none named (auto): what ran, and whether anything could run on it
-            seen: dict[str, bool] = {}
-            for record in state.records:
-                label = str(record.get("backend"))
-                seen[label] = seen.get(label, False) or aggregate.verdict(record) != "skipped"
-            doc["backends"] = [
-                {"name": label, "label": label, "explicit": False, "ran": ran} for label, ran in sorted(seen.items())
-            ]
-        doc.update(
-            {
-                "schema_version": records.SCHEMA_VERSION,
-                "run_name": state.run_name,
-                "run_id": state.run_id,
-                "pid": os.getpid(),
-                "started": state.started_text or _iso(state.started),
-                "finished": None if finished is None else _iso(finished),
-                "shard": f"{state.shard[0]}/{state.shard[1]}" if state.shard else None,
-                "workers": getattr(config.option, "numprocesses", None) or 0,
-                "args": list(config.invocation_params.args),
-                "records": len(state.records),
-                "verdicts": counts,
-                "counts_by_suite": suites,
-                "problems": list(state.problems),
-                "policies": sorted({str(r["policy"]) for r in state.records if r.get("policy")}),
-                "devices_seen": sorted(
-                    {f"{r.get('backend')}:{r.get('device')}" for r in state.records if r.get("device")}
-                ),
-                "environment": env.collect(Path(__file__).resolve().parent.parent),
-                "goldens": goldens_facts(),
-                "invocation_dir": str(config.invocation_params.dir),
-            }
-            | run_state.to_dict()
-        )
-        if state.resumed:
-            doc["resumed"] = state.resumed
-        return doc

@@ -12,16 +12,17 @@ from __future__ import annotations
 import importlib
 import warnings
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from mlaconf.golden.suites import SUITES_PACKAGE
+from mlaconf.golden.suites import SUITES_PACKAGE, suites_dir
 from mlaconf.reports.records import SUITES
 
 if TYPE_CHECKING:
     from mlaconf.golden.spec import CaseSpec
-#: The parameter every MLA test runs under: the backend's selection name.
+#: The parameter every MLA test runs under: the backend's selection name (:func:`is_mla_test`).
 MLA_PARAMETER = "mla_backend_name"
 #: Parameters that carry a test's case spec.
 CASE_PARAMS = ("mla_conformance_case", "mla_error_case", "mla_meta_spec")
@@ -31,6 +32,22 @@ BACKEND_LABELS: dict[str, str] = {}
 RELATION_SUITES = ("metamorphic", "property")
 #: Suites judged under the run's tolerance policy.
 POLICY_SUITES = ("conformance", "property")
+
+
+def is_mla_test(item: pytest.Item) -> bool:
+    """The one answer to "is this an MLA test?": a test that runs on a selected backend, under the plugin's
+    :data:`MLA_PARAMETER` (never a generic fixture name a foreign project may also use).  Such a test ends
+    with exactly one record, gets the suites' timeout and is accounted for if it never runs."""
+    return MLA_PARAMETER in getattr(item, "fixturenames", ())
+
+
+def is_mla_test_id(nodeid: str, rootdir: Path) -> bool:
+    """:func:`is_mla_test` for a test known by its id only (the xdist controller collects nothing): every
+    test of the suites package runs under :data:`MLA_PARAMETER` (tests/cover/test_plugin_entry.py holds
+    the suites to it), so it is a parametrized test in a module there, never a foreign module that shares
+    a name."""
+    in_suites = (rootdir / nodeid.partition("::")[0]).resolve().parent == suites_dir().resolve()
+    return in_suites and nodeid.endswith("]")
 
 
 def policy_name(config: pytest.Config) -> str:

@@ -9,13 +9,10 @@ fixtures, parametrization, shard selection and reports.  Elsewhere pytest runs a
 
 from __future__ import annotations
 
-import importlib.resources
-from pathlib import Path
+import importlib
 from typing import Any
 
 import pytest
-
-from mlaconf.harness import registry
 
 #: Whether this session is an MLA run (:func:`mla_requested`).
 ACTIVE = pytest.StashKey[bool]()
@@ -28,6 +25,9 @@ PROFILE_PREFIX = "mla-"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    """The ``--mla-*`` options, in every session's ``pytest --help`` (the backend registry names the built-ins)."""
+    from mlaconf.harness import registry
+
     group = parser.getgroup("mla", "MLA prefill conformance")
     group.addoption(
         "--mla-backend",
@@ -138,14 +138,12 @@ def pytest_configure(config: pytest.Config) -> None:
     session is left alone.  ``--hypothesis-profile mla-...`` registers our profiles, so hypothesis finds them."""
     profile = config.getoption("hypothesis_profile", None)
     config.stash[ACTIVE] = mla_requested(config)
+    # import_module, not ``from mlaconf.runner import ...``: that would reuse the module an earlier in-process
+    # session (pytester) imported even after it left sys.modules, with hypothesis classes no longer current
     if config.stash[ACTIVE] or (isinstance(profile, str) and profile.startswith(PROFILE_PREFIX)):
-        from mlaconf.runner import hypothesis_profiles
-
-        hypothesis_profiles.register()
+        importlib.import_module("mlaconf.runner.hypothesis_profiles").register()
     if config.stash[ACTIVE]:
-        from mlaconf.runner import session
-
-        config.pluginmanager.register(session, "mla-session")
+        config.pluginmanager.register(importlib.import_module("mlaconf.runner.session"), "mla-session")
 
 
 def mla_requested(config: pytest.Config) -> bool:
@@ -156,9 +154,9 @@ def mla_requested(config: pytest.Config) -> bool:
     overridden and no torch imported."""
     if any(getattr(config.option, dest, default) != default for dest, default in OPTION_DEFAULTS.items()):
         return True
-    from mlaconf.golden.suites import SUITES_PACKAGE
+    from mlaconf.golden.suites import suites_dir
 
-    suites = Path(str(importlib.resources.files(SUITES_PACKAGE))).resolve()
+    suites = suites_dir().resolve()
     root = config.invocation_params.dir
     for arg in config.args:
         target = arg.split("::", 1)[0]

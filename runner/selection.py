@@ -14,6 +14,8 @@ from mlaconf.golden.suites import available_suites, load_suite, load_suites
 from mlaconf.judge.deviations import DeviationSet
 
 ERROR_SUITE = "errors"
+#: The marker of a test that runs one case: its id and content hash (``--mla-shard`` splits by the hash).
+CASE_MARKER = "mla_case"
 #: The metamorphic relations (``cases/test_metamorphic.py``; their specs: ``metamorphic.toml``, no value suite).
 METAMORPHIC_SUITE = "metamorphic"
 ALL_SUITES = "all"
@@ -120,7 +122,7 @@ def case_param(config: pytest.Config, case: CaseSpec) -> object:
         mark(config, case.dtype, f"dtype {case.dtype}"),
         mark(config, case.mask_name, f"maskType {case.mask_type}"),
         mark(config, case.cache_name, f"cacheMode {case.cache_mode}"),
-        pytest.mark.mla_case(case_id=case.case_id, content_hash=case.content_hash),
+        getattr(pytest.mark, CASE_MARKER)(case_id=case.case_id, content_hash=case.content_hash),
     ]
     if case.suite:
         marks.append(mark(config, case.suite, f"the {case.suite} suite"))

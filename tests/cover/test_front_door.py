@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mlaconf.reports import cli
-from mlaconf.runner import session
+from mlaconf.runner import front_door
 from tests.runs import write_run_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -121,12 +121,12 @@ def test_usage_errors_come_before_any_test(tmp_path: Path, args: tuple[str, ...]
 def test_unwritable_empty_golden_dir_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = tmp_path / "store"
     store.mkdir()
-    assert session.golden_dir_problem(store) is None
+    assert front_door.golden_dir_problem(store) is None
     monkeypatch.setattr(os, "access", lambda path, mode: False)  # root may write anywhere: pretend not
-    assert "cannot write" in str(session.golden_dir_problem(store))
+    assert "cannot write" in str(front_door.golden_dir_problem(store))
     (store / "x.h5").write_text("")  # a read-only store with goldens in it is fine
-    assert session.golden_dir_problem(store) is None
-    assert "cannot be created" in str(session.golden_dir_problem(tmp_path / "new" / "store"))
+    assert front_door.golden_dir_problem(store) is None
+    assert "cannot be created" in str(front_door.golden_dir_problem(tmp_path / "new" / "store"))
 
 
 def test_k_matching_nothing_is_not_a_pass(tmp_path: Path) -> None:

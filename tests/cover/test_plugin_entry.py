@@ -23,6 +23,28 @@ new = sorted(set(sys.modules) - before_modules)
 print(json.dumps({"new": new, "fds": sorted(set(os.listdir("/proc/self/fd")) - before_fds)}))
 """
 
+#: What importing the entry point may not do: start work (an fd duplicated, a thread), change the process
+#: (environment, signal handlers, hypothesis's profile) or load the suites' heavy libraries.
+SIDE_EFFECT_PROBE = """
+import json, os, signal, sys, threading
+import pytest
+dups = []
+for name in ("dup", "dup2"):
+    real = getattr(os, name)
+    setattr(os, name, lambda *a, _real=real, _name=name: dups.append(_name) or _real(*a))
+environ, threads = dict(os.environ), threading.active_count()
+handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+import mlaconf.runner.plugin
+heavy = ("numpy", "h5py", "torch", "hypothesis", "ml_dtypes")
+print(json.dumps({
+    "dups": dups,
+    "environ": sorted(k for k in os.environ.keys() | environ.keys() if os.environ.get(k) != environ.get(k)),
+    "threads": threading.active_count() - threads,
+    "handlers": [s.name for s, h in handlers.items() if signal.getsignal(s) != h],
+    "heavy": sorted({m.split(".")[0] for m in sys.modules if m.split(".")[0] in heavy}),
+}))
+"""
+
 SESSION_TEST = """
 import json, os, sys
 from hypothesis import settings
@@ -41,7 +63,14 @@ def test_importing_the_entry_point_loads_almost_nothing_and_opens_nothing() -> N
     assert found["fds"] == [], "the entry point opened a file descriptor at import"
     assert not any(m.startswith(("hypothesis", "torch", "numpy", "h5py")) for m in found["new"]), found["new"]
     assert not set(MLA_ONLY) & set(ours)
-    assert len(ours) <= 12, f"the entry point imports {len(ours)} of our modules: {ours}"
+    assert ours == ["mlaconf", "mlaconf.runner", "mlaconf.runner.plugin"], ours  # its package, and itself
+
+
+def test_importing_the_entry_point_does_nothing() -> None:
+    """Every pytest session of a project where we are installed imports the entry point: it duplicates no
+    descriptor, starts no thread, sets no variable or handler and loads none of the suites' libraries."""
+    probe = subprocess.run([sys.executable, "-c", SIDE_EFFECT_PROBE], capture_output=True, text=True, check=True)
+    assert json.loads(probe.stdout) == {"dups": [], "environ": [], "threads": 0, "handlers": [], "heavy": []}
 
 
 def session_facts(tmp_path: Path, *options: str) -> dict[str, object]:

@@ -15,10 +15,12 @@ from mlaconf.reports.rundir import read_results
 
 pytest_plugins = ["pytester"]
 
-# run.json probes devices through torch.  pytester restores sys.modules after every in-process
-# run, so a torch first imported inside one would be imported again in the next (which crashes
-# the interpreter); importing it here keeps it in the snapshot.
+# run.json probes devices through torch and names the golden generator (ml_dtypes).  pytester restores
+# sys.modules after every in-process run, so a torch or ml_dtypes first imported inside one would be
+# imported again in the next (torch crashes the interpreter, ml_dtypes refuses to register its dtypes
+# twice); importing them here keeps them in the snapshot.
 pytest.importorskip("torch")
+pytest.importorskip("ml_dtypes")
 
 REPO = Path(__file__).resolve().parents[2]
 

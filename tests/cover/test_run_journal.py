@@ -15,16 +15,16 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import pytest
 
 from mlaconf.reports import rundir
 from mlaconf.reports.records import dumps
 from mlaconf.runner import run as run_verb
-from mlaconf.runner.collect import Collector, ReportState
+from mlaconf.runner.collect import Collector
 from mlaconf.runner.run import Ending, launch, named_run_dir
-from mlaconf.runner.run_directory import comparable_args, first_difference, is_never_ran
+from mlaconf.runner.run_directory import ReportState, Run, comparable_args, first_difference, is_never_ran
 from tests.runs import record
 
 RECORDS = [record(f"c{i}") for i in range(3)]
@@ -253,23 +253,13 @@ def test_a_pytest_that_ignores_the_stop_is_killed_after_the_grace_and_its_run_en
     assert "ended interrupted" in err and "stopped by SIGTERM" in err, err
 
 
-class _Appended:
-    """A journal that keeps what it is given (the Collector's accounting is under test, not the file)."""
-
-    path = Path("journal")
-
-    def __init__(self) -> None:
-        self.lines: list[dict[str, object]] = []
-
-    def append(self, record: dict[str, object]) -> None:
-        self.lines.append(record)
-
-
 def _collector(selected: list[str]) -> Collector:
-    collector = Collector.__new__(Collector)  # its accounting only: no pytest session behind it
+    """A collector's accounting alone: no pytest session behind it, and a run that claimed no directory
+    (the Collector's accounting is under test, not the file)."""
+    collector = Collector.__new__(Collector)
     collector.state = ReportState(report_dir=Path("report"), run_name="r", save_outputs=False, shard=None)
     collector.state.selected = {nodeid: None for nodeid in selected}
-    collector.directory = cast(Any, _Appended())
+    collector.run = Run(cast(pytest.Config, None), collector.state)
     return collector
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mlaconf.runner import session
+from mlaconf.runner import front_door
 
 
 @pytest.fixture
@@ -20,15 +20,15 @@ def read_only(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_partly_filled_store_that_cannot_be_written_is_one_line(tmp_path: Path, read_only: None) -> None:
     (tmp_path / "a.h5").write_bytes(b"")
-    gap = session.unwritable_store_gap(tmp_path, ["a", "b", "c"])
+    gap = front_door.unwritable_store_gap(tmp_path, ["a", "b", "c"])
     assert gap is not None and "\n" not in gap
     assert str(tmp_path) in gap and "lacks 2 of the 3" in gap and "first: b" in gap
 
 
 def test_a_complete_read_only_store_serves(tmp_path: Path, read_only: None) -> None:
     (tmp_path / "a.h5").write_bytes(b"")
-    assert session.unwritable_store_gap(tmp_path, ["a"]) is None
+    assert front_door.unwritable_store_gap(tmp_path, ["a"]) is None
 
 
 def test_a_writable_store_makes_what_it_lacks(tmp_path: Path) -> None:
-    assert session.unwritable_store_gap(tmp_path, ["a", "b"]) is None
+    assert front_door.unwritable_store_gap(tmp_path, ["a", "b"]) is None
