@@ -317,7 +317,7 @@ class Policy:
             rows = _measure(rule, p, metrics, baseline, context)
             if not rows and deciding and rule not in ONLY_FAILS:
                 rows = [("measured", math.nan, 1.0, "the context has no output to measure", True, None)]
-            checks += [
+            checks += [  # ``value <= bound``: a NaN value fails (``not value > bound`` would pass it)
                 Check(rule, metric, float(value), float(bound), bool(value <= bound), note, deciding and decides, worst)
                 for metric, value, bound, note, decides, worst in rows
             ]
@@ -328,7 +328,9 @@ class Policy:
                 if slack > worst_slack:  # strictly: the first of equal slacks stays
                     worst, worst_slack = check.worst, slack
         passed = all(c.passed for c in checks if c.decisive)
-        return Verdict(self.name, passed, checks, self.overrides, worst or metrics.worst_element())
+        return Verdict(
+            self.name, passed, checks, self.overrides, worst if worst is not None else metrics.worst_element()
+        )
 
 
 # -- loading -------------------------------------------------------------------------------------
