@@ -1,8 +1,9 @@
 """The error statistics of one output against the float64 golden that the baseline-relative rules divide by.
 
 The golden stores them for its emulated baseline at generation time (the benchmark and relative rules'
-denominators); :mod:`mlaconf.judge.metrics` folds the same sums, through the same :class:`ErrorSums`,
-into the full metrics of a backend's output, so the two sides of every ratio are one computation.
+denominators); :mod:`mlaconf.judge.metrics` folds the same sums, in the same order, into the full metrics
+of a backend's output, so the two sides of every ratio are the same floats (tests/cover/test_metrics.py
+holds the two to it).
 
 Definitions (``a`` = actual, ``g`` = golden, over valid rows, in float64): relative error
 ``|a - g| / max(|g|, floor)`` with the msprobe/ATB small-value floor ``2**-11`` (fp16) / ``2**-8`` (bf16);
@@ -48,57 +49,28 @@ class ErrorStats:
         return cls(**{k: v.item() if isinstance(v, np.generic) else v for k, v in values.items()})
 
 
-class ErrorSums:
-    """Running sums and maxima of :class:`ErrorStats` over chunks of elements: each chunk folded into
-    its own, then merged in chunk order (:mod:`mlaconf.golden.chunks`)."""
-
-    def __init__(self, dtype: str) -> None:
-        if dtype not in REL_FLOOR:
-            raise ValueError(f"dtype must be 'fp16' or 'bf16', got {dtype!r}")
-        self.floor = REL_FLOOR[dtype]
-        self.n = 0
-        self.max_abs = self.max_rel = self.sum_rel = self.sum_sq = 0.0
-
-    def fold(self, err: np.ndarray, abs_g: np.ndarray) -> np.ndarray:
-        """Fold in one chunk of ``|a - g|`` (inf where either side is NaN/Inf) and ``|g|`` (finite);
-        returns the chunk's relative errors for callers that derive more from them."""
-        rel: np.ndarray = err / np.maximum(abs_g, self.floor)
-        self.n += err.size
-        if err.size:
-            self.max_abs = max(self.max_abs, float(err.max()))
-            self.max_rel = max(self.max_rel, float(rel.max()))
-        self.sum_rel += float(rel.sum())
-        self.sum_sq += float(np.square(err).sum())
-        return rel
-
-    def merge(self, other: ErrorSums) -> None:
-        """Add a later chunk's sums: the same floats as folding its chunk here."""
-        self.n += other.n
-        self.max_abs = max(self.max_abs, other.max_abs)
-        self.max_rel = max(self.max_rel, other.max_rel)
-        self.sum_rel += other.sum_rel
-        self.sum_sq += other.sum_sq
-
-    def stats(self) -> ErrorStats:
-        n = max(self.n, 1)
-        return ErrorStats(self.n, self.max_abs, self.max_rel, self.sum_rel / n, float(np.sqrt(self.sum_sq / n)))
-
-
 def error_stats(actual: np.ndarray, expected: np.ndarray, row_valid: np.ndarray, dtype: str) -> ErrorStats:
-    """:class:`ErrorStats` of ``actual`` against ``expected`` (both ``[T, ...]``) over the valid rows."""
+    """:class:`ErrorStats` of ``actual`` against ``expected`` (both ``[T, ...]``) over the valid rows: sums and
+    maxima per row chunk, added in chunk order (the same floats as :func:`mlaconf.judge.metrics.compute_metrics`)."""
+    if dtype not in REL_FLOOR:
+        raise ValueError(f"dtype must be 'fp16' or 'bf16', got {dtype!r}")
+    floor = REL_FLOOR[dtype]
 
-    def chunk_sums(chunk: RowChunk) -> ErrorSums:
+    def chunk_sums(chunk: RowChunk) -> tuple[int, float, float, float, float]:
+        """The chunk's n, max |a - g|, max relative error, sum of relative errors, sum of (a - g)^2."""
         a = np.asarray(actual[chunk.pick], dtype=np.float64)
         g = np.asarray(expected[chunk.pick], dtype=np.float64)
         bad = ~(np.isfinite(a) & np.isfinite(g))
-        sums = ErrorSums(dtype)
         with np.errstate(invalid="ignore", over="ignore"):
-            err = np.where(bad, np.inf, np.abs(a - g))
-            sums.fold(err, np.where(bad, 0.0, np.abs(g)))
-        return sums
+            err = np.where(bad, np.inf, np.abs(a - g))  # a NaN/Inf on either side: an infinite error
+            rel = err / np.maximum(np.where(bad, 0.0, np.abs(g)), floor)
+            largest = (float(err.max()), float(rel.max())) if err.size else (0.0, 0.0)
+            return err.size, *largest, float(rel.sum()), float(np.square(err).sum())
 
-    total = ErrorSums(dtype)
+    n, max_abs, max_rel, sum_rel, sum_sq = 0, 0.0, 0.0, 0.0, 0.0
     chunks = row_chunks(row_valid, int(np.prod(actual.shape[1:])))
-    for part in map_for(len(chunks))(chunk_sums, chunks):
-        total.merge(part)
-    return total.stats()
+    for size, chunk_abs, chunk_rel, chunk_sum_rel, chunk_sum_sq in map_for(len(chunks))(chunk_sums, chunks):
+        n, max_abs, max_rel = n + size, max(max_abs, chunk_abs), max(max_rel, chunk_rel)
+        sum_rel, sum_sq = sum_rel + chunk_sum_rel, sum_sq + chunk_sum_sq
+    count = max(n, 1)
+    return ErrorStats(n, max_abs, max_rel, sum_rel / count, float(np.sqrt(sum_sq / count)))

@@ -49,22 +49,13 @@ RANDOM_TERMS = 4
 FTZ_OUTPUT_LIMIT = 2.0**-13
 
 
-def fp16_score_path(spec: CaseSpec) -> bool:
-    """fp16 with maskType 0/2 stores and scales scores in fp16 (docs/operator.md §4)."""
-    return scores_in_fp16(spec.dtype, spec.mask_type)
-
-
 def scale_cast_error(spec: CaseSpec) -> float:
-    """Relative error of qkScale applied in fp16 on the fp16 score path, else 0."""
-    if not fp16_score_path(spec):
+    """Relative error of qkScale applied in fp16 on the fp16 score path (fp16 with maskType 0/2, which
+    stores and scales scores in fp16: docs/operator.md §4), else 0."""
+    if not scores_in_fp16(spec.dtype, spec.mask_type):
         return 0.0
     scale = float(np.float32(spec.qk_scale))
     return float(np.float16(scale)) / scale - 1.0
-
-
-def tail_factor(n_elements: int, false_alarm: float) -> float:
-    """lam with 2 exp(-lam^2 / 2) * RANDOM_TERMS * n_elements = false_alarm (Hoeffding + union bound)."""
-    return math.sqrt(2.0 * math.log(2.0 * RANDOM_TERMS * max(n_elements, 1) / false_alarm))
 
 
 @dataclass(frozen=True)
@@ -84,15 +75,6 @@ class ModelResult:
     def where(self) -> str:
         """The element of the largest ratio in one line."""
         return self.element.text() if self.element is not None else "no element checked"
-
-    def text(self) -> str:
-        if not self.terms:
-            return self.where
-        dominant = max(self.terms, key=lambda k: self.terms[k])
-        return (
-            f"worst |err| {self.error:.3g} vs bound {self.bound:.3g} "
-            f"(largest term {dominant}; {self.n_over} of {self.n_elements} elements over, lam {self.lam:.2f})"
-        )
 
 
 #: A chunk's largest ratio: the ratio, token, head, column, golden, actual, bound and the bound's terms.
@@ -122,9 +104,10 @@ def model_ratio(
     keys = allowed_keys(spec)
     chunks = row_chunks(row_valid, h * V_DIM)
     n_elements = sum(chunk.tokens.size for chunk in chunks) * h * V_DIM
-    lam = tail_factor(n_elements, false_alarm)
+    # lam with 2 exp(-lam^2 / 2) * RANDOM_TERMS * n_elements = false_alarm (Hoeffding + union bound)
+    lam = math.sqrt(2.0 * math.log(2.0 * RANDOM_TERMS * max(n_elements, 1) / false_alarm))
     u = UNIT_ROUNDOFF[spec.dtype]
-    u_s = U16 if fp16_score_path(spec) else U32
+    u_s = U16 if scores_in_fp16(spec.dtype, spec.mask_type) else U32
     eps = abs(scale_cast_error(spec))
 
     def chunk_ratio(chunk: RowChunk) -> tuple[int, _Worst]:

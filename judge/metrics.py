@@ -21,6 +21,7 @@ A non-finite element in ``a`` (or in ``g``) has infinite error, so every error m
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -30,7 +31,7 @@ import numpy as np
 
 from mlaconf.facts.processes import map_for
 from mlaconf.golden.chunks import RowChunk, row_chunks
-from mlaconf.golden.stats import REL_FLOOR, ErrorSums
+from mlaconf.golden.stats import REL_FLOOR
 
 #: Relative-error threshold of the "thousandth" rules (fp16 0.1%, bf16 0.4%).
 THOUSANDTH = {"fp16": 0.001, "bf16": 0.004}
@@ -224,16 +225,6 @@ def bits16_finite(values: np.ndarray, dtype: str) -> np.ndarray:
     return (bits >> 16).astype(np.uint16)
 
 
-def _max_ulp_finite(a: np.ndarray, g: np.ndarray, dtype: str, a16: np.ndarray | None) -> float:
-    """max of :func:`ulp_distance` for finite chunks (``a16``: ``a``'s own 16-bit values, when it has them)."""
-    a_bits = a16.view(np.uint16) if a16 is not None else bits16_finite(a, dtype)
-    e_bits = bits16_finite(g, dtype)
-    inf = EXPONENT_BITS[dtype]
-    if ((a_bits & inf) == inf).any() or ((e_bits & inf) == inf).any():  # overflow to Inf: the general path
-        return float(ulp_distance(a, g, dtype).max())
-    return float(np.abs(ordered_bits(a_bits) - ordered_bits(e_bits)).max())
-
-
 def ulp_distance(actual: np.ndarray, expected: np.ndarray, dtype: str) -> np.ndarray:
     """Elementwise distance in dtype ULPs between ``actual`` and ``expected`` rounded to the dtype.
 
@@ -246,152 +237,60 @@ def ulp_distance(actual: np.ndarray, expected: np.ndarray, dtype: str) -> np.nda
     return np.where(finite, dist, np.inf)
 
 
-class _Accumulator:
-    """Sums and maxima of chunks of valid rows: one per chunk, merged in chunk order."""
+@dataclass
+class _Sums:
+    """Sums and maxima of valid rows: one per chunk (:func:`compute_metrics`'s ``chunk_sums``), folded
+    in chunk order into the total (:meth:`fold`).  n, max_abs, max_rel, sum_rel and sum_sq are the
+    baseline's statistics (:class:`~mlaconf.golden.stats.ErrorStats`, the same sums as
+    :func:`~mlaconf.golden.stats.error_stats`)."""
 
-    def __init__(self, dtype: str) -> None:
-        self.dtype = dtype
-        self.floor = REL_FLOOR[dtype]
-        self.threshold = THOUSANDTH[dtype]
-        self.sums = ErrorSums(dtype)  # n, max_abs, max_rel, sum_rel, sum_sq: the baseline's statistics
-        self.max_ulp = self.max_scaled = self.max_abs_expected = 0.0
-        self.sum_signed = self.sum_abs_e = 0.0
-        self.sum_sq_e = self.sum_sq_a = self.dot = 0.0
-        self.beyond = self.nan = self.inf = self.e_nan = self.e_inf = 0
-        self.nan_match = self.inf_match = True
-        self.worst: tuple[int, int, int, float, float] | None = None  # token, head, col, g, a
-        self.worst_scaled = -1.0
+    n: int = 0
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    sum_rel: float = 0.0
+    sum_sq: float = 0.0
+    max_ulp: float = 0.0
+    max_scaled: float = 0.0
+    max_abs_expected: float = 0.0
+    sum_signed: float = 0.0
+    sum_abs_e: float = 0.0
+    sum_sq_e: float = 0.0
+    sum_sq_a: float = 0.0
+    dot: float = 0.0
+    beyond: int = 0
+    nan: int = 0
+    inf: int = 0
+    e_nan: int = 0
+    e_inf: int = 0
+    nan_match: bool = True
+    inf_match: bool = True
+    #: The element of largest scaled error: its error, token, head, column, golden and actual value.
+    worst: tuple[float, int, int, int, float, float] = (-1.0, -1, -1, -1, math.nan, math.nan)
 
-    def add(self, a: np.ndarray, g: np.ndarray, tokens: np.ndarray, a16: np.ndarray | None = None) -> None:
-        """Fold in one chunk: ``a`` and ``g`` float64 ``[rows, H, D]``, ``tokens`` their row indices
-        (``a16``: the same chunk of ``a`` in the output dtype, when the output is in it)."""
-        if np.isfinite(a.sum()) and np.isfinite(g.sum()):  # no NaN/Inf (an overflowing sum only costs speed)
-            self._add_finite(a, g, tokens, a16)
-            return
-        a_nan, g_nan = np.isnan(a), np.isnan(g)
-        a_inf, g_inf = np.isinf(a), np.isinf(g)
-        self.nan += int(a_nan.sum())
-        self.inf += int(a_inf.sum())
-        self.e_nan += int(g_nan.sum())
-        self.e_inf += int(g_inf.sum())
-        self.nan_match &= bool(np.array_equal(a_nan, g_nan))
-        self.inf_match &= bool(np.array_equal(np.isposinf(a), np.isposinf(g)))
-        self.inf_match &= bool(np.array_equal(np.isneginf(a), np.isneginf(g)))
-        bad = a_nan | g_nan | a_inf | g_inf
-        with np.errstate(invalid="ignore", over="ignore"):
-            diff = np.where(bad, np.inf, a - g)
-            err = np.abs(diff)
-            abs_g = np.abs(np.where(bad, 0.0, g))
-            a_clean = np.where(bad, 0.0, a)
-            self.sum_signed += float(diff.sum())
-            self.dot += float(np.where(bad, np.nan, a * g).sum())
-        max_ulp = float(ulp_distance(a, g, self.dtype).max())
-        self._fold(a, g, tokens, err, abs_g, float(np.square(a_clean).sum()), max_ulp)
-
-    def _add_finite(self, a: np.ndarray, g: np.ndarray, tokens: np.ndarray, a16: np.ndarray | None) -> None:
-        """:meth:`add` for chunks without NaN/Inf: the same sums in fewer passes."""
-        diff = a - g
-        self.sum_signed += float(diff.sum())
-        err = np.abs(diff, out=diff)
-        abs_g = np.abs(g)
-        self.dot += float((a * g).sum())
-        self._fold(a, g, tokens, err, abs_g, float(np.square(a).sum()), _max_ulp_finite(a, g, self.dtype, a16))
-
-    def _fold(
-        self,
-        a: np.ndarray,
-        g: np.ndarray,
-        tokens: np.ndarray,
-        err: np.ndarray,
-        abs_g: np.ndarray,
-        sum_sq_a: float,
-        max_ulp: float,
-    ) -> None:
-        """The sums and maxima both paths share, from |a - g| and |g| (NaN/Inf already cleaned)."""
-        rel = self.sums.fold(err, abs_g)
-        scaled = err / np.maximum(abs_g, 1.0)
-        self.beyond += int(np.count_nonzero(rel > self.threshold))
-        self.sum_abs_e += float(abs_g.sum())
-        self.sum_sq_e += float(np.square(abs_g).sum())
-        self.sum_sq_a += sum_sq_a
-        self.max_abs_expected = max(self.max_abs_expected, float(abs_g.max()))
-        self.max_ulp = max(self.max_ulp, max_ulp)
-        flat = int(np.argmax(scaled))
-        value = float(scaled.flat[flat])
-        if value > self.worst_scaled:
-            row, head, col = (int(i) for i in np.unravel_index(flat, scaled.shape))
-            self.worst_scaled = value
-            self.worst = (int(tokens[row]), head, col, float(g[row, head, col]), float(a[row, head, col]))
-        self.max_scaled = max(self.max_scaled, value)
-
-    def merge(self, other: _Accumulator) -> None:
-        """Add a later chunk's accumulator: the same numbers as adding its chunk here."""
-        self.sums.merge(other.sums)
-        self.max_ulp = max(self.max_ulp, other.max_ulp)
-        self.max_scaled = max(self.max_scaled, other.max_scaled)
-        self.max_abs_expected = max(self.max_abs_expected, other.max_abs_expected)
-        self.sum_signed += other.sum_signed
-        self.sum_abs_e += other.sum_abs_e
-        self.sum_sq_e += other.sum_sq_e
-        self.sum_sq_a += other.sum_sq_a
-        self.dot += other.dot
-        self.beyond += other.beyond
-        self.nan += other.nan
-        self.inf += other.inf
-        self.e_nan += other.e_nan
-        self.e_inf += other.e_inf
-        self.nan_match &= other.nan_match
-        self.inf_match &= other.inf_match
-        if other.worst_scaled > self.worst_scaled:  # strictly: the first of equal errors stays
-            self.worst, self.worst_scaled = other.worst, other.worst_scaled
-
-    def finish(self, n_rows: int, q_seqlen: Sequence[int]) -> Metrics:
-        stats = self.sums.stats()
-        n = max(stats.n_elements, 1)
-        denom = np.sqrt(self.sum_sq_a) * np.sqrt(self.sum_sq_e)
-        if not np.isfinite(self.dot):
-            cosine = float("nan")
-        elif denom == 0.0:
-            cosine = 1.0 if self.sum_sq_a == self.sum_sq_e else 0.0  # both zero: identical
-        else:
-            cosine = float(self.dot / denom)
-        worst: dict[str, Any] = {}
-        if self.worst is not None:
-            token, head, col, g, a = self.worst
-            loc = locate(token, head, col, q_seqlen)
-            worst = dict(
-                worst_batch=loc.batch,
-                worst_row_in_batch=loc.row_in_batch,
-                worst_token=token,
-                worst_head=head,
-                worst_column=col,
-                worst_expected=g,
-                worst_actual=a,
-            )
-        return Metrics(
-            dtype=self.dtype,
-            n_elements=stats.n_elements,
-            n_rows=n_rows,
-            max_abs_err=stats.max_abs_err,
-            max_rel_err=stats.max_rel_err,
-            mean_rel_err=stats.mean_rel_err,
-            rmse=stats.rmse,
-            eb_rel=self.sum_signed / max(self.sum_abs_e, n * self.floor),
-            mean_signed_err=self.sum_signed / n,
-            cosine=cosine,
-            max_ulp_err=self.max_ulp,
-            frac_beyond_thousandth=self.beyond / n,
-            atb_max_scaled_err=self.max_scaled,
-            max_abs_expected=self.max_abs_expected,
-            rms_expected=float(np.sqrt(self.sum_sq_e / n)),
-            nan_count=self.nan,
-            inf_count=self.inf,
-            expected_nan_count=self.e_nan,
-            expected_inf_count=self.e_inf,
-            nan_positions_match=self.nan_match,
-            inf_positions_match=self.inf_match,
-            **worst,
-        )
+    def fold(self, part: _Sums) -> None:
+        """Add a later chunk's sums: the same numbers as summing its chunk here."""
+        self.n += part.n
+        self.max_abs = max(self.max_abs, part.max_abs)
+        self.max_rel = max(self.max_rel, part.max_rel)
+        self.sum_rel += part.sum_rel
+        self.sum_sq += part.sum_sq
+        self.max_ulp = max(self.max_ulp, part.max_ulp)
+        self.max_scaled = max(self.max_scaled, part.max_scaled)
+        self.max_abs_expected = max(self.max_abs_expected, part.max_abs_expected)
+        self.sum_signed += part.sum_signed
+        self.sum_abs_e += part.sum_abs_e
+        self.sum_sq_e += part.sum_sq_e
+        self.sum_sq_a += part.sum_sq_a
+        self.dot += part.dot
+        self.beyond += part.beyond
+        self.nan += part.nan
+        self.inf += part.inf
+        self.e_nan += part.e_nan
+        self.e_inf += part.e_inf
+        self.nan_match &= part.nan_match
+        self.inf_match &= part.inf_match
+        if part.worst[0] > self.worst[0]:  # strictly: the first of equal errors stays
+            self.worst = part.worst
 
 
 def compute_metrics(
@@ -416,17 +315,102 @@ def compute_metrics(
     if sum(q_seqlen) != actual.shape[0]:
         raise ValueError(f"sum(q_seqlen) = {sum(q_seqlen)} differs from the {actual.shape[0]} output rows")
     own = np.dtype(np.float16) if dtype == "fp16" else np.dtype(ml_dtypes.bfloat16)
+    floor, threshold, inf_bits = REL_FLOOR[dtype], THOUSANDTH[dtype], EXPONENT_BITS[dtype]
 
-    def chunk_metrics(chunk: RowChunk) -> _Accumulator:
-        part = actual[chunk.pick]
-        acc = _Accumulator(dtype)
-        with np.errstate(over="ignore"):  # an overflowing sum takes the NaN/Inf path, which is exact
+    def chunk_sums(chunk: RowChunk) -> _Sums:
+        """One chunk's sums; a chunk without NaN/Inf takes fewer passes (an overflowing sum only costs
+        speed: it takes the NaN/Inf path, which is exact)."""
+        part, sums = actual[chunk.pick], _Sums()
+        with np.errstate(over="ignore"):
             a, g = np.asarray(part, dtype=np.float64), np.asarray(expected[chunk.pick], dtype=np.float64)
-            acc.add(a, g, chunk.tokens, part if part.dtype == own else None)
-        return acc
+            finite = np.isfinite(a.sum()) and np.isfinite(g.sum())
+            if finite:
+                diff = a - g
+                sums.sum_signed = float(diff.sum())
+                err = np.abs(diff, out=diff)
+                abs_g = np.abs(g)
+                sums.dot = float((a * g).sum())
+                sums.sum_sq_a = float(np.square(a).sum())
+                a_bits = part.view(np.uint16) if part.dtype == own else bits16_finite(a, dtype)
+                e_bits = bits16_finite(g, dtype)
+                if ((a_bits & inf_bits) == inf_bits).any() or ((e_bits & inf_bits) == inf_bits).any():
+                    sums.max_ulp = float(ulp_distance(a, g, dtype).max())  # overflow to Inf: the general path
+                else:
+                    sums.max_ulp = float(np.abs(ordered_bits(a_bits) - ordered_bits(e_bits)).max())
+            else:
+                a_nan, g_nan = np.isnan(a), np.isnan(g)
+                a_inf, g_inf = np.isinf(a), np.isinf(g)
+                sums.nan, sums.inf = int(a_nan.sum()), int(a_inf.sum())
+                sums.e_nan, sums.e_inf = int(g_nan.sum()), int(g_inf.sum())
+                sums.nan_match = bool(np.array_equal(a_nan, g_nan))
+                sums.inf_match = bool(np.array_equal(np.isposinf(a), np.isposinf(g)))
+                sums.inf_match &= bool(np.array_equal(np.isneginf(a), np.isneginf(g)))
+                bad = a_nan | g_nan | a_inf | g_inf
+                with np.errstate(invalid="ignore", over="ignore"):
+                    diff = np.where(bad, np.inf, a - g)
+                    err = np.abs(diff)
+                    abs_g = np.abs(np.where(bad, 0.0, g))
+                    sums.sum_signed = float(diff.sum())
+                    sums.dot = float(np.where(bad, np.nan, a * g).sum())
+                sums.sum_sq_a = float(np.square(np.where(bad, 0.0, a)).sum())
+                sums.max_ulp = float(ulp_distance(a, g, dtype).max())
+            # from |a - g| (inf where either side is NaN/Inf) and |g| (NaN/Inf cleaned to 0), both paths
+            rel = err / np.maximum(abs_g, floor)
+            scaled = err / np.maximum(abs_g, 1.0)
+            sums.n = err.size
+            if err.size:
+                sums.max_abs, sums.max_rel = float(err.max()), float(rel.max())
+            sums.sum_rel = float(rel.sum())
+            sums.sum_sq = float(np.square(err).sum())
+            sums.beyond = int(np.count_nonzero(rel > threshold))
+            sums.sum_abs_e = float(abs_g.sum())
+            sums.sum_sq_e = float(np.square(abs_g).sum())
+            sums.max_abs_expected = float(abs_g.max())
+            flat = int(np.argmax(scaled))
+            sums.max_scaled = value = float(scaled.flat[flat])
+            row, head, col = (int(i) for i in np.unravel_index(flat, scaled.shape))
+            sums.worst = (value, int(chunk.tokens[row]), head, col, float(g[row, head, col]), float(a[row, head, col]))
+        return sums
 
-    total = _Accumulator(dtype)
+    total = _Sums()
     chunks = row_chunks(row_valid, actual.shape[1] * actual.shape[2])
-    for part in map_for(len(chunks))(chunk_metrics, chunks):
-        total.merge(part)
-    return total.finish(int(np.count_nonzero(row_valid)), q_seqlen)
+    for part in map_for(len(chunks))(chunk_sums, chunks):
+        total.fold(part)
+    n = max(total.n, 1)
+    denom = np.sqrt(total.sum_sq_a) * np.sqrt(total.sum_sq_e)
+    if not np.isfinite(total.dot):
+        cosine = float("nan")
+    elif denom == 0.0:
+        cosine = 1.0 if total.sum_sq_a == total.sum_sq_e else 0.0  # both zero: identical
+    else:
+        cosine = float(total.dot / denom)
+    worst: dict[str, Any] = {}
+    if total.worst[1] >= 0:
+        _, token, head, col, g, a = total.worst
+        at = Element.at(token, head, col, q_seqlen, g, a, "metric:atb_max_scaled_err")
+        worst = {f"worst_{name}": getattr(at, name) for name in ("batch", "row_in_batch", "token", "head", "column")}
+        worst.update(worst_expected=at.expected, worst_actual=at.actual)
+    return Metrics(
+        dtype=dtype,
+        n_elements=total.n,
+        n_rows=int(np.count_nonzero(row_valid)),
+        max_abs_err=total.max_abs,
+        max_rel_err=total.max_rel,
+        mean_rel_err=total.sum_rel / n,
+        rmse=float(np.sqrt(total.sum_sq / n)),
+        eb_rel=total.sum_signed / max(total.sum_abs_e, n * floor),
+        mean_signed_err=total.sum_signed / n,
+        cosine=cosine,
+        max_ulp_err=total.max_ulp,
+        frac_beyond_thousandth=total.beyond / n,
+        atb_max_scaled_err=total.max_scaled,
+        max_abs_expected=total.max_abs_expected,
+        rms_expected=float(np.sqrt(total.sum_sq_e / n)),
+        nan_count=total.nan,
+        inf_count=total.inf,
+        expected_nan_count=total.e_nan,
+        expected_inf_count=total.e_inf,
+        nan_positions_match=total.nan_match,
+        inf_positions_match=total.inf_match,
+        **worst,
+    )

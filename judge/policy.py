@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
 from mlaconf.facts.operator import DTYPES, UNIT_ROUNDOFF
-from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.stats import ErrorStats
 from mlaconf.golden.suites import read_toml
 from mlaconf.judge.error_model import ModelResult
@@ -62,43 +61,21 @@ class PolicyError(ValueError):
         super().__init__(f"{source}: {where}: field {field_name!r}: {message}")
 
 
-#: The error-model rule's evaluation for given ``(false_alarm, safety)``: needs the output, the
-#: golden and its stored magnitudes, so the caller that has them supplies it.
-ModelFn = Callable[[float, float], ModelResult]
-#: The systematic-error tests (temperature, format signature) at a false-alarm rate, bound like the model.
-SystematicFn = Callable[[float], tuple[Significance, ...]]
-#: msprobe's benchmark metrics ``(output, baseline)`` against the golden for ``(small_value,
-#: small_value_atol, bench_eps)`` (judge.msprobe), bound to the output like the model.
-MsprobeFn = Callable[[float, float, float], tuple[BenchmarkMetrics, BenchmarkMetrics]]
-
-
 @dataclass(frozen=True)
 class VerdictContext:
-    """What a rule needs to know about the case besides the metrics."""
+    """What a rule needs to know about the case besides the metrics: the case's shape and what was
+    measured on the output with the policy's parameters (:func:`mlaconf.judge.verdict.verdict_context`).
+    A measurement that is None was not made (metrics alone: no output, or no stored magnitudes)."""
 
     dtype: str
     head_num: int
     max_seq: int
-    model: ModelFn | None = None
-    systematic: SystematicFn | None = None
-    msprobe: MsprobeFn | None = None
-
-    @classmethod
-    def from_spec(
-        cls,
-        spec: CaseSpec,
-        model: ModelFn | None = None,
-        systematic: SystematicFn | None = None,
-        msprobe: MsprobeFn | None = None,
-    ) -> VerdictContext:
-        return cls(
-            dtype=spec.dtype,
-            head_num=spec.head_num,
-            max_seq=spec.max_q,
-            model=model,
-            systematic=systematic,
-            msprobe=msprobe,
-        )
+    #: The error-model rule's largest error/bound ratio (judge.error_model); None: no magnitudes to bound with.
+    model: ModelResult | None = None
+    #: The systematic-error tests (temperature, format signature; judge.systematic).
+    systematic: tuple[Significance, ...] | None = None
+    #: msprobe's benchmark metrics of the output and of the emulated baseline against the golden (judge.msprobe).
+    msprobe: tuple[BenchmarkMetrics, BenchmarkMetrics] | None = None
 
 
 @dataclass(frozen=True)
@@ -146,11 +123,6 @@ class Check:
         )
 
 
-def _check(rule: str, metric: str, value: float, bound: float, note: str = "") -> Check:
-    # ``not value > bound`` would pass NaN; ``value <= bound`` fails it, as it must.
-    return Check(rule, metric, float(value), float(bound), bool(value <= bound), note)
-
-
 @dataclass(frozen=True)
 class AppliedOverride:
     """An ``[[override]]`` entry that changed a resolved policy, and why."""
@@ -171,7 +143,7 @@ class Verdict:
     passed: bool
     checks: list[Check]
     overrides: tuple[AppliedOverride, ...]
-    #: The one element the verdict names (:func:`_worst_element`), None when nothing was checked.
+    #: The one element the verdict names (:meth:`Policy.evaluate`), None when nothing was checked.
     worst: Element | None
 
     @property
@@ -213,141 +185,105 @@ class Verdict:
 
 # -- rules ---------------------------------------------------------------------------------------
 
-RuleFn = Callable[[Callable[[str], float], Metrics, ErrorStats | None, VerdictContext], list[Check]]
+#: One check a rule measured: metric, value, bound, note, deciding, and the element it located.
+Row = tuple[str, float, float, str, bool, Element | None]
+NO_BASELINE = "no emulated baseline to compare with"
 
 
-def _finite(m: Metrics) -> list[Check]:
-    """The implicit rule of every policy: no NaN/Inf in the output's valid rows, none in the golden."""
-    golden_bad = m.expected_nan_count + m.expected_inf_count
-    return [
-        _check("finite", "nan_count", m.nan_count, 0),
-        _check("finite", "inf_count", m.inf_count, 0),
-        _check("finite", "golden_nonfinite", golden_bad, 0, "golden has NaN/Inf" if golden_bad else ""),
-    ]
-
-
-def _model(p: Callable[[str], float], m: Metrics, b: ErrorStats | None, ctx: VerdictContext) -> list[Check]:
-    """Every element within the error bound of the documented precision path (judge.error_model)."""
-    if ctx.model is None:
-        return [Check("model", "max_err_over_bound", math.nan, 1.0, False, "no stored magnitudes to bound with")]
-    result = ctx.model(p("false_alarm"), p("safety"))
-    check = _check("model", "max_err_over_bound", result.max_ratio, 1.0, result.text())
-    return [dataclasses.replace(check, worst=result.element)]
-
-
-def _atb(p: Callable[[str], float], m: Metrics, b: ErrorStats | None, ctx: VerdictContext) -> list[Check]:
-    size = ctx.head_num * ctx.max_seq + 4
-    small = size < p("size_limit")
-    eps = p("eps_small") if small else p("eps_large")
-    note = f"e for heads*max_seq+4 = {size} {'<' if small else '>='} {p('size_limit'):g}"
-    return [_check("atb", "atb_max_scaled_err", m.atb_max_scaled_err, eps, note)]
-
-
-def _floored(value: float, floor: float) -> float:
-    """The baseline's value, floored; a non-finite baseline stays NaN so its ratio fails."""
-    return max(value, floor) if math.isfinite(value) else math.nan
-
-
-def _ratio(value: float, base: float) -> float:
-    """``value / base`` where an exact value is 0, a broken one inf and a zero base inf."""
-    if value == 0.0:
-        return 0.0
-    if not math.isfinite(value):
-        return math.inf
-    return value / base if base != 0.0 else math.inf
-
-
-def _no_baseline(rule: str, metrics: tuple[str, ...]) -> list[Check]:
-    return [Check(rule, name, math.nan, math.nan, False, "no emulated baseline to compare with") for name in metrics]
-
-
-def _benchmark(p: Callable[[str], float], m: Metrics, b: ErrorStats | None, ctx: VerdictContext) -> list[Check]:
-    if b is None:
-        return _no_baseline("benchmark", ("mare_ratio", "mere_ratio", "rmse_ratio"))
+def _measure(rule: str, p: dict[str, float], m: Metrics, b: ErrorStats | None, ctx: VerdictContext) -> list[Row]:
+    """What ``rule`` measures, with its parameters ``p``, on the metrics ``m``, the baseline's statistics ``b``
+    and the context's measurements; a check passes when ``value <= bound`` (NaN never does).  An empty list:
+    the context has nothing for the rule to measure (:meth:`Policy.evaluate` decides what that means)."""
     u = UNIT_ROUNDOFF[ctx.dtype]
-    small = m.n_elements < p("min_elements")
-    pairs = (
-        ("mare", m.max_rel_err, _floored(b.max_rel_err, p("mare_floor_u") * u)),
-        ("mere", m.mean_rel_err, _floored(b.mean_rel_err, p("mere_floor_u") * u)),
-        ("rmse", m.rmse, _floored(b.rmse, p("rmse_floor_u") * u * m.rms_expected)),
-    )
-    checks = []
-    for name, value, base in pairs:
-        ratio = _ratio(value, base)
-        note = f"{name} {value:.3g} / baseline {base:.3g}"
-        if small:  # reported, but a ratio of two means over so few elements decides nothing
-            note += f"; {m.n_elements} elements < min_elements {p('min_elements'):g}: not deciding"
-        check = _check("benchmark", f"{name}_ratio", ratio, p(name), note)
-        checks.append(dataclasses.replace(check, decisive=not small))
-    return checks
-
-
-def _thousandth(p: Callable[[str], float], m: Metrics, b: ErrorStats | None, ctx: VerdictContext) -> list[Check]:
-    return [_check("thousandth", "frac_beyond_thousandth", m.frac_beyond_thousandth, p("max_fraction"))]
-
-
-def _ulp(p: Callable[[str], float], m: Metrics, b: ErrorStats | None, ctx: VerdictContext) -> list[Check]:
-    return [_check("ulp", "max_ulp_err", m.max_ulp_err, p("max_ulp"))]
-
-
-def _relative(p: Callable[[str], float], m: Metrics, b: ErrorStats | None, ctx: VerdictContext) -> list[Check]:
-    if b is None:
-        return _no_baseline("relative", ("max_abs_err",))
-    floor = p("floor_u") * UNIT_ROUNDOFF[ctx.dtype] * m.max_abs_expected
-    bound = p("k") * b.max_abs_err + floor if math.isfinite(b.max_abs_err) else math.nan
-    note = f"{p('k'):g} x baseline {b.max_abs_err:.3g} + floor {floor:.3g}"
-    return [_check("relative", "max_abs_err", m.max_abs_err, bound, note)]
-
-
-def _systematic(p: Callable[[str], float], m: Metrics, b: ErrorStats | None, ctx: VerdictContext) -> list[Check]:
-    """The systematic-error tests (judge.systematic): evidence on every verdict, deciding only when
-    significant at ``false_alarm`` (split between the two tests) and material (the effect at its
-    floor): a ``<test>_z`` and a ``<test>_effect`` check each, both deciding or neither.  They can
-    only fail a verdict, so a context without an output to test (metrics alone) has none: nothing is
-    passed vacuously."""
-    if ctx.systematic is None:
-        return []
-    checks = []
-    for result in ctx.systematic(p("false_alarm")):
-        z = _check("systematic", f"{result.name}_z", result.z, result.critical, result.text)
-        effect = _check("systematic", f"{result.name}_effect", result.effect, result.floor, "materiality floor")
-        checks += [dataclasses.replace(check, decisive=result.significant) for check in (z, effect)]
-    return checks
-
-
-def _msprobe(p: Callable[[str], float], m: Metrics, b: ErrorStats | None, ctx: VerdictContext) -> list[Check]:
-    """msprobe's benchmark standard (judge.msprobe): each deciding metric of the output over the same metric
-    of the emulated baseline (msprobe's trusted platform), the baseline's floored at ``minimum_err``, within
-    the threshold of the same name; the error balance (``eb``) recorded without a bound (msprobe computes it
-    and leaves it out of its status).  Non-finite elements drop out of msprobe's metrics, so these
-    checks alone pass an all-NaN output: the implicit ``finite`` rule fails it."""
-    if ctx.msprobe is None:  # metrics alone: nothing to score (deciding, :meth:`Policy.evaluate` fails it)
-        return []
-    out, base = ctx.msprobe(p("small_value"), p("small_value_atol"), p("bench_eps"))
-    checks = []
-    for name in (*DECIDING, "eb"):
-        value, trusted = getattr(out, name), getattr(base, name)
-        note = f"{name} {value:.3g} / baseline {trusted:.3g}"
-        bound = p(name) if name in DECIDING else math.inf
-        check = _check("msprobe", f"{name}_ratio", ratio(value, trusted, p("minimum_err")), bound, note)
-        checks.append(check if name in DECIDING else dataclasses.replace(check, decisive=False))
-    return checks
+    match rule:
+        case "finite":  # implicit in every policy: no NaN/Inf in the output's valid rows, none in the golden
+            golden_bad = m.expected_nan_count + m.expected_inf_count
+            note = "golden has NaN/Inf" if golden_bad else ""
+            return [
+                ("nan_count", m.nan_count, 0, "", True, None),
+                ("inf_count", m.inf_count, 0, "", True, None),
+                ("golden_nonfinite", golden_bad, 0, note, True, None),
+            ]
+        case "model":  # every element within the error bound of the documented precision path (judge.error_model)
+            if ctx.model is None:
+                return [("max_err_over_bound", math.nan, 1.0, "no stored magnitudes to bound with", True, None)]
+            r = ctx.model
+            note = (
+                f"worst |err| {r.error:.3g} vs bound {r.bound:.3g} "
+                f"(largest term {max(r.terms, key=r.terms.__getitem__)}; "
+                f"{r.n_over} of {r.n_elements} elements over, lam {r.lam:.2f})"
+                if r.terms
+                else r.where
+            )
+            return [("max_err_over_bound", r.max_ratio, 1.0, note, True, r.element)]
+        case "atb":
+            size = ctx.head_num * ctx.max_seq + 4
+            small = size < p["size_limit"]
+            note = f"e for heads*max_seq+4 = {size} {'<' if small else '>='} {p['size_limit']:g}"
+            eps = p["eps_small"] if small else p["eps_large"]
+            return [("atb_max_scaled_err", m.atb_max_scaled_err, eps, note, True, None)]
+        case "benchmark" if b is not None:
+            small = m.n_elements < p["min_elements"]  # a ratio of two means over so few elements decides nothing
+            rows: list[Row] = []
+            for name, value, base, floor in (
+                ("mare", m.max_rel_err, b.max_rel_err, p["mare_floor_u"] * u),
+                ("mere", m.mean_rel_err, b.mean_rel_err, p["mere_floor_u"] * u),
+                ("rmse", m.rmse, b.rmse, p["rmse_floor_u"] * u * m.rms_expected),
+            ):
+                base = max(base, floor) if math.isfinite(base) else math.nan  # a broken baseline's ratio fails
+                # an exact value is 0, a broken one inf, a zero base inf
+                quotient = (
+                    0.0 if value == 0.0 else math.inf if not math.isfinite(value) or base == 0.0 else value / base
+                )
+                note = f"{name} {value:.3g} / baseline {base:.3g}"
+                if small:
+                    note += f"; {m.n_elements} elements < min_elements {p['min_elements']:g}: not deciding"
+                rows.append((f"{name}_ratio", quotient, p[name], note, not small, None))
+            return rows
+        case "thousandth":
+            return [("frac_beyond_thousandth", m.frac_beyond_thousandth, p["max_fraction"], "", True, None)]
+        case "ulp":
+            return [("max_ulp_err", m.max_ulp_err, p["max_ulp"], "", True, None)]
+        case "relative" if b is not None:
+            floor = p["floor_u"] * u * m.max_abs_expected
+            bound = p["k"] * b.max_abs_err + floor if math.isfinite(b.max_abs_err) else math.nan
+            note = f"{p['k']:g} x baseline {b.max_abs_err:.3g} + floor {floor:.3g}"
+            return [("max_abs_err", m.max_abs_err, bound, note, True, None)]
+        case "benchmark" | "relative":  # no baseline: fails rather than pass
+            names = ("mare_ratio", "mere_ratio", "rmse_ratio") if rule == "benchmark" else ("max_abs_err",)
+            return [(name, math.nan, math.nan, NO_BASELINE, True, None) for name in names]
+        case "systematic":
+            # evidence on every verdict, deciding only when significant at ``false_alarm`` (split between the
+            # two tests) and material (the effect at its floor): a ``<test>_z`` and a ``<test>_effect`` check
+            # each, both deciding or neither.  They can only fail a verdict (ONLY_FAILS).
+            rows = []
+            for t in ctx.systematic or ():
+                rows.append((f"{t.name}_z", t.z, t.critical, t.text, t.significant, None))
+                rows.append((f"{t.name}_effect", t.effect, t.floor, "materiality floor", t.significant, None))
+            return rows
+        case "msprobe":
+            # each deciding metric of the output over the same metric of the emulated baseline (msprobe's
+            # trusted platform), the baseline's floored at ``minimum_err``, within the threshold of the same
+            # name; the error balance (``eb``) recorded without a bound (msprobe leaves it out of its status).
+            # Non-finite elements drop out of msprobe's metrics: the implicit ``finite`` rule fails them.
+            if ctx.msprobe is None:
+                return []
+            scores, trusted_scores = ctx.msprobe
+            rows = []
+            for name in (*DECIDING, "eb"):
+                value, trusted = getattr(scores, name), getattr(trusted_scores, name)
+                bound = p[name] if name in DECIDING else math.inf
+                note = f"{name} {value:.3g} / baseline {trusted:.3g}"
+                rows.append(
+                    (f"{name}_ratio", ratio(value, trusted, p["minimum_err"]), bound, note, name in DECIDING, None)
+                )
+            return rows
+    raise ValueError(f"unknown rule {rule!r}; known rules: {sorted(RULE_PARAMS)}")
 
 
 #: Rules that can only fail a verdict, so measuring nothing passes nothing; any other deciding rule that
 #: measures nothing (a context without the output) fails: a verdict is never vacuous.
 ONLY_FAILS = frozenset({"systematic"})
-
-RULES: dict[str, RuleFn] = {
-    "model": _model,
-    "atb": _atb,
-    "benchmark": _benchmark,
-    "thousandth": _thousandth,
-    "ulp": _ulp,
-    "relative": _relative,
-    "systematic": _systematic,
-    "msprobe": _msprobe,
-}
 
 
 @dataclass(frozen=True)
@@ -363,36 +299,38 @@ class Policy:
     evidence: tuple[str, ...] = ()
 
     def param(self, rule: str, name: str, dtype: str) -> float:
+        """A rule's parameter for ``dtype`` (a per-dtype table gives the dtype's value)."""
         value = self.params[rule][name]
         return float(value[dtype]) if isinstance(value, dict) else float(value)
 
     def evaluate(self, metrics: Metrics, baseline: ErrorStats | None, context: VerdictContext) -> Verdict:
-        """Judge ``metrics`` (backend vs golden) given the baseline's error statistics (baseline vs golden)."""
+        """Judge ``metrics`` (backend vs golden) given the baseline's error statistics (baseline vs golden).
+
+        The verdict names one worst element: the one the worst deciding check located (the error model's
+        largest error/bound ratio), else the largest scaled error of the metrics."""
         if context.dtype not in DTYPES:
             raise ValueError(f"context dtype must be one of {DTYPES}, got {context.dtype!r}")
-        checks = _finite(metrics)
-        for rule in (*self.rules, *self.evidence):
-
-            def lookup(name: str, rule: str = rule) -> float:
-                return self.param(rule, name, context.dtype)
-
-            found = RULES[rule](lookup, metrics, baseline, context)
-            if not found and rule in self.rules and rule not in ONLY_FAILS:
-                found = [Check(rule, "measured", math.nan, 1.0, False, "the context has no output to measure")]
-            if rule not in self.rules:
-                found = [dataclasses.replace(c, decisive=False) for c in found]
-            checks += found
+        checks: list[Check] = []
+        for rule in ("finite", *self.rules, *self.evidence):
+            p = {name: self.param(rule, name, context.dtype) for name in self.params.get(rule, {})}
+            deciding = rule == "finite" or rule in self.rules
+            rows = _measure(rule, p, metrics, baseline, context)
+            if not rows and deciding and rule not in ONLY_FAILS:
+                rows = [("measured", math.nan, 1.0, "the context has no output to measure", True, None)]
+            checks += [  # ``value <= bound``: a NaN value fails (``not value > bound`` would pass it)
+                Check(rule, metric, float(value), float(bound), bool(value <= bound), note, deciding and decides, worst)
+                for metric, value, bound, note, decides, worst in rows
+            ]
+        worst, worst_slack = None, -math.inf
+        for check in checks:
+            if check.decisive and check.worst is not None:
+                slack = check.slack if not math.isnan(check.slack) else math.inf
+                if slack > worst_slack:  # strictly: the first of equal slacks stays
+                    worst, worst_slack = check.worst, slack
         passed = all(c.passed for c in checks if c.decisive)
-        return Verdict(self.name, passed, checks, self.overrides, _worst_element(checks, metrics))
-
-
-def _worst_element(checks: list[Check], metrics: Metrics) -> Element | None:
-    """One worst element per verdict: the one the worst deciding check located (the error model's
-    largest error/bound ratio), else the largest scaled error of the metrics."""
-    located = [c for c in checks if c.decisive and c.worst is not None]
-    if located:
-        return max(located, key=lambda c: c.slack if not math.isnan(c.slack) else math.inf).worst
-    return metrics.worst_element()
+        return Verdict(
+            self.name, passed, checks, self.overrides, worst if worst is not None else metrics.worst_element()
+        )
 
 
 # -- loading -------------------------------------------------------------------------------------

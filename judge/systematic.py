@@ -177,27 +177,6 @@ def temperature_check(
     return Significance("temperature", estimate, standard_error, z, critical, text, effect, TEMPERATURE_FLOOR)
 
 
-def _zero_low_bits(values: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """Per element of ``values`` (in the dtype, else rounded to it): normal, and its low bits all zero."""
-    if values.dtype == OWN_DTYPE[dtype]:
-        bits = values.view(np.uint16)
-    else:
-        wide = values.astype(np.float64)
-        bits = bits16_finite(np.where(np.isfinite(wide), wide, np.inf), dtype)  # NaN/Inf: Inf's pattern
-    exponent = bits & EXPONENT_BITS[dtype]
-    normal = (exponent != 0) & (exponent != EXPONENT_BITS[dtype])
-    return normal, (bits & ((1 << LOW_BITS) - 1)) == 0
-
-
-def _kl_z(k: int, n: int, p: float) -> float:
-    """sqrt(2 n KL(k/n || p)) when k/n > p, else 0: P(K >= k) <= exp(-z^2 / 2) for K ~ Bin(n, p)."""
-    if n == 0 or p >= 1.0 or k <= n * p:
-        return 0.0
-    q = k / n
-    kl = q * math.log(q / p) + ((1.0 - q) * math.log((1.0 - q) / (1.0 - p)) if q < 1.0 else 0.0)
-    return math.sqrt(2.0 * n * max(kl, 0.0))
-
-
 def format_check(
     actual: np.ndarray, golden: np.ndarray, row_valid: np.ndarray, spec: CaseSpec, alpha: float
 ) -> Significance:
@@ -208,10 +187,20 @@ def format_check(
     a_all, g_all = actual.reshape(shape), golden.reshape(shape)
 
     def chunk_counts(chunk: RowChunk) -> np.ndarray:
-        """Per head: normal outputs, those with zero low bits, the same two of the golden rounded."""
-        normal, zero = _zero_low_bits(a_all[chunk.pick], spec.dtype)  # another float dtype: as rounded to the case's
-        normal_g, zero_g = _zero_low_bits(np.asarray(g_all[chunk.pick], dtype=np.float64), spec.dtype)
-        return np.stack([m.sum(axis=(0, 2)) for m in (normal, normal & zero, normal_g, normal_g & zero_g)])
+        """Per head: normal outputs, those with zero low bits, the same two of the golden rounded (a value
+        in another float dtype, or the float64 golden, counted as rounded to the case's dtype)."""
+        counts = []
+        for values in (a_all[chunk.pick], np.asarray(g_all[chunk.pick], dtype=np.float64)):
+            if values.dtype == OWN_DTYPE[spec.dtype]:
+                bits = values.view(np.uint16)
+            else:
+                wide = values.astype(np.float64)
+                bits = bits16_finite(np.where(np.isfinite(wide), wide, np.inf), spec.dtype)  # NaN/Inf: Inf's
+            exponent = bits & EXPONENT_BITS[spec.dtype]
+            normal = (exponent != 0) & (exponent != EXPONENT_BITS[spec.dtype])
+            zero = (bits & ((1 << LOW_BITS) - 1)) == 0
+            counts += [normal.sum(axis=(0, 2)), (normal & zero).sum(axis=(0, 2))]
+        return np.stack(counts)
 
     counts = np.zeros((4, h), dtype=np.int64)
     chunks = row_chunks(row_valid, h * V_DIM)
@@ -219,16 +208,24 @@ def format_check(
         counts += part
     n, k, n_g, k_g = counts
     chance = 2.0**-LOW_BITS
-
-    def null_rate(kg: int, ng: int) -> float:
-        return min(1.0, CHANCE_MARGIN * max(chance, kg / ng if ng else 0.0))
-
-    groups = [("all heads", int(k.sum()), int(n.sum()), null_rate(int(k_g.sum()), int(n_g.sum())))]
-    groups += [(f"head {i}", int(k[i]), int(n[i]), null_rate(int(k_g[i]), int(n_g[i]))) for i in range(h)]
-    scored = [(_kl_z(kk, nn, p), label, kk, nn, p) for label, kk, nn, p in groups]
-    z, label, kk, nn, p = max(scored, key=lambda item: item[0])
-    if z == 0.0:
-        label, kk, nn, p = groups[0][0], groups[0][1], groups[0][2], groups[0][3]
+    # per group: its count, its normal outputs and the chance rate (raised by a golden whose values are coarse)
+    groups = [("all heads", int(k.sum()), int(n.sum()), int(k_g.sum()), int(n_g.sum()))]
+    groups += [(f"head {i}", int(k[i]), int(n[i]), int(k_g[i]), int(n_g[i])) for i in range(h)]
+    rated = [
+        (label, kk, nn, min(1.0, CHANCE_MARGIN * max(chance, kg / ng if ng else 0.0)))
+        for label, kk, nn, kg, ng in groups
+    ]
+    z, label, kk, nn, p = 0.0, *rated[0]
+    for group in rated:  # the most significant group (the first of equal ones); none: all heads
+        _, k_i, n_i, p_i = group
+        if n_i == 0 or p_i >= 1.0 or k_i <= n_i * p_i:  # not above the chance rate: z 0
+            continue
+        # z = sqrt(2 n KL(k/n || p)): P(K >= k) <= exp(-z^2 / 2) for K ~ Bin(n, p) (Chernoff)
+        q = k_i / n_i
+        kl = q * math.log(q / p_i) + ((1.0 - q) * math.log((1.0 - q) / (1.0 - p_i)) if q < 1.0 else 0.0)
+        group_z = math.sqrt(2.0 * n_i * max(kl, 0.0))
+        if group_z > z:
+            z, label, kk, nn, p = group_z, *group
     rate = kk / nn if nn else math.nan
     effect = rate / p if nn else math.nan
     text = (

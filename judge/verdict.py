@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 import weakref
 from typing import Any, Literal
@@ -16,11 +15,11 @@ from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.stats import ErrorStats
 from mlaconf.golden.types import GoldenCase
 from mlaconf.judge.deviations import Deviation
-from mlaconf.judge.error_model import ModelResult, model_ratio
+from mlaconf.judge.error_model import model_ratio
 from mlaconf.judge.metrics import Metrics, compute_metrics
 from mlaconf.judge.msprobe import BenchmarkMetrics, benchmark_metrics
 from mlaconf.judge.policy import Check, Policy, PolicySet, Verdict, VerdictContext
-from mlaconf.judge.systematic import Significance, format_check, temperature_check
+from mlaconf.judge.systematic import format_check, temperature_check
 
 #: An error map has at most this many token rows x heads (each cell the largest error it covers).
 MAP_ROWS, MAP_HEADS = 256, 128
@@ -53,7 +52,7 @@ def judge_resolved(golden: GoldenCase, out: np.ndarray, resolved: Policy) -> tup
         out.reshape(shape), golden.out.reshape(shape), golden.row_valid, spec.dtype, spec.q_seqlen
     )
     baseline = ErrorStats.from_dict(golden.baseline_stats) if golden.baseline_stats else None
-    return metrics, resolved.evaluate(metrics, baseline, verdict_context(golden, out))
+    return metrics, resolved.evaluate(metrics, baseline, verdict_context(golden, out, resolved))
 
 
 def outcome_of(conforms: bool, observed_status: str | None, deviation: Deviation | None) -> Outcome:
@@ -161,43 +160,37 @@ BASELINE_SCORES_KEPT = 16
 _BASELINE_SCORES: dict[tuple[int, float, float, float], tuple[weakref.ref[np.ndarray], BenchmarkMetrics]] = {}
 
 
-def verdict_context(golden: GoldenCase, out: np.ndarray) -> VerdictContext:
-    """The case's context, with the error-model rule and the systematic tests bound to ``out`` and the
-    golden's magnitudes (no model when the golden carries none: that rule then fails rather than pass
-    vacuously)."""
-    spec = golden.spec
-
-    @functools.cache
-    def systematic(false_alarm: float) -> tuple[Significance, ...]:
-        each = false_alarm / 2.0  # two tests share the case's false-alarm rate
-        return (
+def verdict_context(golden: GoldenCase, out: np.ndarray, policy: Policy) -> VerdictContext:
+    """The case's context with what ``policy``'s rules measure on ``out`` against the golden, each with
+    the rule's parameters: the error model over the golden's magnitudes (none when the golden carries
+    none: that rule then fails rather than pass vacuously), the systematic tests, msprobe's scores."""
+    spec, wanted = golden.spec, {*policy.rules, *policy.evidence}
+    model = systematic = msprobe = None
+    if "model" in wanted and golden.magnitudes:
+        false_alarm, safety = (policy.param("model", name, spec.dtype) for name in ("false_alarm", "safety"))
+        model = model_ratio(
+            out, golden.out, golden.row_valid, golden.magnitudes, spec, false_alarm=false_alarm, safety=safety
+        )
+    if "systematic" in wanted:
+        each = policy.param("systematic", "false_alarm", spec.dtype) / 2.0  # two tests share the case's rate
+        systematic = (
             temperature_check(out, golden.out, golden.row_valid, golden.magnitudes, spec, each, golden.baseline_out),
             format_check(out, golden.out, golden.row_valid, spec, each),
         )
-
-    @functools.cache
-    def msprobe(small_value: float, atol: float, eps: float) -> tuple[BenchmarkMetrics, BenchmarkMetrics]:
-        def score(output: np.ndarray) -> BenchmarkMetrics:
-            return benchmark_metrics(
-                output, golden.out, golden.row_valid, small_value=small_value, small_value_atol=atol, bench_eps=eps
-            )
-
-        key = (id(golden.baseline_out), small_value, atol, eps)
+    if "msprobe" in wanted:
+        small, atol, eps = (
+            policy.param("msprobe", n, spec.dtype) for n in ("small_value", "small_value_atol", "bench_eps")
+        )
+        scoring = dict(small_value=small, small_value_atol=atol, bench_eps=eps)
+        key = (id(golden.baseline_out), small, atol, eps)
         kept = _BASELINE_SCORES.get(key)
         if kept is None or kept[0]() is not golden.baseline_out:  # an id reused by another array: score again
-            kept = (weakref.ref(golden.baseline_out), score(golden.baseline_out))
+            kept = (
+                weakref.ref(golden.baseline_out),
+                benchmark_metrics(golden.baseline_out, golden.out, golden.row_valid, **scoring),
+            )
             _BASELINE_SCORES[key] = kept
             while len(_BASELINE_SCORES) > BASELINE_SCORES_KEPT:
                 del _BASELINE_SCORES[next(iter(_BASELINE_SCORES))]
-        return score(out), kept[1]
-
-    if not golden.magnitudes:
-        return VerdictContext.from_spec(spec, systematic=systematic, msprobe=msprobe)
-
-    @functools.cache
-    def model(false_alarm: float, safety: float) -> ModelResult:
-        return model_ratio(
-            out, golden.out, golden.row_valid, golden.magnitudes, spec, false_alarm=false_alarm, safety=safety
-        )
-
-    return VerdictContext.from_spec(spec, model, systematic, msprobe)
+        msprobe = (benchmark_metrics(out, golden.out, golden.row_valid, **scoring), kept[1])
+    return VerdictContext(spec.dtype, spec.head_num, spec.max_q, model, systematic, msprobe)

@@ -9,6 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from mlaconf.facts.operator import scores_in_fp16
 from mlaconf.golden.generate import build_golden
 from mlaconf.golden.inputs import generate_inputs
 from mlaconf.golden.integrity import SCHEMA_VERSION
@@ -30,7 +31,7 @@ from mlaconf.golden.spec_build import build_case
 from mlaconf.golden.stats import ErrorStats
 from mlaconf.golden.store import GoldenStore
 from mlaconf.golden.types import GoldenCase
-from mlaconf.judge.error_model import fp16_score_path, model_ratio, scale_cast_error, tail_factor
+from mlaconf.judge.error_model import model_ratio, scale_cast_error
 from mlaconf.judge.policy import load_policies
 from mlaconf.judge.verdict import verdict_context
 from tests.goldens import baseline_metrics, reseal
@@ -166,11 +167,10 @@ def test_allowed_keys_per_mask() -> None:
 
 
 def test_scale_cast_only_on_the_fp16_score_path() -> None:
-    assert fp16_score_path(FP16) and not fp16_score_path(CAUSAL)
+    assert scores_in_fp16(FP16.dtype, FP16.mask_type) and not scores_in_fp16(CAUSAL.dtype, CAUSAL.mask_type)
     assert scale_cast_error(CAUSAL) == 0.0
     eps = scale_cast_error(FP16)
     assert eps != 0.0 and abs(eps) <= 2.0**-11
-    assert tail_factor(10_000, 1e-6) == pytest.approx(math.sqrt(2 * math.log(8e10)))
 
 
 @pytest.mark.parametrize("spec", [CAUSAL, FP16], ids=["bf16-causal-gqa-ragged", "fp16-large-logits"])
@@ -178,7 +178,10 @@ def test_emulated_atb_path_is_inside_and_one_planted_error_is_not(spec: CaseSpec
     golden = build_golden(spec)
     base = golden.baseline_out
     result = model_ratio(base, golden.out, golden.row_valid, golden.magnitudes, spec, false_alarm=1e-6, safety=2.0)
-    assert 0.0 < result.max_ratio < 0.5, result.text()
+    assert 0.0 < result.max_ratio < 0.5, result.where
+    # lam: 2 exp(-lam^2 / 2) * 4 random terms * N elements = false_alarm
+    assert result.lam == pytest.approx(math.sqrt(2 * math.log(8 * result.n_elements / 1e-6)))
+    assert result.n_elements == int(golden.row_valid.sum()) * spec.head_num * 128
     # one element pushed to 1.5x its own bound, in a valid row of the last batch
     shape = (spec.total_q, spec.head_num, 128)
     bad = base.astype(np.float64).reshape(shape).copy()
@@ -205,11 +208,21 @@ def test_default_policy_on_a_real_golden_and_baseline() -> None:
     baseline = ErrorStats.from_dict(golden.baseline_stats)
     metrics = baseline_metrics(golden)
     policy = load_policies().resolve("default", "emulated-baseline", "bf16", "causal", CAUSAL.case_id)
-    verdict = policy.evaluate(metrics, baseline, verdict_context(golden, golden.baseline_out))
+    context = verdict_context(golden, golden.baseline_out, policy)
+    verdict = policy.evaluate(metrics, baseline, context)
     assert verdict.passed, verdict.summary()
     model = next(c for c in verdict.checks if c.rule == "model")
     assert model.decisive and 0 < model.slack < 0.5
     assert all(not c.decisive for c in verdict.checks if c.rule in ("atb", "benchmark"))  # 2048 elements
+    # the context measured what the policy's rules read, with the policy's parameters
+    assert context.model is not None and context.systematic is not None and context.msprobe is not None
+    n = context.model.n_elements
+    assert context.model.lam == pytest.approx(
+        math.sqrt(2 * math.log(8 * n / policy.param("model", "false_alarm", "bf16")))
+    )
+    atb = load_policies().resolve("atb", "emulated-baseline", "bf16", "causal", CAUSAL.case_id)
+    bare = verdict_context(golden, golden.baseline_out, atb)  # a rule the policy lacks is not measured
+    assert bare.model is None and bare.systematic is not None and bare.msprobe is not None
 
 
 def test_magnitudes_survive_the_store(tmp_path: Any) -> None:

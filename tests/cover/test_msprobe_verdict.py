@@ -94,7 +94,7 @@ def test_a_deciding_msprobe_rule_without_an_output_fails(golden: GoldenCase) -> 
 
     metrics, _ = judge_resolved(golden, golden.baseline_out, POLICIES.resolve("msprobe", "b", "bf16", "m", "c"))
     policy = POLICIES.resolve("msprobe", "b", "bf16", "m", "c")
-    verdict = policy.evaluate(metrics, None, VerdictContext.from_spec(golden.spec))
+    verdict = policy.evaluate(metrics, None, VerdictContext(golden.spec.dtype, golden.spec.head_num, golden.spec.max_q))
     assert not verdict.passed and verdict.failing[0].rule == "msprobe"
 
 

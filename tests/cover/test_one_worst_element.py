@@ -21,7 +21,7 @@ def _model(ratio: float) -> ModelResult:
 
 
 def _ctx(ratio: float) -> VerdictContext:
-    return dataclasses.replace(CTX16, model=lambda false_alarm, safety: _model(ratio))
+    return dataclasses.replace(CTX16, model=_model(ratio))
 
 
 def test_a_failing_verdict_names_the_deciding_checks_element_once() -> None:

@@ -5,13 +5,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from mlaconf.golden.spec import CaseSpec
 from mlaconf.judge.error_model import ModelResult
 from mlaconf.judge.metrics import Element, Metrics, compute_metrics, round_to_dtype
 from mlaconf.judge.policy import DEFAULT_PATH, Check, PolicyError, PolicySet, VerdictContext, load_policies
@@ -20,25 +18,21 @@ POLICIES = load_policies()
 SHIPPED = len(POLICIES.overrides)  # overrides appended by a test come after the shipped ones
 
 
-def _model_fn(ratio: float) -> Callable[[float, float], ModelResult]:
-    """A stand-in for the error-model evaluation that reports ``ratio`` (as if measured)."""
-
-    def model(false_alarm: float, safety: float) -> ModelResult:
-        return ModelResult(
-            ratio,
-            100,
-            int(ratio > 1),
-            7.0,
-            Element(0, 1, 1, 0, 2, 0.5, 0.5, "model:max_err_over_bound"),
-            1e-4,
-            1e-4 / ratio if ratio else 1.0,
-            {"p_round": 1e-4},
-        )
-
-    return model
+def _model(ratio: float) -> ModelResult:
+    """The error model's result as if measured at ``ratio``."""
+    return ModelResult(
+        ratio,
+        100,
+        int(ratio > 1),
+        7.0,
+        Element(0, 1, 1, 0, 2, 0.5, 0.5, "model:max_err_over_bound"),
+        1e-4,
+        1e-4 / ratio if ratio else 1.0,
+        {"p_round": 1e-4},
+    )
 
 
-CTX16 = VerdictContext(dtype="fp16", head_num=4, max_seq=64, model=_model_fn(0.2))
+CTX16 = VerdictContext(dtype="fp16", head_num=4, max_seq=64, model=_model(0.2))
 
 
 def _metrics_of(actual: np.ndarray, expected: np.ndarray, dtype: str) -> Metrics:
@@ -144,7 +138,7 @@ def test_default_is_decided_by_the_model_and_records_atb_as_evidence() -> None:
     assert not atb.passed and not atb.decisive and verdict.failing == [] and verdict.evidence_over == [atb]
     assert "Evidence over its bound: atb" in verdict.summary() and "[evidence, not deciding]" in verdict.summary()
     assert verdict.worst_slack < 1.0  # the deciding checks only, not atb's 1.5
-    ctx = dataclasses.replace(CTX16, model=_model_fn(1.25))
+    ctx = dataclasses.replace(CTX16, model=_model(1.25))
     failed = policy.evaluate(_base_metrics(), _base_metrics(), ctx)
     assert not failed.passed and [(c.rule, c.metric) for c in failed.failing] == [("model", "max_err_over_bound")]
     assert failed.worst_slack == pytest.approx(1.25)
@@ -251,13 +245,6 @@ def test_checks_are_json() -> None:
     assert all(c["slack"] == pytest.approx(c["value"] / c["bound"]) for c in measured)
 
 
-def test_context_from_spec() -> None:
-    spec = CaseSpec(q_seqlen=(3, 9), kv_seqlen=(3, 9), head_num=8, kv_head_num=8, dtype="bf16")
-    assert VerdictContext.from_spec(spec) == VerdictContext(dtype="bf16", head_num=8, max_seq=9)
-    model = _model_fn(0.5)
-    assert VerdictContext.from_spec(spec, model).model is model
-
-
 # -- overrides and load errors ------------------------------------------------------------------
 
 OVERRIDE = """
@@ -287,7 +274,7 @@ def test_override_applies_and_records_reason(tmp_path: Path) -> None:
     assert policy.param("thousandth", "max_fraction", "bf16") == 0.01
     assert policy.param("thousandth", "max_fraction", "fp16") == 0.001  # table merged, not replaced
     assert [(o.index, o.reason) for o in policy.overrides] == [(SHIPPED, "torch CPU bf16 rounds P differently")]
-    ctx = VerdictContext(dtype="bf16", head_num=4, max_seq=64, model=_model_fn(0.1))
+    ctx = VerdictContext(dtype="bf16", head_num=4, max_seq=64, model=_model(0.1))
     m = _base_metrics(dtype="bf16", mean_rel_err=2.5 * 2**-9)  # ratio 2.5 vs the MERE floor u/2
     verdict = policy.evaluate(m, _base_metrics(dtype="bf16", mean_rel_err=0.0), ctx)
     assert verdict.passed

@@ -27,6 +27,6 @@ def test_emulated_baseline_meets_the_default_policy(spec: CaseSpec) -> None:
     baseline = ErrorStats.from_dict(golden.baseline_stats)
     metrics = baseline_metrics(golden)
     policy = load_policies().resolve("default", "emulated-baseline", spec.dtype, spec.mask_name, spec.case_id)
-    verdict = policy.evaluate(metrics, baseline, verdict_context(golden, golden.baseline_out))
+    verdict = policy.evaluate(metrics, baseline, verdict_context(golden, golden.baseline_out, policy))
     assert verdict.passed, f"{spec.case_id}: ATB's own precision path fails: {verdict.summary()}"
     assert verdict.worst_slack < 0.95, f"{spec.case_id}: less than 5% headroom: {verdict.summary()}"
