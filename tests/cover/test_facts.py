@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,8 +10,7 @@ from mlaconf.facts.operator import kv_layout_of, useful_flops
 from mlaconf.facts.shard import in_shard, parse_shard, shard_index
 from mlaconf.facts.versions import ascend_versions, atb_version_near
 from mlaconf.golden.regen import select_cases
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.pytest_runs import run_pytest
 
 
 @pytest.mark.parametrize("text", ["0/3", "4/3", "a/b", "1", "1/0", "-1/2"])
@@ -33,29 +30,19 @@ def test_pytest_shard_equals_regen_shard(tmp_path: Path) -> None:
     """A host's `mlaconf regen --mla-shard K/N` pre-builds exactly what its `pytest --mla-shard K/N` needs."""
     for k in (1, 4):
         expected = {spec.case_id for spec in select_cases(["smoke"], shard=(k, 4))}
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pytest",
-                "cases/test_conformance.py",
-                "--collect-only",
-                "-q",
-                "-p",
-                "no:cacheprovider",
-                "--mla-suite",
-                "smoke",
-                "--mla-backend",
-                "torch-cpu",
-                "--mla-shard",
-                f"{k}/4",
-                "--mla-report-dir",
-                str(tmp_path / "r"),
-            ],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=False,
+        done = run_pytest(
+            "cases/test_conformance.py",
+            "--collect-only",
+            "-q",
+            "--mla-suite",
+            "smoke",
+            "--mla-backend",
+            "torch-cpu",
+            "--mla-shard",
+            f"{k}/4",
+            report=tmp_path / "r",
+            inherit=True,
+            timeout=300,
         )
         collected = {
             line.split("[", 1)[1].rsplit("-torch-cpu]", 1)[0]
