@@ -11,7 +11,6 @@ from pathlib import Path
 
 from tests.pytest_runs import run_pytest
 
-REPO = Path(__file__).resolve().parents[2]
 #: Modules of the suites' plugin that only an MLA run may load.
 MLA_ONLY = ("mlaconf.runner.session", "mlaconf.runner.collect", "mlaconf.runner.hypothesis_profiles")
 

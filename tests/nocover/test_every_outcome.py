@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import textwrap
 from collections import Counter
 from pathlib import Path
@@ -15,10 +13,10 @@ import pytest
 
 from mlaconf.reports.records import ResultRecord
 from mlaconf.reports.rundir import read_results
+from tests.pytest_runs import PytestRun, run_pytest
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 10
 
 #: One case per behaviour, told apart by head_num (what the backend sees of the case).
@@ -130,34 +128,22 @@ def test_report_counts_equal_pytests_whatever_the_backend_does(tmp_path: Path) -
     assert all(by_heads[h].verdict == "passed" for h in (7, 8))
 
 
-def run_misbehaving(
-    tmp_path: Path, *args: str, paths: tuple[str, ...] = ("cases/test_conformance.py",)
-) -> subprocess.CompletedProcess[str]:
+def run_misbehaving(tmp_path: Path, *args: str, paths: tuple[str, ...] = ("cases/test_conformance.py",)) -> PytestRun:
     (tmp_path / "misbehaving.py").write_text(BACKEND)
     (tmp_path / "outcomes.toml").write_text(CASES)
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            *paths,
-            "-p",
-            "no:cacheprovider",
-            "--mla-cases",
-            str(tmp_path / "outcomes.toml"),
-            "--mla-backend",
-            "misbehaving:factory",
-            "--mla-golden-dir",
-            str(tmp_path / "golden"),
-            "--mla-report-dir",
-            str(tmp_path / "report"),
-            *args,
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    return run_pytest(
+        *paths,
+        "--mla-cases",
+        str(tmp_path / "outcomes.toml"),
+        "--mla-backend",
+        "misbehaving:factory",
+        "--mla-golden-dir",
+        str(tmp_path / "golden"),
+        "--mla-report-dir",
+        str(tmp_path / "report"),
+        *args,
         timeout=280,
-        env={"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin"},
+        paths=[tmp_path],
     )
 
 
@@ -206,30 +192,20 @@ BF16_BROKEN = textwrap.dedent("""
 @pytest.mark.timeout(300)
 def test_property_failure_records_the_shrunk_spec(tmp_path: Path) -> None:
     (tmp_path / "bf16_broken.py").write_text(BF16_BROKEN)
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "cases/test_properties.py",
-            "-p",
-            "no:cacheprovider",
-            "-n",
-            "0",
-            "--mla-backend",
-            "bf16_broken:factory",
-            "--mla-report-dir",
-            str(tmp_path / "report"),
-            "--hypothesis-profile",
-            "mla-ci",
-            "--hypothesis-seed",
-            "1",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    result = run_pytest(
+        "cases/test_properties.py",
+        "-n",
+        "0",
+        "--mla-backend",
+        "bf16_broken:factory",
+        "--mla-report-dir",
+        str(tmp_path / "report"),
+        "--hypothesis-profile",
+        "mla-ci",
+        "--hypothesis-seed",
+        "1",
         timeout=280,
-        env={"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin"},
+        paths=[tmp_path],
     )
     assert result.returncode == 1, result.stdout[-3000:]
     (raw,) = read_results(tmp_path / "report" / "results.jsonl")

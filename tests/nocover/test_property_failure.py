@@ -2,42 +2,28 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+from tests.pytest_runs import run_pytest
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def test_property_failure_ends_with_verdict_and_shrunk_spec() -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "cases/test_properties.py",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "-n",
-            "0",
-            "-x",
-            "--mla-backend",
-            "mlaconf.harness.defects:scale_twice",
-            "--hypothesis-profile",
-            "mla-ci",
-            "-W",
-            "ignore",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    done = run_pytest(
+        "cases/test_properties.py",
+        "-q",
+        "-n",
+        "0",
+        "-x",
+        "--mla-backend",
+        "mlaconf.harness.defects:scale_twice",
+        "--hypothesis-profile",
+        "mla-ci",
+        "-W",
+        "ignore",
         timeout=600,
-        check=False,
+        inherit=True,
     )
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]
     lines = done.stdout.splitlines()
