@@ -13,7 +13,7 @@ from mlaconf.golden.regen import select_cases
 from tests.pytest_runs import run_pytest
 
 
-@pytest.mark.parametrize("text", ["0/3", "4/3", "a/b", "1", "1/0", "-1/2"])
+@pytest.mark.parametrize("text", ["0/3", "4/3", "a/b", "1", "1-3", "1/0", "-1/2"])
 def test_bad_shard_spec_names_the_text(text: str) -> None:
     with pytest.raises(ValueError, match="shard"):
         parse_shard(text)
@@ -24,6 +24,7 @@ def test_shard_index_is_the_content_hash_modulo_and_stable() -> None:
     assert [shard_index(h, 3) for h in hashes] == [i % 3 for i in range(30)]
     assert shard_index("not-hex", 4) == shard_index("not-hex", 4)
     assert in_shard(hashes[4], (2, 3)) and not in_shard(hashes[4], (1, 3)) and in_shard(hashes[4], None)
+    assert parse_shard("2/3") == (2, 3)
 
 
 def test_pytest_shard_equals_regen_shard(tmp_path: Path) -> None:
@@ -67,6 +68,8 @@ def test_useful_flops_counts_only_allowed_pairs() -> None:
     assert useful_flops(2, (4,), (4,), 1) == 2 * 320 * 10
     assert useful_flops(3, (2,), (5,), 1) == 2 * 320 * (4 + 5)
     assert useful_flops(0, (0, 3), (0, 3), 1) == 2 * 320 * 9
+    # causal with a prefix (5 + 6 + 7 + 8 + 9 keys), an empty batch with keys, a square batch (1 + 2 + 3)
+    assert useful_flops(3, (5, 0, 3), (9, 2, 3), 4) == 2 * 320 * (35 + 6) * 4
 
 
 def test_ascend_versions_from_install_files(tmp_path: Path) -> None:
