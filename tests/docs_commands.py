@@ -18,6 +18,8 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.pytest_runs import pytest_argv
+
 REPO = Path(__file__).resolve().parents[1]
 #: The documents whose shell blocks a new user copies from.
 HOW_TOS = [REPO / "README.md", REPO / "docs" / "usage.md"]
@@ -129,7 +131,7 @@ def narrowed(command: str, work: Path) -> list[str]:
     argv = [str(work / arg.lstrip("/")) if arg.startswith("/data/") else arg for arg in argv]
     if tool == "pytest":
         argv = [str(REPO / "cases") if arg == "cases" else arg for arg in argv]
-        return [sys.executable, "-m", "pytest", *argv, *NARROW, "-p", "no:cacheprovider"]  # its cache: the repo's
+        return pytest_argv(*argv, *NARROW)  # without the cache provider: its cache would be the repo's
     if argv[0] == "run":
         after = argv.index("--") if "--" in argv else len(argv)
         argv = [*argv[:after], "--", *argv[after + 1 :], *NARROW]

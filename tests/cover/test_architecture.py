@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import mlaconf
+from tests.pytest_runs import run_pytest
 
 REPO = Path(__file__).resolve().parents[2]
 #: The one room list is mlaconf.ROOMS; what cannot be derived from it (pyproject, the folders) is tested below.
@@ -172,12 +173,6 @@ def test_the_rule_checker_sees_lazy_and_bare_imports(tmp_path: Path) -> None:
 
 
 def test_pytest_fixtures_names_the_path_git_knows(tmp_path: Path) -> None:
-    listed = subprocess.run(
-        [sys.executable, "-m", "pytest", "--fixtures", "-q", "-p", "no:cacheprovider", str(REPO / "cases")],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-    )
-    assert listed.returncode == 0, listed.stdout[-2000:] + listed.stderr[-2000:]
+    listed = run_pytest("--fixtures", "-q", str(REPO / "cases"), cwd=tmp_path, inherit=True, timeout=300)
+    assert listed.returncode == 0, listed.output
     assert "runner/session.py:" in listed.stdout and "mlaconf/runner" not in listed.stdout

@@ -4,14 +4,10 @@ the controller, which knows the dead worker's test by its id alone, from the tes
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
-from mlaconf.reports.rundir import read_results
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.pytest_runs import run_pytest
 
 #: A plug-in backend whose probe fails in one test's setup and kills its worker in another's
 #: (only on workers: the controller's front door probes it too).
@@ -43,33 +39,22 @@ FRAGILE = textwrap.dedent("""
 
 def test_a_setup_error_and_a_setup_crash_keep_their_suite_under_xdist(tmp_path: Path) -> None:
     (tmp_path / "fragile.py").write_text(FRAGILE)
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "cases/test_metamorphic.py",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "-n",
-            "2",
-            "--mla-backend",
-            "fragile:factory",
-            "--mla-report-dir",
-            str(tmp_path / "report"),
-            "-k",
-            "q_layout and (fp16-undefined or bf16-mask_free)",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin"},
+    done = run_pytest(
+        "cases/test_metamorphic.py",
+        "-q",
+        "-n",
+        "2",
+        "--mla-backend",
+        "fragile:factory",
+        "-k",
+        "q_layout and (fp16-undefined or bf16-mask_free)",
+        report=tmp_path / "report",
+        paths=[tmp_path],
         timeout=300,
     )
-    out = done.stdout[-3000:] + done.stderr[-2000:]
+    out = done.output
     assert done.returncode == 1, out
-    records = {str(r["case_id"]).split("-krope")[0]: r for r in read_results(tmp_path / "report" / "results.jsonl")}
+    records = {str(r["case_id"]).split("-krope")[0]: r for r in done.records()}
     assert set(records) == {"fp16-undefined", "bf16-mask_free"}, out
     crashed, erred = records["fp16-undefined"], records["bf16-mask_free"]
     assert crashed["failure"]["kind"] == "crash" and "crashed" in crashed["message"], crashed

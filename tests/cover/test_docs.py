@@ -13,6 +13,7 @@ import pytest
 
 import mlaconf
 from tests.docs_commands import PLANS, documented_commands, every_command
+from tests.pytest_runs import run_pytest
 
 REPO = Path(__file__).resolve().parents[2]
 DOCUMENTS = [
@@ -91,13 +92,7 @@ def test_every_documented_mlaconf_command_parses(
 
 
 def test_every_documented_pytest_option_exists(tmp_path: Path) -> None:
-    listed = subprocess.run(
-        [sys.executable, "-m", "pytest", "--help", "-p", "no:cacheprovider"],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-    )
+    listed = run_pytest("--help", inherit=True, timeout=300)
     assert listed.returncode == 0, listed.stderr[-2000:]
     aliases = {"--junitxml": "--junit-xml"}  # pytest's help lists only the second spelling
     words = (word.split("=")[0] for _, argv in documented_commands("pytest") for word in argv if word[:2] == "--")

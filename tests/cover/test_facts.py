@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,11 +10,10 @@ from mlaconf.facts.operator import kv_layout_of, useful_flops
 from mlaconf.facts.shard import in_shard, parse_shard, shard_index
 from mlaconf.facts.versions import ascend_versions, atb_version_near
 from mlaconf.golden.regen import select_cases
+from tests.pytest_runs import run_pytest
 
-REPO = Path(__file__).resolve().parents[2]
 
-
-@pytest.mark.parametrize("text", ["0/3", "4/3", "a/b", "1", "1/0", "-1/2"])
+@pytest.mark.parametrize("text", ["0/3", "4/3", "a/b", "1", "1-3", "1/0", "-1/2"])
 def test_bad_shard_spec_names_the_text(text: str) -> None:
     with pytest.raises(ValueError, match="shard"):
         parse_shard(text)
@@ -27,35 +24,26 @@ def test_shard_index_is_the_content_hash_modulo_and_stable() -> None:
     assert [shard_index(h, 3) for h in hashes] == [i % 3 for i in range(30)]
     assert shard_index("not-hex", 4) == shard_index("not-hex", 4)
     assert in_shard(hashes[4], (2, 3)) and not in_shard(hashes[4], (1, 3)) and in_shard(hashes[4], None)
+    assert parse_shard("2/3") == (2, 3)
 
 
 def test_pytest_shard_equals_regen_shard(tmp_path: Path) -> None:
     """A host's `mlaconf regen --mla-shard K/N` pre-builds exactly what its `pytest --mla-shard K/N` needs."""
     for k in (1, 4):
         expected = {spec.case_id for spec in select_cases(["smoke"], shard=(k, 4))}
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pytest",
-                "cases/test_conformance.py",
-                "--collect-only",
-                "-q",
-                "-p",
-                "no:cacheprovider",
-                "--mla-suite",
-                "smoke",
-                "--mla-backend",
-                "torch-cpu",
-                "--mla-shard",
-                f"{k}/4",
-                "--mla-report-dir",
-                str(tmp_path / "r"),
-            ],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=False,
+        done = run_pytest(
+            "cases/test_conformance.py",
+            "--collect-only",
+            "-q",
+            "--mla-suite",
+            "smoke",
+            "--mla-backend",
+            "torch-cpu",
+            "--mla-shard",
+            f"{k}/4",
+            report=tmp_path / "r",
+            inherit=True,
+            timeout=300,
         )
         collected = {
             line.split("[", 1)[1].rsplit("-torch-cpu]", 1)[0]
@@ -80,6 +68,8 @@ def test_useful_flops_counts_only_allowed_pairs() -> None:
     assert useful_flops(2, (4,), (4,), 1) == 2 * 320 * 10
     assert useful_flops(3, (2,), (5,), 1) == 2 * 320 * (4 + 5)
     assert useful_flops(0, (0, 3), (0, 3), 1) == 2 * 320 * 9
+    # causal with a prefix (5 + 6 + 7 + 8 + 9 keys), an empty batch with keys, a square batch (1 + 2 + 3)
+    assert useful_flops(3, (5, 0, 3), (9, 2, 3), 4) == 2 * 320 * (35 + 6) * 4
 
 
 def test_ascend_versions_from_install_files(tmp_path: Path) -> None:

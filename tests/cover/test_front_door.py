@@ -15,6 +15,7 @@ import pytest
 
 from mlaconf.reports import cli
 from mlaconf.runner import front_door
+from tests.pytest_runs import PytestRun, run_pytest
 from tests.runs import write_run_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,26 +53,8 @@ MINE = textwrap.dedent("""
 """)
 
 
-def pytest_run(tmp_path: Path, *args: str, paths: tuple[str, ...] = ("cases",)) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            *paths,
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "--mla-report-dir",
-            str(tmp_path / "report"),
-            *args,
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
-    )
+def pytest_run(tmp_path: Path, *args: str, paths: tuple[str, ...] = ("cases",)) -> PytestRun:
+    return run_pytest(*paths, "-q", *args, report=tmp_path / "report", timeout=300)
 
 
 def test_own_suite_file_collects_and_feeds_the_error_suite(tmp_path: Path) -> None:

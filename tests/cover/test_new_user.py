@@ -3,10 +3,7 @@ be pasted back, one line per bad store path (not one per case)."""
 
 from __future__ import annotations
 
-import os
 import shlex
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -14,6 +11,7 @@ import pytest
 
 import mlaconf
 from mlaconf.runner import run
+from tests.pytest_runs import run_pytest
 
 pytest_plugins = ["pytester"]
 # pytester restores sys.modules after every in-process run: what an inner MLA run imports (torch for run.json's
@@ -115,15 +113,8 @@ def test_a_run_that_generates_goldens_says_so_once(tmp_path: Path) -> None:
     store = tmp_path / "store"
     options = ["--mla-cases", str(suite), "--mla-golden-dir", str(store), "--mla-backend", "torch-cpu"]
     options += ["--mla-report-dir", str(tmp_path / "report"), str(REPO / "cases" / "test_conformance.py")]
-    ran = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", *options],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    ran = run_pytest("-q", "-n", "0", *options, cwd=tmp_path, inherit=True, timeout=300)
+    assert ran.returncode == 0, ran.output
     notices = [
         line for line in (ran.stdout + ran.stderr).splitlines() if "generating missing goldens on demand" in line
     ]

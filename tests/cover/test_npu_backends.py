@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -36,6 +34,7 @@ from mlaconf.runner.conformance import run_case
 from mlaconf.runner.execution import execute, make_call
 from tests import fake_torch_npu
 from tests.fake_torch_npu import CpuFusedInferAttention, CpuRingMla, FakeOpError, FakeTorchNpu
+from tests.pytest_runs import run_pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 POLICIES = load_policies()
@@ -406,34 +405,22 @@ def test_both_are_registered_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_a_smoke_run_without_torch_npu_skips_every_case_with_the_reason(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MLA_GOLDEN_DIR": str(tmp_path / "golden")}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "-n",
-            "0",
-            "-rs",
-            str(ROOT / "cases"),
-            "--mla-backend",
-            "ring-mla",
-            "--mla-suite",
-            "smoke",
-            "--mla-report-dir",
-            str(tmp_path / "report"),
-            "-k",
-            "test_conformance",
-        ],
-        capture_output=True,
-        text=True,
+    done = run_pytest(
+        "-q",
+        "-n",
+        "0",
+        "-rs",
+        str(ROOT / "cases"),
+        "--mla-backend",
+        "ring-mla",
+        "--mla-suite",
+        "smoke",
+        "-k",
+        "test_conformance",
+        report=tmp_path / "report",
         cwd=tmp_path,
-        env=env,
-        timeout=600,
-        check=False,
+        inherit=True,
+        env={"MLA_GOLDEN_DIR": str(tmp_path / "golden")},
     )
     text = done.stdout + done.stderr
     assert "backend ring-mla unavailable: torch_npu is missing or fails to import" in text, text[-3000:]

@@ -5,12 +5,12 @@ same from an installed wheel, slowly)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.pytest_runs import run_pytest
+
 #: Modules of the suites' plugin that only an MLA run may load.
 MLA_ONLY = ("mlaconf.runner.session", "mlaconf.runner.collect", "mlaconf.runner.hypothesis_profiles")
 
@@ -76,16 +76,9 @@ def test_importing_the_entry_point_does_nothing() -> None:
 def session_facts(tmp_path: Path, *options: str) -> dict[str, object]:
     (tmp_path / "test_foreign.py").write_text(SESSION_TEST % (MLA_ONLY,))
     facts = tmp_path / "facts.json"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "FACTS": str(facts)}
-    env.pop("CI", None)
-    ran = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", "test_foreign.py", *options],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert ran.returncode == 0, ran.stdout[-2000:] + ran.stderr[-2000:]
+    env = {"FACTS": str(facts), "CI": None}  # CI would pick the mla-ci profile
+    ran = run_pytest("-q", "-n", "0", "test_foreign.py", *options, cwd=tmp_path, inherit=True, env=env, timeout=300)
+    assert ran.returncode == 0, ran.output
     result: dict[str, object] = json.loads(facts.read_text())
     return result
 

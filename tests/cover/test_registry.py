@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -12,8 +10,7 @@ import pytest
 
 from mlaconf.harness import registry
 from mlaconf.harness.backend import Backend
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.pytest_runs import PytestRun, run_pytest
 
 #: The README's ten-line external backend; ``my_lib.mla_prefill`` stands in as torch-cpu.
 MY_LIB = textwrap.dedent("""
@@ -67,28 +64,15 @@ def test_bad_selection_is_explained(name: str, fragment: str) -> None:
         registry.create(name)
 
 
-def run_pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env_path = f"{tmp_path}:{REPO}"
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "cases/test_conformance.py",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "-rs",
-            "--mla-golden-dir",
-            str(tmp_path / "golden"),
-            "--mla-report-dir",
-            str(tmp_path / "report"),
-            *args,
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"},
+def run_suite(tmp_path: Path, *args: str) -> PytestRun:
+    return run_pytest(
+        "cases/test_conformance.py",
+        "-q",
+        "-rs",
+        *args,
+        golden=tmp_path / "golden",
+        report=tmp_path / "report",
+        paths=[tmp_path],
         timeout=300,
     )
 
@@ -96,7 +80,7 @@ def run_pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_external_backend_runs_the_suite(tmp_path: Path) -> None:
     (tmp_path / "my_kernels.py").write_text(EXTERNAL)
     (tmp_path / "my_lib.py").write_text(MY_LIB)
-    result = run_pytest(tmp_path, "--mla-backend", "my_kernels:factory", "-k", "fp16-undefined and b3 and q2d")
+    result = run_suite(tmp_path, "--mla-backend", "my_kernels:factory", "-k", "fp16-undefined and b3 and q2d")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "2 passed" in result.stdout and "my-kernel" in (tmp_path / "report" / "results.jsonl").read_text()
 
@@ -104,7 +88,7 @@ def test_external_backend_runs_the_suite(tmp_path: Path) -> None:
 def test_named_unavailable_backend_fails_the_run_with_its_reason(tmp_path: Path) -> None:
     """Named explicitly, an unavailable backend is no green run of skips: exit 1 with the probe's
     reason, and it is in run.json and the tables next to the backend that ran."""
-    result = run_pytest(
+    result = run_suite(
         tmp_path, "--mla-backend", "atb", "--mla-backend", "torch-cpu", "-k", "fp16-undefined and b3-s160 and q2d"
     )
     assert result.returncode == 1, result.stdout[-3000:]
@@ -130,7 +114,7 @@ def test_named_unavailable_backend_fails_the_run_with_its_reason(tmp_path: Path)
 def test_bad_backend_is_one_usage_error(tmp_path: Path, value: str, fragment: str) -> None:
     (tmp_path / "raising_module.py").write_text("raise ImportError('boom on import')\n")
     (tmp_path / "raising_factory.py").write_text("def factory():\n    raise RuntimeError('no device')\n")
-    result = run_pytest(tmp_path, "--mla-backend", value)
+    result = run_suite(tmp_path, "--mla-backend", value)
     assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
     assert fragment in result.stderr and "valid backends: auto, atb, torch-cuda, torch-cpu" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout and len(result.stderr.splitlines()) <= 4

@@ -205,14 +205,6 @@ def test_every_damage_is_one_line_in_every_verb(
     assert not (tmp_path / "out").exists() and not (bad / "report.html").exists()  # nothing written
 
 
-@pytest.mark.parametrize("allow_incomplete", [False, True], ids=["strict", "allow-incomplete"])
-def test_an_incomplete_run_is_admitted_only_with_the_flag(tmp_path: Path, allow_incomplete: bool) -> None:
-    """The flag's one job: an interrupted but well-formed run renders with it and is refused without."""
-    run = write_run_dir(tmp_path / "run", [rec("a")], status="interrupted")
-    extra = ["--allow-incomplete"] if allow_incomplete else []
-    assert mlaconf("report", "html", str(run), *extra) == (0 if allow_incomplete else 2)
-
-
 def test_a_file_too_large_for_available_memory_is_refused(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -17,7 +17,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from mlaconf.facts.shard import in_shard, parse_shard
 from mlaconf.golden import h5file
 from mlaconf.golden import regen as rg
 from mlaconf.golden.generate import GENERATOR_VERSION, build_golden
@@ -357,17 +356,6 @@ def test_relative_difference_treats_nan_positions() -> None:
     a = np.array([1.0, np.nan, 2.0])
     assert rg.relative_difference(a, a.copy()) == 0.0
     assert rg.relative_difference(a, np.array([1.0, 0.0, 2.0])) == float("inf")
-
-
-def test_shards_partition_the_cases() -> None:
-    specs = [dataclasses.replace(FP16, seed=s) for s in range(40)]
-    shards = [[s for s in specs if in_shard(s.content_hash, (k, 3))] for k in (1, 2, 3)]
-    assert sorted(x.seed for part in shards for x in part) == list(range(40))
-    assert all(shards)
-    for bad in ("0/3", "4/3", "1-3", "a/b"):
-        with pytest.raises(ValueError, match="shard"):
-            parse_shard(bad)
-    assert parse_shard("2/3") == (2, 3)
 
 
 def test_resolve_builder_binds_threads() -> None:

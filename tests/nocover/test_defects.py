@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
@@ -25,10 +23,10 @@ from pathlib import Path
 import pytest
 
 from mlaconf.harness.defects import CATALOGUE, REAL_BUGS
+from tests import pytest_runs
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 SUITES = ("cases/test_conformance.py", "cases/test_metamorphic.py")
 CLEAN_SEEDS = "1,2,3,4,5"
 PARALLEL = 2
@@ -87,10 +85,8 @@ def parse_junit(path: Path) -> tuple[dict[str, str], dict[str, str]]:
 def run_pytest(backend: str, work: Path, golden_dir: Path, *extra: str, suites: tuple[str, ...] = SUITES) -> Run:
     label = re.sub(r"[^A-Za-z0-9_]+", "_", backend)
     junit = work / f"{label}.xml"
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
+    start = time.perf_counter()
+    done = pytest_runs.run_pytest(
         *suites,
         "--mla-backend",
         backend,
@@ -98,25 +94,14 @@ def run_pytest(backend: str, work: Path, golden_dir: Path, *extra: str, suites: 
         "smoke",
         "--mla-suite",
         "metamorphic",
-        "--mla-golden-dir",
-        str(golden_dir),
-        "--mla-report-dir",
-        str(work / f"report-{label}"),
-        "-p",
-        "no:cacheprovider",
         "-q",
         f"--junitxml={junit}",
         *extra,
-    ]
-    start = time.perf_counter()
-    done = subprocess.run(
-        command,
-        cwd=ROOT,
-        env={**os.environ, **THREAD_ENV},
-        capture_output=True,
-        text=True,
+        golden=golden_dir,
+        report=work / f"report-{label}",
+        inherit=True,
+        env=THREAD_ENV,
         timeout=TIMEOUT_S,
-        check=False,
     )
     run = Run(
         backend,

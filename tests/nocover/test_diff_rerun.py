@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -15,10 +13,10 @@ import pytest
 
 from mlaconf.reports import cli
 from mlaconf.reports.rundir import read_results
+from tests.pytest_runs import run_pytest
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 
 CASES = textwrap.dedent("""
     [suite]
@@ -96,39 +94,29 @@ SELECT = "test_conformance or test_error_contract or (fp16-undefined-krope_ctkv-
 
 def run_suites(tmp_path: Path, name: str, mode: str) -> Path:
     report = tmp_path / name
-    env = {"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin", "MODE": mode}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "cases/test_conformance.py",
-            "cases/test_error_contract.py",
-            "cases/test_metamorphic.py",
-            "-p",
-            "no:cacheprovider",
-            "-n",
-            "0",
-            "--mla-cases",
-            str(tmp_path / "rerun.toml"),
-            "--mla-suite",
-            "metamorphic",  # beside a suite file of one's own only when named
-            "--mla-backend",
-            "upgraded:factory",
-            "--mla-golden-dir",
-            str(tmp_path / "golden"),
-            "--mla-report-dir",
-            str(report),
-            "--mla-timeout",
-            "6",
-            "-k",
-            SELECT,
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    result = run_pytest(
+        "cases/test_conformance.py",
+        "cases/test_error_contract.py",
+        "cases/test_metamorphic.py",
+        "-n",
+        "0",
+        "--mla-cases",
+        str(tmp_path / "rerun.toml"),
+        "--mla-suite",
+        "metamorphic",  # beside a suite file of one's own only when named
+        "--mla-backend",
+        "upgraded:factory",
+        "--mla-golden-dir",
+        str(tmp_path / "golden"),
+        "--mla-report-dir",
+        str(report),
+        "--mla-timeout",
+        "6",
+        "-k",
+        SELECT,
         timeout=280,
-        env=env,
+        paths=[tmp_path],
+        env={"MODE": mode},
     )
     assert result.returncode == (0 if mode == "base" else 1), result.stdout[-4000:] + result.stderr[-2000:]
     return report

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import textwrap
 from collections import Counter
 from pathlib import Path
@@ -15,10 +13,10 @@ import pytest
 
 from mlaconf.reports.records import ResultRecord
 from mlaconf.reports.rundir import read_results
+from tests.pytest_runs import PytestRun, run_pytest
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 10
 
 #: One case per behaviour, told apart by head_num (what the backend sees of the case).
@@ -130,34 +128,22 @@ def test_report_counts_equal_pytests_whatever_the_backend_does(tmp_path: Path) -
     assert all(by_heads[h].verdict == "passed" for h in (7, 8))
 
 
-def run_misbehaving(
-    tmp_path: Path, *args: str, paths: tuple[str, ...] = ("cases/test_conformance.py",)
-) -> subprocess.CompletedProcess[str]:
+def run_misbehaving(tmp_path: Path, *args: str, paths: tuple[str, ...] = ("cases/test_conformance.py",)) -> PytestRun:
     (tmp_path / "misbehaving.py").write_text(BACKEND)
     (tmp_path / "outcomes.toml").write_text(CASES)
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            *paths,
-            "-p",
-            "no:cacheprovider",
-            "--mla-cases",
-            str(tmp_path / "outcomes.toml"),
-            "--mla-backend",
-            "misbehaving:factory",
-            "--mla-golden-dir",
-            str(tmp_path / "golden"),
-            "--mla-report-dir",
-            str(tmp_path / "report"),
-            *args,
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    return run_pytest(
+        *paths,
+        "--mla-cases",
+        str(tmp_path / "outcomes.toml"),
+        "--mla-backend",
+        "misbehaving:factory",
+        "--mla-golden-dir",
+        str(tmp_path / "golden"),
+        "--mla-report-dir",
+        str(tmp_path / "report"),
+        *args,
         timeout=280,
-        env={"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin"},
+        paths=[tmp_path],
     )
 
 
@@ -176,66 +162,3 @@ def test_thread_method_timeout_kills_the_worker_and_says_so(tmp_path: Path) -> N
 
 
 #: Fails every bf16 case by a wide margin (fp16 is computed right): hypothesis must shrink to bf16.
-BF16_BROKEN = textwrap.dedent("""
-    from mlaconf.harness.torch_backend import torch_cpu
-
-    class Bf16Broken:
-        name, error_contract, deterministic = "bf16-broken", False, True
-
-        def __init__(self):
-            self.cpu = torch_cpu()
-
-        def available(self):
-            return self.cpu.available()
-
-        def info(self):
-            return self.cpu.info()
-
-        def synchronize(self):
-            pass
-
-        def run(self, call):
-            out = self.cpu.run(call)
-            return out * 2 + 1 if str(out.dtype) == "torch.bfloat16" else out
-
-    def factory():
-        return Bf16Broken()
-""")
-
-
-@pytest.mark.timeout(300)
-def test_property_failure_records_the_shrunk_spec(tmp_path: Path) -> None:
-    (tmp_path / "bf16_broken.py").write_text(BF16_BROKEN)
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "cases/test_properties.py",
-            "-p",
-            "no:cacheprovider",
-            "-n",
-            "0",
-            "--mla-backend",
-            "bf16_broken:factory",
-            "--mla-report-dir",
-            str(tmp_path / "report"),
-            "--hypothesis-profile",
-            "mla-ci",
-            "--hypothesis-seed",
-            "1",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=280,
-        env={"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin"},
-    )
-    assert result.returncode == 1, result.stdout[-3000:]
-    (raw,) = read_results(tmp_path / "report" / "results.jsonl")
-    record = ResultRecord.from_dict(raw)
-    assert record.suite == "property" and record.verdict == "failed"
-    assert record.relation == "random case matches float64 golden" and record.backend == "bf16-broken"
-    assert record.shrunk is not None and record.shrunk["spec"]["dtype"] == "bf16"
-    assert 'dtype = "bf16"' in record.shrunk["toml"] and record.case_id.startswith("bf16-")
-    assert record.checks and record.worst_slack is not None and record.worst_slack > 1

@@ -6,55 +6,42 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from mlaconf.reports import cli
 from mlaconf.reports.rundir import read_results
+from tests.pytest_runs import run_pytest
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 #: The smoke suites without their heaviest cases (a long kv, 128 heads), so two runs stay short.
 SELECT = "not kv16384 and not h128 and not s1100"
 
 
 def smoke(tmp_path: Path, name: str) -> Path:
     report = tmp_path / name
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "cases",
-            "-p",
-            "no:cacheprovider",
-            "-n",
-            "2",
-            "--mla-suite",
-            "smoke",
-            "--mla-suite",
-            "metamorphic",
-            "--mla-backend",
-            "torch-cpu-strict",  # declares the error contract, so all four suites run
-            "--hypothesis-profile",
-            "ci",  # derandomized: the same examples both times
-            "--mla-golden-dir",
-            str(tmp_path / "golden"),
-            "--mla-report-dir",
-            str(report),
-            "-k",
-            SELECT,
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    result = run_pytest(
+        "cases",
+        "-n",
+        "2",
+        "--mla-suite",
+        "smoke",
+        "--mla-suite",
+        "metamorphic",
+        "--mla-backend",
+        "torch-cpu-strict",  # declares the error contract, so all four suites run
+        "--hypothesis-profile",
+        "ci",  # derandomized: the same examples both times
+        "--mla-golden-dir",
+        str(tmp_path / "golden"),
+        "--mla-report-dir",
+        str(report),
+        "-k",
+        SELECT,
         timeout=600,
-        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        inherit=True,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     return report

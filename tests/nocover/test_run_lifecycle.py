@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from mlaconf.reports.rundir import read_results
+from tests.pytest_runs import child_env, pytest_argv
 
 pytestmark = pytest.mark.slow
 
@@ -76,13 +77,8 @@ BACKEND = textwrap.dedent("""
 
 
 def command(work: Path, report: Path, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "pytest",
+    return pytest_argv(
         "cases/test_conformance.py",
-        "-p",
-        "no:cacheprovider",
         "-q",
         "--mla-cases",
         str(work / "lifecycle.toml"),
@@ -93,11 +89,11 @@ def command(work: Path, report: Path, *extra: str) -> list[str]:
         "--mla-report-dir",
         str(report),
         *extra,
-    ]
+    )
 
 
 def environment(work: Path, **extra: str) -> dict[str, str]:
-    return {"PYTHONPATH": f"{work}:{REPO}", "PATH": "/usr/bin:/bin", **extra}
+    return child_env(paths=[work], extra=extra)
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import pytest
 from mlaconf.golden.suites import load_suites
 from mlaconf.reports.records import without_volatile
 from mlaconf.reports.rundir import read_results
+from tests.pytest_runs import run_pytest
 
 pytestmark = pytest.mark.slow
 
@@ -19,28 +20,18 @@ REPO = Path(__file__).resolve().parents[2]
 
 def conformance(tmp_path: Path, name: str, *args: str) -> Path:
     out = tmp_path / name
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "cases/test_conformance.py",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "--mla-backend",
-            "torch-cpu",
-            "--mla-golden-dir",
-            str(tmp_path / "golden"),
-            "--mla-report-dir",
-            str(out),
-            *args,
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    done = run_pytest(
+        "cases/test_conformance.py",
+        "-q",
+        "--mla-backend",
+        "torch-cpu",
+        "--mla-golden-dir",
+        str(tmp_path / "golden"),
+        "--mla-report-dir",
+        str(out),
+        *args,
         timeout=600,
-        check=False,
+        inherit=True,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     return out

@@ -4,17 +4,15 @@ the error contract alike, never a silent pass."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from mlaconf.reports.rundir import read_results
+from tests.pytest_runs import run_pytest
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
 #: Stale entries for correct backends: torch-cpu computes these cases right, torch-cpu-strict rejects
 #: the error case with the documented status, not the one the entry predicts.
 STALE = """
@@ -56,36 +54,25 @@ def test_a_stale_deviation_is_an_unexpected_pass_in_every_suite(tmp_path: Path) 
     deviations = tmp_path / "stale.toml"
     deviations.write_text(STALE.format(meta=META, case=CASE))
     report = tmp_path / "report"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "cases/test_conformance.py",
-            "cases/test_metamorphic.py",
-            "cases/test_error_contract.py",
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "-rA",
-            "-k",
-            f"(determinism and {META}) or (test_conformance and {CASE}) or (test_error_contract and causal)",
-            "--mla-backend",
-            "torch-cpu",
-            "--mla-backend",
-            "torch-cpu-strict",
-            "--mla-deviations",
-            str(deviations),
-            "--mla-golden-dir",
-            str(tmp_path / "golden"),
-            "--mla-report-dir",
-            str(report),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
+    result = run_pytest(
+        "cases/test_conformance.py",
+        "cases/test_metamorphic.py",
+        "cases/test_error_contract.py",
+        "-q",
+        "-rA",
+        "-k",
+        f"(determinism and {META}) or (test_conformance and {CASE}) or (test_error_contract and causal)",
+        "--mla-backend",
+        "torch-cpu",
+        "--mla-backend",
+        "torch-cpu-strict",
+        "--mla-deviations",
+        str(deviations),
+        "--mla-golden-dir",
+        str(tmp_path / "golden"),
+        "--mla-report-dir",
+        str(report),
         timeout=600,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
     )
     assert result.returncode == 0, result.stdout[-4000:]
     records = read_results(report / "results.jsonl")

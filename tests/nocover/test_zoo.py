@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,41 +27,34 @@ from mlaconf.harness import zoo
 from mlaconf.judge.policy import load_policies
 from mlaconf.judge.verdict import judge_output, mode_text
 from mlaconf.runner.execution import execute, make_call
+from tests.pytest_runs import PytestRun, run_pytest
 from tests.slack_table import groups, table
 
 # About an hour on 2 cores, so deselected by default: `pytest -m soak tests/nocover/test_zoo.py`.
 pytestmark = [pytest.mark.slow, pytest.mark.soak]
 
-ROOT = Path(__file__).resolve().parents[2]
 SEEDS = "1,2,3,4,5"
 BACKENDS = ",".join(f"mlaconf.harness.zoo:{name}" for name in zoo.ZOO)
 ZOO_EXAMPLES = int(os.environ.get("ZOO_EXAMPLES", "2000"))
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 
-def _pytest(work: Path, label: str, *args: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+def _pytest(work: Path, label: str, *args: str) -> tuple[PytestRun, Path]:
     report = work / f"report-{label}"
-    command = [
-        sys.executable,
-        "-m",
-        "pytest",
+    done = run_pytest(
         *args,
         "--mla-backend",
         BACKENDS,
         "--mla-seeds",
         SEEDS,
-        "--mla-golden-dir",
-        str(work / "golden"),
-        "--mla-report-dir",
-        str(report),
-        "-p",
-        "no:cacheprovider",
         "-q",
         "-n",
         "2",
-    ]
-    done = subprocess.run(
-        command, cwd=ROOT, env={**os.environ, **THREAD_ENV}, capture_output=True, text=True, timeout=7200, check=False
+        golden=work / "golden",
+        report=report,
+        inherit=True,
+        env=THREAD_ENV,
+        timeout=7200,
     )
     return done, report
 
