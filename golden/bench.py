@@ -326,11 +326,16 @@ def format_interleaved(report: dict[str, Any]) -> str:
         )
         limit = row.get("limit")
         if limit and "e2e" in row["ratio_median"]:
-            low, high = (value / limit["ratio"] for value in row["ratio_range"]["e2e"])
-            lines.append(
-                f"    derived end-to-end limit {limit['ratio']:.2f} of this GEMM ({limit['limit_s']:.2f} s); "
-                f"e2e reaches {row['ratio_median']['e2e'] / limit['ratio']:.2f} [{low:.2f}, {high:.2f}] of it"
-            )
+            for key, label in (("", "square GEMM"), ("tile_", "GEMMs at the tiles' shapes")):
+                if f"{key}ratio" not in limit:
+                    continue
+                ratio = limit[f"{key}ratio"]
+                low, high = (value / ratio for value in row["ratio_range"]["e2e"])
+                seconds = limit[f"{key}limit_s"]
+                lines.append(
+                    f"    derived end-to-end limit ({label}) {ratio:.2f} of this GEMM ({seconds:.2f} s); "
+                    f"e2e reaches {row['ratio_median']['e2e'] / ratio:.2f} [{low:.2f}, {high:.2f}] of it"
+                )
     return "\n".join(lines)
 
 
@@ -349,6 +354,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(ab, indent=2) + "\n")
         return 0
+    if args.tile_cost:
+        for name in args.cases:
+            for size in args.tile_cost:
+                job = {"kind": "tile_cost", "case": name, "threads": args.threads, "repeats": args.repeats}
+                job["tile"] = size
+                print(format_tile_cost(name, size, run_job(job)), flush=True)
+        return 0
     if args.tile_profile:
         print(format_tile(run_job({"kind": "tile", "repeats": max(args.repeats, 7)})))
         return 0
@@ -366,6 +378,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     return 0
+
+
+def format_tile_cost(case: str, tile: int, result: dict[str, Any]) -> str:
+    """One ``--tile-cost`` line: the build's main stage at ``tile`` rows, its speed, memory and GEMM rate."""
+    seconds = statistics.median(result["times"])
+    useful = bench_useful_gflop(case)
+    peak = "n/a" if result["peak_mb"] is None else f"{result['peak_mb']:.0f} MB"
+    return (
+        f"{case} tile {tile}: reference + magnitudes {seconds:.2f} s ({useful / seconds / result['square_gflops']:.2f} "
+        f"of square GEMM {result['square_gflops']:.1f} GF/s), peak {peak} above the inputs; float64 GEMMs at "
+        f"this tile's shapes {result['tile_gemm64_gflops'] / result['square_gflops']:.2f} of square; load "
+        f"{os.getloadavg()[0]:.1f}"
+    )
+
+
+def bench_useful_gflop(case: str) -> float:
+    from mlaconf.golden.bench_measure import bench_spec
+
+    return bench_spec(case).useful_flops / 1e9
 
 
 def help_text(doc: str | None) -> str:
@@ -394,6 +425,14 @@ def register(subparsers: Any) -> None:
         help="only profile one reference tile and its parts (one thread, CPU time)",
     )
     parser.add_argument("--no-end-to-end", action="store_true", help="skip the end-to-end build_golden run")
+    parser.add_argument(
+        "--tile-cost",
+        nargs="+",
+        type=int,
+        metavar="ROWS",
+        help="only measure the reference + magnitudes stage at these query tile sizes: time, peak memory, "
+        "GEMM rate at the tiles' shapes",
+    )
     parser.add_argument(
         "--ab",
         action="store_true",

@@ -451,6 +451,82 @@ void scaled_products(py::array_t<double> p, py::array_t<double> denom, py::array
     }
 }
 
+// float64 -> bf16 bits rounded away from zero (mlaconf.golden.magnitudes.round_up_bf16, the same steps): the
+// nearest float32 of |v|, its upper 16 bits, one bf16 ulp up when bits were dropped or the float32 fell below.
+MLA_INLINE uint16_t round_up_bf16_bits(double v) {
+    const double mag = std::fabs(v);
+    const float nearest = static_cast<float>(mag);
+    uint32_t bits;
+    std::memcpy(&bits, &nearest, sizeof bits);
+    const uint32_t bump = ((bits & 0xFFFFu) != 0) | (static_cast<double>(nearest) < mag);
+    const uint32_t upper = (bits >> 16) + bump;
+    return static_cast<uint16_t>(upper | (static_cast<uint32_t>(std::signbit(v)) << 15));
+}
+
+MLA_INLINE double nan_min(double a, double b) { return (std::isnan(a) || a <= b) ? a : b; }  // as np.minimum
+
+// A [rows, cols] float view with any strides (in elements).
+template <typename T>
+struct Strided {
+    T *data;
+    int64_t row, col;
+    T &at(int64_t r, int64_t c) const { return data[r * row + c * col]; }
+};
+
+template <typename T, int Flags>
+Strided<T> strided(py::array_t<T, Flags> &a, const char *name, int64_t rows, int64_t cols) {
+    if (a.ndim() != 2 || a.shape(0) != rows || a.shape(1) != cols) {
+        throw std::invalid_argument(std::string(name) + " must be [rows, 128] like the tile's output");
+    }
+    return {a.mutable_data(), a.strides(0) / static_cast<int64_t>(sizeof(T)),
+            a.strides(1) / static_cast<int64_t>(sizeof(T))};
+}
+
+// The magnitudes' element finish of one tile (mlaconf.golden.magnitudes.fused_tile), straight into the stored
+// bf16 bits: pv_abs and pv_rss from the float32 GEMM sums lifted ((sum + add) * factor, lift_float32_sum), times
+// the column scale, over the row sum, capped; pv_scale = T moved away from zero by its guard
+// (_scale_derivative).  Each value rounds as numpy's separate operations round it (no contraction: the
+// build's bits must not depend on which path computed them), then rounds up to bf16 (round_up_bf16).
+__attribute__((optimize("fp-contract=off"))) void finish_magnitudes(
+    py::array_t<float> abs_sum, py::array_t<float> sq_sum, py::array_t<double> psv, py::array_t<double> golden,
+    py::array_t<double> denom, py::array_t<double> ps_sums, py::array_t<double> scale, py::array_t<double> cap,
+    py::array_t<double> vmax, double add, double factor, double gamma, py::object abs_out, py::object rss_out,
+    py::object scale_out) {
+    for (const py::object &out : {abs_out, rss_out, scale_out}) {  // a converted copy would drop the writes
+        if (!py::isinstance<py::array_t<uint16_t>>(out) || !out.cast<py::array>().writeable()) {
+            throw std::invalid_argument("pv_abs, pv_rss and pv_scale must be writable uint16 arrays (bf16 bits)");
+        }
+    }
+    auto pv_abs = abs_out.cast<py::array_t<uint16_t>>(), pv_rss = rss_out.cast<py::array_t<uint16_t>>();
+    auto pv_scale = scale_out.cast<py::array_t<uint16_t>>();
+    if (golden.ndim() != 2) {
+        throw std::invalid_argument("golden must be a 2-D float64 array");
+    }
+    const int64_t rows = golden.shape(0), cols = golden.shape(1);
+    const auto a = strided(abs_sum, "abs_sum", rows, cols), q = strided(sq_sum, "sq_sum", rows, cols);
+    const auto t = strided(psv, "psv", rows, cols), g = strided(golden, "golden", rows, cols);
+    const auto oa = strided(pv_abs, "pv_abs", rows, cols), orss = strided(pv_rss, "pv_rss", rows, cols);
+    const auto os = strided(pv_scale, "pv_scale", rows, cols);
+    const auto sums = strided(ps_sums, "ps_sums", 2, rows);
+    const double *d = row_vector(denom, "denom", rows);
+    const double *sc = row_vector(scale, "scale", cols), *cp = row_vector(cap, "cap", cols);
+    const double *vm = row_vector(vmax, "vmax", cols);
+    py::gil_scoped_release release;
+    for (int64_t r = 0; r < rows; ++r) {
+        const double dr = d[r], ps_abs = sums.at(0, r), ps_sum = sums.at(1, r);
+        for (int64_t c = 0; c < cols; ++c) {
+            const double lifted_abs = (static_cast<double>(a.at(r, c)) + add) * factor;
+            oa.at(r, c) = round_up_bf16_bits(nan_min(lifted_abs * sc[c] / dr, cp[c]));
+            const double lifted_sq = (static_cast<double>(q.at(r, c)) + add) * factor;
+            orss.at(r, c) = round_up_bf16_bits(nan_min(std::sqrt(lifted_sq) * sc[c] / dr, cp[c]));
+            const double gv = g.at(r, c);
+            const double value = t.at(r, c) - ps_sum * gv;
+            const double guard = gamma * (ps_abs * vm[c] + std::fabs(gv * ps_sum));
+            os.at(r, c) = round_up_bf16_bits(value + std::copysign(guard, value));
+        }
+    }
+}
+
 // float64 -> bfloat16 bits, round to nearest even in one step (as ml_dtypes rounds, not through float32):
 // add half an ulp of bf16 (minus one when the kept bit is even) and drop the low 45 of the 52
 // mantissa bits; carries into the exponent are the round-ups across a binade.  Only where every value
@@ -509,6 +585,11 @@ PYBIND11_MODULE(_tile_kernel, m) {
     m.def("scaled_products", &scaled_products, py::arg("p"), py::arg("denom"), py::arg("raw"), py::arg("ps"),
           py::arg("sums"),
           "ps = (p / denom[row]) * raw, as numpy's separate steps round it; sums[2, rows] = row sums of |ps| and ps.");
+    m.def("finish_magnitudes", &finish_magnitudes, py::arg("abs_sum"), py::arg("sq_sum"), py::arg("psv"),
+          py::arg("golden"), py::arg("denom"), py::arg("ps_sums"), py::arg("scale"), py::arg("cap"), py::arg("vmax"),
+          py::arg("add"), py::arg("factor"), py::arg("gamma"), py::arg("pv_abs"), py::arg("pv_rss"), py::arg("pv_scale"),
+          "pv_abs, pv_rss (lifted float32 sums) and pv_scale (guarded T) of one tile, rounded up to bf16 bits into "
+          "the three [rows, 128] uint16 views, as magnitudes.fused_tile's numpy steps round them.");
     m.def("round_to_bf16", &round_to_bf16, py::arg("values"), py::arg("out"),
           "float64 -> bf16 bits (nearest even, one rounding) into out; False where a value leaves bf16's normal range.");
     m.def("exp_nonpositive", &exp_nonpositive_array, py::arg("x"), "The kernel's e^x for x <= 0.");
