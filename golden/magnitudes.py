@@ -265,8 +265,10 @@ def fused_tile(
     compiled pass instead of ~40 numpy ones, and are left out of the result."""
     qs = q * scale
     shape = (q.shape[0], k.shape[0])  # tile-sized temporaries live in the thread's workspace: no fresh pages
-    raw = work.take("raw", shape, np.float64)  # T (and S) need the raw scores, masked keys as 0
-    p, stats, rounded = fused_scores(qs, k, diag, work, rounded_up=True, raw=raw)
+    # T's products (P / sum P) s come out of the softmax pass; S also needs the raw scores (masked keys 0)
+    raw = work.take("raw", shape, np.float64) if score_terms else None
+    ps, sums = work.take("ps", shape, np.float64), np.empty((2, q.shape[0]))
+    p, stats, rounded = fused_scores(qs, k, diag, work, rounded_up=True, raw=raw, products=(ps, sums))
     assert rounded is not None
     p32, p2_32 = rounded
     denom = stats[2][:, None]
@@ -287,8 +289,6 @@ def fused_tile(
         out["pv_abs"] = np.minimum(lift_float32_sum(abs_sum, k.shape[0]) * operands.scale / denom, cap)
         out["pv_rss"] = np.minimum(np.sqrt(lift_float32_sum(sq_sum, k.shape[0])) * operands.scale / denom, cap)
     m = stats[0][:, None]
-    ps, sums = work.take("ps", shape, np.float64), np.empty((2, q.shape[0]))
-    tile_kernel().scaled_products(p, stats[2], raw, ps, sums)  # (P / sum) s and the row sums of |.| and of it
     if subnormal_terms:  # fp16: the keys whose e may be flushed to zero, and the renormalisation they cause
         sub = p * subnormal_weight(p)
         dropped = sub.sum(axis=1, keepdims=True)  # over the kept sum: a flushed row renormalises by it
@@ -318,6 +318,7 @@ def fused_tile(
             *(finished[name] for name in KERNEL_FINISHED),
         )
     if score_terms:
+        assert raw is not None
         probs = np.divide(p, denom, out=work.take("probs", shape, np.float64))
         weight = probs * (2.0 * np.abs(raw) + np.abs(raw - m))
         w2 = weight * weight

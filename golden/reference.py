@@ -259,12 +259,14 @@ def fused_scores(
     *,
     rounded_up: bool = False,
     raw: np.ndarray | None = None,
+    products: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
     """``P = e^(q k^T - row max)`` (0 on masked keys) in a workspace tile, and its row statistics
     ``[4, rows]`` (max and min of the allowed scores, sum of P, sum of P^2); with ``rounded_up``
     also P and P^2 as float32 rounded up (floored at float32's smallest normal: :mod:`mlaconf.golden.magnitudes`).
     ``raw`` receives the scores before the softmax with masked keys 0, copied in the kernel's pass (a copy
-    costs far less than a second GEMM)."""
+    costs far less than a second GEMM); ``products`` = ``(ps, ps_sums)`` receives the magnitudes' ``(P / sum P) s``
+    and its row sums of ``|.|`` and of it, made in the same pass while each row is in cache."""
     rows, cols = q.shape[0], k.shape[0]
     scores = gemm(q, k.T, work.take("scores", (rows, cols), np.float64))
     stats = np.empty((4, rows))
@@ -274,7 +276,9 @@ def fused_scores(
         else None
     )
     first = None if diag is None else diag[0] + diag[1]
-    tile_kernel().softmax_tile(scores, stats, first, *(p32 or (None, None)), ROUNDED_UP_FLOOR, raw)
+    tile_kernel().softmax_tile(
+        scores, stats, first, *(p32 or (None, None)), ROUNDED_UP_FLOOR, raw, *(products or (None, None))
+    )
     return scores, stats, p32
 
 

@@ -23,6 +23,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace py = pybind11;
 
@@ -343,12 +344,31 @@ int64_t allowed_keys(bool is_causal, int64_t first, int64_t r, int64_t cols) {
     return last + 1 < cols ? (last + 1 > 0 ? last + 1 : 0) : cols;
 }
 
+// One row of T's products: ps = (p / denom) * raw, rounded as numpy's separate divide and multiply round them
+// (two roundings, no contraction: there is no add), and the row sums of |ps| and of ps (float64 lanes: within
+// T's guard of (keys + 4) eps64, which bounds any order).  One out-of-line definition, so every row sums alike.
+__attribute__((noinline)) void scaled_row(const double *p, double denom, const double *raw, double *out, int64_t cols,
+                                          double *abs_sum, double *sum) {
+    double total_abs = 0.0, total = 0.0;
+#pragma omp simd reduction(+ : total_abs, total)
+    for (int64_t j = 0; j < cols; ++j) {
+        const double value = (p[j] / denom) * raw[j];
+        out[j] = value;
+        total_abs += std::fabs(value);
+        total += value;
+    }
+    *abs_sum = total_abs;
+    *sum = total;
+}
+
 // In place: scores [rows, cols] -> e^(s - row max) on the allowed keys, 0 on masked ones.
 // Row r may see keys j < allowed(r): cols without a causal offset, else min(cols, first + r + 1)
 // with first = row0 + offset.  stats [4, rows] receives max, min, sum P, sum P^2 per row; raw (optional)
-// a copy of the scores before the softmax with masked keys 0.
+// a copy of the scores before the softmax with masked keys 0; ps (optional, with ps_sums [2, rows]) T's products
+// (P / sum P) s and their row sums of |.| and of them (scaled_row), made while the row is in cache: the raw
+// scores then need no tile-sized copy unless raw is asked for too.
 void softmax_tile(py::array_t<double> scores, py::array_t<double> stats, py::object causal, py::object p32_obj,
-                  py::object p2_obj, float floor, py::object raw_obj) {
+                  py::object p2_obj, float floor, py::object raw_obj, py::object ps_obj, py::object ps_sums_obj) {
     if (!(floor > 0.0f) || !std::isnormal(floor)) {
         throw std::invalid_argument("floor must be a positive normal float32");
     }
@@ -380,16 +400,36 @@ void softmax_tile(py::array_t<double> scores, py::array_t<double> stats, py::obj
         raw_arr = raw_obj.cast<py::array_t<double>>();
         raw = writable(raw_arr, "raw", rows, cols);
     }
+    double *ps = nullptr, *ps_sums = nullptr;
+    py::array_t<double> ps_arr, ps_sums_arr;
+    if (ps_obj.is_none() != ps_sums_obj.is_none()) {
+        throw std::invalid_argument("ps and ps_sums come together");
+    }
+    if (!ps_obj.is_none()) {
+        ps_arr = ps_obj.cast<py::array_t<double>>();
+        ps_sums_arr = ps_sums_obj.cast<py::array_t<double>>();
+        ps = writable(ps_arr, "ps", rows, cols);
+        if (ps_sums_arr.ndim() != 2 || ps_sums_arr.shape(0) != 2 || ps_sums_arr.shape(1) != rows ||
+            !(ps_sums_arr.flags() & py::array::c_style) || !ps_sums_arr.writeable()) {
+            throw std::invalid_argument("ps_sums must be a writable C-contiguous [2, rows] float64 array");
+        }
+        ps_sums = ps_sums_arr.mutable_data();
+    }
     {
         py::gil_scoped_release release;
+        std::vector<double> row_raw(raw == nullptr && ps != nullptr ? static_cast<size_t>(cols) : 0);
         for (int64_t r = 0; r < rows; ++r) {
             const int64_t allowed = allowed_keys(is_causal, first, r, cols);
+            double *raw_r = raw != nullptr ? raw + r * cols : (ps != nullptr ? row_raw.data() : nullptr);
             const RowStats row = softmax_row(s + r * cols, allowed, cols, p32 ? p32 + r * cols : nullptr,
-                                             p2 ? p2 + r * cols : nullptr, floor, raw ? raw + r * cols : nullptr);
+                                             p2 ? p2 + r * cols : nullptr, floor, raw_r);
             st[r] = row.max;
             st[rows + r] = row.min;
             st[2 * rows + r] = row.sum;
             st[3 * rows + r] = row.sumsq;
+            if (ps != nullptr) {
+                scaled_row(s + r * cols, row.sum, raw_r, ps + r * cols, cols, ps_sums + r, ps_sums + rows + r);
+            }
         }
     }
 }
@@ -417,37 +457,6 @@ void baseline_softmax_tile(py::array_t<float> scores, py::array_t<float> denom, 
     py::gil_scoped_release release;
     for (int64_t r = 0; r < rows; ++r) {
         d[r] = baseline_row(s + r * cols, allowed_keys(is_causal, first, r, cols), cols, scale, rounding);
-    }
-}
-
-// T's products in one pass: ps = (p / denom[row]) * raw, rounded exactly as numpy's separate divide and
-// multiply round (two roundings, no contraction: there is no add), and sums [2, rows] = the row sums of
-// |ps| and of ps (float64, eight lanes: within T's guard of (keys + 4) eps64, which bounds any order).
-void scaled_products(py::array_t<double> p, py::array_t<double> denom, py::array_t<double> raw,
-                     py::array_t<double> ps, py::array_t<double> sums) {
-    if (p.ndim() != 2) {
-        throw std::invalid_argument("p must be a 2-D float64 array");
-    }
-    const int64_t rows = p.shape(0), cols = p.shape(1);
-    const double *pp = writable(p, "p", rows, cols);
-    const double *d = row_vector(denom, "denom", rows);
-    const double *rr = writable(raw, "raw", rows, cols);
-    double *out = writable(ps, "ps", rows, cols);
-    double *sum = writable(sums, "sums", 2, rows);
-    py::gil_scoped_release release;
-    for (int64_t r = 0; r < rows; ++r) {
-        const double dr = d[r];
-        const int64_t at = r * cols;
-        double total_abs = 0.0, total = 0.0;
-#pragma omp simd reduction(+ : total_abs, total)
-        for (int64_t j = 0; j < cols; ++j) {
-            const double value = (pp[at + j] / dr) * rr[at + j];
-            out[at + j] = value;
-            total_abs += std::fabs(value);
-            total += value;
-        }
-        sum[r] = total_abs;
-        sum[rows + r] = total;
     }
 }
 
@@ -574,17 +583,16 @@ py::array_t<double> exp_nonpositive_array(py::array_t<double, py::array::c_style
 PYBIND11_MODULE(_tile_kernel, m) {
     m.doc() = "Fused softmax passes of the golden generator's float64 attention tiles";
     m.def("softmax_tile", &softmax_tile, py::arg("scores"), py::arg("stats"), py::arg("causal_first"),
-          py::arg("p32"), py::arg("p2_32"), py::arg("floor"), py::arg("raw") = py::none(),
+          py::arg("p32"), py::arg("p2_32"), py::arg("floor"), py::arg("raw") = py::none(), py::arg("ps") = py::none(),
+          py::arg("ps_sums") = py::none(),
           "In place: scores -> e^(s - row max) on allowed keys (0 on masked ones); stats[4, rows] = max, "
           "min, sum P, sum P^2; optionally P and P^2 rounded up to float32 and floored at floor (0 on masked keys) "
-          "and raw = the scores before, masked keys 0.");
+          "and raw = the scores before, masked keys 0; optionally ps = (P / sum P) * raw and ps_sums[2, rows] = its "
+          "row sums of |.| and of it.");
     m.def("baseline_softmax_tile", &baseline_softmax_tile, py::arg("scores"), py::arg("denom"), py::arg("scale"),
           py::arg("causal_first"), py::arg("dtype"),
           "In place: float32 scores -> P = e^(s scale - row max) rounded to dtype (fp16: subnormals flushed), 0 on "
           "masked keys; denom[rows] = float32 sums of the unrounded P.");
-    m.def("scaled_products", &scaled_products, py::arg("p"), py::arg("denom"), py::arg("raw"), py::arg("ps"),
-          py::arg("sums"),
-          "ps = (p / denom[row]) * raw, as numpy's separate steps round it; sums[2, rows] = row sums of |ps| and ps.");
     m.def("finish_magnitudes", &finish_magnitudes, py::arg("abs_sum"), py::arg("sq_sum"), py::arg("psv"),
           py::arg("golden"), py::arg("denom"), py::arg("ps_sums"), py::arg("scale"), py::arg("cap"), py::arg("vmax"),
           py::arg("add"), py::arg("factor"), py::arg("gamma"), py::arg("pv_abs"), py::arg("pv_rss"), py::arg("pv_scale"),

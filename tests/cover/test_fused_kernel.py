@@ -83,30 +83,39 @@ def test_fused_golden_agrees_with_the_unfused_formula(spec: object) -> None:
     assert worst_disagreement(spec) <= AGREEMENT  # type: ignore[arg-type]
 
 
-def test_scaled_products_round_as_numpys_separate_steps_and_sum_the_rows() -> None:
+@pytest.mark.parametrize("causal_first", [None, 150])
+def test_softmax_tile_products_round_as_numpys_separate_steps_and_sum_the_rows(causal_first: int | None) -> None:
+    """T's products (P / sum P) s come out of the softmax pass bit for bit as numpy's separate divide and
+    multiply, with or without the raw scores asked for too, and their row sums within T's guard."""
     rng = np.random.default_rng(5)
-    p = rng.uniform(0.0, 1.0, (37, 211))
-    p[:, -9:] = 0.0  # masked keys
-    raw = rng.normal(0.0, 30.0, p.shape)
-    denom = rng.uniform(1.0, 200.0, (p.shape[0],))
-    ps, sums = np.full_like(p, np.nan), np.full((2, p.shape[0]), np.nan)
-    kernel.scaled_products(p, denom, raw, ps, sums)
-    expected = (p / denom[:, None]) * raw
-    assert np.array_equal(ps.view(np.uint64), expected.view(np.uint64))  # bit for bit, signed zeros too
-    # T's guard bounds the sums' error by (keys + 4) eps64 times the sum of |ps|, whatever the order
-    bound = (p.shape[1] + 4) * np.finfo(np.float64).eps * np.abs(expected).sum(axis=1)
-    assert np.all(np.abs(sums[0] - np.abs(expected).sum(axis=1)) <= bound)
-    assert np.all(np.abs(sums[1] - expected.sum(axis=1)) <= bound)
+    scores = rng.normal(0.0, 30.0, (37, 211))
+    raw = np.full_like(scores, np.nan)
+    results = []
+    for keep_raw in (True, False):
+        p, stats = scores.copy(), np.empty((4, scores.shape[0]))
+        ps, sums = np.full_like(p, np.nan), np.full((2, p.shape[0]), np.nan)
+        kernel.softmax_tile(p, stats, causal_first, None, None, ROUNDED_UP_FLOOR, raw if keep_raw else None, ps, sums)
+        results.append((ps, sums))
+    expected = (p / stats[2][:, None]) * raw
+    if causal_first is not None:
+        assert (raw[0, causal_first + 1 :] == 0).all() and (ps[0, causal_first + 1 :] == 0).all()  # masked keys
+    for ps, sums in results:
+        assert np.array_equal(ps.view(np.uint64), expected.view(np.uint64))  # bit for bit, signed zeros too
+        # T's guard bounds the sums' error by (keys + 4) eps64 times the sum of |ps|, whatever the order
+        bound = (p.shape[1] + 4) * np.finfo(np.float64).eps * np.abs(expected).sum(axis=1)
+        assert np.all(np.abs(sums[0] - np.abs(expected).sum(axis=1)) <= bound)
+        assert np.all(np.abs(sums[1] - expected.sum(axis=1)) <= bound)
+    assert np.array_equal(results[0][1], results[1][1])
 
 
-def test_scaled_products_refuse_mismatched_shapes() -> None:
-    p = np.zeros((4, 8))
+def test_softmax_tile_products_refuse_mismatched_buffers() -> None:
+    scores, stats = np.zeros((4, 8)), np.empty((4, 4))
     with pytest.raises(ValueError, match="ps must be"):
-        kernel.scaled_products(p, np.ones(4), p.copy(), np.zeros((4, 7)), np.zeros((2, 4)))
-    with pytest.raises(ValueError, match="denom must be"):
-        kernel.scaled_products(p, np.ones(3), p.copy(), p.copy(), np.zeros((2, 4)))
-    with pytest.raises(ValueError, match="sums must be"):
-        kernel.scaled_products(p, np.ones(4), p.copy(), p.copy(), np.zeros((4, 2)))
+        kernel.softmax_tile(scores, stats, None, None, None, ROUNDED_UP_FLOOR, None, np.zeros((4, 7)), np.zeros((2, 4)))
+    with pytest.raises(ValueError, match="ps_sums must be"):
+        kernel.softmax_tile(scores, stats, None, None, None, ROUNDED_UP_FLOOR, None, np.zeros((4, 8)), np.zeros((4, 2)))
+    with pytest.raises(ValueError, match="together"):
+        kernel.softmax_tile(scores, stats, None, None, None, ROUNDED_UP_FLOOR, None, np.zeros((4, 8)), None)
 
 
 def baseline_scores(rng: np.random.Generator, scale: float) -> np.ndarray:
