@@ -32,7 +32,12 @@ Definitions (also in docs/benchmarks.md):
   (:mod:`mlaconf.golden.bench_limits`: its GEMMs at the square GEMM's float64 and float32 rates, one
   compiled softmax pass per score, its bytes at the copy bandwidth), and the end-to-end limit as a
   ratio to the float64 GEMM; ``--ab`` prints the same limit against its rounds' GEMM and how much of
-  it the end-to-end arm reached.
+  it the end-to-end arm reached.  Beside it a second limit, the same work with its GEMMs at the rates
+  measured at the build's own tile shapes (:func:`mlaconf.golden.bench_limits.measure_tile_rates`: the
+  shapes the memory target forces, which run below the square GEMM's rate).
+- ``--tile-cost ROWS...``: the build's main stage (reference + magnitudes) at each query tile size, in a
+  fresh interpreter: its time, its peak memory above the inputs and the float64 GEMM rate at that
+  tile's shapes, against a square GEMM of the same process: what a larger tile gains and costs.
 - peak MB: every measurement runs in a fresh interpreter; peak is its ``VmHWM`` (which, unlike
   tracemalloc, sees BLAS and torch buffers) minus its ``VmRSS`` right after imports.  "ref MB" is
   the same over the reference call alone (peak reset through ``/proc/self/clear_refs``), with the

@@ -11,6 +11,7 @@ derives the same numbers by hand.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -261,12 +262,12 @@ def measure_tile_rates(
         gemm(p32[:rows, :keys], v32[:keys], out)
         return 2.0 * rows * keys * V_DIM
 
-    jobs64 = [lambda r=r, k=k: f64_tile(r, k) for r, k in tile_gemm_shapes(spec, tile)]
-    jobs32 = [lambda r=r, k=k: f32_tile(r, k, False) for r, k in tile_gemm_shapes(spec, tile)]
-    jobs32 += [lambda r=r, k=k: f32_tile(r, k, True) for r, k in tile_gemm_shapes(spec, base_tile)]
+    jobs64 = [functools.partial(f64_tile, r, k) for r, k in tile_gemm_shapes(spec, tile)]
+    jobs32 = [functools.partial(f32_tile, r, k, False) for r, k in tile_gemm_shapes(spec, tile)]
+    jobs32 += [functools.partial(f32_tile, r, k, True) for r, k in tile_gemm_shapes(spec, base_tile)]
 
-    def rate(jobs: list[Callable[[], float]]) -> float:
-        best = float("inf")
+    def rate(jobs: list[functools.partial[float]]) -> float:
+        best, flops = float("inf"), 0.0
         with blas_threads(1), ThreadPoolExecutor(max(threads, 1), initializer=_one_torch_thread) as pool:
             for attempt in range(3):  # the first is the warm-up
                 start = time.perf_counter()
