@@ -73,7 +73,7 @@ def build_golden(spec: CaseSpec, *, threads: int = 1, inputs: OpInputs | None = 
     device = os.environ.get(DEVICE_ENV, "cpu")  # MLA_GOLDEN_DEVICE=cuda: float64 reference on a GPU
     passes = 2.0 if device == "cpu" else 3.0  # tiles of the reference (+ magnitudes), baseline[, magnitudes]
     with progress.case_work(spec.case_id, passes * spec.useful_flops):
-        inputs = generate_inputs(spec) if inputs is None else inputs
+        inputs = generate_inputs(spec, threads=threads) if inputs is None else inputs
         if device == "cpu":
             progress.set_stage("reference + magnitudes")
             out, magnitudes = reference_and_magnitudes(inputs, spec, threads=threads)
