@@ -49,7 +49,7 @@ DEFAULT_TILE = 256
 FUSED_TILE = 512
 #: Rows per block of a causal tile's diagonal part (:func:`tile_rows`): smaller blocks compute fewer
 #: masked pairs but run their GEMMs further from BLAS's peak (128 measured no faster than whole 512-row tiles).
-CORNER_ROWS = 256
+CORNER_ROWS: int | None = 256
 #: Floor of the rounded-up float32 P and P^2 (the magnitudes' GEMM operands; see mlaconf.golden.magnitudes).
 ROUNDED_UP_FLOOR = 2.0**-126
 #: GPU tiles are larger: a tile of scores is tile x S x 8 bytes of device memory.
