@@ -10,9 +10,27 @@ def softmax_tile(
     p2_32: np.ndarray | None,
     floor: float,
     raw: np.ndarray | None = None,
+    ps: np.ndarray | None = None,
+    ps_sums: np.ndarray | None = None,
 ) -> None: ...
 def exp_nonpositive(x: np.ndarray) -> np.ndarray: ...
-def scaled_products(p: np.ndarray, denom: np.ndarray, raw: np.ndarray, ps: np.ndarray, sums: np.ndarray) -> None: ...
+def finish_magnitudes(
+    abs_sum: np.ndarray,
+    sq_sum: np.ndarray,
+    psv: np.ndarray,
+    golden: np.ndarray,
+    denom: np.ndarray,
+    ps_sums: np.ndarray,
+    scale: np.ndarray,
+    cap: np.ndarray,
+    vmax: np.ndarray,
+    add: float,
+    factor: float,
+    gamma: float,
+    pv_abs: np.ndarray,
+    pv_rss: np.ndarray,
+    pv_scale: np.ndarray,
+) -> None: ...
 def round_to_bf16(values: np.ndarray, out: np.ndarray) -> bool: ...
 def baseline_softmax_tile(
     scores: np.ndarray, denom: np.ndarray, scale: float, causal_first: int | None, dtype: str

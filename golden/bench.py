@@ -32,7 +32,12 @@ Definitions (also in docs/benchmarks.md):
   (:mod:`mlaconf.golden.bench_limits`: its GEMMs at the square GEMM's float64 and float32 rates, one
   compiled softmax pass per score, its bytes at the copy bandwidth), and the end-to-end limit as a
   ratio to the float64 GEMM; ``--ab`` prints the same limit against its rounds' GEMM and how much of
-  it the end-to-end arm reached.
+  it the end-to-end arm reached.  Beside it a second limit, the same work with its GEMMs at the rates
+  measured at the build's own tile shapes (:func:`mlaconf.golden.bench_limits.measure_tile_rates`: the
+  shapes the memory target forces, which run below the square GEMM's rate).
+- ``--tile-cost ROWS...``: the build's main stage (reference + magnitudes) at each query tile size, in a
+  fresh interpreter: its time, its peak memory above the inputs and the float64 GEMM rate at that
+  tile's shapes, against a square GEMM of the same process: what a larger tile gains and costs.
 - peak MB: every measurement runs in a fresh interpreter; peak is its ``VmHWM`` (which, unlike
   tracemalloc, sees BLAS and torch buffers) minus its ``VmRSS`` right after imports.  "ref MB" is
   the same over the reference call alone (peak reset through ``/proc/self/clear_refs``), with the
@@ -326,11 +331,16 @@ def format_interleaved(report: dict[str, Any]) -> str:
         )
         limit = row.get("limit")
         if limit and "e2e" in row["ratio_median"]:
-            low, high = (value / limit["ratio"] for value in row["ratio_range"]["e2e"])
-            lines.append(
-                f"    derived end-to-end limit {limit['ratio']:.2f} of this GEMM ({limit['limit_s']:.2f} s); "
-                f"e2e reaches {row['ratio_median']['e2e'] / limit['ratio']:.2f} [{low:.2f}, {high:.2f}] of it"
-            )
+            for key, label in (("", "square GEMM"), ("tile_", "GEMMs at the tiles' shapes")):
+                if f"{key}ratio" not in limit:
+                    continue
+                ratio = limit[f"{key}ratio"]
+                low, high = (value / ratio for value in row["ratio_range"]["e2e"])
+                seconds = limit[f"{key}limit_s"]
+                lines.append(
+                    f"    derived end-to-end limit ({label}) {ratio:.2f} of this GEMM ({seconds:.2f} s); "
+                    f"e2e reaches {row['ratio_median']['e2e'] / ratio:.2f} [{low:.2f}, {high:.2f}] of it"
+                )
     return "\n".join(lines)
 
 
@@ -349,6 +359,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(ab, indent=2) + "\n")
         return 0
+    if args.tile_cost:
+        for name in args.cases:
+            for size in args.tile_cost:
+                job = {"kind": "tile_cost", "case": name, "threads": args.threads, "repeats": args.repeats}
+                job["tile"] = size
+                print(format_tile_cost(name, size, run_job(job)), flush=True)
+        return 0
     if args.tile_profile:
         print(format_tile(run_job({"kind": "tile", "repeats": max(args.repeats, 7)})))
         return 0
@@ -366,6 +383,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     return 0
+
+
+def format_tile_cost(case: str, tile: int, result: dict[str, Any]) -> str:
+    """One ``--tile-cost`` line: the build's main stage at ``tile`` rows, its speed, memory and GEMM rate."""
+    seconds = statistics.median(result["times"])
+    useful = bench_useful_gflop(case)
+    peak = "n/a" if result["peak_mb"] is None else f"{result['peak_mb']:.0f} MB"
+    return (
+        f"{case} tile {tile}: reference + magnitudes {seconds:.2f} s ({useful / seconds / result['square_gflops']:.2f} "
+        f"of square GEMM {result['square_gflops']:.1f} GF/s), peak {peak} above the inputs; float64 GEMMs at "
+        f"this tile's shapes {result['tile_gemm64_gflops'] / result['square_gflops']:.2f} of square; load "
+        f"{os.getloadavg()[0]:.1f}"
+    )
+
+
+def bench_useful_gflop(case: str) -> float:
+    from mlaconf.golden.bench_measure import bench_spec
+
+    return bench_spec(case).useful_flops / 1e9
 
 
 def help_text(doc: str | None) -> str:
@@ -394,6 +430,14 @@ def register(subparsers: Any) -> None:
         help="only profile one reference tile and its parts (one thread, CPU time)",
     )
     parser.add_argument("--no-end-to-end", action="store_true", help="skip the end-to-end build_golden run")
+    parser.add_argument(
+        "--tile-cost",
+        nargs="+",
+        type=int,
+        metavar="ROWS",
+        help="only measure the reference + magnitudes stage at these query tile sizes: time, peak memory, "
+        "GEMM rate at the tiles' shapes",
+    )
     parser.add_argument(
         "--ab",
         action="store_true",

@@ -11,6 +11,7 @@ derives the same numbers by hand.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -20,7 +21,16 @@ import numpy as np
 
 from mlaconf.facts.operator import SCORE_DIM, V_DIM, scores_in_fp16
 from mlaconf.golden.layout import causal_offset
-from mlaconf.golden.reference import DEFAULT_TILE, FUSED_TILE, blas_threads, gemm, tile_kernel
+from mlaconf.golden.reference import (
+    DEFAULT_TILE,
+    FUSED_TILE,
+    Workspace,
+    _one_torch_thread,
+    blas_threads,
+    gemm,
+    tile_kernel,
+    tile_rows,
+)
 from mlaconf.golden.spec import CaseSpec
 
 #: Bytes per score that a build cannot avoid moving between its GEMMs, once every elementwise step is
@@ -50,18 +60,20 @@ class MachineRates:
     gemm32: float  # FLOP/s, the same in float32
     bandwidth: float  # bytes/s read plus written by a large copy
     softmax: float  # scores/s through the compiled softmax pass, one thread times the threads
+    # the same GEMMs at the build's own tile shapes (:func:`measure_tile_rates`): what the memory budget's tiles allow
+    tile_gemm64: float | None = None
+    tile_gemm32: float | None = None
 
 
 def computed_pairs(spec: CaseSpec, tile: int) -> int:
-    """(query, key) pairs the tiles compute per head: whole ``rows x k_end`` blocks, masked corners included."""
+    """(query, key) pairs the tiles compute per head: whole ``rows x k_end`` blocks (:func:`tile_rows`), the
+    masked corners they still hold included."""
     pairs = 0
     for b in range(spec.batch):
-        q_len, kv_len, offset = spec.q_seqlen[b], spec.kv_seqlen[b], causal_offset(spec, b)
+        q_len, kv_len = spec.q_seqlen[b], spec.kv_seqlen[b]
         if q_len == 0 or kv_len == 0:
             continue
-        for i0 in range(0, q_len, tile):
-            i1 = min(i0 + tile, q_len)
-            pairs += (i1 - i0) * (kv_len if offset is None else max(0, min(kv_len, i1 + offset)))
+        pairs += sum((i1 - i0) * k_end for i0, i1, k_end in tile_rows(q_len, kv_len, causal_offset(spec, b), tile))
     return pairs * spec.head_num
 
 
@@ -94,11 +106,17 @@ def build_work(spec: CaseSpec, *, input_bytes: int, output_bytes: int, file_byte
     ]
 
 
-def stage_limit(work: StageWork, rates: MachineRates) -> float:
-    """Seconds the stage needs at best: its GEMMs at the square GEMM's rate plus its passes."""
+def stage_limit(work: StageWork, rates: MachineRates, *, tile_shaped: bool = False) -> float:
+    """Seconds the stage needs at best: its GEMMs at the square GEMM's rate (``tile_shaped``: at the rates
+    measured at the tiles' own shapes) plus its passes."""
+    gemm64, gemm32 = rates.gemm64, rates.gemm32
+    if tile_shaped:
+        if rates.tile_gemm64 is None or rates.tile_gemm32 is None:
+            raise ValueError("tile-shaped limit asked of rates measured without the tiles' GEMMs")
+        gemm64, gemm32 = rates.tile_gemm64, rates.tile_gemm32
     return (
-        work.gemm64_flops / rates.gemm64
-        + work.gemm32_flops / rates.gemm32
+        work.gemm64_flops / gemm64
+        + work.gemm32_flops / gemm32
         + work.softmax_scores / rates.softmax
         + work.bytes_moved / rates.bandwidth
     )
@@ -108,39 +126,61 @@ def limit_report(
     works: list[StageWork], rates: MachineRates, measured: dict[str, float], useful_flops: float
 ) -> dict[str, Any]:
     """Per stage: measured seconds, limit seconds, limit / measured; and the end-to-end limit as a
-    ratio to the float64 GEMM (useful FLOPs over the summed limits, divided by the GEMM rate)."""
+    ratio to the float64 GEMM (useful FLOPs over the summed limits, divided by the GEMM rate).  With
+    tile-shaped rates also the second limit, its GEMMs at the tiles' rates (``tile_*``; still a ratio to
+    the square GEMM, so the two limits and the measured ratio compare directly)."""
+    tiled = rates.tile_gemm64 is not None and rates.tile_gemm32 is not None
     stages = []
     for work in works:
         limit = stage_limit(work, rates)
         seconds = measured.get(work.stage)
-        stages.append(
-            {**asdict(work), "seconds": seconds, "limit_s": limit, "of_limit": limit / seconds if seconds else None}
-        )
+        stage = {**asdict(work), "seconds": seconds, "limit_s": limit, "of_limit": limit / seconds if seconds else None}
+        if tiled:
+            stage["tile_limit_s"] = stage_limit(work, rates, tile_shaped=True)
+        stages.append(stage)
     total_limit = sum(s["limit_s"] for s in stages)
-    return {
+    report = {
         "rates": asdict(rates),
         "stages": stages,
         "limit_s": total_limit,
         "e2e_limit_ratio": useful_flops / total_limit / rates.gemm64,
     }
+    if tiled:
+        tile_limit = sum(s["tile_limit_s"] for s in stages)
+        report |= {"tile_limit_s": tile_limit, "tile_e2e_limit_ratio": useful_flops / tile_limit / rates.gemm64}
+    return report
 
 
 def format_limits(case: str, report: dict[str, Any], e2e_seconds: float | None) -> list[str]:
-    """The limit lines of one case: each stage against its own limit, then the whole build."""
+    """The limit lines of one case: each stage against its own limit, then the whole build (and, when the
+    tiles' GEMM rates were measured, the same at those rates)."""
     rates = report["rates"]
+    tiled = "tile_limit_s" in report
+    tile_rates = (
+        f"; at the tiles' shapes f64 {rates['tile_gemm64'] / 1e9:.1f}, f32 {rates['tile_gemm32'] / 1e9:.1f} GF/s"
+        if tiled
+        else ""
+    )
     lines = [
         f"{case} stage limits (GEMM f64 {rates['gemm64'] / 1e9:.1f} GF/s, f32 {rates['gemm32'] / 1e9:.1f} GF/s, "
-        f"copy {rates['bandwidth'] / 1e9:.1f} GB/s, softmax {rates['softmax'] / 1e9:.2f} G scores/s):"
+        f"copy {rates['bandwidth'] / 1e9:.1f} GB/s, softmax {rates['softmax'] / 1e9:.2f} G scores/s{tile_rates}):"
     ]
     for s in report["stages"]:
         seconds, ratio = s["seconds"], s["of_limit"]
+        tile = f"  (tile-shaped {s['tile_limit_s']:.2f} s)" if tiled else ""
         lines.append(
             f"  {s['stage']:24s} {'-' if seconds is None else f'{seconds:.2f}':>6s} s  limit {s['limit_s']:.2f} s  "
-            f"{'-' if ratio is None else f'{ratio:.2f}'} of limit"
+            f"{'-' if ratio is None else f'{ratio:.2f}'} of limit{tile}"
         )
-    limit_s = report["limit_s"]
-    reached = f", reached {limit_s / e2e_seconds:.2f} of it" if e2e_seconds else ""
-    lines.append(f"  end to end limit {limit_s:.2f} s = {report['e2e_limit_ratio']:.2f} of float64 GEMM{reached}")
+    for key, label in (("", "square GEMM"), ("tile_", "GEMMs at the tiles' shapes")):
+        if f"{key}limit_s" not in report:
+            continue
+        limit_s = report[f"{key}limit_s"]
+        reached = f", reached {limit_s / e2e_seconds:.2f} of it" if e2e_seconds else ""
+        lines.append(
+            f"  end to end limit ({label}) {limit_s:.2f} s = {report[f'{key}e2e_limit_ratio']:.2f} of float64 GEMM"
+            f"{reached}"
+        )
     return lines
 
 
@@ -177,3 +217,63 @@ def measure_rates(threads: int, gemm_n: int = 2048) -> MachineRates:
         kernel.softmax_tile(work, stats, None, None, None, 2.0**-126)
         softmax = min(softmax, time.perf_counter() - start)
     return MachineRates(gemm64, gemm32, bandwidth, scores.size / softmax * threads)
+
+
+def tile_gemm_shapes(spec: CaseSpec, tile: int) -> list[tuple[int, int]]:
+    """``(rows, keys)`` of every tile of one head of ``spec`` (:func:`tile_rows`, masked corners included)."""
+    shapes = []
+    for b in range(spec.batch):
+        q_len, kv_len = spec.q_seqlen[b], spec.kv_seqlen[b]
+        if q_len and kv_len:
+            offset = causal_offset(spec, b)
+            shapes += [(i1 - i0, k_end) for i0, i1, k_end in tile_rows(q_len, kv_len, offset, tile) if k_end > 0]
+    return shapes
+
+
+def measure_tile_rates(
+    spec: CaseSpec, threads: int, *, tile: int = FUSED_TILE, base_tile: int = DEFAULT_TILE
+) -> tuple[float, float]:
+    """float64 and float32 GEMM FLOP/s at the shapes the build runs them (one head's tiles, each shape's
+    GEMMs on ``threads`` workers side by side as the build runs them, best of two after a warm-up):
+    float64 ``q k^T`` and the transposed ``P V`` at ``tile`` rows (the reference; the magnitudes' float64
+    GEMMs have ``P V``'s shape), float32 ``P |V'|`` at ``tile`` rows and the baseline's ``q k^T`` and ``P V``
+    at ``base_tile`` rows.  Random operands of the same shapes: a GEMM's speed does not depend on its values."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(0)
+    kv, rows = max(max(spec.kv_seqlen), 1), max(tile, base_tile)
+    q64, k64 = rng.uniform(-1, 1, (rows, SCORE_DIM)), np.asfortranarray(rng.uniform(-1, 1, (kv, SCORE_DIM)))
+    vt64 = rng.uniform(-1, 1, (V_DIM, kv))
+    q32, k32 = q64.astype(np.float32), k64.astype(np.float32)
+    v32, p32 = rng.uniform(0, 1, (kv, V_DIM)).astype(np.float32), rng.uniform(0, 1, (rows, kv)).astype(np.float32)
+    work = Workspace()  # per-thread outputs, reused as the build reuses its own (fresh pages cost page faults)
+
+    def f64_tile(rows: int, keys: int) -> float:
+        scores = gemm(q64[:rows], k64[:keys].T, work.take("s64", (rows, keys), np.float64))
+        gemm(vt64[:, :keys], scores.T, work.take("o64", (V_DIM, rows), np.float64))
+        return 2.0 * rows * keys * (SCORE_DIM + V_DIM)
+
+    def f32_tile(rows: int, keys: int, base: bool) -> float:
+        out = work.take("o32", (rows, V_DIM), np.float32)
+        if base:
+            scores = gemm(q32[:rows], k32[:keys].T, work.take("s32", (rows, keys), np.float32))
+            gemm(scores, v32[:keys], out)
+            return 2.0 * rows * keys * (SCORE_DIM + V_DIM)
+        gemm(p32[:rows, :keys], v32[:keys], out)
+        return 2.0 * rows * keys * V_DIM
+
+    jobs64 = [functools.partial(f64_tile, r, k) for r, k in tile_gemm_shapes(spec, tile)]
+    jobs32 = [functools.partial(f32_tile, r, k, False) for r, k in tile_gemm_shapes(spec, tile)]
+    jobs32 += [functools.partial(f32_tile, r, k, True) for r, k in tile_gemm_shapes(spec, base_tile)]
+
+    def rate(jobs: list[functools.partial[float]]) -> float:
+        best, flops = float("inf"), 0.0
+        with blas_threads(1), ThreadPoolExecutor(max(threads, 1), initializer=_one_torch_thread) as pool:
+            for attempt in range(3):  # the first is the warm-up
+                start = time.perf_counter()
+                flops = sum(pool.map(lambda job: job(), jobs * max(threads, 1)))
+                if attempt:
+                    best = min(best, time.perf_counter() - start)
+        return flops / best
+
+    return rate(jobs64), rate(jobs32)

@@ -8,6 +8,7 @@ figure are in :mod:`mlaconf.golden.bench` and docs/benchmarks.md.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import json
 import os
@@ -22,7 +23,14 @@ import numpy as np
 
 from mlaconf.facts.operator import SCORE_DIM, V_DIM
 from mlaconf.golden.bench_cases import CASES
-from mlaconf.golden.bench_limits import build_work, computed_pairs, limit_report, measure_rates
+from mlaconf.golden.bench_limits import (
+    MachineRates,
+    build_work,
+    computed_pairs,
+    limit_report,
+    measure_rates,
+    measure_tile_rates,
+)
 from mlaconf.golden.inputs import generate_inputs
 from mlaconf.golden.reference import (
     DEFAULT_TILE,
@@ -189,7 +197,7 @@ def _measure_build(job: dict[str, Any]) -> dict[str, Any]:
         file_bytes=file_bytes,
     )
     stage_wall = {name: times[0] for name, times in stages.items()}
-    limits = limit_report(works, measure_rates(job["threads"], n), stage_wall, spec.useful_flops)
+    limits = limit_report(works, _rates(spec, job["threads"], n), stage_wall, spec.useful_flops)
     return {
         "times": [end - start],
         "stages": stages,
@@ -275,10 +283,44 @@ def _interleaved_limit(spec: CaseSpec, threads: int, n: int, square: Callable[[]
         file_bytes=path.stat().st_size,
     )
     del golden
-    rates = measure_rates(threads, n)
+    rates = _rates(spec, threads, n)
     square_rate = 2.0 * n**3 / min(_timed(square, 3))
     report = limit_report(works, rates, {}, spec.useful_flops)
-    return {**report, "square_gflops": square_rate / 1e9, "ratio": spec.useful_flops / report["limit_s"] / square_rate}
+    return {
+        **report,
+        "square_gflops": square_rate / 1e9,
+        "ratio": spec.useful_flops / report["limit_s"] / square_rate,
+        "tile_ratio": spec.useful_flops / report["tile_limit_s"] / square_rate,
+    }
+
+
+def _rates(spec: CaseSpec, threads: int, n: int) -> MachineRates:
+    """:func:`measure_rates` with the GEMM rates at ``spec``'s tile shapes (both limits' rates)."""
+    tile64, tile32 = measure_tile_rates(spec, threads)
+    return dataclasses.replace(measure_rates(threads, n), tile_gemm64=tile64, tile_gemm32=tile32)
+
+
+def _measure_tile_cost(job: dict[str, Any]) -> dict[str, Any]:
+    """What one reference tile size costs and gains: ``reference_and_magnitudes`` (the build's main stage) at
+    ``tile`` rows, best of ``repeats``, its peak memory above the inputs (VmHWM reset after generating them)
+    and the float64 GEMM rate at that tile's shapes, next to a square GEMM in the same process."""
+    from mlaconf.golden.magnitudes import reference_and_magnitudes
+
+    with contextlib.suppress(ImportError):
+        import torch  # noqa: F401
+    spec, threads, tile = bench_spec(job["case"]), job["threads"], job["tile"]
+    inputs = generate_inputs(spec)
+    resident = _proc_status_mb("VmRSS")
+    resettable = _reset_peak()
+    times = _timed(lambda: reference_and_magnitudes(inputs, spec, tile=tile, threads=threads), job["repeats"])
+    peak = _proc_status_mb("VmHWM") - resident if resettable else None
+    n = job.get("gemm_n", 2048)
+    a, b = np.random.default_rng(0).random((n, n)), np.random.default_rng(1).random((n, n))
+    with blas_threads(threads):
+        a @ b
+        square = 2.0 * n**3 / min(_timed(lambda: a @ b, 3))
+    tile64, _ = measure_tile_rates(spec, threads, tile=tile)
+    return {"times": times, "peak_mb": peak, "square_gflops": square / 1e9, "tile_gemm64_gflops": tile64 / 1e9}
 
 
 def _measure_tile(job: dict[str, Any]) -> dict[str, Any]:
@@ -322,6 +364,7 @@ def _worker(payload: str) -> int:
         "build": _measure_build,
         "tile": _measure_tile,
         "interleaved": _measure_interleaved,
+        "tile_cost": _measure_tile_cost,
     }[job["kind"]]
     print(json.dumps(measure(job)))
     return 0

@@ -27,7 +27,9 @@ from mlaconf.golden.types import GoldenCase, OpInputs
 #: 2.5: fused tile kernel (its exp and summation order), pv_abs/pv_rss from float32 GEMMs lifted to bounds.
 #: 2.6: P V and (P s) V as transposed GEMMs (their summation order); the baseline's fp32 score path in the
 #: compiled kernel (its exp and row sum).
-GENERATOR_VERSION = "2.6"
+#: 2.7: causal diagonal tiles in 256-row blocks (reference.tile_rows): the GEMMs' summation order over fewer
+#: keys (out within an ulp), the magnitudes' float32 lift and T's guard counted over the block's own keys.
+GENERATOR_VERSION = "2.7"
 
 
 def _version(package: str) -> str:
@@ -71,7 +73,7 @@ def build_golden(spec: CaseSpec, *, threads: int = 1, inputs: OpInputs | None = 
     device = os.environ.get(DEVICE_ENV, "cpu")  # MLA_GOLDEN_DEVICE=cuda: float64 reference on a GPU
     passes = 2.0 if device == "cpu" else 3.0  # tiles of the reference (+ magnitudes), baseline[, magnitudes]
     with progress.case_work(spec.case_id, passes * spec.useful_flops):
-        inputs = generate_inputs(spec) if inputs is None else inputs
+        inputs = generate_inputs(spec, threads=threads) if inputs is None else inputs
         if device == "cpu":
             progress.set_stage("reference + magnitudes")
             out, magnitudes = reference_and_magnitudes(inputs, spec, threads=threads)

@@ -8,7 +8,10 @@ reads them gets visibly wrong answers instead of accidentally right ones (zeros 
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 from typing import Any
 
@@ -236,11 +239,13 @@ def _fill_padded(dests: list[np.ndarray], draw: Any, spec: CaseSpec, garbage: li
                 dest[b, length + r0 : length + r1] = round_to(values, spec.dtype)
 
 
-def generate_inputs(spec: CaseSpec) -> OpInputs:
+def generate_inputs(spec: CaseSpec, *, threads: int = 1) -> OpInputs:
     """All operator inputs of a case, in its layouts and dtype (see :class:`OpInputs`).
 
     Drawn in chunks of :data:`CHUNK_ELEMENTS` float64 values and rounded into the device-dtype
     tensors as they go: the only whole-tensor arrays are the results themselves (2 bytes a value).
+    Each tensor draws from its own streams (:data:`STREAMS`), so with ``threads > 1`` the tensors fill
+    side by side (the generator and the rounding release the GIL) with the same values.
     """
     if spec.inputs is not None:
         return explicit_inputs(spec)
@@ -248,8 +253,10 @@ def generate_inputs(spec: CaseSpec) -> OpInputs:
     t, h, hkv, dtype = spec.total_q, spec.head_num, max(spec.kv_head_num, 1), numpy_dtype(spec.dtype)
     q = np.empty((t, h * NOPE_DIM), dtype=dtype)
     q_rope = np.empty((t, h * ROPE_DIM), dtype=dtype)
-    _fill_packed([q], _Source(spec, streams, "q", h, NOPE_DIM).draw, t, spec.dtype)
-    _fill_packed([q_rope], _Source(spec, streams, "q_rope", h, ROPE_DIM).draw, t, spec.dtype)
+    fills: list[Callable[[], None]] = [  # the largest first: q is most of a case's inputs
+        lambda: _fill_packed([q], _Source(spec, streams, "q", h, NOPE_DIM).draw, t, spec.dtype),
+        lambda: _fill_packed([q_rope], _Source(spec, streams, "q_rope", h, ROPE_DIM).draw, t, spec.dtype),
+    ]
     padded = spec.kv_layout == "padded"
     rows = (spec.batch, spec.padded_rows) if padded else (spec.total_kv,)
     k = np.empty((*rows, hkv * NOPE_DIM), dtype=dtype)
@@ -267,9 +274,16 @@ def generate_inputs(spec: CaseSpec) -> OpInputs:
     key_sources.append(([v], _Source(spec, streams, "v", hkv, V_DIM).draw, ["pad_v"]))
     for dests, draw, pads in key_sources:
         if padded:
-            _fill_padded(dests, draw, spec, [streams[name] for name in pads])
+            fills.append(functools.partial(_fill_padded, dests, draw, spec, [streams[name] for name in pads]))
         else:
-            _fill_packed(dests, draw, spec.total_kv, spec.dtype)
+            fills.append(functools.partial(_fill_packed, dests, draw, spec.total_kv, spec.dtype))
+    if threads > 1:
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            for done in [pool.submit(fill) for fill in fills]:
+                done.result()
+    else:
+        for fill in fills:
+            fill()
     if spec.q_layout == "3d":
         q, q_rope = q.reshape(t, h, NOPE_DIM), q_rope.reshape(t, h, ROPE_DIM)
     if not padded:

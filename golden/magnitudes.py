@@ -173,12 +173,13 @@ def cancellation_noise(
     return {"pvs_rss": 2.0 * np.sqrt(gamma) * 4.0 * score * (r + rho * g), "pv_scale": 4.0 * gamma * score * (a + g)}
 
 
-def _largest_key_norm(knorm: np.ndarray, rows: int, diag: tuple[int, int] | None) -> np.ndarray:
-    """Per query row of a tile: the largest ||k_j|| over the keys the row may see."""
+def _largest_key_norm(key_peak: np.ndarray, rows: int, k_end: int, diag: tuple[int, int] | None) -> np.ndarray:
+    """Per query row of a tile seeing at most keys ``[0, k_end)``: the largest ||k_j|| over the keys the row
+    may see, from the running maximum ``key_peak`` of the kv head's key norms."""
     if diag is None:
-        return np.full(rows, knorm.max())
-    last = np.minimum(np.arange(diag[0], diag[0] + rows) + diag[1], knorm.size - 1)
-    largest: np.ndarray = np.maximum.accumulate(knorm)[last]
+        return np.full(rows, key_peak[k_end - 1])
+    last = np.minimum(np.arange(diag[0], diag[0] + rows) + diag[1], k_end - 1)
+    largest: np.ndarray = key_peak[last]
     return largest
 
 
@@ -186,22 +187,28 @@ def _largest_key_norm(knorm: np.ndarray, rows: int, diag: tuple[int, int] | None
 class ValueOperands:
     """One kv head's V for the magnitudes' float32 GEMMs: each column c scaled by 2^-e_c so that its
     largest |V| lies in [1/2, 1) (V^2 cannot overflow or underflow to nothing), then |V'| and V'^2
-    rounded up to float32 and floored at :data:`OPERAND_FLOOR`: each operand >= its exact value."""
+    rounded up to float32 and floored at :data:`OPERAND_FLOOR`: each operand >= its exact value.
+    With them the running maxima over keys that every tile of the kv head reads a prefix of (computed once
+    per kv head, not per tile): of |V| per column and of the key norms ||k_j||."""
 
     abs32: np.ndarray  # [kv_len, 128] float32
     sq32: np.ndarray  # [kv_len, 128] float32
     scale: np.ndarray  # [128] float64, 2^e_c
     largest: np.ndarray  # [128] float64, max_j |V_jc|: pv_abs and pv_rss never exceed it
+    abs_peak: np.ndarray  # [kv_len, 128] float32, max_{j' <= j} |V_j'c| (exact: V holds dtype values)
+    key_peak: np.ndarray  # [kv_len] float64, max_{j' <= j} ||k_j'||
 
     @classmethod
-    def of(cls, v: np.ndarray) -> ValueOperands:
+    def of(cls, v: np.ndarray, k: np.ndarray) -> ValueOperands:
         largest = np.abs(v).max(axis=0) if v.shape[0] else np.zeros(v.shape[1])
         exponent = np.where(largest > 0, np.frexp(largest)[1], 0)
         scale = np.ldexp(1.0, exponent)
         scaled = np.abs(v) / scale  # exact: a power of two, and every |V'| <= 1 stays a normal float64
         abs32 = np.maximum(round_up_float32(scaled), np.float32(OPERAND_FLOOR))
         sq32 = np.maximum(round_up_float32(scaled * scaled), np.float32(OPERAND_FLOOR))
-        return cls(np.ascontiguousarray(abs32), np.ascontiguousarray(sq32), scale, largest)
+        abs_peak = np.maximum.accumulate(np.abs(v).astype(np.float32), axis=0)
+        key_peak = np.maximum.accumulate(np.linalg.norm(k, axis=1))
+        return cls(np.ascontiguousarray(abs32), np.ascontiguousarray(sq32), scale, largest, abs_peak, key_peak)
 
 
 def lift_float32_sum(computed: np.ndarray, keys: int) -> np.ndarray:
@@ -215,13 +222,23 @@ def lift_float32_sum(computed: np.ndarray, keys: int) -> np.ndarray:
     (1 + 4 (n + 8) eps64) of its exact value and so does ours (different summation orders, exp within
     an ulp or two, a few final roundings), hence 8 (n + 8) eps64; for ``pv_rss`` the factor goes under
     the square root, which halves it, still above what the two float64 values can differ by."""
+    add, factor = lift_terms(keys)
+    lifted: np.ndarray = (computed.astype(np.float64) + add) * factor
+    return lifted
+
+
+def lift_terms(keys: int) -> tuple[float, float]:
+    """:func:`lift_float32_sum`'s ``(add, factor)``: the lifted sum is ``(computed + add) * factor``."""
     n = max(keys, 1)
     if n * U32 >= 0.5:  # pragma: no cover - far beyond the operator's sequence limits
         raise ValueError(f"{keys} keys: too many for the float32 magnitude bound")
     gamma32 = n * U32 / (1 - n * U32)
-    factor = (1 + 8 * (n + 8) * EPS64) / (1 - gamma32)
-    lifted: np.ndarray = (computed.astype(np.float64) + 2 * n * UNDERFLOW32) * factor
-    return lifted
+    return 2 * n * UNDERFLOW32, (1 + 8 * (n + 8) * EPS64) / (1 - gamma32)
+
+
+#: Element magnitudes that :func:`fused_tile` can finish in the compiled kernel, straight into their stored
+#: bf16 bits (``finish_magnitudes``: the same roundings as the numpy formulas and :func:`round_up_bf16`).
+KERNEL_FINISHED = ("pv_abs", "pv_rss", "pv_scale")
 
 
 def fused_tile(
@@ -235,16 +252,21 @@ def fused_tile(
     work: Workspace,
     subnormal_terms: bool,
     vt: np.ndarray,
+    finished: dict[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
     """The golden ``out`` exactly as :func:`mlaconf.golden.reference.fused_tile` computes it, and the
     magnitudes from the same exponentials: ``pv_abs`` and ``pv_rss`` from float32 GEMMs of the
     rounded-up operands lifted by :func:`lift_float32_sum` (never below their float64 values), the
     row magnitudes from the kernel's float64 row statistics.  ``vt`` is ``v`` transposed (the task's,
-    so that it is not copied per tile)."""
+    so that it is not copied per tile).  With ``finished`` (uint16 ``[rows, 128]`` views of the stored
+    bf16 arrays, one per :data:`KERNEL_FINISHED` name) those magnitudes go there already rounded up, in one
+    compiled pass instead of ~40 numpy ones, and are left out of the result."""
     qs = q * scale
     shape = (q.shape[0], k.shape[0])  # tile-sized temporaries live in the thread's workspace: no fresh pages
-    raw = work.take("raw", shape, np.float64)  # T (and S) need the raw scores, masked keys as 0
-    p, stats, rounded = fused_scores(qs, k, diag, work, rounded_up=True, raw=raw)
+    # T's products (P / sum P) s come out of the softmax pass; S also needs the raw scores (masked keys 0)
+    raw = work.take("raw", shape, np.float64) if score_terms else None
+    ps, sums = work.take("ps", shape, np.float64), np.empty((2, q.shape[0]))
+    p, stats, rounded = fused_scores(qs, k, diag, work, rounded_up=True, raw=raw, products=(ps, sums))
     assert rounded is not None
     p32, p2_32 = rounded
     denom = stats[2][:, None]
@@ -257,15 +279,14 @@ def fused_tile(
     sq_sum = gemm(p2_32, operands.sq32[: k.shape[0]], np.empty((q.shape[0], v.shape[1]), dtype=np.float32))
     out = {
         "out": golden,
-        "pv_abs": np.minimum(lift_float32_sum(abs_sum, k.shape[0]) * operands.scale / denom, cap),
-        "pv_rss": np.minimum(np.sqrt(lift_float32_sum(sq_sum, k.shape[0])) * operands.scale / denom, cap),
         "p_rss": np.sqrt(stats[3]) / stats[2],
         "score_absmax": np.maximum(np.abs(stats[0]), np.abs(stats[1])),
-        "score_dot": np.linalg.norm(qs, axis=1) * _largest_key_norm(np.linalg.norm(k, axis=1), q.shape[0], diag),
+        "score_dot": np.linalg.norm(qs, axis=1) * _largest_key_norm(operands.key_peak, q.shape[0], k.shape[0], diag),
     }
+    if finished is None:
+        out["pv_abs"] = np.minimum(lift_float32_sum(abs_sum, k.shape[0]) * operands.scale / denom, cap)
+        out["pv_rss"] = np.minimum(np.sqrt(lift_float32_sum(sq_sum, k.shape[0])) * operands.scale / denom, cap)
     m = stats[0][:, None]
-    ps, sums = work.take("ps", shape, np.float64), np.empty((2, q.shape[0]))
-    tile_kernel().scaled_products(p, stats[2], raw, ps, sums)  # (P / sum) s and the row sums of |.| and of it
     if subnormal_terms:  # fp16: the keys whose e may be flushed to zero, and the renormalisation they cause
         sub = p * subnormal_weight(p)
         dropped = sub.sum(axis=1, keepdims=True)  # over the kept sum: a flushed row renormalises by it
@@ -273,8 +294,29 @@ def fused_tile(
         out["pv_sub"] = (sub_abs + dropped * np.abs(golden)) / (denom - dropped)
     ps_sums = (sums[0][:, None], sums[1][:, None])
     psv = value_gemm(ps, vt)
-    out["pv_scale"] = _scale_derivative(psv, *ps_sums, golden, np.abs(v).max(axis=0), k.shape[0])
+    vmax = operands.abs_peak[k.shape[0] - 1].astype(np.float64)  # max |V| over the tile's keys
+    if finished is None:
+        out["pv_scale"] = _scale_derivative(psv, *ps_sums, golden, vmax, k.shape[0])
+    else:
+        add, factor = lift_terms(k.shape[0])
+        gamma = (k.shape[0] + 4) * EPS64  # _scale_derivative's
+        tile_kernel().finish_magnitudes(
+            abs_sum,
+            sq_sum,
+            psv,
+            golden,
+            stats[2],
+            sums,
+            operands.scale,
+            cap,
+            vmax,
+            add,
+            factor,
+            gamma,
+            *(finished[name] for name in KERNEL_FINISHED),
+        )
     if score_terms:
+        assert raw is not None
         probs = np.divide(p, denom, out=work.take("probs", shape, np.float64))
         weight = probs * (2.0 * np.abs(raw) + np.abs(raw - m))
         w2 = weight * weight
@@ -365,7 +407,8 @@ def torch_tile(
     return {**{name: value.cpu().numpy() for name, value in out.items()}, **extra}
 
 
-Sink = Callable[[HeadTask, int, int, "dict[str, np.ndarray]"], None]
+#: Rounds one tile's float64 magnitudes into the stored arrays, all but the names given (stored already).
+Sink = Callable[[HeadTask, int, int, "dict[str, np.ndarray]", "tuple[str, ...]"], None]
 
 
 def _sink(spec: CaseSpec) -> tuple[dict[str, np.ndarray], Sink]:
@@ -376,9 +419,11 @@ def _sink(spec: CaseSpec) -> tuple[dict[str, np.ndarray], Sink]:
     }
     stored.update({name: np.zeros((t, h), dtype=np.float32) for name in ROW_MAGNITUDES})
 
-    def put(task: HeadTask, i0: int, i1: int, part: dict[str, np.ndarray]) -> None:
+    def put(task: HeadTask, i0: int, i1: int, part: dict[str, np.ndarray], skip: tuple[str, ...]) -> None:
         rows = slice(task.q_start + i0, task.q_start + i1)
         for name, target in stored.items():
+            if name in skip:  # already stored by the kernel (fused_tile's ``finished``)
+                continue
             rounded = round_up_bf16 if target.dtype == ml_dtypes.bfloat16 else round_up_float32
             target[rows, task.head] = rounded(part[name])
 
@@ -404,20 +449,20 @@ def reference_and_magnitudes(
     operands: dict[int, tuple[np.ndarray, ValueOperands]] = {}  # id(task.v) -> (task.v, its operands)
     lock = threading.Lock()
 
-    def value_operands(v: np.ndarray) -> ValueOperands:
-        """Built once per (batch, kv head): the query heads of a group share their V array."""
+    def value_operands(v: np.ndarray, k: np.ndarray) -> ValueOperands:
+        """Built once per (batch, kv head): the query heads of a group share their V and K arrays."""
         with lock:
             known = operands.get(id(v))
             if known is None or known[0] is not v:
                 while len(operands) >= 4:  # tasks arrive in (batch, kv head) order: the oldest are done
                     operands.pop(next(iter(operands)))
-                known = operands[id(v)] = (v, ValueOperands.of(v))
+                known = operands[id(v)] = (v, ValueOperands.of(v, k))
             return known[1]
 
     subnormal_terms = spec.dtype == "fp16"
 
     def visit(task: HeadTask, i0: int, i1: int, k_end: int, diag: tuple[int, int] | None) -> None:
-        ops = value_operands(task.v)
+        ops = value_operands(task.v, task.k)
         part = fused_tile(
             task.q[i0:i1],
             task.k[:k_end],
@@ -429,9 +474,13 @@ def reference_and_magnitudes(
             work,
             subnormal_terms,
             task.vt[:, :k_end],
+            {
+                name: stored[name][task.q_start + i0 : task.q_start + i1, task.head].view(np.uint16)
+                for name in KERNEL_FINISHED
+            },
         )
         golden[task.q_start + i0 : task.q_start + i1, task.head] = part["out"]
-        put(task, i0, i1, part)
+        put(task, i0, i1, part, KERNEL_FINISHED)
 
     for_each_tile(inputs, spec, visit, np.float64, tile=tile or FUSED_TILE, threads=threads)
     return golden.reshape(out_shape(spec)), _shaped(spec, stored)
@@ -455,10 +504,10 @@ def torch_magnitudes(
             cache = (task.k, k, torch.from_numpy(task.v).to(dev), k.norm(dim=1))
         _, k, v, knorm = cache
         q = torch.from_numpy(task.q).to(dev) * scale
-        for i0, i1, k_end, diag in tile_bounds(task, tile):
+        for i0, i1, k_end, diag in tile_bounds(task, tile, corner=None):
             part = torch_tile(
                 q[i0:i1], k[:k_end], v[:k_end], knorm[:k_end], i0, diag, score_terms, torch, spec.dtype == "fp16"
             )
-            put(task, i0, i1, part)
+            put(task, i0, i1, part, ())
             progress.add_work(tile_flops(i1 - i0, k_end, diag))
     return _shaped(spec, stored)

@@ -23,6 +23,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace py = pybind11;
 
@@ -343,12 +344,31 @@ int64_t allowed_keys(bool is_causal, int64_t first, int64_t r, int64_t cols) {
     return last + 1 < cols ? (last + 1 > 0 ? last + 1 : 0) : cols;
 }
 
+// One row of T's products: ps = (p / denom) * raw, rounded as numpy's separate divide and multiply round them
+// (two roundings, no contraction: there is no add), and the row sums of |ps| and of ps (float64 lanes: within
+// T's guard of (keys + 4) eps64, which bounds any order).  One out-of-line definition, so every row sums alike.
+__attribute__((noinline)) void scaled_row(const double *p, double denom, const double *raw, double *out, int64_t cols,
+                                          double *abs_sum, double *sum) {
+    double total_abs = 0.0, total = 0.0;
+#pragma omp simd reduction(+ : total_abs, total)
+    for (int64_t j = 0; j < cols; ++j) {
+        const double value = (p[j] / denom) * raw[j];
+        out[j] = value;
+        total_abs += std::fabs(value);
+        total += value;
+    }
+    *abs_sum = total_abs;
+    *sum = total;
+}
+
 // In place: scores [rows, cols] -> e^(s - row max) on the allowed keys, 0 on masked ones.
 // Row r may see keys j < allowed(r): cols without a causal offset, else min(cols, first + r + 1)
 // with first = row0 + offset.  stats [4, rows] receives max, min, sum P, sum P^2 per row; raw (optional)
-// a copy of the scores before the softmax with masked keys 0.
+// a copy of the scores before the softmax with masked keys 0; ps (optional, with ps_sums [2, rows]) T's products
+// (P / sum P) s and their row sums of |.| and of them (scaled_row), made while the row is in cache: the raw
+// scores then need no tile-sized copy unless raw is asked for too.
 void softmax_tile(py::array_t<double> scores, py::array_t<double> stats, py::object causal, py::object p32_obj,
-                  py::object p2_obj, float floor, py::object raw_obj) {
+                  py::object p2_obj, float floor, py::object raw_obj, py::object ps_obj, py::object ps_sums_obj) {
     if (!(floor > 0.0f) || !std::isnormal(floor)) {
         throw std::invalid_argument("floor must be a positive normal float32");
     }
@@ -380,16 +400,36 @@ void softmax_tile(py::array_t<double> scores, py::array_t<double> stats, py::obj
         raw_arr = raw_obj.cast<py::array_t<double>>();
         raw = writable(raw_arr, "raw", rows, cols);
     }
+    double *ps = nullptr, *ps_sums = nullptr;
+    py::array_t<double> ps_arr, ps_sums_arr;
+    if (ps_obj.is_none() != ps_sums_obj.is_none()) {
+        throw std::invalid_argument("ps and ps_sums come together");
+    }
+    if (!ps_obj.is_none()) {
+        ps_arr = ps_obj.cast<py::array_t<double>>();
+        ps_sums_arr = ps_sums_obj.cast<py::array_t<double>>();
+        ps = writable(ps_arr, "ps", rows, cols);
+        if (ps_sums_arr.ndim() != 2 || ps_sums_arr.shape(0) != 2 || ps_sums_arr.shape(1) != rows ||
+            !(ps_sums_arr.flags() & py::array::c_style) || !ps_sums_arr.writeable()) {
+            throw std::invalid_argument("ps_sums must be a writable C-contiguous [2, rows] float64 array");
+        }
+        ps_sums = ps_sums_arr.mutable_data();
+    }
     {
         py::gil_scoped_release release;
+        std::vector<double> row_raw(raw == nullptr && ps != nullptr ? static_cast<size_t>(cols) : 0);
         for (int64_t r = 0; r < rows; ++r) {
             const int64_t allowed = allowed_keys(is_causal, first, r, cols);
+            double *raw_r = raw != nullptr ? raw + r * cols : (ps != nullptr ? row_raw.data() : nullptr);
             const RowStats row = softmax_row(s + r * cols, allowed, cols, p32 ? p32 + r * cols : nullptr,
-                                             p2 ? p2 + r * cols : nullptr, floor, raw ? raw + r * cols : nullptr);
+                                             p2 ? p2 + r * cols : nullptr, floor, raw_r);
             st[r] = row.max;
             st[rows + r] = row.min;
             st[2 * rows + r] = row.sum;
             st[3 * rows + r] = row.sumsq;
+            if (ps != nullptr) {
+                scaled_row(s + r * cols, row.sum, raw_r, ps + r * cols, cols, ps_sums + r, ps_sums + rows + r);
+            }
         }
     }
 }
@@ -420,34 +460,79 @@ void baseline_softmax_tile(py::array_t<float> scores, py::array_t<float> denom, 
     }
 }
 
-// T's products in one pass: ps = (p / denom[row]) * raw, rounded exactly as numpy's separate divide and
-// multiply round (two roundings, no contraction: there is no add), and sums [2, rows] = the row sums of
-// |ps| and of ps (float64, eight lanes: within T's guard of (keys + 4) eps64, which bounds any order).
-void scaled_products(py::array_t<double> p, py::array_t<double> denom, py::array_t<double> raw,
-                     py::array_t<double> ps, py::array_t<double> sums) {
-    if (p.ndim() != 2) {
-        throw std::invalid_argument("p must be a 2-D float64 array");
+// float64 -> bf16 bits rounded away from zero (mlaconf.golden.magnitudes.round_up_bf16, the same steps): the
+// nearest float32 of |v|, its upper 16 bits, one bf16 ulp up when bits were dropped or the float32 fell below.
+MLA_INLINE uint16_t round_up_bf16_bits(double v) {
+    const double mag = std::fabs(v);
+    const float nearest = static_cast<float>(mag);
+    uint32_t bits;
+    std::memcpy(&bits, &nearest, sizeof bits);
+    const uint32_t bump = ((bits & 0xFFFFu) != 0) | (static_cast<double>(nearest) < mag);
+    const uint32_t upper = (bits >> 16) + bump;
+    return static_cast<uint16_t>(upper | (static_cast<uint32_t>(std::signbit(v)) << 15));
+}
+
+MLA_INLINE double nan_min(double a, double b) { return (std::isnan(a) || a <= b) ? a : b; }  // as np.minimum
+
+// A [rows, cols] float view with any strides (in elements).
+template <typename T>
+struct Strided {
+    T *data;
+    int64_t row, col;
+    T &at(int64_t r, int64_t c) const { return data[r * row + c * col]; }
+};
+
+template <typename T, int Flags>
+Strided<T> strided(py::array_t<T, Flags> &a, const char *name, int64_t rows, int64_t cols) {
+    if (a.ndim() != 2 || a.shape(0) != rows || a.shape(1) != cols) {
+        throw std::invalid_argument(std::string(name) + " must be [rows, 128] like the tile's output");
     }
-    const int64_t rows = p.shape(0), cols = p.shape(1);
-    const double *pp = writable(p, "p", rows, cols);
+    return {a.mutable_data(), a.strides(0) / static_cast<int64_t>(sizeof(T)),
+            a.strides(1) / static_cast<int64_t>(sizeof(T))};
+}
+
+// The magnitudes' element finish of one tile (mlaconf.golden.magnitudes.fused_tile), straight into the stored
+// bf16 bits: pv_abs and pv_rss from the float32 GEMM sums lifted ((sum + add) * factor, lift_float32_sum), times
+// the column scale, over the row sum, capped; pv_scale = T moved away from zero by its guard
+// (_scale_derivative).  Each value rounds as numpy's separate operations round it (no contraction: the
+// build's bits must not depend on which path computed them), then rounds up to bf16 (round_up_bf16).
+__attribute__((optimize("fp-contract=off"))) void finish_magnitudes(
+    py::array_t<float> abs_sum, py::array_t<float> sq_sum, py::array_t<double> psv, py::array_t<double> golden,
+    py::array_t<double> denom, py::array_t<double> ps_sums, py::array_t<double> scale, py::array_t<double> cap,
+    py::array_t<double> vmax, double add, double factor, double gamma, py::object abs_out, py::object rss_out,
+    py::object scale_out) {
+    for (const py::object &out : {abs_out, rss_out, scale_out}) {  // a converted copy would drop the writes
+        if (!py::isinstance<py::array_t<uint16_t>>(out) || !out.cast<py::array>().writeable()) {
+            throw std::invalid_argument("pv_abs, pv_rss and pv_scale must be writable uint16 arrays (bf16 bits)");
+        }
+    }
+    auto pv_abs = abs_out.cast<py::array_t<uint16_t>>(), pv_rss = rss_out.cast<py::array_t<uint16_t>>();
+    auto pv_scale = scale_out.cast<py::array_t<uint16_t>>();
+    if (golden.ndim() != 2) {
+        throw std::invalid_argument("golden must be a 2-D float64 array");
+    }
+    const int64_t rows = golden.shape(0), cols = golden.shape(1);
+    const auto a = strided(abs_sum, "abs_sum", rows, cols), q = strided(sq_sum, "sq_sum", rows, cols);
+    const auto t = strided(psv, "psv", rows, cols), g = strided(golden, "golden", rows, cols);
+    const auto oa = strided(pv_abs, "pv_abs", rows, cols), orss = strided(pv_rss, "pv_rss", rows, cols);
+    const auto os = strided(pv_scale, "pv_scale", rows, cols);
+    const auto sums = strided(ps_sums, "ps_sums", 2, rows);
     const double *d = row_vector(denom, "denom", rows);
-    const double *rr = writable(raw, "raw", rows, cols);
-    double *out = writable(ps, "ps", rows, cols);
-    double *sum = writable(sums, "sums", 2, rows);
+    const double *sc = row_vector(scale, "scale", cols), *cp = row_vector(cap, "cap", cols);
+    const double *vm = row_vector(vmax, "vmax", cols);
     py::gil_scoped_release release;
     for (int64_t r = 0; r < rows; ++r) {
-        const double dr = d[r];
-        const int64_t at = r * cols;
-        double total_abs = 0.0, total = 0.0;
-#pragma omp simd reduction(+ : total_abs, total)
-        for (int64_t j = 0; j < cols; ++j) {
-            const double value = (pp[at + j] / dr) * rr[at + j];
-            out[at + j] = value;
-            total_abs += std::fabs(value);
-            total += value;
+        const double dr = d[r], ps_abs = sums.at(0, r), ps_sum = sums.at(1, r);
+        for (int64_t c = 0; c < cols; ++c) {
+            const double lifted_abs = (static_cast<double>(a.at(r, c)) + add) * factor;
+            oa.at(r, c) = round_up_bf16_bits(nan_min(lifted_abs * sc[c] / dr, cp[c]));
+            const double lifted_sq = (static_cast<double>(q.at(r, c)) + add) * factor;
+            orss.at(r, c) = round_up_bf16_bits(nan_min(std::sqrt(lifted_sq) * sc[c] / dr, cp[c]));
+            const double gv = g.at(r, c);
+            const double value = t.at(r, c) - ps_sum * gv;
+            const double guard = gamma * (ps_abs * vm[c] + std::fabs(gv * ps_sum));
+            os.at(r, c) = round_up_bf16_bits(value + std::copysign(guard, value));
         }
-        sum[r] = total_abs;
-        sum[rows + r] = total;
     }
 }
 
@@ -498,17 +583,21 @@ py::array_t<double> exp_nonpositive_array(py::array_t<double, py::array::c_style
 PYBIND11_MODULE(_tile_kernel, m) {
     m.doc() = "Fused softmax passes of the golden generator's float64 attention tiles";
     m.def("softmax_tile", &softmax_tile, py::arg("scores"), py::arg("stats"), py::arg("causal_first"),
-          py::arg("p32"), py::arg("p2_32"), py::arg("floor"), py::arg("raw") = py::none(),
+          py::arg("p32"), py::arg("p2_32"), py::arg("floor"), py::arg("raw") = py::none(), py::arg("ps") = py::none(),
+          py::arg("ps_sums") = py::none(),
           "In place: scores -> e^(s - row max) on allowed keys (0 on masked ones); stats[4, rows] = max, "
           "min, sum P, sum P^2; optionally P and P^2 rounded up to float32 and floored at floor (0 on masked keys) "
-          "and raw = the scores before, masked keys 0.");
+          "and raw = the scores before, masked keys 0; optionally ps = (P / sum P) * raw and ps_sums[2, rows] = its "
+          "row sums of |.| and of it.");
     m.def("baseline_softmax_tile", &baseline_softmax_tile, py::arg("scores"), py::arg("denom"), py::arg("scale"),
           py::arg("causal_first"), py::arg("dtype"),
           "In place: float32 scores -> P = e^(s scale - row max) rounded to dtype (fp16: subnormals flushed), 0 on "
           "masked keys; denom[rows] = float32 sums of the unrounded P.");
-    m.def("scaled_products", &scaled_products, py::arg("p"), py::arg("denom"), py::arg("raw"), py::arg("ps"),
-          py::arg("sums"),
-          "ps = (p / denom[row]) * raw, as numpy's separate steps round it; sums[2, rows] = row sums of |ps| and ps.");
+    m.def("finish_magnitudes", &finish_magnitudes, py::arg("abs_sum"), py::arg("sq_sum"), py::arg("psv"),
+          py::arg("golden"), py::arg("denom"), py::arg("ps_sums"), py::arg("scale"), py::arg("cap"), py::arg("vmax"),
+          py::arg("add"), py::arg("factor"), py::arg("gamma"), py::arg("pv_abs"), py::arg("pv_rss"), py::arg("pv_scale"),
+          "pv_abs, pv_rss (lifted float32 sums) and pv_scale (guarded T) of one tile, rounded up to bf16 bits into "
+          "the three [rows, 128] uint16 views, as magnitudes.fused_tile's numpy steps round them.");
     m.def("round_to_bf16", &round_to_bf16, py::arg("values"), py::arg("out"),
           "float64 -> bf16 bits (nearest even, one rounding) into out; False where a value leaves bf16's normal range.");
     m.def("exp_nonpositive", &exp_nonpositive_array, py::arg("x"), "The kernel's e^x for x <= 0.");

@@ -18,10 +18,12 @@ from mlaconf.golden.bench_limits import (
     format_limits,
     limit_report,
     measure_rates,
+    measure_tile_rates,
     stage_limit,
+    tile_gemm_shapes,
 )
 from mlaconf.golden.generate import build_golden
-from mlaconf.golden.reference import DEFAULT_TILE, FUSED_TILE, for_each_tile
+from mlaconf.golden.reference import CORNER_ROWS, DEFAULT_TILE, FUSED_TILE, for_each_tile, tile_rows
 from mlaconf.golden.spec import CaseSpec
 from mlaconf.golden.spec_build import build_case
 
@@ -99,6 +101,65 @@ def test_limit_report_ratios_and_missing_stages() -> None:
     assert "0.50 of limit" in text and "0.50 of float64 GEMM" in text and "reached 0.50 of it" in text
 
 
+def test_tile_shaped_limit_uses_the_tiles_gemm_rates_and_only_them() -> None:
+    import dataclasses
+
+    works = [StageWork("a", gemm64_flops=2e10, gemm32_flops=2e10, bytes_moved=1e10)]
+    tiled = dataclasses.replace(RATES, tile_gemm64=5e9, tile_gemm32=1e10)
+    assert stage_limit(works[0], tiled, tile_shaped=True) == pytest.approx(4.0 + 2.0 + 1.0)
+    assert stage_limit(works[0], tiled) == pytest.approx(2.0 + 1.0 + 1.0)  # the square limit is unchanged
+    report = limit_report(works, tiled, {"a": 14.0}, useful_flops=1.4e10)
+    assert report["tile_limit_s"] == pytest.approx(7.0) and report["limit_s"] == pytest.approx(4.0)
+    assert report["tile_e2e_limit_ratio"] == pytest.approx(1.4e10 / 7.0 / 1e10)
+    text = "\n".join(format_limits("case", report, 14.0))
+    assert "end to end limit (square GEMM) 4.00 s = 0.35 of float64 GEMM, reached 0.29 of it" in text
+    assert "end to end limit (GEMMs at the tiles' shapes) 7.00 s = 0.20 of float64 GEMM, reached 0.50 of it" in text
+    assert "tile-shaped 7.00 s" in text
+    assert "tile_limit_s" not in limit_report(works, RATES, {}, useful_flops=1.0)  # not measured: not claimed
+    with pytest.raises(ValueError, match="tile-shaped"):
+        stage_limit(works[0], RATES, tile_shaped=True)
+
+
+def test_tile_gemm_shapes_are_the_tile_loops_shapes() -> None:
+    spec = spec_of("causal", [300, 700], [900, 700])
+    seen: list[tuple[int, int]] = []
+    golden = build_golden(spec)
+    for_each_tile(
+        golden.inputs,
+        spec,
+        lambda task, i0, i1, k_end, diag: seen.append((i1 - i0, k_end)) if task.head == 0 else None,
+        np.float64,
+        tile=FUSED_TILE,
+    )
+    assert tile_gemm_shapes(spec, FUSED_TILE) == seen
+
+
+def test_diagonal_tiles_are_cut_into_corner_blocks_that_cover_every_allowed_pair() -> None:
+    """Causal tiles crossing the diagonal come in CORNER_ROWS blocks, each seeing up to its own last row's key;
+    the blocks still cover every row once and every allowed key of each row."""
+    for q_len, kv_len in ((4096, 4096), (1000, 1000), (300, 900), (700, 700)):
+        offset = kv_len - q_len
+        blocks = list(tile_rows(q_len, kv_len, offset, FUSED_TILE))
+        rows = [r for i0, i1, _ in blocks for r in range(i0, i1)]
+        assert rows == list(range(q_len))
+        for i0, i1, k_end in blocks:
+            assert k_end == min(kv_len, i1 + offset)  # the block's last row sees exactly k_end keys
+            assert i1 - i0 <= (CORNER_ROWS if i0 + offset + 1 < k_end else FUSED_TILE)
+    square = list(tile_rows(4096, 4096, 0, FUSED_TILE))
+    whole = list(tile_rows(4096, 4096, 0, FUSED_TILE, corner=None))
+    assert len(whole) == 8 and len(square) == 16
+    # fewer computed pairs: the corner's masked half of each 512-row diagonal tile halves
+    computed = sum((i1 - i0) * k for i0, i1, k in square)
+    assert sum((i1 - i0) * k for i0, i1, k in whole) - computed == 8 * FUSED_TILE * FUSED_TILE // 4
+    assert list(tile_rows(4096, 4096, None, FUSED_TILE)) == [(i, i + 512, 4096) for i in range(0, 4096, 512)]
+
+
+def test_tile_rates_are_positive_and_finite() -> None:
+    spec = spec_of("mask_free", [300])
+    for rate in measure_tile_rates(spec, 2, tile=64, base_tile=32):
+        assert 0 < rate < float("inf")
+
+
 def test_measured_rates_are_positive_and_finite() -> None:
     rates = measure_rates(1, gemm_n=128)
     for value in (rates.gemm64, rates.gemm32, rates.bandwidth, rates.softmax):
@@ -112,12 +173,14 @@ def test_interleaved_table_states_the_limit_and_how_much_of_it_e2e_reached() -> 
         "ratio_median": {"reference": 0.9, "e2e": 0.2},
         "ratio_range": {"reference": [0.8, 1.0], "e2e": [0.1, 0.3]},
         "load1": [0.5, 0.7],
-        "limit": {"ratio": 0.4, "limit_s": 3.0},
+        "limit": {"ratio": 0.4, "limit_s": 3.0, "tile_ratio": 0.25, "tile_limit_s": 4.8},
         "reference_vs_tile_gemm": [0.93, 0.9, 0.97],
     }
     report = {"machine": {"nproc": 2, "cpu": "x", "blas": "y"}, "threads": 2, "repeats": 3, "gemm_n": 2048}
     text = bench.format_interleaved({**report, "cases": [row]})
-    assert "derived end-to-end limit 0.40" in text and "e2e reaches 0.50 [0.25, 0.75] of it" in text
+    square = "derived end-to-end limit (square GEMM) 0.40 of this GEMM (3.00 s); e2e reaches 0.50 [0.25, 0.75] of it"
+    assert square in text
+    assert "limit (GEMMs at the tiles' shapes) 0.25 of this GEMM (4.80 s); e2e reaches 0.80 [0.40, 1.20] of it" in text
     assert "same GEMMs at its tiles' shapes (tile_gemm above, masked corners counted): 0.93 [0.90, 0.97]" in text
 
 

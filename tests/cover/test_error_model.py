@@ -286,7 +286,7 @@ def test_float32_magnitudes_never_fall_below_float64_at_the_edges_of_bf16_range(
     v[:, 3] = 0.0
     v[:, 4] = _bf16_values(np.exp2(rng.uniform(-130, 127, keys)))
     scale = 0.7
-    got = fused_tile(q, k, v, ValueOperands.of(v), scale, diag, False, Workspace(), False, np.ascontiguousarray(v.T))
+    got = fused_tile(q, k, v, ValueOperands.of(v, k), scale, diag, False, Workspace(), False, np.ascontiguousarray(v.T))
     want_abs = float64_tile(q, k, np.abs(v), scale, diag)
     # sqrt(sum P^2 V^2) in float64 without overflow: scale V by its column maximum first
     colmax = np.where(np.abs(v).max(axis=0) > 0, np.abs(v).max(axis=0), 1.0)

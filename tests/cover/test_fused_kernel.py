@@ -83,30 +83,39 @@ def test_fused_golden_agrees_with_the_unfused_formula(spec: object) -> None:
     assert worst_disagreement(spec) <= AGREEMENT  # type: ignore[arg-type]
 
 
-def test_scaled_products_round_as_numpys_separate_steps_and_sum_the_rows() -> None:
+@pytest.mark.parametrize("causal_first", [None, 150])
+def test_softmax_tile_products_round_as_numpys_separate_steps_and_sum_the_rows(causal_first: int | None) -> None:
+    """T's products (P / sum P) s come out of the softmax pass bit for bit as numpy's separate divide and
+    multiply, with or without the raw scores asked for too, and their row sums within T's guard."""
     rng = np.random.default_rng(5)
-    p = rng.uniform(0.0, 1.0, (37, 211))
-    p[:, -9:] = 0.0  # masked keys
-    raw = rng.normal(0.0, 30.0, p.shape)
-    denom = rng.uniform(1.0, 200.0, (p.shape[0],))
-    ps, sums = np.full_like(p, np.nan), np.full((2, p.shape[0]), np.nan)
-    kernel.scaled_products(p, denom, raw, ps, sums)
-    expected = (p / denom[:, None]) * raw
-    assert np.array_equal(ps.view(np.uint64), expected.view(np.uint64))  # bit for bit, signed zeros too
-    # T's guard bounds the sums' error by (keys + 4) eps64 times the sum of |ps|, whatever the order
-    bound = (p.shape[1] + 4) * np.finfo(np.float64).eps * np.abs(expected).sum(axis=1)
-    assert np.all(np.abs(sums[0] - np.abs(expected).sum(axis=1)) <= bound)
-    assert np.all(np.abs(sums[1] - expected.sum(axis=1)) <= bound)
+    scores = rng.normal(0.0, 30.0, (37, 211))
+    raw = np.full_like(scores, np.nan)
+    results = []
+    for keep_raw in (True, False):
+        p, stats = scores.copy(), np.empty((4, scores.shape[0]))
+        ps, sums = np.full_like(p, np.nan), np.full((2, p.shape[0]), np.nan)
+        kernel.softmax_tile(p, stats, causal_first, None, None, ROUNDED_UP_FLOOR, raw if keep_raw else None, ps, sums)
+        results.append((ps, sums))
+    expected = (p / stats[2][:, None]) * raw
+    if causal_first is not None:
+        assert (raw[0, causal_first + 1 :] == 0).all() and (ps[0, causal_first + 1 :] == 0).all()  # masked keys
+    for ps, sums in results:
+        assert np.array_equal(ps.view(np.uint64), expected.view(np.uint64))  # bit for bit, signed zeros too
+        # T's guard bounds the sums' error by (keys + 4) eps64 times the sum of |ps|, whatever the order
+        bound = (p.shape[1] + 4) * np.finfo(np.float64).eps * np.abs(expected).sum(axis=1)
+        assert np.all(np.abs(sums[0] - np.abs(expected).sum(axis=1)) <= bound)
+        assert np.all(np.abs(sums[1] - expected.sum(axis=1)) <= bound)
+    assert np.array_equal(results[0][1], results[1][1])
 
 
-def test_scaled_products_refuse_mismatched_shapes() -> None:
-    p = np.zeros((4, 8))
+def test_softmax_tile_products_refuse_mismatched_buffers() -> None:
+    scores, stats = np.zeros((4, 8)), np.empty((4, 4))
     with pytest.raises(ValueError, match="ps must be"):
-        kernel.scaled_products(p, np.ones(4), p.copy(), np.zeros((4, 7)), np.zeros((2, 4)))
-    with pytest.raises(ValueError, match="denom must be"):
-        kernel.scaled_products(p, np.ones(3), p.copy(), p.copy(), np.zeros((2, 4)))
-    with pytest.raises(ValueError, match="sums must be"):
-        kernel.scaled_products(p, np.ones(4), p.copy(), p.copy(), np.zeros((4, 2)))
+        kernel.softmax_tile(scores, stats, None, None, None, ROUNDED_UP_FLOOR, None, np.zeros((4, 7)), np.zeros((2, 4)))
+    with pytest.raises(ValueError, match="ps_sums must be"):
+        kernel.softmax_tile(scores, stats, None, None, None, ROUNDED_UP_FLOOR, None, np.zeros((4, 8)), np.zeros((4, 2)))
+    with pytest.raises(ValueError, match="together"):
+        kernel.softmax_tile(scores, stats, None, None, None, ROUNDED_UP_FLOOR, None, np.zeros((4, 8)), None)
 
 
 def baseline_scores(rng: np.random.Generator, scale: float) -> np.ndarray:
@@ -185,3 +194,135 @@ def test_inputs_round_to_falls_back_for_subnormal_bf16() -> None:
 
     values = np.array([1.5, 2.0**-130, -(2.0**-128) * 1.3])
     assert np.array_equal(round_to(values, "bf16").view(np.uint16), values.astype(ml_dtypes.bfloat16).view(np.uint16))
+
+
+def _finish_operands(rng: np.random.Generator, rows: int) -> dict[str, object]:
+    """One tile's inputs to finish_magnitudes, with the edges: zero and huge sums, T of either sign and 0,
+    magnitudes past bf16's largest value (capped) and below its smallest, strided (Fortran) psv and golden."""
+    abs_sum = (rng.random((rows, 128)) * 10.0 ** rng.integers(-40, 3, (rows, 128))).astype(np.float32)
+    abs_sum[0, :8] = [0.0, 3e38, 1e-45, 1.0, 0.5, 2.0**-126, 7.0, 0.0]
+    sq_sum = np.minimum(np.square(abs_sum.astype(np.float64)), 3e38).astype(np.float32)
+    golden = np.asfortranarray(rng.standard_normal((rows, 128)) * 10.0 ** rng.integers(-30, 30, (rows, 1)))
+    psv = np.asfortranarray(golden * rng.uniform(-2, 2, (rows, 1)) + rng.standard_normal((rows, 128)) * 1e-9)
+    psv[1] = 0.0
+    golden[1] = 0.0
+    sums = np.abs(rng.standard_normal((2, rows))) * 10.0 ** rng.integers(-5, 5, (2, rows))
+    sums[1] *= rng.choice([-1.0, 1.0], rows)
+    scale = np.ldexp(1.0, rng.integers(-140, 128, 128)).astype(np.float64)
+    cap = np.abs(rng.standard_normal(128)) * 10.0 ** rng.integers(-30, 39, 128)
+    cap[:3] = [3.3895313892515355e38, 0.0, 1e-40]
+    denom = 1.0 + rng.random(rows) * 100
+    vmax = np.abs(rng.standard_normal(128)) * 100
+    return {
+        "abs_sum": abs_sum,
+        "sq_sum": sq_sum,
+        "psv": psv,
+        "golden": golden,
+        "denom": denom,
+        "sums": sums,
+        "scale": scale,
+        "cap": cap,
+        "vmax": vmax,
+    }
+
+
+@pytest.mark.parametrize("keys", [1, 300, 16384])
+def test_finish_magnitudes_stores_the_numpy_formulas_bits(keys: int) -> None:
+    """The compiled finish of pv_abs, pv_rss and pv_scale stores exactly round_up_bf16 of the numpy formulas
+    (lift_float32_sum, _scale_derivative): a golden's bits must not depend on which path computed them."""
+    from mlaconf.golden.magnitudes import (
+        EPS64,
+        _scale_derivative,
+        lift_float32_sum,
+        lift_terms,
+        round_up_bf16,
+    )
+
+    rows = 61
+    o = _finish_operands(np.random.default_rng(keys), rows)
+    denom = o["denom"][:, None]
+    want = {
+        "pv_abs": np.minimum(lift_float32_sum(o["abs_sum"], keys) * o["scale"] / denom, o["cap"]),
+        "pv_rss": np.minimum(np.sqrt(lift_float32_sum(o["sq_sum"], keys)) * o["scale"] / denom, o["cap"]),
+        "pv_scale": _scale_derivative(
+            o["psv"], o["sums"][0][:, None], o["sums"][1][:, None], o["golden"], o["vmax"], keys
+        ),
+    }
+    stored = np.zeros((3, rows + 5, 4, 128), dtype=np.uint16)  # written through strided [rows, 128] views
+    views = [stored[i, 2 : rows + 2, 1] for i in range(3)]
+    add, factor = lift_terms(keys)
+    kernel.finish_magnitudes(
+        o["abs_sum"],
+        o["sq_sum"],
+        o["psv"],
+        o["golden"],
+        o["denom"],
+        o["sums"],
+        o["scale"],
+        o["cap"],
+        o["vmax"],
+        add,
+        factor,
+        (keys + 4) * EPS64,
+        *views,
+    )
+    for view, (name, value) in zip(views, want.items(), strict=True):
+        expected = round_up_bf16(value).view(np.uint16)
+        assert np.array_equal(view, expected), f"{name}: {np.argwhere(view != expected)[:3].tolist()}"
+    untouched = stored.copy()
+    untouched[:, 2 : rows + 2, 1] = 0
+    assert not untouched.any()  # nothing outside the views
+    with pytest.raises(ValueError, match="uint16"):  # a copy made by conversion would drop the writes
+        kernel.finish_magnitudes(
+            o["abs_sum"],
+            o["sq_sum"],
+            o["psv"],
+            o["golden"],
+            o["denom"],
+            o["sums"],
+            o["scale"],
+            o["cap"],
+            o["vmax"],
+            add,
+            factor,
+            1e-12,
+            views[0].astype(np.int32),
+            views[1],
+            views[2],
+        )
+
+
+def test_finish_magnitudes_rounds_up_at_every_bf16_boundary() -> None:
+    """With the lift, scale and row sum neutral, pv_abs is the float32 sum itself rounded up to bf16: on a bf16
+    value it stays, one float32 ulp above it goes up one bf16 ulp (and T's sign stays with the guard's)."""
+    from mlaconf.golden.magnitudes import round_up_bf16
+
+    rng = np.random.default_rng(9)
+    on = (rng.integers(0x0080, 0x7F7F, (16, 128)).astype(np.uint32) << 16).view(np.float32)  # normal bf16 values
+    above = np.nextafter(on, np.float32(np.inf))
+    abs_sum = np.concatenate([on, above])
+    rows = abs_sum.shape[0]
+    golden = np.zeros((rows, 128))
+    psv = np.concatenate([-on, above]).astype(np.float64)  # T = psv exactly (golden 0), guard 0
+    views = [np.zeros((rows, 128), dtype=np.uint16) for _ in range(3)]
+    ones = np.ones(128)
+    kernel.finish_magnitudes(
+        abs_sum,
+        abs_sum,
+        psv,
+        golden,
+        np.ones(rows),
+        np.zeros((2, rows)),
+        ones,
+        ones * np.inf,
+        ones,
+        0.0,
+        1.0,
+        0.0,
+        *views,
+    )
+    expected = round_up_bf16(abs_sum.astype(np.float64)).view(np.uint16)
+    assert np.array_equal(views[0], expected)
+    assert np.array_equal(views[0][:16], on.view(np.uint32) >> 16)  # on a boundary: kept
+    assert np.array_equal(views[0][16:], (on.view(np.uint32) >> 16) + 1)  # just above: one bf16 ulp up
+    assert np.array_equal(views[2], round_up_bf16(psv).view(np.uint16)) and (views[2][:16] >> 15 == 1).all()

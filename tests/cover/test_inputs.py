@@ -93,10 +93,11 @@ def test_near_ties_and_outliers() -> None:
 
 @pytest.mark.parametrize("distribution", ["uniform", "normal", "near_tie", "v_outliers", "large_logits"])
 @pytest.mark.parametrize("kv_layout", ["padded", "packed"])
-def test_values_do_not_depend_on_the_chunk_size(
+def test_values_do_not_depend_on_the_chunk_size_or_the_threads(
     monkeypatch: pytest.MonkeyPatch, distribution: str, kv_layout: str
 ) -> None:
-    """Inputs are drawn and rounded in chunks (bounded memory); every stream is consumed in row order."""
+    """Inputs are drawn and rounded in chunks (bounded memory); every stream is consumed in row order, and
+    each tensor has its own streams, so tensors filled side by side on threads get the same values."""
     import mlaconf.golden.inputs as inputs_module
 
     fields: dict[str, object] = {"q_seqlen": [37, 64], "kv_seqlen": [40, 70], "mask_type": 3, "kv_capacity": 80}
@@ -106,5 +107,7 @@ def test_values_do_not_depend_on_the_chunk_size(
     whole = generate_inputs(spec)
     monkeypatch.setattr(inputs_module, "CHUNK_ELEMENTS", 1000)  # a few rows per chunk
     chunked = generate_inputs(spec)
+    threaded = generate_inputs(spec, threads=3)  # small chunks: the threads' draws interleave
     for name, array in whole.arrays().items():
         assert np.array_equal(array.view(np.uint8), chunked.arrays()[name].view(np.uint8)), name
+        assert np.array_equal(array.view(np.uint8), threaded.arrays()[name].view(np.uint8)), name
