@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 
 from mlaconf.facts.operator import SCORE_DIM, V_DIM, scores_in_fp16
+from mlaconf.facts.processes import pin_worker_threads, shared_pool
 from mlaconf.golden.layout import causal_offset
 from mlaconf.golden.reference import (
     DEFAULT_TILE,
     FUSED_TILE,
     Workspace,
-    _one_torch_thread,
     blas_threads,
     gemm,
     tile_kernel,
@@ -238,8 +238,6 @@ def measure_tile_rates(
     float64 ``q k^T`` and the transposed ``P V`` at ``tile`` rows (the reference; the magnitudes' float64
     GEMMs have ``P V``'s shape), float32 ``P |V'|`` at ``tile`` rows and the baseline's ``q k^T`` and ``P V``
     at ``base_tile`` rows.  Random operands of the same shapes: a GEMM's speed does not depend on its values."""
-    from concurrent.futures import ThreadPoolExecutor
-
     rng = np.random.default_rng(0)
     kv, rows = max(max(spec.kv_seqlen), 1), max(tile, base_tile)
     q64, k64 = rng.uniform(-1, 1, (rows, SCORE_DIM)), np.asfortranarray(rng.uniform(-1, 1, (kv, SCORE_DIM)))
@@ -266,12 +264,17 @@ def measure_tile_rates(
     jobs32 = [functools.partial(f32_tile, r, k, False) for r, k in tile_gemm_shapes(spec, tile)]
     jobs32 += [functools.partial(f32_tile, r, k, True) for r, k in tile_gemm_shapes(spec, base_tile)]
 
+    def run(job: functools.partial[float]) -> float:
+        pin_worker_threads()
+        return job()
+
     def rate(jobs: list[functools.partial[float]]) -> float:
         best, flops = float("inf"), 0.0
-        with blas_threads(1), ThreadPoolExecutor(max(threads, 1), initializer=_one_torch_thread) as pool:
+        pool = shared_pool() if threads > 1 else None  # the pool the build's tiles run on
+        with blas_threads(1):
             for attempt in range(3):  # the first is the warm-up
                 start = time.perf_counter()
-                flops = sum(pool.map(lambda job: job(), jobs * max(threads, 1)))
+                flops = sum((map if pool is None else pool.map)(run, jobs * max(threads, 1)))
                 if attempt:
                     best = min(best, time.perf_counter() - start)
         return flops / best

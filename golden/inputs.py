@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 from typing import Any
 
@@ -19,6 +18,7 @@ import ml_dtypes
 import numpy as np
 
 from mlaconf.facts.operator import MASK_SIZE, MASKED_VALUE, NOPE_DIM, ROPE_DIM, SCORE_DIM, V_DIM
+from mlaconf.facts.processes import shared_pool
 from mlaconf.golden.spec import CaseSpec, Structure
 from mlaconf.golden.types import OpInputs
 
@@ -277,13 +277,13 @@ def generate_inputs(spec: CaseSpec, *, threads: int = 1) -> OpInputs:
             fills.append(functools.partial(_fill_padded, dests, draw, spec, [streams[name] for name in pads]))
         else:
             fills.append(functools.partial(_fill_packed, dests, draw, spec.total_kv, spec.dtype))
-    if threads > 1:
-        with ThreadPoolExecutor(max_workers=threads) as pool:
-            for done in [pool.submit(fill) for fill in fills]:
-                done.result()
-    else:
+    pool = shared_pool() if threads > 1 else None  # the process's pool: its thread budget
+    if pool is None:
         for fill in fills:
             fill()
+    else:
+        for done in [pool.submit(fill) for fill in fills]:
+            done.result()
     if spec.q_layout == "3d":
         q, q_rope = q.reshape(t, h, NOPE_DIM), q_rope.reshape(t, h, ROPE_DIM)
     if not padded:
