@@ -27,9 +27,7 @@ from mlaconf.golden.types import GoldenCase, OpInputs
 #: 2.5: fused tile kernel (its exp and summation order), pv_abs/pv_rss from float32 GEMMs lifted to bounds.
 #: 2.6: P V and (P s) V as transposed GEMMs (their summation order); the baseline's fp32 score path in the
 #: compiled kernel (its exp and row sum).
-#: 2.7: causal diagonal tiles in 256-row blocks (reference.tile_rows): the GEMMs' summation order over fewer
-#: keys (out within an ulp), the magnitudes' float32 lift and T's guard counted over the block's own keys.
-GENERATOR_VERSION = "2.7"
+GENERATOR_VERSION = "2.6"
 
 
 def _version(package: str) -> str:

@@ -504,7 +504,7 @@ def torch_magnitudes(
             cache = (task.k, k, torch.from_numpy(task.v).to(dev), k.norm(dim=1))
         _, k, v, knorm = cache
         q = torch.from_numpy(task.q).to(dev) * scale
-        for i0, i1, k_end, diag in tile_bounds(task, tile, corner=None):
+        for i0, i1, k_end, diag in tile_bounds(task, tile):
             part = torch_tile(
                 q[i0:i1], k[:k_end], v[:k_end], knorm[:k_end], i0, diag, score_terms, torch, spec.dtype == "fp16"
             )

@@ -48,9 +48,6 @@ except ImportError:  # pragma: no cover - exercised only where threadpoolctl is 
 DEFAULT_TILE = 256
 #: Query rows per tile of the fused CPU kernel (its GEMMs run closer to BLAS's peak on taller tiles).
 FUSED_TILE = 512
-#: Rows per block of a causal tile's diagonal part (:func:`tile_rows`): smaller blocks compute fewer
-#: masked pairs but run their GEMMs further from BLAS's peak (128 measured no faster than whole 512-row tiles).
-CORNER_ROWS: int | None = 256
 #: Floor of the rounded-up float32 P and P^2 (the magnitudes' GEMM operands; see mlaconf.golden.magnitudes).
 ROUNDED_UP_FLOOR = 2.0**-126
 #: GPU tiles are larger: a tile of scores is tile x S x 8 bytes of device memory.
@@ -106,33 +103,20 @@ def iter_head_tasks(inputs: OpInputs, spec: CaseSpec, compute_dtype: type[np.flo
                 yield HeadTask(b, h, int(starts[b]), q_len, causal_offset(spec, b), q, k, v, vt)
 
 
-def tile_rows(
-    q_len: int, kv_len: int, offset: int | None, tile: int, corner: int | None = CORNER_ROWS
-) -> Iterator[tuple[int, int, int]]:
+def tile_rows(q_len: int, kv_len: int, offset: int | None, tile: int) -> Iterator[tuple[int, int, int]]:
     """``(i0, i1, k_end)`` per query tile of one (batch, head): rows i0..i1 see at most keys ``[0, k_end)``.
 
-    A causal tile whose keys reach past its first row's last allowed key (the diagonal tile) is cut into
-    row blocks of ``corner`` rows, each computing only up to its own last row's key: the masked corner the
-    GEMMs compute shrinks from ``tile^2 / 2`` to ``tile * corner / 2`` pairs (at 512 / 256, 5.6 % fewer pairs
-    on a causal 4096 x 4096 head; smaller blocks lose more in GEMM speed than they save).  Tiles of at most
-    ``corner`` rows stay whole; ``corner=None`` keeps every tile whole (the GPU paths' large tiles)."""
-    for t0 in range(0, q_len, tile):
-        t1 = min(t0 + tile, q_len)
-        if offset is None:
-            yield t0, t1, kv_len
-            continue
-        masked = t0 + offset + 1 < min(kv_len, t1 + offset)  # the tile's first row misses some of its keys
-        step = corner if corner and masked else t1 - t0
-        for i0 in range(t0, t1, step):
-            i1 = min(i0 + step, t1)
-            yield i0, i1, max(0, min(kv_len, i1 + offset))
+    A causal tile computes its whole ``rows x k_end`` block, the masked corner above the diagonal included:
+    cutting the diagonal tile into 256-row blocks computed 5.6 % fewer pairs on a causal 4096 head but
+    built only about 3 % faster (quiet A/B), too little to change every causal golden's last bits for."""
+    for i0 in range(0, q_len, tile):
+        i1 = min(i0 + tile, q_len)
+        yield i0, i1, kv_len if offset is None else max(0, min(kv_len, i1 + offset))
 
 
-def tile_bounds(
-    task: HeadTask, tile: int, corner: int | None = CORNER_ROWS
-) -> Iterator[tuple[int, int, int, tuple[int, int] | None]]:
+def tile_bounds(task: HeadTask, tile: int) -> Iterator[tuple[int, int, int, tuple[int, int] | None]]:
     """``(i0, i1, k_end, diag)`` per query tile (:func:`tile_rows`): rows i0..i1 see at most keys ``[0, k_end)``."""
-    for i0, i1, k_end in tile_rows(task.q_len, task.k.shape[0], task.offset, tile, corner):
+    for i0, i1, k_end in tile_rows(task.q_len, task.k.shape[0], task.offset, tile):
         yield i0, i1, k_end, None if task.offset is None else (i0, task.offset)
 
 
@@ -442,7 +426,7 @@ def torch_attention(
             kv_cache = (task.k, torch.from_numpy(task.k).to(dev), torch.from_numpy(task.v).to(dev))
         _, k, v = kv_cache
         q = torch.from_numpy(task.q).to(dev) * scale
-        for i0, i1, k_end, diag in tile_bounds(task, tile, corner=None):
+        for i0, i1, k_end, diag in tile_bounds(task, tile):
             scores = q[i0:i1] @ k[:k_end].T
             if diag is not None:
                 i = torch.arange(i0, i1, device=dev)[:, None]
