@@ -107,7 +107,7 @@ def benchmark_metrics(
         return _Sums(
             n=err.size,
             excluded=err.size - int(np.count_nonzero(normal)),
-            squares=float(kept @ kept),
+            squares=float(np.square(kept).sum()),  # numpy's pairwise sum: BLAS's dot sums by its thread count
             small=int(np.count_nonzero(small)),
             small_err=int(np.count_nonzero(small & (err > small_value_atol))),
             rel_count=int(np.count_nonzero(normal)),

@@ -167,3 +167,19 @@ def test_a_temperature_error_passes_msprobe_but_not_ours(golden: GoldenCase) -> 
     assert all(_msprobe_checks(golden, warm).values())
     _, ours = judge_output(golden, warm, POLICIES, "default", "b")
     assert not ours.passed and {c.rule for c in ours.failing} == {"systematic"}, ours.summary()
+
+
+def test_the_metrics_do_not_depend_on_the_blas_thread_count() -> None:
+    """The sums are numpy's, not BLAS's: a BLAS dot splits its sum by its thread count, so `-n 0` (two BLAS
+    threads) and `-n 2` (one each) once recorded msprobe RMSEs a last bit apart."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    rng = np.random.default_rng(7)
+    golden = rng.standard_normal((200, 4, 128))  # one chunk of 102,400 elements: judged inline, on this thread
+    out = (golden + rng.standard_normal(golden.shape) * 1e-3).astype(np.float32)
+    valid = np.ones(200, bool)
+    runs = []
+    for threads in (1, 2):
+        with threadpoolctl.threadpool_limits(limits=threads, user_api="blas"):
+            m = benchmark_metrics(out, golden, valid, small_value=2**-10, small_value_atol=1e-16, bench_eps=2**-8)
+        runs.append(m)
+    assert runs[0] == runs[1]
