@@ -1,4 +1,4 @@
-"""Issue 32 item 4: a plug-in backend's test ids end with the backend's own name, not its import
+"""A plug-in backend's test ids end with the backend's own name, not its import
 path, and a test whose worker died is still traced to that backend from its id."""
 
 from __future__ import annotations
@@ -6,15 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from mlaconf.runner.collect import identity_from_nodeid
-from tests.cover.test_registry import EXTERNAL, MY_LIB, run_pytest
+from tests.cover.test_registry import EXTERNAL, MY_LIB, run_suite
 
 
 def test_a_plugin_backends_ids_end_with_its_name(tmp_path: Path) -> None:
     (tmp_path / "my_kernels.py").write_text(EXTERNAL)
     (tmp_path / "my_lib.py").write_text(MY_LIB)
-    result = run_pytest(
-        tmp_path, "--mla-backend", "my_kernels:factory", "--collect-only", "-k", "fp16-undefined and b3"
-    )
+    result = run_suite(tmp_path, "--mla-backend", "my_kernels:factory", "--collect-only", "-k", "fp16-undefined and b3")
     ids = [line for line in result.stdout.splitlines() if "::test_" in line]
     assert ids, result.stdout[-2000:] + result.stderr[-2000:]
     assert all(line.endswith("-my-kernel]") for line in ids), ids[:3]

@@ -23,7 +23,13 @@ def test_a_stop_signal_to_regen_stops_it_as_ctrl_c_does(tmp_path: Path, stop: si
     command = [sys.executable, "-m", "mlaconf", "regen", "--cases", str(suite), "--out", str(store)]
     command += ["-j", "2", "--builder", "test_store_faults:napping_builder"]
     parent = subprocess.Popen(
-        command, env=_env(**{PID_LOG: str(log)}), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        command,
+        env=_env(**{PID_LOG: str(log)}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # as from a terminal: under nohup the test run's own SIGHUP is ignored, and regen keeps it ignored
+        preexec_fn=lambda: signal.signal(stop, signal.SIG_DFL),
     )
     workers: list[int] = []
     try:
