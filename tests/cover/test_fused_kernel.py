@@ -251,21 +251,8 @@ def test_finish_magnitudes_stores_the_numpy_formulas_bits(keys: int) -> None:
     stored = np.zeros((3, rows + 5, 4, 128), dtype=np.uint16)  # written through strided [rows, 128] views
     views = [stored[i, 2 : rows + 2, 1] for i in range(3)]
     add, factor = lift_terms(keys)
-    kernel.finish_magnitudes(
-        o["abs_sum"],
-        o["sq_sum"],
-        o["psv"],
-        o["golden"],
-        o["denom"],
-        o["sums"],
-        o["scale"],
-        o["cap"],
-        o["vmax"],
-        add,
-        factor,
-        (keys + 4) * EPS64,
-        *views,
-    )
+    operands = [o[k] for k in ("abs_sum", "sq_sum", "psv", "golden", "denom", "sums", "scale", "cap", "vmax")]
+    kernel.finish_magnitudes(*operands, add, factor, (keys + 4) * EPS64, *views)
     for view, (name, value) in zip(views, want.items(), strict=True):
         expected = round_up_bf16(value).view(np.uint16)
         assert np.array_equal(view, expected), f"{name}: {np.argwhere(view != expected)[:3].tolist()}"
@@ -273,23 +260,7 @@ def test_finish_magnitudes_stores_the_numpy_formulas_bits(keys: int) -> None:
     untouched[:, 2 : rows + 2, 1] = 0
     assert not untouched.any()  # nothing outside the views
     with pytest.raises(ValueError, match="uint16"):  # a copy made by conversion would drop the writes
-        kernel.finish_magnitudes(
-            o["abs_sum"],
-            o["sq_sum"],
-            o["psv"],
-            o["golden"],
-            o["denom"],
-            o["sums"],
-            o["scale"],
-            o["cap"],
-            o["vmax"],
-            add,
-            factor,
-            1e-12,
-            views[0].astype(np.int32),
-            views[1],
-            views[2],
-        )
+        kernel.finish_magnitudes(*operands, add, factor, 1e-12, views[0].astype(np.int32), views[1], views[2])
 
 
 def test_finish_magnitudes_rounds_up_at_every_bf16_boundary() -> None:
