@@ -1,7 +1,7 @@
-"""mypy over the checkout under the installed module names: ``golden/spec.py`` is ``mlaconf.golden.spec``.
+"""mypy over the checkout under the installed module names: ``golden/specs/spec.py`` is ``mlaconf.golden.specs.spec``.
 
-The rooms are top-level folders (docs/architecture.md), which mypy would name ``golden.spec`` and never
-connect to the ``mlaconf.golden.spec`` the code imports; this hands mypy each file with its module name,
+The rooms are top-level folders (docs/architecture.md), which mypy would name ``golden.specs.spec`` and never
+connect to the ``mlaconf.golden.specs.spec`` the code imports; this hands mypy each file with its module name,
 the same mapping as ``[tool.setuptools.package-dir]``, and the strict settings of ``[tool.mypy]``.
 Usage: ``python .ci/mypy_rooms.py`` from the repository root; the exit status is mypy's.
 """

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.store import GoldenStore
+from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.store.directory import GoldenStore
 from mlaconf.harness.backend import Backend
 from mlaconf.judge.deviations import DeviationSet
 from mlaconf.judge.policy import PolicySet

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.harness.backend import Backend
 from mlaconf.judge.deviations import DeviationSet
 from mlaconf.runner.applicability import not_applicable

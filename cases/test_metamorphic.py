@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from mlaconf.facts.operator import V_DIM
-from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.harness.backend import Backend
 from mlaconf.judge.deviations import DeviationSet
 from mlaconf.judge.policy import PolicySet

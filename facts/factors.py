@@ -1,7 +1,7 @@
 """The factor model of the contract (``facts/factors.toml``): factors, levels with why each is there,
 constraints between levels, and the kernel-structure factor sets whose triples matter.
 
-Data only: classifying a case into levels lives in :mod:`mlaconf.golden.coverage`.  Every problem with
+Data only: classifying a case into levels lives in :mod:`mlaconf.golden.coverage.levels`.  Every problem with
 the file is a :class:`FactorModelError` naming the file and the entry."""
 
 from __future__ import annotations

@@ -19,15 +19,16 @@ import numpy as np
 from mlaconf.facts.cluster import ClusterUnavailable, connected, node_resources
 from mlaconf.facts.operator import NOPE_DIM
 from mlaconf.facts.processes import INTERRUPTED
-from mlaconf.golden import cost, verbs
-from mlaconf.golden import regen as rg
-from mlaconf.golden.h5file import FileMeta, read_golden, read_meta
-from mlaconf.golden.integrity import GoldenStoreError
-from mlaconf.golden.layout import out_shape
-from mlaconf.golden.progress import flops_text
-from mlaconf.golden.spec import CaseSpec, SpecError
-from mlaconf.golden.store import GoldenStore
-from mlaconf.golden.suites import available_suites, load_suite, suite_path
+from mlaconf.golden import verbs
+from mlaconf.golden.build import cost
+from mlaconf.golden.build import regen as rg
+from mlaconf.golden.build.progress import flops_text
+from mlaconf.golden.specs.layout import out_shape
+from mlaconf.golden.specs.spec import CaseSpec, SpecError
+from mlaconf.golden.specs.suites import available_suites, load_suite, suite_path
+from mlaconf.golden.store.directory import GoldenStore
+from mlaconf.golden.store.h5file import FileMeta, read_golden, read_meta
+from mlaconf.golden.store.integrity import GoldenStoreError
 
 
 def _select(args: argparse.Namespace, default_all: bool) -> list[CaseSpec] | None:
@@ -50,7 +51,7 @@ def store_problem(store: GoldenStore) -> str | None:
 
 
 def regen_threads(todo: Sequence[CaseSpec], jobs: int) -> tuple[int, int]:
-    """(jobs, builder threads per job) as :func:`mlaconf.golden.regen.regen` will use them."""
+    """(jobs, builder threads per job) as :func:`mlaconf.golden.build.regen.regen` will use them."""
     jobs = max(1, min(jobs, len(todo)))
     return jobs, max(1, rg.cpu_count() // jobs)
 
@@ -133,7 +134,7 @@ def cmd_regen(args: argparse.Namespace) -> int:
 
 def regen_on_cluster(ray: Any, args: argparse.Namespace, specs: Sequence[CaseSpec], store: GoldenStore) -> int:
     """``regen --ray``: the fit judged against the cluster's largest node, then one task per case."""
-    from mlaconf.golden import ray_regen
+    from mlaconf.golden.build import ray_regen
 
     todo = [s for s in specs if s.expect_error is None]
     try:
@@ -208,7 +209,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         f"peak ~{cost.human_bytes(peak)} per worker (largest case)"
     )
     if args.suites:  # each named suite's t-way coverage of the factor model (mlaconf coverage lists the gaps)
-        from mlaconf.golden.coverage_cli import suite_coverage_lines
+        from mlaconf.golden.coverage.verb import suite_coverage_lines
 
         print("\n".join(suite_coverage_lines(args.suites)))
     print(f"list: {len(specs)} cases, {valid} with a valid golden in {store.root}", file=sys.stderr)

@@ -100,7 +100,7 @@ def describe_host_tensors(call: MlaPrefillCall) -> list[HostTensorDesc]:
 
 
 def repro_manifest(call: MlaPrefillCall) -> tuple[list[str], dict[str, bytes]]:
-    """The call the harness makes, as the standalone C++ repro reads it (runner/repro_templates/repro_atb.cpp.tmpl):
+    """The call the harness makes, as the standalone C++ repro reads it (tools/repro_templates/repro_atb.cpp.tmpl):
     the lines of ``atb_call.txt`` and each tensor's raw bytes by name.  Same descriptors as :func:`launch`."""
     lines = [
         f"scalar head_num {call.head_num}",

@@ -154,7 +154,7 @@ def prefix_chunks(packed: Packed) -> tuple[torch.Tensor, torch.Tensor, list[int]
 
 
 def op_output_rows(op_name: str, call: MlaPrefillCall) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
-    """How a route assembles attenOut from its op calls, for a repro that replays them (runner/repro.py):
+    """How a route assembles attenOut from its op calls, for a repro that replays them (tools/repro.py):
     the call's q row of each packed row, and per op call the packed rows its first output fills (None: all)."""
     packed = pack(call)
     steps: list[torch.Tensor | None] = [None]

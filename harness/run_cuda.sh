@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run on a machine with an NVIDIA GPU, from a checkout set up as the README says.
-#  0. python -m mlaconf.runner.gpu_check: the device's float64 GEMM, the CUDA golden's GF/s against it, the
+#  0. python -m mlaconf.tools.gpu_check: the device's float64 GEMM, the CUDA golden's GF/s against it, the
 #     CUDA golden vs the numpy golden (<= 1e-12), build_golden end to end, torch-cuda's time;
 #  1. the golden generator's float64 GPU path against its CPU path (within 1e-12 relative);
 #  2. the smoke conformance suite on torch-cuda, plus flash-attn / flashinfer when importable
@@ -18,7 +18,7 @@ print("GPUs:", [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_c
 PY
 
 echo "== golden generator on the GPU: GF/s against the device's float64 GEMM"
-python -m mlaconf.runner.gpu_check --json "gpu_check-$RUN_NAME.json" ${GPU_CHECK_ARGS:-}
+python -m mlaconf.tools.gpu_check --json "gpu_check-$RUN_NAME.json" ${GPU_CHECK_ARGS:-}
 
 echo "== golden generator: GPU float64 path vs CPU"
 pytest tests/cover/test_reference.py -q -p no:cacheprovider -k "cuda or torch"

@@ -18,8 +18,8 @@ from mlaconf.facts.operator import padded_kv_misread
 from mlaconf.facts.releases import in_range, parse_range
 from mlaconf.facts.status import STATUS_CODES
 from mlaconf.facts.versions import RELEASE_UNKNOWN
-from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.suites import read_toml
+from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.specs.suites import read_toml
 
 DEFAULT_PATH = Path(__file__).resolve().parent / "known_deviations.toml"
 

@@ -10,10 +10,10 @@ import numpy as np
 
 from mlaconf.facts.operator import V_DIM
 from mlaconf.facts.processes import map_for
-from mlaconf.golden.chunks import RowChunk, row_chunks
-from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.stats import ErrorStats
-from mlaconf.golden.types import GoldenCase
+from mlaconf.golden.build.chunks import RowChunk, row_chunks
+from mlaconf.golden.build.stats import ErrorStats
+from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.specs.types import GoldenCase
 from mlaconf.judge.deviations import Deviation
 from mlaconf.judge.error_model import model_ratio
 from mlaconf.judge.metrics import Metrics, compute_metrics

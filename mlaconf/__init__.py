@@ -20,21 +20,21 @@ Conformance and golden-data testing of the ATB MLA prefill operator: build and c
 golden files, run the conformance suites on a backend, and compare, merge or render their reports.
 'mlaconf VERB --help' describes each verb."""
 #: The top-level folders of a checkout; installed, they are the subpackages ``mlaconf.<room>``.
-ROOMS = ("facts", "golden", "harness", "native", "judge", "runner", "cases", "reports")
+ROOMS = ("facts", "golden", "harness", "native", "judge", "runner", "tools", "cases", "reports")
 #: Modules exposing ``register(subparsers)``; each verb sets ``func(args) -> int`` as its default.  Every one is
 #: imported to print any help or usage error, so each must be light: it loads neither torch, ml_dtypes, h5py
 #: nor hypothesis, and names its heavy work as ``func="module:function"`` (:func:`verb_function`; docs/architecture.md;
 #: tests/cover/test_cli_light.py holds every registered verb to this).
 VERB_MODULES = (
     "mlaconf.golden.verbs",
-    "mlaconf.golden.bench",
-    "mlaconf.golden.coverage_cli",
+    "mlaconf.golden.bench.verb",
+    "mlaconf.golden.coverage.verb",
     "mlaconf.reports.cli",
-    "mlaconf.runner.run",
-    "mlaconf.runner.verbs",
-    "mlaconf.runner.ascend",
-    "mlaconf.runner.import_dump",
-    "mlaconf.runner.power_cli",
+    "mlaconf.tools.run",
+    "mlaconf.tools.verbs",
+    "mlaconf.tools.ascend",
+    "mlaconf.tools.import_dump",
+    "mlaconf.tools.power_cli",
 )
 
 

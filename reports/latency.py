@@ -18,13 +18,20 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from mlaconf.reports.aggregate import number
 from mlaconf.reports.records import Record
 
-if TYPE_CHECKING:
-    from mlaconf.reports.diff import CaseDiff
+
+class CaseLatency(Protocol):
+    """What the latency verdict reads and sets on a pair of records (reports.diff's ``CaseDiff``)."""
+
+    case_id: str
+    backend: str
+    latency: str
+    latency_ratio: float | None
+
 
 #: Fewest timed calls per side before latencies are compared at all: with n calls a side the
 #: smallest one-sided p is 1 / C(2n, n) (5.4e-6 at n = 10), so a slowdown can stay significant
@@ -257,7 +264,7 @@ def host_shift(tests: Sequence[LatencyTest]) -> HostShift:
 
 
 def judge_latency(
-    tests: Sequence[tuple[CaseDiff, LatencyTest]], threshold: float
+    tests: Sequence[tuple[CaseLatency, LatencyTest]], threshold: float
 ) -> tuple[list[PerfDiff], HostShift | None]:
     """Set each pair's latency verdict (what was compared, the ratio, the noise); the significant
     slowdowns beyond ``threshold`` (uncalibrated pairs: beyond the run-wide factor too), and what

@@ -9,9 +9,9 @@ from typing import Any
 import h5py
 import numpy as np
 
-from mlaconf.golden.inputs import numpy_dtype
-from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.types import GoldenCase
+from mlaconf.golden.build.inputs import numpy_dtype
+from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.specs.types import GoldenCase
 from mlaconf.harness.backend import Backend, BackendError, BackendInfo
 from mlaconf.judge import causes
 from mlaconf.judge.deviations import Deviation, DeviationSet, explaining, release_note

@@ -26,7 +26,7 @@ from mlaconf.reports.records import ResultRecord, make_record
 from mlaconf.runner.identity import identity
 
 if TYPE_CHECKING:
-    from mlaconf.golden.types import GoldenCase
+    from mlaconf.golden.specs.types import GoldenCase
     from mlaconf.judge.causes import Cause
     from mlaconf.judge.metrics import Metrics
     from mlaconf.judge.policy import Policy, Verdict

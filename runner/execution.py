@@ -12,8 +12,8 @@ import numpy as np
 import torch
 import xxhash
 
-from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.types import OpInputs
+from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.specs.types import OpInputs
 from mlaconf.harness.backend import Backend, BackendError, MlaPrefillCall, Unsupported
 from mlaconf.runner.applicability import not_applicable
 

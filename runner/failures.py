@@ -13,7 +13,7 @@ from mlaconf.reports.records import Failure, ResultRecord, make_record
 
 #: Where a timeout or exception happened, when a backend method is on the stack.
 BACKEND_METHODS = ("run", "synchronize", "available", "info")
-#: Our rooms that run under a test, as the second part of a module name (``mlaconf.golden.store``): not the
+#: Our rooms that run under a test, as the second part of a module name (``mlaconf.golden.store.directory``): not the
 #: test modules themselves (cases) nor reports, which never runs inside a test.
 _FRAMEWORK = frozenset(ROOMS) - {"cases", "reports"}
 _MESSAGE_LIMIT = 2000

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from mlaconf.facts.shard import parse_shard
+from mlaconf.golden.store.locations import chosen_root
 from mlaconf.harness import registry
 from mlaconf.reports import env
 from mlaconf.reports.rundir import REPORTS_DIR
@@ -113,8 +114,8 @@ def check_front_door(config: pytest.Config) -> None:
         if problem:
             raise pytest.UsageError(f"--mla-golden-dir {golden}: {problem}")
         set_run_info(config, "golden_store", str(Path(golden).resolve()))
-    else:  # what the golden_store fixture will open (golden.store's rule)
-        set_run_info(config, "golden_store", str(Path(os.environ.get("MLA_GOLDEN_DIR") or ".golden").resolve()))
+    else:  # what the golden_store fixture will open
+        set_run_info(config, "golden_store", str(chosen_root().resolve()))
     policy, tolerances = policy_name(config), config.getoption("mla_tolerances")
     if policy != "default" or tolerances:
         problem = policy_problem(policy, tolerances, "--mla-policy")

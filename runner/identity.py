@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from mlaconf.golden.suites import SUITES_PACKAGE, suites_dir
+from mlaconf.golden.specs.suites import SUITES_PACKAGE, suites_dir
 from mlaconf.reports.records import SUITES
 
 if TYPE_CHECKING:
-    from mlaconf.golden.spec import CaseSpec
+    from mlaconf.golden.specs.spec import CaseSpec
 #: The parameter every MLA test runs under: the backend's selection name (:func:`is_mla_test`).
 MLA_PARAMETER = "mla_backend_name"
 #: Parameters that carry a test's case spec.

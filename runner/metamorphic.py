@@ -25,13 +25,13 @@ import numpy as np
 import pytest
 
 from mlaconf.facts.operator import CAUSAL, V_DIM
-from mlaconf.golden.generate import build_golden
-from mlaconf.golden.inputs import case_rng, generate_inputs, round_to
-from mlaconf.golden.layout import offsets, row_valid
-from mlaconf.golden.spec import CaseSpec, SpecError
-from mlaconf.golden.spec_build import build_case
-from mlaconf.golden.suites import read_toml, suites_dir
-from mlaconf.golden.types import GoldenCase, OpInputs
+from mlaconf.golden.build.generate import build_golden
+from mlaconf.golden.build.inputs import case_rng, generate_inputs, round_to
+from mlaconf.golden.specs.layout import offsets, row_valid
+from mlaconf.golden.specs.spec import CaseSpec, SpecError
+from mlaconf.golden.specs.spec_build import build_case
+from mlaconf.golden.specs.suites import read_toml, suites_dir
+from mlaconf.golden.specs.types import GoldenCase, OpInputs
 from mlaconf.harness.backend import Backend, BackendError
 from mlaconf.judge.deviations import Deviation, DeviationSet
 from mlaconf.judge.metrics import locate

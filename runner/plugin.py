@@ -154,7 +154,7 @@ def mla_requested(config: pytest.Config) -> bool:
     overridden and no torch imported."""
     if any(getattr(config.option, dest, default) != default for dest, default in OPTION_DEFAULTS.items()):
         return True
-    from mlaconf.golden.suites import suites_dir
+    from mlaconf.golden.specs.suites import suites_dir
 
     suites = suites_dir().resolve()
     root = config.invocation_params.dir

@@ -374,8 +374,7 @@ def earlier_run(directory: Path) -> dict[str, Any]:
 
 def goldens_facts() -> dict[str, Any]:
     """What decides the goldens besides the store and the cases: the generator and file format."""
-    from mlaconf.golden.generate import GENERATOR_VERSION
-    from mlaconf.golden.integrity import SCHEMA_VERSION
+    from mlaconf.golden.store.integrity import GENERATOR_VERSION, SCHEMA_VERSION
 
     return {"generator": GENERATOR_VERSION, "schema": SCHEMA_VERSION}
 

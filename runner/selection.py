@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mlaconf.golden.spec import CaseSpec, SpecError
-from mlaconf.golden.suites import available_suites, load_suite, load_suites
+from mlaconf.golden.specs.spec import CaseSpec, SpecError
+from mlaconf.golden.specs.suites import available_suites, load_suite, load_suites
 from mlaconf.judge.deviations import DeviationSet
 
 ERROR_SUITE = "errors"

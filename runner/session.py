@@ -42,8 +42,8 @@ from mlaconf.runner.selection import (
 )
 
 if TYPE_CHECKING:
-    from mlaconf.golden.progress import CaseWork
-    from mlaconf.golden.store import GoldenStore
+    from mlaconf.golden.build.progress import CaseWork
+    from mlaconf.golden.store.directory import GoldenStore
     from mlaconf.harness.backend import Backend
     from mlaconf.judge.deviations import DeviationSet
     from mlaconf.judge.policy import PolicySet
@@ -273,11 +273,11 @@ def mla_backend(mla_backend_name: str, mla_backend_cache: dict[str, Backend]) ->
 
 @pytest.fixture(scope="session")
 def mla_golden_store(pytestconfig: pytest.Config) -> Iterator[GoldenStore]:
-    from mlaconf.golden import progress
-    from mlaconf.golden.store import GoldenStore
+    from mlaconf.golden.build import progress
+    from mlaconf.golden.build.generate import build_golden
+    from mlaconf.golden.store.directory import GoldenStore
 
-    root = pytestconfig.getoption("mla_golden_dir") or os.environ.get("MLA_GOLDEN_DIR")
-    store = GoldenStore(Path(root) if root else None)
+    store = GoldenStore(pytestconfig.getoption("mla_golden_dir") or None, builder=build_golden)
     write = progress.fd_writer(pytestconfig.stash[TERMINAL_FD])
     removers = [progress.add_listener(progress.Announcer(write)), progress.add_listener(on_demand_notice(write, store))]
     yield store

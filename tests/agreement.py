@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlaconf.golden.inputs import generate_inputs
-from mlaconf.golden.layout import row_valid
-from mlaconf.golden.magnitudes import reference_and_magnitudes
-from mlaconf.golden.reference import attention, float64_tile
-from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.build.inputs import generate_inputs
+from mlaconf.golden.build.magnitudes import reference_and_magnitudes
+from mlaconf.golden.build.reference import attention, float64_tile
+from mlaconf.golden.specs.layout import row_valid
+from mlaconf.golden.specs.spec import CaseSpec
 
 AGREEMENT = 1e-12
 

@@ -117,11 +117,11 @@ def worker(pristine_dir: Path, work_dir: Path, suite: str, tasks: Path, start: i
     """Judge the flips of ``tasks`` (JSON lines) from index ``start``; one JSON line per flip on stdout."""
     import numpy as np
 
-    from mlaconf.golden.suites import load_suites
+    from mlaconf.golden.specs.suites import load_suites
 
     logging.disable(logging.WARNING)  # the store logs every rebuild; the answers say it all
-    from mlaconf.golden.integrity import GoldenCorruptError, GoldenStoreError
-    from mlaconf.golden.store import GoldenStore
+    from mlaconf.golden.store.directory import GoldenStore
+    from mlaconf.golden.store.integrity import GoldenCorruptError, GoldenStoreError
 
     specs = {spec.case_id: spec for spec in load_suites([suite])}
     pristine_store, store = GoldenStore(pristine_dir), GoldenStore(work_dir)
@@ -283,9 +283,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.worker:
         worker(args.store, work, args.suite, args.tasks, args.start)
         return 0
-    from mlaconf.golden.regen import regen
-    from mlaconf.golden.store import GoldenStore
-    from mlaconf.golden.suites import load_suites
+    from mlaconf.golden.build.regen import regen
+    from mlaconf.golden.specs.suites import load_suites
+    from mlaconf.golden.store.directory import GoldenStore
 
     summary = regen(load_suites([args.suite]), GoldenStore(args.store))
     if summary.count("failed"):

@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, Any
 import mlaconf
 
 if TYPE_CHECKING:
-    from mlaconf.golden.spec import CaseSpec
-    from mlaconf.golden.types import GoldenCase
+    from mlaconf.golden.specs.spec import CaseSpec
+    from mlaconf.golden.specs.types import GoldenCase
 
 REPO = Path(__file__).resolve().parents[1]
 #: The smoke case measured by default (the suite's first): causal bf16, every rule of the default policy
@@ -183,7 +183,7 @@ def one_thread() -> Iterator[None]:
 
 def smoke_case(case_id: str = DEFAULT_CASE) -> CaseSpec:
     """A case of the shipped smoke suite by its id."""
-    from mlaconf.golden.suites import load_suites
+    from mlaconf.golden.specs.suites import load_suites
 
     specs = {spec.case_id: spec for spec in load_suites(["smoke"])}
     if case_id not in specs:
@@ -226,9 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="name every stop and climb")
     parser.epilog = "The golden comes from the store ($MLA_GOLDEN_DIR or ./.golden), built there when missing."
     args = parser.parse_args(argv)
-    from mlaconf.golden.store import GoldenStore
+    from mlaconf.golden.build.generate import build_golden
+    from mlaconf.golden.store.directory import GoldenStore
 
-    golden = GoldenStore().ensure(smoke_case(args.case))
+    golden = GoldenStore(builder=build_golden).ensure(smoke_case(args.case))
     for entry in args.entry or ENTRIES:
         walk = measure(golden, args.backend, entry)
         print(f"from {entry}: {walk.summary()}")

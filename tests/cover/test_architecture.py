@@ -28,25 +28,48 @@ FACES = {"backend": "harness"}
 #: room -> rooms it must never import (at any depth, lazily or not).
 FORBIDDEN = {
     "facts": ROOMS - {"facts"} | {CLI},
-    "golden": {"harness", "reports", "judge", "runner", "cases", CLI},
-    "harness": {"golden", "cases", "judge", "runner", "reports", CLI},
-    "native": {"golden", "cases", "judge", "runner", "reports", CLI},
-    "judge": {"harness", "runner", "cases", "reports", CLI},
-    "reports": {"golden", "harness", "native", "judge", "runner", "cases", CLI},
+    "golden": {"harness", "reports", "judge", "runner", "tools", "cases", CLI},
+    "harness": {"golden", "cases", "judge", "runner", "tools", "reports", CLI},
+    "native": {"golden", "cases", "judge", "runner", "tools", "reports", CLI},
+    "judge": {"harness", "runner", "tools", "cases", "reports", CLI},
+    "runner": {"tools", "cases"},
+    "tools": {"cases"},
+    "reports": {"golden", "harness", "native", "judge", "runner", "tools", "cases", CLI},
 }
+
+
+def imported_modules(path: Path) -> list[str]:
+    """Every absolute import in a module, inside functions too; ``from a import b`` gives ``a.b`` and ``a``."""
+    modules: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            modules += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            modules += [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+    return modules
+
+
+def installed_modules() -> dict[str, Path]:
+    """Installed module name -> the file git knows, for every module of the package."""
+    found = {}
+    for path in [*(p for room in ROOMS for p in (REPO / room).rglob("*.py")), *(REPO / NAMESPACE).glob("*.py")]:
+        parts = path.relative_to(REPO).with_suffix("").parts
+        parts = parts if parts[0] == NAMESPACE else (NAMESPACE, *parts)
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports (lazily or not): the installed layout's import graph."""
+    modules = installed_modules()
+    return {name: set(imported_modules(path)) & set(modules) - {name} for name, path in modules.items()}
 
 
 def imported_rooms(path: Path) -> set[str]:
     """The rooms of every import of ours in a module, including those inside functions; a bare
     room name (``import golden``) is reported as ``bare:golden``: it is not an installed name."""
     names: set[str] = set()
-    modules: list[str] = []
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            modules += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            modules.append(node.module)
-    for module in modules:
+    for module in imported_modules(path):
         parts = module.split(".")
         if parts[0] == NAMESPACE:
             room = parts[1] if len(parts) > 1 else ""
@@ -64,6 +87,66 @@ def test_room_imports_only_what_it_may(room: str) -> None:
         if imported_rooms(path) & FORBIDDEN[room]
     ]
     assert not offences, f"{room} breaks its import rule: " + "; ".join(offences)
+
+
+def test_golden_sub_rooms_import_only_downward() -> None:
+    """A golden sub-room imports only from itself and the sub-rooms before it (golden.SUB_ROOMS), never the
+    room's own verb modules above them."""
+    from mlaconf.golden import SUB_ROOMS
+
+    assert {p.name for p in (REPO / "golden").iterdir() if (p / "__init__.py").is_file()} == set(SUB_ROOMS)
+    offences = []
+    for floor, sub_room in enumerate(SUB_ROOMS):
+        allowed = {f"{NAMESPACE}.golden.{below}" for below in SUB_ROOMS[: floor + 1]}
+        for path in sorted((REPO / "golden" / sub_room).rglob("*.py")):
+            for module in imported_modules(path):
+                parts = module.split(".")
+                if parts[:2] == [NAMESPACE, "golden"] and len(parts) > 2 and ".".join(parts[:3]) not in allowed:
+                    offences.append(f"{path.relative_to(REPO)} imports {module}")
+    assert not offences, "golden sub-rooms importing upward: " + "; ".join(offences)
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for child in sorted(graph[node]):
+            if child not in index:
+                visit(child)
+                low[node] = min(low[node], low[child])
+            elif child in stack:
+                low[node] = min(low[node], index[child])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_import_graph_has_no_circle() -> None:
+    """No module reaches itself through imports of ours, lazy and type-only ones included: within a room
+    as between rooms, every arrow points down."""
+    assert not circles(import_graph())
+
+
+def test_the_circle_finder_sees_a_circle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert circles(graph) == [["a", "b", "c"]] and not circles({"a": {"b"}, "b": set()})
 
 
 def test_every_import_uses_the_installed_name() -> None:
@@ -85,7 +168,12 @@ def test_the_namespace_maps_every_room() -> None:
 
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert config["package-dir"] == {f"{NAMESPACE}.{room}": room for room in ROOMS}
-    assert set(config["packages"]) == {NAMESPACE} | {f"{NAMESPACE}.{room}" for room in ROOMS}
+    sub_packages = {
+        f"{NAMESPACE}.{'.'.join(p.parent.relative_to(REPO).parts)}"
+        for room in ROOMS
+        for p in (REPO / room).glob("*/__init__.py")
+    }
+    assert set(config["packages"]) == {NAMESPACE} | {f"{NAMESPACE}.{room}" for room in ROOMS} | sub_packages
     packages = {p.parent.name for p in REPO.glob("*/__init__.py")} - {NAMESPACE, "tests", "build"}
     assert packages == ROOMS, "every top-level package of the checkout is a room of mlaconf.ROOMS, and back"
 
@@ -114,7 +202,10 @@ def test_mypy_sees_every_module_under_its_installed_name() -> None:
     files = {str(p.relative_to(REPO)) for room in ROOMS for p in (REPO / room).rglob("*.py")}
     files |= {str(p.relative_to(REPO)) for p in (REPO / NAMESPACE).glob("*.py")}
     assert files <= set(sources), f"modules mypy would skip: {sorted(files - set(sources))}"
-    assert sources["golden/spec.py"] == "mlaconf.golden.spec" and sources["runner/__init__.py"] == "mlaconf.runner"
+    assert (
+        sources["golden/specs/spec.py"] == "mlaconf.golden.specs.spec"
+        and sources["runner/__init__.py"] == "mlaconf.runner"
+    )
     assert sources["mlaconf/backend.py"] == "mlaconf.backend"
 
 
@@ -124,11 +215,11 @@ def test_a_checkout_without_symlinks_imports_from_its_own_tree(tmp_path: Path) -
     subprocess.run(
         ["git", "-c", "core.symlinks=false", "clone", "-q", "--no-hardlinks", str(REPO), str(clone)], check=True
     )
-    probe = "import mlaconf.runner.plugin as p, mlaconf.golden.spec as s; print(p.__file__); print(s.__file__)"
+    probe = "import mlaconf.runner.plugin as p, mlaconf.golden.specs.spec as s; print(p.__file__); print(s.__file__)"
     env = {**os.environ, "PYTHONPATH": str(clone)}
     ran = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert ran.returncode == 0, ran.stderr
-    assert ran.stdout.split() == [str(clone / "runner" / "plugin.py"), str(clone / "golden" / "spec.py")]
+    assert ran.stdout.split() == [str(clone / "runner" / "plugin.py"), str(clone / "golden" / "specs" / "spec.py")]
 
 
 def test_the_backend_module_is_the_public_face_of_the_protocol() -> None:

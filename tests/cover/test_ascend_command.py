@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from mlaconf.harness import npu_ops
-from mlaconf.runner import ascend
+from mlaconf.tools import ascend
 from tests import fake_torch_npu
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -172,8 +172,8 @@ def _write_records(run: Path, records: list[dict[str, object]]) -> None:
 
 
 def test_the_facts_report_says_what_the_device_did_to_each_unconfirmed_fact(tmp_path: Path) -> None:
-    from mlaconf.golden.suites import load_suites
-    from mlaconf.runner.facts_report import REPORT_JSON, write_facts_report
+    from mlaconf.golden.specs.suites import load_suites
+    from mlaconf.tools.facts_report import REPORT_JSON, write_facts_report
 
     rank3 = next(c for c in load_suites(["errors"]) if c.name == "mask-free-mask-rank3")
     device = "npu:0 (Ascend910B3)"

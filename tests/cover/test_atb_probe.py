@@ -16,8 +16,8 @@ import mlaconf.harness.atb
 import mlaconf.native
 from mlaconf.facts.operator import as_c_float
 from mlaconf.facts.status import STATUS_CODES
-from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.suites import load_suites
+from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.specs.suites import load_suites
 from mlaconf.harness.atb import AtbBackend
 from mlaconf.harness.backend import TENSOR_ARGS, Backend, BackendError, MlaPrefillCall
 from mlaconf.judge.deviations import DeviationSet

@@ -1,4 +1,4 @@
-"""The bench's derived build limits (golden/bench_limits.py) and how the bench prints them: the work
+"""The bench's derived build limits (golden/bench/limits.py) and how the bench prints them: the work
 counted from the tiles must be the work the tiles do, and each stage's limit its own work at the rates."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from mlaconf.facts.operator import SCORE_DIM, V_DIM
-from mlaconf.golden import bench
-from mlaconf.golden.bench_limits import (
+from mlaconf.golden.bench import verb as bench
+from mlaconf.golden.bench.limits import (
     BASELINE_BYTES_PER_SCORE,
     REFERENCE_BYTES_PER_SCORE,
     MachineRates,
@@ -22,10 +22,10 @@ from mlaconf.golden.bench_limits import (
     stage_limit,
     tile_gemm_shapes,
 )
-from mlaconf.golden.generate import build_golden
-from mlaconf.golden.reference import DEFAULT_TILE, FUSED_TILE, for_each_tile, tile_rows
-from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.spec_build import build_case
+from mlaconf.golden.build.generate import build_golden
+from mlaconf.golden.build.reference import DEFAULT_TILE, FUSED_TILE, for_each_tile, tile_rows
+from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.specs.spec_build import build_case
 
 RATES = MachineRates(gemm64=1e10, gemm32=2e10, bandwidth=1e10, softmax=1e9)
 
@@ -42,7 +42,11 @@ def tiled_pairs(spec: CaseSpec, tile: int) -> int:
     golden = build_golden(spec)
     seen: list[int] = []
     for_each_tile(
-        golden.inputs, spec, lambda task, i0, i1, k_end, diag: seen.append((i1 - i0) * k_end), np.float64, tile=tile
+        golden.inputs,
+        spec,
+        lambda task, i0, i1, k_end, diag: seen.append((i1 - i0) * k_end),
+        np.float64,
+        tile=tile,
     )
     return sum(seen)
 
@@ -175,7 +179,7 @@ def test_interleaved_table_states_the_limit_and_how_much_of_it_e2e_reached() -> 
 
 
 def test_judge_share_line_states_the_share_and_the_target() -> None:
-    from mlaconf.runner.overhead import format_share, judge_spec
+    from mlaconf.tools.overhead import format_share, judge_spec
 
     row = {"case": "ds1", "wall:overhead": 0.05, "wall:backend": 2.0, "cpu:overhead": 0.04}
     assert "2.5 % (target <= 5 %)" in format_share(row)
@@ -185,8 +189,8 @@ def test_judge_share_line_states_the_share_and_the_target() -> None:
 
 def test_tile_gemms_compute_the_flops_their_rate_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     """The tile_gemm arm's GEMM calls add up to the FLOPs its rate divides by (whole tiles, masked corners)."""
-    from mlaconf.golden import bench_measure
-    from mlaconf.golden.inputs import generate_inputs
+    from mlaconf.golden.bench import measure as bench_measure
+    from mlaconf.golden.build.inputs import generate_inputs
 
     spec = build_case({"q_seqlen": [700, 90], "head_num": 2, "mask_type": 2, "dtype": "bf16"}, source="test")
     done: list[float] = []

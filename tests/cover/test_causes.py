@@ -6,9 +6,9 @@ import functools
 
 import pytest
 
-from mlaconf.golden.generate import build_golden
-from mlaconf.golden.spec_build import build_case
-from mlaconf.golden.types import GoldenCase
+from mlaconf.golden.build.generate import build_golden
+from mlaconf.golden.specs.spec_build import build_case
+from mlaconf.golden.specs.types import GoldenCase
 from mlaconf.harness import defects
 from mlaconf.judge.causes import likely_cause
 from mlaconf.runner.execution import execute, make_call

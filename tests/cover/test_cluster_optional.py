@@ -15,8 +15,12 @@ LOCAL_PATH = """
 import sys
 from pathlib import Path
 from mlaconf import build_parser
-from mlaconf.golden import cli, regen, ray_regen
-from mlaconf.runner import plugin, run, ray_run
+from mlaconf.golden import cli
+from mlaconf.golden.build import regen
+from mlaconf.golden.build import ray_regen
+from mlaconf.runner import plugin
+from mlaconf.tools import run
+from mlaconf.tools import ray_run
 build_parser()
 suite = Path(sys.argv[1]) / "suite.toml"
 suite.write_text("[[case]]\\nq_seqlen = [4]\\nhead_num = 1\\n")
@@ -49,9 +53,9 @@ GB = 1024**3
 
 
 def test_a_case_asks_for_the_cpus_whose_memory_covers_its_peak() -> None:
-    from mlaconf.golden import cost
-    from mlaconf.golden.ray_regen import ClusterShape
-    from mlaconf.golden.spec_build import build_case
+    from mlaconf.golden.build import cost
+    from mlaconf.golden.build.ray_regen import ClusterShape
+    from mlaconf.golden.specs.spec_build import build_case
 
     small = build_case({"q_seqlen": [4], "head_num": 1}, source="t")
     big = build_case({"q_seqlen": [4096], "head_num": 16}, source="t")
@@ -69,7 +73,7 @@ def test_a_case_asks_for_the_cpus_whose_memory_covers_its_peak() -> None:
 
 
 def test_shards_go_to_npus_then_gpus_then_cpus() -> None:
-    from mlaconf.runner.ray_run import Slots
+    from mlaconf.tools.ray_run import Slots
 
     mixed = [{"CPU": 64.0, "GPU": 2.0, "NPU": 8.0}, {"CPU": 32.0, "NPU": 8.0}]
     assert Slots.of(mixed) == Slots("NPU", 16) and Slots.of(mixed).options() == {"num_cpus": 1, "resources": {"NPU": 1}}
@@ -81,7 +85,7 @@ def test_shards_go_to_npus_then_gpus_then_cpus() -> None:
 
 def test_a_shard_runs_pytest_alone_into_its_own_report_dir() -> None:
     from mlaconf import build_parser
-    from mlaconf.runner.ray_run import plugin_arguments
+    from mlaconf.tools.ray_run import plugin_arguments
 
     argv = ["run", "--ray", "--backend", "torch-cpu", "--golden-dir", "rel/store", "--run-name", "x", "-n", "4"]
     args = build_parser().parse_args([*argv, "--", "-k", "causal"])

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from mlaconf.golden.generate import build_golden
-from mlaconf.golden.spec_build import build_case
-from mlaconf.golden.types import GoldenCase
+from mlaconf.golden.build.generate import build_golden
+from mlaconf.golden.specs.spec_build import build_case
+from mlaconf.golden.specs.types import GoldenCase
 from mlaconf.harness.backend import BackendError, MlaPrefillCall
 from mlaconf.harness.torch_backend import TorchSdpaBackend
 from mlaconf.judge.deviations import load_deviations
@@ -149,12 +149,12 @@ mask = "mask_free"
 
 
 def test_overhead_tool_times_every_stage_of_run_case(tmp_path: Path) -> None:
-    """``python -m mlaconf.runner.overhead``: per-stage times of the framework around backend.run."""
-    from mlaconf.golden.store import GoldenStore
-    from mlaconf.runner.overhead import STAGES, format_rows, measure
+    """``python -m mlaconf.tools.overhead``: per-stage times of the framework around backend.run."""
+    from mlaconf.golden.store.directory import GoldenStore
+    from mlaconf.tools.overhead import STAGES, format_rows, measure
 
     specs = [build_case({"head_num": 2, "q_seqlen": [n], "dtype": "fp16"}, source="test") for n in (5, 33)]
-    rows = measure(specs, "torch-cpu", 2, GoldenStore(tmp_path))
+    rows = measure(specs, "torch-cpu", 2, GoldenStore(tmp_path, builder=build_golden))
     assert [row["case"] for row in rows] == [s.case_id for s in specs]
     for row in rows:
         assert all(row[f"wall:{stage}"] >= 0.0 for stage in STAGES)
@@ -189,13 +189,13 @@ def test_error_map_of_other_deciding_rules(golden: GoldenCase, check: Check, sca
 
 def test_a_framework_failure_names_the_function_it_came_from() -> None:
     """A failure's ``where``: the innermost function of ours on the stack, by its installed name."""
-    from mlaconf.golden.spec import SpecError
-    from mlaconf.golden.spec_build import build_case
+    from mlaconf.golden.specs.spec import SpecError
+    from mlaconf.golden.specs.spec_build import build_case
     from mlaconf.runner.failures import _where
 
     with pytest.raises(SpecError) as excinfo:
         build_case({"q_seqlen": [4], "head_num": 0}, source="test")
-    assert _where(excinfo).startswith("mlaconf.golden.spec_build."), _where(excinfo)
+    assert _where(excinfo).startswith("mlaconf.golden.specs.spec_build."), _where(excinfo)
 
 
 @pytest.mark.parametrize(("backend", "disagreeing"), [("torch-cpu", 0), ("nondeterministic", 3)])

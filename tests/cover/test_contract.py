@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from mlaconf.facts.status import STATUS_CODES
-from mlaconf.golden.inputs import generate_inputs
-from mlaconf.golden.spec import CaseSpec, SpecError
-from mlaconf.golden.spec_build import build_case, spec_from_json
-from mlaconf.golden.suites import load_suites
+from mlaconf.golden.build.inputs import generate_inputs
+from mlaconf.golden.specs.spec import CaseSpec, SpecError
+from mlaconf.golden.specs.spec_build import build_case, spec_from_json
+from mlaconf.golden.specs.suites import load_suites
 from mlaconf.harness.backend import Availability, BackendError, BackendInfo, MlaPrefillCall
 from mlaconf.harness.contract import (
     CHECK_NAMES,

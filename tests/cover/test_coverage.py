@@ -1,4 +1,4 @@
-"""The factor model (facts/factors.toml), case classification and t-way coverage (golden/coverage.py), the
+"""The factor model (facts/factors.toml), case classification and t-way coverage (golden/coverage/levels.py), the
 ``mlaconf coverage``; the generated covering sections are checked in tests/nocover/test_covering.py."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from mlaconf.facts.factors import FactorModelError, load_model, parse_model
-from mlaconf.golden.coverage import PER_BATCH, case_levels, coverage, describe, realizable_rows
-from mlaconf.golden.spec import SpecError
-from mlaconf.golden.spec_build import build_case
+from mlaconf.golden.coverage.levels import PER_BATCH, case_levels, coverage, describe, realizable_rows
+from mlaconf.golden.specs.spec import SpecError
+from mlaconf.golden.specs.spec_build import build_case
 
 MODEL = load_model()
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,6 +107,6 @@ def test_coverage_verb_refuses_a_missing_file_in_one_line(tmp_path: Path) -> Non
 
 
 def test_coverage_verb_module_imports_light() -> None:
-    code = "import sys, mlaconf.golden.coverage_cli; print(sorted({'torch', 'h5py', 'ml_dtypes'} & set(sys.modules)))"
+    code = "import sys, mlaconf.golden.coverage.verb; print(sorted({'torch', 'h5py', 'ml_dtypes'} & set(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert done.stdout.strip() == "[]"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mlaconf.facts.releases import compare_versions, in_range, parse_range
-from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.judge.deviations import DEFAULT_PATH, DeviationError, explaining, load_deviations, release_note
 
 

@@ -1,4 +1,4 @@
-"""mlaconf.golden.magnitudes and judge.error_model: the stored magnitudes and the per-element bound."""
+"""mlaconf.golden.build.magnitudes and judge.error_model: the stored magnitudes and the per-element bound."""
 
 from __future__ import annotations
 
@@ -10,27 +10,24 @@ import numpy as np
 import pytest
 
 from mlaconf.facts.operator import scores_in_fp16
-from mlaconf.golden.generate import build_golden
-from mlaconf.golden.inputs import generate_inputs
-from mlaconf.golden.integrity import SCHEMA_VERSION
-from mlaconf.golden.layout import causal_offset, kv_views, offsets, q_views
-from mlaconf.golden.magnitudes import (
+from mlaconf.golden.build.generate import build_golden
+from mlaconf.golden.build.inputs import generate_inputs
+from mlaconf.golden.build.magnitudes import (
     CANCELLING_MAGNITUDES,
-    ELEMENT_MAGNITUDES,
-    ROW_MAGNITUDES,
     allowed_keys,
     cancellation_noise,
-    magnitude_names,
     reference_and_magnitudes,
     round_up_bf16,
     torch_magnitudes,
 )
-from mlaconf.golden.reference import effective_scale, reference_attention
-from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.spec_build import build_case
-from mlaconf.golden.stats import ErrorStats
-from mlaconf.golden.store import GoldenStore
-from mlaconf.golden.types import GoldenCase
+from mlaconf.golden.build.reference import effective_scale, reference_attention
+from mlaconf.golden.build.stats import ErrorStats
+from mlaconf.golden.specs.layout import causal_offset, kv_views, offsets, q_views
+from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.specs.spec_build import build_case
+from mlaconf.golden.specs.types import ELEMENT_MAGNITUDES, ROW_MAGNITUDES, GoldenCase, magnitude_names
+from mlaconf.golden.store.directory import GoldenStore
+from mlaconf.golden.store.integrity import SCHEMA_VERSION
 from mlaconf.judge.error_model import model_ratio, scale_cast_error
 from mlaconf.judge.policy import load_policies
 from mlaconf.judge.verdict import verdict_context
@@ -226,7 +223,7 @@ def test_default_policy_on_a_real_golden_and_baseline() -> None:
 
 
 def test_magnitudes_survive_the_store(tmp_path: Any) -> None:
-    store = GoldenStore(tmp_path)
+    store = GoldenStore(tmp_path, builder=build_golden)
     golden = store.ensure(CAUSAL)
     loaded = store.load(CAUSAL)
     assert tuple(loaded.magnitudes) == magnitude_names(CAUSAL)
@@ -238,9 +235,9 @@ def test_magnitudes_survive_the_store(tmp_path: Any) -> None:
 def test_schema_2_files_are_stale_and_rebuilt_with_magnitudes(tmp_path: Any) -> None:
     import h5py
 
-    from mlaconf.golden.integrity import GoldenCorruptError, GoldenStaleError
+    from mlaconf.golden.store.integrity import GoldenCorruptError, GoldenStaleError
 
-    store = GoldenStore(tmp_path)
+    store = GoldenStore(tmp_path, builder=build_golden)
     path = store.save(build_golden(CAUSAL))
     with h5py.File(path, "a", locking=False) as f:  # what a schema-2 file looks like: no magnitudes
         for name in magnitude_names(CAUSAL):
@@ -270,8 +267,8 @@ def _bf16_values(values: np.ndarray) -> np.ndarray:
 def test_float32_magnitudes_never_fall_below_float64_at_the_edges_of_bf16_range(diag: tuple[int, int] | None) -> None:
     """pv_abs and pv_rss come from float32 GEMMs (issue 23); at V near bf16's largest and smallest values,
     P down to e^-700 (below float32's range) and all-zero columns, they stay >= their float64 values."""
-    from mlaconf.golden.magnitudes import ValueOperands, fused_tile
-    from mlaconf.golden.reference import Workspace, float64_tile
+    from mlaconf.golden.build.magnitudes import ValueOperands, fused_tile
+    from mlaconf.golden.build.reference import Workspace, float64_tile
 
     rng = np.random.default_rng(23)
     rows, keys = 24, 300

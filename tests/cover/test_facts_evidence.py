@@ -14,7 +14,7 @@ import pytest
 from mlaconf.facts import releases
 from mlaconf.facts.evidence import CONFIDENCES
 from mlaconf.facts.torch_npu_ops import RULES, OpRule
-from mlaconf.golden.suites import load_suites
+from mlaconf.golden.specs.suites import load_suites
 from mlaconf.judge.deviations import load_deviations
 
 COMMIT = re.compile(r"[0-9a-f]{40}")

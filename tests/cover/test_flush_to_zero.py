@@ -8,12 +8,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from mlaconf.golden.generate import build_golden
-from mlaconf.golden.layout import causal_offset, kv_views, offsets, q_views
-from mlaconf.golden.reference import effective_scale
-from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.spec_build import build_case
-from mlaconf.golden.types import GoldenCase
+from mlaconf.golden.build.generate import build_golden
+from mlaconf.golden.build.reference import effective_scale
+from mlaconf.golden.specs.layout import causal_offset, kv_views, offsets, q_views
+from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.specs.spec_build import build_case
+from mlaconf.golden.specs.types import GoldenCase
 from mlaconf.harness import defects, zoo
 from mlaconf.judge.policy import load_policies
 from mlaconf.judge.verdict import judge_output

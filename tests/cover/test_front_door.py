@@ -170,7 +170,7 @@ def test_a_suite_file_in_the_suites_folder_is_a_suite_everywhere(
 ) -> None:
     """`mlaconf list`, `--mla-suite` and `mlaconf run --suite` read suite names from the folder."""
     from mlaconf import build_parser
-    from mlaconf.golden import suites
+    from mlaconf.golden.specs import suites
     from mlaconf.runner.selection import suite_choices
 
     shipped = suites.suites_dir()
@@ -220,7 +220,7 @@ def test_a_suite_filter_runs_the_metamorphic_suite_only_when_it_selects_it(
 
 def test_mlaconf_run_without_suite_passes_no_filter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from mlaconf import build_parser
-    from mlaconf.runner.run import pytest_command
+    from mlaconf.tools.run import pytest_command
 
     monkeypatch.chdir(tmp_path)
     assert "--mla-suite" not in pytest_command(build_parser().parse_args(["run"]))
@@ -240,7 +240,7 @@ def test_a_misspelt_policy_names_the_option_typed(capsys: pytest.CaptureFixture[
 def test_mlaconf_run_keeps_pytests_cache_for_lf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``mlaconf run -- --lf``: the cache provider stays on, its folder in the working directory."""
     from mlaconf import build_parser
-    from mlaconf.runner.run import pytest_command
+    from mlaconf.tools.run import pytest_command
 
     monkeypatch.chdir(tmp_path)
     command = pytest_command(build_parser().parse_args(["run", "--backend", "torch-cpu", "--", "--lf"]))

@@ -13,8 +13,8 @@ import functools
 
 import pytest
 
-from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.suites import available_suites, load_suites
+from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.specs.suites import available_suites, load_suites
 from mlaconf.judge.deviations import load_deviations
 
 ADDRESSING_DEVIATIONS = ("atb-padded-kv-ragged", "atb-padded-kv-capacity")

@@ -1,4 +1,4 @@
-"""golden.msprobe_dump and golden.input_store: dumps written by msprobe itself (tests/data/msprobe, made by
+"""tools.msprobe_dump and golden.store.bundles: dumps written by msprobe itself (tests/data/msprobe, made by
 make_dumps.py with mindstudio-probe 26.2.0) become cases whose inputs are the dumped tensors bit for bit;
 their goldens build, torch-cpu passes them, and the dumped outputs are judged like a backend's."""
 
@@ -13,7 +13,12 @@ import pytest
 import torch
 
 from mlaconf.__init__ import main
-from mlaconf.golden.input_store import (
+from mlaconf.golden.build.generate import build_golden
+from mlaconf.golden.build.inputs import generate_inputs
+from mlaconf.golden.specs.spec import SpecError
+from mlaconf.golden.specs.spec_build import build_case
+from mlaconf.golden.specs.suites import load_suite
+from mlaconf.golden.store.bundles import (
     InputBundleError,
     bundle_hash,
     inputs_dir,
@@ -22,16 +27,12 @@ from mlaconf.golden.input_store import (
     load_dumped_output,
     save_bundle,
 )
-from mlaconf.golden.inputs import generate_inputs
-from mlaconf.golden.msprobe_dump import SCHEMAS, DumpedCall, Unrecoverable, bind, import_dump
-from mlaconf.golden.spec import SpecError
-from mlaconf.golden.spec_build import build_case
-from mlaconf.golden.store import GoldenStore
-from mlaconf.golden.suites import load_suite
+from mlaconf.golden.store.directory import GoldenStore
 from mlaconf.harness import registry
 from mlaconf.judge.policy import load_policies
 from mlaconf.judge.verdict import judge_output
 from mlaconf.runner.execution import make_call, to_numpy
+from mlaconf.tools.msprobe_dump import SCHEMAS, DumpedCall, Unrecoverable, bind, import_dump
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "msprobe"
 POLICIES = load_policies()
@@ -59,7 +60,7 @@ def _passes_on_torch_cpu(store: Path, spec_file: Path) -> None:
     """Every case of the file: the golden builds from the bundle, torch-cpu passes, and so does the dumped output."""
     backend = registry.create("torch-cpu")
     for spec in load_suite(spec_file):
-        golden = GoldenStore(store).ensure(spec)
+        golden = GoldenStore(store, builder=build_golden).ensure(spec)
         out = to_numpy(backend.run(make_call(golden.inputs, spec)))
         _, verdict = judge_output(golden, out, POLICIES, "default", "torch-cpu")
         assert verdict.passed, (spec.name, verdict.summary())
@@ -114,7 +115,7 @@ def test_a_stand_in_npu_dump_of_ring_mla_by_keyword(tmp_path: Path, monkeypatch:
     out = load_dumped_output(ring.case_id, store)
     assert out is not None and np.array_equal(bits(out), bits(dumped(dump, "NPU.npu_ring_mla.0.forward.output.0.pt")))
     suite = tmp_path / "npu.toml"
-    from mlaconf.golden.msprobe_dump import suite_text
+    from mlaconf.tools.msprobe_dump import suite_text
 
     suite.write_text(suite_text(result, dump, "npu"))
     _passes_on_torch_cpu(store, suite)
@@ -199,7 +200,7 @@ def test_judge_puts_msprobes_verdict_beside_ours(tmp_path: Path, capsys: pytest.
     assert out is not None
     path = next(inputs_dir(store).glob(f"{ring.case_id}.dumped_out.npz"))
     path.unlink()
-    from mlaconf.golden.input_store import save_dumped_output
+    from mlaconf.golden.store.bundles import save_dumped_output
 
     save_dumped_output(ring.case_id, np.full_like(out, np.nan), store)
     assert main(["import-dump", str(dump), "--golden-dir", str(store), "--judge"]) == 1

@@ -13,7 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 PLANTED = """
-from mlaconf.golden.spec import CaseSpec
+from mlaconf.golden.specs.spec import CaseSpec
 
 
 def show(spec: CaseSpec) -> None:
@@ -32,5 +32,5 @@ def test_plain_mypy_fails_on_a_planted_error_it_cannot_see(tmp_path: Path) -> No
         text=True,
     )
     assert ran.returncode == 1, ran.stdout + ran.stderr
-    assert '"mlaconf.golden.spec"' in ran.stdout, ran.stdout  # not found, or found installed without types
+    assert '"mlaconf.golden.specs.spec"' in ran.stdout, ran.stdout  # not found, or found installed without types
     assert "[import-not-found]" in ran.stdout or "[import-untyped]" in ran.stdout, ran.stdout

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import mlaconf
-from mlaconf.runner import run
+from mlaconf.tools import run
 from tests.pytest_runs import run_pytest
 
 pytest_plugins = ["pytester"]
@@ -92,8 +92,8 @@ def test_the_likely_cause_catalogue_warns_nothing_on_a_row_it_leaves_without_key
     silently; the other rows are finite."""
     import numpy as np
 
-    from mlaconf.golden.generate import build_golden
-    from mlaconf.golden.spec_build import build_case
+    from mlaconf.golden.build.generate import build_golden
+    from mlaconf.golden.specs.spec_build import build_case
     from mlaconf.judge import causes
 
     fields = {"q_seqlen": [1, 3], "head_num": 1, "dtype": "fp16", "mask_type": "causal", "kv_layout": "padded"}
@@ -123,7 +123,7 @@ def test_a_run_that_generates_goldens_says_so_once(tmp_path: Path) -> None:
 
 
 def test_repro_of_a_plugin_test_id_says_which_option_is_missing(capsys: pytest.CaptureFixture[str]) -> None:
-    from mlaconf.golden.suites import load_suite, suite_path
+    from mlaconf.golden.specs.suites import load_suite, suite_path
 
     case = load_suite(suite_path("smoke"))[0].case_id
     assert mlaconf.main(["repro", f"cases/test_conformance.py::test_conformance[{case}-my-npu]", "--out", "x"]) == 2

@@ -20,11 +20,11 @@ import torch
 
 from mlaconf.facts.evidence import CONFIRMED, UNCONFIRMED
 from mlaconf.facts.torch_npu_ops import FIA_TND_MAX_TOKENS, RULES, OpRule
-from mlaconf.golden.generate import build_golden
-from mlaconf.golden.inputs import generate_inputs
-from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.spec_build import build_case
-from mlaconf.golden.types import GoldenCase
+from mlaconf.golden.build.generate import build_golden
+from mlaconf.golden.build.inputs import generate_inputs
+from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.specs.spec_build import build_case
+from mlaconf.golden.specs.types import GoldenCase
 from mlaconf.harness import registry
 from mlaconf.harness.backend import Backend, MlaPrefillCall, Unsupported
 from mlaconf.harness.npu_ops import FusedInferAttentionBackend, RingMlaBackend, compressed_causal_mask

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from mlaconf.golden.spec_build import build_case
+from mlaconf.golden.specs.spec_build import build_case
 from mlaconf.runner.ending import Ending
 from mlaconf.runner.identity import conformance_identity
 

@@ -13,16 +13,16 @@ import pytest
 import torch
 
 import mlaconf
-from mlaconf.golden.coverage import case_levels
-from mlaconf.golden.inputs import generate_inputs
-from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.spec_build import build_case
-from mlaconf.golden.types import OpInputs
+from mlaconf.golden.build.inputs import generate_inputs
+from mlaconf.golden.coverage.levels import case_levels
+from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.specs.spec_build import build_case
+from mlaconf.golden.specs.types import OpInputs
 from mlaconf.harness import defects
 from mlaconf.judge.deviations import load_deviations
 from mlaconf.judge.policy import load_policies
-from mlaconf.runner import power
 from mlaconf.runner.execution import make_call
+from mlaconf.tools import power
 
 ONE_CASE = """\
 [suite]

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from mlaconf.golden import progress
+from mlaconf.golden.build import progress
 
 
 class Terminal(io.StringIO):

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from mlaconf.golden.inputs import generate_inputs
-from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.spec_build import build_case
-from mlaconf.golden.suites import load_suites
+from mlaconf.golden.build.inputs import generate_inputs
+from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.specs.spec_build import build_case
+from mlaconf.golden.specs.suites import load_suites
 from mlaconf.harness.defects import REAL_BUGS, SLICE_KEYS, TILE_ROWS, control_math, one_row_tile_p_reuse
 from mlaconf.runner.execution import make_call
 

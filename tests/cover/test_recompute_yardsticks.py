@@ -1,4 +1,4 @@
-"""``verify --recompute``'s yardsticks (golden/drift.py): the float64 reference within 1e-12 of |g| + A per
+"""``verify --recompute``'s yardsticks (golden/build/drift.py): the float64 reference within 1e-12 of |g| + A per
 element, the baseline and its statistics within the baseline's own rounding bound; which library
 computed each array; the dependency floors that install."""
 
@@ -12,15 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlaconf.golden import baseline, drift
-from mlaconf.golden import regen as rg
-from mlaconf.golden.generate import build_golden
-from mlaconf.golden.h5file import read_golden
-from mlaconf.golden.reference import gemm_library
-from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.spec_build import build_case
-from mlaconf.golden.store import GoldenStore
-from mlaconf.golden.types import GoldenCase
+from mlaconf.golden.build import baseline, drift
+from mlaconf.golden.build import regen as rg
+from mlaconf.golden.build.generate import build_golden
+from mlaconf.golden.build.reference import gemm_library
+from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.specs.spec_build import build_case
+from mlaconf.golden.specs.types import GoldenCase
+from mlaconf.golden.store.directory import GoldenStore
+from mlaconf.golden.store.h5file import read_golden
 from tests.goldens import consistent, split_sum_gemm
 
 if sys.version_info >= (3, 11):

@@ -1,7 +1,7 @@
 """The blocked float64 reference against independent implementations written from docs/operator.md.
 
 ``simple_attention`` below re-derives layouts from its §2 and the mathematics from its §4 with a
-per-row loop; it shares no code with ``mlaconf.golden.reference`` or ``mlaconf.golden.layout``.
+per-row loop; it shares no code with ``mlaconf.golden.build.reference`` or ``mlaconf.golden.specs.layout``.
 """
 
 from __future__ import annotations
@@ -10,18 +10,18 @@ import mpmath
 import numpy as np
 import pytest
 
-from mlaconf.golden import reference
-from mlaconf.golden.inputs import generate_inputs
-from mlaconf.golden.reference import (
+from mlaconf.golden.build import reference
+from mlaconf.golden.build.inputs import generate_inputs
+from mlaconf.golden.build.reference import (
     DEFAULT_TILE,
     attention,
     float64_tile,
     reference_attention,
     torch_attention,
 )
-from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.spec_build import build_case
-from mlaconf.golden.types import OpInputs
+from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.specs.spec_build import build_case
+from mlaconf.golden.specs.types import OpInputs
 
 NOPE, ROPE, VD = 128, 64, 128
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from mlaconf.golden import cli, cost
-from mlaconf.golden.spec_build import build_case
+from mlaconf.golden import cli
+from mlaconf.golden.build import cost
+from mlaconf.golden.specs.spec_build import build_case
 
 HUGE = "[[case]]\nq_seqlen = [1000000000]\nhead_num = 1\n"
 SMALL = "[[case]]\nq_seqlen = [4]\nhead_num = 1\n[[case]]\nq_seqlen = [5]\nhead_num = 1\n"

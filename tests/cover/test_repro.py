@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from mlaconf import main
-from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.suites import load_suites
+from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.specs.suites import load_suites
 from mlaconf.harness import registry
 from mlaconf.judge.causes import relative_error
 from mlaconf.reports.records import ResultRecord
-from mlaconf.runner.repro import attempt, element_numbers, resolve, score_elements, shrink, write_repro
+from mlaconf.tools.repro import attempt, element_numbers, resolve, score_elements, shrink, write_repro
 from tests import fake_torch_npu
 from tests.fake_torch_npu import CpuFusedInferAttention, CpuRingMla
 
@@ -105,7 +105,7 @@ def _atb_repro_dir(tmp_path: Path, case: str) -> Path:
     first = attempt(spec, registry.create("torch-cpu"), "default")
     out = tmp_path / "repro"
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("mlaconf.runner.repro._backend", lambda name: registry.create("torch-cpu"))
+        patch.setattr("mlaconf.tools.repro._backend", lambda name: registry.create("torch-cpu"))
         write_repro(first, "atb", out)
     return out
 
@@ -177,7 +177,7 @@ def test_torch_npu_repro_replays_the_op_calls_standalone(
     spec = resolve(CASE, route, None)[0] if route == "ring-mla" else _bf16_causal_with_prefix()
     first = attempt(spec, backend, "default")
     assert first.result.outcome == "passed", first.result.message
-    monkeypatch.setattr("mlaconf.runner.repro._backend", lambda name: backend)
+    monkeypatch.setattr("mlaconf.tools.repro._backend", lambda name: backend)
     out = tmp_path / "repro"
     assert "npu_calls.pt" in write_repro(first, route, out)
     assert "torch_npu on an Ascend device" in (out / "README").read_text()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mlaconf import build_parser
-from mlaconf.runner.command import pytest_command
+from mlaconf.tools.command import pytest_command
 
 REPO = Path(__file__).resolve().parents[2]
 

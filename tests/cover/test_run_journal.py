@@ -21,10 +21,10 @@ import pytest
 
 from mlaconf.reports import rundir
 from mlaconf.reports.records import dumps
-from mlaconf.runner import run as run_verb
 from mlaconf.runner.collect import Collector
-from mlaconf.runner.run import Ending, launch, named_run_dir
 from mlaconf.runner.run_directory import ReportState, Run, comparable_args, first_difference, is_never_ran
+from mlaconf.tools import run as run_verb
+from mlaconf.tools.run import Ending, launch, named_run_dir
 from tests.runs import record
 
 RECORDS = [record(f"c{i}") for i in range(3)]
@@ -214,7 +214,7 @@ def test_a_journal_survives_its_writer_killed(tmp_path: Path) -> None:
 
 
 def test_a_ray_shard_is_kept_as_it_arrives(tmp_path: Path) -> None:
-    from mlaconf.runner.ray_run import ShardResult, keep_shard
+    from mlaconf.tools.ray_run import ShardResult, keep_shard
 
     (tmp_path / "results.jsonl").write_text("")
     journal = rundir.Journal(tmp_path / "results.jsonl")

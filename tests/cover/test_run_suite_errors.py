@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from mlaconf import build_parser
-from mlaconf.golden import suites as suite_files
-from mlaconf.golden.spec import SpecError
+from mlaconf.golden.specs import suites as suite_files
+from mlaconf.golden.specs.spec import SpecError
 from mlaconf.runner.selection import suite_choices
 
 BROKEN = '[suite]\nname = "broken"\n\n[[matrix]\nhead_num = 1\n'

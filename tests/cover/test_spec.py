@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from mlaconf.facts.operator import DEFAULT_QK_SCALE
-from mlaconf.golden.spec import SpecError
-from mlaconf.golden.spec_build import build_case
-from mlaconf.golden.suites import load_suite, load_suites
+from mlaconf.golden.specs.spec import SpecError
+from mlaconf.golden.specs.spec_build import build_case
+from mlaconf.golden.specs.suites import load_suite, load_suites
 
 
 def write_suite(tmp_path: Path, body: str) -> Path:
@@ -32,7 +32,7 @@ def test_smoke_covers_every_dtype_mask_and_layout() -> None:
     assert any(c.mask_type == 3 and c.kv_head_num < c.head_num for c in cases), "no GQA causal case"
     assert any(c.mask_type == 3 and c.max_kv > c.max_q for c in cases), "no prefix causal case"
     # smoke must stay small: its largest case is the one the pair (group 128, q_len gt512) of the factor
-    # model needs (128 heads over a 513-row batch; golden/covering.py)
+    # model needs (128 heads over a 513-row batch; golden/coverage/covering.py)
     assert max(c.total_q * c.head_num for c in cases) <= 128 * 1024, "smoke must stay small"
 
 

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from mlaconf.facts.operator import MAX_BATCH
 from mlaconf.golden import cli
-from mlaconf.golden.spec import SpecError
-from mlaconf.golden.spec_build import build_case, spec_from_json, validate_case
-from mlaconf.golden.suites import load_suite
+from mlaconf.golden.specs.spec import SpecError
+from mlaconf.golden.specs.spec_build import build_case, spec_from_json, validate_case
+from mlaconf.golden.specs.suites import load_suite
 
 FIELDS = [
     "q_seqlen",
@@ -171,7 +171,7 @@ def test_stored_spec_json_is_checked_like_a_suite() -> None:
 
 
 def test_unknown_suite_names_cannot_escape_the_cases_directory() -> None:
-    from mlaconf.golden.suites import load_suites
+    from mlaconf.golden.specs.suites import load_suites
 
     with pytest.raises(SpecError, match=re.escape("no suite named '../cases/smoke'")):
         load_suites(["../cases/smoke"])

@@ -17,15 +17,21 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from mlaconf.golden import h5file
-from mlaconf.golden import regen as rg
-from mlaconf.golden.generate import GENERATOR_VERSION, build_golden
-from mlaconf.golden.h5file import read_golden
-from mlaconf.golden.integrity import GoldenCorruptError, GoldenMissingError, GoldenStaleError, GoldenStoreError
-from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.spec_build import build_case, spec_from_json
-from mlaconf.golden.store import ENV_DIR, GoldenStore
-from mlaconf.golden.types import GoldenCase
+from mlaconf.golden.build import regen as rg
+from mlaconf.golden.build.generate import build_golden
+from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.specs.spec_build import build_case, spec_from_json
+from mlaconf.golden.specs.types import GoldenCase
+from mlaconf.golden.store import h5file
+from mlaconf.golden.store.directory import ENV_DIR, GoldenStore
+from mlaconf.golden.store.h5file import read_golden
+from mlaconf.golden.store.integrity import (
+    GENERATOR_VERSION,
+    GoldenCorruptError,
+    GoldenMissingError,
+    GoldenStaleError,
+    GoldenStoreError,
+)
 from tests.goldens import consistent, reseal
 
 FP16 = build_case({"q_seqlen": [3, 0, 5], "head_num": 2, "dtype": "fp16"}, source="test")
@@ -157,7 +163,7 @@ def test_flipped_byte_is_detected_and_ensure_rebuilds(
     assert info.value.dataset == dataset and str(path) in str(info.value) and dataset in str(info.value)
     assert "raw data changed" in str(info.value)
     builder = CountingBuilder()
-    with caplog.at_level(logging.WARNING, logger="mlaconf.golden.store"):
+    with caplog.at_level(logging.WARNING, logger="mlaconf.golden.store.directory"):
         repaired = store.ensure(FP16, builder)
     assert builder.calls == [FP16.case_id]
     assert str(path) in caplog.text and "GoldenCorruptError" in caplog.text
@@ -317,7 +323,7 @@ def test_a_load_reuses_memory_only_once_the_last_golden_is_dropped(
     assert store.load(CAUSAL).out.base is not block()  # below the minimum: arrays of its own
 
 
-# -- recompute comparison and sharding (golden/regen.py) ------------------------------------------
+# -- recompute comparison and sharding (golden/build/regen.py) ------------------------------------------
 
 
 def _perturbed(golden: GoldenCase, rel: float) -> GoldenCase:
@@ -367,10 +373,10 @@ def test_resolve_builder_binds_threads() -> None:
 
     rg.resolve_builder(with_threads, 3)(FP16)
     assert calls == [3]
-    builder: Callable[[CaseSpec], GoldenCase] = rg.resolve_builder("mlaconf.golden.generate:build_golden", 2)
+    builder: Callable[[CaseSpec], GoldenCase] = rg.resolve_builder("mlaconf.golden.build.generate:build_golden", 2)
     assert builder(FP16).out.shape == build_golden(FP16).out.shape
     with pytest.raises(ValueError, match=re.escape("pkg.mod:func")):
-        rg.resolve_builder("mlaconf.golden.generate", 1)
+        rg.resolve_builder("mlaconf.golden.build.generate", 1)
 
 
 def test_magnitudes_of_the_wrong_dtype_are_refused_on_write(store: GoldenStore) -> None:

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from mlaconf.golden import store as gs
-from mlaconf.golden.generate import GENERATOR_VERSION, build_golden
-from mlaconf.golden.integrity import GoldenCorruptError, GoldenWriteError
-from mlaconf.golden.spec_build import build_case
-from mlaconf.golden.store import GoldenStore, write_golden
+from mlaconf.golden.build.generate import build_golden
+from mlaconf.golden.specs.spec_build import build_case
+from mlaconf.golden.store import directory as gs
+from mlaconf.golden.store.directory import GoldenStore, write_golden
+from mlaconf.golden.store.integrity import GENERATOR_VERSION, GoldenCorruptError, GoldenWriteError
 
 SMALL = build_case({"q_seqlen": [3, 2], "head_num": 1, "dtype": "bf16", "name": "harden"}, source="test")
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,7 +60,7 @@ def test_temp_names_are_unique_per_write(tmp_path: Path) -> None:
 
 
 def test_a_symlink_at_the_final_name_is_replaced_not_written_through(tmp_path: Path, victim: Path) -> None:
-    store = GoldenStore(tmp_path / "store")
+    store = GoldenStore(tmp_path / "store", builder=build_golden)
     store.root.mkdir()
     store.path_for(SMALL).symlink_to(victim)
     store.ensure(SMALL)
@@ -74,14 +74,14 @@ def _run(args: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_fifo_named_like_a_golden_is_corrupt_not_a_hang(tmp_path: Path) -> None:
-    store = GoldenStore(tmp_path / "store")
+    store = GoldenStore(tmp_path / "store", builder=build_golden)
     store.root.mkdir()
     fifo = store.path_for(SMALL)
     os.mkfifo(fifo)
     code = (
-        "from mlaconf.golden.integrity import GoldenCorruptError\n"
-        "from mlaconf.golden.spec_build import spec_from_json\n"
-        "from mlaconf.golden.store import GoldenStore\n"
+        "from mlaconf.golden.store.integrity import GoldenCorruptError\n"
+        "from mlaconf.golden.specs.spec_build import spec_from_json\n"
+        "from mlaconf.golden.store.directory import GoldenStore\n"
         f"spec = spec_from_json({SMALL.to_json()!r})\n"
         "try:\n"
         f"    GoldenStore({str(store.root)!r}).load(spec)\n"
@@ -100,7 +100,7 @@ def test_a_fifo_named_like_a_golden_is_corrupt_not_a_hang(tmp_path: Path) -> Non
 
 
 def test_verify_reports_a_fifo_in_the_store_in_one_line(tmp_path: Path) -> None:
-    store = GoldenStore(tmp_path / "store")
+    store = GoldenStore(tmp_path / "store", builder=build_golden)
     store.ensure(SMALL)
     fifo = store.root / "zz-not-a-golden.h5"
     os.mkfifo(fifo)

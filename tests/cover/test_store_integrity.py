@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 import xxhash
 
-import mlaconf.golden.h5file as h5file
-import mlaconf.golden.integrity as integrity
-import mlaconf.golden.store as gs
-from mlaconf.golden.generate import build_golden
-from mlaconf.golden.integrity import GoldenCorruptError, GoldenStaleError, GoldenWriteError
-from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.spec_build import build_case
-from mlaconf.golden.store import GoldenStore
-from mlaconf.golden.types import GoldenCase
+import mlaconf.golden.store.directory as gs
+import mlaconf.golden.store.h5file as h5file
+import mlaconf.golden.store.integrity as integrity
+from mlaconf.golden.build.generate import build_golden
+from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.specs.spec_build import build_case
+from mlaconf.golden.specs.types import GoldenCase
+from mlaconf.golden.store.directory import GoldenStore
+from mlaconf.golden.store.integrity import GoldenCorruptError, GoldenStaleError, GoldenWriteError
 
 SMALL = build_case({"q_seqlen": [3, 0, 5], "head_num": 2, "dtype": "fp16"}, source="test")
 BIG = build_case({"q_seqlen": [1024], "head_num": 2, "dtype": "fp16", "name": "big"}, source="test")  # 4.5 MB

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from mlaconf.facts.operator import UNIT_ROUNDOFF
-from mlaconf.golden.generate import build_golden
-from mlaconf.golden.reference import reference_attention
-from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.spec_build import build_case
-from mlaconf.golden.suites import load_suites
-from mlaconf.golden.types import GoldenCase
+from mlaconf.golden.build.generate import build_golden
+from mlaconf.golden.build.reference import reference_attention
+from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.specs.spec_build import build_case
+from mlaconf.golden.specs.suites import load_suites
+from mlaconf.golden.specs.types import GoldenCase
 from mlaconf.judge.metrics import round_to_dtype
 from mlaconf.judge.policy import load_policies
 from mlaconf.judge.systematic import (

@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlaconf.golden.generate import build_golden
-from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.spec_build import build_case
+from mlaconf.golden.build.generate import build_golden
+from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.specs.spec_build import build_case
 from mlaconf.harness import zoo
 from mlaconf.judge.policy import load_policies
 from mlaconf.judge.verdict import judge_output

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from mlaconf.golden.generate import build_golden
-from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.stats import ErrorStats
-from mlaconf.golden.suites import load_suites
+from mlaconf.golden.build.generate import build_golden
+from mlaconf.golden.build.stats import ErrorStats
+from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.specs.suites import load_suites
 from mlaconf.judge.policy import load_policies
 from mlaconf.judge.verdict import verdict_context
 from tests.goldens import baseline_metrics

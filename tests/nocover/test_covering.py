@@ -1,4 +1,4 @@
-"""The generated covering sections of smoke and standard (golden/covering.py) are what the generator writes
+"""The generated covering sections of smoke and standard (golden/coverage/covering.py) are what the generator writes
 today, and they reach what they promise: every valid pair, and standard every kernel-structure triple.
 Slow (the generator runs for tens of seconds on 2 cores)."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mlaconf.golden import covering
-from mlaconf.golden.suites import suite_path
+from mlaconf.golden.coverage import covering
+from mlaconf.golden.specs.suites import suite_path
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,7 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("suite", sorted(covering.TARGETS))
 def test_checked_in_covering_section_is_what_the_generator_writes(suite: str) -> None:
     _, section = covering.split_suite(suite_path(suite).read_text(encoding="utf-8"))
-    assert section == covering.generated_section(suite), f"rewrite with python -m mlaconf.golden.covering {suite}"
+    assert section == covering.generated_section(suite), (
+        f"rewrite with python -m mlaconf.golden.coverage.covering {suite}"
+    )
 
 
 def test_smoke_is_pairwise_and_standard_holds_the_structure_triples() -> None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.suites import load_suites
+from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.specs.suites import load_suites
 from tests.agreement import AGREEMENT, worst_disagreement
 
 pytestmark = pytest.mark.slow

@@ -173,7 +173,7 @@ def test_a_foreign_project_runs_the_same_with_the_package_installed(tmp_path: Pa
     names = wheel_names(next(wheels.glob("*.whl")))
     tops = {name.split("/", 1)[0] for name in names if not name.split("/", 1)[0].endswith(".dist-info")}
     assert tops == {"mlaconf"}, f"the wheel installs more than one name: {sorted(tops)}"
-    assert {"mlaconf/golden/spec.py", "mlaconf/runner/plugin.py", "mlaconf/cases/smoke.toml"} <= names
+    assert {"mlaconf/golden/specs/spec.py", "mlaconf/runner/plugin.py", "mlaconf/cases/smoke.toml"} <= names
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True).create(env_dir)
     pip(env_dir, "pytest", "pytest-xdist", "hypothesis")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mlaconf.golden.msprobe_dump import import_dump
+from mlaconf.tools.msprobe_dump import import_dump
 from tests.cover.test_msprobe_import import DATA, extract
 
 pytestmark = pytest.mark.slow

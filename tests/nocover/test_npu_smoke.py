@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mlaconf.golden.suites import load_suites
+from mlaconf.golden.specs.suites import load_suites
 from mlaconf.harness.npu_ops import FIA_MAX_GROUP
 
 pytestmark = pytest.mark.slow

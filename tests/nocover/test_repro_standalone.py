@@ -19,7 +19,7 @@ import pytest
 
 from mlaconf import main
 from mlaconf.harness import registry
-from mlaconf.runner.repro import attempt, resolve, score_elements, shrink
+from mlaconf.tools.repro import attempt, resolve, score_elements, shrink
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mlaconf.golden.suites import load_suites
+from mlaconf.golden.specs.suites import load_suites
 from mlaconf.reports.records import without_volatile
 from mlaconf.reports.rundir import read_results
 from tests.pytest_runs import run_pytest

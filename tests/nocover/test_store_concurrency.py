@@ -20,16 +20,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlaconf.golden.generate import build_golden
-from mlaconf.golden.h5file import read_golden
-from mlaconf.golden.inputs import generate_inputs
-from mlaconf.golden.layout import out_shape, row_valid
-from mlaconf.golden.magnitudes import ROW_MAGNITUDES, element_magnitudes, round_up_bf16
-from mlaconf.golden.regen import verify
-from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.store import GoldenStore
-from mlaconf.golden.suites import load_suite
-from mlaconf.golden.types import GoldenCase
+from mlaconf.golden.build.generate import build_golden
+from mlaconf.golden.build.inputs import generate_inputs
+from mlaconf.golden.build.magnitudes import round_up_bf16
+from mlaconf.golden.build.regen import verify
+from mlaconf.golden.specs.layout import out_shape, row_valid
+from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.specs.suites import load_suite
+from mlaconf.golden.specs.types import ROW_MAGNITUDES, GoldenCase, element_magnitudes
+from mlaconf.golden.store.directory import GoldenStore
+from mlaconf.golden.store.h5file import read_golden
 
 pytestmark = pytest.mark.slow
 

@@ -20,9 +20,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from mlaconf.cases.test_properties import case_specs
-from mlaconf.golden.generate import build_golden
-from mlaconf.golden.spec import CaseSpec
-from mlaconf.golden.suites import load_suites
+from mlaconf.golden.build.generate import build_golden
+from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.specs.suites import load_suites
 from mlaconf.harness import zoo
 from mlaconf.judge.policy import load_policies
 from mlaconf.judge.verdict import judge_output, mode_text

@@ -1,4 +1,4 @@
-// Stand-in for CANN's acl/acl.h, for compile-testing the ATB repro (runner/repro_templates/repro_atb.cpp.tmpl)
+// Stand-in for CANN's acl/acl.h, for compile-testing the ATB repro (tools/repro_templates/repro_atb.cpp.tmpl)
 // on a machine without CANN: the declarations it calls, with CANN's names, values and signatures.
 #pragma once
 #include <cstddef>

@@ -1,0 +1,89 @@
+"""Build one case's golden: inputs, float64 reference, emulated baseline and provenance."""
+
+from __future__ import annotations
+
+import os
+import platform
+
+import h5py
+import numpy as np
+
+from mlaconf.facts.versions import package_version
+from mlaconf.golden.build import progress
+from mlaconf.golden.build.baseline import emulate_baseline
+from mlaconf.golden.build.inputs import generate_inputs
+from mlaconf.golden.specs.layout import row_valid
+from mlaconf.golden.build.magnitudes import reference_and_magnitudes, torch_magnitudes
+from mlaconf.golden.build.reference import DEVICE_ENV, gemm_library, reference_attention
+from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.build.stats import error_stats
+from mlaconf.golden.specs.types import GoldenCase, OpInputs
+from mlaconf.golden.store.integrity import GENERATOR_VERSION
+
+
+
+def _version(package: str) -> str:
+    return package_version(package) or "absent"
+
+
+def computed_by(device: str) -> dict[str, str]:
+    """The library that computed each stored array: the reference (and its magnitudes) and the
+    baseline run their GEMMs in torch's BLAS (:func:`mlaconf.golden.build.reference.gemm`), not numpy's; a
+    float32 GEMM's summation order, hence the baseline's last bits, depends on it (docs/golden-files.md)."""
+    blas = gemm_library()
+    reference = f"float64 GEMMs in {blas}" if device == "cpu" else f"torch {_version('torch')} float64 on {device}"
+    return {
+        "inputs_computed_by": f"numpy {np.__version__} random Generator, rounded by ml_dtypes {_version('ml_dtypes')}",
+        "reference_computed_by": reference,
+        "baseline_computed_by": f"float32 GEMMs in {blas}",
+    }
+
+
+def provenance() -> dict[str, str]:
+    """Library versions that could change the reference's bits, and which library computed each array."""
+    device = os.environ.get(DEVICE_ENV, "cpu")
+    return computed_by(device) | {
+        "generator_version": GENERATOR_VERSION,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "ml_dtypes": _version("ml_dtypes"),
+        "h5py": _version("h5py"),
+        "hdf5": h5py.version.hdf5_version,
+        "platform": platform.platform(),
+        "torch": _version("torch"),  # the reference's GEMMs run in torch's BLAS
+        "reference_device": device,
+    }
+
+
+def build_golden(spec: CaseSpec, *, threads: int = 1, inputs: OpInputs | None = None) -> GoldenCase:
+    """Everything the store keeps for a case; deterministic in (spec, seed).
+
+    ``inputs`` replaces the generated ones (metamorphic tests judge transformed inputs).
+    """
+    device = os.environ.get(DEVICE_ENV, "cpu")  # MLA_GOLDEN_DEVICE=cuda: float64 reference on a GPU
+    passes = 2.0 if device == "cpu" else 3.0  # tiles of the reference (+ magnitudes), baseline[, magnitudes]
+    with progress.case_work(spec.case_id, passes * spec.useful_flops):
+        inputs = generate_inputs(spec, threads=threads) if inputs is None else inputs
+        if device == "cpu":
+            progress.set_stage("reference + magnitudes")
+            out, magnitudes = reference_and_magnitudes(inputs, spec, threads=threads)
+            valid = row_valid(spec)
+        else:
+            progress.set_stage("reference")
+            out, valid = reference_attention(inputs, spec, threads=threads, device=device)
+            progress.set_stage("magnitudes")
+            magnitudes = torch_magnitudes(inputs, spec, device=device)
+        progress.set_stage("baseline")
+        baseline = emulate_baseline(inputs, spec, threads=threads)
+        progress.set_stage("statistics")
+        stats = error_stats(baseline.reshape(out.shape), out, valid, spec.dtype)
+    return GoldenCase(
+        spec=spec,
+        inputs=inputs,
+        out=out,
+        row_valid=valid,
+        baseline_out=baseline,
+        baseline_stats=stats.to_dict(),
+        provenance=provenance(),
+        magnitudes=magnitudes,
+    )

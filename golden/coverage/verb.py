@@ -1,0 +1,117 @@
+"""``mlaconf coverage``: how much of the factor model (facts/factors.toml) the selected cases cover, per
+strength t, and the tuples of levels no case covers, in words or as JSON.
+
+Imports only argparse at module level: the suites and the model load when the verb runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mlaconf.golden.coverage.levels import Coverage
+    from mlaconf.golden.specs.spec import CaseSpec
+
+#: Uncovered tuples printed per strength unless --show says otherwise.
+DEFAULT_SHOW = 10
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "coverage",
+        help="t-way coverage of the factor model by suites, and what no case covers",
+        description="For each selection (a suite or a --cases file), the share of the factor model's valid "
+        "tuples of levels (facts/factors.toml) some case holds, for t = 1 .. --t, and the kernel-structure "
+        "triples; then the uncovered tuples in words ('no case with group 6 and mask causal').",
+    )
+    p.add_argument("suites", nargs="*", metavar="SUITE", help="suite names or 'all' (default: smoke)")
+    p.add_argument("--cases", action="append", default=[], metavar="FILE", help="a TOML suite file")
+    p.add_argument("--t", type=int, default=3, choices=(1, 2, 3), help="highest strength t (default 3)")
+    p.add_argument(
+        "--show",
+        type=int,
+        default=DEFAULT_SHOW,
+        metavar="N",
+        help=f"uncovered tuples per t (default {DEFAULT_SHOW}; 0: all)",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    p.set_defaults(func=cmd_coverage)
+
+
+def _selections(args: argparse.Namespace) -> list[tuple[str, list[CaseSpec]]]:
+    from mlaconf.golden.specs.suites import available_suites, load_suite, load_suites
+
+    names = list(args.suites) or ([] if args.cases else ["smoke"])
+    expanded: list[str] = []
+    for name in names:
+        expanded += [n for n in available_suites() if n != "errors"] if name == "all" else [name]
+    chosen = [(name, load_suites([name])) for name in dict.fromkeys(expanded)]
+    return chosen + [(str(path), load_suite(path)) for path in args.cases]
+
+
+def _jsonable(result: Coverage, show: int) -> dict[str, Any]:
+    from mlaconf.golden.coverage.levels import describe
+
+    listed = result.uncovered if show == 0 else result.uncovered[:show]
+    return {
+        "label": result.label,
+        "valid": result.total,
+        "covered": result.total - len(result.uncovered),
+        "percent": round(result.percent, 2),
+        "uncovered_count": len(result.uncovered),
+        "uncovered": [{"levels": dict(items), "text": describe(items)} for items in listed],
+    }
+
+
+def summary(results: Sequence[Coverage]) -> str:
+    """``1-way 100.0 %, 2-way 100.0 %, 3-way 61.9 %, 3-way structure 76.1 %``."""
+    return ", ".join(f"{r.label} {r.percent:.1f} %" for r in results)
+
+
+def cmd_coverage(args: argparse.Namespace) -> int:
+    from mlaconf.facts.factors import FactorModelError
+    from mlaconf.golden.coverage.levels import coverage, describe
+    from mlaconf.golden.specs.spec import SpecError
+
+    if args.show < 0:
+        print("error: --show must be >= 0", file=sys.stderr)
+        return 2
+    try:
+        selections = _selections(args)
+        results = [(name, cases, coverage(cases, range(1, args.t + 1))) for name, cases in selections]
+    except (SpecError, FactorModelError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        document = [
+            {"selection": name, "cases": len(cases), "coverage": [_jsonable(r, args.show) for r in found]}
+            for name, cases, found in results
+        ]
+        json.dump(document, sys.stdout, indent=2)
+        print()
+        return 0
+    for name, cases, found in results:
+        print(f"{name}: {len(cases)} cases; {summary(found)}")
+        for result in found:
+            covered = result.total - len(result.uncovered)
+            print(f"  {result.label}: {result.percent:.1f} % ({covered} of {result.total} valid tuples)")
+            listed = result.uncovered if args.show == 0 else result.uncovered[: args.show]
+            for items in listed:
+                print(f"    {describe(items)}")
+            if len(listed) < len(result.uncovered):
+                print(f"    ... and {len(result.uncovered) - len(listed)} more (--show 0 lists all)")
+    return 0
+
+
+def suite_coverage_lines(suites: Sequence[str]) -> list[str]:
+    """One line per named suite for ``mlaconf list``: its 1/2/3-way coverage."""
+    from mlaconf.golden.coverage.levels import coverage
+    from mlaconf.golden.specs.suites import available_suites, load_suites
+
+    names: list[str] = []
+    for name in suites:
+        names += [n for n in available_suites() if n != "errors"] if name == "all" else [name]
+    return [f"coverage {name}: {summary(coverage(load_suites([name])))}" for name in dict.fromkeys(names)]

@@ -1,0 +1,259 @@
+"""The case spec: one MLA prefill invocation, fully determined, and what derives from it (sizes,
+names, the content hash and case id that address its golden file, the expected rejection of an
+error case at a release).
+
+Only the model lives here; a table of fields becomes a validated :class:`CaseSpec` in
+:mod:`mlaconf.golden.specs.spec_build`, and suite files are read in :mod:`mlaconf.golden.specs.suites`, so
+whatever holds a spec (the store, the judge, the runner) needs neither the TOML reader nor the
+validation rules."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlaconf.facts.operator import CACHE_NAMES, DEFAULT_QK_SCALE, MASK_NAMES, useful_flops
+from mlaconf.facts.releases import in_range, parse_range
+
+DISTRIBUTIONS = ("uniform", "normal", "large_logits", "near_tie", "v_outliers")
+#: Trends of the logits along the key position (:class:`Structure`; docs/conformance.md "Structured inputs").
+LOGIT_TRENDS = ("recency", "sinks", "late_max")
+
+
+class SpecError(ValueError):
+    """A case spec is malformed or violates the operator contract; names file, case and field."""
+
+    def __init__(self, source: str, case: str, field_name: str, message: str) -> None:
+        self.source, self.case, self.field_name = source, case, field_name
+        super().__init__(f"{source}: case {case!r}: field {field_name!r}: {message}")
+
+
+@dataclass(frozen=True)
+class Structure:
+    """Inputs with structure along the key position and across heads (what i.i.d. draws never have).
+
+    ``logits`` adds a trend to every row's scaled logits through one reserved score dimension (the
+    first rope column: q carries a constant, k a function of the key's position in its sequence):
+    ``recency`` rises linearly by ``rise`` from the first to the last key (ALiBi-like: for a softmax,
+    a bias on j equals one on j - i), ``sinks`` lifts the first ``sink_keys`` keys by ``rise``,
+    ``late_max`` lifts every key from position ``late_from`` on by ``rise`` (a maximum that appears
+    only after several key blocks).  ``head_temperature`` multiplies the random part of q of head 0
+    by the first value and of the last head by the second (geometric in between).  ``v_scale``
+    multiplies V at the first and the last key of a sequence (geometric in between); ``v_mean``
+    adds ``+-v_mean`` (one sign per kv head and column) to V.  golden/build/inputs.py draws them.
+    """
+
+    logits: str | None = None
+    rise: float | None = None
+    sink_keys: int | None = None
+    late_from: int | None = None
+    head_temperature: tuple[float, float] | None = None
+    v_scale: tuple[float, float] | None = None
+    v_mean: float | None = None
+
+    def content(self) -> dict[str, Any]:
+        """The fields that are set (what the case hash covers)."""
+        return {
+            f.name: _jsonable(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) is not None
+        }
+
+    @property
+    def label(self) -> str:
+        """A short name for case ids, e.g. ``late_max-temp-vpos``."""
+        parts = [self.logits] if self.logits else []
+        parts += [
+            tag
+            for tag, value in (("temp", self.head_temperature), ("vpos", self.v_scale), ("vmean", self.v_mean))
+            if value is not None
+        ]
+        return "-".join(p for p in parts if p)
+
+    def toml(self) -> str:
+        """An inline TOML table."""
+        return "{ " + ", ".join(f"{k} = {json.dumps(v)}" for k, v in self.content().items()) + " }"
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    """One MLA prefill invocation, fully determined (inputs derive from it and its seed)."""
+
+    q_seqlen: tuple[int, ...]
+    kv_seqlen: tuple[int, ...]
+    head_num: int
+    kv_head_num: int
+    dtype: str = "fp16"
+    mask_type: int = 0
+    cache_mode: int = 1
+    qk_scale: float = DEFAULT_QK_SCALE
+    q_layout: str = "3d"
+    kv_layout: str = "packed"
+    #: Padded layout only: rows per batch S of ``[B, S, Hkv*D]`` (None: max kvSeqLen).
+    kv_capacity: int | None = None
+    distribution: str = "uniform"
+    #: Structured inputs (None: i.i.d. draws only); absent from the content when None, so the hashes of
+    #: unstructured cases did not change when it was added.
+    structure: Structure | None = None
+    seed: int = 0
+    #: Explicit inputs (an imported dump's call): the content hash of the tensor bundle in the golden
+    #: store's ``inputs/`` folder (golden/store/bundles.py) that replaces the seeded draws; absent from the
+    #: content when None, so the hashes of generated cases did not change when it was added.
+    inputs: str | None = None
+    expect_error: str | None = None
+    expect_stage: str | None = None
+    perturb: str | None = None
+    #: Error cases only: ``(versions, status, stage)`` for releases whose rejection differs from
+    #: ``expect_error``/``expect_stage`` (the documented, newest behaviour); the first matching range wins.
+    expect_by_release: tuple[tuple[str, str, str | None], ...] = ()
+    name: str = field(default="", compare=False)
+    suite: str = field(default="", compare=False)
+    source: str = field(default="", compare=False)
+    #: The upstream (ATB) commit an error case's expectation was read at; provenance, not content.
+    source_commit: str = field(default="", compare=False)
+    #: Error cases only: releases whose rejection is unconfirmed (e.g. a fix that reached the branch as a
+    #: late cherry-pick): there every rejection the case names is accepted and the record says which one
+    #: was seen.  Provenance, not content.
+    unconfirmed_at: tuple[str, ...] = field(default=(), compare=False)
+
+    # -- derived properties -------------------------------------------------------------
+    @property
+    def batch(self) -> int:
+        return len(self.q_seqlen)
+
+    @property
+    def total_q(self) -> int:
+        return sum(self.q_seqlen)
+
+    @property
+    def total_kv(self) -> int:
+        return sum(self.kv_seqlen)
+
+    @property
+    def max_q(self) -> int:
+        return max(self.q_seqlen, default=0)
+
+    @property
+    def max_kv(self) -> int:
+        return max(self.kv_seqlen, default=0)
+
+    @property
+    def padded_rows(self) -> int:
+        """S of the padded kv layout ``[B, S, Hkv*D]``."""
+        return self.kv_capacity if self.kv_capacity is not None else self.max_kv
+
+    @property
+    def useful_flops(self) -> int:
+        """FLOPs of the attention itself (facts.operator.useful_flops)."""
+        return useful_flops(self.mask_type, self.q_seqlen, self.kv_seqlen, self.head_num)
+
+    @property
+    def mask_name(self) -> str:
+        return MASK_NAMES.get(self.mask_type, f"mask{self.mask_type}")
+
+    @property
+    def cache_name(self) -> str:
+        return CACHE_NAMES.get(self.cache_mode, f"cache{self.cache_mode}")
+
+    def content(self) -> dict[str, Any]:
+        """The fields that determine inputs and outputs (what the hash covers).
+
+        ``expect_by_release``, ``structure`` and ``inputs`` count only when given, so the cases without them keep
+        their hashes."""
+        skip = {"name", "suite", "source", "source_commit", "expect_by_release", "unconfirmed_at"}
+        if self.structure is None:
+            skip.add("structure")
+        if self.inputs is None:
+            skip.add("inputs")
+        data = {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in skip}
+        if self.expect_by_release:
+            data["expect_by_release"] = [
+                {"versions": v, "expect_error": e, "expect_stage": st} for v, e, st in self.expect_by_release
+            ]
+        return data
+
+    def expected_rejection(self, release: str | None) -> tuple[str | None, str | None]:
+        """``(status, stage)`` this error case expects from ``release`` (None: the documented one)."""
+        if release is not None:
+            for versions, error, stage in self.expect_by_release:
+                try:
+                    if in_range(release, parse_range(versions)):
+                        return error, stage
+                except ValueError:
+                    break  # an unparsable release cannot be placed: the documented expectation
+        return self.expect_error, self.expect_stage
+
+    def accepted_rejections(self, release: str | None) -> tuple[tuple[str | None, str | None], ...]:
+        """Every ``(status, stage)`` that meets this case's contract at ``release``: the one its release
+        gives, or, with the release unknown or at an unconfirmed boundary (``unconfirmed_at``), each
+        rejection it names (documented first): the device decides, the record says which."""
+        uncertain = release is None or any(release.startswith(bound) for bound in self.unconfirmed_at)
+        if not uncertain or not self.expect_by_release:
+            return (self.expected_rejection(release),)
+        named = [(self.expect_error, self.expect_stage), *((e, st) for _, e, st in self.expect_by_release)]
+        return tuple(dict.fromkeys(named))
+
+    @property
+    def content_hash(self) -> str:
+        blob = json.dumps(self.content(), sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+    @property
+    def short_hash(self) -> str:
+        return self.content_hash[:8]
+
+    @property
+    def readable_id(self) -> str:
+        parts = [self.dtype, self.mask_name, self.cache_name, f"b{self.batch}", f"s{self.max_q}"]
+        if self.max_kv != self.max_q:
+            parts.append(f"kv{self.max_kv}")
+        parts.append(f"h{self.head_num}")
+        if self.kv_head_num != self.head_num:
+            parts.append(f"g{self.kv_head_num}")
+        parts += [f"q{self.q_layout}", self.kv_layout]
+        if self.kv_capacity is not None:
+            parts.append(f"cap{self.kv_capacity}")
+        if self.distribution != "uniform":
+            parts.append(self.distribution)
+        if self.structure is not None:
+            parts.append(self.structure.label)
+        if self.inputs is not None:
+            parts.append("dump")
+        if self.expect_error:
+            parts.append(f"err-{self.perturb or 'param'}")
+        return "-".join(parts)
+
+    @property
+    def case_id(self) -> str:
+        """Readable name plus a short content hash, e.g. ``bf16-causal-krope_ctkv-b4-s1024-h16-...``."""
+        return f"{self.readable_id}-{self.short_hash}"
+
+    def to_json(self) -> str:
+        data = self.content()
+        data.update(name=self.name, suite=self.suite, source=self.source)
+        if self.source_commit:
+            data["source_commit"] = self.source_commit
+        if self.unconfirmed_at:
+            data["unconfirmed_at"] = list(self.unconfirmed_at)
+        return json.dumps(data, sort_keys=True)
+
+    def to_toml(self) -> str:
+        """A ``[[case]]`` snippet that can be pasted into a suite file."""
+        lines = ["[[case]]"]
+        for key, value in self.content().items():
+            if value is None or (key == "qk_scale" and value == DEFAULT_QK_SCALE):
+                continue
+            text = self.structure.toml() if key == "structure" and self.structure else json.dumps(value)
+            lines.append(f"{key} = {text}")
+        return "\n".join(lines) + "\n"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, Structure):
+        return value.content()
+    return value

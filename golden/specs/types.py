@@ -1,0 +1,73 @@
+"""Plain data carried between the generator, the store and the suites."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mlaconf.facts.operator import scores_in_fp16
+from mlaconf.golden.specs.spec import CaseSpec
+
+INPUT_NAMES = ("q", "q_rope", "k", "k_rope", "v", "q_seqlen", "kv_seqlen", "mask")
+#: The float64-computed magnitudes a golden stores (golden.build.magnitudes computes them, the judge reads them).
+ELEMENT_MAGNITUDES = ("pv_abs", "pv_rss", "pvs_rss", "pv_scale", "pv_sub")
+#: Element magnitudes only the fp16 score path needs (T is stored on every case: the judge projects
+#: every output's error on it, judge/systematic.py).
+SCORE_PATH_MAGNITUDES = ("pvs_rss",)
+#: Element magnitudes only fp16 cases need (P below fp16's smallest normal 2^-14 may be flushed to zero).
+FP16_MAGNITUDES = ("pv_sub",)
+ROW_MAGNITUDES = ("score_absmax", "score_dot", "p_rss")
+
+
+@dataclass(frozen=True)
+class OpInputs:
+    """The operator's inputs exactly as the C interface takes them, as host numpy arrays.
+
+    Floating tensors hold device-dtype values: ``np.float16`` for fp16 and ``ml_dtypes.bfloat16``
+    for bf16.  Layouts follow the case (q 2-D ``[T, H*128]`` or 3-D ``[T, H, 128]``; kv padded
+    ``[B, S, Hkv*D]`` or packed ``[sum(kv), Hkv, D]``).  ``mask`` is the 512x512 compressed causal
+    mask for MASK_FREE and ``None`` otherwise.
+    """
+
+    q: np.ndarray
+    q_rope: np.ndarray
+    k: np.ndarray
+    k_rope: np.ndarray
+    v: np.ndarray
+    q_seqlen: np.ndarray
+    kv_seqlen: np.ndarray
+    mask: np.ndarray | None
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Name -> array for every present input, in the C interface's order."""
+        out = {name: getattr(self, name) for name in INPUT_NAMES}
+        return {name: arr for name, arr in out.items() if arr is not None}
+
+
+@dataclass(frozen=True)
+class GoldenCase:
+    """A case's inputs with its float64 reference and the emulated same-dtype baseline."""
+
+    spec: CaseSpec
+    inputs: OpInputs
+    out: np.ndarray  # float64, q's layout
+    row_valid: np.ndarray  # bool [T]: rows of zero-length batches are "don't care"
+    baseline_out: np.ndarray  # case dtype, q's layout: emulated ATB precision path
+    baseline_stats: dict[str, float | int | bool | str] = field(default_factory=dict)
+    provenance: dict[str, str] = field(default_factory=dict)
+    #: float64-computed magnitudes of the attention sums (golden.build.magnitudes), name -> float32 array:
+    #: element ones in attenOut's layout, row ones [T, H].  The error-model rule needs them.
+    magnitudes: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def element_magnitudes(spec: CaseSpec) -> tuple[str, ...]:
+    """The element magnitudes stored for ``spec``."""
+    skip: tuple[str, ...] = () if scores_in_fp16(spec.dtype, spec.mask_type) else SCORE_PATH_MAGNITUDES
+    skip += () if spec.dtype == "fp16" else FP16_MAGNITUDES
+    return tuple(n for n in ELEMENT_MAGNITUDES if n not in skip)
+
+
+def magnitude_names(spec: CaseSpec) -> tuple[str, ...]:
+    """Every magnitude stored for ``spec`` (element ones first)."""
+    return element_magnitudes(spec) + ROW_MAGNITUDES
