@@ -472,7 +472,7 @@ def write_repro(first: Attempt, name: str, out_dir: Path) -> list[str]:
     for file, data in (("call.json", call), ("verdict.json", verdict), ("env.json", env)):
         (out_dir / file).write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
     kind = backend_kind(name)
-    template = (resources.files("mlaconf.runner") / "repro_templates" / TEMPLATES[kind]).read_text()
+    template = (resources.files("mlaconf.tools") / "repro_templates" / TEMPLATES[kind]).read_text()
     op_name = str(getattr(backend, "op_name", ""))
     program = template.replace("@BACKEND@", name).replace("@BUILD@", ATB_BUILD).replace("@OP@", op_name)
     script = "repro.cpp" if kind == "atb" else "repro.py"

@@ -23,7 +23,7 @@ from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.spec_build import build_case, spec_from_json
 from mlaconf.golden.specs.types import GoldenCase
 from mlaconf.golden.store import h5file
-from mlaconf.golden.store.directory import ENV_DIR, GoldenStore
+from mlaconf.golden.store.directory import GoldenStore
 from mlaconf.golden.store.h5file import read_golden
 from mlaconf.golden.store.integrity import (
     GENERATOR_VERSION,
@@ -32,6 +32,7 @@ from mlaconf.golden.store.integrity import (
     GoldenStaleError,
     GoldenStoreError,
 )
+from mlaconf.golden.store.locations import ENV_DIR
 from tests.goldens import consistent, reseal
 
 FP16 = build_case({"q_seqlen": [3, 0, 5], "head_num": 2, "dtype": "fp16"}, source="test")
