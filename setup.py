@@ -1,4 +1,4 @@
-"""Builds mlaconf.native._atb_harness (libatb is dlopen'ed at run time) and mlaconf.golden.build._tile_kernel
+"""Builds mlaconf.native._atb_harness (libatb is dlopen'ed at run time) and mlaconf.golden.building._tile_kernel
 (the golden's fused softmax passes); both need only a C++17 compiler."""
 
 from pybind11.setup_helpers import Pybind11Extension, build_ext
@@ -16,8 +16,8 @@ setup(
             libraries=["dl"],
         ),
         Pybind11Extension(
-            "mlaconf.golden.build._tile_kernel",
-            ["golden/build/src/tile_kernel.cpp"],
+            "mlaconf.golden.building._tile_kernel",
+            ["golden/building/src/tile_kernel.cpp"],
             cxx_std=17,
             # -fopenmp-simd: the simd pragmas only (no OpenMP runtime); no -ffast-math, the float64 golden
             # keeps IEEE semantics (FMA contraction inside the exp polynomial is written out explicitly)

@@ -1,5 +1,5 @@
 """Property-based conformance: random valid cases, each judged against a float64 golden built on the
-fly (``mlaconf.golden.build.generate.build_golden``, no store) with the run's tolerance policy (``--mla-policy``).
+fly (``mlaconf.golden.building.generate.build_golden``, no store) with the run's tolerance policy (``--mla-policy``).
 
 Cases are small enough for a CPU: up to 3 batches of up to 48 query rows (zero lengths included),
 1-4 heads (CAUSAL: 1 or 2 kv heads shared by 1, 2 or 4 query heads each, prefixes up to 80 keys),
@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 
 from mlaconf.facts.operator import DEFAULT_QK_SCALE, DTYPES, KV_LAYOUTS, Q_LAYOUTS
-from mlaconf.golden.build.generate import build_golden
+from mlaconf.golden.building.generate import build_golden
 from mlaconf.golden.specs.spec import DISTRIBUTIONS, CaseSpec
 from mlaconf.golden.specs.spec_build import build_case
 from mlaconf.harness.backend import Backend, BackendError

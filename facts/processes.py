@@ -7,7 +7,7 @@ judge and of the golden's statistics, under two rules: work mapped from inside a
 worker waiting on the pool could wait forever once every worker did), and a pool worker runs torch (and the
 MKL under its GEMMs, whose thread count is per thread) on one thread (:func:`pin_worker_threads`), so the
 workers never multiply into more threads than the budget; the reference also pins BLAS process-wide while
-its tiles run (``mlaconf.golden.build.reference.pinned_threads``).  A caller maps its own function with the map
+its tiles run (``mlaconf.golden.building.reference.pinned_threads``).  A caller maps its own function with the map
 :func:`map_for` hands it (the pool's ``Executor.map`` or the builtin ``map``): results come back in order,
 so every fold adds the same numbers in the same order whatever the budget."""
 

@@ -20,9 +20,9 @@ from mlaconf.facts.cluster import ClusterUnavailable, connected, node_resources
 from mlaconf.facts.operator import NOPE_DIM
 from mlaconf.facts.processes import INTERRUPTED
 from mlaconf.golden import verbs
-from mlaconf.golden.build import cost
-from mlaconf.golden.build import regen as rg
-from mlaconf.golden.build.progress import flops_text
+from mlaconf.golden.building import cost
+from mlaconf.golden.building import regen as rg
+from mlaconf.golden.building.progress import flops_text
 from mlaconf.golden.specs.layout import out_shape
 from mlaconf.golden.specs.spec import CaseSpec, SpecError
 from mlaconf.golden.specs.suites import available_suites, load_suite, suite_path
@@ -51,7 +51,7 @@ def store_problem(store: GoldenStore) -> str | None:
 
 
 def regen_threads(todo: Sequence[CaseSpec], jobs: int) -> tuple[int, int]:
-    """(jobs, builder threads per job) as :func:`mlaconf.golden.build.regen.regen` will use them."""
+    """(jobs, builder threads per job) as :func:`mlaconf.golden.building.regen.regen` will use them."""
     jobs = max(1, min(jobs, len(todo)))
     return jobs, max(1, rg.cpu_count() // jobs)
 
@@ -134,7 +134,7 @@ def cmd_regen(args: argparse.Namespace) -> int:
 
 def regen_on_cluster(ray: Any, args: argparse.Namespace, specs: Sequence[CaseSpec], store: GoldenStore) -> int:
     """``regen --ray``: the fit judged against the cluster's largest node, then one task per case."""
-    from mlaconf.golden.build import ray_regen
+    from mlaconf.golden.building import ray_regen
 
     todo = [s for s in specs if s.expect_error is None]
     try:

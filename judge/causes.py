@@ -1,7 +1,7 @@
 """The likely cause of a failure: goldens recomputed under a catalogue of known kernel mistakes.
 
 Each :class:`Mistake` rewrites a case's inputs and spec so that the float64 reference
-(:func:`mlaconf.golden.build.reference.reference_attention`, the golden's own code) computes what a
+(:func:`mlaconf.golden.building.reference.reference_attention`, the golden's own code) computes what a
 kernel with that mistake computes.  A mistake *explains* an output when the output's error against
 the mistake's golden falls by orders of magnitude from its error against the true golden, to within
 the precision model (a few times the emulated same-dtype baseline's own error).  Each mistake costs
@@ -19,7 +19,7 @@ from typing import Protocol
 import numpy as np
 
 from mlaconf.facts.operator import NOPE_DIM, ROPE_DIM, V_DIM
-from mlaconf.golden.build.reference import reference_attention
+from mlaconf.golden.building.reference import reference_attention
 from mlaconf.golden.specs.layout import kv_views
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.types import GoldenCase, OpInputs

@@ -2,7 +2,7 @@
 
 docs/conformance.md ("The error-model rule") derives it; in short, for output element e = (i, h, c)
 of a case with N checked elements, u the unit roundoff of the case dtype, u32 = 2^-24, u16 = 2^-11,
-n_i the keys row i attends to and the float64 magnitudes of :mod:`mlaconf.golden.build.magnitudes`
+n_i the keys row i attends to and the float64 magnitudes of :mod:`mlaconf.golden.building.magnitudes`
 (A, R, S, T per element; M, C, rho per row):
 
     bound_e = F * ( u |g|                                          output rounded to the dtype
@@ -37,8 +37,8 @@ import numpy as np
 
 from mlaconf.facts.operator import SCORE_DIM, U16, U32, UNIT_ROUNDOFF, V_DIM, scores_in_fp16
 from mlaconf.facts.processes import map_for
-from mlaconf.golden.build.chunks import RowChunk, row_chunks
-from mlaconf.golden.build.magnitudes import allowed_keys
+from mlaconf.golden.building.chunks import RowChunk, row_chunks
+from mlaconf.golden.building.magnitudes import allowed_keys
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.types import ROW_MAGNITUDES, element_magnitudes
 from mlaconf.judge.metrics import Element

@@ -1,6 +1,6 @@
 """Error metrics of a backend's output against the float64 golden, on valid rows only (the verdict's evidence).
 
-Everything is computed in float64, vectorised, and in row chunks (:mod:`mlaconf.golden.build.chunks`) so
+Everything is computed in float64, vectorised, and in row chunks (:mod:`mlaconf.golden.building.chunks`) so
 that temporaries stay bounded and in cache for outputs of hundreds of millions of elements.
 Definitions (``a`` = actual, ``g`` = golden, both over the valid rows; ``u`` = unit roundoff of the
 output dtype):
@@ -30,8 +30,8 @@ import ml_dtypes
 import numpy as np
 
 from mlaconf.facts.processes import map_for
-from mlaconf.golden.build.chunks import RowChunk, row_chunks
-from mlaconf.golden.build.stats import REL_FLOOR
+from mlaconf.golden.building.chunks import RowChunk, row_chunks
+from mlaconf.golden.building.stats import REL_FLOOR
 
 #: Relative-error threshold of the "thousandth" rules (fp16 0.1%, bf16 0.4%).
 THOUSANDTH = {"fp16": 0.001, "bf16": 0.004}
@@ -241,8 +241,8 @@ def ulp_distance(actual: np.ndarray, expected: np.ndarray, dtype: str) -> np.nda
 class _Sums:
     """Sums and maxima of valid rows: one per chunk (:func:`compute_metrics`'s ``chunk_sums``), folded
     in chunk order into the total (:meth:`fold`).  n, max_abs, max_rel, sum_rel and sum_sq are the
-    baseline's statistics (:class:`~mlaconf.golden.build.stats.ErrorStats`, the same sums as
-    :func:`~mlaconf.golden.build.stats.error_stats`)."""
+    baseline's statistics (:class:`~mlaconf.golden.building.stats.ErrorStats`, the same sums as
+    :func:`~mlaconf.golden.building.stats.error_stats`)."""
 
     n: int = 0
     max_abs: float = 0.0
@@ -303,7 +303,7 @@ def compute_metrics(
     """Compare ``actual`` (any float dtype, ``[T, H, D]``) with the float64 golden on valid rows.
 
     ``row_valid`` (bool ``[T]``) drops rows of zero-length batches; ``q_seqlen`` locates the worst
-    element.  Rows are processed in chunks (:func:`mlaconf.golden.build.chunks.row_chunks`).
+    element.  Rows are processed in chunks (:func:`mlaconf.golden.building.chunks.row_chunks`).
     """
     if dtype not in REL_FLOOR:
         raise ValueError(f"dtype must be 'fp16' or 'bf16', got {dtype!r}")

@@ -30,7 +30,7 @@ import numpy as np
 
 from mlaconf.facts.operator import V_DIM
 from mlaconf.facts.processes import map_for
-from mlaconf.golden.build.chunks import RowChunk, row_chunks
+from mlaconf.golden.building.chunks import RowChunk, row_chunks
 
 #: The metrics msprobe decides on, in its order (``eb`` is computed but not in its status list).
 DECIDING = ("small_value_err_ratio", "rmse", "max_rel_err", "mean_rel_err")

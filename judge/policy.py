@@ -1,7 +1,7 @@
 """Tolerance policies as data: load ``judge/tolerances.toml``, resolve overrides, judge metrics.
 
 A policy is a list of rules; each rule turns :class:`~mlaconf.judge.metrics.Metrics` (and, for the
-baseline-relative rules, the emulated same-dtype baseline's :class:`~mlaconf.golden.build.stats.ErrorStats`)
+baseline-relative rules, the emulated same-dtype baseline's :class:`~mlaconf.golden.building.stats.ErrorStats`)
 into :class:`Check` records with a measured value, its bound and ``slack = value / bound``.  Every policy
 also runs the implicit ``finite`` rule, so a NaN/Inf in the output fails whatever policy is chosen.  A
 check whose inputs are missing (no baseline) fails rather than passes: a verdict must never be vacuous.
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mlaconf.facts.operator import DTYPES, UNIT_ROUNDOFF
-from mlaconf.golden.build.stats import ErrorStats
+from mlaconf.golden.building.stats import ErrorStats
 from mlaconf.golden.specs.suites import read_toml
 from mlaconf.judge.error_model import ModelResult
 from mlaconf.judge.metrics import Element, Metrics

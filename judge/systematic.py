@@ -40,7 +40,7 @@ import numpy as np
 
 from mlaconf.facts.operator import U32, UNIT_ROUNDOFF, V_DIM
 from mlaconf.facts.processes import map_for
-from mlaconf.golden.build.chunks import RowChunk, row_chunks
+from mlaconf.golden.building.chunks import RowChunk, row_chunks
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.judge.error_model import scale_cast_error
 from mlaconf.judge.metrics import EXPONENT_BITS, bits16_finite

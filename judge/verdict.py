@@ -10,8 +10,8 @@ import numpy as np
 
 from mlaconf.facts.operator import V_DIM
 from mlaconf.facts.processes import map_for
-from mlaconf.golden.build.chunks import RowChunk, row_chunks
-from mlaconf.golden.build.stats import ErrorStats
+from mlaconf.golden.building.chunks import RowChunk, row_chunks
+from mlaconf.golden.building.stats import ErrorStats
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.types import GoldenCase
 from mlaconf.judge.deviations import Deviation

@@ -9,7 +9,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from mlaconf.golden.build.inputs import numpy_dtype
+from mlaconf.golden.building.inputs import numpy_dtype
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.types import GoldenCase
 from mlaconf.harness.backend import Backend, BackendError, BackendInfo

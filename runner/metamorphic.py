@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 
 from mlaconf.facts.operator import CAUSAL, V_DIM
-from mlaconf.golden.build.generate import build_golden
-from mlaconf.golden.build.inputs import case_rng, generate_inputs, round_to
+from mlaconf.golden.building.generate import build_golden
+from mlaconf.golden.building.inputs import case_rng, generate_inputs, round_to
 from mlaconf.golden.specs.layout import offsets, row_valid
 from mlaconf.golden.specs.spec import CaseSpec, SpecError
 from mlaconf.golden.specs.spec_build import build_case

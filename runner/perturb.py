@@ -17,7 +17,7 @@ import torch
 
 from mlaconf.facts.operator import DEFAULT_QK_SCALE, MAX_HEADS, NOPE_DIM, SUPPORTED_MASKS
 from mlaconf.facts.versions import RELEASE_UNKNOWN
-from mlaconf.golden.build.inputs import generate_inputs
+from mlaconf.golden.building.inputs import generate_inputs
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.harness.backend import Backend, BackendError, MlaPrefillCall
 from mlaconf.judge.deviations import Deviation, DeviationSet, explaining, release_note

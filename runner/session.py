@@ -42,7 +42,7 @@ from mlaconf.runner.selection import (
 )
 
 if TYPE_CHECKING:
-    from mlaconf.golden.build.progress import CaseWork
+    from mlaconf.golden.building.progress import CaseWork
     from mlaconf.golden.store.directory import GoldenStore
     from mlaconf.harness.backend import Backend
     from mlaconf.judge.deviations import DeviationSet
@@ -273,8 +273,8 @@ def mla_backend(mla_backend_name: str, mla_backend_cache: dict[str, Backend]) ->
 
 @pytest.fixture(scope="session")
 def mla_golden_store(pytestconfig: pytest.Config) -> Iterator[GoldenStore]:
-    from mlaconf.golden.build import progress
-    from mlaconf.golden.build.generate import build_golden
+    from mlaconf.golden.building import progress
+    from mlaconf.golden.building.generate import build_golden
     from mlaconf.golden.store.directory import GoldenStore
 
     store = GoldenStore(pytestconfig.getoption("mla_golden_dir") or None, builder=build_golden)

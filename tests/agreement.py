@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlaconf.golden.build.inputs import generate_inputs
-from mlaconf.golden.build.magnitudes import reference_and_magnitudes
-from mlaconf.golden.build.reference import attention, float64_tile
+from mlaconf.golden.building.inputs import generate_inputs
+from mlaconf.golden.building.magnitudes import reference_and_magnitudes
+from mlaconf.golden.building.reference import attention, float64_tile
 from mlaconf.golden.specs.layout import row_valid
 from mlaconf.golden.specs.spec import CaseSpec
 

@@ -283,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.worker:
         worker(args.store, work, args.suite, args.tasks, args.start)
         return 0
-    from mlaconf.golden.build.regen import regen
+    from mlaconf.golden.building.regen import regen
     from mlaconf.golden.specs.suites import load_suites
     from mlaconf.golden.store.directory import GoldenStore
 

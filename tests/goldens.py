@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from mlaconf.facts.operator import V_DIM
-from mlaconf.golden.build.stats import error_stats
+from mlaconf.golden.building.stats import error_stats
 from mlaconf.golden.specs.types import GoldenCase
 from mlaconf.golden.store.integrity import seal
 from mlaconf.judge.metrics import Metrics, compute_metrics

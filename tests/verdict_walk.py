@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true", help="name every stop and climb")
     parser.epilog = "The golden comes from the store ($MLA_GOLDEN_DIR or ./.golden), built there when missing."
     args = parser.parse_args(argv)
-    from mlaconf.golden.build.generate import build_golden
+    from mlaconf.golden.building.generate import build_golden
     from mlaconf.golden.store.directory import GoldenStore
 
     golden = GoldenStore(builder=build_golden).ensure(smoke_case(args.case))

@@ -28,9 +28,9 @@ import numpy as np
 
 from mlaconf.golden.bench.cases import CASES
 from mlaconf.golden.bench.measure import bench_spec
-from mlaconf.golden.build.inputs import generate_inputs
-from mlaconf.golden.build.reference import DEVICE_ENV, reference_attention, torch_attention
-from mlaconf.golden.build.regen import relative_difference
+from mlaconf.golden.building.inputs import generate_inputs
+from mlaconf.golden.building.reference import DEVICE_ENV, reference_attention, torch_attention
+from mlaconf.golden.building.regen import relative_difference
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.spec_build import build_case
 
@@ -96,7 +96,7 @@ def agreement() -> list[float]:
 
 
 def measure_case(name: str, repeats: int) -> dict[str, Any]:
-    from mlaconf.golden.build.generate import build_golden
+    from mlaconf.golden.building.generate import build_golden
     from mlaconf.harness.torch_backend import TorchSdpaBackend
     from mlaconf.runner.execution import make_call
 

@@ -80,7 +80,7 @@ def _main(args: argparse.Namespace) -> int:
 def judge_dumped(cases: list[CaseSpec], store: Path | None, policy: str) -> int:
     """Judge each case's dumped output against its golden (built here); one line each, ours and msprobe's
     verdict side by side.  Returns how many failed ours."""
-    from mlaconf.golden.build.generate import build_golden
+    from mlaconf.golden.building.generate import build_golden
     from mlaconf.golden.store.bundles import load_dumped_output
     from mlaconf.golden.store.directory import GoldenStore
     from mlaconf.judge.policy import load_policies

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 
-from mlaconf.golden.build.inputs import generate_inputs
+from mlaconf.golden.building.inputs import generate_inputs
 from mlaconf.golden.specs.spec_build import build_case
 from mlaconf.harness import registry
 from mlaconf.runner.execution import make_call

@@ -17,8 +17,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlaconf.golden.build.generate import build_golden
-from mlaconf.golden.build.progress import Progress
+from mlaconf.golden.building.generate import build_golden
+from mlaconf.golden.building.progress import Progress
 from mlaconf.golden.coverage.levels import case_levels
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.types import GoldenCase

@@ -27,7 +27,7 @@ import torch
 
 from mlaconf.facts.operator import V_DIM
 from mlaconf.facts.processes import INTERRUPTED
-from mlaconf.golden.build.generate import build_golden
+from mlaconf.golden.building.generate import build_golden
 from mlaconf.golden.specs.spec import CaseSpec, SpecError
 from mlaconf.golden.specs.spec_build import validate_case
 from mlaconf.golden.specs.suites import available_suites, load_suite, load_suites

@@ -21,7 +21,7 @@ import numpy as np
 
 from mlaconf.facts.operator import SCORE_DIM, V_DIM, scores_in_fp16
 from mlaconf.facts.processes import pin_worker_threads, shared_pool
-from mlaconf.golden.build.reference import (
+from mlaconf.golden.building.reference import (
     DEFAULT_TILE,
     FUSED_TILE,
     Workspace,

@@ -31,8 +31,8 @@ from mlaconf.golden.bench.limits import (
     measure_rates,
     measure_tile_rates,
 )
-from mlaconf.golden.build.inputs import generate_inputs
-from mlaconf.golden.build.reference import (
+from mlaconf.golden.building.inputs import generate_inputs
+from mlaconf.golden.building.reference import (
     DEFAULT_TILE,
     FUSED_TILE,
     HeadTask,
@@ -96,7 +96,7 @@ def _measure_gemm(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def _measure_reference(job: dict[str, Any]) -> dict[str, Any]:
-    from mlaconf.golden.build.baseline import emulate_baseline
+    from mlaconf.golden.building.baseline import emulate_baseline
 
     idle = _proc_status_mb("VmRSS")
     spec = bench_spec(job["case"])
@@ -151,8 +151,8 @@ def _measure_build(job: dict[str, Any]) -> dict[str, Any]:
     shared machine better than wall-clock ones)."""
     import tempfile
 
-    from mlaconf.golden.build import progress
-    from mlaconf.golden.build.generate import build_golden
+    from mlaconf.golden.building import progress
+    from mlaconf.golden.building.generate import build_golden
     from mlaconf.golden.store.directory import write_golden
     from mlaconf.golden.store.integrity import GENERATOR_VERSION
 
@@ -229,8 +229,8 @@ def _measure_interleaved(job: dict[str, Any]) -> dict[str, Any]:
     shared machine moves both sides of a ratio together.  ``os.getloadavg()`` is kept per round."""
     import tempfile
 
-    from mlaconf.golden.build.generate import build_golden
-    from mlaconf.golden.build.reference import attention, float64_tile
+    from mlaconf.golden.building.generate import build_golden
+    from mlaconf.golden.building.reference import attention, float64_tile
     from mlaconf.golden.store.directory import write_golden
     from mlaconf.golden.store.integrity import GENERATOR_VERSION
 
@@ -272,7 +272,7 @@ def _measure_interleaved(job: dict[str, Any]) -> dict[str, Any]:
 def _interleaved_limit(spec: CaseSpec, threads: int, n: int, square: Callable[[], object], tmp: Path) -> dict[str, Any]:
     """The derived end-to-end limit (:mod:`mlaconf.golden.bench.limits`) as a ratio to the rounds' own
     square GEMM: the limit's rates and that GEMM measured back to back, after the rounds."""
-    from mlaconf.golden.build.generate import build_golden
+    from mlaconf.golden.building.generate import build_golden
     from mlaconf.golden.store.directory import write_golden
 
     golden = build_golden(spec, threads=threads)
@@ -306,7 +306,7 @@ def _measure_tile_cost(job: dict[str, Any]) -> dict[str, Any]:
     """What one reference tile size costs and gains: ``reference_and_magnitudes`` (the build's main stage) at
     ``tile`` rows, best of ``repeats``, its peak memory above the inputs (VmHWM reset after generating them)
     and the float64 GEMM rate at that tile's shapes, next to a square GEMM in the same process."""
-    from mlaconf.golden.build.magnitudes import reference_and_magnitudes
+    from mlaconf.golden.building.magnitudes import reference_and_magnitudes
 
     with contextlib.suppress(ImportError):
         import torch  # noqa: F401
@@ -329,7 +329,7 @@ def _measure_tile(job: dict[str, Any]) -> dict[str, Any]:
     """One float64 tile and its parts on one thread, CPU time (min of ``repeats``): where the time goes."""
     import torch
 
-    from mlaconf.golden.build.reference import float64_tile, pinned_threads
+    from mlaconf.golden.building.reference import float64_tile, pinned_threads
 
     rows, keys, n = job.get("rows", DEFAULT_TILE), job.get("keys", 4096), 1024
     rng = np.random.default_rng(0)

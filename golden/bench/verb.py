@@ -10,7 +10,7 @@ Definitions (also in docs/benchmarks.md):
 - useful FLOPs: :func:`mlaconf.facts.operator.useful_flops`, ``2 * (192 + 128) * pairs * H`` where
   ``pairs`` counts the (query, key) pairs the mask allows (``S (S + 1) / 2`` causal, ``S^2``
   bidirectional).  Effective GF/s = useful FLOPs / median seconds, for any implementation.
-- generator: :func:`mlaconf.golden.build.reference.reference_attention` (the float64 golden) with
+- generator: :func:`mlaconf.golden.building.reference.reference_attention` (the float64 golden) with
   ``threads=--threads``; the emulated baseline is timed separately (``build_golden`` runs both).
 - SDPA: ``torch.nn.functional.scaled_dot_product_attention`` in float64 with ``is_causal`` for
   causal cases, the same scale and ``torch.set_num_threads(--threads)``.  Its CPU float64 path

@@ -88,8 +88,8 @@ CASE_FACTORS = ("dtype", "mask", "q_layout", "kv_layout", "batch", "group", "kv_
 
 
 def case_cost(spec: CaseSpec) -> float:
-    """Estimated seconds of a case in a run, from the cost model (golden/build/cost.py)."""
-    from mlaconf.golden.build.cost import stored_bytes
+    """Estimated seconds of a case in a run, from the cost model (golden/building/cost.py)."""
+    from mlaconf.golden.building.cost import stored_bytes
 
     return CASE_SECONDS + spec.useful_flops / RUN_FLOPS + stored_bytes(spec) / RUN_BYTES
 

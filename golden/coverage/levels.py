@@ -77,7 +77,7 @@ def kv_heads_level(kv_head_num: int) -> str:
 
 
 def inputs_levels(spec: CaseSpec) -> frozenset[str]:
-    """The input structure levels of a case (golden/build/inputs.py draws them)."""
+    """The input structure levels of a case (golden/building/inputs.py draws them)."""
     structure = spec.structure
     trend = structure.logits if structure is not None else None
     levels = set()

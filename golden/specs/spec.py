@@ -43,7 +43,7 @@ class Structure:
     only after several key blocks).  ``head_temperature`` multiplies the random part of q of head 0
     by the first value and of the last head by the second (geometric in between).  ``v_scale``
     multiplies V at the first and the last key of a sequence (geometric in between); ``v_mean``
-    adds ``+-v_mean`` (one sign per kv head and column) to V.  golden/build/inputs.py draws them.
+    adds ``+-v_mean`` (one sign per kv head and column) to V.  golden/building/inputs.py draws them.
     """
 
     logits: str | None = None

@@ -10,7 +10,7 @@ from mlaconf.facts.operator import scores_in_fp16
 from mlaconf.golden.specs.spec import CaseSpec
 
 INPUT_NAMES = ("q", "q_rope", "k", "k_rope", "v", "q_seqlen", "kv_seqlen", "mask")
-#: The float64-computed magnitudes a golden stores (golden.build.magnitudes computes them, the judge reads them).
+#: The float64-computed magnitudes a golden stores (golden.building.magnitudes computes them, the judge reads them).
 ELEMENT_MAGNITUDES = ("pv_abs", "pv_rss", "pvs_rss", "pv_scale", "pv_sub")
 #: Element magnitudes only the fp16 score path needs (T is stored on every case: the judge projects
 #: every output's error on it, judge/systematic.py).
@@ -56,7 +56,7 @@ class GoldenCase:
     baseline_out: np.ndarray  # case dtype, q's layout: emulated ATB precision path
     baseline_stats: dict[str, float | int | bool | str] = field(default_factory=dict)
     provenance: dict[str, str] = field(default_factory=dict)
-    #: float64-computed magnitudes of the attention sums (golden.build.magnitudes), name -> float32 array:
+    #: float64-computed magnitudes of the attention sums (golden.building.magnitudes), name -> float32 array:
     #: element ones in attenOut's layout, row ones [T, H].  The error-model rule needs them.
     magnitudes: dict[str, np.ndarray] = field(default_factory=dict)
 

@@ -152,7 +152,7 @@ class GoldenStore:
     ) -> None:
         self.root = chosen_root(root).expanduser().resolve()
         self.generator_version = generator_version or GENERATOR_VERSION
-        #: Builds a missing, stale or damaged golden in :meth:`ensure` (``golden.build`` hands it over).
+        #: Builds a missing, stale or damaged golden in :meth:`ensure` (``golden.building`` hands it over).
         self.builder = builder
         self._read_block = ReadBlock()  # loads one after another reuse one golden's memory
 

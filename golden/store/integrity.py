@@ -46,7 +46,7 @@ SCHEMA_VERSION = 7
 #: Bump when a change to inputs, reference or baseline alters stored values: every golden written
 #: by another version is stale and gets regenerated.
 #: 2.1: per-role input streams in chunks, magnitudes; 2.2: magnitudes rounded up to bf16;
-#: 2.3: baseline statistics are golden.build.stats.ErrorStats (the baseline-relative rules' denominators only);
+#: 2.3: baseline statistics are golden.building.stats.ErrorStats (the baseline-relative rules' denominators only);
 #: 2.4: pv_sub (fp16 flush-to-zero magnitude), structured inputs, a flushing baseline;
 #: 2.5: fused tile kernel (its exp and summation order), pv_abs/pv_rss from float32 GEMMs lifted to bounds.
 #: 2.6: P V and (P s) V as transposed GEMMs (their summation order); the baseline's fp32 score path in the

@@ -178,6 +178,22 @@ def test_the_namespace_maps_every_room() -> None:
     assert packages == ROOMS, "every top-level package of the checkout is a room of mlaconf.ROOMS, and back"
 
 
+def test_git_ignores_no_module_of_a_room() -> None:
+    """Every module of the rooms is one git tracks: an ignore rule (``build/`` once matched a sub-room named
+    build) would leave a package's __init__.py out of every clone and CI run."""
+    modules = [
+        str(p.relative_to(REPO)) for room in ROOMS for p in (REPO / room).rglob("*.py*") if p.suffix in {".py", ".pyi"}
+    ]
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--no-index", "--stdin"],
+        cwd=REPO,
+        input="\n".join(modules),
+        capture_output=True,
+        text=True,
+    )
+    assert not ignored.stdout.split(), f"modules git ignores: {ignored.stdout.split()}"
+
+
 def test_git_holds_no_symlink() -> None:
     """One path per file: a symlinked folder would give its files a second path (and pytest a second copy)."""
     staged = subprocess.run(["git", "ls-files", "-s"], cwd=REPO, capture_output=True, text=True, check=True)

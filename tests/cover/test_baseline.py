@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlaconf.golden.build.baseline import baseline_kernel, emulate_baseline, fp16_score_path, fp32_score_path
-from mlaconf.golden.build.inputs import generate_inputs, numpy_dtype
-from mlaconf.golden.build.reference import reference_attention
+from mlaconf.golden.building.baseline import baseline_kernel, emulate_baseline, fp16_score_path, fp32_score_path
+from mlaconf.golden.building.inputs import generate_inputs, numpy_dtype
+from mlaconf.golden.building.reference import reference_attention
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.spec_build import build_case
 from mlaconf.golden.specs.types import OpInputs

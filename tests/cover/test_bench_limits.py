@@ -22,8 +22,8 @@ from mlaconf.golden.bench.limits import (
     stage_limit,
     tile_gemm_shapes,
 )
-from mlaconf.golden.build.generate import build_golden
-from mlaconf.golden.build.reference import DEFAULT_TILE, FUSED_TILE, for_each_tile, tile_rows
+from mlaconf.golden.building.generate import build_golden
+from mlaconf.golden.building.reference import DEFAULT_TILE, FUSED_TILE, for_each_tile, tile_rows
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.spec_build import build_case
 
@@ -190,7 +190,7 @@ def test_judge_share_line_states_the_share_and_the_target() -> None:
 def test_tile_gemms_compute_the_flops_their_rate_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     """The tile_gemm arm's GEMM calls add up to the FLOPs its rate divides by (whole tiles, masked corners)."""
     from mlaconf.golden.bench import measure as bench_measure
-    from mlaconf.golden.build.inputs import generate_inputs
+    from mlaconf.golden.building.inputs import generate_inputs
 
     spec = build_case({"q_seqlen": [700, 90], "head_num": 2, "mask_type": 2, "dtype": "bf16"}, source="test")
     done: list[float] = []

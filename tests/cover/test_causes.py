@@ -6,7 +6,7 @@ import functools
 
 import pytest
 
-from mlaconf.golden.build.generate import build_golden
+from mlaconf.golden.building.generate import build_golden
 from mlaconf.golden.specs.spec_build import build_case
 from mlaconf.golden.specs.types import GoldenCase
 from mlaconf.harness import defects

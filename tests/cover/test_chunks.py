@@ -1,4 +1,4 @@
-"""Row chunks (mlaconf.golden.build.chunks) and the process's one pool (mlaconf.facts.processes): the judge's and the
+"""Row chunks (mlaconf.golden.building.chunks) and the process's one pool (mlaconf.facts.processes): the judge's and the
 reference's results the same on any number of threads."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from mlaconf.facts import processes
-from mlaconf.golden.build import chunks
-from mlaconf.golden.build.chunks import RowChunk, row_chunks
-from mlaconf.golden.build.generate import build_golden
-from mlaconf.golden.build.inputs import generate_inputs
-from mlaconf.golden.build.reference import for_each_tile, reference_attention
+from mlaconf.golden.building import chunks
+from mlaconf.golden.building.chunks import RowChunk, row_chunks
+from mlaconf.golden.building.generate import build_golden
+from mlaconf.golden.building.inputs import generate_inputs
+from mlaconf.golden.building.reference import for_each_tile, reference_attention
 from mlaconf.golden.specs.spec_build import build_case
 from mlaconf.golden.specs.types import GoldenCase
 from mlaconf.judge.error_model import ModelResult, model_ratio

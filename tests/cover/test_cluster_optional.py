@@ -16,8 +16,8 @@ import sys
 from pathlib import Path
 from mlaconf import build_parser
 from mlaconf.golden import cli
-from mlaconf.golden.build import regen
-from mlaconf.golden.build import ray_regen
+from mlaconf.golden.building import regen
+from mlaconf.golden.building import ray_regen
 from mlaconf.runner import plugin
 from mlaconf.tools import run
 from mlaconf.tools import ray_run
@@ -53,8 +53,8 @@ GB = 1024**3
 
 
 def test_a_case_asks_for_the_cpus_whose_memory_covers_its_peak() -> None:
-    from mlaconf.golden.build import cost
-    from mlaconf.golden.build.ray_regen import ClusterShape
+    from mlaconf.golden.building import cost
+    from mlaconf.golden.building.ray_regen import ClusterShape
     from mlaconf.golden.specs.spec_build import build_case
 
     small = build_case({"q_seqlen": [4], "head_num": 1}, source="t")

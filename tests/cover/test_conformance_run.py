@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from mlaconf.golden.build.generate import build_golden
+from mlaconf.golden.building.generate import build_golden
 from mlaconf.golden.specs.spec_build import build_case
 from mlaconf.golden.specs.types import GoldenCase
 from mlaconf.harness.backend import BackendError, MlaPrefillCall

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mlaconf.facts.status import STATUS_CODES
-from mlaconf.golden.build.inputs import generate_inputs
+from mlaconf.golden.building.inputs import generate_inputs
 from mlaconf.golden.specs.spec import CaseSpec, SpecError
 from mlaconf.golden.specs.spec_build import build_case, spec_from_json
 from mlaconf.golden.specs.suites import load_suites

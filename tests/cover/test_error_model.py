@@ -1,4 +1,4 @@
-"""mlaconf.golden.build.magnitudes and judge.error_model: the stored magnitudes and the per-element bound."""
+"""mlaconf.golden.building.magnitudes and judge.error_model: the stored magnitudes and the per-element bound."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from mlaconf.facts.operator import scores_in_fp16
-from mlaconf.golden.build.generate import build_golden
-from mlaconf.golden.build.inputs import generate_inputs
-from mlaconf.golden.build.magnitudes import (
+from mlaconf.golden.building.generate import build_golden
+from mlaconf.golden.building.inputs import generate_inputs
+from mlaconf.golden.building.magnitudes import (
     CANCELLING_MAGNITUDES,
     allowed_keys,
     cancellation_noise,
@@ -20,8 +20,8 @@ from mlaconf.golden.build.magnitudes import (
     round_up_bf16,
     torch_magnitudes,
 )
-from mlaconf.golden.build.reference import effective_scale, reference_attention
-from mlaconf.golden.build.stats import ErrorStats
+from mlaconf.golden.building.reference import effective_scale, reference_attention
+from mlaconf.golden.building.stats import ErrorStats
 from mlaconf.golden.specs.layout import causal_offset, kv_views, offsets, q_views
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.spec_build import build_case
@@ -267,8 +267,8 @@ def _bf16_values(values: np.ndarray) -> np.ndarray:
 def test_float32_magnitudes_never_fall_below_float64_at_the_edges_of_bf16_range(diag: tuple[int, int] | None) -> None:
     """pv_abs and pv_rss come from float32 GEMMs (issue 23); at V near bf16's largest and smallest values,
     P down to e^-700 (below float32's range) and all-zero columns, they stay >= their float64 values."""
-    from mlaconf.golden.build.magnitudes import ValueOperands, fused_tile
-    from mlaconf.golden.build.reference import Workspace, float64_tile
+    from mlaconf.golden.building.magnitudes import ValueOperands, fused_tile
+    from mlaconf.golden.building.reference import Workspace, float64_tile
 
     rng = np.random.default_rng(23)
     rows, keys = 24, 300

@@ -9,7 +9,7 @@ import pytest
 from mlaconf.facts.operator import kv_layout_of, useful_flops
 from mlaconf.facts.shard import in_shard, parse_shard, shard_index
 from mlaconf.facts.versions import ascend_versions, atb_version_near
-from mlaconf.golden.build.regen import select_cases
+from mlaconf.golden.building.regen import select_cases
 from tests.pytest_runs import run_pytest
 
 

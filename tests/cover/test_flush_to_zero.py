@@ -8,8 +8,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from mlaconf.golden.build.generate import build_golden
-from mlaconf.golden.build.reference import effective_scale
+from mlaconf.golden.building.generate import build_golden
+from mlaconf.golden.building.reference import effective_scale
 from mlaconf.golden.specs.layout import causal_offset, kv_views, offsets, q_views
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.spec_build import build_case

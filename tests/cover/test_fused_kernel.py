@@ -1,4 +1,4 @@
-"""The compiled tile kernel (golden/build/src/tile_kernel.cpp): its exp, its row passes, its rounding up,
+"""The compiled tile kernel (golden/building/src/tile_kernel.cpp): its exp, its row passes, its rounding up,
 and the fused golden's agreement with the unfused float64 formula on small shipped cases."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import mpmath
 import numpy as np
 import pytest
 
-from mlaconf.golden.build import _tile_kernel as kernel
-from mlaconf.golden.build.reference import ROUNDED_UP_FLOOR
+from mlaconf.golden.building import _tile_kernel as kernel
+from mlaconf.golden.building.reference import ROUNDED_UP_FLOOR
 from mlaconf.golden.specs.suites import load_suites
 from tests.agreement import AGREEMENT, worst_disagreement
 
@@ -190,7 +190,7 @@ def test_round_to_bf16_declines_values_outside_the_normal_range(value: float) ->
 def test_inputs_round_to_falls_back_for_subnormal_bf16() -> None:
     import ml_dtypes
 
-    from mlaconf.golden.build.inputs import round_to
+    from mlaconf.golden.building.inputs import round_to
 
     values = np.array([1.5, 2.0**-130, -(2.0**-128) * 1.3])
     assert np.array_equal(round_to(values, "bf16").view(np.uint16), values.astype(ml_dtypes.bfloat16).view(np.uint16))
@@ -230,7 +230,7 @@ def _finish_operands(rng: np.random.Generator, rows: int) -> dict[str, object]:
 def test_finish_magnitudes_stores_the_numpy_formulas_bits(keys: int) -> None:
     """The compiled finish of pv_abs, pv_rss and pv_scale stores exactly round_up_bf16 of the numpy formulas
     (lift_float32_sum, _scale_derivative): a golden's bits must not depend on which path computed them."""
-    from mlaconf.golden.build.magnitudes import (
+    from mlaconf.golden.building.magnitudes import (
         EPS64,
         _scale_derivative,
         lift_float32_sum,
@@ -266,7 +266,7 @@ def test_finish_magnitudes_stores_the_numpy_formulas_bits(keys: int) -> None:
 def test_finish_magnitudes_rounds_up_at_every_bf16_boundary() -> None:
     """With the lift, scale and row sum neutral, pv_abs is the float32 sum itself rounded up to bf16: on a bf16
     value it stays, one float32 ulp above it goes up one bf16 ulp (and T's sign stays with the guard's)."""
-    from mlaconf.golden.build.magnitudes import round_up_bf16
+    from mlaconf.golden.building.magnitudes import round_up_bf16
 
     rng = np.random.default_rng(9)
     on = (rng.integers(0x0080, 0x7F7F, (16, 128)).astype(np.uint32) << 16).view(np.float32)  # normal bf16 values

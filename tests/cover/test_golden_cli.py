@@ -12,8 +12,8 @@ import h5py
 import pytest
 
 from mlaconf.golden import cli, verbs
-from mlaconf.golden.build import baseline
-from mlaconf.golden.build.progress import Progress
+from mlaconf.golden.building import baseline
+from mlaconf.golden.building.progress import Progress
 from mlaconf.golden.specs.suites import load_suite
 from mlaconf.golden.store.directory import GoldenStore
 from tests.goldens import consistent, reseal, split_sum_gemm
@@ -237,8 +237,8 @@ def test_progress_by_work_counts_flops_and_running_cases() -> None:
 @pytest.mark.parametrize("mask_type", [0, 2, 3])
 def test_build_reports_work_inside_a_case(mask_type: int) -> None:
     """Every reference and baseline tile reports its useful FLOPs: a build ends at exactly 100 %."""
-    from mlaconf.golden.build import progress
-    from mlaconf.golden.build.generate import build_golden
+    from mlaconf.golden.building import progress
+    from mlaconf.golden.building.generate import build_golden
     from mlaconf.golden.specs.spec_build import build_case
 
     fields: dict[str, object] = {"q_seqlen": [300, 0, 40], "head_num": 2, "mask_type": mask_type}
@@ -263,7 +263,7 @@ def test_build_reports_work_inside_a_case(mask_type: int) -> None:
 
 
 def test_list_announces_cost(capsys: pytest.CaptureFixture[str], suite: Path, tmp_path: Path) -> None:
-    from mlaconf.golden.build import cost
+    from mlaconf.golden.building import cost
 
     out = tmp_path / "store"
     rc, text = run(capsys, "list", "--cases", suite, "--out", out)
@@ -294,7 +294,7 @@ def test_store_shows_suites_and_prunes_only_with_yes(
 
 def test_regen_in_worker_processes_reports_work(suite: Path, tmp_path: Path) -> None:
     """--jobs 2: workers send in-case progress through a queue; the line counts FLOPs, not cases."""
-    from mlaconf.golden.build import regen as rg
+    from mlaconf.golden.building import regen as rg
 
     stream = io.StringIO()
     specs = rg.select_cases([], [suite])

@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from mlaconf.golden.build.inputs import LARGE_LOGIT_STD, V_OUTLIER_MAGNITUDE, build_mask, generate_inputs
+from mlaconf.golden.building.inputs import LARGE_LOGIT_STD, V_OUTLIER_MAGNITUDE, build_mask, generate_inputs
 from mlaconf.golden.specs.layout import kv_views, q_views
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.spec_build import build_case
@@ -98,7 +98,7 @@ def test_values_do_not_depend_on_the_chunk_size_or_the_threads(
 ) -> None:
     """Inputs are drawn and rounded in chunks (bounded memory); every stream is consumed in row order, and
     each tensor has its own streams, so tensors filled side by side on threads get the same values."""
-    import mlaconf.golden.build.inputs as inputs_module
+    import mlaconf.golden.building.inputs as inputs_module
 
     fields: dict[str, object] = {"q_seqlen": [37, 64], "kv_seqlen": [40, 70], "mask_type": 3, "kv_capacity": 80}
     if kv_layout == "packed":

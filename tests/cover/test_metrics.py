@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from mlaconf.golden.build import chunks
+from mlaconf.golden.building import chunks
 from mlaconf.judge import metrics as gm
 from mlaconf.judge.metrics import Metrics, compute_metrics, locate, round_to_dtype, ulp_distance
 
@@ -226,7 +226,7 @@ def test_fast_finite_rounding_matches_round_to_dtype(dtype: str) -> None:
 def test_baseline_statistics_are_the_metrics_own_numbers() -> None:
     """golden.stats.error_stats (what the golden stores for its baseline) and the judge's metrics are
     one computation: the benchmark and relative rules divide like by like."""
-    from mlaconf.golden.build.stats import ErrorStats, error_stats
+    from mlaconf.golden.building.stats import ErrorStats, error_stats
 
     rng = np.random.default_rng(3)
     expected = rng.standard_normal((40, 3, 8))

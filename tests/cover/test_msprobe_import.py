@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from mlaconf.__init__ import main
-from mlaconf.golden.build.generate import build_golden
-from mlaconf.golden.build.inputs import generate_inputs
+from mlaconf.golden.building.generate import build_golden
+from mlaconf.golden.building.inputs import generate_inputs
 from mlaconf.golden.specs.spec import SpecError
 from mlaconf.golden.specs.spec_build import build_case
 from mlaconf.golden.specs.suites import load_suite

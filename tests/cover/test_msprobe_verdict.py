@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from mlaconf.golden.build.generate import build_golden
+from mlaconf.golden.building.generate import build_golden
 from mlaconf.golden.specs.spec_build import build_case
 from mlaconf.golden.specs.types import GoldenCase
 from mlaconf.judge.metrics import round_to_dtype
@@ -159,7 +159,7 @@ def test_a_temperature_error_passes_msprobe_but_not_ours(golden: GoldenCase) -> 
     errors stay within bounds; the default policy's systematic-error tests fail it."""
     import dataclasses
 
-    from mlaconf.golden.build.reference import reference_attention
+    from mlaconf.golden.building.reference import reference_attention
 
     spec = dataclasses.replace(golden.spec, qk_scale=golden.spec.qk_scale * 1.002)
     out, _ = reference_attention(golden.inputs, spec)

@@ -527,7 +527,7 @@ def test_a_zero_size_workspace_may_be_null(atb_double: Any, context: ext.Context
 def test_an_unwritten_row_fails_every_check(atb_double: Any, context: ext.Context) -> None:
     """The harness poisons attenOut with NaN: the double writes nothing, so the poison survives the
     launch, and a kernel that leaves one row unwritten fails where torch.empty's stale bytes might pass."""
-    from mlaconf.golden.build.generate import build_golden
+    from mlaconf.golden.building.generate import build_golden
     from mlaconf.golden.specs.spec_build import build_case
     from mlaconf.harness.atb import output_buffer
     from mlaconf.judge.policy import load_policies

@@ -92,7 +92,7 @@ def test_the_likely_cause_catalogue_warns_nothing_on_a_row_it_leaves_without_key
     silently; the other rows are finite."""
     import numpy as np
 
-    from mlaconf.golden.build.generate import build_golden
+    from mlaconf.golden.building.generate import build_golden
     from mlaconf.golden.specs.spec_build import build_case
     from mlaconf.judge import causes
 

@@ -20,8 +20,8 @@ import torch
 
 from mlaconf.facts.evidence import CONFIRMED, UNCONFIRMED
 from mlaconf.facts.torch_npu_ops import FIA_TND_MAX_TOKENS, RULES, OpRule
-from mlaconf.golden.build.generate import build_golden
-from mlaconf.golden.build.inputs import generate_inputs
+from mlaconf.golden.building.generate import build_golden
+from mlaconf.golden.building.inputs import generate_inputs
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.spec_build import build_case
 from mlaconf.golden.specs.types import GoldenCase

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import mlaconf
-from mlaconf.golden.build.inputs import generate_inputs
+from mlaconf.golden.building.inputs import generate_inputs
 from mlaconf.golden.coverage.levels import case_levels
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.spec_build import build_case

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from mlaconf.golden.build import progress
+from mlaconf.golden.building import progress
 
 
 class Terminal(io.StringIO):

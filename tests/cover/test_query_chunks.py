@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlaconf.golden.build.inputs import generate_inputs
-from mlaconf.golden.build.reference import reference_attention
+from mlaconf.golden.building.inputs import generate_inputs
+from mlaconf.golden.building.reference import reference_attention
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.spec_build import build_case
 from mlaconf.runner.metamorphic import query_chunk

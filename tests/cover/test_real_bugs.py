@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mlaconf.golden.build.inputs import generate_inputs
+from mlaconf.golden.building.inputs import generate_inputs
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.spec_build import build_case
 from mlaconf.golden.specs.suites import load_suites

@@ -1,4 +1,4 @@
-"""``verify --recompute``'s yardsticks (golden/build/drift.py): the float64 reference within 1e-12 of |g| + A per
+"""``verify --recompute``'s yardsticks (golden/building/drift.py): the float64 reference within 1e-12 of |g| + A per
 element, the baseline and its statistics within the baseline's own rounding bound; which library
 computed each array; the dependency floors that install."""
 
@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlaconf.golden.build import baseline, drift
-from mlaconf.golden.build import regen as rg
-from mlaconf.golden.build.generate import build_golden
-from mlaconf.golden.build.reference import gemm_library
+from mlaconf.golden.building import baseline, drift
+from mlaconf.golden.building import regen as rg
+from mlaconf.golden.building.generate import build_golden
+from mlaconf.golden.building.reference import gemm_library
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.spec_build import build_case
 from mlaconf.golden.specs.types import GoldenCase

@@ -1,7 +1,7 @@
 """The blocked float64 reference against independent implementations written from docs/operator.md.
 
 ``simple_attention`` below re-derives layouts from its §2 and the mathematics from its §4 with a
-per-row loop; it shares no code with ``mlaconf.golden.build.reference`` or ``mlaconf.golden.specs.layout``.
+per-row loop; it shares no code with ``mlaconf.golden.building.reference`` or ``mlaconf.golden.specs.layout``.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import mpmath
 import numpy as np
 import pytest
 
-from mlaconf.golden.build import reference
-from mlaconf.golden.build.inputs import generate_inputs
-from mlaconf.golden.build.reference import (
+from mlaconf.golden.building import reference
+from mlaconf.golden.building.inputs import generate_inputs
+from mlaconf.golden.building.reference import (
     DEFAULT_TILE,
     attention,
     float64_tile,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mlaconf.golden import cli
-from mlaconf.golden.build import cost
+from mlaconf.golden.building import cost
 from mlaconf.golden.specs.spec_build import build_case
 
 HUGE = "[[case]]\nq_seqlen = [1000000000]\nhead_num = 1\n"

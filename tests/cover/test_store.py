@@ -17,8 +17,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from mlaconf.golden.build import regen as rg
-from mlaconf.golden.build.generate import build_golden
+from mlaconf.golden.building import regen as rg
+from mlaconf.golden.building.generate import build_golden
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.spec_build import build_case, spec_from_json
 from mlaconf.golden.specs.types import GoldenCase
@@ -324,7 +324,7 @@ def test_a_load_reuses_memory_only_once_the_last_golden_is_dropped(
     assert store.load(CAUSAL).out.base is not block()  # below the minimum: arrays of its own
 
 
-# -- recompute comparison and sharding (golden/build/regen.py) ------------------------------------------
+# -- recompute comparison and sharding (golden/building/regen.py) ------------------------------------------
 
 
 def _perturbed(golden: GoldenCase, rel: float) -> GoldenCase:
@@ -374,10 +374,10 @@ def test_resolve_builder_binds_threads() -> None:
 
     rg.resolve_builder(with_threads, 3)(FP16)
     assert calls == [3]
-    builder: Callable[[CaseSpec], GoldenCase] = rg.resolve_builder("mlaconf.golden.build.generate:build_golden", 2)
+    builder: Callable[[CaseSpec], GoldenCase] = rg.resolve_builder("mlaconf.golden.building.generate:build_golden", 2)
     assert builder(FP16).out.shape == build_golden(FP16).out.shape
     with pytest.raises(ValueError, match=re.escape("pkg.mod:func")):
-        rg.resolve_builder("mlaconf.golden.build.generate", 1)
+        rg.resolve_builder("mlaconf.golden.building.generate", 1)
 
 
 def test_magnitudes_of_the_wrong_dtype_are_refused_on_write(store: GoldenStore) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mlaconf.golden.build.generate import build_golden
+from mlaconf.golden.building.generate import build_golden
 from mlaconf.golden.specs.spec_build import build_case
 from mlaconf.golden.store import directory as gs
 from mlaconf.golden.store.directory import GoldenStore, write_golden

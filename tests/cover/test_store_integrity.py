@@ -19,7 +19,7 @@ import xxhash
 import mlaconf.golden.store.directory as gs
 import mlaconf.golden.store.h5file as h5file
 import mlaconf.golden.store.integrity as integrity
-from mlaconf.golden.build.generate import build_golden
+from mlaconf.golden.building.generate import build_golden
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.spec_build import build_case
 from mlaconf.golden.specs.types import GoldenCase

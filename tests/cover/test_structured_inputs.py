@@ -1,4 +1,4 @@
-"""Structured inputs (issue 21): the spec's ``structure`` table, what golden/build/inputs.py makes of it, and
+"""Structured inputs (issue 21): the spec's ``structure`` table, what golden/building/inputs.py makes of it, and
 that unstructured cases kept their hashes and their bits."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from mlaconf.golden.build.generate import build_golden
-from mlaconf.golden.build.inputs import generate_inputs, round_to, trend_amplitude
+from mlaconf.golden.building.generate import build_golden
+from mlaconf.golden.building.inputs import generate_inputs, round_to, trend_amplitude
 from mlaconf.golden.specs.layout import kv_views, q_views
 from mlaconf.golden.specs.spec import CaseSpec, SpecError
 from mlaconf.golden.specs.spec_build import build_case, spec_from_json

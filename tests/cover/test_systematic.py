@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from mlaconf.facts.operator import UNIT_ROUNDOFF
-from mlaconf.golden.build.generate import build_golden
-from mlaconf.golden.build.reference import reference_attention
+from mlaconf.golden.building.generate import build_golden
+from mlaconf.golden.building.reference import reference_attention
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.spec_build import build_case
 from mlaconf.golden.specs.suites import load_suites

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlaconf.golden.build.generate import build_golden
+from mlaconf.golden.building.generate import build_golden
 from tests import verdict_walk
 
 #: Distinct functions judge_resolved enters on the default smoke case, every property and closure counted
@@ -23,7 +23,11 @@ def walk() -> verdict_walk.Walk:
 def test_judging_never_calls_up_the_house(walk: verdict_walk.Walk) -> None:
     """A lower room calling a higher room's function (golden/chunks calling back into the judge) is a climb."""
     assert not walk.climbs, sorted(walk.climbs)
-    assert {"judge/metrics.py", "judge/error_model.py", "golden/build/chunks.py"} <= walk.files  # it walked the judge
+    assert {
+        "judge/metrics.py",
+        "judge/error_model.py",
+        "golden/building/chunks.py",
+    } <= walk.files  # it walked the judge
 
 
 def test_the_walk_does_not_grow(walk: verdict_walk.Walk) -> None:

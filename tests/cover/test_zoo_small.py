@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlaconf.golden.build.generate import build_golden
+from mlaconf.golden.building.generate import build_golden
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.spec_build import build_case
 from mlaconf.harness import zoo

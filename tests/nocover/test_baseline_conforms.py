@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from mlaconf.golden.build.generate import build_golden
-from mlaconf.golden.build.stats import ErrorStats
+from mlaconf.golden.building.generate import build_golden
+from mlaconf.golden.building.stats import ErrorStats
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.suites import load_suites
 from mlaconf.judge.policy import load_policies

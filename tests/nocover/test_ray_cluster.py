@@ -28,7 +28,7 @@ import pytest
 
 from mlaconf import main
 from mlaconf.golden import cli
-from mlaconf.golden.build import regen as rg
+from mlaconf.golden.building import regen as rg
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.suites import load_suite
 from mlaconf.golden.specs.types import GoldenCase
@@ -70,7 +70,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 def dying_builder(spec: CaseSpec, *, threads: int = 1) -> GoldenCase:
     """Kills its worker process on a case's first attempt (a node lost mid-build), builds on the next."""
-    from mlaconf.golden.build.generate import build_golden
+    from mlaconf.golden.building.generate import build_golden
 
     marker = Path(os.environ[DIE_ONCE]) / spec.case_id
     if not marker.exists():
@@ -80,7 +80,7 @@ def dying_builder(spec: CaseSpec, *, threads: int = 1) -> GoldenCase:
 
 
 def napping_builder(spec: CaseSpec, *, threads: int = 1) -> GoldenCase:
-    from mlaconf.golden.build.generate import build_golden
+    from mlaconf.golden.building.generate import build_golden
 
     time.sleep(2.0)
     return build_golden(spec, threads=threads)

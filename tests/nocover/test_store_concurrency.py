@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlaconf.golden.build.generate import build_golden
-from mlaconf.golden.build.inputs import generate_inputs
-from mlaconf.golden.build.magnitudes import round_up_bf16
-from mlaconf.golden.build.regen import verify
+from mlaconf.golden.building.generate import build_golden
+from mlaconf.golden.building.inputs import generate_inputs
+from mlaconf.golden.building.magnitudes import round_up_bf16
+from mlaconf.golden.building.regen import verify
 from mlaconf.golden.specs.layout import out_shape, row_valid
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.suites import load_suite

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from mlaconf.golden.build.regen import regen
+from mlaconf.golden.building.regen import regen
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.spec_build import build_case
 from mlaconf.golden.specs.suites import load_suite, load_suites
@@ -52,7 +52,7 @@ def sleeping_builder(spec: CaseSpec, *, threads: int = 1) -> GoldenCase:
 
 def napping_builder(spec: CaseSpec, *, threads: int = 1) -> GoldenCase:
     """The real builder, two seconds late (a regen slow enough to interrupt); logs the worker's pid."""
-    from mlaconf.golden.build.generate import build_golden
+    from mlaconf.golden.building.generate import build_golden
 
     with open(os.environ[PID_LOG], "a") as fh:
         fh.write(f"{os.getpid()}\n")
@@ -182,7 +182,7 @@ def test_one_ctrl_c_stops_regen_jobs_2_keeping_finished_files(tmp_path: Path) ->
 WATCHED_CHILD = """
 import sys, threading, time
 from pathlib import Path
-from mlaconf.golden.build.regen import watch_parent
+from mlaconf.golden.building.regen import watch_parent
 if sys.argv[1] == "watch":
     threading.Thread(target=watch_parent, args=(int(sys.argv[2]), 0.1), daemon=True).start()
 Path(sys.argv[3]).write_text("ready")

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from mlaconf.cases.test_properties import case_specs
-from mlaconf.golden.build.generate import build_golden
+from mlaconf.golden.building.generate import build_golden
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.suites import load_suites
 from mlaconf.harness import zoo

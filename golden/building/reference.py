@@ -7,7 +7,7 @@ with V.  Memory is inputs + output + O(tile x S) per worker, never O(S^2) per he
 
 Throughput is bounded by float64 GEMM.  On the CPU (:func:`fused_tile`) the two GEMMs run in
 BLAS (torch's, which is faster than numpy's at the tiles' shapes) and everything between them runs
-in one compiled pass per row while the row is in cache (``mlaconf.golden.build._tile_kernel``: mask, row
+in one compiled pass per row while the row is in cache (``mlaconf.golden.building._tile_kernel``: mask, row
 max, exp, sum); :func:`float64_tile` is the same mathematics in plain numpy, kept as the formula the
 fused kernel is checked against (tests) and for other kernels' tiles.  ``threads`` workers take tiles
 from a bounded queue while BLAS is pinned to one thread each (threadpoolctl, when installed):
@@ -34,7 +34,7 @@ import numpy as np
 
 from mlaconf.facts.operator import SCORE_DIM, V_DIM
 from mlaconf.facts.processes import pin_worker_threads, shared_pool
-from mlaconf.golden.build import progress
+from mlaconf.golden.building import progress
 from mlaconf.golden.specs.layout import causal_offset, kv_views, offsets, out_shape, q_views, row_valid
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.types import OpInputs
@@ -48,7 +48,7 @@ except ImportError:  # pragma: no cover - exercised only where threadpoolctl is 
 DEFAULT_TILE = 256
 #: Query rows per tile of the fused CPU kernel (its GEMMs run closer to BLAS's peak on taller tiles).
 FUSED_TILE = 512
-#: Floor of the rounded-up float32 P and P^2 (the magnitudes' GEMM operands; see mlaconf.golden.build.magnitudes).
+#: Floor of the rounded-up float32 P and P^2 (the magnitudes' GEMM operands; see mlaconf.golden.building.magnitudes).
 ROUNDED_UP_FLOOR = 2.0**-126
 #: GPU tiles are larger: a tile of scores is tile x S x 8 bytes of device memory.
 DEFAULT_GPU_TILE = 2048
@@ -193,10 +193,11 @@ class Workspace(threading.local):
 def tile_kernel() -> Any:
     """The compiled fused softmax kernel (built with the package, like the ATB harness)."""
     try:
-        from mlaconf.golden.build import _tile_kernel
+        from mlaconf.golden.building import _tile_kernel
     except ImportError as exc:
         raise ImportError(
-            "mlaconf.golden.build._tile_kernel is not built: pip install -e . (or python setup.py build_ext --inplace)"
+            "mlaconf.golden.building._tile_kernel is not built: "
+            "pip install -e . (or python setup.py build_ext --inplace)"
         ) from exc
     return _tile_kernel
 
@@ -248,7 +249,8 @@ def fused_scores(
 ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
     """``P = e^(q k^T - row max)`` (0 on masked keys) in a workspace tile, and its row statistics
     ``[4, rows]`` (max and min of the allowed scores, sum of P, sum of P^2); with ``rounded_up``
-    also P and P^2 as float32 rounded up (floored at float32's smallest normal: :mod:`mlaconf.golden.build.magnitudes`).
+    also P and P^2 as float32 rounded up (floored at float32's smallest normal:
+    :mod:`mlaconf.golden.building.magnitudes`).
     ``raw`` receives the scores before the softmax with masked keys 0, copied in the kernel's pass (a copy
     costs far less than a second GEMM); ``products`` = ``(ps, ps_sums)`` receives the magnitudes' ``(P / sum P) s``
     and its row sums of ``|.|`` and of it, made in the same pass while each row is in cache."""

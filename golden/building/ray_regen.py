@@ -1,9 +1,9 @@
 """``mlaconf regen --ray``: every case a Ray task, scheduled by its estimated peak memory.
 
-A task asks for ``memory`` = the case's estimated peak (:func:`mlaconf.golden.build.cost.peak_bytes`) and
+A task asks for ``memory`` = the case's estimated peak (:func:`mlaconf.golden.building.cost.peak_bytes`) and
 enough CPUs that the cluster's memory per CPU covers that peak; its builder runs that many threads.
 The rules of local regen hold unchanged, because the task runs the same code
-(:func:`mlaconf.golden.build.regen.regen_one`, the store's ``ensure_result``): only missing, stale or corrupt
+(:func:`mlaconf.golden.building.regen.regen_one`, the store's ``ensure_result``): only missing, stale or corrupt
 files are built, each under the store's per-case lock, written to a temp file and renamed into place.
 
 Where the files are written (``store``):
@@ -36,14 +36,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from mlaconf.facts.cluster import node_resources
-from mlaconf.golden.build import cost
-from mlaconf.golden.build import progress as work_progress
-from mlaconf.golden.store.integrity import GoldenStoreError
-from mlaconf.golden.build.progress import Progress
-from mlaconf.golden.build.regen import BuilderRef, CaseOutcome, RegenSummary, RegenTask, regen_one, resolve_builder
+from mlaconf.golden.building import cost
+from mlaconf.golden.building import progress as work_progress
+from mlaconf.golden.building.progress import Progress
+from mlaconf.golden.building.regen import BuilderRef, CaseOutcome, RegenSummary, RegenTask, regen_one, resolve_builder
 from mlaconf.golden.specs.spec import CaseSpec
-from mlaconf.golden.store.directory import GoldenStore
 from mlaconf.golden.specs.types import GoldenCase
+from mlaconf.golden.store.directory import GoldenStore
+from mlaconf.golden.store.integrity import GoldenStoreError
 
 STORE_MODES = ("shared", "driver")
 #: Retries of a task whose worker process or node died (Ray's own retry; failures of a build are outcomes).

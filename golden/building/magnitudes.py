@@ -52,9 +52,8 @@ import ml_dtypes
 import numpy as np
 
 from mlaconf.facts.operator import U32, V_DIM, scores_in_fp16
-from mlaconf.golden.build import progress
-from mlaconf.golden.specs.layout import out_shape
-from mlaconf.golden.build.reference import (
+from mlaconf.golden.building import progress
+from mlaconf.golden.building.reference import (
     DEFAULT_GPU_TILE,
     FUSED_TILE,
     ROUNDED_UP_FLOOR,
@@ -70,11 +69,11 @@ from mlaconf.golden.build.reference import (
     tile_kernel,
     value_gemm,
 )
+from mlaconf.golden.specs.layout import out_shape
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.types import (
     ELEMENT_MAGNITUDES,
     ROW_MAGNITUDES,
-    SCORE_PATH_MAGNITUDES,
     OpInputs,
     element_magnitudes,
 )
@@ -241,7 +240,7 @@ def fused_tile(
     vt: np.ndarray,
     finished: dict[str, np.ndarray] | None = None,
 ) -> dict[str, np.ndarray]:
-    """The golden ``out`` exactly as :func:`mlaconf.golden.build.reference.fused_tile` computes it, and the
+    """The golden ``out`` exactly as :func:`mlaconf.golden.building.reference.fused_tile` computes it, and the
     magnitudes from the same exponentials: ``pv_abs`` and ``pv_rss`` from float32 GEMMs of the
     rounded-up operands lifted by :func:`lift_float32_sum` (never below their float64 values), the
     row magnitudes from the kernel's float64 row statistics.  ``vt`` is ``v`` transposed (the task's,
@@ -425,7 +424,7 @@ def _shaped(spec: CaseSpec, stored: dict[str, np.ndarray]) -> dict[str, np.ndarr
 def reference_and_magnitudes(
     inputs: OpInputs, spec: CaseSpec, *, tile: int | None = None, threads: int = 1
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """The float64 golden (bit for bit :func:`mlaconf.golden.build.reference.reference_attention`'s, attenOut's
+    """The float64 golden (bit for bit :func:`mlaconf.golden.building.reference.reference_attention`'s, attenOut's
     layout) and :func:`magnitude_names` of ``spec`` in one pass over the tiles on ``threads`` CPU
     workers: the magnitudes reuse the golden's scores and exponentials."""
     golden = np.zeros((spec.total_q, spec.head_num, V_DIM), dtype=np.float64)

@@ -1,4 +1,4 @@
-"""Type stub of the compiled extension (golden/build/src/tile_kernel.cpp)."""
+"""Type stub of the compiled extension (golden/building/src/tile_kernel.cpp)."""
 
 import numpy as np
 

@@ -1,9 +1,9 @@
-// Fused softmax steps of the golden generator's attention tiles (mlaconf.golden.build._tile_kernel).
+// Fused softmax steps of the golden generator's attention tiles (mlaconf.golden.building._tile_kernel).
 //
 // The GEMMs stay in BLAS (torch's MKL); between them a tile of scores [rows, cols] is turned into
 // unnormalised probabilities in one pass per row while the row sits in L1/L2: causal mask,
 // row max and min, exp(s - max), the row sums of P and P^2, and (for the magnitudes' float32
-// GEMMs) P and P^2 rounded up to float32 and floored (mlaconf.golden.build.magnitudes says why).  numpy
+// GEMMs) P and P^2 rounded up to float32 and floored (mlaconf.golden.building.magnitudes says why).  numpy
 // needs four to six passes over the tile in memory for the same work, and its float64 exp is scalar
 // libm.  The emulated baseline's float32 tiles get one such pass too (baseline_softmax_tile: scale,
 // mask, max, exp, row sum, P rounded to bf16 / fp16).
@@ -217,7 +217,7 @@ RowKernel pick_row_kernel() {
 
 const RowKernel softmax_row = pick_row_kernel();
 
-// The emulated baseline's fp32 score path (mlaconf.golden.build.baseline) for one row: scale the fp32 scores,
+// The emulated baseline's fp32 score path (mlaconf.golden.building.baseline) for one row: scale the fp32 scores,
 // row max, e = exp(s - max) rounded to float32 (our float64 exp, then one rounding), their sum (float64
 // lanes, rounded once to float32: within half an ulp of the exact sum of the float32 e, as numpy's pairwise
 // float32 sum is within a few), and e rounded to the input dtype in place, where the kernel's P.V reads it.
@@ -460,7 +460,7 @@ void baseline_softmax_tile(py::array_t<float> scores, py::array_t<float> denom, 
     }
 }
 
-// float64 -> bf16 bits rounded away from zero (mlaconf.golden.build.magnitudes.round_up_bf16, the same steps): the
+// float64 -> bf16 bits rounded away from zero (mlaconf.golden.building.magnitudes.round_up_bf16, the same steps): the
 // nearest float32 of |v|, its upper 16 bits, one bf16 ulp up when bits were dropped or the float32 fell below.
 MLA_INLINE uint16_t round_up_bf16_bits(double v) {
     const double mag = std::fabs(v);
@@ -491,7 +491,7 @@ Strided<T> strided(py::array_t<T, Flags> &a, const char *name, int64_t rows, int
             a.strides(1) / static_cast<int64_t>(sizeof(T))};
 }
 
-// The magnitudes' element finish of one tile (mlaconf.golden.build.magnitudes.fused_tile), straight into the stored
+// The magnitudes' element finish of one tile (mlaconf.golden.building.magnitudes.fused_tile), straight into the stored
 // bf16 bits: pv_abs and pv_rss from the float32 GEMM sums lifted ((sum + add) * factor, lift_float32_sum), times
 // the column scale, over the row sum, capped; pv_scale = T moved away from zero by its guard
 // (_scale_derivative).  Each value rounds as numpy's separate operations round it (no contraction: the

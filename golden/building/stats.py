@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from mlaconf.facts.processes import map_for
-from mlaconf.golden.build.chunks import RowChunk, row_chunks
+from mlaconf.golden.building.chunks import RowChunk, row_chunks
 
 #: Small-value floor of relative errors (msprobe / ATB benchmark standard).
 REL_FLOOR = {"fp16": 2.0**-11, "bf16": 2.0**-8}

@@ -24,7 +24,7 @@ from mlaconf.golden.specs.types import OpInputs
 
 _tile_kernel: ModuleType | None
 try:  # the compiled kernel rounds to bf16 fast; without it (a source tree not built) ml_dtypes does
-    from mlaconf.golden.build import _tile_kernel
+    from mlaconf.golden.building import _tile_kernel
 except ImportError:  # pragma: no cover - the package builds it
     _tile_kernel = None
 

@@ -26,9 +26,9 @@ import numpy as np
 
 from mlaconf.facts.operator import SCORE_DIM, U16, U32, UNIT_ROUNDOFF, V_DIM, scores_in_fp16
 from mlaconf.facts.processes import map_for
-from mlaconf.golden.build.chunks import RowChunk, row_chunks
-from mlaconf.golden.build.magnitudes import allowed_keys
-from mlaconf.golden.build.stats import REL_FLOOR, error_stats
+from mlaconf.golden.building.chunks import RowChunk, row_chunks
+from mlaconf.golden.building.magnitudes import allowed_keys
+from mlaconf.golden.building.stats import REL_FLOOR, error_stats
 from mlaconf.golden.specs.types import GoldenCase
 
 #: Two float64 evaluations of the reference agree within this fraction of ``|g| + A`` per element.
@@ -106,7 +106,7 @@ def baseline_bound(golden: GoldenCase, rows: RowChunk) -> np.ndarray:
 
     Each evaluation's rounding error is at most (u the output dtype's unit roundoff, u_s that of the
     scores: 2^-11 where they are stored in fp16, else 2^-24; A, M, C, n the magnitudes of
-    :mod:`mlaconf.golden.build.magnitudes`)::
+    :mod:`mlaconf.golden.building.magnitudes`)::
 
         u |g|  +  u (A + |g|)  +  4 u_s M (A + |g|)  +  192 u32 C (A + |g|)  +  (n + 1) u32 (A + |g|)  +  u32 |g|
         output    P rounded      score roundings       Q.K accumulation        P.V and row sums        divide

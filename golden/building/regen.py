@@ -30,19 +30,19 @@ import numpy as np
 
 from mlaconf.facts.processes import THREAD_ENV, kill_with_parent, usable_cpus
 from mlaconf.facts.shard import in_shard
-from mlaconf.golden.build import drift
-from mlaconf.golden.build import progress as work_progress
-from mlaconf.golden.store.h5file import read_golden, read_meta
-from mlaconf.golden.store.bundles import inputs_from
-from mlaconf.golden.store.integrity import GoldenStoreError
-from mlaconf.golden.build.magnitudes import CANCELLING_MAGNITUDES, cancellation_noise
-from mlaconf.golden.build.progress import CaseWork, Progress
+from mlaconf.golden.building import drift
+from mlaconf.golden.building import progress as work_progress
+from mlaconf.golden.building.magnitudes import CANCELLING_MAGNITUDES, cancellation_noise
+from mlaconf.golden.building.progress import CaseWork, Progress
 from mlaconf.golden.specs.spec import CaseSpec
-from mlaconf.golden.store.directory import Builder, GoldenStore
 from mlaconf.golden.specs.suites import load_suite, load_suites
 from mlaconf.golden.specs.types import GoldenCase
+from mlaconf.golden.store.bundles import inputs_from
+from mlaconf.golden.store.directory import Builder, GoldenStore
+from mlaconf.golden.store.h5file import read_golden, read_meta
+from mlaconf.golden.store.integrity import GoldenStoreError
 
-DEFAULT_BUILDER = "mlaconf.golden.build.generate:build_golden"
+DEFAULT_BUILDER = "mlaconf.golden.building.generate:build_golden"
 #: Magnitudes are stored rounded up (bf16 per element, float32 per row): a recomputation whose float64
 #: value lands across a rounding boundary differs by one step, element by element.
 MAGNITUDE_STEP = {"bfloat16": 2.0**-7, "float32": 2.0**-22}
@@ -418,7 +418,7 @@ class Recomputed:
 
 
 def compare_recomputed(path: Path, stored: GoldenCase, fresh: GoldenCase) -> Recomputed:
-    """Inputs and row_valid bit for bit, golden/out within its agreement (:mod:`mlaconf.golden.build.drift`),
+    """Inputs and row_valid bit for bit, golden/out within its agreement (:mod:`mlaconf.golden.building.drift`),
     magnitudes within one rounding step, the baseline and its statistics within the baseline's
     rounding bound; every move within its yardstick is named in ``moved``."""
     problems: list[Problem] = []
@@ -491,7 +491,7 @@ def _baseline_problems(
 def _within_one_step(stored: GoldenCase, name: str, fresh: np.ndarray) -> bool:
     """Every element of a recomputed magnitude within one rounding step (of the stored dtype) of the
     stored value, plus MAGNITUDE_FLOOR of the array's largest value; S and T, expanded sums that
-    cancel, also within their float64 noise (:func:`mlaconf.golden.build.magnitudes.cancellation_noise`)."""
+    cancel, also within their float64 noise (:func:`mlaconf.golden.building.magnitudes.cancellation_noise`)."""
     kept = stored.magnitudes[name]
     if kept.dtype != fresh.dtype:
         return False

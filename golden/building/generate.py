@@ -9,17 +9,16 @@ import h5py
 import numpy as np
 
 from mlaconf.facts.versions import package_version
-from mlaconf.golden.build import progress
-from mlaconf.golden.build.baseline import emulate_baseline
-from mlaconf.golden.build.inputs import generate_inputs
+from mlaconf.golden.building import progress
+from mlaconf.golden.building.baseline import emulate_baseline
+from mlaconf.golden.building.inputs import generate_inputs
+from mlaconf.golden.building.magnitudes import reference_and_magnitudes, torch_magnitudes
+from mlaconf.golden.building.reference import DEVICE_ENV, gemm_library, reference_attention
+from mlaconf.golden.building.stats import error_stats
 from mlaconf.golden.specs.layout import row_valid
-from mlaconf.golden.build.magnitudes import reference_and_magnitudes, torch_magnitudes
-from mlaconf.golden.build.reference import DEVICE_ENV, gemm_library, reference_attention
 from mlaconf.golden.specs.spec import CaseSpec
-from mlaconf.golden.build.stats import error_stats
 from mlaconf.golden.specs.types import GoldenCase, OpInputs
 from mlaconf.golden.store.integrity import GENERATOR_VERSION
-
 
 
 def _version(package: str) -> str:
@@ -28,7 +27,7 @@ def _version(package: str) -> str:
 
 def computed_by(device: str) -> dict[str, str]:
     """The library that computed each stored array: the reference (and its magnitudes) and the
-    baseline run their GEMMs in torch's BLAS (:func:`mlaconf.golden.build.reference.gemm`), not numpy's; a
+    baseline run their GEMMs in torch's BLAS (:func:`mlaconf.golden.building.reference.gemm`), not numpy's; a
     float32 GEMM's summation order, hence the baseline's last bits, depends on it (docs/golden-files.md)."""
     blas = gemm_library()
     reference = f"float64 GEMMs in {blas}" if device == "cpu" else f"torch {_version('torch')} float64 on {device}"
