@@ -193,8 +193,12 @@ class DiffResult:
         return [c for c in self.cases if c.category in REGRESSIONS]
 
     def not_compared(self) -> int:
-        """Pairs whose latency was not compared (too few timed calls on a side)."""
-        return sum(c.latency.startswith("not compared") for c in self.cases)
+        """Pairs whose latency was not compared for too few timed calls on a side (a noisy host apart)."""
+        return sum(c.latency.startswith("not compared (") for c in self.cases)
+
+    def host_noisy(self) -> int:
+        """Pairs whose latency was not compared because the host was too noisy to say."""
+        return sum(c.latency.startswith("not compared: host noisy") for c in self.cases)
 
     def gate_reasons(
         self, fail_on_perf: bool = False, allow_missing: bool = False, skips_expected: bool = False
@@ -709,6 +713,11 @@ def diff_dirs(
         result.perf_across = shift.across_the_board(latency_threshold)
         if result.perf_across:
             result.notes.append(result.perf_across + " (a perf regression: --fail-on-perf gates it)")
+    if result.host_noisy():
+        result.notes.append(
+            f"latency not compared for {result.host_noisy()} pairs: their host was too noisy (calibrations or "
+            "calls spread beyond what a figure can stand on); rerun both on a quiet host"
+        )
     if result.not_compared():
         result.notes.append(
             f"latency not compared for {result.not_compared()} pairs: fewer than {MIN_REPEATS} timed calls "
