@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mlaconf.reports import diff, diff_render, html, latency, merge
+from mlaconf.reports import diff, diff_render, html, latency, merge, safeio
 from mlaconf.reports.records import sort_records
 from mlaconf.reports.rundir import RESULTS_FILE, IncompleteRun, load_run_dir
 
@@ -174,6 +174,9 @@ def run_diff(args: argparse.Namespace) -> int:
     )
     out = args.out or args.cand / "diff"
     gate = (args.fail_on_perf, args.allow_missing, args.skips_expected)
+    earlier = safeio.move_aside(out)
+    if earlier is not None:
+        print(f"{out} held an earlier diff: moved to {earlier}")
     files = diff_render.write_outputs(result, out, gate)
     print(diff_render.terminal(result, shutil.get_terminal_size().columns if sys.stdout.isatty() else None, gate))
     print("wrote " + ", ".join(str(f) for f in files))

@@ -15,18 +15,20 @@ Two records are ``identical`` when their outputs' digests match (conformance, me
 relations, properties: bit-identical outputs), or, without digests, when their verdict and evidence
 match (:func:`mlaconf.reports.records.evidence_sha256`); the verdict says which (:data:`SAMENESS`).
 A ``changed`` pair says by how much: the largest change of a deciding check's slack, and the largest
-error against the golden in ulp of the output dtype (``max_ulp_err``) on each side.
+error against the golden in ulp of the output's scale (:func:`scale_ulps`) on each side.
 
 Latency is compared by :mod:`mlaconf.reports.latency`; it gates only when asked (``--fail-on-perf``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlaconf.facts.operator import UNIT_ROUNDOFF
 from mlaconf.facts.versions import release_unknown_line
 from mlaconf.reports import env, html
 from mlaconf.reports.aggregate import fmt_slack, number, slack, verdict
@@ -142,7 +144,8 @@ class CaseDiff:
     #: Changed pairs: the largest change of a deciding check's slack (candidate - base) and its check.
     slack_change: float | None = None
     slack_change_check: str = ""
-    #: Changed pairs: the largest error against the golden in ulp of the output dtype, (base, candidate).
+    #: Changed pairs: the largest error against the golden in ulp of the output's scale (:func:`scale_ulps`),
+    #: (base, candidate).
     ulp: tuple[float | None, float | None] = (None, None)
 
 
@@ -190,8 +193,12 @@ class DiffResult:
         return [c for c in self.cases if c.category in REGRESSIONS]
 
     def not_compared(self) -> int:
-        """Pairs whose latency was not compared (too few timed calls on a side)."""
-        return sum(c.latency.startswith("not compared") for c in self.cases)
+        """Pairs whose latency was not compared for too few timed calls on a side (a noisy host apart)."""
+        return sum(c.latency.startswith("not compared (") for c in self.cases)
+
+    def host_noisy(self) -> int:
+        """Pairs whose latency was not compared because the host was too noisy to say."""
+        return sum(c.latency.startswith("not compared: host noisy") for c in self.cases)
 
     def gate_reasons(
         self, fail_on_perf: bool = False, allow_missing: bool = False, skips_expected: bool = False
@@ -230,8 +237,9 @@ class DiffResult:
         excused += [f"{counts['missing']} missing (allowed)"] if counts["missing"] else []
         if counts["not_applicable"]:
             excused.append(f"{counts['not_applicable']} not applicable (declared by the backend on both sides)")
+        improved = [f"{counts[c]} {c}" for c in ("fixed", "added") if counts[c]]
         return (
-            f"GATE PASSES: {self.identical_text()}, {self.changed_text()}, "
+            f"GATE PASSES: {''.join(f'{i}, ' for i in improved)}{self.identical_text()}, {self.changed_text()}, "
             f"{self.compared()} of {self.baseline} baseline pairs compared" + "".join(f", {e}" for e in excused)
         )
 
@@ -261,8 +269,28 @@ class DiffResult:
         if ulps:
             base_ulp = max(u[0] for u in ulps if u[0] is not None)
             cand_ulp = max(u[1] for u in ulps if u[1] is not None)
-            parts.append(f"largest error vs golden {base_ulp:g} -> {cand_ulp:g} ulp")
+            parts.append(f"largest error vs golden {base_ulp:.3g} -> {cand_ulp:.3g} {ULP_UNIT}")
         return f"{text} ({'; '.join(parts)})"
+
+
+#: The unit of :func:`scale_ulps`, as the diff prints it.
+ULP_UNIT = "ulp of the output's scale"
+
+
+def scale_ulps(record: Record) -> float | None:
+    """The largest |error| against the golden in ulp of the output's largest |golden value|, in the output's
+    dtype: the error on the output's own scale.  Not the ulp count between the element and its golden, which
+    a sign flip next to zero makes thousands for an error far below the bound."""
+    metrics = record.get("metrics")
+    if not isinstance(metrics, Mapping):
+        return None
+    err, scale, dtype = metrics.get("max_abs_err"), metrics.get("max_abs_expected"), record.get("dtype")
+    if dtype not in UNIT_ROUNDOFF or not all(isinstance(x, int | float) and math.isfinite(x) for x in (err, scale)):
+        return None
+    if scale <= 0:
+        return None
+    spacing = math.ldexp(2 * UNIT_ROUNDOFF[dtype], math.frexp(scale)[1] - 1)  # ulp at the scale's binade
+    return float(err) / spacing
 
 
 def _state(record: Record) -> str:
@@ -466,10 +494,10 @@ def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
         _slack_change(d)
         if d.slack_change is not None:
             d.reasons.append(f"largest slack change {d.slack_change:+.3g} ({d.slack_change_check})")
-        ulp = (_metrics(base).get("max_ulp_err"), _metrics(cand).get("max_ulp_err"))
+        ulp = (scale_ulps(base), scale_ulps(cand))
         if None not in ulp:
             d.ulp = ulp
-            d.reasons.append(f"largest error vs golden {ulp[0]:g} -> {ulp[1]:g} ulp")
+            d.reasons.append(f"largest error vs golden {ulp[0]:.3g} -> {ulp[1]:.3g} {ULP_UNIT}")
     if d.category == "changed" and b_state == "fail":
         d.reasons.append("still failing")
     if c_state == "fail" and d.category not in ("not_run", "fixed") and suite in ("conformance", "metamorphic"):
@@ -685,6 +713,11 @@ def diff_dirs(
         result.perf_across = shift.across_the_board(latency_threshold)
         if result.perf_across:
             result.notes.append(result.perf_across + " (a perf regression: --fail-on-perf gates it)")
+    if result.host_noisy():
+        result.notes.append(
+            f"latency not compared for {result.host_noisy()} pairs: their host was too noisy (calibrations or "
+            "calls spread beyond what a figure can stand on); rerun both on a quiet host"
+        )
     if result.not_compared():
         result.notes.append(
             f"latency not compared for {result.not_compared()} pairs: fewer than {MIN_REPEATS} timed calls "

@@ -201,9 +201,14 @@ ENV_KEYS = (
 
 
 def changes(base_run: Mapping[str, Any], cand_run: Mapping[str, Any]) -> list[tuple[str, str, str]]:
-    """Every entry of the two runs' ``environment`` that differs, :data:`ENV_KEYS` first ("-":
-    absent on that side, e.g. a run recorded before the entry existed)."""
+    """Every entry of the two runs' ``environment`` that differs, :data:`ENV_KEYS` first."""
     b = dict(flatten({"environment": base_run.get("environment") or {}}))
     c = dict(flatten({"environment": cand_run.get("environment") or {}}))
     keys = [k for k in ENV_KEYS if k in b or k in c] + sorted((b.keys() | c.keys()) - set(ENV_KEYS))
-    return [(k, b.get(k, "-"), c.get(k, "-")) for k in keys if b.get(k) != c.get(k)]
+    return [(k, _shown(b.get(k)), _shown(c.get(k))) for k in keys if _shown(b.get(k)) != _shown(c.get(k))]
+
+
+def _shown(value: str | None) -> str:
+    """An entry as a diff line shows it: absent (a run recorded before the entry existed) and null (nothing
+    there, e.g. no CUDA) are both "none", so neither reads as a change nor as a blank."""
+    return value if value else "none"

@@ -1,15 +1,17 @@
-"""Latency of two runs compared, pair by pair and across the board (:mod:`mlaconf.reports.diff`
-uses it): what a shared host's load cannot fool.
+"""Latency of two runs compared, pair by pair and across the board (:mod:`mlaconf.reports.diff` uses it): what a
+shared host's load cannot fool.
 
-A pair is compared only where both runs recorded at least :data:`MIN_REPEATS` timed calls.  Each
-call is divided by the host calibration timed just before it where both sides have one
-(``timing.calibration_ms``: a burst of load slows both alike); a side is then its fastest
-:func:`fastest_k` calls and its median.  The candidate is slower when a one-sided Mann-Whitney U
-test (scipy) is significant at family-wise level :data:`ALPHA` over all compared pairs
-(Holm-Bonferroni) and both its fastest calls and its median got slower by more than the latency
-threshold.  :class:`HostShift` says what the pairs show as a whole: a host slower throughout (once,
-never case by case), and kernels slower across the board (a perf regression a loaded host cannot
-drown).
+A pair is compared only where both runs recorded at least :data:`MIN_REPEATS` timed calls. Each call is
+divided by the host calibration timed around it where both sides have one (``timing.calibration_ms``: a burst
+of load slows both alike). A call whose calibration is off its side's median by more than :data:`BURST` caught
+a burst the call may not have (or the reverse) and is set aside; when more than :data:`MAX_BURST_SHARE` of a
+side's calls are, the host was too noisy and the pair is "not compared: host noisy". A side is then its
+fastest :func:`fastest_k` calls and its median. The candidate is slower when a one-sided Mann-Whitney U test
+(scipy) is significant at family-wise level :data:`ALPHA` over all compared pairs (Holm-Bonferroni) and both
+its fastest calls and its median got slower by more than the latency threshold; a side whose calls deviate
+from their median by more than :data:`NOISY_DEVIATION` is "not compared: host noisy" too. :class:`HostShift` says what
+the pairs show as a whole: a host slower throughout (once, never case by case), and kernels slower across the
+board (a perf regression a loaded host cannot drown).
 """
 
 from __future__ import annotations
@@ -42,6 +44,14 @@ MIN_REPEATS = 10
 MIN_RUN_WIDE = 5
 #: Family-wise significance level of the one-sided Mann-Whitney U tests "the candidate is slower".
 ALPHA = 0.01
+#: A calibration more than this factor off its side's median (either way) marks its call as burst-hit.
+BURST = 1.5
+#: Largest share of a side's calls that may be burst-hit before its latencies say nothing.
+MAX_BURST_SHARE = 0.25
+#: Largest deviation (median absolute deviation over median) of a side's calibrated calls: beyond it about half
+#: the calls met load the calibration did not follow, and no figure of the pair means anything.  (A few calls
+#: slowed, or most of them alike, keep it small: the fastest calls and the median then still say something.)
+NOISY_DEVIATION = 0.25
 
 
 @dataclass
@@ -85,6 +95,9 @@ class LatencyTest:
     calibrated: bool
     noise: tuple[float, float]
     host: float | None = None
+    #: Why the pair is not judged on its own ("" when it is): its host was too noisy.  Its figures still
+    #: count in what the runs show as a whole (:class:`HostShift`), where a median over pairs outlasts noise.
+    noisy: str = ""
 
     def ratio(self) -> float:
         """The candidate over the base on the fastest calls (calibrated where possible)."""
@@ -112,10 +125,25 @@ def _spread(values: Sequence[float]) -> float:
     return (q3 - q1) / mid if mid > 0 else math.inf
 
 
+def _deviation(values: Sequence[float]) -> float:
+    mid = statistics.median(values)
+    return statistics.median(abs(v - mid) for v in values) / mid if mid > 0 else math.inf
+
+
 def _series(record: Record, key: str) -> list[float]:
     timing = record.get("timing")
     raw = timing.get(key) if isinstance(timing, Mapping) else None
     return [float(v) for v in raw or [] if number(v) is not None and math.isfinite(float(v))]
+
+
+def _calm_ratios(
+    calls: Sequence[float], calibrations: Sequence[float], burst: float = BURST
+) -> tuple[list[float], int]:
+    """Each call over its calibration, leaving out the calls whose calibration caught a burst (off the side's
+    median by more than ``burst``); and how many were left out."""
+    middle = statistics.median(calibrations)
+    calm = [(x, y) for x, y in zip(calls, calibrations, strict=True) if middle / burst <= y <= middle * burst]
+    return [x / y for x, y in calm], len(calls) - len(calm)
 
 
 def latency_test(base: Record, cand: Record) -> LatencyTest | str:
@@ -130,9 +158,23 @@ def latency_test(base: Record, cand: Record) -> LatencyTest | str:
     cal_b, cal_c = _series(base, "calibration_ms"), _series(cand, "calibration_ms")
     calibrated = len(cal_b) == len(b) and len(cal_c) == len(c) and min(cal_b + cal_c) > 0
     host = statistics.median(cal_c) / statistics.median(cal_b) if calibrated else None
+    noisy = ""
     if calibrated:
-        b = [x / y for x, y in zip(b, cal_b, strict=True)]
-        c = [x / y for x, y in zip(c, cal_c, strict=True)]
+        (calm_b, hit_b), (calm_c, hit_c) = _calm_ratios(b, cal_b), _calm_ratios(c, cal_c)
+        if hit_b > MAX_BURST_SHARE * len(cal_b) or hit_c > MAX_BURST_SHARE * len(cal_c):
+            noisy = (
+                f"not compared: host noisy ({hit_b} of {len(cal_b)} base and {hit_c} of {len(cal_c)} candidate "
+                f"calibrations off their median by more than {BURST:g}x)"
+            )
+            calm_b, _ = _calm_ratios(b, cal_b, burst=math.inf)  # every call, for the run-wide figures only
+            calm_c, _ = _calm_ratios(c, cal_c, burst=math.inf)
+        b, c = calm_b, calm_c
+    deviation = (_deviation(b), _deviation(c))
+    if not noisy and max(deviation) > NOISY_DEVIATION:
+        noisy = (
+            f"not compared: host noisy (a case's calls deviate {deviation[0]:.0%} (base) and {deviation[1]:.0%} "
+            f"(candidate) from their median, more than {NOISY_DEVIATION:.0%})"
+        )
     kb, kc = fastest_k(len(b)), fastest_k(len(c))
     fast_b, fast_c = statistics.fmean(sorted(b)[:kb]), statistics.fmean(sorted(c)[:kc])
     raw_b, raw_c = _series(base, "latencies_ms"), _series(cand, "latencies_ms")
@@ -150,6 +192,7 @@ def latency_test(base: Record, cand: Record) -> LatencyTest | str:
         calibrated,
         (_spread(b), _spread(c)),
         host,
+        noisy,
     )
 
 
@@ -273,8 +316,12 @@ def judge_latency(
         return [], None
     shift = host_shift([t for _, t in tests])
     perf = []
-    significant = holm_significant([t.p_value for _, t in tests])
-    for (d, t), sig in zip(tests, significant, strict=True):
+    for d, t in tests:
+        if t.noisy:
+            d.latency = t.noisy
+    judged = [(d, t) for d, t in tests if not t.noisy]  # the family of the Holm correction: pairs compared
+    significant = holm_significant([t.p_value for _, t in judged])
+    for (d, t), sig in zip(judged, significant, strict=True):
         ratio = t.ratio()
         d.latency_ratio = ratio
         scale = 1.0 if t.calibrated else shift.scale(threshold)

@@ -14,12 +14,13 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mlaconf.reports import safeio
+from mlaconf.reports.aggregate import verdict
 from mlaconf.reports.records import (
     KNOWN_SCHEMAS,
     VERDICTS,
@@ -330,12 +331,38 @@ def load_run_dir(
     cannot say (missing, old)."""
     records = read_results(directory / RESULTS_FILE)
     run = read_run(directory, required=not allow_incomplete)
+    if problem := tally_problem(run, records):
+        raise ValueError(f"{directory / RUN_FILE}: {problem}")
     if not allow_incomplete:
+        missing = [name for name in ("schema_version", "run_id") if not run.get(name)]
+        if missing:
+            raise IncompleteRun(
+                f"{directory / RUN_FILE}: has no {' or '.join(missing)} (written before runs had one, or not by "
+                "a run): its identity cannot be checked; --allow-incomplete reads it anyway"
+            )
         return records, run, check_complete(directory, run, len(records))
     try:
         return records, run, run_state(directory, run)
     except IncompleteRun:
         return records, run, None
+
+
+def tally_problem(run: Mapping[str, Any], records: Sequence[Record]) -> str | None:
+    """run.json's ``verdicts`` tally against its records, once the run has ended (a run in progress or killed
+    tallied only what it had when it last wrote run.json); never admitted by ``--allow-incomplete``."""
+    tally = run.get("verdicts")
+    if not isinstance(tally, Mapping) or run.get("status") in (None, "in_progress"):
+        return None
+    counted = dict.fromkeys(VERDICTS, 0)
+    for record in records:
+        counted[verdict(record)] = counted.get(verdict(record), 0) + 1
+    said = {k: tally.get(k, 0) for k in counted.keys() | tally.keys()}
+    if said != {k: counted.get(k, 0) for k in said}:
+        differing = ", ".join(
+            f"{k} {said[k]} vs {counted.get(k, 0)}" for k in sorted(said) if said[k] != counted.get(k, 0)
+        )
+        return f"'verdicts' does not tally with results.jsonl ({differing})"
+    return None
 
 
 # ---- a run whose pytest died: ended by the survivor ----------------------------------------------

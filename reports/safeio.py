@@ -84,6 +84,18 @@ def safe_dir(path: Path) -> Path:
     return path
 
 
+def move_aside(directory: Path) -> Path | None:
+    """A non-empty ``directory`` renamed to its first free sibling ``<name>.previous-N`` (nothing is lost and
+    nothing is overwritten); None when there was nothing to move."""
+    if not directory.is_dir() or directory.is_symlink() or not any(directory.iterdir()):
+        return None
+    number = 1
+    while (aside := directory.with_name(f"{directory.name}.previous-{number}")).exists():
+        number += 1
+    os.rename(directory, aside)
+    return aside
+
+
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:

@@ -63,8 +63,8 @@ class Execution:
     out: np.ndarray
     latencies_ms: list[float]
     flops: int
-    #: The host calibration timed just before each timed call (:func:`calibration_ms`), when timed
-    #: more than once: what lets ``report diff`` tell a busy host from a slower kernel.
+    #: The host calibration of each timed call (:func:`calibration_ms` just before and just after it, their
+    #: mean), when timed more than once: what lets ``report diff`` tell a busy host from a slower kernel.
     calibration_ms: list[float] = field(default_factory=list)
 
     @property
@@ -92,16 +92,20 @@ def execute(backend: Backend, call: MlaPrefillCall, spec: CaseSpec, *, repeats: 
         not_applicable(f"backend {backend.name} cannot express case {spec.case_id}: {exc}")
 
 
-#: Side of the square float32 CPU matmul timed as the host calibration (~33 MFLOP, well under 1 ms).
+#: Side of the square float32 CPU matmul timed as the host calibration (~33 MFLOP), and how many are timed
+#: together: about 3 ms on this 2-core host, long enough that the timer, a cache miss or one scheduler tick
+#: is not what is measured (one matmul, 0.4 ms, was: three of a run's calibrations read a burst as the host).
 CALIBRATION_SIZE = 256
+CALIBRATION_ROUNDS = 8
 
 
 def calibration_ms() -> float:
-    """Time of one fixed CPU matmul on torch's threads: it slows down with the host's load as a
+    """Time of a fixed CPU matmul workload on torch's threads: it slows down with the host's load as a
     kernel's call beside it does, and not when only the kernel got slower."""
     a = torch.ones(CALIBRATION_SIZE, CALIBRATION_SIZE)
     start = time.perf_counter()
-    torch.mm(a, a)
+    for _ in range(CALIBRATION_ROUNDS):
+        torch.mm(a, a)
     return (time.perf_counter() - start) * 1e3
 
 
@@ -114,9 +118,8 @@ def _timed(backend: Backend, call: MlaPrefillCall, spec: CaseSpec, repeats: int,
     # as it does, so dividing by it would hide a device's own slowdown on a busier host
     calibrate = repeats > 1 and backend.info().device.split(":")[0].strip().lower() == "cpu"
     first: torch.Tensor | None = None
+    before = calibration_ms() if calibrate else 0.0
     for _ in range(max(1, repeats)):
-        if calibrate:  # interleaved: each call has the host's speed of its own moment
-            calibration.append(calibration_ms())
         backend.synchronize()
         start = time.perf_counter()
         result = backend.run(call)
@@ -126,6 +129,10 @@ def _timed(backend: Backend, call: MlaPrefillCall, spec: CaseSpec, repeats: int,
             )
         backend.synchronize()
         latencies.append((time.perf_counter() - start) * 1e3)
+        if calibrate:  # interleaved: each call's host speed is that of its own moment, timed on both sides of it
+            after = calibration_ms()
+            calibration.append((before + after) / 2)
+            before = after
         first = result if first is None else first
     assert first is not None
     return Execution(to_numpy(first), latencies, spec.useful_flops, calibration)

@@ -318,10 +318,7 @@ class RunDirectory:
                 f"{directory}: run {earlier.get('run_name')!r} (pid {earlier.get('pid')}) is still writing there; "
                 "give this run another --mla-run-name or --mla-report-dir"
             )
-        number = 1
-        while (aside := directory.with_name(f"{directory.name}.previous-{number}")).exists():
-            number += 1
-        os.rename(directory, aside)
+        aside = safeio.move_aside(directory)
         status = earlier.get("status", "no status")
         return f"{directory} held an earlier run ({status}, started {earlier.get('started', '?')}): moved to {aside}"
 

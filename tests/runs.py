@@ -1,5 +1,5 @@
 """Run directories made by hand for the report verbs' tests: results.jsonl plus a run.json that
-says the run completed (status and counts, as a finished run writes them)."""
+says the run completed (status and counts, schema version and run id, as a finished run writes them)."""
 
 from __future__ import annotations
 
@@ -32,5 +32,6 @@ def write_run_dir(directory: Path, records: Sequence[Mapping[str, Any]], status:
     write_results(directory / "results.jsonl", [dict(r) for r in records])
     n = len(records)
     state = RunState.build(status, selected=n, run=n, recorded=n)
-    write_json(directory / "run.json", {"run_name": directory.name, **state.to_dict(), **run})
+    identity = {"schema_version": 2, "run_id": hashlib.sha256(str(directory).encode()).hexdigest()[:32]}
+    write_json(directory / "run.json", {"run_name": directory.name, **identity, **state.to_dict(), **run})
     return directory

@@ -47,6 +47,19 @@ if TYPE_CHECKING:
     from mlaconf.golden.specs.spec import CaseSpec
 
 _INT_MAX = 2147483647
+#: Deepest list nesting an argument may have (no op argument nests at all; deeper is a damaged dump).
+MAX_NESTING = 8
+#: A tensor file's name as msprobe writes it: one path component, no separator.
+_DATA_NAME = re.compile(r"[A-Za-z0-9_.+-]{1,255}")
+#: Relative agreement of a tensor's mean and norm with dump.json's (stated in the tensor's dtype: bf16 keeps
+#: 8 significant bits, so its statistics are within 2^-8 of the float64 ones; 2^-6 leaves room for a device's
+#: order of summation).
+STAT_RTOL = 2.0**-6
+#: ... and the mean's absolute slack in units of the largest |element| (a sum that cancels to near zero).
+MEAN_ATOL = 2.0**-16
+#: What a malformed value raises where the op's signature wants another kind (an int given as a string, a
+#: list where a tensor goes): the call is refused in one line.
+MALFORMED = (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError)
 
 
 @dataclass(frozen=True)
@@ -215,14 +228,37 @@ class Mapped:
 
 
 @dataclass
+class ImportedCase:
+    """A case and the calls it stands for: the first call of its content, then every later one of equal content."""
+
+    spec: CaseSpec
+    call: str
+    kept: str
+    defaults: list[str]
+    also: list[str] = field(default_factory=list)
+
+    def note(self) -> str:
+        said = f"; defaults not passed: {', '.join(self.defaults)}" if self.defaults else ""
+        same = f"; the same content as {', '.join(self.also)}" if self.also else ""
+        return f"{self.call} -> {self.spec.name}: {self.spec.case_id} ({self.kept}{said}{same})"
+
+
+@dataclass
 class ImportResult:
     """What an import found: the cases, one line per call that could not be recovered, the skipped ones."""
 
-    cases: list[CaseSpec] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    imported: list[ImportedCase] = field(default_factory=list)
     unrecoverable: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     other_apis: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def cases(self) -> list[CaseSpec]:
+        return [entry.spec for entry in self.imported]
+
+    @property
+    def notes(self) -> list[str]:
+        return [entry.note() for entry in self.imported]
 
 
 # -- reading -------------------------------------------------------------------------------------
@@ -235,10 +271,7 @@ def read_dump(root: Path) -> list[DumpedCall]:
         raise Unrecoverable(f"{root}: no dump.json under it (an msprobe dump folder, task tensor)")
     calls = []
     for path in files:
-        try:
-            data = json.loads(path.read_text())["data"]
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise Unrecoverable(f"{path}: not an msprobe dump.json ({err})") from err
+        data = _dump_data(path)
         where = str(path.parent.relative_to(root)) if path.parent != root else "."
         for name, entry in data.items():
             match = _CALL.match(name)
@@ -250,24 +283,46 @@ def read_dump(root: Path) -> list[DumpedCall]:
                     api=match["api"].removeprefix("atb."),
                     where=where,
                     tensor_dir=path.parent / "dump_tensor_data",
-                    args=list(entry.get("input_args") or []),
-                    kwargs=dict(entry.get("input_kwargs") or {}),
-                    output=list(entry.get("output") or []),
+                    args=_field(entry, "input_args", list),
+                    kwargs=_field(entry, "input_kwargs", dict),
+                    output=_field(entry, "output", list),
                 )
             )
     return calls
+
+
+def _dump_data(path: Path) -> dict[str, Any]:
+    """A dump.json's ``data`` table; a FIFO, device or unreadable file is refused before it is opened."""
+    if not path.is_file():
+        raise Unrecoverable(f"{path}: not a regular file (an msprobe dump.json is one)")
+    try:
+        data = json.loads(path.read_text())["data"]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as err:
+        raise Unrecoverable(f"{path}: not an msprobe dump.json ({type(err).__name__}: {err})") from err
+    if not isinstance(data, dict):
+        raise Unrecoverable(f"{path}: not an msprobe dump.json (its data is a {type(data).__name__}, not an object)")
+    return data
+
+
+def _field(entry: dict[str, Any], name: str, kind: type) -> Any:
+    """One of a call's ``input_args``/``input_kwargs``/``output`` as written, or an empty one where it is absent;
+    one of the wrong type stays as it is, and the call is refused when it is read (:func:`_check_fields`)."""
+    value = entry.get(name)
+    return kind() if value is None else value
 
 
 def _is_tensor(entry: Any) -> bool:
     return isinstance(entry, dict) and str(entry.get("type", "")).endswith("Tensor")
 
 
-def _value(call: DumpedCall, name: str, entry: Any) -> Any:
+def _value(call: DumpedCall, name: str, entry: Any, depth: int = 0) -> Any:
     """A dumped argument as a Python value: a tensor (numpy, loaded from its file), a scalar, a list, None."""
+    if depth > MAX_NESTING:
+        raise Unrecoverable(f"argument {name} is nested more than {MAX_NESTING} deep: no op argument is")
     if entry is None:
         return None
     if isinstance(entry, list):
-        return [_value(call, name, item) for item in entry]
+        return [_value(call, name, item, depth + 1) for item in entry]
     if not isinstance(entry, dict):
         return entry
     if _is_tensor(entry):
@@ -279,12 +334,18 @@ def _tensor(call: DumpedCall, name: str, entry: dict[str, Any]) -> np.ndarray:
     data_name = entry.get("data_name")
     if not data_name:
         raise Unrecoverable(f"tensor {name} has no data_name: the dump holds statistics only (dump with task tensor)")
-    path = call.tensor_dir / str(data_name)
-    if not path.is_file():
-        raise Unrecoverable(f"tensor {name}: {path} is missing")
-    if path.suffix == ".npy":
-        loaded: np.ndarray = np.load(path, allow_pickle=False)
-        return loaded
+    if not isinstance(data_name, str) or not _DATA_NAME.fullmatch(data_name) or data_name in (".", ".."):
+        raise Unrecoverable(f"tensor {name}: data_name {str(data_name)[:80]!r} is not a file name in dump_tensor_data")
+    path = call.tensor_dir / data_name
+    try:
+        if not path.is_file():
+            raise Unrecoverable(f"tensor {name}: {path} is missing or not a regular file")
+        if path.suffix == ".npy":
+            loaded: np.ndarray = np.load(path, allow_pickle=False)
+            _check_declared(name, path, entry, loaded, None)
+            return loaded
+    except (OSError, ValueError) as err:
+        raise Unrecoverable(f"tensor {name}: {path} is not readable ({type(err).__name__}: {err})") from err
     import torch  # lazily: reading dump.json needs none
 
     try:
@@ -297,9 +358,60 @@ def _tensor(call: DumpedCall, name: str, entry: dict[str, Any]) -> np.ndarray:
     if tensor.dtype == torch.bfloat16:
         import ml_dtypes
 
-        return tensor.view(torch.int16).numpy().view(np.uint16).view(ml_dtypes.bfloat16)
-    array: np.ndarray = tensor.numpy()
+        array: np.ndarray = tensor.view(torch.int16).numpy().view(np.uint16).view(ml_dtypes.bfloat16)
+    else:
+        array = tensor.numpy()
+    _check_declared(name, path, entry, array, str(tensor.dtype))
     return array
+
+
+def _check_declared(name: str, path: Path, entry: dict[str, Any], array: np.ndarray, dtype: str | None) -> None:
+    """The tensor file against what dump.json says of it: shape and dtype exactly, the largest and smallest
+    element exactly, the mean and norm within their rounding (msprobe states them in the tensor's dtype), so
+    a damaged or swapped file is refused rather than imported."""
+    declared_dtype, shape = entry.get("dtype"), entry.get("shape")
+    if dtype is not None and isinstance(declared_dtype, str) and declared_dtype != dtype:
+        raise Unrecoverable(f"tensor {name}: {path} holds {dtype}, dump.json declares {declared_dtype}")
+    if isinstance(shape, list) and list(array.shape) != shape:
+        raise Unrecoverable(f"tensor {name}: {path} has shape {list(array.shape)}, dump.json declares {shape}")
+    values = array.astype(np.float64)
+    if values.size == 0 or not np.isfinite(values).all():
+        return  # nothing to compare, or non-finite: said by the case's own check
+    largest = float(np.abs(values).max())
+    mean, norm = float(values.mean()), float(np.sqrt(np.square(values).sum()))
+    measured = {  # stat -> (ours, how far the stated one may be: extremes are elements, exact in any dtype)
+        "Max": (float(values.max()), 0.0),
+        "Min": (float(values.min()), 0.0),
+        "Mean": (mean, STAT_RTOL * abs(mean) + MEAN_ATOL * largest),
+        "Norm": (norm, STAT_RTOL * norm),
+    }
+    for stat, (value, slack) in measured.items():
+        stated = entry.get(stat)
+        if isinstance(stated, bool) or not isinstance(stated, (int, float)) or not math.isfinite(stated):
+            continue
+        if abs(value - stated) > slack:
+            raise Unrecoverable(
+                f"tensor {name}: {path} does not match dump.json ({stat} {value:.6g}, declared {stated:.6g}): "
+                "damaged or not this call's file"
+            )
+
+
+def _check_fields(call: DumpedCall) -> None:
+    """A call's entries are of msprobe's kinds: positional arguments and outputs lists, keywords an object."""
+    for what, value, kind in (("input_args", call.args, list), ("input_kwargs", call.kwargs, dict)):
+        if not isinstance(value, kind):
+            raise Unrecoverable(f"{what} is a {type(value).__name__}, not a {kind.__name__}")
+    if not isinstance(call.output, list):
+        raise Unrecoverable(f"output is a {type(call.output).__name__}, not a list")
+
+
+def _check_finite(mapped: Mapped) -> None:
+    """A case's golden of non-finite inputs judges nothing: such a call is said, never imported."""
+    holding = [role for role, array in mapped.tensors.items() if not np.isfinite(array.astype(np.float32)).all()]
+    if holding:
+        raise Unrecoverable(
+            f"inputs {', '.join(holding)} hold NaN or Inf: a golden of non-finite inputs judges nothing"
+        )
 
 
 def bind(call: DumpedCall, schema: Schema) -> tuple[dict[str, Any], list[str]]:
@@ -549,8 +661,10 @@ def case_of(call: DumpedCall, mapped: Mapped, store: Path | None) -> CaseSpec:
 
 
 def import_dump(root: Path, store: Path | None = None) -> ImportResult:
-    """Every MLA prefill call of the dump under ``root`` as a case (bundles written to ``store``)."""
+    """Every MLA prefill call of the dump under ``root`` as a case (bundles written to ``store``); calls of
+    equal content (the same op called twice, positionally and by keyword, or in two steps) are one case."""
     result = ImportResult()
+    first_of: dict[str, ImportedCase] = {}
     for call in read_dump(root):
         label = f"{call.where}/{call.name}"
         if call.api in NOT_PREFILL:
@@ -560,6 +674,7 @@ def import_dump(root: Path, store: Path | None = None) -> ImportResult:
             result.other_apis[call.api] += 1
             continue
         try:
+            _check_fields(call)
             bound, defaults = bind(call, SCHEMAS[call.api])
             mapped = MAPPERS[call.api](call, bound)
         except Unrecoverable as err:
@@ -568,15 +683,23 @@ def import_dump(root: Path, store: Path | None = None) -> ImportResult:
             else:
                 result.unrecoverable.append(f"{label}: {err}")
             continue
+        except MALFORMED as err:  # a value of the wrong kind where the op's signature wants another
+            result.unrecoverable.append(f"{label}: malformed entry ({type(err).__name__}: {err})")
+            continue
         try:
+            _check_finite(mapped)
             spec = case_of(call, mapped, store)
         except Unrecoverable as err:
             result.unrecoverable.append(f"{label}: {err}")
             continue
-        result.cases.append(spec)
-        said = f"; defaults not passed: {', '.join(defaults)}" if defaults else ""
+        same = first_of.get(spec.content_hash)
+        if same is not None:
+            same.also.append(label)
+            continue
         kept = "dumped output kept" if mapped.out is not None else "no dumped output"
-        result.notes.append(f"{label} -> {spec.name}: {spec.case_id} ({kept}{said})")
+        entry = ImportedCase(spec, label, kept, defaults)
+        first_of[spec.content_hash] = entry
+        result.imported.append(entry)
     return result
 
 
@@ -591,7 +714,8 @@ def suite_text(result: ImportResult, root: Path, suite: str) -> str:
         f'description = "MLA prefill calls of the msprobe dump {root.name}"',
         "",
     ]
-    for spec, note in zip(result.cases, result.notes, strict=True):
-        lines.append(f"# {note}")
+    for entry in result.imported:
+        spec = entry.spec
+        lines.append(f"# {entry.note()}")
         lines.append(spec.to_toml().replace("[[case]]\n", f'[[case]]\nname = "{spec.name}"\n', 1))
     return "\n".join(lines)

@@ -17,16 +17,24 @@ def check(name: str, slack: float, decisive: bool = True) -> dict[str, Any]:
     }
 
 
+#: A bf16 output whose largest |golden value| is 0.75: one ulp at that scale is 2^-8.
+SCALE, SCALE_ULP = 0.75, 2.0**-8
+
+
 def conformance(
-    case: str, digest: str, model: float, ulp: float, verdict: str = "passed", **extra: Any
+    case: str, digest: str, model: float, ulp: float, verdict: str = "passed", element_ulps: float = 1.0, **extra: Any
 ) -> dict[str, Any]:
+    """A conformance record whose largest error is ``ulp`` ulp of the output's scale (and ``element_ulps``
+    representable values from its own golden element, as a sign flip next to zero makes thousands)."""
+    metrics = {"max_abs_err": ulp * SCALE_ULP, "max_abs_expected": SCALE, "max_ulp_err": element_ulps}
     return record(
         case,
+        dtype="bf16",
         verdict=verdict,
         output_sha256=digest * 64,
         worst_slack=model,
         checks=[check("model:max_err_over_bound", model), check("benchmark:rmse_ratio", 0.2)],
-        metrics={"max_ulp_err": ulp, "rmse": 1e-5},
+        metrics=metrics | {"rmse": 1e-5},
         **extra,
     )
 
@@ -56,12 +64,29 @@ def test_changed_says_by_how_much() -> None:
     assert moved.slack_change is not None and abs(moved.slack_change - 0.15) < 1e-12
     assert moved.slack_change_check == "model:max_err_over_bound"
     assert "largest slack change +0.15 (model:max_err_over_bound)" in moved.reasons
-    assert "largest error vs golden 1 -> 3 ulp" in moved.reasons
+    assert "largest error vs golden 1 -> 3 ulp of the output's scale" in moved.reasons
     assert res.changed_text() == (
         "1 changed within tolerance (largest slack change +0.15 (model:max_err_over_bound, moved); "
-        "largest error vs golden 1 -> 3 ulp)"
+        "largest error vs golden 1 -> 3 ulp of the output's scale)"
     )
     assert "1 identical (bit-identical), 1 changed within tolerance (largest slack change +0.15" in res.verdict()
+
+
+def test_a_sign_flip_next_to_zero_is_not_thousands_of_ulp() -> None:
+    """An element near zero whose sign flipped spans 29,887 representable values of its own, but its error
+    is 2 ulp of the output's scale: the diff says the latter."""
+    base = [conformance("flip", "a", 0.2, 1.5, element_ulps=152)]
+    cand = [conformance("flip", "b", 0.3, 2.0, element_ulps=29887)]
+    (moved,) = result(base, cand).by_category("changed")
+    assert "largest error vs golden 1.5 -> 2 ulp of the output's scale" in moved.reasons
+    assert not any("29887" in reason for reason in moved.reasons)
+
+
+def test_a_passing_headline_names_its_fixes() -> None:
+    failing = conformance("c", "a", 2.5, 9.0, verdict="failed")
+    passing = [conformance("c", "b", 0.3, 1.0), conformance("d", "a", 0.2, 1.0)]
+    verdict = result([failing, passing[1]], passing).verdict()
+    assert verdict.startswith("GATE PASSES: 1 fixed, 1 identical (bit-identical)"), verdict
 
 
 def test_a_fixed_row_labels_the_old_runs_deciding_check_by_its_own_role() -> None:

@@ -80,3 +80,15 @@ def test_the_report_banner_names_the_backend_and_its_versions() -> None:
     for part in ("backend torch-cpu (torch 2.13.0+cpu)", "ml_dtypes 0.7.0", "torch BLAS mkl, 2 threads, AVX512"):
         assert part in banner, banner
     assert "openblas 0.3.31 (2 threads)" in banner and "CPU x86_64 avx2 avx512f" in banner
+
+
+def test_absent_and_null_entries_are_no_change_and_none_is_said(tmp_path: Path) -> None:
+    """One run lacks the rocm and xpu keys, the other records them as null: no line; CUDA present on one side
+    and null on the other reads "12.8 -> none", never a blank."""
+    base_env = environment("2.9.0+cu128", "0.5.4", 2) | {"builds": {"torch": {"version": "2.9.0", "cuda": "12.8"}}}
+    cand_env = environment("2.9.0+cu128", "0.5.4", 2) | {
+        "builds": {"torch": {"version": "2.9.0", "cuda": None, "rocm": None, "xpu": None}}
+    }
+    a = write_run_dir(tmp_path / "a", [record("x")], run_id="a", environment=base_env)
+    b = write_run_dir(tmp_path / "b", [record("x")], run_id="b", environment=cand_env)
+    assert diff.diff_dirs(a, b).env_changes == [("environment.builds.torch.cuda", "12.8", "none")]

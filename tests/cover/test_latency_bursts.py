@@ -169,3 +169,33 @@ def test_only_a_cpu_kernel_is_calibrated_by_the_cpu(device: str, calibrated: boo
     done = execute(_StubKernel(device), cast(Any, None), cast(Any, spec), repeats=3)
     assert len(done.latencies_ms) == 3
     assert len(done.calibration_ms) == (3 if calibrated else 0)
+
+
+def replayed(calls: list[float], calibration: list[float]) -> dict[str, Any]:
+    timing = {"latencies_ms": calls, "calibration_ms": calibration, "repeats": len(calls)}
+    return record("c", backend="torch-cpu", timing=timing)
+
+
+def test_a_no_change_rerun_whose_bursts_hit_calibrations_or_calls_flags_nothing() -> None:
+    """The false alarm of two timed runs of one venv: three of the base's short calibrations met a burst (its
+    calls did not: their fastest quarter over calibration was exactly those three, 37.92x on the old rule),
+    and half the candidate's calls met one (its median 87 -> 136 ms).  Burst-hit calibrations are set aside
+    and a run whose calls spread that widely is said to be noisy, never a slowdown."""
+    rng = random.Random(7)
+    jitter = [rng.uniform(0.98, 1.02) for _ in range(24)]
+    base_calls = [round(87.0 * j, 3) for j in jitter[:12]]
+    base_cal = [4.1, 3.8, 4.4] + [round(0.4 * j, 4) for j in jitter[12:21]]
+    cand_calls = [round(87.0 * j, 3) for j in jitter[12:18]] + [round(185.0 * j, 3) for j in jitter[18:24]]
+    cand_cal = [round(0.4 * j, 4) for j in jitter[:12]]
+    cases, perf = diff.diff_records([replayed(base_calls, base_cal)], [replayed(cand_calls, cand_cal)])
+    assert perf == [], [(p.case_id, p.ratio) for p in perf]
+    assert cases[0].latency.startswith("not compared: host noisy (a case's calls deviate"), cases[0].latency
+    # the base's bursts alone: set aside, and the pair compares unchanged
+    cases, perf = diff.diff_records([replayed(base_calls, base_cal)], [replayed(base_calls, cand_cal)])
+    assert perf == [] and cases[0].latency.startswith("unchanged ("), cases[0].latency
+    # more than a quarter of a side's calibrations off their median: nothing to compare
+    noisy_cal = [4.1, 3.8, 4.4, 5.0, *base_cal[4:]]
+    cases, _ = diff.diff_records([replayed(base_calls, noisy_cal)], [replayed(base_calls, cand_cal)])
+    assert cases[0].latency == (
+        "not compared: host noisy (4 of 12 base and 0 of 12 candidate calibrations off their median by more than 1.5x)"
+    )

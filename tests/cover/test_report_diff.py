@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 
 from mlaconf.reports import cli, diff, diff_render, latency
-from mlaconf.reports.rundir import write_json, write_results
-from tests.runs import record
+from tests.runs import record, write_run_dir
 
 
 def rec(
@@ -80,19 +79,7 @@ EXPECTED = {
 
 
 def write_run(directory: Path, records: list[dict[str, Any]], policy: str = "atb") -> Path:
-    directory.mkdir(parents=True)
-    write_results(directory / "results.jsonl", records)
-    write_json(
-        directory / "run.json",
-        {
-            "run_name": directory.name,
-            "status": "complete",
-            "counts": {"selected": len(records), "run": len(records), "recorded": len(records)},
-            "policy": policy,
-            "environment": {"packages": {"torch_npu": directory.name}},
-        },
-    )
-    return directory
+    return write_run_dir(directory, records, policy=policy, environment={"packages": {"torch_npu": directory.name}})
 
 
 def mlaconf(*argv: str) -> int:

@@ -1,8 +1,7 @@
-"""Every report verb against every kind of damage to run.json and results.jsonl (issue 28 items 5
-and 6): a malformed file is one line on stderr naming the file (and the field or line), exit 2, no
-traceback, with or without ``--allow-incomplete`` (which admits an incomplete run, never a
-malformed one).  A table names the damages a user meets; a hypothesis search puts arbitrary JSON
-values into every field and asserts that whatever a verb does, it never raises."""
+"""Every report verb against every kind of damage to run.json and results.jsonl: a malformed file is one line on
+stderr naming the file (and the field or line), exit 2, no traceback, with or without ``--allow-incomplete``
+(which admits an incomplete run, never a malformed one). A table names the damages a user meets; a hypothesis
+search puts arbitrary JSON values into every field and asserts that whatever a verb does, it never raises."""
 
 from __future__ import annotations
 
@@ -112,6 +111,19 @@ def set_field(name: str, value: Any) -> Callable[[dict[str, Any]], None]:
     return change
 
 
+def check(slack: float, passed: bool) -> dict[str, Any]:
+    return {"rule": "model", "metric": "max_err_over_bound", "value": slack, "bound": 1.0, "slack": slack} | {
+        "passed": passed,
+        "decisive": True,
+    }
+
+
+def emap(**fields: Any) -> dict[str, Any]:
+    """An error map as the judge writes one (judge.verdict.error_map), ``fields`` replaced."""
+    good = {"values": [[0.2, None], [1.5, float("inf")]], "row_stride": 1, "head_stride": 1, "q_seqlen": [2]}
+    return good | {"rule": "model:max_err_over_bound", "slack": 1.5, "bound": 1.0, "scaled": False} | fields
+
+
 #: run.json damages: (damage, a fragment the one error line must hold besides the file's path).
 RUN_DAMAGES: dict[str, tuple[Callable[[Path], None], str]] = {
     "environment a list": (edit_run(set_field("environment", ["host"])), "'environment'"),
@@ -137,6 +149,10 @@ RUN_DAMAGES: dict[str, tuple[Callable[[Path], None], str]] = {
     "not UTF-8": (text("run.json", b'{"run_name": "\xff\xfe"}'), "UTF-8"),
     "symlinked": (symlinked("run.json"), "symbolic link"),
     "a directory": (directory("run.json"), "not a regular file"),
+    "verdicts tally lies": (
+        edit_run(set_field("verdicts", {"passed": 1, "failed": 1})),
+        "'verdicts' does not tally with results.jsonl (failed 1 vs 0, passed 1 vs 2)",
+    ),
 }
 
 #: results.jsonl damages, all on its line 2 unless the whole file is damaged.
@@ -159,6 +175,23 @@ RESULT_DAMAGES: dict[str, tuple[Callable[[Path], None], str]] = {
     "metrics a list": (edit_record(set_field("metrics", [1])), "'metrics'"),
     "line break in a name": (edit_record(set_field("timing", {"a\u2028b\rc": "x"})), "timing.a\\u2028b\\rc"),
     "schema_version 99": (edit_record(set_field("schema_version", 99)), "schema_version"),
+    "worst slack NaN": (edit_record(set_field("worst_slack", float("nan"))), "'worst_slack': NaN is not a slack"),
+    "check slack NaN": (edit_record(set_field("checks", [check(float("nan"), False)])), "'checks[0].slack': NaN"),
+    "check passed above 1": (edit_record(set_field("checks", [check(3.0, True)])), "checks[0]': says passed"),
+    "check failed below 1": (edit_record(set_field("checks", [check(0.5, False)])), "checks[0]': says failed"),
+    "passed with a failed check": (
+        edit_record(set_field("checks", [check(0.2, True), check(2.0, False)])),
+        "record says 'passed' but its deciding check checks[1] failed",
+    ),
+    "passed with slack Infinity": (
+        edit_record(lambda r: r.update(worst_slack=float("inf"), checks=[check(0.2, True)])),
+        "record says 'passed' with worst_slack inf",
+    ),
+    "error map values not a grid": (edit_record(set_field("error_map", emap(values=[1, 2]))), "'error_map.values'"),
+    "error map cell NaN": (edit_record(set_field("error_map", emap(values=[[float("nan")]]))), "values[0][0]"),
+    "error map cell negative": (edit_record(set_field("error_map", emap(values=[[0.1, -2.0]]))), "values[0][1]"),
+    "error map stride zero": (edit_record(set_field("error_map", emap(row_stride=0))), "'error_map.row_stride'"),
+    "error map lengths strings": (edit_record(set_field("error_map", emap(q_seqlen=["8"]))), "error_map.q_seqlen"),
     "bare Infinity line": (text("results.jsonl", json.dumps(rec("a")) + "\nInfinity\n"), "JSON object"),
     "truncated line": (text("results.jsonl", json.dumps(rec("a")) + '\n{"case_id": "b", "ba\n'), "not JSON"),
     "not UTF-8": (text("results.jsonl", b'{"case_id": "\xff"}\n'), "UTF-8"),
@@ -306,3 +339,28 @@ def test_the_installed_command_prints_one_line_without_a_traceback(tmp_path: Pat
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 2, done.stderr
     one_error_line(done.stderr, str(bad / "run.json"), fragment)
+
+
+def test_a_judged_error_map_and_an_infinite_failing_slack_are_read(tmp_path: Path) -> None:
+    """What the run side writes is never refused: a failed record with an Infinity slack (a NaN output) and
+    its error map with inf and null cells."""
+    records = [
+        rec("a"),
+        rec("b", verdict="failed", worst_slack=float("inf"), checks=[check(float("inf"), False)], error_map=emap()),
+    ]
+    run = write_run_dir(tmp_path / "run", records, run_id="r")
+    assert mlaconf("report", "html", str(run)) == 0
+
+
+@pytest.mark.parametrize("missing", ["schema_version", "run_id"])
+@pytest.mark.parametrize("verb", VERBS)
+def test_a_run_without_its_identity_is_refused_unless_admitted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], verb: str, missing: str
+) -> None:
+    """A run.json with no schema version or run id was not written by a run of today (or by none): refused
+    as incomplete, one line naming run.json, and read with --allow-incomplete."""
+    good, bad = pair(tmp_path)
+    edit_run(lambda run: run.pop(missing))(bad)
+    assert mlaconf("report", *verb_argv(verb, good, bad, tmp_path / "out")) == 2
+    one_error_line(capsys.readouterr().err, str(bad / "run.json"), f"has no {missing}", "--allow-incomplete")
+    assert mlaconf("report", *verb_argv(verb, good, bad, tmp_path / "out2"), "--allow-incomplete") in (0, 1)

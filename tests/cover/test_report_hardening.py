@@ -64,9 +64,13 @@ def test_diff_refuses_a_symlink_planted_in_its_output(tmp_path: Path, capsys: py
     base, cand = write_run_dir(tmp_path / "a", [record("a")]), write_run_dir(tmp_path / "b", [record("a")])
     (cand / "diff").mkdir()
     (cand / "diff" / "diff.md").symlink_to(victim)
-    assert mlaconf("report", "diff", str(base), str(cand)) == 2
-    one_error_line(capsys, "diff.md", "symbolic link")
+    assert mlaconf("report", "diff", str(base), str(cand)) == 0  # the earlier diff/ moved aside, link and all
+    assert f"held an earlier diff: moved to {cand / 'diff.previous-1'}" in capsys.readouterr().out
+    assert (cand / "diff.previous-1" / "diff.md").is_symlink() and not (cand / "diff" / "diff.md").is_symlink()
     assert victim.read_text() == "precious\n"
+    (cand / "diff-link").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    assert mlaconf("report", "diff", str(base), str(cand), "--out", str(cand / "diff-link")) == 2
+    one_error_line(capsys, "diff-link", "symbolic link")
 
 
 def test_temp_files_are_unique_per_write(tmp_path: Path) -> None:

@@ -118,7 +118,7 @@ def test_histogram_counts_dropped_values() -> None:
 
 
 def test_html_verb_rerenders(tmp_path: Path) -> None:
-    write_run_dir(tmp_path, records(), run_name="again")
+    write_run_dir(tmp_path, [rec(i) for i in range(11)], run_name="again")  # slack <= 1: passing as they say
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers(dest="verb", required=True))
     args = parser.parse_args(["report", "html", str(tmp_path)])

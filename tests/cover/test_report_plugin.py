@@ -183,7 +183,11 @@ def test_merge_conflict_fails(suite: pytest.Pytester, tmp_path: Path) -> None:
     lines = (tmp_path / "a" / "results.jsonl").read_text().splitlines()
     changed = json.loads(lines[0]) | {"output_sha256": "0" * 64}
     (other / "results.jsonl").write_text(json.dumps(changed) + "\n")
-    one = {"status": "complete", "counts": {"selected": 1, "run": 1, "recorded": 1}}
+    one = {
+        "status": "complete",
+        "counts": {"selected": 1, "run": 1, "recorded": 1},
+        "verdicts": {changed["verdict"]: 1},
+    }
     (other / "run.json").write_text(json.dumps(json.loads((tmp_path / "a" / "run.json").read_text()) | one))
     assert mlaconf("report", "merge", str(tmp_path / "m"), str(tmp_path / "a"), str(other)) == 1
 
