@@ -285,9 +285,9 @@ def scale_ulps(record: Record) -> float | None:
     if not isinstance(metrics, Mapping):
         return None
     err, scale, dtype = metrics.get("max_abs_err"), metrics.get("max_abs_expected"), record.get("dtype")
-    if dtype not in UNIT_ROUNDOFF or not all(isinstance(x, int | float) and math.isfinite(x) for x in (err, scale)):
+    if dtype not in UNIT_ROUNDOFF or not isinstance(err, int | float) or not isinstance(scale, int | float):
         return None
-    if scale <= 0:
+    if not (math.isfinite(err) and math.isfinite(scale) and scale > 0):
         return None
     spacing = math.ldexp(2 * UNIT_ROUNDOFF[dtype], math.frexp(scale)[1] - 1)  # ulp at the scale's binade
     return float(err) / spacing

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}")
 
@@ -53,7 +53,7 @@ def value_problem(data: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
