@@ -151,6 +151,8 @@ class ResultRecord:
     output_sha256: str | None = None
     #: Why the backend's own declarations rule the test out (a skip that is no missing evidence).
     not_applicable: str | None = None
+    #: The run that wrote the record (run.json's ``run_id``): ``--mla-resume`` keeps only its own run's records.
+    run_id: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
@@ -204,6 +206,7 @@ class ResultRecord:
             "timing",
             "output_sha256",
             "not_applicable",
+            "run_id",
         ):
             args.setdefault(name, None)
         args["error"] = _sub(ErrorEvidence, args.get("error"), "error")
@@ -242,6 +245,7 @@ _TEXT_FIELDS = (
     "deviation",
     "output_sha256",
     "not_applicable",
+    "run_id",
 )
 _OBJECT_FIELDS = (
     "backend_versions",

@@ -89,6 +89,26 @@ def read_results(path: Path, *, torn: Callable[[str], None] = say_torn) -> list[
     return records
 
 
+def journal_records(path: Path) -> tuple[list[Record], list[str]]:
+    """Every record of an interrupted run's journal that reads, and one line per line that does not (a damaged
+    or torn line is no record: its test runs again).  The file itself must be readable."""
+    records: list[Record] = []
+    notes: list[str] = []
+    text = safeio.read_text(path)
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            value = safeio.loads(line, f"{path}:{lineno}")
+            if not isinstance(value, dict):
+                raise ValueError(f"{path}:{lineno}: a record must be a JSON object, got {json_type_name(value)}")
+            records.append(ResultRecord.from_dict(value).to_dict())
+        except (ValueError, RecordError) as exc:
+            where = "" if str(exc).startswith(str(path)) else f"{path}:{lineno}: "
+            notes.append(f"{where}{str(exc).splitlines()[0]}: not kept, its test runs again")
+    return records, notes
+
+
 class Journal:
     """results.jsonl while its run is in progress: each record appended as one line as its test
     ends (one ``write``, so a killed process loses no line it finished), synced to disk at most

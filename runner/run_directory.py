@@ -16,6 +16,7 @@ import os
 import socket
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,7 +118,7 @@ class Run:
             state.claimed = True
             return moved
         unnamed = () if "backends" in state.run_info else ("backends",)  # then read off the records
-        earlier, kept, torn = resumable(state.report_dir, self.run_document(None, "in_progress"), skip=unnamed)
+        earlier, kept, notes = resumable(state.report_dir, self.run_document(None, "in_progress"), skip=unnamed)
         state.run_id = str(earlier.get("run_id") or state.run_id)
         state.run_name = str(earlier.get("run_name") or state.run_name)
         state.started_text = str(earlier.get("started") or "") or None
@@ -130,7 +131,7 @@ class Run:
         self.directory.claim(self.run_document(None, "in_progress"), kept=kept)
         state.claimed = True
         said = f"resuming the run in {state.report_dir}: {len(kept)} tests recorded earlier are not rerun"
-        return f"{said}; {torn}" if torn else said
+        return "; ".join([said, *notes])
 
     def claim_for_selection(self) -> None:
         """Claim the report directory once MLA tests are selected to run (not for --collect-only)."""
@@ -146,10 +147,14 @@ class Run:
         if moved and reporter is not None:
             reporter.write_line(f"mla: {moved}", yellow=True)
 
+    def stamped(self, record: Record) -> Record:
+        """The record as the run directory holds it: with the id of the run that wrote it."""
+        return {**record, "run_id": self.state.run_id}
+
     def journal(self, record: Record) -> None:
         """Keep a record on disk as its test ends (a hard stop keeps it); nothing before the claim."""
         try:
-            self.directory.append(record)
+            self.directory.append(self.stamped(record))
         except OSError as exc:  # a full disk: the end's write says it again, and fails the run
             self.state.problems.append(f"the journal {self.directory.path / rundir.RESULTS_FILE}: {exc}")
 
@@ -197,7 +202,7 @@ class Run:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a resumed run's earlier failures count
         if not state.claimed and not state.records:
             return
-        ordered = records.sort_records(state.records)
+        ordered = records.sort_records([self.stamped(r) for r in state.records])
         try:
             self.directory.finish(ordered, self.run_document(time.time(), status))
         except (OSError, safeio.ReportFileError) as exc:  # a planted link, a full disk: say so, fail the run
@@ -417,8 +422,7 @@ def resumable(
     where = f"--mla-resume {directory}"
     try:
         earlier = rundir.read_run(directory, required=True)
-        torn: list[str] = []
-        kept = rundir.read_results(directory / rundir.RESULTS_FILE, torn=torn.append)
+        kept, notes = own_records(directory, earlier)
     except (ValueError, OSError) as exc:
         raise pytest.UsageError(f"{where}: cannot resume: {str(exc).splitlines()[0]}") from None
     status = earlier.get("status")
@@ -436,15 +440,33 @@ def resumable(
                 f"{where}: cannot resume, this run differs from the one it would continue: {difference}"
             )
     ran = [r for r in kept if not is_never_ran(r)]
-    return earlier, ran, torn[0] if torn else None
+    return earlier, ran, notes
+
+
+def own_records(directory: Path, earlier: Mapping[str, Any]) -> tuple[list[Record], list[str]]:
+    """The records of the interrupted run's journal that are its own and whole, and a line for each kind left
+    out: a damaged or torn line, a record another run wrote (another run id, or none), a test recorded twice.
+    Whatever is left out is no evidence of this run: its test runs again."""
+    run_id = earlier.get("run_id")
+    readable, notes = rundir.journal_records(directory / rundir.RESULTS_FILE)
+    own = [r for r in readable if run_id and r.get("run_id") == run_id]
+    if len(own) < len(readable):
+        notes.append(
+            f"{len(readable) - len(own)} records not written by run {run_id} (another run's, or from before records "
+            "carried their run) are not kept: their tests run again"
+        )
+    times = Counter(str(r.get("test")) for r in own)
+    twice = sorted(test for test, n in times.items() if n > 1)
+    if twice:
+        notes.append(f"{len(twice)} tests recorded more than once (first {twice[0]}) are not kept: they run again")
+    return [r for r in own if times[str(r.get("test"))] == 1], notes
 
 
 def recorded_tests(directory: Path) -> set[str]:
-    """Node ids of the tests an interrupted run already recorded (resume deselects them): read on
-    every process that collects, xdist workers included; a torn last line is silently left out."""
-    path = directory / rundir.RESULTS_FILE
+    """Node ids of the tests an interrupted run already recorded (resume deselects them): the records
+    :func:`own_records` keeps, read on every process that collects, xdist workers included."""
     try:
-        return rundir.tests_recorded(rundir.read_results(path, torn=lambda line: None))
+        return rundir.tests_recorded(own_records(directory, rundir.read_run(directory, required=True))[0])
     except (ValueError, OSError):
         return set()  # the controller's claim refuses the resume, naming the file
 
