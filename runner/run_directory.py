@@ -412,8 +412,8 @@ def first_difference(before: Any, now: Any, where: str) -> str | None:
 
 def resumable(
     directory: Path, document: Mapping[str, Any], *, skip: Sequence[str] = ()
-) -> tuple[dict[str, Any], list[Record], str | None]:
-    """The earlier run to continue, its records that stay (tests that ran), and a torn journal's note.
+) -> tuple[dict[str, Any], list[Record], list[str]]:
+    """The earlier run to continue, its records that stay (tests that ran), and a line per kind of record left out.
 
     Raises pytest.UsageError (one line) when there is nothing to resume (no run, a complete one, a
     live one) or when anything that decides the verdicts differs from this run (``document``):
