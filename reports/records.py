@@ -41,8 +41,8 @@ VERDICTS = ("passed", "failed", "xfailed", "xpassed", "skipped", "error")
 PASSING = frozenset({"passed", "xpassed"})
 #: Kinds of :class:`Failure`.
 FAILURE_KINDS = ("exception", "crash", "timeout", "not_run")
-#: Keys that depend on the machine's speed, never on the computation.
-VOLATILE_KEYS = ("timing",)
+#: Keys that depend on the machine's speed or on which run wrote the record, never on the computation.
+VOLATILE_KEYS = ("timing", "run_id")
 
 #: user_properties name under which a record travels from xdist workers to the controller.
 PROPERTY_NAME = "mla_result"
@@ -391,7 +391,8 @@ def dumps(record: Mapping[str, Any]) -> str:
 
 
 def without_volatile(record: Mapping[str, Any]) -> Record:
-    """The record minus timing, for comparing runs made on different schedules."""
+    """The record minus timing and the id of the run that wrote it, for comparing runs made on different
+    schedules (shards, reruns)."""
     return {k: v for k, v in record.items() if k not in VOLATILE_KEYS}
 
 
