@@ -246,9 +246,15 @@ class CaseSpec:
         for key, value in self.content().items():
             if value is None or (key == "qk_scale" and value == DEFAULT_QK_SCALE):
                 continue
+            if key in CODE_NAMES:  # the names a suite file writes (mask_type = "causal"), not the C enum's codes
+                value = CODE_NAMES[key].get(value, value)
             text = self.structure.toml() if key == "structure" and self.structure else json.dumps(value)
             lines.append(f"{key} = {text}")
         return "\n".join(lines) + "\n"
+
+
+#: Fields written by name in a suite file, code -> name.
+CODE_NAMES: dict[str, dict[int, str]] = {"mask_type": MASK_NAMES, "cache_mode": CACHE_NAMES}
 
 
 def _jsonable(value: Any) -> Any:

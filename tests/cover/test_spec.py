@@ -214,6 +214,8 @@ def test_toml_snippet_round_trips(tmp_path: Path) -> None:
     path = write_suite(tmp_path, spec.to_toml())
     (loaded,) = load_suite(path)
     assert loaded.content_hash == spec.content_hash
+    # printed as a suite file writes it: the mask and cache by name, not the C enum's codes
+    assert 'mask_type = "causal"' in spec.to_toml() and 'cache_mode = "krope_ctkv"' in spec.to_toml()
 
 
 def test_qk_scale_is_held_as_the_fp32_the_operator_receives() -> None:
