@@ -57,7 +57,10 @@ def name_problem(name: str) -> str | None:
     checked before anything is imported, so ``mlaconf run --backend typo`` fails at once."""
     if name == "auto" or name in BUILTIN or ":" in name:
         return None
-    return f"unknown backend {name!r}: expected a built-in name or 'pkg.module:factory'"
+    from mlaconf.facts.near_miss import did_you_mean  # only on this error path: the plugin imports this module
+
+    hint = did_you_mean(name, ["auto", *BUILTIN])
+    return f"unknown backend {name!r}: expected a built-in name or 'pkg.module:factory'{hint}"
 
 
 def create(name: str) -> Backend:

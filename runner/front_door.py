@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from mlaconf.facts.near_miss import did_you_mean
 from mlaconf.facts.shard import parse_shard
 from mlaconf.golden.store.locations import chosen_root
 from mlaconf.harness import registry
@@ -125,7 +126,9 @@ def check_front_door(config: pytest.Config) -> None:
     suites = config.getoption("mla_suite") or ([] if config.getoption("mla_cases") else [DEFAULT_SUITE])
     unknown = [name for name in suites if name not in suite_choices()]
     if unknown:
-        raise pytest.UsageError(f"--mla-suite {unknown[0]!r}: no such suite; choose from {', '.join(suite_choices())}")
+        choices = suite_choices()
+        hint = did_you_mean(unknown[0], choices)
+        raise pytest.UsageError(f"--mla-suite {unknown[0]!r}: no such suite{hint}; choose from {', '.join(choices)}")
     set_run_info(config, "suites", suites)
     if suites and not config.getoption("mla_cases"):
         load_cases(config)  # a suite that does not parse: one usage line naming file and line, before any test

@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, TypeGuard
 
+from mlaconf.facts.near_miss import did_you_mean
 from mlaconf.facts.operator import (
     CACHE_CODES,
     DEFAULT_QK_SCALE,
@@ -261,7 +262,8 @@ def build_case(
 
     unknown = set(raw) - FIELD_NAMES
     if unknown:
-        raise fail(sorted(unknown)[0], f"unknown field; known fields: {sorted(FIELD_NAMES)}")
+        field = sorted(unknown)[0]
+        raise fail(field, f"unknown field{did_you_mean(field, FIELD_NAMES)}; known fields: {sorted(FIELD_NAMES)}")
     for required in ("q_seqlen", "head_num"):
         if required not in raw:
             raise fail(required, "is required")
