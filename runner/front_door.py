@@ -22,7 +22,7 @@ import pytest
 
 from mlaconf.facts.near_miss import did_you_mean
 from mlaconf.facts.shard import parse_shard
-from mlaconf.golden.store.locations import chosen_root
+from mlaconf.golden.store.locations import chosen_root, golden_dir_problem
 from mlaconf.harness import registry
 from mlaconf.reports import env
 from mlaconf.reports.rundir import REPORTS_DIR
@@ -158,18 +158,3 @@ def unwritable_store_gap(store: Path, case_ids: list[str]) -> str | None:
         f"goldens this run selects (first: {missing[0]}); fill it with 'mlaconf regen --out {store}' "
         "where it is writable, or name a writable store with --golden-dir"
     )
-
-
-def golden_dir_problem(path: Path) -> str | None:
-    """Why a golden store directory cannot serve, or None."""
-    if path.exists() and not path.is_dir():
-        return "not a directory"
-    if path.is_dir():
-        empty = not any(path.iterdir())
-        if empty and not os.access(path, os.W_OK | os.X_OK):
-            return "an empty directory this user cannot write: no golden can be read or created there"
-        return None
-    parent = next((p for p in path.absolute().parents if p.exists()), None)
-    if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        return f"does not exist and cannot be created (no write access to {parent})"
-    return None

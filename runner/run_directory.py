@@ -158,19 +158,20 @@ class Run:
         except OSError as exc:  # a full disk: the end's write says it again, and fails the run
             self.state.problems.append(f"the journal {self.directory.path / rundir.RESULTS_FILE}: {exc}")
 
-    def end_with_usage_error(self, message: str) -> None:
+    def end_with_usage_error(self, message: str) -> Path | None:
         """A named report directory ends ``usage_error`` (an earlier run there is moved aside): it never
         shows a previous run as this one.  A default (timestamped) directory is left unmade, and a run
-        being resumed as it was."""
+        being resumed as it was.  Returns the directory written, for the usage error to say."""
         named = self.config.getoption("mla_report_dir") or self.config.getoption("mla_run_name")
         if not named or self.config.getoption("mla_resume"):
-            return
+            return None
         self.state.problems.append(f"usage error: {message.splitlines()[0]}")
         try:
             self.claim()
             rundir.write_json(self.state.report_dir / rundir.RUN_FILE, self.run_document(time.time(), "usage_error"))
         except (pytest.UsageError, OSError, safeio.ReportFileError):  # another run owns it, or it cannot be written
-            return
+            return None
+        return self.state.report_dir
 
     def end(self, session: pytest.Session, exitstatus: int, account_for_unrun: Callable[[int], str]) -> None:
         """Complete run.json with the run's final status and write every record and the page; fail a run

@@ -74,8 +74,10 @@ def pytest_configure(config: pytest.Config) -> None:
         try:
             check_front_door(config)
         except pytest.UsageError as exc:
-            collector.run.end_with_usage_error(str(exc))
-            raise
+            written = collector.run.end_with_usage_error(str(exc))
+            if written is None:
+                raise
+            raise pytest.UsageError(f"{exc} (run.json in {written} records this usage error)") from None
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mlaconf.facts.processes import kill_with_parent
+from mlaconf.golden.store.locations import golden_dir_problem
 from mlaconf.harness.registry import AUTO_ORDER, BUILTIN, choices_text, name_problem
 from mlaconf.reports import rundir
 from mlaconf.runner.selection import DEFAULT_SUITE, policy_problem, suite_choices
@@ -59,6 +60,10 @@ def run(args: argparse.Namespace) -> int:
         if problem:
             print(f"mlaconf run: error: {problem}", file=sys.stderr)
             return 2
+    problem = golden_dir_problem(Path(args.golden_dir)) if args.golden_dir else None
+    if problem:  # checked here, not in pytest: the message names the option typed
+        print(f"mlaconf run: error: --golden-dir {args.golden_dir}: {problem}", file=sys.stderr)
+        return 2
     if args.ray is not None:
         return run_on_cluster(args)
     command = pytest_command(args)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from mlaconf.golden.store.locations import golden_dir_problem
 from mlaconf.reports import cli
-from mlaconf.runner import front_door
 from tests.pytest_runs import PytestRun, run_pytest
 from tests.runs import write_run_dir
 
@@ -104,12 +104,12 @@ def test_usage_errors_come_before_any_test(tmp_path: Path, args: tuple[str, ...]
 def test_unwritable_empty_golden_dir_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = tmp_path / "store"
     store.mkdir()
-    assert front_door.golden_dir_problem(store) is None
+    assert golden_dir_problem(store) is None
     monkeypatch.setattr(os, "access", lambda path, mode: False)  # root may write anywhere: pretend not
-    assert "cannot write" in str(front_door.golden_dir_problem(store))
+    assert "cannot write" in str(golden_dir_problem(store))
     (store / "x.h5").write_text("")  # a read-only store with goldens in it is fine
-    assert front_door.golden_dir_problem(store) is None
-    assert "cannot be created" in str(front_door.golden_dir_problem(tmp_path / "new" / "store"))
+    assert golden_dir_problem(store) is None
+    assert "cannot be created" in str(golden_dir_problem(tmp_path / "new" / "store"))
 
 
 def test_k_matching_nothing_is_not_a_pass(tmp_path: Path) -> None:
@@ -247,3 +247,27 @@ def test_mlaconf_run_keeps_pytests_cache_for_lf(tmp_path: Path, monkeypatch: pyt
     assert "no:cacheprovider" not in command and command[-1] == "--lf"
     assert f"cache_dir={tmp_path / '.pytest_cache'}" in command
     assert command[command.index("--mla-backend") + 1] == "torch-cpu" and "--backend" not in command
+
+
+def test_the_run_verb_names_the_option_typed(tmp_path: Path) -> None:
+    """`mlaconf run --golden-dir FILE` is refused by the verb, naming --golden-dir (pytest's option is
+    --mla-golden-dir, which the user never typed), before pytest or torch load."""
+    (tmp_path / "a_file").write_text("x")
+    ran = subprocess.run(
+        [sys.executable, "-m", "mlaconf", "run", "--golden-dir", str(tmp_path / "a_file")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert ran.returncode == 2 and ran.stderr.strip().splitlines() == [
+        f"mlaconf run: error: --golden-dir {tmp_path / 'a_file'}: not a directory"
+    ]
+    assert not (tmp_path / "reports").exists()
+
+
+def test_a_usage_error_says_the_named_run_directory_it_marked(tmp_path: Path) -> None:
+    result = pytest_run(tmp_path, "--mla-policy", "no-such-policy")  # named: --mla-report-dir DIR
+    directory = tmp_path / "report"
+    assert result.returncode == 4 and f"(run.json in {directory} records this usage error)" in result.stderr
+    assert json.loads((directory / "run.json").read_text())["status"] == "usage_error"
