@@ -276,3 +276,9 @@ def write_terminal(tr: Any, records: Sequence[Record], report_dir: Path) -> None
         red=bool(failed or errors),
         green=not (failed or errors),
     )
+
+
+def run_verdict(passed: bool, directory: Path) -> str:
+    """The run's last word, a local run's and a ``run --ray`` run's alike: PASS or FAIL, and its page."""
+    html = directory / "report.html"
+    return f"MLA run: {'PASS' if passed else 'FAIL'}; {f'report: {html}' if html.is_file() else 'no report written'}"

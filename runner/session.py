@@ -337,11 +337,12 @@ def pytest_terminal_summary(
     if hasattr(config, "workerinput"):
         return
     stale_deviations(terminalreporter, config)
-    html = config.stash[STATE].report_dir / "report.html"
-    where = f"report: {html}" if html.is_file() else "no report written"
+    from mlaconf.reports.summary import run_verdict
+
     final = config.stash[STATE].exit_status
     passed = int(exitstatus if final is None else final) == 0
-    terminalreporter.write_sep("=", f"MLA run: {'PASS' if passed else 'FAIL'}; {where}", green=passed, red=not passed)
+    line = run_verdict(passed, config.stash[STATE].report_dir)
+    terminalreporter.write_sep("=", line, green=passed, red=not passed)
 
 
 def stale_deviations(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:

@@ -349,11 +349,19 @@ def _gather(
         + ", ".join(f"{v} {k}" for k, v in verdicts.items() if v)
         + f") -> {out}"
     )
+    code = _exit_status(results, problems, merged.conflicts, run["status"], interrupted)
+    _Terminal().write_sep("=", summary.run_verdict(code == 0, out))  # the last word, as a local run's
+    return code
+
+
+def _exit_status(
+    results: dict[str, ShardResult], problems: list[str], conflicts: list[str], status: str, interrupted: bool
+) -> int:
+    """pytest's exit status for the whole run: interrupted, a lost shard or conflict, failures, no tests."""
     if interrupted:
         return INTERRUPTED
     codes = [r.returncode for r in results.values()]
-    failed = problems or merged.conflicts or run["status"] != "complete"
-    if failed or any(c not in (0, 1, NO_TESTS) for c in codes):
+    if problems or conflicts or status != "complete" or any(c not in (0, 1, NO_TESTS) for c in codes):
         return max([1, *[c for c in codes if c not in (0, NO_TESTS)]])
     if all(c == NO_TESTS for c in codes):
         return NO_TESTS

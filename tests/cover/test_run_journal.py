@@ -226,6 +226,32 @@ def test_a_ray_shard_is_kept_as_it_arrives(tmp_path: Path) -> None:
     journal.close()
 
 
+@pytest.mark.parametrize(
+    ("verdict", "said"), [("passed", "MLA run: PASS; report: "), ("failed", "MLA run: FAIL; report: ")]
+)
+def test_a_ray_run_ends_like_a_plain_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], verdict: str, said: str
+) -> None:
+    """The merged shards' last word is a local run's: PASS or FAIL and the page, after the tables."""
+    from mlaconf.tools.ray_run import ShardResult, _gather
+    from tests.runs import write_run_dir
+
+    results = {}
+    for k, records in enumerate(
+        ([record("a")], [record("b", verdict=verdict, worst_slack=2.0 if verdict == "failed" else 0.25)])
+    ):
+        shard = write_run_dir(tmp_path / f"shard{k}", records, run_id=f"s{k}")
+        files = {name: (shard / name).read_bytes() for name in ("results.jsonl", "run.json")}
+        results[f"{k + 1}/2"] = ShardResult(
+            f"{k + 1}/2", 0 if verdict == "passed" or k == 0 else 1, files, "host", 1.0, ""
+        )
+    out = tmp_path / "out"
+    out.mkdir()
+    code = _gather(out, ["1/2", "2/2"], results, {}, [], False, set())
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert (code == 0) == (verdict == "passed") and said + str(out / "report.html") in last, last
+
+
 def test_a_pytest_that_ignores_the_stop_is_killed_after_the_grace_and_its_run_ended_interrupted(
     tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
