@@ -36,6 +36,7 @@ from mlaconf.runner.selection import (
     error_cases,
     mark,
     marker_name,
+    relation_cases,
     selected_cases,
     suite_choices,
     unmatched_deviations,
@@ -114,7 +115,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def marker_lines() -> list[str]:
     markers = [
-        f"{CASE_MARKER}(case_id, content_hash): a conformance case; --mla-shard splits by content_hash",
+        f"{CASE_MARKER}(case_id, content_hash): a test's case; --mla-shard splits by content_hash",
         "conformance: the numerical conformance suite (every case against its float64 golden)",
         "metamorphic: invariance tests (batch order, padding, heads, layouts, determinism)",
         "property: hypothesis-driven tests against an on-the-fly float64 golden",
@@ -181,6 +182,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("mla_conformance_case", [case_param(config, c) for c in selected_cases(config)])
     if "mla_error_case" in metafunc.fixturenames:
         metafunc.parametrize("mla_error_case", [case_param(config, c) for c in error_cases(config)])
+    if "mla_relation_case" in metafunc.fixturenames:
+        cases = relation_cases(config, metafunc.function.__name__)
+        metafunc.parametrize("mla_relation_case", [case_param(config, c) for c in cases])
     if MLA_PARAMETER in metafunc.fixturenames:
         params = [
             pytest.param(name, id=backend_id(config, name), marks=mark(config, name, f"backend {name}"))
