@@ -144,6 +144,9 @@ def _relation_tables(value: Any, cases: list[CaseSpec], fail: Fail) -> dict[str,
         unknown = [n for n in names if n not in by_name]
         if unknown:
             raise fail(f"{where}.cases", f"names no case of the file: {', '.join(unknown)}")
+        doubled = [n for n in names if sum(case.name == n for case in cases) > 1]
+        if doubled:
+            raise fail(f"{where}.cases", f"names several cases of the file: {', '.join(doubled)}")
         tables[name] = RelationTable(name, table["kind"], tuple(by_name[n] for n in names))
     return tables
 

@@ -112,6 +112,11 @@ CASE = '[[case]]\nname = "one"\nq_seqlen = [4]\nhead_num = 2\n'
             "relations.batch_order.specs",
             "unknown key",
         ),
+        (
+            '[relations.batch_order]\nkind = "exact"\ncases = ["one"]\n' + CASE.replace("2", "4"),
+            "relations.batch_order.cases",
+            "several",
+        ),
         ("relations = 3", "relations", "must be tables"),
         ("[relations]\nbatch_order = 1", "relations.batch_order", "must be a table"),
     ],
