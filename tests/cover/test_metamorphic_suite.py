@@ -1,8 +1,8 @@
 """The metamorphic suite is a suite like every other: ``mlaconf list``, ``regen``, ``verify``, ``coverage``
 and ``store`` read ``cases/metamorphic.toml`` with the suites' loader and see every golden a relation judges
-(its cases' and its transformed sides'), a run after ``regen metamorphic`` builds none on demand, a bad
-``[relations.NAME]`` table is one line naming the file, the relation and the field, and the relations' cases
-are never run as conformance cases."""
+(its cases' and its transformed sides'), a run after ``regen metamorphic`` builds and announces none on
+demand, a bad ``[relations.NAME]`` table is one line naming the file, the relation and the field, and the
+relations' cases are never run as conformance cases."""
 
 from __future__ import annotations
 
@@ -75,9 +75,12 @@ def test_all_means_every_shipped_suite_metamorphic_included() -> None:
     assert judged_case_ids() <= everything
 
 
-def test_a_run_after_regen_metamorphic_builds_no_golden(store: Path, tmp_path: Path) -> None:
+def test_a_run_after_regen_metamorphic_builds_no_golden_and_says_none(store: Path, tmp_path: Path) -> None:
+    """The relations ask the store for nothing regen did not build; the property suite's goldens, made
+    outside the store on purpose, announce no on-demand generation either."""
     before = {path.name: path.stat().st_mtime_ns for path in store.rglob("*")}
-    command = [sys.executable, "-m", "pytest", str(REPO / "cases" / "test_metamorphic.py"), "-p", "no:cacheprovider"]
+    suites = [str(REPO / "cases" / name) for name in ("test_metamorphic.py", "test_properties.py")]
+    command = [sys.executable, "-m", "pytest", *suites, "-p", "no:cacheprovider", "--hypothesis-profile", "mla-ci"]
     command += ["-q", "-n", "0", "--mla-backend", "torch-cpu", "--mla-golden-dir", str(store)]
     command += ["--mla-report-dir", str(tmp_path / "report")]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=900)
