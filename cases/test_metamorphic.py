@@ -1,7 +1,8 @@
 """Metamorphic relations: invariances every correct MLA prefill has, which tolerances can miss.
 
-Each test transforms a case's inputs and runs the backend on both versions; its kind and specs are
-its ``[relations.NAME]`` table in ``cases/metamorphic.toml`` (NAME: the function less ``test_``):
+Each test transforms a case's inputs and runs the backend on both versions; its kind and cases are
+its ``[relations.NAME]`` table in ``cases/metamorphic.toml`` (NAME: the function less ``test_``), and the
+suites' plugin parametrizes it over them as it does every suite (``mla_relation_case``):
 
 * **exact**: the two outputs must be bit-identical on every valid row (rows of zero-length
   batches are "don't care").  Used where the backend sees the same numbers in the same memory, or
@@ -10,12 +11,14 @@ its ``[relations.NAME]`` table in ``cases/metamorphic.toml`` (NAME: the function
 * **tolerance**: the transformed input is a different but equivalent problem whose arithmetic a
   kernel may legitimately order differently (batch order, head order, kv layout, batch
   composition, a prefix cache for the earlier tokens), so both outputs are judged against their own
-  float64 golden, computed here, with the run's tolerance policy (``--mla-policy``); no new threshold
-  is invented.  A side that fails its golden fails the test as that side's conformance failure
-  (not as a broken relation); the message also reports how the related outputs differ.
+  float64 golden with the run's tolerance policy (``--mla-policy``); no new threshold is invented.  The
+  sides are :data:`mlaconf.golden.building.relations.SIDES`, whose goldens ``mlaconf regen metamorphic``
+  builds ahead (else the run builds them once, into the store).  A side that fails its golden fails
+  the test as that side's conformance failure (not as a broken relation); the message also reports
+  how the related outputs differ.
 
 Every test takes the one ``relation`` fixture (:class:`mlaconf.runner.metamorphic.Relation`) and
-ends with ``relation.finish()``; ``--mla-seeds`` reseeds the specs as it reseeds the conformance
+ends with ``relation.finish()``; ``--mla-seeds`` reseeds the cases as it reseeds the conformance
 suite.  A case covered by a known deviation of the backend turns a failure into an xfail.
 """
 
@@ -28,6 +31,7 @@ import pytest
 
 from mlaconf.facts.operator import V_DIM
 from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.store.directory import GoldenStore
 from mlaconf.harness.backend import Backend
 from mlaconf.judge.deviations import DeviationSet
 from mlaconf.judge.policy import PolicySet
@@ -35,18 +39,8 @@ from mlaconf.runner.applicability import not_applicable
 from mlaconf.runner.collect import MlaReport
 from mlaconf.runner.execution import execute, make_call
 from mlaconf.runner.identity import policy_name, relation_name
-from mlaconf.runner.metamorphic import (
-    Relation,
-    permute_heads,
-    poison_padding,
-    query_chunk,
-    relation_entry,
-    relation_params,
-    rotation,
-    select_batches,
-    token_map,
-    widen_padding,
-)
+from mlaconf.runner.metamorphic import Relation, poison_padding, widen_padding
+from mlaconf.runner.selection import relation_table
 
 pytestmark = pytest.mark.metamorphic
 
@@ -55,57 +49,40 @@ RERUNS = 5
 PADDING_EXTRA_ROWS = 37
 
 
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Every relation test over the specs its ``metamorphic.toml`` table names."""
-    if "relation" in metafunc.fixturenames:
-        metafunc.parametrize("mla_meta_spec", relation_params(metafunc.config, metafunc.function.__name__))
-
-
 @pytest.fixture
 def relation(
     request: pytest.FixtureRequest,
-    mla_meta_spec: CaseSpec,
+    mla_relation_case: CaseSpec,
     mla_backend: Backend,
     mla_policy_set: PolicySet,
     mla_deviation_set: DeviationSet,
     mla_report: MlaReport,
+    mla_golden_store: GoldenStore,
 ) -> Relation:
     """The running relation: its name is the record's (one source: the test function's name)."""
     return Relation(
         relation_name(request.function.__name__),
-        relation_entry(request.function.__name__).kind,
-        mla_meta_spec,
+        relation_table(request.function.__name__),
+        mla_relation_case,
         mla_backend,
         mla_policy_set,
         policy_name(request.config),
         mla_deviation_set,
         mla_report,
+        mla_golden_store,
     )
 
 
 def test_batch_order(relation: Relation) -> None:
     """Rotating the batch order permutes the output rows; both outputs pass the policy."""
-    spec, inputs = relation.spec, relation.inputs
-    order = rotation(spec.batch)
-    new_inputs, new_spec = select_batches(inputs, spec, order, trim=False)
-    relation.tolerance_pair(
-        ("original", inputs, spec),
-        (f"batch order {order}", new_inputs, new_spec),
-        lambda out: out[token_map(spec, order)],
-    )
+    relation.tolerance_pair(*relation.sides())
     relation.finish()
 
 
 def test_head_order(relation: Relation) -> None:
     """Permuting kv heads, and query heads consistently within their GQA groups, permutes the
     output heads; both outputs pass the policy."""
-    spec, inputs = relation.spec, relation.inputs
-    new_inputs, q_heads = permute_heads(inputs, spec)
-    relation.tolerance_pair(
-        ("original", inputs, spec),
-        (f"heads {q_heads.tolist()}", new_inputs, spec),
-        lambda out: out[:, q_heads],
-    )
+    relation.tolerance_pair(*relation.sides())
     relation.finish()
 
 
@@ -141,34 +118,24 @@ def test_padding_contents(relation: Relation) -> None:
 def test_padded_vs_packed(relation: Relation) -> None:
     """With uniform kv lengths ``[B, S, N*D]`` and ``[B*S, N, D]`` hold the same keys in the same
     bytes; both layouts' outputs pass the policy (kernels may take different paths)."""
-    spec, inputs = relation.spec, relation.inputs
-    n = spec.kv_head_num
-    packed = dataclasses.replace(
-        inputs, **{name: getattr(inputs, name).reshape(spec.total_kv, n, -1) for name in ("k", "k_rope", "v")}
-    )
-    relation.tolerance_pair(
-        ("padded", inputs, spec), ("packed", packed, dataclasses.replace(spec, kv_layout="packed")), lambda out: out
-    )
+    relation.tolerance_pair(*relation.sides())
     relation.finish()
 
 
 def test_alone_vs_batch(relation: Relation) -> None:
     """Each sequence run alone (padded S cut to its own length) and within the batch; every output
     passes the policy."""
-    spec, inputs = relation.spec, relation.inputs
-    base = relation.run("batch", inputs, spec)
+    batch, *alone_sides = relation.sides()
+    base = relation.run_side(batch)
     if base is not None:
-        relation.judge("batch", base, inputs, spec)
-    for b, (q_len, kv_len) in enumerate(zip(spec.q_seqlen, spec.kv_seqlen, strict=True)):
-        if q_len == 0 or kv_len == 0:
-            continue
-        one_inputs, one_spec = select_batches(inputs, spec, [b], trim=True)
-        alone = relation.run(f"batch {b} alone", one_inputs, one_spec)
+        relation.judge(batch, base)
+    for side in alone_sides:
+        alone = relation.run_side(side)
         if alone is None:
             continue
-        relation.judge(f"batch {b} alone", alone, one_inputs, one_spec)
+        relation.judge(side, alone)
         if base is not None:
-            relation.note_difference(base[token_map(spec, [b])], alone, one_spec)
+            relation.note_difference(side.align(base), alone, side.spec)
     relation.finish()
 
 
@@ -194,40 +161,26 @@ def test_chunked_prefill(relation: Relation) -> None:
     """A causal prefill of each sequence's last tokens with the earlier ones as a prefix (a
     different length per batch, so a different bottom-right offset) gives the last rows of the one
     causal prefill over all of them; both outputs pass the policy."""
-    spec, inputs = relation.spec, relation.inputs
-    last = [min(q, q // (b + 2) + 3) for b, q in enumerate(spec.q_seqlen)]
-    starts = [q - n for q, n in zip(spec.q_seqlen, last, strict=True)]
-    chunk_inputs, chunk_spec, rows = query_chunk(inputs, spec, starts, list(spec.q_seqlen))
-    relation.tolerance_pair(
-        ("one prefill", inputs, spec),
-        (f"last {last} tokens after a prefix of {list(chunk_spec.kv_seqlen)} - {last}", chunk_inputs, chunk_spec),
-        lambda out: out[rows],
-    )
+    relation.tolerance_pair(*relation.sides())
     relation.finish()
 
 
 def test_split_queries(relation: Relation) -> None:
     """Each sequence's queries split into two calls, the second with the first's tokens as its
     prefix, give the rows of the one call; all three outputs pass the policy."""
-    spec, inputs = relation.spec, relation.inputs
-    split = [max(1, min(q - 1, 3 * q // 8 + b)) for b, q in enumerate(spec.q_seqlen)]
-    zeros, ends = [0] * spec.batch, list(spec.q_seqlen)
-    parts = {
-        f"first part (queries up to {split})": query_chunk(inputs, spec, zeros, split),
-        f"second part (queries from {split})": query_chunk(inputs, spec, split, ends),
-    }
-    base = relation.run("one call", inputs, spec)
+    one_call, *parts = relation.sides()
+    base = relation.run_side(one_call)
     if base is not None:
-        relation.judge("one call", base, inputs, spec)
+        relation.judge(one_call, base)
     joined: np.ndarray | None = None if base is None else np.empty_like(base)
-    for label, (part_inputs, part_spec, rows) in parts.items():
-        out = relation.run(label, part_inputs, part_spec)
+    for part in parts:
+        out = relation.run_side(part)
         if out is None:
             joined = None
             continue
-        relation.judge(label, out, part_inputs, part_spec)
+        relation.judge(part, out)
         if joined is not None:
-            joined[rows] = out
+            joined[part.rows] = out
     if base is not None and joined is not None:
-        relation.note_difference(base, joined, spec)
+        relation.note_difference(base, joined, relation.spec)
     relation.finish()

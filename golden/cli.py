@@ -23,19 +23,20 @@ from mlaconf.golden import verbs
 from mlaconf.golden.building import cost
 from mlaconf.golden.building import regen as rg
 from mlaconf.golden.building.progress import flops_text
+from mlaconf.golden.building.relations import suite_cases
 from mlaconf.golden.specs.layout import out_shape
 from mlaconf.golden.specs.spec import CaseSpec, SpecError
-from mlaconf.golden.specs.suites import available_suites, load_suite, suite_path
+from mlaconf.golden.specs.suites import available_suites, suite_path
 from mlaconf.golden.store.directory import GoldenStore
 from mlaconf.golden.store.h5file import FileMeta, read_golden, read_meta
 from mlaconf.golden.store.integrity import GoldenStoreError
 
 
-def _select(args: argparse.Namespace, default_all: bool) -> list[CaseSpec] | None:
+def _select(args: argparse.Namespace, default_all: bool, bundles_to: Path | None = None) -> list[CaseSpec] | None:
     suites = list(args.suites) or (["all"] if default_all and not args.cases else [])
     if not suites and not args.cases:
         return None
-    return rg.select_cases(suites, args.cases, args.shard)
+    return rg.select_cases(suites, args.cases, args.shard, bundles_to)
 
 
 def _fail(message: str) -> int:
@@ -91,15 +92,15 @@ def _warn_fit(fit: cost.Fit, verb: str) -> None:
 
 
 def cmd_regen(args: argparse.Namespace) -> int:
-    try:
-        specs = _select(args, default_all=True) or []
+    store = GoldenStore(args.out)
+    if problem := store_problem(store):
+        return _fail(problem)
+    try:  # the relations' transformed sides get their input bundles in the store they are built in
+        specs = _select(args, default_all=True, bundles_to=store.root) or []
     except SpecError as exc:
         return _fail(str(exc))
     if args.jobs < 1:
         return _fail("--jobs must be >= 1")
-    store = GoldenStore(args.out)
-    if problem := store_problem(store):
-        return _fail(problem)
     todo = [s for s in specs if s.expect_error is None]
     if args.ray is not None:
         if args.jobs != 1:
@@ -240,10 +241,10 @@ def _kv_shape(spec: CaseSpec) -> tuple[int, ...]:
 
 
 def _suite_specs(extra_files: Sequence[str]) -> dict[str, list[CaseSpec]]:
-    """Every shipped suite's cases (and each --cases file's), by suite name."""
-    suites = {name: load_suite(suite_path(name)) for name in available_suites()}
+    """Every shipped suite's cases with the sides its relations judge (and each --cases file's), by suite name."""
+    suites = {name: suite_cases(suite_path(name)) for name in available_suites()}
     for path in extra_files:
-        suites[str(path)] = load_suite(path)
+        suites[str(path)] = suite_cases(Path(path))
     return suites
 
 

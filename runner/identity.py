@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 #: The parameter every MLA test runs under: the backend's selection name (:func:`is_mla_test`).
 MLA_PARAMETER = "mla_backend_name"
 #: Parameters that carry a test's case spec.
-CASE_PARAMS = ("mla_conformance_case", "mla_error_case", "mla_meta_spec")
+CASE_PARAMS = ("mla_conformance_case", "mla_error_case", "mla_relation_case")
 #: Backend selection name -> the instance's ``name`` (filled when a backend is created).
 BACKEND_LABELS: dict[str, str] = {}
 #: Suites whose tests are named after the relation they check.

@@ -1,8 +1,10 @@
-"""Metamorphic relations' machinery: the cases file, one relation test's state, the input transforms.
+"""Metamorphic relations' machinery: one relation test's state, the transforms only the backend sees.
 
 The relations themselves (which transform, exact or tolerance) are the tests in
-``cases/test_metamorphic.py``; which specs each runs on and its kind are ``cases/metamorphic.toml``
-(:func:`relation_table`); this module is what they share.
+``cases/test_metamorphic.py``; which cases each runs on and its kind are its ``[relations.NAME]`` table in
+``cases/metamorphic.toml`` (read by the suites' loader, parametrized by the suites' plugin like every
+suite); a tolerance relation's sides, judged against goldens the store keeps, are
+:mod:`mlaconf.golden.building.relations`'s, so ``mlaconf regen metamorphic`` builds them ahead.
 
 A relation fails for one of two reasons, and says which (:class:`Relation`):
 
@@ -16,22 +18,21 @@ A relation fails for one of two reasons, and says which (:class:`Relation`):
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import pytest
 
-from mlaconf.facts.operator import CAUSAL, V_DIM
-from mlaconf.golden.building.generate import build_golden
+from mlaconf.facts.operator import V_DIM
 from mlaconf.golden.building.inputs import case_rng, generate_inputs, round_to
-from mlaconf.golden.specs.layout import offsets, row_valid
-from mlaconf.golden.specs.spec import CaseSpec, SpecError
-from mlaconf.golden.specs.spec_build import build_case
-from mlaconf.golden.specs.suites import read_toml, suites_dir
+from mlaconf.golden.building.relations import SIDES, Side
+from mlaconf.golden.specs.layout import row_valid
+from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.specs.suites import RelationTable
 from mlaconf.golden.specs.types import GoldenCase, OpInputs
+from mlaconf.golden.store.bundles import save_bundle
+from mlaconf.golden.store.directory import GoldenStore
 from mlaconf.harness.backend import Backend, BackendError
 from mlaconf.judge.deviations import Deviation, DeviationSet
 from mlaconf.judge.metrics import locate
@@ -42,78 +43,8 @@ from mlaconf.reports.relations import conformance_text
 from mlaconf.runner.collect import MlaReport
 from mlaconf.runner.ending import Ending, end, side_failure
 from mlaconf.runner.execution import BackendOutputError, array_digest, execute, make_call
-from mlaconf.runner.selection import reseeded, runs_metamorphic
-
-# -- the cases file --------------------------------------------------------------------------------
-
-#: The suite's named specs and, per relation (a test function less ``test_``), its kind and specs.
-RELATIONS_FILE = suites_dir() / "metamorphic.toml"
-#: An exact relation's outputs must be bit-identical; a tolerance relation's sides each pass their golden.
-KINDS = ("exact", "tolerance")
-
-
-@dataclasses.dataclass(frozen=True)
-class RelationEntry:
-    """One ``[relations.NAME]`` table: the relation's kind and the names of the specs it runs on."""
-
-    kind: str
-    specs: tuple[str, ...]
-
-
-def _file_error(field_name: str, message: str) -> SpecError:
-    return SpecError(str(RELATIONS_FILE), "<file>", field_name, message)
-
-
-@functools.cache
-def relation_table() -> tuple[dict[str, Any], dict[str, RelationEntry]]:
-    """The named specs and every relation's entry, read and checked once per process."""
-    document = read_toml(RELATIONS_FILE, _file_error)
-    specs, relations = document.get("spec", {}), document.get("relations", {})
-    entries: dict[str, RelationEntry] = {}
-    for name, table in relations.items():
-        where = f"relations.{name}"
-        if not isinstance(table, dict) or set(table) != {"kind", "specs"}:
-            raise _file_error(where, "expected a table with exactly 'kind' and 'specs'")
-        if table["kind"] not in KINDS:
-            raise _file_error(f"{where}.kind", f"{table['kind']!r} is not one of {', '.join(KINDS)}")
-        names = table["specs"]
-        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
-            raise _file_error(f"{where}.specs", "expected a non-empty list of spec names")
-        unknown = [n for n in names if n not in specs]
-        if unknown:
-            raise _file_error(f"{where}.specs", f"names no [spec.*] table: {', '.join(unknown)}")
-        entries[name] = RelationEntry(table["kind"], tuple(names))
-    return specs, entries
-
-
-def relation_entry(function: str) -> RelationEntry:
-    """The entry of the relation a test function checks (its name less ``test_``)."""
-    name = function.removeprefix("test_")
-    entry = relation_table()[1].get(name)
-    if entry is None:
-        raise _file_error(f"relations.{name}", f"no table for the relation test {function}")
-    return entry
-
-
-def relation_params(config: pytest.Config, function: str) -> list[Any]:
-    """The specs a relation runs on as parameters, reseeded by ``--mla-seeds`` as every suite is;
-    none unless the run selects the metamorphic suite (an empty parameter set deselects the test)."""
-    if not runs_metamorphic(config):
-        return []
-    named = relation_table()[0]
-    specs = [
-        build_case(dict(named[name], suite="metamorphic"), source=f"{RELATIONS_FILE}:{name}")
-        for name in relation_entry(function).specs
-    ]
-    return [
-        pytest.param(s, id=s.case_id, marks=[getattr(pytest.mark, s.dtype), getattr(pytest.mark, s.mask_name)])
-        for s in reseeded(config, specs)
-    ]
-
 
 # -- one relation test -----------------------------------------------------------------------------
-
-Side = tuple[str, OpInputs, CaseSpec]  # label, inputs, spec of one side of a relation
 
 
 class Relation:
@@ -124,17 +55,20 @@ class Relation:
     def __init__(
         self,
         name: str,
-        kind: str,
+        table: RelationTable,
         spec: CaseSpec,
         backend: Backend,
         policy_set: PolicySet,
         policy: str,
         deviations: DeviationSet,
         report: MlaReport,
+        store: GoldenStore,
     ) -> None:
         self.name = name
-        self.kind = kind
+        self.table = table
+        self.kind = table.kind
         self.spec = spec
+        self.store = store
         self.backend = backend
         self.policy_set = policy_set
         self.policy = policy
@@ -172,12 +106,26 @@ class Relation:
         """The backend's ``[T, H, 128]`` output on one side, None when it failed (recorded)."""
         return self.attempt(label, lambda: run(self.backend, inputs, spec))
 
-    def judge(self, label: str, out: np.ndarray, inputs: OpInputs, spec: CaseSpec) -> bool:
+    def sides(self) -> list[Side]:
+        """The tolerance relation's sides on this case, the first the case itself (the ones regen builds)."""
+        return SIDES[self.table.name](self.spec, self.inputs)
+
+    def golden(self, side: Side) -> GoldenCase:
+        """A side's golden from the run's store, built there on demand when regen has not built it."""
+        if side.derived:
+            save_bundle(side.bundle(), self.store.root)
+        return self.store.ensure(side.case)
+
+    def run_side(self, side: Side) -> np.ndarray | None:
+        """The backend's output on one side (:meth:`run`)."""
+        return self.run(side.label, side.inputs, side.spec)
+
+    def judge(self, side: Side, out: np.ndarray) -> bool:
         """Whether one side's output passes the policy against its own float64 golden; a side that
         does not is recorded as a conformance failure of that side."""
-        _, verdict = judge_output(golden_of(inputs, spec), out, self.policy_set, self.policy, self.backend.name)
+        _, verdict = judge_output(self.golden(side), out, self.policy_set, self.policy, self.backend.name)
         if not verdict.passed:
-            self.conformance.append(side_failure(label, verdict))
+            self.conformance.append(side_failure(side.label, verdict))
         return verdict.passed
 
     def compare(self, a: np.ndarray, b: np.ndarray, spec: CaseSpec, *, exact: bool, label: str = "") -> str | None:
@@ -203,16 +151,16 @@ class Relation:
         if self.conformance and found:
             self.notes.append(f"related outputs: {found}")
 
-    def tolerance_pair(self, first: Side, second: Side, align: Callable[[np.ndarray], np.ndarray]) -> None:
-        """Run both sides, judge each against its own golden and compare the outputs (``align`` maps
-        the first output onto the second's rows and heads)."""
-        out_first = self.run(*first)
-        out_second = self.run(*second)
+    def tolerance_pair(self, first: Side, second: Side) -> None:
+        """Run both sides, judge each against its own golden and compare the outputs (the second side
+        aligns the first output onto its rows and heads)."""
+        out_first = self.run_side(first)
+        out_second = self.run_side(second)
         if out_first is None or out_second is None:
             return
-        for (label, inputs, spec), out in ((first, out_first), (second, out_second)):
-            self.judge(label, out, inputs, spec)
-        self.note_difference(align(out_first), out_second, second[2])
+        for side, out in ((first, out_first), (second, out_second)):
+            self.judge(side, out)
+        self.note_difference(second.align(out_first), out_second, second.spec)
 
     def detail(self) -> str:
         """The failure in words: the conformance failure that explains it first, then what broke."""
@@ -247,11 +195,6 @@ def run(backend: Backend, inputs: OpInputs, spec: CaseSpec) -> np.ndarray:
     """The backend's output as ``[T, H, 128]`` in the case dtype."""
     out = execute(backend, make_call(inputs, spec), spec).out
     return out.reshape(spec.total_q, spec.head_num, V_DIM)
-
-
-def golden_of(inputs: OpInputs, spec: CaseSpec) -> GoldenCase:
-    """A float64 golden (and emulated baseline) for inputs that are not the spec's generated ones."""
-    return build_golden(spec, inputs=inputs)
 
 
 def difference_stats(a: np.ndarray, b: np.ndarray, spec: CaseSpec) -> tuple[int, float]:
@@ -291,101 +234,7 @@ def difference(a: np.ndarray, b: np.ndarray, spec: CaseSpec, *, exact: bool) -> 
     )
 
 
-# -- transformations -------------------------------------------------------------------------------
-
-
-def token_map(spec: CaseSpec, order: list[int]) -> np.ndarray:
-    """Row k of the reordered output corresponds to row ``token_map[k]`` of the original."""
-    starts = offsets(spec.q_seqlen)
-    return np.concatenate([np.arange(starts[b], starts[b + 1]) for b in order])
-
-
-def select_batches(inputs: OpInputs, spec: CaseSpec, order: list[int], *, trim: bool) -> tuple[OpInputs, CaseSpec]:
-    """The batches ``order`` (any order, any subset) as a new case; ``trim`` cuts padded S to max kv."""
-    q_len = tuple(spec.q_seqlen[b] for b in order)
-    kv_len = tuple(spec.kv_seqlen[b] for b in order)
-    tensors = (inputs.k, inputs.k_rope, inputs.v)
-    if spec.kv_layout == "padded":
-        width = max(kv_len) if trim else inputs.k.shape[1]
-        k, kr, v = (np.ascontiguousarray(t[order, :width]) for t in tensors)
-    else:
-        starts = offsets(spec.kv_seqlen)
-        kv_rows = np.concatenate([np.arange(starts[b], starts[b + 1]) for b in order])
-        k, kr, v = (t[kv_rows] for t in tensors)
-    rows = token_map(spec, order)
-    new = dataclasses.replace(
-        inputs,
-        q=inputs.q[rows],
-        q_rope=inputs.q_rope[rows],
-        k=k,
-        k_rope=kr,
-        v=v,
-        q_seqlen=np.asarray(q_len, dtype=np.int32),
-        kv_seqlen=np.asarray(kv_len, dtype=np.int32),
-    )
-    return new, dataclasses.replace(spec, q_seqlen=q_len, kv_seqlen=kv_len)
-
-
-def query_chunk(
-    inputs: OpInputs, spec: CaseSpec, starts: list[int], stops: list[int]
-) -> tuple[OpInputs, CaseSpec, np.ndarray]:
-    """A CAUSAL prefill of the queries ``[starts[b], stops[b])`` of every batch b with the keys they see:
-    the first ``kv_b - q_b + stops[b]`` (the earlier tokens are the prefix; bottom-right alignment
-    then gives every row the keys it had).  Returns the inputs, the spec and, per output row, the
-    original row it equals."""
-    if spec.mask_type != CAUSAL or spec.kv_layout != "padded":
-        raise ValueError(f"{spec.case_id}: a query chunk needs a causal (mask_type 3) case, padded kv")
-    starts_q = offsets(spec.q_seqlen)
-    bounds = list(zip(starts, stops, spec.q_seqlen, strict=True))
-    if any(not 0 <= s <= e <= q for s, e, q in bounds):
-        raise ValueError(f"{spec.case_id}: chunk bounds {starts}..{stops} outside q_seqlen {list(spec.q_seqlen)}")
-    rows = np.concatenate([np.arange(starts_q[b] + s, starts_q[b] + e) for b, (s, e, _) in enumerate(bounds)])
-    q_len = tuple(e - s for s, e, _ in bounds)
-    kv_len = tuple(kv - q + e for (_, e, q), kv in zip(bounds, spec.kv_seqlen, strict=True))
-    new = dataclasses.replace(
-        inputs,
-        q=np.ascontiguousarray(inputs.q[rows]),
-        q_rope=np.ascontiguousarray(inputs.q_rope[rows]),
-        q_seqlen=np.asarray(q_len, dtype=np.int32),
-        kv_seqlen=np.asarray(kv_len, dtype=np.int32),
-    )  # padded kv keeps its S: the keys beyond the new kv_seqlen are padding the kernel must not read
-    return new, dataclasses.replace(spec, q_seqlen=q_len, kv_seqlen=kv_len), rows.astype(np.int64)
-
-
-def rotation(n: int) -> list[int]:
-    """A permutation that moves every element when n > 1."""
-    return [(i + 1) % n for i in range(n)]
-
-
-def permute_heads(inputs: OpInputs, spec: CaseSpec) -> tuple[OpInputs, np.ndarray]:
-    """Permute kv heads and, consistently, the query heads of each group (GQA-safe).
-
-    Returns the new inputs and, for every new query head, the original head it holds.
-    """
-    h, hkv = spec.head_num, spec.kv_head_num
-    group = h // hkv
-    kv_perm, in_group = rotation(hkv), rotation(group)
-    q_heads = np.array([kv_perm[g] * group + in_group[r] for g in range(hkv) for r in range(group)])
-    t = spec.total_q
-
-    def q_side(x: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(x.reshape(t, h, -1)[:, q_heads].reshape(x.shape))
-
-    def kv_side(x: np.ndarray) -> np.ndarray:
-        if spec.kv_layout == "packed":
-            return np.ascontiguousarray(x[:, kv_perm])
-        b, s, width = x.shape
-        return np.ascontiguousarray(x.reshape(b, s, hkv, width // hkv)[:, :, kv_perm].reshape(x.shape))
-
-    new = dataclasses.replace(
-        inputs,
-        q=q_side(inputs.q),
-        q_rope=q_side(inputs.q_rope),
-        k=kv_side(inputs.k),
-        k_rope=kv_side(inputs.k_rope),
-        v=kv_side(inputs.v),
-    )
-    return new, q_heads
+# -- the exact relations' transforms (no golden judges them) ---------------------------------------
 
 
 def widen_padding(inputs: OpInputs, spec: CaseSpec, extra: int) -> OpInputs:

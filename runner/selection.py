@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from fnmatch import fnmatchcase
 from pathlib import Path
@@ -10,13 +11,22 @@ from pathlib import Path
 import pytest
 
 from mlaconf.golden.specs.spec import CaseSpec, SpecError
-from mlaconf.golden.specs.suites import available_suites, load_suite, load_suites
+from mlaconf.golden.specs.suites import (
+    RelationTable,
+    available_suites,
+    load_relations,
+    load_suite,
+    load_suites,
+    suite_path,
+    suite_paths,
+)
 from mlaconf.judge.deviations import DeviationSet
 
 ERROR_SUITE = "errors"
 #: The marker of a test that runs one case: its id and content hash (``--mla-shard`` splits by the hash).
 CASE_MARKER = "mla_case"
-#: The metamorphic relations (``cases/test_metamorphic.py``; their specs: ``metamorphic.toml``, no value suite).
+#: The metamorphic relations (``cases/test_metamorphic.py``; their cases and ``[relations.NAME]`` tables:
+#: ``metamorphic.toml``, whose cases run under the relations only, never as conformance cases).
 METAMORPHIC_SUITE = "metamorphic"
 ALL_SUITES = "all"
 DEFAULT_SUITE = "smoke"
@@ -25,7 +35,8 @@ DEFAULT_SUITE = "smoke"
 def suite_choices() -> list[str]:
     """What ``--mla-suite`` and ``mlaconf run --suite`` accept: the value suites in the suites folder,
     the metamorphic suite, and all."""
-    return [name for name in available_suites() if name != ERROR_SUITE] + [METAMORPHIC_SUITE, ALL_SUITES]
+    value_suites = [name for name in available_suites() if name not in (ERROR_SUITE, METAMORPHIC_SUITE)]
+    return [*value_suites, METAMORPHIC_SUITE, ALL_SUITES]
 
 
 def runs_metamorphic(config: pytest.Config) -> bool:
@@ -80,8 +91,9 @@ def _load(config: pytest.Config) -> list[CaseSpec]:
     try:
         if cases_file:
             return load_suite(cases_file)
-        names = [name for name in config.getoption("mla_suite") or [DEFAULT_SUITE] if name != METAMORPHIC_SUITE]
-        return load_suites(names) if names else []
+        paths = suite_paths(config.getoption("mla_suite") or [DEFAULT_SUITE])
+        relations = suite_path(METAMORPHIC_SUITE)  # its cases run under the relations only
+        return [case for path in paths if path != relations for case in load_suite(path)]
     except SpecError as exc:  # a bad suite file is the user's input: say what and where, no traceback
         raise pytest.UsageError(str(exc)) from exc
 
@@ -108,6 +120,33 @@ def error_cases(config: pytest.Config) -> list[CaseSpec]:
     if config.getoption("mla_cases"):
         return [c for c in _load(config) if c.expect_error is not None]
     return load_suites([ERROR_SUITE])
+
+
+@functools.cache
+def relation_tables() -> dict[str, RelationTable]:
+    """The metamorphic suite's relations, read and checked once per process."""
+    return load_relations(suite_path(METAMORPHIC_SUITE))
+
+
+def relation_table(function: str) -> RelationTable:
+    """The table of the relation a test function checks (its name less ``test_``)."""
+    name = function.removeprefix("test_")
+    table = relation_tables().get(name)
+    if table is None:
+        path = suite_path(METAMORPHIC_SUITE)
+        raise SpecError(str(path), "<file>", f"relations.{name}", f"no table for the relation test {function}")
+    return table
+
+
+def relation_cases(config: pytest.Config, function: str) -> list[CaseSpec]:
+    """The cases a relation runs on, reseeded by ``--mla-seeds`` as every suite is; none unless the run
+    selects the metamorphic suite (an empty parameter set deselects the test)."""
+    if not runs_metamorphic(config):
+        return []
+    try:
+        return reseeded(config, list(relation_table(function).cases))
+    except SpecError as exc:  # the shipped file edited badly: say what and where, no traceback
+        raise pytest.UsageError(str(exc)) from exc
 
 
 def with_seed(case: CaseSpec, seed: int) -> CaseSpec:

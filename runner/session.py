@@ -36,14 +36,16 @@ from mlaconf.runner.selection import (
     error_cases,
     mark,
     marker_name,
+    relation_cases,
     selected_cases,
     suite_choices,
     unmatched_deviations,
 )
 
 if TYPE_CHECKING:
-    from mlaconf.golden.building.progress import CaseWork
-    from mlaconf.golden.store.directory import GoldenStore
+    from mlaconf.golden.specs.spec import CaseSpec
+    from mlaconf.golden.specs.types import GoldenCase
+    from mlaconf.golden.store.directory import Builder, GoldenStore
     from mlaconf.harness.backend import Backend
     from mlaconf.judge.deviations import DeviationSet
     from mlaconf.judge.policy import PolicySet
@@ -116,7 +118,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def marker_lines() -> list[str]:
     markers = [
-        f"{CASE_MARKER}(case_id, content_hash): a conformance case; --mla-shard splits by content_hash",
+        f"{CASE_MARKER}(case_id, content_hash): a test's case; --mla-shard splits by content_hash",
         "conformance: the numerical conformance suite (every case against its float64 golden)",
         "metamorphic: invariance tests (batch order, padding, heads, layouts, determinism)",
         "property: hypothesis-driven tests against an on-the-fly float64 golden",
@@ -183,6 +185,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("mla_conformance_case", [case_param(config, c) for c in selected_cases(config)])
     if "mla_error_case" in metafunc.fixturenames:
         metafunc.parametrize("mla_error_case", [case_param(config, c) for c in error_cases(config)])
+    if "mla_relation_case" in metafunc.fixturenames:
+        cases = relation_cases(config, metafunc.function.__name__)
+        metafunc.parametrize("mla_relation_case", [case_param(config, c) for c in cases])
     if MLA_PARAMETER in metafunc.fixturenames:
         params = [
             pytest.param(name, id=backend_id(config, name), marks=mark(config, name, f"backend {name}"))
@@ -279,29 +284,31 @@ def mla_golden_store(pytestconfig: pytest.Config) -> Iterator[GoldenStore]:
     from mlaconf.golden.building.generate import build_golden
     from mlaconf.golden.store.directory import GoldenStore
 
-    store = GoldenStore(pytestconfig.getoption("mla_golden_dir") or None, builder=build_golden)
+    store = GoldenStore(pytestconfig.getoption("mla_golden_dir") or None)
     write = progress.fd_writer(pytestconfig.stash[TERMINAL_FD])
-    removers = [progress.add_listener(progress.Announcer(write)), progress.add_listener(on_demand_notice(write, store))]
+    store.builder = on_demand_builder(write, store.root, build_golden)
+    remove = progress.add_listener(progress.Announcer(write))
     yield store
-    for remove in removers:
-        remove()
+    remove()
 
 
-def on_demand_notice(write: Callable[[str], None], store: GoldenStore) -> Callable[[CaseWork], None]:
-    """One line the first time this process builds a golden: a run that generates them says so (they may take
-    minutes and hundreds of MB), and how to build them ahead."""
+def on_demand_builder(write: Callable[[str], None], root: Path, build: Builder) -> Builder:
+    """The store's builder, with one line the first time this process's store builds a golden: a run that
+    generates them says so (they may take minutes and hundreds of MB), and how to build them ahead.  Only
+    the store's builds: a golden made outside the store on purpose (the property suite's) says nothing."""
     told = False
 
-    def listen(work: CaseWork) -> None:
+    def build_missing(spec: CaseSpec) -> GoldenCase:
         nonlocal told
-        if not told and not work.finished:
+        if not told:
             told = True
             write(
-                f"golden: {work.case_id} is not in the store {store.root}: generating missing goldens on demand "
-                f"('mlaconf regen SUITE --out {store.root}' builds them ahead)"
+                f"golden: {spec.case_id} is not in the store {root}: generating missing goldens on demand "
+                f"('mlaconf regen SUITE --out {root}' builds them ahead)"
             )
+        return build(spec)
 
-    return listen
+    return build_missing
 
 
 @pytest.fixture(scope="session")

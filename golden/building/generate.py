@@ -17,7 +17,7 @@ from mlaconf.golden.building.reference import DEVICE_ENV, gemm_library, referenc
 from mlaconf.golden.building.stats import error_stats
 from mlaconf.golden.specs.layout import row_valid
 from mlaconf.golden.specs.spec import CaseSpec
-from mlaconf.golden.specs.types import GoldenCase, OpInputs
+from mlaconf.golden.specs.types import GoldenCase
 from mlaconf.golden.store.integrity import GENERATOR_VERSION
 
 
@@ -54,15 +54,13 @@ def provenance() -> dict[str, str]:
     }
 
 
-def build_golden(spec: CaseSpec, *, threads: int = 1, inputs: OpInputs | None = None) -> GoldenCase:
-    """Everything the store keeps for a case; deterministic in (spec, seed).
-
-    ``inputs`` replaces the generated ones (metamorphic tests judge transformed inputs).
-    """
+def build_golden(spec: CaseSpec, *, threads: int = 1) -> GoldenCase:
+    """Everything the store keeps for a case; deterministic in (spec, seed) (a metamorphic relation's
+    transformed inputs are a case of their own, with explicit inputs: golden/building/relations.py)."""
     device = os.environ.get(DEVICE_ENV, "cpu")  # MLA_GOLDEN_DEVICE=cuda: float64 reference on a GPU
     passes = 2.0 if device == "cpu" else 3.0  # tiles of the reference (+ magnitudes), baseline[, magnitudes]
     with progress.case_work(spec.case_id, passes * spec.useful_flops):
-        inputs = generate_inputs(spec, threads=threads) if inputs is None else inputs
+        inputs = generate_inputs(spec, threads=threads)
         if device == "cpu":
             progress.set_stage("reference + magnitudes")
             out, magnitudes = reference_and_magnitudes(inputs, spec, threads=threads)

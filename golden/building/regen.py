@@ -34,8 +34,9 @@ from mlaconf.golden.building import drift
 from mlaconf.golden.building import progress as work_progress
 from mlaconf.golden.building.magnitudes import CANCELLING_MAGNITUDES, cancellation_noise
 from mlaconf.golden.building.progress import CaseWork, Progress
+from mlaconf.golden.building.relations import suite_cases
 from mlaconf.golden.specs.spec import CaseSpec
-from mlaconf.golden.specs.suites import load_suite, load_suites
+from mlaconf.golden.specs.suites import suite_paths
 from mlaconf.golden.specs.types import GoldenCase
 from mlaconf.golden.store.bundles import inputs_from
 from mlaconf.golden.store.directory import Builder, GoldenStore
@@ -58,12 +59,16 @@ PARENT_POLL_S = 0.5
 
 
 def select_cases(
-    suites: Sequence[str], case_files: Sequence[str | Path] = (), shard: tuple[int, int] | None = None
+    suites: Sequence[str],
+    case_files: Sequence[str | Path] = (),
+    shard: tuple[int, int] | None = None,
+    bundles_to: Path | None = None,
 ) -> list[CaseSpec]:
-    """Specs of the named suites and suite files (deduplicated by content hash), in the shard."""
-    specs = load_suites(suites) if suites else []
-    for path in case_files:
-        specs.extend(load_suite(path))
+    """Specs of the named suites and suite files with the sides their relations judge (deduplicated by
+    content hash), in the shard; ``bundles_to``: the store that gets the sides' input bundles (regen)."""
+    specs: list[CaseSpec] = []
+    for path in [*(suite_paths(suites) if suites else []), *map(Path, case_files)]:
+        specs.extend(suite_cases(path, bundles_to))
     unique = {spec.content_hash: spec for spec in reversed(specs)}
     return [spec for spec in specs if unique.get(spec.content_hash) is spec and in_shard(spec.content_hash, shard)]
 

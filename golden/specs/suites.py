@@ -1,11 +1,13 @@
 """Suite files: TOML suites, matrix expansion, the shipped suites and loading them by name.
 
 A suite file holds ``[suite]`` (name, description), optional ``[defaults]``, any number of
-``[[case]]`` tables and ``[[matrix]]`` tables.  A matrix expands the product of its list-valued
-fields; an axis whose alternatives are tables sets several fields at once (e.g. a batch's q and kv
-lengths together).  Each case is built and validated by
+``[[case]]`` tables and ``[[matrix]]`` tables, and optional ``[relations.NAME]`` tables.  A matrix
+expands the product of its list-valued fields; an axis whose alternatives are tables sets several
+fields at once (e.g. a batch's q and kv lengths together).  Each case is built and validated by
 :func:`mlaconf.golden.specs.spec_build.build_case`; a file's sizes are checked here, before anything is
-expanded.
+expanded.  A relation table names a metamorphic relation (the metamorphic suite's test ``test_NAME``), its
+kind and the file's cases it runs on (:class:`RelationTable`), so the relations' cases are a suite's cases
+like any other: listed, built ahead and covered by the same verbs.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import itertools
 import math
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,27 @@ MAX_SUITE_BYTES = 16 << 20
 
 #: The package whose ``*.toml`` files are the shipped suites (package data, so installs carry them).
 SUITES_PACKAGE = "mlaconf.cases"
+#: A relation's kinds: ``exact`` (the related outputs must be bit-identical) or ``tolerance`` (each side
+#: passes its own float64 golden under the run's policy).
+RELATION_KINDS = ("exact", "tolerance")
+RELATION_KEYS = ("cases", "kind")
+
+
+@dataclass(frozen=True)
+class RelationTable:
+    """One ``[relations.NAME]`` table: the relation's kind and the file's cases it runs on."""
+
+    name: str
+    kind: str
+    cases: tuple[CaseSpec, ...]
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A suite file read and checked: its cases and its relations (a file without relations has none)."""
+
+    cases: list[CaseSpec]
+    relations: dict[str, RelationTable]
 
 
 def suites_dir() -> Path:
@@ -93,12 +117,56 @@ def _tables(value: Any, fail: Fail, what: str) -> list[Mapping[str, Any]]:
     return value
 
 
+def _relation_tables(value: Any, cases: list[CaseSpec], fail: Fail) -> dict[str, RelationTable]:
+    """``[relations.NAME]`` tables, each checked: exactly ``kind`` and ``cases``, the cases named by the
+    file's ``[[case]]`` names."""
+    if not isinstance(value, Mapping):
+        raise fail("relations", f"must be tables ([relations.NAME]), got {show_value(value)}")
+    by_name = {case.name: case for case in cases}
+    tables: dict[str, RelationTable] = {}
+    for name, table in value.items():
+        where = f"relations.{name}"
+        if not SAFE_NAME.fullmatch(name):
+            raise fail(where, f"a relation's name must match {SAFE_NAME.pattern}")
+        if not isinstance(table, Mapping):
+            raise fail(where, f"must be a table with keys {list(RELATION_KEYS)}, got {show_value(table)}")
+        extra = sorted(set(table) - set(RELATION_KEYS))
+        if extra:
+            raise fail(f"{where}.{extra[0]}", f"unknown key; known keys: {list(RELATION_KEYS)}")
+        missing = [key for key in RELATION_KEYS if key not in table]
+        if missing:
+            raise fail(f"{where}.{missing[0]}", "is required")
+        if table["kind"] not in RELATION_KINDS:
+            raise fail(f"{where}.kind", f"{show_value(table['kind'])} is not one of {', '.join(RELATION_KINDS)}")
+        names = table["cases"]
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise fail(f"{where}.cases", f"must be a non-empty list of case names, got {show_value(names)}")
+        unknown = [n for n in names if n not in by_name]
+        if unknown:
+            raise fail(f"{where}.cases", f"names no case of the file: {', '.join(unknown)}")
+        doubled = [n for n in names if sum(case.name == n for case in cases) > 1]
+        if doubled:
+            raise fail(f"{where}.cases", f"names several cases of the file: {', '.join(doubled)}")
+        tables[name] = RelationTable(name, table["kind"], tuple(by_name[n] for n in names))
+    return tables
+
+
 def load_suite(path: str | Path, *, validate: bool = True) -> list[CaseSpec]:
+    """Load one suite file's cases (:func:`read_suite`)."""
+    return read_suite(path, validate=validate).cases
+
+
+def load_relations(path: str | Path) -> dict[str, RelationTable]:
+    """One suite file's relations by name (:func:`read_suite`)."""
+    return read_suite(path).relations
+
+
+def read_suite(path: str | Path, *, validate: bool = True) -> Suite:
     """Load one suite file; duplicate cases (same content hash) are an error naming both.
 
-    Any problem with the file, whatever its content, is a :class:`SpecError` naming file, case and
-    field; sizes are checked before anything is expanded (at most MAX_CASES cases, MAX_FILE_ENTRIES
-    sequence lengths in all)."""
+    Any problem with the file, whatever its content, is a :class:`SpecError` naming file, case (or
+    relation) and field; sizes are checked before anything is expanded (at most MAX_CASES cases,
+    MAX_FILE_ENTRIES sequence lengths in all)."""
     path = Path(path)
     source = str(path)
 
@@ -106,7 +174,7 @@ def load_suite(path: str | Path, *, validate: bool = True) -> list[CaseSpec]:
         return SpecError(source, "<file>", field_name, message)
 
     data = read_toml(path, file_fail)
-    unknown = set(data) - {"suite", "defaults", "case", "matrix"}
+    unknown = set(data) - {"suite", "defaults", "case", "matrix", "relations"}
     if unknown:
         raise file_fail(sorted(unknown)[0], "unknown top-level table")
     meta, defaults = data.get("suite", {}), data.get("defaults", {})
@@ -159,7 +227,7 @@ def load_suite(path: str | Path, *, validate: bool = True) -> list[CaseSpec]:
             raise SpecError(source, spec.name, "<case>", f"duplicates case {seen[spec.content_hash]!r}")
         seen[spec.content_hash] = spec.name
         cases.append(spec)
-    return cases
+    return Suite(cases, _relation_tables(data.get("relations", {}), cases, file_fail))
 
 
 def suite_path(name: str) -> Path:
@@ -179,18 +247,23 @@ def available_suites() -> list[str]:
     return names
 
 
-def load_suites(names: Iterable[str]) -> list[CaseSpec]:
-    """Load suites by name (``all`` expands to every shipped suite except ``errors``)."""
+def suite_paths(names: Iterable[str]) -> list[Path]:
+    """The files of suites named (``all`` expands to every shipped suite except ``errors``), each once."""
     wanted: list[str] = []
     for name in names:
         if name == "all":
             wanted.extend(n for n in available_suites() if n != "errors")
         else:
             wanted.append(name)
-    cases: list[CaseSpec] = []
+    paths: list[Path] = []
     for name in dict.fromkeys(wanted):
         path = suite_path(name)
         if not SAFE_NAME.fullmatch(name) or not path.exists():
             raise SpecError(str(path), "<file>", "<suite>", f"no suite named {name!r}; have {available_suites()}")
-        cases.extend(load_suite(path))
-    return cases
+        paths.append(path)
+    return paths
+
+
+def load_suites(names: Iterable[str]) -> list[CaseSpec]:
+    """Load suites by name (:func:`suite_paths`)."""
+    return [case for path in suite_paths(names) for case in load_suite(path)]

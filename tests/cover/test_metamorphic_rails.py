@@ -19,7 +19,7 @@ import pytest
 
 from mlaconf.reports.diff import classify
 from mlaconf.reports.rundir import read_results
-from mlaconf.runner.metamorphic import relation_table
+from mlaconf.runner.selection import relation_tables
 
 REPO = Path(__file__).resolve().parents[2]
 SUITE = REPO / "cases" / "test_metamorphic.py"
@@ -31,9 +31,10 @@ RELATIONS = ("q_layout", "padded_vs_packed", "batch_order", "padding_contents")
 
 @pytest.fixture(scope="module")
 def records(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    report = tmp_path_factory.mktemp("meta") / "report"
+    report, store = tmp_path_factory.mktemp("meta") / "report", tmp_path_factory.mktemp("goldens")
     command = [sys.executable, "-m", "pytest", str(SUITE), "-p", "no:cacheprovider", "-q", "-n", "0"]
     command += ["--mla-report-dir", str(report), "-k", f"fp16-undefined and ({' or '.join(RELATIONS)})"]
+    command += ["--mla-golden-dir", str(store)]  # the sides' goldens, built on demand, not in the checkout
     command += [arg for backend in ("torch-cpu", ACCURACY, READS_PADDING) for arg in ("--mla-backend", backend)]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]  # the defects fail
@@ -56,11 +57,11 @@ def test_every_relation_test_has_one_table_and_the_record_and_message_share_its_
         for node in ast.parse(SUITE.read_text()).body
         if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
     }
-    assert functions == set(relation_table()[1])
+    assert functions == set(relation_tables())
     assert {r["relation"] for r in records} == {name.replace("_", " ") for name in RELATIONS}
     assert len(records) == 3 * len(RELATIONS)
     for r in records:
-        kind = relation_table()[1][r["relation"].replace(" ", "_")].kind
+        kind = relation_tables()[r["relation"].replace(" ", "_")].kind
         assert r["message"].startswith(f"metamorphic {r['relation']} ({kind}) on "), r["message"]
         assert r["difference"]["kind"] == kind, r
 

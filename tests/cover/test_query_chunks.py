@@ -1,4 +1,4 @@
-"""runner.metamorphic.query_chunk: a chunk's float64 golden is exactly its rows of the whole prefill."""
+"""golden.building.relations.query_chunk: a chunk's float64 golden is exactly its rows of the whole prefill."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 
 from mlaconf.golden.building.inputs import generate_inputs
 from mlaconf.golden.building.reference import reference_attention
+from mlaconf.golden.building.relations import query_chunk
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.spec_build import build_case
-from mlaconf.runner.metamorphic import query_chunk
 
 FULL = build_case(
     dict(q_seqlen=[70, 33], head_num=2, kv_head_num=1, dtype="bf16", mask_type=3, kv_layout="padded", seed=5),
