@@ -47,6 +47,12 @@ def flops_text(flops: float) -> str:
     return f"{flops:.0f} FLOP"
 
 
+#: An ETA is shown once the rate stands on something: this many seconds in, and this share of the work done
+#: (the first seconds of a build run its slowest stage first: a first ETA of hours for a job of a minute).
+ETA_AFTER_S = 5.0
+ETA_AFTER_SHARE = 0.02
+
+
 class Progress:
     """Call :meth:`advance` once per finished item and :meth:`close` at the end.
 
@@ -74,21 +80,30 @@ class Progress:
             rate = done / elapsed if elapsed > 0 else 0.0
             left = self.work - done
             eta = 0.0 if left <= 0 else left / rate if rate > 0 else math.inf
+            settled = elapsed >= ETA_AFTER_S and done >= ETA_AFTER_SHARE * self.work
             pct = 100.0 * done / self.work if self.work else 100.0
             text = (
                 f"{self.label} {self.count}/{self.total} ({pct:.0f}% of "
                 f"{flops_text(self.work)}) {rate / 1e9:.1f} GF/s "
-                f"elapsed {_duration(elapsed)} ETA {_duration(eta)}"
+                f"elapsed {_duration(elapsed)} ETA {_duration(eta) if settled or left <= 0 else 'estimating'}"
             )
         else:
             rate = self.count / elapsed if elapsed > 0 else 0.0
             eta = (self.total - self.count) / rate if rate > 0 else math.inf
+            settled = elapsed >= ETA_AFTER_S and self.count > 0
             pct = 100.0 * self.count / self.total if self.total else 100.0
             text = (
                 f"{self.label} {self.count}/{self.total} ({pct:.0f}%) {rate:.2f}/s "
-                f"elapsed {_duration(elapsed)} ETA {_duration(eta)}"
+                f"elapsed {_duration(elapsed)} ETA {_duration(eta) if settled else 'estimating'}"
             )
         return f"{text} {note}".rstrip()
+
+    def expect(self, work: float = 0.0) -> None:
+        """One more item than counted at the start (a golden thought up to date that had to be built)."""
+        with self._lock:
+            self.total += 1
+            if self.work is not None:
+                self.work += work
 
     def _write(self, note: str, *, final: bool) -> None:
         now = time.monotonic()

@@ -18,6 +18,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -33,7 +34,7 @@ from mlaconf.facts.shard import in_shard
 from mlaconf.golden.building import drift
 from mlaconf.golden.building import progress as work_progress
 from mlaconf.golden.building.magnitudes import CANCELLING_MAGNITUDES, cancellation_noise
-from mlaconf.golden.building.progress import CaseWork, Progress
+from mlaconf.golden.building.progress import CaseWork, Progress, flops_text
 from mlaconf.golden.building.relations import suite_cases
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.suites import suite_paths
@@ -219,7 +220,16 @@ def regen(
     threads = max(1, cpu_count() // jobs)
     tasks = [RegenTask(s, str(store.root), store.generator_version, builder, threads, force) for s in todo]
     flops = {s.case_id: float(s.useful_flops) for s in todo}
-    progress = Progress(len(tasks), "regen", stream, work=sum(flops.values()) or None)
+    to_build = {s.case_id for s in todo if force or not store.looks_fresh(s)}  # what the progress counts
+    work = sum(flops[c] for c in to_build)
+    if len(to_build) < len(todo):
+        print(
+            f"regen: {len(todo) - len(to_build)} of {len(todo)} goldens up to date; "
+            f"{len(to_build)} to build ({flops_text(work)})",
+            file=stream if stream is not None else sys.stderr,
+            flush=True,
+        )
+    progress = Progress(len(to_build), "regen", stream, work=work or None)
     running: dict[str, float] = {}  # case id -> fraction of its build done (in-case progress)
     lock = threading.Lock()
 
@@ -238,6 +248,11 @@ def regen(
             done.add(outcome.case_id)
             running.pop(outcome.case_id, None)
             progress.partial(sum(flops.get(c, 0.0) * f for c, f in running.items()))
+        counted = outcome.case_id in to_build
+        if not counted and outcome.action != "generated":
+            return  # up to date, as its header said: no work, no line
+        if not counted:  # its header looked current, the file was not: built after all
+            progress.expect(flops.get(outcome.case_id, 0.0))
         progress.advance(
             f"{outcome.action} {outcome.case_id} ({outcome.seconds:.1f}s)",
             work=flops.get(outcome.case_id, 0.0),

@@ -181,6 +181,15 @@ class GoldenStore:
                 meta.path, f"generator_version {meta.generator_version!r}, current is {self.generator_version!r}"
             )
 
+    def looks_fresh(self, spec: CaseSpec) -> bool:
+        """Whether the store holds a sealed, current golden for ``spec`` by its header alone (cheap: no array is
+        read); :meth:`ensure` still verifies the whole file."""
+        try:
+            self.check_stale(read_meta(self.path_for(spec)), spec)
+        except GoldenStoreError:
+            return False
+        return True
+
     def load(self, spec: CaseSpec) -> GoldenCase:
         """Load and verify; raises a :class:`GoldenStoreError` subclass rather than return bad data."""
         path = self.path_for(spec)
