@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlaconf.facts.operator import UNIT_ROUNDOFF
 from mlaconf.reports.records import SUITES, VERDICTS, Record, failure_text, record_key
 
 
@@ -155,3 +156,67 @@ def fmt(value: float | None, spec: str = ".3g") -> str:
     if math.isinf(value):
         return "inf" if value > 0 else "-inf"
     return format(value, spec)
+
+
+#: The unit of :func:`scale_ulps`, as the diff prints it.
+ULP_UNIT = "ulp of the output's scale"
+
+
+def scale_ulps(record: Record) -> float | None:
+    """The largest |error| against the golden in ulp of the output's largest |golden value|, in the output's
+    dtype: the error on the output's own scale.  Not the ulp count between the element and its golden, which
+    a sign flip next to zero makes thousands for an error far below the bound."""
+    metrics = record.get("metrics")
+    if not isinstance(metrics, Mapping):
+        return None
+    err, scale, dtype = metrics.get("max_abs_err"), metrics.get("max_abs_expected"), record.get("dtype")
+    if dtype not in UNIT_ROUNDOFF or not isinstance(err, int | float) or not isinstance(scale, int | float):
+        return None
+    if not (math.isfinite(err) and math.isfinite(scale) and scale > 0):
+        return None
+    spacing = math.ldexp(2 * UNIT_ROUNDOFF[dtype], math.frexp(scale)[1] - 1)  # ulp at the scale's binade
+    return float(err) / spacing
+
+
+def record_metrics(record: Record) -> dict[str, float]:
+    """The record's numeric metrics (non-numbers dropped)."""
+    m = record.get("metrics")
+    if not isinstance(m, Mapping):
+        return {}
+    # integers (counts) stay integers, so they print as such; an integral float stays a float
+    return {
+        k: v if isinstance(v, int) else float(v)
+        for k, v in m.items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+
+
+def failure_kind(record: Record) -> str | None:
+    """How a test failed outside its verdict (``exception``, ``crash`` ...), None if it did not."""
+    failure = record.get("failure")
+    return str(failure.get("kind")) if isinstance(failure, Mapping) else None
+
+
+def observed(record: Record) -> str:
+    """What an error-contract record saw: 'STATUS at stage' or 'accepted'."""
+    error = record.get("error")
+    if not isinstance(error, Mapping) or not error.get("observed_status"):
+        return "accepted"
+    return f"{error.get('observed_status')} at {error.get('observed_stage') or '?'}"
+
+
+def check_map(record: Record) -> dict[str, Mapping[str, Any]]:
+    """``rule:metric`` -> check, for every check of the record."""
+    checks = [c for c in record.get("checks") or [] if isinstance(c, Mapping)]
+    return {f"{c.get('rule', '?')}:{c.get('metric', '?')}": c for c in checks}
+
+
+def decisive(check: Mapping[str, Any]) -> bool:
+    """A check that decides the verdict (one recorded as evidence only does not)."""
+    return check.get("decisive", True) is not False
+
+
+def failing_metrics(record: Record) -> list[str]:
+    """Metrics of the deciding checks that fail (evidence-only checks never count)."""
+    checks = check_map(record).values()
+    return [str(c.get("metric")) for c in checks if decisive(c) and c.get("passed") is False and c.get("metric")]

@@ -22,16 +22,27 @@ Latency is compared by :mod:`mlaconf.reports.latency`; it gates only when asked 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlaconf.facts.operator import UNIT_ROUNDOFF
 from mlaconf.facts.versions import release_unknown_line
 from mlaconf.reports import env, html
-from mlaconf.reports.aggregate import fmt_slack, number, slack, verdict
+from mlaconf.reports.aggregate import (
+    ULP_UNIT,
+    check_map,
+    decisive,
+    failing_metrics,
+    failure_kind,
+    fmt_slack,
+    number,
+    observed,
+    record_metrics,
+    scale_ulps,
+    slack,
+    verdict,
+)
 from mlaconf.reports.latency import (
     MIN_REPEATS,
     HostShift,
@@ -273,76 +284,15 @@ class DiffResult:
         return f"{text} ({'; '.join(parts)})"
 
 
-#: The unit of :func:`scale_ulps`, as the diff prints it.
-ULP_UNIT = "ulp of the output's scale"
-
-
-def scale_ulps(record: Record) -> float | None:
-    """The largest |error| against the golden in ulp of the output's largest |golden value|, in the output's
-    dtype: the error on the output's own scale.  Not the ulp count between the element and its golden, which
-    a sign flip next to zero makes thousands for an error far below the bound."""
-    metrics = record.get("metrics")
-    if not isinstance(metrics, Mapping):
-        return None
-    err, scale, dtype = metrics.get("max_abs_err"), metrics.get("max_abs_expected"), record.get("dtype")
-    if dtype not in UNIT_ROUNDOFF or not isinstance(err, int | float) or not isinstance(scale, int | float):
-        return None
-    if not (math.isfinite(err) and math.isfinite(scale) and scale > 0):
-        return None
-    spacing = math.ldexp(2 * UNIT_ROUNDOFF[dtype], math.frexp(scale)[1] - 1)  # ulp at the scale's binade
-    return float(err) / spacing
-
-
 def _state(record: Record) -> str:
     """'pass' | 'fail' | 'skip': what a verdict means for an upgrade (xfailed = known failure)."""
     v = verdict(record)
     return "pass" if v in PASSING else "skip" if v == "skipped" else "fail"
 
 
-def _metrics(record: Record) -> dict[str, float]:
-    m = record.get("metrics")
-    if not isinstance(m, Mapping):
-        return {}
-    # integers (counts) stay integers, so they print as such; an integral float stays a float
-    return {
-        k: v if isinstance(v, int) else float(v)
-        for k, v in m.items()
-        if isinstance(v, int | float) and not isinstance(v, bool)
-    }
-
-
-def _failure_kind(record: Record) -> str | None:
-    failure = record.get("failure")
-    return str(failure.get("kind")) if isinstance(failure, Mapping) else None
-
-
-def _observed(record: Record) -> str:
-    """What an error-contract record saw: 'STATUS at stage' or 'accepted'."""
-    error = record.get("error")
-    if not isinstance(error, Mapping) or not error.get("observed_status"):
-        return "accepted"
-    return f"{error.get('observed_status')} at {error.get('observed_stage') or '?'}"
-
-
-def _check_map(record: Record) -> dict[str, Mapping[str, Any]]:
-    """``rule:metric`` -> check, for every check of the record."""
-    checks = [c for c in record.get("checks") or [] if isinstance(c, Mapping)]
-    return {f"{c.get('rule', '?')}:{c.get('metric', '?')}": c for c in checks}
-
-
-def _decisive(check: Mapping[str, Any]) -> bool:
-    return check.get("decisive", True) is not False
-
-
-def _failing_metrics(record: Record) -> list[str]:
-    """Metrics of the deciding checks that fail (evidence-only checks never count)."""
-    checks = _check_map(record).values()
-    return [str(c.get("metric")) for c in checks if _decisive(c) and c.get("passed") is False and c.get("metric")]
-
-
 def deciding_checks(base: Record, cand: Record) -> list[str]:
     """The deciding checks of a pair: those failing in either run, else the tightest in the candidate."""
-    checks = [(n, c) for record in (cand, base) for n, c in _check_map(record).items() if _decisive(c)]
+    checks = [(n, c) for record in (cand, base) for n, c in check_map(record).items() if decisive(c)]
     failing = sorted({n for n, c in checks if c.get("passed") is False})
     if failing:
         return failing
@@ -415,7 +365,7 @@ def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
         record_id(base), str(base.get("backend")), "changed", verdict(base), verdict(cand), bs, cs, suite=suite
     )
     b_state, c_state = _state(base), _state(cand)
-    b_kind, c_kind = _failure_kind(base), _failure_kind(cand)
+    b_kind, c_kind = failure_kind(base), failure_kind(cand)
     if base.get("policy") and cand.get("policy") and base.get("policy") != cand.get("policy"):
         d.reasons.append(f"policy {base.get('policy')} -> {cand.get('policy')}")
     moved = f"{verdict(base)} -> {verdict(cand)}"
@@ -432,9 +382,9 @@ def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
     elif c_state == "fail" and c_kind in ("crash", "timeout") and b_kind != c_kind:
         d.category = "crashed" if c_kind == "crash" else "timed_out"
         d.reasons += [moved, failure_text(cand)]
-    elif suite == "error_contract" and b_state != "skip" and c_state != "skip" and _observed(base) != _observed(cand):
+    elif suite == "error_contract" and b_state != "skip" and c_state != "skip" and observed(base) != observed(cand):
         d.category = "fixed" if c_state == "pass" else "status_changed"
-        d.reasons += [moved, f"{_observed(base)} -> {_observed(cand)}"]
+        d.reasons += [moved, f"{observed(base)} -> {observed(cand)}"]
     elif suite == "metamorphic" and b_state == "pass" and c_state == "fail" and relation_broken(cand):
         d.category = "determinism_lost" if str(cand.get("relation")) == "determinism" else "relation_broken"
         d.reasons += [moved, relation_reason(cand)]
@@ -464,18 +414,18 @@ def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
         if suite == "metamorphic":
             d.reasons.append(relation_reason(cand))
     if d.category not in (*UNCOMPARED, "identical"):
-        bm, cm = _metrics(base), _metrics(cand)
-        d.failing_metrics = sorted(set(_failing_metrics(base)) | set(_failing_metrics(cand)))
+        bm, cm = record_metrics(base), record_metrics(cand)
+        d.failing_metrics = sorted(set(failing_metrics(base)) | set(failing_metrics(cand)))
         d.metric_deltas = {k: (bm.get(k), cm.get(k)) for k in sorted(bm.keys() | cm.keys())}
-        b_checks, c_checks = _check_map(base), _check_map(cand)
+        b_checks, c_checks = check_map(base), check_map(cand)
         d.check_deltas = {
             n: (number((b_checks.get(n) or {}).get("slack")), number((c_checks.get(n) or {}).get("slack")))
             for n in sorted(b_checks.keys() | c_checks.keys())
         }
         # each side's role read from its own record: the base's failing deciding check of a fixed
         # pair is no evidence-only check because the candidate records it as evidence
-        b_ev = {n for n, c in b_checks.items() if not _decisive(c)}
-        c_ev = {n for n, c in c_checks.items() if not _decisive(c)}
+        b_ev = {n for n, c in b_checks.items() if not decisive(c)}
+        c_ev = {n for n, c in c_checks.items() if not decisive(c)}
         d.evidence_checks = sorted(
             n
             for n in b_checks.keys() | c_checks.keys()

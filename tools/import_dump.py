@@ -42,7 +42,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _main(args: argparse.Namespace) -> int:
-    from mlaconf.tools.msprobe_dump import Unrecoverable, import_dump, suite_text
+    from mlaconf.tools.msprobe_dump import import_dump, suite_text
+    from mlaconf.tools.msprobe_read import Unrecoverable
 
     try:
         result = import_dump(args.dump_dir, args.golden_dir)

@@ -32,7 +32,8 @@ from mlaconf.harness import registry
 from mlaconf.judge.policy import load_policies
 from mlaconf.judge.verdict import judge_output
 from mlaconf.runner.execution import make_call, to_numpy
-from mlaconf.tools.msprobe_dump import SCHEMAS, DumpedCall, Unrecoverable, bind, import_dump
+from mlaconf.tools.msprobe_dump import SCHEMAS, bind, import_dump
+from mlaconf.tools.msprobe_read import DumpedCall, Unrecoverable
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "msprobe"
 POLICIES = load_policies()
