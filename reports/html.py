@@ -32,7 +32,7 @@ from mlaconf.reports.aggregate import (
     verdict,
     worst_cases,
 )
-from mlaconf.reports.records import VERDICTS, Record
+from mlaconf.reports.records import VERDICTS, Record, not_applicable
 from mlaconf.reports.rundir import HTML_FILE
 
 CSS = """
@@ -502,6 +502,19 @@ def backend_line(records: Sequence[Record], run: Mapping[str, Any]) -> str:
     return " · ".join(p.replace("  ", " ") for p in parts)
 
 
+def pass_counts(records: Sequence[Record], counts: Mapping[str, int]) -> str:
+    """A passing run's tests as what they are: those that conform (known deviations among them), those the
+    backend's own declarations rule out, and other skips, never "N of M conform" as if the rest did not."""
+    ruled_out = sum(verdict(r) == "skipped" and not_applicable(r) is not None for r in records)
+    conform = counts["passed"] + counts["xfailed"]
+    parts = [f"{conform} tests conform" + (f" ({counts['xfailed']} as known deviations)" if counts["xfailed"] else "")]
+    if ruled_out:
+        parts.append(f"{ruled_out} not applicable (ruled out by the backend's own declarations)")
+    if counts["skipped"] - ruled_out:
+        parts.append(f"{counts['skipped'] - ruled_out} skipped")
+    return "; ".join(parts)
+
+
 def verdict_banner(records: Sequence[Record], run: Mapping[str, Any]) -> str:
     """The run's verdict in one coloured line, then every verdict's count (failures in red)."""
     counts = {v: sum(verdict(r) == v for r in records) for v in VERDICTS}
@@ -526,7 +539,7 @@ def verdict_banner(records: Sequence[Record], run: Mapping[str, Any]) -> str:
     elif counts["skipped"] == len(records):
         cls, text = "nothing", f"NOTHING TESTED: all {len(records)} tests skipped"
     else:
-        cls, text = "pass", f"PASS: {counts['passed'] + counts['xfailed']} of {len(records)} tests conform"
+        cls, text = "pass", "PASS: " + pass_counts(records, counts)
     if status is None:
         text += " (run.json has no status: completeness unknown)"
     chips = "".join(f'<span class="{v if counts[v] else "zero"}">{counts[v]} {escape(v)}</span>' for v in VERDICTS)

@@ -316,7 +316,11 @@ def test_failing_groups_link_to_their_cases() -> None:
 
 def test_banner_of_incomplete_passing_and_unknown_runs() -> None:
     passing = [rec(i) for i in range(3)]
-    assert "PASS: 3 of 3 tests conform" in html.render(passing, {"status": "complete"})
+    assert "PASS: 3 tests conform" in html.render(passing, {"status": "complete"})
+    ruled_out = record("na", verdict="skipped", not_applicable="backend cpu declares no error contract")
+    assert "PASS: 3 tests conform; 1 not applicable (ruled out by the backend&#x27;s own declarations)" in html.render(
+        [*passing, ruled_out], {"status": "complete"}
+    )
     interrupted = {"status": "interrupted", "counts": {"selected": 9, "run": 3, "recorded": 3}}
     assert "INCOMPLETE: the run is interrupted after 3 of 9 selected tests" in html.render(passing, interrupted)
     short = {"status": "complete", "counts": {"selected": 9, "run": 3, "recorded": 3}}
