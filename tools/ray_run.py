@@ -61,6 +61,8 @@ from mlaconf.tools.command import pytest_command
 DEFAULT_RETRIES = 2
 #: The pytest exit status of a session that collected no test (a shard can be empty).
 NO_TESTS = 5
+#: pytest's exit status for arguments or options it refuses: the same on every shard, never retried.
+USAGE_ERROR = 4
 OUTPUT_TAIL = 4000
 SHARD, REPORT_DIR = "--mla-shard", "--mla-report-dir"
 #: A shard's temp directory: ``mla-ray-shard-<worker pid>-<random>`` (so a dead worker's can be found).
@@ -149,7 +151,8 @@ def run_shard(plugin_args: Sequence[str], shard: str, threads: int, attempts: An
         report = Path(tmp) / "run"
         done = _pytest(plugin_args, SHARD, shard, REPORT_DIR, str(report), threads=threads, cwd=Path(tmp))
         tail = (done.stdout + done.stderr)[-OUTPUT_TAIL:]
-        if done.returncode < 0 or (done.returncode != NO_TESTS and not (report / RESULTS_FILE).exists()):
+        no_report = done.returncode not in (NO_TESTS, USAGE_ERROR) and not (report / RESULTS_FILE).exists()
+        if done.returncode < 0 or no_report:
             raise ShardCrashed(f"shard {shard}: pytest exit status {done.returncode}, no report\n{tail}")
         files = {name: (report / name).read_bytes() for name in (RESULTS_FILE, RUN_FILE) if (report / name).exists()}
     return ShardResult(shard, done.returncode, files, socket.gethostname(), time.monotonic() - start, tail)
@@ -242,6 +245,8 @@ def run_on_ray(ray: Any, args: argparse.Namespace, *, retries: int = DEFAULT_RET
                 lost[shard] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
                 print(f"shard {shard}: lost after {retries} retries: {lost[shard]}", file=sys.stderr, flush=True)
                 continue
+            if result.returncode == USAGE_ERROR:  # every shard would say the same: end the run as a plain one does
+                return _usage_error(ray, pending, out, journal, result)
             results[shard] = result
             keep_shard(out, result, journal)
             print(
@@ -273,6 +278,22 @@ def run_on_ray(ray: Any, args: argparse.Namespace, *, retries: int = DEFAULT_RET
         )
         problems.append(f"shard {shard} lost ({why}): its {len(nodeids)} tests recorded as not run")
     return _gather(out, shards, results, starts, problems, interrupted, set(lost))
+
+
+def _usage_error(ray: Any, pending: dict[Any, str], out: Path, journal: Journal, result: ShardResult) -> int:
+    """pytest refused the run's arguments: the other shards cancelled, the run directory marked
+    ``usage_error``, pytest's words said once, exit 4 (as ``mlaconf run`` without ``--ray``)."""
+    for ref in pending:
+        with contextlib.suppress(Exception):
+            ray.cancel(ref, force=True)
+    journal.close()
+    state = RunState.build("usage_error", selected=0, run=0, recorded=0).to_dict()
+    write_json(out / RUN_FILE, {"schema_version": 2, "run_name": out.name, **state})
+    lines = [line for line in result.output_tail.splitlines() if line.strip()]
+    said = next((line for line in reversed(lines) if "error" in line.lower()), lines[-1] if lines else "")
+    print(f"run --ray: pytest refused the run's arguments (shard {result.shard}): {said.strip()}", file=sys.stderr)
+    print(f"run --ray: usage_error -> {out}", file=sys.stderr)
+    return USAGE_ERROR
 
 
 def write_shard(out: Path, result: ShardResult) -> Path:

@@ -324,3 +324,16 @@ def test_a_stop_signal_to_a_ray_run_driver_cancels_every_shard(
     while (_shard_worker("1/2", golden_dir) or _shard_worker("2/2", golden_dir)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _shard_worker("1/2", golden_dir) is None and _shard_worker("2/2", golden_dir) is None, "a shard outlived it"
+
+
+def test_a_pytest_argument_pytest_refuses_ends_the_ray_run_like_a_plain_one(
+    cluster: Any, golden_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every shard would refuse it alike: no retry as a crash, one line, exit 4, the run marked usage_error."""
+    out = tmp_path / "ray-run"
+    argv = ["run", "--ray", "--backend", "torch-cpu", "--golden-dir", str(golden_dir), "--report-dir", str(out)]
+    assert main([*argv, "--", "--no-such-pytest-option"]) == 4
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "lost after" not in err
+    assert sum("pytest refused the run's arguments" in line for line in err.splitlines()) == 1, err
+    assert json.loads((out / "run.json").read_text())["status"] == "usage_error"
