@@ -356,7 +356,7 @@ def _changed_reason(base: Record, cand: Record) -> str:
     return _evidence_reason(base, cand) or "records differ"
 
 
-def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
+def classify(base: Record, cand: Record, slack_threshold: float, cand_run: Mapping[str, Any] | None = None) -> CaseDiff:
     """One matched pair: its class (:data:`CATEGORIES`) with the reasons."""
     base, cand = upgrade(base), upgrade(cand)
     bs, cs = slack(base), slack(cand)
@@ -453,7 +453,7 @@ def classify(base: Record, cand: Record, slack_threshold: float) -> CaseDiff:
     if c_state == "fail" and d.category not in ("not_run", "fixed") and suite in ("conformance", "metamorphic"):
         cause = cand.get("likely_cause")
         d.likely_cause = str(cause.get("text") or "") if isinstance(cause, Mapping) else ""
-        d.next_commands = html.repro_commands(cand)
+        d.next_commands = html.repro_commands(cand, cand_run)
     return d
 
 
@@ -488,8 +488,10 @@ def compare_records(
     latency_threshold: float = 1.2,
     base_backend: str | None = None,
     cand_backend: str | None = None,
+    cand_run: Mapping[str, Any] | None = None,
 ) -> tuple[list[CaseDiff], list[PerfDiff], HostShift | None]:
-    """:func:`diff_records`, and what the latencies say about the two runs as a whole."""
+    """:func:`diff_records`, and what the latencies say about the two runs as a whole (``cand_run``: the
+    candidate's run.json, which names its plug-in backends for the repro commands)."""
     base = [upgrade(r) for r in base]
     cand = [upgrade(r) for r in cand]
     across = base_backend is not None or cand_backend is not None
@@ -522,7 +524,7 @@ def compare_records(
                 )
             )
             continue
-        d = classify(b, c, slack_threshold)
+        d = classify(b, c, slack_threshold, cand_run)
         d.backend = key[1]
         test = latency_test(b, c)
         if isinstance(test, LatencyTest):
@@ -638,6 +640,7 @@ def diff_dirs(
         latency_threshold=latency_threshold,
         base_backend=base_backend,
         cand_backend=cand_backend,
+        cand_run=cand_run,
     )
     if base_backend is not None or cand_backend is not None:
         notes.append(

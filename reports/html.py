@@ -365,7 +365,7 @@ def map_legend(emap: Mapping[str, Any]) -> list[str]:
     return ["error / largest error"]
 
 
-def case_details(r: Record, open_: bool = False) -> str:
+def case_details(r: Record, open_: bool = False, run: Mapping[str, Any] | None = None) -> str:
     """One failing case: its error map, message, checks against bounds, metrics, spec."""
     checks = [c for c in r.get("checks") or [] if isinstance(c, Mapping)]
     check_rows = [
@@ -388,7 +388,7 @@ def case_details(r: Record, open_: bool = False) -> str:
     )
     return (
         f'<details class="case" id="{case_anchor(r)}"{" open" if open_ else ""}><summary>{escape(summary)}</summary>'
-        + next_steps(r)
+        + next_steps(r, run)
         + error_map_chart(r)
         + f"<p>policy {escape(str(r.get('policy', '-')))}, "
         f"node <code>{escape(str(r.get('test') or r.get('nodeid') or ''))}</code></p>"
@@ -400,23 +400,33 @@ def case_details(r: Record, open_: bool = False) -> str:
     )
 
 
-def repro_commands(r: Record) -> list[str]:
+def repro_commands(r: Record, run: Mapping[str, Any] | None = None) -> list[str]:
     """The commands that shrink a failing case and write its repro: by its test id when it has one
-    (the id names case and backend), else by case and backend."""
+    (the id names case and backend), else by case and backend; a plug-in backend named by its import path,
+    which the run's run.json holds (a test id carries only its label)."""
     test = str(r.get("test") or "")
-    target = (
-        shlex.quote(test) if "[" in test else f"{r.get('case_id', '?')} --backend {shlex.quote(str(r.get('backend')))}"
-    )
+    backend = str(r.get("backend"))
+    spec = plugin_backends(run or {}).get(backend)
+    if "[" in test:
+        target = shlex.quote(test) + (f" --backend {shlex.quote(spec)}" if spec else "")
+    else:
+        target = f"{r.get('case_id', '?')} --backend {shlex.quote(spec or backend)}"
     return [f"mlaconf shrink {target}", f"mlaconf repro {target} --out repro-{r.get('case_id', 'case')}"]
 
 
-def next_steps(r: Record) -> str:
+def plugin_backends(run: Mapping[str, Any]) -> dict[str, str]:
+    """Label -> import path (``pkg.module:factory``) of the plug-in backends a run named."""
+    named = [b for b in run.get("backends") or [] if isinstance(b, Mapping)]
+    return {str(b.get("label")): str(b["name"]) for b in named if ":" in str(b.get("name", ""))}
+
+
+def next_steps(r: Record, run: Mapping[str, Any] | None = None) -> str:
     """A failing conformance case's likely cause and the commands that shrink it and write its repro."""
     if r.get("suite") != "conformance" or r.get("verdict") != "failed":
         return ""
     cause = r.get("likely_cause")
     text = f"<p><b>likely cause:</b> {escape(str(cause.get('text')))}</p>" if isinstance(cause, Mapping) else ""
-    return text + f'<pre class="next">{escape(chr(10).join(repro_commands(r)))}</pre>'
+    return text + f'<pre class="next">{escape(chr(10).join(repro_commands(r, run)))}</pre>'
 
 
 #: Record fields shown as evidence when present: error contract, relation (and its sides that fail
@@ -557,7 +567,7 @@ def contents(entries: Sequence[tuple[str, str]]) -> str:
     return f'<nav class="toc" id="contents"><b>Contents</b><ol>{items}</ol></nav>'
 
 
-def _failures_section(bad: Sequence[Record]) -> str:
+def _failures_section(bad: Sequence[Record], run: Mapping[str, Any]) -> str:
     """Failing and unexpected records grouped by backend x dtype x mask x cache, worst first."""
     if not bad:
         return '<h2 id="failures">Failing and unexpected cases (0)</h2><p>None.</p>'
@@ -569,7 +579,7 @@ def _failures_section(bad: Sequence[Record]) -> str:
     for key in sorted(groups, key=lambda k: (-len(groups[k]), k)):
         parts.append(f'<h3 id="{group_anchor(key)}">{escape(" / ".join(key))} ({len(groups[key])})</h3>')
         for r in groups[key]:
-            parts.append(case_details(r, shown < OPEN_DETAILS))
+            parts.append(case_details(r, shown < OPEN_DETAILS, run))
             shown += 1
     return "".join(parts)
 
@@ -596,7 +606,7 @@ def render(records: Sequence[Record], run: Mapping[str, Any]) -> str:
     failing_groups = {group_key(r) for r in bad}
     ordered = sorted(records, key=lambda r: verdict(r) not in BAD)  # failures first, then the run's order
     sections = [
-        ("failures", f"Failing and unexpected cases ({len(bad)})", _failures_section(bad)),
+        ("failures", f"Failing and unexpected cases ({len(bad)})", _failures_section(bad, run)),
         (
             "suites",
             "Suites",

@@ -353,6 +353,18 @@ def test_a_failing_case_shows_its_likely_cause_and_the_commands_that_shrink_and_
     assert "mlaconf shrink" not in html.case_details(rec(3, verdict="passed", suite="conformance"))
 
 
+def test_a_plug_in_backends_commands_name_it_as_the_run_did() -> None:
+    """A test id carries a plug-in's label only: the commands add the import path the run's run.json holds."""
+    failed = rec(1, verdict="failed", suite="conformance", test="test_conformance[case001-mine]", backend="mine")
+    run = {"backends": [{"name": "my_kernels:factory", "label": "mine", "explicit": True}]}
+    assert html.repro_commands(failed, run) == [
+        "mlaconf shrink 'test_conformance[case001-mine]' --backend my_kernels:factory",
+        "mlaconf repro 'test_conformance[case001-mine]' --backend my_kernels:factory --out repro-case001",
+    ]
+    assert "--backend my_kernels:factory" in html.render([failed], run | {"status": "complete"})
+    assert "--backend" not in " ".join(html.repro_commands(failed, {}))  # a built-in: the id says it all
+
+
 def test_a_scatter_legend_counts_what_its_table_counts() -> None:
     points = {"unchanged": [svg.Point(1.0, 1.0, "a"), svg.Point(0.5, 0.6, "b")]}
     assert "unchanged (2)</text>" in svg.scatter(points, "t", "x", "y", totals={"unchanged": 2})
