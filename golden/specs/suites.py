@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.resources
 import itertools
 import math
+import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -68,7 +69,10 @@ def suites_dir() -> Path:
 def read_toml(path: Path, fail: Callable[[str, str], Exception]) -> dict[str, Any]:
     """Parse a TOML file; ``fail(field, message)`` builds the caller's error (which names the file)."""
     try:
-        size = path.stat().st_size
+        status = path.stat()
+        if not stat.S_ISREG(status.st_mode):  # a FIFO or a device would block the read, never end it
+            raise fail("<file>", "not a regular file (a FIFO, device or folder is no suite file)")
+        size = status.st_size
         if size > MAX_SUITE_BYTES:
             raise fail("<file>", f"{size} bytes; at most {MAX_SUITE_BYTES} are read")
         document: dict[str, Any] = tomllib.loads(path.read_bytes().decode("utf-8"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import os
 import re
 import time
 from pathlib import Path
@@ -341,3 +342,12 @@ def test_any_suite_file_gives_a_valid_suite_or_a_spec_error(fuzz_dir: Path, docu
             validate_case(spec)
         assert SAFE_ID.fullmatch(spec.case_id) and len(spec.case_id) < 255, spec.case_id
         assert spec_from_json(spec.to_json()) == spec
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_given_as_a_suite_file_is_refused_without_reading_it(tmp_path: Path) -> None:
+    """A FIFO (or a device) would block the read for ever: ``list``, ``coverage`` and ``run`` get one error."""
+    fifo = tmp_path / "cases.toml"
+    os.mkfifo(fifo)
+    with pytest.raises(SpecError, match="not a regular file"):
+        load_suite(fifo)
