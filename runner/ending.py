@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from mlaconf.judge.causes import Cause
     from mlaconf.judge.metrics import Metrics
     from mlaconf.judge.policy import Policy, Verdict
-    from mlaconf.runner.collect import MlaReport
+    from mlaconf.runner.recording import MlaReport
 
 
 @dataclass(frozen=True)

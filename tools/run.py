@@ -33,7 +33,7 @@ RESUME_REPEATS = ("suite", "backend", "policy", "golden_dir", "run_name", "repor
 
 
 @dataclass(frozen=True)
-class Ending:
+class PytestExit:
     """How pytest ended: its exit status (negative: the signal that killed it), the first stop
     signal ``mlaconf run`` received (None: none), and whether the grace ran out (the group was killed)."""
 
@@ -99,16 +99,16 @@ def launch(command: list[str], cwd: Path, directory: Path | None) -> int:
     print("+ python " + shlex.join(command[1:]), flush=True)  # quoted: it can be pasted back into a shell
     # its own session: a signal reaches the whole run (pytest and every xdist worker) only through us
     child = subprocess.Popen(command, cwd=cwd, start_new_session=True, preexec_fn=_child_setup)
-    ending = wait_forwarding_stops(child)
-    if ending.status not in PYTEST_EXITS or ending.forced:  # pytest could not have ended the run itself
-        end_for_pytest(ending, child.pid, directory, cwd)
-    if ending.stopped:
-        print(f"mlaconf run: stopped by {signal.Signals(ending.signal or 0).name}", file=sys.stderr)
-        return 128 + (ending.signal or 0)
-    if ending.signal is not None:
-        name = signal.Signals(ending.signal).name
+    exited = wait_forwarding_stops(child)
+    if exited.status not in PYTEST_EXITS or exited.forced:  # pytest could not have ended the run itself
+        end_for_pytest(exited, child.pid, directory, cwd)
+    if exited.stopped:
+        print(f"mlaconf run: stopped by {signal.Signals(exited.signal or 0).name}", file=sys.stderr)
+        return 128 + (exited.signal or 0)
+    if exited.signal is not None:
+        name = signal.Signals(exited.signal).name
         print(f"mlaconf run: {name} came after pytest had ended the run; nothing was stopped", file=sys.stderr)
-    return 128 - ending.status if ending.status < 0 else ending.status
+    return 128 - exited.status if exited.status < 0 else exited.status
 
 
 def _child_setup() -> None:
@@ -128,11 +128,11 @@ def named_run_dir(command: list[str]) -> Path | None:
     return (rundir.REPORTS_DIR / name).resolve() if name else None
 
 
-def end_for_pytest(ending: Ending, pid: int, directory: Path | None, cwd: Path) -> None:
+def end_for_pytest(exited: PytestExit, pid: int, directory: Path | None, cwd: Path) -> None:
     """pytest died before it could end its run (killed after the grace, or by a signal from elsewhere):
     end run.json from the journal, ``interrupted`` if a stop was asked for, else ``killed``."""
-    how = f"was killed by {signal.Signals(-ending.status).name}" if ending.status < 0 else f"exited {ending.status}"
-    status = "interrupted" if ending.signal is not None else "killed"
+    how = f"was killed by {signal.Signals(-exited.status).name}" if exited.status < 0 else f"exited {exited.status}"
+    status = "interrupted" if exited.signal is not None else "killed"
     why = f"pytest {how} before it ended the run: its journal holds every test that ended before"
     candidates = [directory] if directory else sorted((cwd / rundir.REPORTS_DIR).glob("*/"), reverse=True)
     for candidate in candidates:
@@ -162,7 +162,7 @@ def option_value(argv: list[str], option: str) -> str | None:
     return value
 
 
-def wait_forwarding_stops(child: subprocess.Popen[Any]) -> Ending:
+def wait_forwarding_stops(child: subprocess.Popen[Any]) -> PytestExit:
     """How pytest ended.  The first stop signal is forwarded to pytest's process group as SIGINT (it
     records what ran and ends run.json ``interrupted``); a second one, or :data:`STOP_GRACE_S` without
     an end, kills the group.  No process of the run outlives this."""
@@ -191,7 +191,7 @@ def wait_forwarding_stops(child: subprocess.Popen[Any]) -> Ending:
         _signal_group(child.pid, signal.SIGKILL)  # workers left behind by a controller that ended early
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    return Ending(status, received[0] if received else None, forced or len(received) > 1)
+    return PytestExit(status, received[0] if received else None, forced or len(received) > 1)
 
 
 def _signal_group(pgid: int, signum: int) -> None:

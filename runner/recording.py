@@ -9,7 +9,7 @@ one :class:`mlaconf.reports.records.ResultRecord`:
   outcome when the test ended without one (a skip, an exception outside the verdict path, a
   timeout), and sets every record's verdict to pytest's outcome, so the report's counts are
   pytest's;
-* the controller's :class:`Collector` makes one for a test whose xdist worker died under it
+* the controller's :class:`RecordGatherer` makes one for a test whose xdist worker died under it
   (``worker 'gw0' crashed while running ...``), from the identity the worker sent with the test's
   setup report.
 
@@ -222,7 +222,7 @@ class UnexpectedPassWarning(UserWarning):
     """A known deviation did not reproduce: confirm it and update judge/known_deviations.toml."""
 
 
-class Collector:
+class RecordGatherer:
     """Controller-only hooks: gather every MLA test's record from pytest's reports (making one for a test
     whose worker crashed or that never ran) and hand each to the run, which owns the report directory
     (:class:`mlaconf.runner.run_directory.Run`); print the summary."""
