@@ -23,7 +23,7 @@ from typing import Literal
 
 import torch
 
-from mlaconf.facts.operator import MASK_NAMES, SUPPORTED_MASKS, kv_layout_of, scores_in_fp16
+from mlaconf.facts.operator import MASK_NAMES, SUPPORTED_MASKS, causal_offset, kv_layout_of, scores_in_fp16
 from mlaconf.harness.backend import MlaPrefillCall
 from mlaconf.harness.contract import ContractBackend
 from mlaconf.harness.torch_backend import NOPE, ROPE, VDIM, TorchSdpaBackend, head_chunk
@@ -46,11 +46,8 @@ def allowed_keys(q_len: int, kv_len: int, width: int, mask_type: int) -> torch.T
     rows = torch.arange(q_len)[:, None]
     cols = torch.arange(width)[None, :]
     allowed = (cols < kv_len).expand(q_len, width)
-    if mask_type == 2:
-        allowed = allowed & (cols <= rows)
-    elif mask_type == 3:
-        allowed = allowed & (cols <= rows + (kv_len - q_len))
-    return allowed
+    offset = causal_offset(mask_type, q_len, kv_len)
+    return allowed if offset is None else allowed & (cols <= rows + offset)
 
 
 def round_significand(x: torch.Tensor, bits: int) -> torch.Tensor:

@@ -321,15 +321,15 @@ class PowerRunner:
                 if key not in tried:
                     golden = self._store().ensure(spec)
                     tried[key] = _run_one(golden, subject, subject.make(), self.policy_set, self.deviations)
-                seen = tried[key]
+                outcome = tried[key]
                 found.append(
                     {
                         "case": spec.case_id,
                         "suite": spec.suite,
                         "name": spec.name,
-                        "kills": seen.outcome == "failed",
-                        "slack": seen.slack,
-                        "check": seen.check,
+                        "kills": outcome.outcome == "failed",
+                        "slack": outcome.slack,
+                        "check": outcome.check,
                         "toml": spec.to_toml(),
                     }
                 )

@@ -21,7 +21,6 @@ import numpy as np
 
 from mlaconf.facts.operator import MASKED_VALUE
 from mlaconf.golden.build.inputs import numpy_dtype
-from mlaconf.golden.specs.layout import out_shape
 from mlaconf.golden.build.reference import (
     DEFAULT_TILE,
     TileKernel,
@@ -32,6 +31,7 @@ from mlaconf.golden.build.reference import (
     gemm,
     tile_kernel,
 )
+from mlaconf.golden.specs.layout import out_shape
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.types import OpInputs
 

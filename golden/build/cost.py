@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlaconf.facts.operator import NOPE_DIM, ROPE_DIM, V_DIM
-from mlaconf.golden.specs.types import ROW_MAGNITUDES, element_magnitudes
 from mlaconf.golden.build.reference import FUSED_TILE
 from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.specs.types import ROW_MAGNITUDES, element_magnitudes
 
 #: HDF5 superblock, object headers and the root attributes (JSON spec, provenance, checksums).
 FILE_OVERHEAD = 64 * 1024

@@ -12,14 +12,13 @@ from mlaconf.facts.versions import package_version
 from mlaconf.golden.build import progress
 from mlaconf.golden.build.baseline import emulate_baseline
 from mlaconf.golden.build.inputs import generate_inputs
-from mlaconf.golden.specs.layout import row_valid
 from mlaconf.golden.build.magnitudes import reference_and_magnitudes, torch_magnitudes
 from mlaconf.golden.build.reference import DEVICE_ENV, gemm_library, reference_attention
-from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.build.stats import error_stats
+from mlaconf.golden.specs.layout import row_valid
+from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.types import GoldenCase, OpInputs
 from mlaconf.golden.store.integrity import GENERATOR_VERSION
-
 
 
 def _version(package: str) -> str:

@@ -53,7 +53,6 @@ import numpy as np
 
 from mlaconf.facts.operator import U32, V_DIM, scores_in_fp16
 from mlaconf.golden.build import progress
-from mlaconf.golden.specs.layout import out_shape
 from mlaconf.golden.build.reference import (
     DEFAULT_GPU_TILE,
     FUSED_TILE,
@@ -70,11 +69,11 @@ from mlaconf.golden.build.reference import (
     tile_kernel,
     value_gemm,
 )
+from mlaconf.golden.specs.layout import out_shape
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.types import (
     ELEMENT_MAGNITUDES,
     ROW_MAGNITUDES,
-    SCORE_PATH_MAGNITUDES,
     OpInputs,
     element_magnitudes,
 )

@@ -38,12 +38,12 @@ from typing import Any, TextIO
 from mlaconf.facts.cluster import node_resources
 from mlaconf.golden.build import cost
 from mlaconf.golden.build import progress as work_progress
-from mlaconf.golden.store.integrity import GoldenStoreError
 from mlaconf.golden.build.progress import Progress
 from mlaconf.golden.build.regen import BuilderRef, CaseOutcome, RegenSummary, RegenTask, regen_one, resolve_builder
 from mlaconf.golden.specs.spec import CaseSpec
-from mlaconf.golden.store.directory import GoldenStore
 from mlaconf.golden.specs.types import GoldenCase
+from mlaconf.golden.store.directory import GoldenStore
+from mlaconf.golden.store.integrity import GoldenStoreError
 
 STORE_MODES = ("shared", "driver")
 #: Retries of a task whose worker process or node died (Ray's own retry; failures of a build are outcomes).

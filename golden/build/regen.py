@@ -32,15 +32,15 @@ from mlaconf.facts.processes import THREAD_ENV, kill_with_parent, usable_cpus
 from mlaconf.facts.shard import in_shard
 from mlaconf.golden.build import drift
 from mlaconf.golden.build import progress as work_progress
-from mlaconf.golden.store.h5file import read_golden, read_meta
-from mlaconf.golden.store.bundles import inputs_from
-from mlaconf.golden.store.integrity import GoldenStoreError
 from mlaconf.golden.build.magnitudes import CANCELLING_MAGNITUDES, cancellation_noise
 from mlaconf.golden.build.progress import CaseWork, Progress
 from mlaconf.golden.specs.spec import CaseSpec
-from mlaconf.golden.store.directory import Builder, GoldenStore
 from mlaconf.golden.specs.suites import load_suite, load_suites
 from mlaconf.golden.specs.types import GoldenCase
+from mlaconf.golden.store.bundles import inputs_from
+from mlaconf.golden.store.directory import Builder, GoldenStore
+from mlaconf.golden.store.h5file import read_golden, read_meta
+from mlaconf.golden.store.integrity import GoldenStoreError
 
 DEFAULT_BUILDER = "mlaconf.golden.build.generate:build_golden"
 #: Magnitudes are stored rounded up (bf16 per element, float32 per row): a recomputation whose float64
