@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from mlaconf import ROOMS
-from mlaconf.reports.records import Failure, ResultRecord, make_record
+from mlaconf.reports.records import Failure, ResultRecord
+from mlaconf.runner.ending import failure_ending
 
 #: Where a timeout or exception happened, when a backend method is on the stack.
 BACKEND_METHODS = ("run", "synchronize", "available", "info")
@@ -80,4 +81,4 @@ def crash_record(
     else:
         failure = Failure("crash", "WorkerCrash", text, "")
         message = failure.text()
-    return make_record(ident, verdict="failed", message=message, failure=failure)
+    return failure_ending("failed", message, failure).record(ident)

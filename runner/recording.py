@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from mlaconf.reports import records
-from mlaconf.reports.records import PROPERTY_NAME, Failure, Record, RecordError, ResultRecord, make_record
+from mlaconf.reports.records import PROPERTY_NAME, Failure, Record, RecordError, ResultRecord
 from mlaconf.runner.applicability import declared_reason
+from mlaconf.runner.ending import failure_ending, never_ran_record
 from mlaconf.runner.failures import crash_record, failure_of, short_text
 from mlaconf.runner.identity import BACKEND_LABELS, identity, identity_from_nodeid, is_mla_test, is_mla_test_id
 from mlaconf.runner.run_directory import ReportState, Run, is_never_ran
@@ -151,7 +152,7 @@ def _from_outcome(
     phase = "" if report.when == "call" else f"{report.when}: "
     if report.when == "teardown":
         ident = dict(ident, test=f"{ident['test']}@teardown")
-    return make_record(ident, verdict=outcome, message=phase + message, failure=failure)
+    return failure_ending(outcome, phase + message, failure).record(ident)
 
 
 class MlaReport:
@@ -278,11 +279,8 @@ class RecordGatherer:
             )
         elif ident is not None:  # an MLA test whose record got lost on the way: never silently
             failure = Failure("exception", "", short_text(str(report.longrepr or "")), "")
-            made = make_record(
-                ident,
-                verdict=outcome,
-                message=failure.text(),
-                failure=failure if outcome in ("failed", "error") else None,
+            made = failure_ending(outcome, failure.text(), failure if outcome in ("failed", "error") else None).record(
+                ident
             )
         else:
             return
@@ -364,8 +362,7 @@ class RecordGatherer:
         labels = self._backend_labels()
         for nodeid in unrun:
             ident = state.selected[nodeid] or state.identities.get(nodeid) or identity_from_nodeid(nodeid, labels)
-            failure = Failure("not_run", "", f"never ran: {why}", "")
-            state.records.append(make_record(ident, verdict="error", message=failure.text(), failure=failure).to_dict())
+            state.records.append(never_ran_record(ident, why).to_dict())
         state.problems.append(f"{len(unrun)} of {len(state.selected)} selected MLA tests never ran: {why}")
         return status
 
