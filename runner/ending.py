@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
@@ -28,12 +28,16 @@ from mlaconf.judge.verdict import Outcome, error_map
 from mlaconf.reports.records import Failure, ResultRecord, make_record
 from mlaconf.runner.identity import identity
 
+#: What a record says of a test: a judged outcome, or pytest's when the test reached no verdict.
+RecordOutcome = Outcome | Literal["skipped", "error"]
+
 if TYPE_CHECKING:
+    import pytest
+
     from mlaconf.golden.specs.types import GoldenCase
     from mlaconf.judge.causes import Cause
     from mlaconf.judge.metrics import Metrics
     from mlaconf.judge.policy import Policy, Verdict
-    from mlaconf.runner.recording import MlaReport
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,7 @@ class Ending:
     identity, verdict and message: checks, metrics, error ..., and a property example's case; validated
     when the record is made)."""
 
-    outcome: Outcome | Literal["skipped", "error"]
+    outcome: RecordOutcome
     message: str
     evidence: Mapping[str, Any] = field(default_factory=dict)
     #: Said after the message in pytest's failure text only (a property's case to paste into a suite).
@@ -55,7 +59,7 @@ class Ending:
         return make_record(ident, verdict=self.outcome, message=self.message, **self.evidence)
 
 
-def failure_ending(outcome: Outcome | Literal["skipped", "error"], message: str, failure: Failure | None) -> Ending:
+def failure_ending(outcome: RecordOutcome, message: str, failure: Failure | None) -> Ending:
     """The ending of a test that reached no verdict: pytest's outcome, its message and how it failed."""
     return Ending(outcome, message, {"failure": failure})
 
@@ -106,12 +110,24 @@ def side_failure(side: str, verdict: Verdict) -> dict[str, Any]:
     return {"side": side, "worst_slack": float(verdict.worst_slack), "summary": verdict.summary()}
 
 
-def named(report: MlaReport, ending: Ending) -> ResultRecord:
+class RunningTest(Protocol):
+    """What ending a test needs of the ``mla_report`` fixture (:class:`mlaconf.runner.recording.MlaReport`):
+    the running test, and the way it concludes."""
+
+    @property
+    def node(self) -> pytest.Item: ...
+
+    def conclude(
+        self, record: ResultRecord, outcome: RecordOutcome, message: str, *, pending: bool = False
+    ) -> None: ...
+
+
+def named(report: RunningTest, ending: Ending) -> ResultRecord:
     """The running test's record of ``ending``: the test's identity added, the record made."""
     return ending.record(identity(report.node))
 
 
-def end(report: MlaReport, ending: Ending, *, pending: bool = False) -> None:
+def end(report: RunningTest, ending: Ending, *, pending: bool = False) -> None:
     """End the running MLA test with ``ending``: its record attached (``pending``: kept only if the test
     ends failing, as hypothesis replays the shrunk example last), then pytest's outcome (an xfail, an
     unexpected-pass warning or a failure without a traceback; a pass returns)."""

@@ -36,13 +36,13 @@ import pytest
 from mlaconf.reports import records
 from mlaconf.reports.records import PROPERTY_NAME, Failure, Record, RecordError, ResultRecord
 from mlaconf.runner.applicability import declared_reason
-from mlaconf.runner.ending import failure_ending, never_ran_record
-from mlaconf.runner.failures import crash_record, failure_of, short_text
+from mlaconf.runner.ending import RecordOutcome, failure_ending, never_ran_record
+from mlaconf.runner.failures import crash_failure, failure_of, short_text
 from mlaconf.runner.identity import BACKEND_LABELS, identity, identity_from_nodeid, is_mla_test, is_mla_test_id
 from mlaconf.runner.run_directory import ReportState, Run, is_never_ran
 
 if TYPE_CHECKING:
-    from mlaconf.judge.verdict import Outcome
+    pass
 
 #: Scalar record fields also attached as plain properties, so ``--junitxml`` shows them.
 JUNIT_FIELDS = ("verdict", "worst_slack", "policy", "backend")
@@ -63,7 +63,7 @@ def has_record(item: pytest.Item) -> bool:
     return ATTACHED in item.stash or PENDING in item.stash
 
 
-def outcome_of_report(report: pytest.TestReport) -> str:
+def outcome_of_report(report: pytest.TestReport) -> RecordOutcome:
     """pytest's verdict for the phase, in the record vocabulary."""
     if hasattr(report, "wasxfail"):
         return "xfailed" if report.skipped else "xpassed"
@@ -134,7 +134,7 @@ def complete_report(item: pytest.Item, call: pytest.CallInfo[None], report: pyte
 
 def _from_outcome(
     ident: Mapping[str, Any],
-    outcome: str,
+    outcome: RecordOutcome,
     report: pytest.TestReport,
     item: pytest.Item,
     excinfo: pytest.ExceptionInfo[BaseException] | None,
@@ -206,7 +206,7 @@ class MlaReport:
         """Keep ``record`` for the test, to be used only if the test ends failing."""
         self._node.stash[PENDING] = record
 
-    def conclude(self, record: ResultRecord, outcome: Outcome, message: str, *, pending: bool = False) -> None:
+    def conclude(self, record: ResultRecord, outcome: RecordOutcome, message: str, *, pending: bool = False) -> None:
         """The one way an MLA test ends: its record attached (``pending``: kept for the test only if it
         ends failing), then pytest's outcome from it: an xfail, a loud warning for an unexpected pass
         (a known deviation that did not reproduce), or a failure without a traceback."""
@@ -274,9 +274,10 @@ class RecordGatherer:
         if str(report.when) == "???":  # xdist: the worker died while running this test
             ident = ident or identity_from_nodeid(report.nodeid, self._backend_labels())
             seen = state.setup_seen.get(report.nodeid)
-            made = crash_record(
-                ident, report, None if seen is None else time.time() - seen, self._timeout(), self._timeout_method()
+            message, failure = crash_failure(
+                report, None if seen is None else time.time() - seen, self._timeout(), self._timeout_method()
             )
+            made = failure_ending("failed", message, failure).record(ident)
         elif ident is not None:  # an MLA test whose record got lost on the way: never silently
             failure = Failure("exception", "", short_text(str(report.longrepr or "")), "")
             made = failure_ending(outcome, failure.text(), failure if outcome in ("failed", "error") else None).record(
