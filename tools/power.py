@@ -3,7 +3,7 @@
 Cases run one after another (or on ``jobs`` threads), each golden read once for every backend that its
 trigger lets reach the case, and judged in-process by :func:`mlaconf.runner.conformance.run_case`, the
 code the pytest suite uses, under the default policy.  A defect is killed when some case fails it; a zoo
-member (a correct kernel) failing a case is a false alarm.  ``mlaconf power`` (:mod:`.power_cli`) is
+member (a correct kernel) failing a case is a false alarm.  ``mlaconf power`` (:mod:`.power_report`) is
 the command; docs/conformance.md "Power" says how to read its report.
 """
 

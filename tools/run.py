@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from mlaconf.facts.processes import kill_with_parent
-from mlaconf.harness.registry import AUTO_ORDER, BUILTIN, choices_text, name_problem
+from mlaconf.harness.registry import choices_text, name_problem
 from mlaconf.reports import rundir
-from mlaconf.runner.selection import DEFAULT_SUITE, policy_problem, suite_choices
+from mlaconf.runner.selection import policy_problem
 from mlaconf.tools.command import pytest_command
 
 #: Signals that stop the run: forwarded to pytest's process group as SIGINT (its clean stop).
@@ -211,54 +211,3 @@ def run_on_cluster(args: argparse.Namespace) -> int:
     except ClusterUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-
-
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "run",
-        help="conformance run (default: smoke suite on the best available backend, -n auto)",
-        description="Runs the conformance suites under pytest; goldens missing from the store are "
-        "generated on demand. Arguments after '--' go to pytest (e.g. -- --lf -k causal); paths or node ids "
-        "among them replace the installed suites (-- cases/test_conformance.py).",
-    )
-    parser.add_argument(
-        "--suite", action="append", choices=suite_choices(), help=f"a suite (default {DEFAULT_SUITE}); repeatable"
-    )
-    parser.add_argument(
-        "--backend",
-        action="append",
-        help=f"auto (default: the first available of {', '.join(AUTO_ORDER)}), "
-        f"{', '.join(BUILTIN)}, or an external backend as pkg.module:factory; repeatable",
-    )
-    parser.add_argument("--policy", default=None, help="tolerance policy (default: 'default')")
-    parser.add_argument("--golden-dir", default=None, help="golden store (default $MLA_GOLDEN_DIR or .golden/)")
-    parser.add_argument(
-        "--run-name", default=None, help="report folder name under reports/out/ in the working directory"
-    )
-    parser.add_argument("--report-dir", default=None, help="report folder (overrides --run-name)")
-    parser.add_argument("-n", "--jobs", default="auto", help="xdist workers (default auto: one per accelerator)")
-    parser.add_argument(
-        "--ray",
-        nargs="?",
-        const="",
-        default=None,
-        metavar="ADDRESS",
-        help="spread the run over a Ray cluster, one pytest shard per NPU/GPU/CPU slot (auto, HOST:PORT, "
-        "ray://HOST:10001; none: $RAY_ADDRESS or a local cluster); needs the 'ray' extra; docs/cluster.md",
-    )
-    parser.add_argument(
-        "--ray-retries",
-        type=int,
-        default=2,
-        metavar="N",
-        help="with --ray: times a shard whose worker or node died is run again (default 2)",
-    )
-    parser.add_argument(
-        "--resume",
-        default=None,
-        metavar="DIR",
-        help="finish the interrupted or killed run in DIR: only its selected tests without a record run, "
-        "with its own arguments, into the same run (refused when the environment or goldens differ)",
-    )
-    parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="extra pytest arguments after --")
-    parser.set_defaults(func=run)
