@@ -5,7 +5,9 @@ model's terms (the cases that can reach it), the probe it needs if judging one o
 for a reproduced upstream bug its public source and the releases that carried it (docs/real-bugs.md).
 Each name is a zero-argument factory usable as ``--mla-backend mlaconf.harness.defects:<name>``;
 ``mlaconf power`` runs them all over a suite.  Adding a defect: a :class:`Defect` subclass whose
-``description`` says what is wrong, and one :class:`DefectEntry` line in ``_ENTRIES``.
+``description`` says what is wrong, and one :class:`DefectEntry` line in ``_ENTRIES``.  A mistake the
+likely-cause diagnosis also knows (:mod:`mlaconf.judge.causes`) is catalogued once, in
+:mod:`mlaconf.facts.mistakes`: its name, its words and its rule come from there.
 
 ``control_math`` is the defects' own float32 attention path without a bug: it must pass, so failures of
 ``p_fp8`` and ``padding_nan_unsafe`` come from their bug, not from the path.  Zero-length batches' rows

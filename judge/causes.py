@@ -6,6 +6,8 @@ kernel with that mistake computes.  A mistake *explains* an output when the outp
 the mistake's golden falls by orders of magnitude from its error against the true golden, to within
 the precision model (a few times the emulated same-dtype baseline's own error).  Each mistake costs
 one float64 reference pass, so the runner tries the catalogue only for small cases unless asked.
+A mistake also planted as a defect (:mod:`mlaconf.harness.defects`) is catalogued once, in
+:mod:`mlaconf.facts.mistakes`: its name, its words and its rule come from there.
 """
 
 from __future__ import annotations
