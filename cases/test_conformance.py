@@ -12,10 +12,10 @@ from mlaconf.golden.store.directory import GoldenStore
 from mlaconf.harness.backend import Backend
 from mlaconf.judge.deviations import DeviationSet
 from mlaconf.judge.policy import PolicySet
-from mlaconf.runner.collect import MlaReport
 from mlaconf.runner.conformance import run_case, save_output
 from mlaconf.runner.ending import end
 from mlaconf.runner.identity import policy_name
+from mlaconf.runner.recording import MlaReport
 
 pytestmark = pytest.mark.conformance
 

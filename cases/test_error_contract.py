@@ -15,9 +15,9 @@ from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.harness.backend import Backend
 from mlaconf.judge.deviations import DeviationSet
 from mlaconf.runner.applicability import not_applicable
-from mlaconf.runner.collect import MlaReport
 from mlaconf.runner.ending import end
 from mlaconf.runner.perturb import judge_error_case
+from mlaconf.runner.recording import MlaReport
 
 pytestmark = pytest.mark.error_contract
 

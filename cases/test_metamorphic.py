@@ -36,10 +36,10 @@ from mlaconf.harness.backend import Backend
 from mlaconf.judge.deviations import DeviationSet
 from mlaconf.judge.policy import PolicySet
 from mlaconf.runner.applicability import not_applicable
-from mlaconf.runner.collect import MlaReport
 from mlaconf.runner.execution import execute, make_call
 from mlaconf.runner.identity import policy_name, relation_name
 from mlaconf.runner.metamorphic import Relation, poison_padding, widen_padding
+from mlaconf.runner.recording import MlaReport
 from mlaconf.runner.selection import relation_table
 
 pytestmark = pytest.mark.metamorphic

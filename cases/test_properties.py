@@ -29,11 +29,11 @@ from mlaconf.judge.deviations import DeviationSet
 from mlaconf.judge.policy import PolicySet
 from mlaconf.judge.verdict import judge_resolved, mode_text
 from mlaconf.reports.records import ErrorEvidence
-from mlaconf.runner.collect import MlaReport
 from mlaconf.runner.ending import Ending, end, named, verdict_evidence
 from mlaconf.runner.execution import execute, make_call, output_digest
 from mlaconf.runner.failures import failure_of
 from mlaconf.runner.identity import policy_name, spec_fields
+from mlaconf.runner.recording import MlaReport
 
 pytestmark = pytest.mark.property
 

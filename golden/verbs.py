@@ -1,6 +1,6 @@
 """The golden verbs' command lines (``regen``, ``verify``, ``show``, ``list``, ``store``), light to import:
 ``mlaconf --help`` and a usage error build every verb's parser, so this module loads neither numpy nor h5py;
-each verb's work is imported from :mod:`mlaconf.golden.cli` when it runs (docs/architecture.md, "A CLI that
+each verb's work is imported from :mod:`mlaconf.golden.maintain` when it runs (docs/architecture.md, "A CLI that
 starts at once")."""
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def register(subparsers: Any) -> None:
         help="with --ray: tasks write into the store (shared: a filesystem every node mounts at the same "
         "path, with atomic rename and locks), or return the golden for this process to write (driver)",
     )
-    p.set_defaults(func="mlaconf.golden.cli:cmd_regen")
+    p.set_defaults(func="mlaconf.golden.maintain:cmd_regen")
 
     p = subparsers.add_parser(
         "verify",
@@ -96,7 +96,7 @@ def register(subparsers: Any) -> None:
         "magnitudes within one rounding step, the baseline and its statistics within the baseline's rounding "
         "bound (a move within it is reported as ok; docs/golden-files.md)",
     )
-    p.set_defaults(func="mlaconf.golden.cli:cmd_verify")
+    p.set_defaults(func="mlaconf.golden.maintain:cmd_verify")
 
     p = subparsers.add_parser(
         "show",
@@ -107,7 +107,7 @@ def register(subparsers: Any) -> None:
     )
     _common(p, selects=False)
     p.add_argument("case", metavar="CASE", help="case id, case id prefix, or content hash prefix")
-    p.set_defaults(func="mlaconf.golden.cli:cmd_show")
+    p.set_defaults(func="mlaconf.golden.maintain:cmd_show")
 
     p = subparsers.add_parser(
         "list",
@@ -120,7 +120,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--jobs", "-j", type=int, default=1, metavar="N", help="judge the fit for regen with N jobs (default 1)"
     )
-    p.set_defaults(func="mlaconf.golden.cli:cmd_list")
+    p.set_defaults(func="mlaconf.golden.maintain:cmd_list")
 
     p = subparsers.add_parser(
         "store",
@@ -139,4 +139,4 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--prune", action="store_true", help="list unreferenced files for deletion (dry run)")
     p.add_argument("--yes", action="store_true", help="with --prune: really delete them")
-    p.set_defaults(func="mlaconf.golden.cli:cmd_store")
+    p.set_defaults(func="mlaconf.golden.maintain:cmd_store")

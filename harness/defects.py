@@ -5,7 +5,9 @@ model's terms (the cases that can reach it), the probe it needs if judging one o
 for a reproduced upstream bug its public source and the releases that carried it (docs/real-bugs.md).
 Each name is a zero-argument factory usable as ``--mla-backend mlaconf.harness.defects:<name>``;
 ``mlaconf power`` runs them all over a suite.  Adding a defect: a :class:`Defect` subclass whose
-``description`` says what is wrong, and one :class:`DefectEntry` line in ``_ENTRIES``.
+``description`` says what is wrong, and one :class:`DefectEntry` line in ``_ENTRIES``.  A mistake the
+likely-cause diagnosis also knows (:mod:`mlaconf.judge.causes`) is catalogued once, in
+:mod:`mlaconf.facts.mistakes`: its name, its words and its rule come from there.
 
 ``control_math`` is the defects' own float32 attention path without a bug: it must pass, so failures of
 ``p_fp8`` and ``padding_nan_unsafe`` come from their bug, not from the path.  Zero-length batches' rows
@@ -23,7 +25,21 @@ from typing import Literal
 
 import torch
 
-from mlaconf.facts.operator import MASK_NAMES, SUPPORTED_MASKS, kv_layout_of, scores_in_fp16
+from mlaconf.facts.mistakes import (
+    CAUSAL_TOP_LEFT,
+    GQA_MODULO,
+    PADDED_AS_PACKED,
+    ROPE_DROPPED,
+    SCALE_IGNORED,
+    SCALE_IN_INPUT_DTYPE,
+    SCALE_TWICE,
+    ignored_scale,
+    modulo_kv_heads,
+    scale_in_input_dtype,
+    squared_scale,
+    top_left_mask,
+)
+from mlaconf.facts.operator import MASK_NAMES, SUPPORTED_MASKS, causal_offset, kv_layout_of, scores_in_fp16
 from mlaconf.harness.backend import MlaPrefillCall
 from mlaconf.harness.contract import ContractBackend
 from mlaconf.harness.torch_backend import NOPE, ROPE, VDIM, TorchSdpaBackend, head_chunk
@@ -46,11 +62,8 @@ def allowed_keys(q_len: int, kv_len: int, width: int, mask_type: int) -> torch.T
     rows = torch.arange(q_len)[:, None]
     cols = torch.arange(width)[None, :]
     allowed = (cols < kv_len).expand(q_len, width)
-    if mask_type == 2:
-        allowed = allowed & (cols <= rows)
-    elif mask_type == 3:
-        allowed = allowed & (cols <= rows + (kv_len - q_len))
-    return allowed
+    offset = causal_offset(mask_type, q_len, kv_len)
+    return allowed if offset is None else allowed & (cols <= rows + offset)
 
 
 def round_significand(x: torch.Tensor, bits: int) -> torch.Tensor:
@@ -115,21 +128,21 @@ class ControlMath(Defect):
 
 
 class ScaleIgnored(Defect):
-    description = "qkScale ignored (1.0 used)"
+    description = SCALE_IGNORED.planted
 
     def before(self, call: MlaPrefillCall) -> MlaPrefillCall:
-        return _replace(call, qk_scale=1.0)
+        return _replace(call, qk_scale=ignored_scale(call.qk_scale))
 
 
 class ScaleTwice(Defect):
-    description = "qkScale applied twice"
+    description = SCALE_TWICE.planted
 
     def before(self, call: MlaPrefillCall) -> MlaPrefillCall:
-        return _replace(call, qk_scale=call.qk_scale**2)
+        return _replace(call, qk_scale=squared_scale(call.qk_scale))
 
 
 class RopeDropped(Defect):
-    description = "the rope term qRope.kRope dropped from the scores"
+    description = ROPE_DROPPED.planted
 
     def before(self, call: MlaPrefillCall) -> MlaPrefillCall:
         return _replace(call, q_rope=torch.zeros_like(call.q_rope))
@@ -143,21 +156,21 @@ class MaskFreeIgnored(Defect):
 
 
 class CausalTopLeft(Defect):
-    description = "CAUSAL aligned top-left (j <= i) instead of bottom-right (j <= i + kv - q)"
+    description = CAUSAL_TOP_LEFT.planted
 
     def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
     ) -> torch.Tensor:
-        return super()._attend(q, k, v, group, scale, 2 if mask_type == 3 else mask_type)
+        return super()._attend(q, k, v, group, scale, top_left_mask(mask_type))
 
 
 class GqaModulo(Defect):
-    description = "GQA head mapping h % Hkv instead of h // (H / Hkv)"
+    description = GQA_MODULO.planted
 
     def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
     ) -> torch.Tensor:
-        order = torch.arange(k.shape[1] * group) % k.shape[1]  # query head h reads kv head h % Hkv
+        order = torch.tensor(modulo_kv_heads(k.shape[1] * group, k.shape[1]))  # query head h reads kv head h % Hkv
         return super()._attend(q, k[:, order], v[:, order], 1, scale, mask_type)
 
 
@@ -173,7 +186,7 @@ class OneKeyShort(Defect):
 
 
 class PaddedAsPacked(Defect):
-    description = "padded kv read at packed offsets sum(kvSeqLen[:b]) (ATB's [derived] addressing)"
+    description = PADDED_AS_PACKED.planted
 
     def before(self, call: MlaPrefillCall) -> MlaPrefillCall:
         if _is_packed(call):
@@ -450,16 +463,13 @@ def _is_packed(call: MlaPrefillCall) -> bool:
 
 
 class ScaleInInputDtype(Defect):
-    description = (
-        "qkScale rounded to the input dtype where ATB keeps it fp32 (bf16, fp16 causal): "
-        "a temperature error of ~1e-3 in bf16"
-    )
+    description = SCALE_IN_INPUT_DTYPE.planted
 
     def before(self, call: MlaPrefillCall) -> MlaPrefillCall:
         dtype = "fp16" if call.q.dtype == torch.float16 else "bf16"
         if scores_in_fp16(dtype, call.mask_type):
             return call  # ATB's fp16 score path casts qkScale to fp16 itself: legitimate there
-        return _replace(call, qk_scale=float(torch.tensor(call.qk_scale, dtype=call.q.dtype)))
+        return _replace(call, qk_scale=scale_in_input_dtype(call.qk_scale, dtype))
 
 
 class HalfHeadsBf16(Defect):
@@ -612,14 +622,14 @@ class DefectEntry:
 
 
 _ENTRIES = (
-    DefectEntry("scale_ignored", ScaleIgnored),
-    DefectEntry("scale_twice", ScaleTwice),
-    DefectEntry("rope_dropped", RopeDropped),
+    DefectEntry(SCALE_IGNORED.name, ScaleIgnored),
+    DefectEntry(SCALE_TWICE.name, ScaleTwice),
+    DefectEntry(ROPE_DROPPED.name, RopeDropped),
     DefectEntry("mask_free_ignored", MaskFreeIgnored, {"mask": ("mask_free",)}),
-    DefectEntry("causal_top_left", CausalTopLeft, {"mask": ("causal",), "prefix": NONZERO_PREFIX}),
-    DefectEntry("gqa_modulo", GqaModulo, {"group": GQA_OVER_KV_HEADS}),
+    DefectEntry(CAUSAL_TOP_LEFT.name, CausalTopLeft, {"mask": ("causal",), "prefix": NONZERO_PREFIX}),
+    DefectEntry(GQA_MODULO.name, GqaModulo, {"group": GQA_OVER_KV_HEADS}),
     DefectEntry("one_key_short", OneKeyShort),
-    DefectEntry("padded_as_packed", PaddedAsPacked, {"kv_layout": ("padded",), "batch": SEVERAL_BATCHES}),
+    DefectEntry(PADDED_AS_PACKED.name, PaddedAsPacked, {"kv_layout": ("padded",), "batch": SEVERAL_BATCHES}),
     DefectEntry("padding_rows_read", PaddingRowsRead, {"kv_layout": ("padded",)}),
     DefectEntry("padding_nan_unsafe", PaddingNanUnsafe, {"kv_layout": ("padded",)}, probe="nan_padding"),
     DefectEntry("p_fp8", PFp8),
@@ -632,7 +642,7 @@ _ENTRIES = (
     DefectEntry("late_rescale_missing", LateRescaleMissing),
     DefectEntry("causal_offset_batch0", CausalOffsetBatch0, {"mask": ("causal",), "batch": SEVERAL_BATCHES}),
     DefectEntry("prefix_tail_dropped", PrefixTailDropped, {"mask": ("causal",), "prefix": ("lt128", "mid", "long")}),
-    DefectEntry("scale_in_input_dtype", ScaleInInputDtype),
+    DefectEntry(SCALE_IN_INPUT_DTYPE.name, ScaleInInputDtype),
     DefectEntry("half_heads_bf16", HalfHeadsBf16, {"dtype": ("fp16",)}),
     DefectEntry("tail_row_unwritten", TailRowUnwritten),
     DefectEntry(

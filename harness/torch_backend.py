@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mlaconf.facts.operator import NOPE_DIM, ROPE_DIM, V_DIM, kv_layout_of
+from mlaconf.facts.operator import MASK_FREE, NOPE_DIM, ROPE_DIM, V_DIM, causal_offset, kv_layout_of
 from mlaconf.harness.backend import Availability, BackendError, BackendInfo, MlaPrefillCall
 
 NOPE, ROPE, VDIM = NOPE_DIM, ROPE_DIM, V_DIM
@@ -103,17 +103,17 @@ class TorchSdpaBackend:
         kh = k.transpose(0, 1).repeat_interleave(group, dim=0)
         vh = v.transpose(0, 1).repeat_interleave(group, dim=0)
         q_len, kv_len, heads = q.shape[0], k.shape[0], q.shape[1]
+        offset = causal_offset(mask_type, q_len, kv_len)  # key j visible to row i iff j <= i + offset
         if q_len * kv_len * heads <= SCORE_BUDGET:
             mask = None
-            is_causal = mask_type == 2
-            if mask_type == 3:  # bottom-right aligned: key j visible to row i iff j <= i + (kv - q)
+            is_causal = mask_type == MASK_FREE  # offset 0: SDPA's own top-left causal mask
+            if offset is not None and not is_causal:
                 rows = torch.arange(q_len, device=q.device)[:, None]
                 cols = torch.arange(kv_len, device=q.device)[None, :]
-                mask = cols <= rows + (kv_len - q_len)
+                mask = cols <= rows + offset
             out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=is_causal, scale=scale)
             return out.transpose(0, 1)
         # one head's scores exceed the budget: blocks of query rows, each against the keys it may see
-        offset = {2: 0, 3: kv_len - q_len}.get(mask_type)
         block = max(1, SCORE_BUDGET // (kv_len * heads))
         out = torch.empty(heads, q_len, v.shape[-1], dtype=q.dtype, device=q.device)
         for i0 in range(0, q_len, block):

@@ -40,14 +40,15 @@ import math
 
 import torch
 
+from mlaconf.facts.operator import causal_offset
 from mlaconf.harness.torch_backend import TorchSdpaBackend
 
 
 def visible_keys(q_len: int, kv_len: int, mask_type: int) -> torch.Tensor | None:
     """``[q, kv]`` boolean mask of visible keys, None when every key is visible."""
-    if mask_type not in (2, 3):
+    offset = causal_offset(mask_type, q_len, kv_len)
+    if offset is None:
         return None
-    offset = 0 if mask_type == 2 else kv_len - q_len
     rows = torch.arange(q_len)[:, None]
     return torch.arange(kv_len)[None, :] <= rows + offset
 

@@ -6,19 +6,35 @@ kernel with that mistake computes.  A mistake *explains* an output when the outp
 the mistake's golden falls by orders of magnitude from its error against the true golden, to within
 the precision model (a few times the emulated same-dtype baseline's own error).  Each mistake costs
 one float64 reference pass, so the runner tries the catalogue only for small cases unless asked.
+A mistake also planted as a defect (:mod:`mlaconf.harness.defects`) is catalogued once, in
+:mod:`mlaconf.facts.mistakes`: its name, its words and its rule come from there.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from mlaconf.facts.operator import NOPE_DIM, ROPE_DIM, V_DIM
+from mlaconf.facts.mistakes import (
+    CAUSAL_TOP_LEFT,
+    GQA_MODULO,
+    PADDED_AS_PACKED,
+    ROPE_DROPPED,
+    SCALE_IGNORED,
+    SCALE_IN_INPUT_DTYPE,
+    SCALE_TWICE,
+    ignored_scale,
+    modulo_kv_heads,
+    packed_rows,
+    scale_in_input_dtype,
+    squared_scale,
+    top_left_mask,
+)
+from mlaconf.facts.operator import NOPE_DIM, ROPE_DIM, V_DIM, as_c_float
 from mlaconf.golden.building.reference import reference_attention
 from mlaconf.golden.specs.layout import kv_views
 from mlaconf.golden.specs.spec import CaseSpec
@@ -78,13 +94,13 @@ def _batches(inputs: OpInputs, spec: CaseSpec) -> list[KV]:
 
 @dataclass(frozen=True)
 class CausalTopLeft:
-    name: str = "causal_top_left"
-    text: str = "a top-left causal mask (j <= i) instead of the bottom-right one (j <= i + kv - q)"
+    name: str = CAUSAL_TOP_LEFT.name
+    text: str = CAUSAL_TOP_LEFT.explains
 
     def rewrite(self, inputs: OpInputs, spec: CaseSpec) -> tuple[OpInputs, CaseSpec] | None:
-        if spec.mask_type != 3 or spec.q_seqlen == spec.kv_seqlen:
+        if top_left_mask(spec.mask_type) == spec.mask_type or spec.q_seqlen == spec.kv_seqlen:
             return None
-        return inputs, dataclasses.replace(spec, mask_type=2)
+        return inputs, dataclasses.replace(spec, mask_type=top_left_mask(spec.mask_type))
 
 
 @dataclass(frozen=True)
@@ -98,41 +114,42 @@ class CausalMaskDropped:
 
 @dataclass(frozen=True)
 class ScaleIgnored:
-    name: str = "scale_ignored"
-    text: str = "qkScale ignored (1.0 used)"
+    name: str = SCALE_IGNORED.name
+    text: str = SCALE_IGNORED.explains
 
     def rewrite(self, inputs: OpInputs, spec: CaseSpec) -> tuple[OpInputs, CaseSpec] | None:
-        return None if spec.qk_scale == 1.0 else (inputs, dataclasses.replace(spec, qk_scale=1.0))
+        return (
+            None if spec.qk_scale == 1.0 else (inputs, dataclasses.replace(spec, qk_scale=ignored_scale(spec.qk_scale)))
+        )
 
 
 @dataclass(frozen=True)
 class ScaleTwice:
-    name: str = "scale_twice"
-    text: str = "qkScale applied twice"
+    name: str = SCALE_TWICE.name
+    text: str = SCALE_TWICE.explains
 
     def rewrite(self, inputs: OpInputs, spec: CaseSpec) -> tuple[OpInputs, CaseSpec] | None:
-        return None if spec.qk_scale == 1.0 else (inputs, dataclasses.replace(spec, qk_scale=spec.qk_scale**2))
+        return (
+            None if spec.qk_scale == 1.0 else (inputs, dataclasses.replace(spec, qk_scale=squared_scale(spec.qk_scale)))
+        )
 
 
 @dataclass(frozen=True)
 class ScaleInInputDtype:
-    name: str = "scale_in_input_dtype"
-    text: str = "qkScale rounded to the input dtype"
+    name: str = SCALE_IN_INPUT_DTYPE.name
+    text: str = SCALE_IN_INPUT_DTYPE.explains
 
     def rewrite(self, inputs: OpInputs, spec: CaseSpec) -> tuple[OpInputs, CaseSpec] | None:
-        import ml_dtypes
-
-        dtype = np.float16 if spec.dtype == "fp16" else ml_dtypes.bfloat16
-        rounded = float(np.asarray(spec.qk_scale, dtype=np.float32).astype(dtype).astype(np.float64))
-        if rounded == float(np.float32(spec.qk_scale)):
+        rounded = scale_in_input_dtype(spec.qk_scale, spec.dtype)
+        if rounded == as_c_float(spec.qk_scale):
             return None
         return inputs, dataclasses.replace(spec, qk_scale=rounded)
 
 
 @dataclass(frozen=True)
 class RopeDropped:
-    name: str = "rope_dropped"
-    text: str = "the rope term qRope.kRope dropped"
+    name: str = ROPE_DROPPED.name
+    text: str = ROPE_DROPPED.explains
 
     def rewrite(self, inputs: OpInputs, spec: CaseSpec) -> tuple[OpInputs, CaseSpec] | None:
         return dataclasses.replace(inputs, q_rope=np.zeros_like(inputs.q_rope)), spec
@@ -140,21 +157,21 @@ class RopeDropped:
 
 @dataclass(frozen=True)
 class GqaModulo:
-    name: str = "gqa_modulo"
-    text: str = "GQA heads mapped by modulo (h % Hkv instead of h // (H / Hkv))"
+    name: str = GQA_MODULO.name
+    text: str = GQA_MODULO.explains
 
     def rewrite(self, inputs: OpInputs, spec: CaseSpec) -> tuple[OpInputs, CaseSpec] | None:
         if spec.kv_head_num in (1, spec.head_num):
             return None
-        order = np.arange(spec.head_num) % spec.kv_head_num
+        order = np.asarray(modulo_kv_heads(spec.head_num, spec.kv_head_num))
         batches = [(k[:, order], kr[:, order], v[:, order]) for k, kr, v in _batches(inputs, spec)]
         return _packed(inputs, spec, batches, kv_head_num=spec.head_num)
 
 
 @dataclass(frozen=True)
 class PaddedAsPacked:
-    name: str = "padded_as_packed"
-    text: str = "padded kv read as packed (batch b's keys from row sum(kvSeqLen[:b]) of the flat buffer)"
+    name: str = PADDED_AS_PACKED.name
+    text: str = PADDED_AS_PACKED.explains
 
     def rewrite(self, inputs: OpInputs, spec: CaseSpec) -> tuple[OpInputs, CaseSpec] | None:
         if spec.kv_layout != "padded" or all(n == spec.padded_rows for n in spec.kv_seqlen[:-1]):
@@ -164,8 +181,7 @@ class PaddedAsPacked:
             a.reshape(-1, hkv, d)[:total]
             for a, d in ((inputs.k, NOPE_DIM), (inputs.k_rope, ROPE_DIM), (inputs.v, V_DIM))
         )
-        starts = np.concatenate([[0], np.cumsum(spec.kv_seqlen)])
-        batches = [(k[s:e], kr[s:e], v[s:e]) for s, e in itertools.pairwise(starts)]
+        batches = [(k[s:e], kr[s:e], v[s:e]) for s, e in packed_rows(spec.kv_seqlen)]
         return _packed(inputs, spec, batches)
 
 

@@ -23,15 +23,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, NamedTuple
 
 import ml_dtypes
 import numpy as np
 
 from mlaconf.facts.processes import map_for
 from mlaconf.golden.building.chunks import RowChunk, row_chunks
-from mlaconf.golden.building.stats import REL_FLOOR
+from mlaconf.golden.building.stats import REL_FLOOR, ErrorSums
 
 #: Relative-error threshold of the "thousandth" rules (fp16 0.1%, bf16 0.4%).
 THOUSANDTH = {"fp16": 0.001, "bf16": 0.004}
@@ -237,18 +237,29 @@ def ulp_distance(actual: np.ndarray, expected: np.ndarray, dtype: str) -> np.nda
     return np.where(finite, dist, np.inf)
 
 
+class WorstElement(NamedTuple):
+    """The element of largest ATB-scaled error in a chunk (or over chunks): its error and where it is."""
+
+    scaled_error: float
+    token: int
+    head: int
+    column: int
+    expected: float
+    actual: float
+
+
+#: Before any element was checked: no worst element yet.
+NO_ELEMENT = WorstElement(-1.0, -1, -1, -1, math.nan, math.nan)
+
+
 @dataclass
-class _Sums:
-    """Sums and maxima of valid rows: one per chunk (:func:`compute_metrics`'s ``chunk_sums``), folded
-    in chunk order into the total (:meth:`fold`).  n, max_abs, max_rel, sum_rel and sum_sq are the
-    baseline's statistics (:class:`~mlaconf.golden.building.stats.ErrorStats`, the same sums as
+class _ChunkSums:
+    """Sums and maxima of valid rows: one per chunk (:meth:`_Comparison.chunk_sums`), folded in chunk order
+    into the total (:meth:`fold`).  ``errors`` are the baseline's statistics' sums
+    (:class:`~mlaconf.golden.building.stats.ErrorSums`, the same floats as
     :func:`~mlaconf.golden.building.stats.error_stats`)."""
 
-    n: int = 0
-    max_abs: float = 0.0
-    max_rel: float = 0.0
-    sum_rel: float = 0.0
-    sum_sq: float = 0.0
+    errors: ErrorSums = field(default_factory=ErrorSums)
     max_ulp: float = 0.0
     max_scaled: float = 0.0
     max_abs_expected: float = 0.0
@@ -264,16 +275,11 @@ class _Sums:
     e_inf: int = 0
     nan_match: bool = True
     inf_match: bool = True
-    #: The element of largest scaled error: its error, token, head, column, golden and actual value.
-    worst: tuple[float, int, int, int, float, float] = (-1.0, -1, -1, -1, math.nan, math.nan)
+    worst: WorstElement = NO_ELEMENT
 
-    def fold(self, part: _Sums) -> None:
+    def fold(self, part: _ChunkSums) -> None:
         """Add a later chunk's sums: the same numbers as summing its chunk here."""
-        self.n += part.n
-        self.max_abs = max(self.max_abs, part.max_abs)
-        self.max_rel = max(self.max_rel, part.max_rel)
-        self.sum_rel += part.sum_rel
-        self.sum_sq += part.sum_sq
+        self.errors.fold(part.errors)
         self.max_ulp = max(self.max_ulp, part.max_ulp)
         self.max_scaled = max(self.max_scaled, part.max_scaled)
         self.max_abs_expected = max(self.max_abs_expected, part.max_abs_expected)
@@ -289,8 +295,93 @@ class _Sums:
         self.e_inf += part.e_inf
         self.nan_match &= part.nan_match
         self.inf_match &= part.inf_match
-        if part.worst[0] > self.worst[0]:  # strictly: the first of equal errors stays
+        if part.worst.scaled_error > self.worst.scaled_error:  # strictly: the first of equal errors stays
             self.worst = part.worst
+
+
+@dataclass(frozen=True)
+class _Comparison:
+    """An output and its float64 golden, compared one row chunk at a time (:meth:`chunk_sums`)."""
+
+    actual: np.ndarray
+    expected: np.ndarray
+    dtype: str
+
+    def chunk_sums(self, chunk: RowChunk) -> _ChunkSums:
+        """One chunk's sums: the signed sums and the ULP distance (a chunk without NaN/Inf takes fewer passes;
+        an overflowing sum only costs speed: it takes the NaN/Inf path, which is exact), then what both
+        paths take from ``|a - g|`` (inf where either side is NaN/Inf) and ``|g|`` (NaN/Inf cleaned to 0)."""
+        part = self.actual[chunk.pick]
+        with np.errstate(over="ignore"):
+            a, g = np.asarray(part, dtype=np.float64), np.asarray(self.expected[chunk.pick], dtype=np.float64)
+            if np.isfinite(a.sum()) and np.isfinite(g.sum()):
+                sums, err, abs_g = self._finite_terms(part, a, g)
+            else:
+                sums, err, abs_g = self._nonfinite_terms(a, g)
+            self._error_terms(sums, err, abs_g, chunk, a, g)
+        return sums
+
+    def _finite_terms(
+        self, part: np.ndarray, a: np.ndarray, g: np.ndarray
+    ) -> tuple[_ChunkSums, np.ndarray, np.ndarray]:
+        """Signed sums and ULP distance of a chunk without NaN/Inf; ``|a - g|`` and ``|g|``."""
+        sums = _ChunkSums()
+        diff = a - g
+        sums.sum_signed = float(diff.sum())
+        err = np.abs(diff, out=diff)
+        abs_g = np.abs(g)
+        sums.dot = float((a * g).sum())
+        sums.sum_sq_a = float(np.square(a).sum())
+        own = np.dtype(np.float16) if self.dtype == "fp16" else np.dtype(ml_dtypes.bfloat16)
+        a_bits = part.view(np.uint16) if part.dtype == own else bits16_finite(a, self.dtype)
+        e_bits = bits16_finite(g, self.dtype)
+        inf_bits = EXPONENT_BITS[self.dtype]
+        if ((a_bits & inf_bits) == inf_bits).any() or ((e_bits & inf_bits) == inf_bits).any():
+            sums.max_ulp = float(ulp_distance(a, g, self.dtype).max())  # overflow to Inf: the general path
+        else:
+            sums.max_ulp = float(np.abs(ordered_bits(a_bits) - ordered_bits(e_bits)).max())
+        return sums, err, abs_g
+
+    def _nonfinite_terms(self, a: np.ndarray, g: np.ndarray) -> tuple[_ChunkSums, np.ndarray, np.ndarray]:
+        """A chunk with NaN/Inf on either side: their counts and whether their positions match, signed
+        sums and ULP distance with the bad elements infinite; ``|a - g|`` and ``|g|``."""
+        sums = _ChunkSums()
+        a_nan, g_nan = np.isnan(a), np.isnan(g)
+        a_inf, g_inf = np.isinf(a), np.isinf(g)
+        sums.nan, sums.inf = int(a_nan.sum()), int(a_inf.sum())
+        sums.e_nan, sums.e_inf = int(g_nan.sum()), int(g_inf.sum())
+        sums.nan_match = bool(np.array_equal(a_nan, g_nan))
+        sums.inf_match = bool(np.array_equal(np.isposinf(a), np.isposinf(g)))
+        sums.inf_match &= bool(np.array_equal(np.isneginf(a), np.isneginf(g)))
+        bad = a_nan | g_nan | a_inf | g_inf
+        with np.errstate(invalid="ignore", over="ignore"):
+            diff = np.where(bad, np.inf, a - g)
+            err = np.abs(diff)
+            abs_g = np.abs(np.where(bad, 0.0, g))
+            sums.sum_signed = float(diff.sum())
+            sums.dot = float(np.where(bad, np.nan, a * g).sum())
+        sums.sum_sq_a = float(np.square(np.where(bad, 0.0, a)).sum())
+        sums.max_ulp = float(ulp_distance(a, g, self.dtype).max())
+        return sums, err, abs_g
+
+    def _error_terms(
+        self, sums: _ChunkSums, err: np.ndarray, abs_g: np.ndarray, chunk: RowChunk, a: np.ndarray, g: np.ndarray
+    ) -> None:
+        """What both paths sum from the errors: the baseline's five sums, the elements beyond a thousandth,
+        the golden's magnitudes and the element of largest scaled error."""
+        rel = err / np.maximum(abs_g, REL_FLOOR[self.dtype])
+        scaled = err / np.maximum(abs_g, 1.0)
+        sums.errors = ErrorSums.of(err, rel)
+        sums.beyond = int(np.count_nonzero(rel > THOUSANDTH[self.dtype]))
+        sums.sum_abs_e = float(abs_g.sum())
+        sums.sum_sq_e = float(np.square(abs_g).sum())
+        sums.max_abs_expected = float(abs_g.max())
+        flat = int(np.argmax(scaled))
+        sums.max_scaled = value = float(scaled.flat[flat])
+        row, head, col = (int(i) for i in np.unravel_index(flat, scaled.shape))
+        sums.worst = WorstElement(
+            value, int(chunk.tokens[row]), head, col, float(g[row, head, col]), float(a[row, head, col])
+        )
 
 
 def compute_metrics(
@@ -303,8 +394,19 @@ def compute_metrics(
     """Compare ``actual`` (any float dtype, ``[T, H, D]``) with the float64 golden on valid rows.
 
     ``row_valid`` (bool ``[T]``) drops rows of zero-length batches; ``q_seqlen`` locates the worst
-    element.  Rows are processed in chunks (:func:`mlaconf.golden.building.chunks.row_chunks`).
-    """
+    element.  Rows are processed in chunks (:func:`mlaconf.golden.building.chunks.row_chunks`)."""
+    row_valid = _checked_rows(actual, expected, row_valid, dtype, q_seqlen)
+    total = _ChunkSums()
+    chunks = row_chunks(row_valid, actual.shape[1] * actual.shape[2])
+    for part in map_for(len(chunks))(_Comparison(actual, expected, dtype).chunk_sums, chunks):
+        total.fold(part)
+    return _metrics_of(total, dtype, int(np.count_nonzero(row_valid)), q_seqlen)
+
+
+def _checked_rows(
+    actual: np.ndarray, expected: np.ndarray, row_valid: np.ndarray, dtype: str, q_seqlen: Sequence[int]
+) -> np.ndarray:
+    """``row_valid`` as booleans, once the dtype and every shape agree (else ValueError)."""
     if dtype not in REL_FLOOR:
         raise ValueError(f"dtype must be 'fp16' or 'bf16', got {dtype!r}")
     if actual.shape != expected.shape or actual.ndim != 3:
@@ -314,93 +416,45 @@ def compute_metrics(
         raise ValueError(f"row_valid has shape {row_valid.shape}, expected ({actual.shape[0]},)")
     if sum(q_seqlen) != actual.shape[0]:
         raise ValueError(f"sum(q_seqlen) = {sum(q_seqlen)} differs from the {actual.shape[0]} output rows")
-    own = np.dtype(np.float16) if dtype == "fp16" else np.dtype(ml_dtypes.bfloat16)
-    floor, threshold, inf_bits = REL_FLOOR[dtype], THOUSANDTH[dtype], EXPONENT_BITS[dtype]
+    return row_valid
 
-    def chunk_sums(chunk: RowChunk) -> _Sums:
-        """One chunk's sums; a chunk without NaN/Inf takes fewer passes (an overflowing sum only costs
-        speed: it takes the NaN/Inf path, which is exact)."""
-        part, sums = actual[chunk.pick], _Sums()
-        with np.errstate(over="ignore"):
-            a, g = np.asarray(part, dtype=np.float64), np.asarray(expected[chunk.pick], dtype=np.float64)
-            finite = np.isfinite(a.sum()) and np.isfinite(g.sum())
-            if finite:
-                diff = a - g
-                sums.sum_signed = float(diff.sum())
-                err = np.abs(diff, out=diff)
-                abs_g = np.abs(g)
-                sums.dot = float((a * g).sum())
-                sums.sum_sq_a = float(np.square(a).sum())
-                a_bits = part.view(np.uint16) if part.dtype == own else bits16_finite(a, dtype)
-                e_bits = bits16_finite(g, dtype)
-                if ((a_bits & inf_bits) == inf_bits).any() or ((e_bits & inf_bits) == inf_bits).any():
-                    sums.max_ulp = float(ulp_distance(a, g, dtype).max())  # overflow to Inf: the general path
-                else:
-                    sums.max_ulp = float(np.abs(ordered_bits(a_bits) - ordered_bits(e_bits)).max())
-            else:
-                a_nan, g_nan = np.isnan(a), np.isnan(g)
-                a_inf, g_inf = np.isinf(a), np.isinf(g)
-                sums.nan, sums.inf = int(a_nan.sum()), int(a_inf.sum())
-                sums.e_nan, sums.e_inf = int(g_nan.sum()), int(g_inf.sum())
-                sums.nan_match = bool(np.array_equal(a_nan, g_nan))
-                sums.inf_match = bool(np.array_equal(np.isposinf(a), np.isposinf(g)))
-                sums.inf_match &= bool(np.array_equal(np.isneginf(a), np.isneginf(g)))
-                bad = a_nan | g_nan | a_inf | g_inf
-                with np.errstate(invalid="ignore", over="ignore"):
-                    diff = np.where(bad, np.inf, a - g)
-                    err = np.abs(diff)
-                    abs_g = np.abs(np.where(bad, 0.0, g))
-                    sums.sum_signed = float(diff.sum())
-                    sums.dot = float(np.where(bad, np.nan, a * g).sum())
-                sums.sum_sq_a = float(np.square(np.where(bad, 0.0, a)).sum())
-                sums.max_ulp = float(ulp_distance(a, g, dtype).max())
-            # from |a - g| (inf where either side is NaN/Inf) and |g| (NaN/Inf cleaned to 0), both paths
-            rel = err / np.maximum(abs_g, floor)
-            scaled = err / np.maximum(abs_g, 1.0)
-            sums.n = err.size
-            if err.size:
-                sums.max_abs, sums.max_rel = float(err.max()), float(rel.max())
-            sums.sum_rel = float(rel.sum())
-            sums.sum_sq = float(np.square(err).sum())
-            sums.beyond = int(np.count_nonzero(rel > threshold))
-            sums.sum_abs_e = float(abs_g.sum())
-            sums.sum_sq_e = float(np.square(abs_g).sum())
-            sums.max_abs_expected = float(abs_g.max())
-            flat = int(np.argmax(scaled))
-            sums.max_scaled = value = float(scaled.flat[flat])
-            row, head, col = (int(i) for i in np.unravel_index(flat, scaled.shape))
-            sums.worst = (value, int(chunk.tokens[row]), head, col, float(g[row, head, col]), float(a[row, head, col]))
-        return sums
 
-    total = _Sums()
-    chunks = row_chunks(row_valid, actual.shape[1] * actual.shape[2])
-    for part in map_for(len(chunks))(chunk_sums, chunks):
-        total.fold(part)
-    n = max(total.n, 1)
+def _cosine(total: _ChunkSums) -> float:
+    """Cosine similarity of output and golden: NaN when a NaN/Inf made the dot product so, 1 when both are 0."""
     denom = np.sqrt(total.sum_sq_a) * np.sqrt(total.sum_sq_e)
     if not np.isfinite(total.dot):
-        cosine = float("nan")
-    elif denom == 0.0:
-        cosine = 1.0 if total.sum_sq_a == total.sum_sq_e else 0.0  # both zero: identical
-    else:
-        cosine = float(total.dot / denom)
-    worst: dict[str, Any] = {}
-    if total.worst[1] >= 0:
-        _, token, head, col, g, a = total.worst
-        at = Element.at(token, head, col, q_seqlen, g, a, "metric:atb_max_scaled_err")
-        worst = {f"worst_{name}": getattr(at, name) for name in ("batch", "row_in_batch", "token", "head", "column")}
-        worst.update(worst_expected=at.expected, worst_actual=at.actual)
+        return float("nan")
+    if denom == 0.0:
+        return 1.0 if total.sum_sq_a == total.sum_sq_e else 0.0  # both zero: identical
+    return float(total.dot / denom)
+
+
+def _worst_fields(worst: WorstElement, q_seqlen: Sequence[int]) -> dict[str, Any]:
+    """The metrics' ``worst_*`` fields of the element of largest scaled error (none when nothing was checked)."""
+    if worst.token < 0:
+        return {}
+    at = Element.at(
+        worst.token, worst.head, worst.column, q_seqlen, worst.expected, worst.actual, "metric:atb_max_scaled_err"
+    )
+    fields_ = {f"worst_{name}": getattr(at, name) for name in ("batch", "row_in_batch", "token", "head", "column")}
+    return {**fields_, "worst_expected": at.expected, "worst_actual": at.actual}
+
+
+def _metrics_of(total: _ChunkSums, dtype: str, n_rows: int, q_seqlen: Sequence[int]) -> Metrics:
+    """The metrics the folded sums give: means over the elements checked (1 when none was)."""
+    errors, n = total.errors, max(total.errors.n, 1)
+    stats = errors.stats()
     return Metrics(
         dtype=dtype,
-        n_elements=total.n,
-        n_rows=int(np.count_nonzero(row_valid)),
-        max_abs_err=total.max_abs,
-        max_rel_err=total.max_rel,
-        mean_rel_err=total.sum_rel / n,
-        rmse=float(np.sqrt(total.sum_sq / n)),
-        eb_rel=total.sum_signed / max(total.sum_abs_e, n * floor),
+        n_elements=errors.n,
+        n_rows=n_rows,
+        max_abs_err=errors.max_abs,
+        max_rel_err=errors.max_rel,
+        mean_rel_err=stats.mean_rel_err,
+        rmse=stats.rmse,
+        eb_rel=total.sum_signed / max(total.sum_abs_e, n * REL_FLOOR[dtype]),
         mean_signed_err=total.sum_signed / n,
-        cosine=cosine,
+        cosine=_cosine(total),
         max_ulp_err=total.max_ulp,
         frac_beyond_thousandth=total.beyond / n,
         atb_max_scaled_err=total.max_scaled,
@@ -412,5 +466,5 @@ def compute_metrics(
         expected_inf_count=total.e_inf,
         nan_positions_match=total.nan_match,
         inf_positions_match=total.inf_match,
-        **worst,
+        **_worst_fields(total.worst, q_seqlen),
     )

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from mlaconf.facts.operator import DTYPES, UNIT_ROUNDOFF
 from mlaconf.golden.building.stats import ErrorStats
@@ -185,100 +185,173 @@ class Verdict:
 
 # -- rules ---------------------------------------------------------------------------------------
 
-#: One check a rule measured: metric, value, bound, note, deciding, and the element it located.
-Row = tuple[str, float, float, str, bool, Element | None]
 NO_BASELINE = "no emulated baseline to compare with"
 
 
-def _measure(rule: str, p: dict[str, float], m: Metrics, b: ErrorStats | None, ctx: VerdictContext) -> list[Row]:
-    """What ``rule`` measures, with its parameters ``p``, on the metrics ``m``, the baseline's statistics ``b``
-    and the context's measurements; a check passes when ``value <= bound`` (NaN never does).  An empty list:
-    the context has nothing for the rule to measure (:meth:`Policy.evaluate` decides what that means)."""
-    u = UNIT_ROUNDOFF[ctx.dtype]
-    match rule:
-        case "finite":  # implicit in every policy: no NaN/Inf in the output's valid rows, none in the golden
-            golden_bad = m.expected_nan_count + m.expected_inf_count
-            note = "golden has NaN/Inf" if golden_bad else ""
-            return [
-                ("nan_count", m.nan_count, 0, "", True, None),
-                ("inf_count", m.inf_count, 0, "", True, None),
-                ("golden_nonfinite", golden_bad, 0, note, True, None),
-            ]
-        case "model":  # every element within the error bound of the documented precision path (judge.error_model)
-            if ctx.model is None:
-                return [("max_err_over_bound", math.nan, 1.0, "no stored magnitudes to bound with", True, None)]
-            r = ctx.model
-            note = (
-                f"worst |err| {r.error:.3g} vs bound {r.bound:.3g} "
-                f"(largest term {max(r.terms, key=r.terms.__getitem__)}; "
-                f"{r.n_over} of {r.n_elements} elements over, lam {r.lam:.2f})"
-                if r.terms
-                else r.where
-            )
-            return [("max_err_over_bound", r.max_ratio, 1.0, note, True, r.element)]
-        case "atb":
-            size = ctx.head_num * ctx.max_seq + 4
-            small = size < p["size_limit"]
-            note = f"e for heads*max_seq+4 = {size} {'<' if small else '>='} {p['size_limit']:g}"
-            eps = p["eps_small"] if small else p["eps_large"]
-            return [("atb_max_scaled_err", m.atb_max_scaled_err, eps, note, True, None)]
-        case "benchmark" if b is not None:
-            small = m.n_elements < p["min_elements"]  # a ratio of two means over so few elements decides nothing
-            rows: list[Row] = []
-            for name, value, base, floor in (
-                ("mare", m.max_rel_err, b.max_rel_err, p["mare_floor_u"] * u),
-                ("mere", m.mean_rel_err, b.mean_rel_err, p["mere_floor_u"] * u),
-                ("rmse", m.rmse, b.rmse, p["rmse_floor_u"] * u * m.rms_expected),
-            ):
-                base = max(base, floor) if math.isfinite(base) else math.nan  # a broken baseline's ratio fails
-                # an exact value is 0, a broken one inf, a zero base inf
-                quotient = (
-                    0.0 if value == 0.0 else math.inf if not math.isfinite(value) or base == 0.0 else value / base
-                )
-                note = f"{name} {value:.3g} / baseline {base:.3g}"
-                if small:
-                    note += f"; {m.n_elements} elements < min_elements {p['min_elements']:g}: not deciding"
-                rows.append((f"{name}_ratio", quotient, p[name], note, not small, None))
-            return rows
-        case "thousandth":
-            return [("frac_beyond_thousandth", m.frac_beyond_thousandth, p["max_fraction"], "", True, None)]
-        case "ulp":
-            return [("max_ulp_err", m.max_ulp_err, p["max_ulp"], "", True, None)]
-        case "relative" if b is not None:
-            floor = p["floor_u"] * u * m.max_abs_expected
-            bound = p["k"] * b.max_abs_err + floor if math.isfinite(b.max_abs_err) else math.nan
-            note = f"{p['k']:g} x baseline {b.max_abs_err:.3g} + floor {floor:.3g}"
-            return [("max_abs_err", m.max_abs_err, bound, note, True, None)]
-        case "benchmark" | "relative":  # no baseline: fails rather than pass
-            names = ("mare_ratio", "mere_ratio", "rmse_ratio") if rule == "benchmark" else ("max_abs_err",)
-            return [(name, math.nan, math.nan, NO_BASELINE, True, None) for name in names]
-        case "systematic":
-            # evidence on every verdict, deciding only when significant at ``false_alarm`` (split between the
-            # two tests) and material (the effect at its floor): a ``<test>_z`` and a ``<test>_effect`` check
-            # each, both deciding or neither.  They can only fail a verdict (ONLY_FAILS).
-            rows = []
-            for t in ctx.systematic or ():
-                rows.append((f"{t.name}_z", t.z, t.critical, t.text, t.significant, None))
-                rows.append((f"{t.name}_effect", t.effect, t.floor, "materiality floor", t.significant, None))
-            return rows
-        case "msprobe":
-            # each deciding metric of the output over the same metric of the emulated baseline (msprobe's
-            # trusted platform), the baseline's floored at ``minimum_err``, within the threshold of the same
-            # name; the error balance (``eb``) recorded without a bound (msprobe leaves it out of its status).
-            # Non-finite elements drop out of msprobe's metrics: the implicit ``finite`` rule fails them.
-            if ctx.msprobe is None:
-                return []
-            scores, trusted_scores = ctx.msprobe
-            rows = []
-            for name in (*DECIDING, "eb"):
-                value, trusted = getattr(scores, name), getattr(trusted_scores, name)
-                bound = p[name] if name in DECIDING else math.inf
-                note = f"{name} {value:.3g} / baseline {trusted:.3g}"
-                rows.append(
-                    (f"{name}_ratio", ratio(value, trusted, p["minimum_err"]), bound, note, name in DECIDING, None)
-                )
-            return rows
-    raise ValueError(f"unknown rule {rule!r}; known rules: {sorted(RULE_PARAMS)}")
+class Measured(NamedTuple):
+    """One value a rule measured, before it is a :class:`Check`: its bound, a note, whether the rule lets it
+    decide, and the element it located (the error model's worst ratio)."""
+
+    metric: str
+    value: float
+    bound: float
+    note: str = ""
+    deciding: bool = True
+    element: Element | None = None
+
+    def as_check(self, rule: str, rule_decides: bool) -> Check:
+        """The check of ``rule``: passed when ``value <= bound`` (a NaN value fails, where ``not value > bound``
+        would pass it); deciding when both the rule and the measurement decide."""
+        passed = bool(self.value <= self.bound)
+        decides = rule_decides and self.deciding
+        return Check(rule, self.metric, float(self.value), float(self.bound), passed, self.note, decides, self.element)
+
+
+@dataclass(frozen=True)
+class RuleInputs:
+    """What a rule reads: its parameters for the case's dtype, the output's metrics, the emulated baseline's
+    error statistics (None: no baseline) and the context's measurements."""
+
+    params: dict[str, float]
+    metrics: Metrics
+    baseline: ErrorStats | None
+    context: VerdictContext
+
+    @property
+    def unit_roundoff(self) -> float:
+        return UNIT_ROUNDOFF[self.context.dtype]
+
+
+def finite_rule(given: RuleInputs) -> list[Measured]:
+    """Implicit in every policy: no NaN/Inf in the output's valid rows, none in the golden."""
+    m = given.metrics
+    golden_bad = m.expected_nan_count + m.expected_inf_count
+    return [
+        Measured("nan_count", m.nan_count, 0),
+        Measured("inf_count", m.inf_count, 0),
+        Measured("golden_nonfinite", golden_bad, 0, "golden has NaN/Inf" if golden_bad else ""),
+    ]
+
+
+def model_rule(given: RuleInputs) -> list[Measured]:
+    """Every element within the error bound of the documented precision path (judge.error_model)."""
+    r = given.context.model
+    if r is None:
+        return [Measured("max_err_over_bound", math.nan, 1.0, "no stored magnitudes to bound with")]
+    note = (
+        f"worst |err| {r.error:.3g} vs bound {r.bound:.3g} "
+        f"(largest term {max(r.terms, key=r.terms.__getitem__)}; "
+        f"{r.n_over} of {r.n_elements} elements over, lam {r.lam:.2f})"
+        if r.terms
+        else r.where
+    )
+    return [Measured("max_err_over_bound", r.max_ratio, 1.0, note, True, r.element)]
+
+
+def atb_rule(given: RuleInputs) -> list[Measured]:
+    """ATB's elementwise rule: the largest scaled error within e, chosen by the case's size."""
+    p, ctx = given.params, given.context
+    size = ctx.head_num * ctx.max_seq + 4
+    small = size < p["size_limit"]
+    note = f"e for heads*max_seq+4 = {size} {'<' if small else '>='} {p['size_limit']:g}"
+    eps = p["eps_small"] if small else p["eps_large"]
+    return [Measured("atb_max_scaled_err", given.metrics.atb_max_scaled_err, eps, note)]
+
+
+def benchmark_rule(given: RuleInputs) -> list[Measured]:
+    """Each of MARE, MERE and RMSE over the emulated baseline's, the baseline's floored; not deciding over fewer
+    than ``min_elements`` (a ratio of two means over so few elements decides nothing)."""
+    p, m, b, u = given.params, given.metrics, given.baseline, given.unit_roundoff
+    if b is None:
+        return _without_baseline(("mare_ratio", "mere_ratio", "rmse_ratio"))
+    small = m.n_elements < p["min_elements"]
+    rows = []
+    for name, value, base, floor in (
+        ("mare", m.max_rel_err, b.max_rel_err, p["mare_floor_u"] * u),
+        ("mere", m.mean_rel_err, b.mean_rel_err, p["mere_floor_u"] * u),
+        ("rmse", m.rmse, b.rmse, p["rmse_floor_u"] * u * m.rms_expected),
+    ):
+        base = max(base, floor) if math.isfinite(base) else math.nan  # a broken baseline's ratio fails
+        note = f"{name} {value:.3g} / baseline {base:.3g}"
+        if small:
+            note += f"; {m.n_elements} elements < min_elements {p['min_elements']:g}: not deciding"
+        rows.append(Measured(f"{name}_ratio", _quotient(value, base), p[name], note, not small))
+    return rows
+
+
+def _quotient(value: float, base: float) -> float:
+    """``value / base``, where an exact value is 0, and a broken value or a zero base inf."""
+    return 0.0 if value == 0.0 else math.inf if not math.isfinite(value) or base == 0.0 else value / base
+
+
+def thousandth_rule(given: RuleInputs) -> list[Measured]:
+    """The fraction of elements whose relative error is beyond the dtype's thousandth."""
+    return [Measured("frac_beyond_thousandth", given.metrics.frac_beyond_thousandth, given.params["max_fraction"])]
+
+
+def ulp_rule(given: RuleInputs) -> list[Measured]:
+    """The largest distance in the dtype's ULPs."""
+    return [Measured("max_ulp_err", given.metrics.max_ulp_err, given.params["max_ulp"])]
+
+
+def relative_rule(given: RuleInputs) -> list[Measured]:
+    """The largest absolute error within ``k`` times the baseline's plus a floor of the golden's magnitude."""
+    p, m, b = given.params, given.metrics, given.baseline
+    if b is None:
+        return _without_baseline(("max_abs_err",))
+    floor = p["floor_u"] * given.unit_roundoff * m.max_abs_expected
+    bound = p["k"] * b.max_abs_err + floor if math.isfinite(b.max_abs_err) else math.nan
+    note = f"{p['k']:g} x baseline {b.max_abs_err:.3g} + floor {floor:.3g}"
+    return [Measured("max_abs_err", m.max_abs_err, bound, note)]
+
+
+def _without_baseline(metrics: tuple[str, ...]) -> list[Measured]:
+    """A baseline-relative rule without a baseline: fails rather than passes."""
+    return [Measured(name, math.nan, math.nan, NO_BASELINE) for name in metrics]
+
+
+def systematic_rule(given: RuleInputs) -> list[Measured]:
+    """Evidence on every verdict, deciding only when significant at ``false_alarm`` (split between the two
+    tests) and material (the effect at its floor): a ``<test>_z`` and a ``<test>_effect`` check each, both
+    deciding or neither.  They can only fail a verdict (ONLY_FAILS)."""
+    rows = []
+    for t in given.context.systematic or ():
+        rows.append(Measured(f"{t.name}_z", t.z, t.critical, t.text, t.significant))
+        rows.append(Measured(f"{t.name}_effect", t.effect, t.floor, "materiality floor", t.significant))
+    return rows
+
+
+def msprobe_rule(given: RuleInputs) -> list[Measured]:
+    """Each deciding metric of the output over the same metric of the emulated baseline (msprobe's trusted
+    platform), the baseline's floored at ``minimum_err``, within the threshold of the same name; the error
+    balance (``eb``) recorded without a bound (msprobe leaves it out of its status).  Non-finite elements
+    drop out of msprobe's metrics: the implicit ``finite`` rule fails them."""
+    if given.context.msprobe is None:
+        return []
+    p = given.params
+    scores, trusted_scores = given.context.msprobe
+    rows = []
+    for name in (*DECIDING, "eb"):
+        value, trusted = getattr(scores, name), getattr(trusted_scores, name)
+        bound = p[name] if name in DECIDING else math.inf
+        note = f"{name} {value:.3g} / baseline {trusted:.3g}"
+        rows.append(Measured(f"{name}_ratio", ratio(value, trusted, p["minimum_err"]), bound, note, name in DECIDING))
+    return rows
+
+
+#: What each rule measures: a check passes when ``value <= bound`` (NaN never does).  An empty list: the
+#: context has nothing for the rule to measure (:meth:`Policy.evaluate` decides what that means).
+RULES: dict[str, Callable[[RuleInputs], list[Measured]]] = {
+    "finite": finite_rule,
+    "model": model_rule,
+    "atb": atb_rule,
+    "benchmark": benchmark_rule,
+    "thousandth": thousandth_rule,
+    "ulp": ulp_rule,
+    "relative": relative_rule,
+    "systematic": systematic_rule,
+    "msprobe": msprobe_rule,
+}
 
 
 #: Rules that can only fail a verdict, so measuring nothing passes nothing; any other deciding rule that
@@ -310,27 +383,40 @@ class Policy:
         largest error/bound ratio), else the largest scaled error of the metrics."""
         if context.dtype not in DTYPES:
             raise ValueError(f"context dtype must be one of {DTYPES}, got {context.dtype!r}")
-        checks: list[Check] = []
-        for rule in ("finite", *self.rules, *self.evidence):
-            p = {name: self.param(rule, name, context.dtype) for name in self.params.get(rule, {})}
-            deciding = rule == "finite" or rule in self.rules
-            rows = _measure(rule, p, metrics, baseline, context)
-            if not rows and deciding and rule not in ONLY_FAILS:
-                rows = [("measured", math.nan, 1.0, "the context has no output to measure", True, None)]
-            checks += [  # ``value <= bound``: a NaN value fails (``not value > bound`` would pass it)
-                Check(rule, metric, float(value), float(bound), bool(value <= bound), note, deciding and decides, worst)
-                for metric, value, bound, note, decides, worst in rows
-            ]
-        worst, worst_slack = None, -math.inf
-        for check in checks:
-            if check.decisive and check.worst is not None:
-                slack = check.slack if not math.isnan(check.slack) else math.inf
-                if slack > worst_slack:  # strictly: the first of equal slacks stays
-                    worst, worst_slack = check.worst, slack
+        checks = [
+            check
+            for rule in ("finite", *self.rules, *self.evidence)
+            for check in self._checks(rule, metrics, baseline, context)
+        ]
         passed = all(c.passed for c in checks if c.decisive)
+        named = _located_element(checks)
         return Verdict(
-            self.name, passed, checks, self.overrides, worst if worst is not None else metrics.worst_element()
+            self.name, passed, checks, self.overrides, named if named is not None else metrics.worst_element()
         )
+
+    def _checks(self, rule: str, metrics: Metrics, baseline: ErrorStats | None, context: VerdictContext) -> list[Check]:
+        """What ``rule`` measured, as checks: evidence-only unless the policy decides by it (``finite`` always
+        does); a deciding rule that measured nothing fails, unless it can only fail (a verdict is never vacuous)."""
+        if rule not in RULES:
+            raise ValueError(f"unknown rule {rule!r}; known rules: {sorted(RULE_PARAMS)}")
+        params = {name: self.param(rule, name, context.dtype) for name in self.params.get(rule, {})}
+        deciding = rule == "finite" or rule in self.rules
+        measured = RULES[rule](RuleInputs(params, metrics, baseline, context))
+        if not measured and deciding and rule not in ONLY_FAILS:
+            measured = [Measured("measured", math.nan, 1.0, "the context has no output to measure")]
+        return [m.as_check(rule, deciding) for m in measured]
+
+
+def _located_element(checks: list[Check]) -> Element | None:
+    """The element the worst deciding check located (NaN slack counts as infinite; the first of equal
+    slacks stays), None when no deciding check located one."""
+    worst, worst_slack = None, -math.inf
+    for check in checks:
+        if check.decisive and check.worst is not None:
+            slack = check.slack if not math.isnan(check.slack) else math.inf
+            if slack > worst_slack:
+                worst, worst_slack = check.worst, slack
+    return worst
 
 
 # -- loading -------------------------------------------------------------------------------------

@@ -27,14 +27,10 @@ ROOMS = ("facts", "golden", "harness", "native", "judge", "runner", "tools", "ca
 #: tests/cover/test_cli_light.py holds every registered verb to this).
 VERB_MODULES = (
     "mlaconf.golden.verbs",
-    "mlaconf.golden.bench.verb",
-    "mlaconf.golden.coverage.verb",
-    "mlaconf.reports.cli",
-    "mlaconf.tools.run",
+    "mlaconf.golden.bench.verbs",
+    "mlaconf.golden.coverage.verbs",
+    "mlaconf.reports.verbs",
     "mlaconf.tools.verbs",
-    "mlaconf.tools.ascend",
-    "mlaconf.tools.import_dump",
-    "mlaconf.tools.power_cli",
 )
 
 

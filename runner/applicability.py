@@ -3,7 +3,7 @@
 A backend that declares no error contract, declares itself non-deterministic, or raises
 :class:`mlaconf.harness.backend.Unsupported` for a case it cannot express has not lost evidence:
 the test does not apply to it.  :func:`not_applicable` skips such a test with a skip pytest counts
-as any other, and :mod:`mlaconf.runner.collect` records its reason in the record's
+as any other, and :mod:`mlaconf.runner.recording` records its reason in the record's
 ``not_applicable`` field, which ``report diff`` neither compares nor fails the gate on when both
 sides agree (docs/reports.md, "The gate").  A skip for any other reason (a backend unavailable, a
 missing golden) stays a plain skip: no evidence.

@@ -18,7 +18,7 @@ from mlaconf.judge.deviations import Deviation, DeviationSet, explaining, releas
 from mlaconf.judge.policy import PolicySet
 from mlaconf.judge.verdict import Outcome, judge_resolved, mode_text, outcome_message, outcome_of
 from mlaconf.reports.records import ErrorEvidence
-from mlaconf.runner.ending import Ending, verdict_evidence
+from mlaconf.runner.ending import Ending, RecordOutcome, verdict_evidence
 from mlaconf.runner.execution import (
     BackendOutputError,
     disagreeing_reruns,
@@ -37,7 +37,7 @@ class CaseResult:
     output: np.ndarray | None
 
     @property
-    def outcome(self) -> Outcome:
+    def outcome(self) -> RecordOutcome:
         return self.ending.outcome
 
     @property

@@ -8,6 +8,9 @@ and the evidence.  :meth:`Ending.record` is the one place an ending becomes a
 takes the running test's identity (:func:`mlaconf.runner.identity.identity`) and ends the test with
 the record (``mla_report.conclude``: attached, then pytest's outcome).  Outside pytest (``mlaconf
 repro``, ``mlaconf power``) the caller names the test with :func:`mlaconf.runner.identity.make_identity`.
+A test that reached no verdict ends the same way (:func:`failure_ending`: pytest's outcome, a crash), and
+a selected test that never ran gets :func:`never_ran_record` (the controller's and a lost Ray shard's):
+``Ending.record`` makes every record (tests/cover/test_one_ending.py).
 
 :func:`verdict_evidence` writes a numeric verdict's evidence, once for every suite that judges an
 output against its golden, so the failure text and the record name the same worst element.
@@ -17,20 +20,24 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
 from mlaconf.judge.verdict import Outcome, error_map
-from mlaconf.reports.records import ResultRecord, make_record
+from mlaconf.reports.records import Failure, ResultRecord, make_record
 from mlaconf.runner.identity import identity
 
+#: What a record says of a test: a judged outcome, or pytest's when the test reached no verdict.
+RecordOutcome = Outcome | Literal["skipped", "error"]
+
 if TYPE_CHECKING:
+    import pytest
+
     from mlaconf.golden.specs.types import GoldenCase
     from mlaconf.judge.causes import Cause
     from mlaconf.judge.metrics import Metrics
     from mlaconf.judge.policy import Policy, Verdict
-    from mlaconf.runner.collect import MlaReport
 
 
 @dataclass(frozen=True)
@@ -40,15 +47,28 @@ class Ending:
     identity, verdict and message: checks, metrics, error ..., and a property example's case; validated
     when the record is made)."""
 
-    outcome: Outcome
+    outcome: RecordOutcome
     message: str
     evidence: Mapping[str, Any] = field(default_factory=dict)
     #: Said after the message in pytest's failure text only (a property's case to paste into a suite).
     note: str = ""
 
     def record(self, ident: Mapping[str, Any]) -> ResultRecord:
-        """The test's record: its identity (:func:`mlaconf.runner.identity.make_identity`) plus this ending."""
+        """The test's record: its identity (:func:`mlaconf.runner.identity.make_identity`) plus this ending.
+        The one place a record is made: a verdict's, pytest's outcome's, a crash's, a never-ran test's."""
         return make_record(ident, verdict=self.outcome, message=self.message, **self.evidence)
+
+
+def failure_ending(outcome: RecordOutcome, message: str, failure: Failure | None) -> Ending:
+    """The ending of a test that reached no verdict: pytest's outcome, its message and how it failed."""
+    return Ending(outcome, message, {"failure": failure})
+
+
+def never_ran_record(ident: Mapping[str, Any], why: str) -> ResultRecord:
+    """The record of a selected test that never ran (a stopped session, xdist out of workers, a lost
+    Ray shard): an error in the report's counts, so the run cannot pass."""
+    failure = Failure("not_run", "", f"never ran: {why}", "")
+    return failure_ending("error", failure.text(), failure).record(ident)
 
 
 def verdict_evidence(
@@ -90,12 +110,24 @@ def side_failure(side: str, verdict: Verdict) -> dict[str, Any]:
     return {"side": side, "worst_slack": float(verdict.worst_slack), "summary": verdict.summary()}
 
 
-def named(report: MlaReport, ending: Ending) -> ResultRecord:
+class RunningTest(Protocol):
+    """What ending a test needs of the ``mla_report`` fixture (:class:`mlaconf.runner.recording.MlaReport`):
+    the running test, and the way it concludes."""
+
+    @property
+    def node(self) -> pytest.Item: ...
+
+    def conclude(
+        self, record: ResultRecord, outcome: RecordOutcome, message: str, *, pending: bool = False
+    ) -> None: ...
+
+
+def named(report: RunningTest, ending: Ending) -> ResultRecord:
     """The running test's record of ``ending``: the test's identity added, the record made."""
     return ending.record(identity(report.node))
 
 
-def end(report: MlaReport, ending: Ending, *, pending: bool = False) -> None:
+def end(report: RunningTest, ending: Ending, *, pending: bool = False) -> None:
     """End the running MLA test with ``ending``: its record attached (``pending``: kept only if the test
     ends failing, as hypothesis replays the shrunk example last), then pytest's outcome (an xfail, an
     unexpected-pass warning or a failure without a traceback; a pass returns)."""

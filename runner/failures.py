@@ -3,13 +3,10 @@ a record's :class:`mlaconf.reports.records.Failure` (where it happened, how long
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import pytest
 
 from mlaconf import ROOMS
-from mlaconf.reports.records import Failure, ResultRecord, make_record
+from mlaconf.reports.records import Failure
 
 #: Where a timeout or exception happened, when a backend method is on the stack.
 BACKEND_METHODS = ("run", "synchronize", "available", "info")
@@ -69,15 +66,13 @@ def failure_of(item: pytest.Item, excinfo: pytest.ExceptionInfo[BaseException]) 
     return Failure("exception", excinfo.typename, short_text(message), _where(excinfo))
 
 
-def crash_record(
-    ident: Mapping[str, Any], report: pytest.TestReport, elapsed: float | None, timeout: float | None, method: str
-) -> ResultRecord:
-    """The record of a test whose xdist worker died under it (a thread-method timeout kills it too)."""
+def crash_failure(
+    report: pytest.TestReport, elapsed: float | None, timeout: float | None, method: str
+) -> tuple[str, Failure]:
+    """The message and failure of a test whose xdist worker died under it (a thread-method timeout kills it too)."""
     text = str(report.longrepr or "worker crashed")
     if timeout and method == "thread" and elapsed is not None and elapsed >= 0.9 * timeout:
         failure = Failure("timeout", "Timeout", text, "", timeout)
-        message = f"{failure.text()} (pytest-timeout's thread method killed the worker)"
-    else:
-        failure = Failure("crash", "WorkerCrash", text, "")
-        message = failure.text()
-    return make_record(ident, verdict="failed", message=message, failure=failure)
+        return f"{failure.text()} (pytest-timeout's thread method killed the worker)", failure
+    failure = Failure("crash", "WorkerCrash", text, "")
+    return failure.text(), failure

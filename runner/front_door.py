@@ -6,7 +6,7 @@ framework's own tests) stays inert: a backend that names nothing or whose factor
 that cannot serve (not a directory, empty and unwritable, or unwritable and lacking goldens the selection
 needs), an unknown policy, a misspelt suite, a suite or ``--mla-cases`` file that does not parse or holds
 no case (an empty selection is not a pass), a malformed ``--mla-shard``, ``--mla-resume`` without the run
-directory to continue.  The session (:mod:`mlaconf.runner.session`) turns a refusal into pytest's usage
+directory to continue.  The session (:mod:`mlaconf.runner.suites_plugin`) turns a refusal into pytest's usage
 error, and a named report directory then ends ``usage_error``
 (:meth:`mlaconf.runner.run_directory.Run.end_with_usage_error`).
 """

@@ -40,9 +40,9 @@ from mlaconf.judge.policy import PolicySet
 from mlaconf.judge.verdict import Outcome, judge_output, mode_text, outcome_message, outcome_of
 from mlaconf.reports.records import RelationEvidence
 from mlaconf.reports.relations import conformance_text
-from mlaconf.runner.collect import MlaReport
 from mlaconf.runner.ending import Ending, end, side_failure
-from mlaconf.runner.execution import BackendOutputError, array_digest, execute, make_call
+from mlaconf.runner.execution import BackendOutputError, execute, make_call, output_digest
+from mlaconf.runner.recording import MlaReport
 
 # -- one relation test -----------------------------------------------------------------------------
 
@@ -133,7 +133,7 @@ class Relation:
         (prefixed by ``label``); the largest difference is kept as the record's evidence."""
         valid = row_valid(spec)
         for out in (a, b):
-            self.outputs.update(array_digest(out[valid]).encode())
+            self.outputs.update(output_digest(out[valid]).encode())
         self.compared += 1
         count, gap = difference_stats(a, b, spec)
         if self.differing is None or count > self.differing:

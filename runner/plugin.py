@@ -2,7 +2,7 @@
 package is installed: so it imports almost nothing and does nothing at import.
 
 It adds the ``--mla-*`` options (they belong in ``pytest --help``) and decides whether the session is an MLA
-run (:func:`mla_requested`); only then does it register :mod:`mlaconf.runner.session`, the suites' markers,
+run (:func:`mla_requested`); only then does it register :mod:`mlaconf.runner.suites_plugin`, the suites' markers,
 fixtures, parametrization, shard selection and reports.  Elsewhere pytest runs as if we were not installed
 (tests/nocover/test_guest.py).
 """
@@ -143,13 +143,13 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.stash[ACTIVE] or (isinstance(profile, str) and profile.startswith(PROFILE_PREFIX)):
         importlib.import_module("mlaconf.runner.hypothesis_profiles").register()
     if config.stash[ACTIVE]:
-        config.pluginmanager.register(importlib.import_module("mlaconf.runner.session"), "mla-session")
+        config.pluginmanager.register(importlib.import_module("mlaconf.runner.suites_plugin"), "mla-suites")
 
 
 def mla_requested(config: pytest.Config) -> bool:
     """An MLA run: an ``--mla-*`` option was given, or the run's paths reach the shipped suites.
 
-    This is the plugin's one switch: outside such a run :mod:`mlaconf.runner.session` is never imported,
+    This is the plugin's one switch: outside such a run :mod:`mlaconf.runner.suites_plugin` is never imported,
     so no marker is registered, no hypothesis profile loaded, no thread variable set, no ``-n auto``
     overridden and no torch imported."""
     if any(getattr(config.option, dest, default) != default for dest, default in OPTION_DEFAULTS.items()):

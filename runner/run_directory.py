@@ -1,7 +1,7 @@
 """The run directory a pytest session owns: claimed before its first test, journaled as tests end,
 written whole at the end with run.json's final status, or resumed.
 
-Apart from :mod:`mlaconf.runner.collect` (which gathers the records and hands each to :class:`Run`)
+Apart from :mod:`mlaconf.runner.recording` (which gathers the records and hands each to :class:`Run`)
 because owning a directory is its own concern: never reuse one silently (an earlier run is moved aside,
 a live one refused), keep every finished test's record on disk as it arrives
 (:class:`mlaconf.reports.rundir.Journal`), say in run.json how the run ended, and continue an
@@ -99,8 +99,8 @@ def iso_time(timestamp: float) -> str:
 
 class Run:
     """The controller's side of a run directory: claimed once MLA tests are selected (or the interrupted run
-    there continued), each record journaled as the collector hands it over, run.json's final status and
-    every record written at the end.  The collector (:class:`mlaconf.runner.collect.Collector`) gathers the
+    there continued), each record journaled as the gatherer hands it over, run.json's final status and
+    every record written at the end.  The gatherer (:class:`mlaconf.runner.recording.RecordGatherer`) gathers the
     records; what the directory holds is decided here."""
 
     def __init__(self, config: pytest.Config, state: ReportState) -> None:
@@ -175,7 +175,7 @@ class Run:
 
     def end(self, session: pytest.Session, exitstatus: int, account_for_unrun: Callable[[int], str]) -> None:
         """Complete run.json with the run's final status and write every record and the page; fail a run
-        that cannot pass.  ``account_for_unrun`` (the collector's) gives every selected test that never ran
+        that cannot pass.  ``account_for_unrun`` (the gatherer's) gives every selected test that never ran
         its record and says whether the run completed, was interrupted or crashed."""
         state, config = self.state, self.config
         empty = exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED and any(

@@ -333,22 +333,3 @@ def ascend(args: argparse.Namespace) -> int:
     archive = pack(out)
     print(f"== archive to send back: {archive}")
     return status
-
-
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "ascend",
-        help="on an Ascend box: build, probe, regen, smoke on every NPU backend, diffs, one archive",
-        description="The one command to run on an Ascend A2/A3 machine: build the extension and check its "
-        "ABI header, probe chip, ATB/CANN release and driver, regenerate the smoke goldens, run smoke on every "
-        "available NPU backend (atb, ring-mla, npu-fia) and torch-cpu, diff ATB against each of them, and pack "
-        f"the run directories, probe and environment into OUT.tar.gz. Exits {STOPPED_AT_PROBE} when a build "
-        "requirement is missing (one line says what to install) or no NPU backend can run (the probe says why), "
-        "else non-zero when a step or a smoke run failed.",
-    )
-    parser.add_argument("--out", default=f"ascend-{time.strftime('%Y%m%d-%H%M%S')}", help="output directory")
-    parser.add_argument("--golden-dir", default=None, help="golden store (default OUT/golden)")
-    parser.add_argument("-n", "--jobs", default="auto", help="xdist workers per smoke run (default auto)")
-    parser.add_argument("--no-build", action="store_true", help="skip building the extension")
-    parser.add_argument("--dry-run", action="store_true", help="print the plan, run only the probe")
-    parser.set_defaults(func=ascend)

@@ -13,35 +13,7 @@ if TYPE_CHECKING:
     from mlaconf.golden.specs.spec import CaseSpec
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "import-dump",
-        help="turn the MLA prefill calls of an msprobe dump into a suite file with their exact inputs",
-        description="Read an msprobe PyTorch dump (task tensor: step/rank folders, dump.json, dump_tensor_data), "
-        "bind each MLA prefill call (npu_ring_mla, npu_fused_infer_attention_score, npu_fusion_attention, "
-        "SDPA with 192/128 heads) to its op's signature, store its input tensors by content hash in the golden "
-        "store's inputs/ folder and write a suite file; run it with `mlaconf run -- --mla-cases FILE`.",
-    )
-    parser.add_argument("dump_dir", type=Path, metavar="DUMP_DIR", help="the msprobe dump folder (its dump_path)")
-    parser.add_argument("--out", type=Path, default=None, help="the suite file to write (default: stdout)")
-    parser.add_argument("--suite", default="imported", help="the suite's name (default: imported)")
-    parser.add_argument(
-        "--golden-dir",
-        type=Path,
-        default=None,
-        help="golden store for the input bundles (default $MLA_GOLDEN_DIR, else .golden)",
-    )
-    parser.add_argument(
-        "--judge",
-        action="store_true",
-        help="also build each case's golden and judge its dumped device output like a backend's, with msprobe's "
-        "benchmark verdict beside ours (exit 1 when one fails)",
-    )
-    parser.add_argument("--policy", default="default", help="the policy --judge decides by (default: 'default')")
-    parser.set_defaults(func=_main)
-
-
-def _main(args: argparse.Namespace) -> int:
+def run_import_dump(args: argparse.Namespace) -> int:
     from mlaconf.tools.msprobe_dump import import_dump, suite_text
     from mlaconf.tools.msprobe_read import Unrecoverable
 

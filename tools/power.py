@@ -3,7 +3,7 @@
 Cases run one after another (or on ``jobs`` threads), each golden read once for every backend that its
 trigger lets reach the case, and judged in-process by :func:`mlaconf.runner.conformance.run_case`, the
 code the pytest suite uses, under the default policy.  A defect is killed when some case fails it; a zoo
-member (a correct kernel) failing a case is a false alarm.  ``mlaconf power`` (:mod:`.power_cli`) is
+member (a correct kernel) failing a case is a false alarm.  ``mlaconf power`` (:mod:`.power_report`) is
 the command; docs/conformance.md "Power" says how to read its report.
 """
 
@@ -95,7 +95,7 @@ def levels_text(factor: str, wanted: Iterable[str]) -> str:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class CaseOutcome:
     """One subject on one case: the outcome, the slack and the check that decided it."""
 
     case: str
@@ -104,7 +104,7 @@ class Verdict:
     check: str
 
     @classmethod
-    def of(cls, case: str, outcome: str, record: ResultRecord) -> Verdict:
+    def of(cls, case: str, outcome: str, record: ResultRecord) -> CaseOutcome:
         decisive = [c for c in record.checks if c.get("decisive", True)]
         worst = max(decisive, key=lambda c: _slack(c.get("slack")), default=None)
         if worst is not None:
@@ -135,17 +135,17 @@ class SubjectResult:
     subject: Subject
     reached: int = 0
     skipped: int = 0
-    verdicts: list[Verdict] = field(default_factory=list)
+    outcomes: list[CaseOutcome] = field(default_factory=list)
 
     @property
-    def failures(self) -> list[Verdict]:
-        return [v for v in self.verdicts if v.outcome == "failed"]
+    def failures(self) -> list[CaseOutcome]:
+        return [v for v in self.outcomes if v.outcome == "failed"]
 
-    def largest(self, only_failing: bool = False) -> Verdict | None:
-        pool = self.failures if only_failing else [v for v in self.verdicts if v.slack is not None]
+    def largest(self, only_failing: bool = False) -> CaseOutcome | None:
+        pool = self.failures if only_failing else [v for v in self.outcomes if v.slack is not None]
         return max(pool, key=lambda v: v.slack or 0.0, default=None)
 
-    def smallest_failing(self) -> Verdict | None:
+    def smallest_failing(self) -> CaseOutcome | None:
         return min(self.failures, key=lambda v: v.slack or 0.0, default=None)
 
 
@@ -195,7 +195,7 @@ def _run_one(
     backend: Backend,
     policy_set: PolicySet,
     deviations: DeviationSet,
-) -> Verdict:
+) -> CaseOutcome:
     spec = golden.spec
     if subject.probe == "nan_padding":
         golden = dataclasses.replace(golden, inputs=poison_padding(golden.inputs, spec, "nan"))
@@ -208,7 +208,7 @@ def _run_one(
         reruns=2 if subject.probe == "rerun" else 1,
     )
     record = result.ending.record(conformance_identity(spec, backend.name, POLICY))
-    return Verdict.of(spec.case_id, result.outcome, record)
+    return CaseOutcome.of(spec.case_id, result.outcome, record)
 
 
 class PowerRunner:
@@ -244,22 +244,22 @@ class PowerRunner:
     def case(self, spec: CaseSpec) -> None:
         levels = case_levels(spec)
         reaching = [r for r in self.run.results.values() if reaches(r.subject.trigger, levels)]
-        verdicts: list[tuple[SubjectResult, Verdict]] = []
+        outcomes: list[tuple[SubjectResult, CaseOutcome]] = []
         if reaching:
             golden = self._store().ensure(spec)
             for result in reaching:
                 if self._stop.is_set():
                     return  # the case is not counted: a partial case would skew the report
                 subject = result.subject
-                verdicts.append((result, _run_one(golden, subject, subject.make(), self.policy_set, self.deviations)))
+                outcomes.append((result, _run_one(golden, subject, subject.make(), self.policy_set, self.deviations)))
         with self._lock:
             self.run.levels[spec.case_id] = levels
             for result in self.run.results.values():
                 if result not in reaching:
                     result.skipped += 1
-            for result, verdict in verdicts:
+            for result, outcome in outcomes:
                 result.reached += 1
-                result.verdicts.append(verdict)
+                result.outcomes.append(outcome)
             self.run.done += 1
 
     def execute(self) -> None:
@@ -301,7 +301,7 @@ class PowerRunner:
         """For each survivor, shipped cases that reach it, each tried (those that kill it listed first): of the
         cases up to :data:`SUGGESTION_FLOPS`, those with the most levels no case of the suite has, then the
         cheapest (a survivor its cases reach and pass needs something they lack)."""
-        tried: dict[tuple[str, str], Verdict] = {}
+        tried: dict[tuple[str, str], CaseOutcome] = {}
         own = {s.case_id for s in self.run.cases}
         seen = {(f, level) for levels in self.run.levels.values() for f, names in levels.items() for level in names}
 
@@ -321,15 +321,15 @@ class PowerRunner:
                 if key not in tried:
                     golden = self._store().ensure(spec)
                     tried[key] = _run_one(golden, subject, subject.make(), self.policy_set, self.deviations)
-                verdict = tried[key]
+                outcome = tried[key]
                 found.append(
                     {
                         "case": spec.case_id,
                         "suite": spec.suite,
                         "name": spec.name,
-                        "kills": verdict.outcome == "failed",
-                        "slack": verdict.slack,
-                        "check": verdict.check,
+                        "kills": outcome.outcome == "failed",
+                        "slack": outcome.slack,
+                        "check": outcome.check,
                         "toml": spec.to_toml(),
                     }
                 )

@@ -44,7 +44,7 @@ from mlaconf.golden.specs.suites import SUITES_PACKAGE
 from mlaconf.golden.store.locations import chosen_root
 from mlaconf.harness import registry
 from mlaconf.reports import merge, safeio, summary
-from mlaconf.reports.records import Failure, make_record, sort_records
+from mlaconf.reports.records import sort_records
 from mlaconf.reports.rundir import (
     REPORTS_DIR,
     RESULTS_FILE,
@@ -169,16 +169,12 @@ def collect_shard(plugin_args: Sequence[str], shard: str) -> list[str]:
 def not_run_records(nodeids: Sequence[str], shard: str, why: str) -> list[dict[str, Any]]:
     """A record per test of a lost shard, as the plugin records a test that never ran: in the
     report's counts, and the run fails."""
+    from mlaconf.runner.ending import never_ran_record
     from mlaconf.runner.identity import BACKEND_LABELS, identity_from_nodeid
 
     labels = {name: BACKEND_LABELS.get(name, name) for name in registry.BUILTIN}
-    failure = Failure("not_run", "", f"never ran: shard {shard} was lost on the Ray cluster ({why})", "")
-    return [
-        make_record(
-            identity_from_nodeid(nodeid, labels), verdict="error", message=failure.text(), failure=failure
-        ).to_dict()
-        for nodeid in nodeids
-    ]
+    lost = f"shard {shard} was lost on the Ray cluster ({why})"
+    return [never_ran_record(identity_from_nodeid(nodeid, labels), lost).to_dict() for nodeid in nodeids]
 
 
 def plugin_arguments(args: argparse.Namespace) -> list[str]:

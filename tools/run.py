@@ -16,9 +16,9 @@ from typing import Any
 
 from mlaconf.facts.processes import kill_with_parent
 from mlaconf.golden.store.locations import golden_dir_problem
-from mlaconf.harness.registry import AUTO_ORDER, BUILTIN, choices_text, name_problem
+from mlaconf.harness.registry import choices_text, name_problem
 from mlaconf.reports import rundir
-from mlaconf.runner.selection import DEFAULT_SUITE, policy_problem, suite_choices
+from mlaconf.runner.selection import policy_problem
 from mlaconf.tools.command import pytest_command
 
 #: Signals that stop the run: forwarded to pytest's process group as SIGINT (its clean stop).
@@ -34,7 +34,7 @@ RESUME_REPEATS = ("suite", "backend", "policy", "golden_dir", "run_name", "repor
 
 
 @dataclass(frozen=True)
-class Ending:
+class PytestExit:
     """How pytest ended: its exit status (negative: the signal that killed it), the first stop
     signal ``mlaconf run`` received (None: none), and whether the grace ran out (the group was killed)."""
 
@@ -104,16 +104,16 @@ def launch(command: list[str], cwd: Path, directory: Path | None) -> int:
     print("+ python " + shlex.join(command[1:]), flush=True)  # quoted: it can be pasted back into a shell
     # its own session: a signal reaches the whole run (pytest and every xdist worker) only through us
     child = subprocess.Popen(command, cwd=cwd, start_new_session=True, preexec_fn=_child_setup)
-    ending = wait_forwarding_stops(child)
-    if ending.status not in PYTEST_EXITS or ending.forced:  # pytest could not have ended the run itself
-        end_for_pytest(ending, child.pid, directory, cwd)
-    if ending.stopped:
-        print(f"mlaconf run: stopped by {signal.Signals(ending.signal or 0).name}", file=sys.stderr)
-        return 128 + (ending.signal or 0)
-    if ending.signal is not None:
-        name = signal.Signals(ending.signal).name
+    exited = wait_forwarding_stops(child)
+    if exited.status not in PYTEST_EXITS or exited.forced:  # pytest could not have ended the run itself
+        end_for_pytest(exited, child.pid, directory, cwd)
+    if exited.stopped:
+        print(f"mlaconf run: stopped by {signal.Signals(exited.signal or 0).name}", file=sys.stderr)
+        return 128 + (exited.signal or 0)
+    if exited.signal is not None:
+        name = signal.Signals(exited.signal).name
         print(f"mlaconf run: {name} came after pytest had ended the run; nothing was stopped", file=sys.stderr)
-    return 128 - ending.status if ending.status < 0 else ending.status
+    return 128 - exited.status if exited.status < 0 else exited.status
 
 
 def _child_setup() -> None:
@@ -133,11 +133,11 @@ def named_run_dir(command: list[str]) -> Path | None:
     return (rundir.REPORTS_DIR / name).resolve() if name else None
 
 
-def end_for_pytest(ending: Ending, pid: int, directory: Path | None, cwd: Path) -> None:
+def end_for_pytest(exited: PytestExit, pid: int, directory: Path | None, cwd: Path) -> None:
     """pytest died before it could end its run (killed after the grace, or by a signal from elsewhere):
     end run.json from the journal, ``interrupted`` if a stop was asked for, else ``killed``."""
-    how = f"was killed by {signal.Signals(-ending.status).name}" if ending.status < 0 else f"exited {ending.status}"
-    status = "interrupted" if ending.signal is not None else "killed"
+    how = f"was killed by {signal.Signals(-exited.status).name}" if exited.status < 0 else f"exited {exited.status}"
+    status = "interrupted" if exited.signal is not None else "killed"
     why = f"pytest {how} before it ended the run: its journal holds every test that ended before"
     candidates = [directory] if directory else sorted((cwd / rundir.REPORTS_DIR).glob("*/"), reverse=True)
     for candidate in candidates:
@@ -167,7 +167,7 @@ def option_value(argv: list[str], option: str) -> str | None:
     return value
 
 
-def wait_forwarding_stops(child: subprocess.Popen[Any]) -> Ending:
+def wait_forwarding_stops(child: subprocess.Popen[Any]) -> PytestExit:
     """How pytest ended.  The first stop signal is forwarded to pytest's process group as SIGINT (it
     records what ran and ends run.json ``interrupted``); a second one, or :data:`STOP_GRACE_S` without
     an end, kills the group.  No process of the run outlives this."""
@@ -196,7 +196,7 @@ def wait_forwarding_stops(child: subprocess.Popen[Any]) -> Ending:
         _signal_group(child.pid, signal.SIGKILL)  # workers left behind by a controller that ended early
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    return Ending(status, received[0] if received else None, forced or len(received) > 1)
+    return PytestExit(status, received[0] if received else None, forced or len(received) > 1)
 
 
 def _signal_group(pgid: int, signum: int) -> None:
@@ -216,54 +216,3 @@ def run_on_cluster(args: argparse.Namespace) -> int:
     except ClusterUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-
-
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "run",
-        help="conformance run (default: smoke suite on the best available backend, -n auto)",
-        description="Runs the conformance suites under pytest; goldens missing from the store are "
-        "generated on demand. Arguments after '--' go to pytest (e.g. -- --lf -k causal); paths or node ids "
-        "among them replace the installed suites (-- cases/test_conformance.py).",
-    )
-    parser.add_argument(
-        "--suite", action="append", choices=suite_choices(), help=f"a suite (default {DEFAULT_SUITE}); repeatable"
-    )
-    parser.add_argument(
-        "--backend",
-        action="append",
-        help=f"auto (default: the first available of {', '.join(AUTO_ORDER)}), "
-        f"{', '.join(BUILTIN)}, or an external backend as pkg.module:factory; repeatable",
-    )
-    parser.add_argument("--policy", default=None, help="tolerance policy (default: 'default')")
-    parser.add_argument("--golden-dir", default=None, help="golden store (default $MLA_GOLDEN_DIR or .golden/)")
-    parser.add_argument(
-        "--run-name", default=None, help="report folder name under reports/out/ in the working directory"
-    )
-    parser.add_argument("--report-dir", default=None, help="report folder (overrides --run-name)")
-    parser.add_argument("-n", "--jobs", default="auto", help="xdist workers (default auto: one per accelerator)")
-    parser.add_argument(
-        "--ray",
-        nargs="?",
-        const="",
-        default=None,
-        metavar="ADDRESS",
-        help="spread the run over a Ray cluster, one pytest shard per NPU/GPU/CPU slot (auto, HOST:PORT, "
-        "ray://HOST:10001; none: $RAY_ADDRESS or a local cluster); needs the 'ray' extra; docs/cluster.md",
-    )
-    parser.add_argument(
-        "--ray-retries",
-        type=int,
-        default=2,
-        metavar="N",
-        help="with --ray: times a shard whose worker or node died is run again (default 2)",
-    )
-    parser.add_argument(
-        "--resume",
-        default=None,
-        metavar="DIR",
-        help="finish the interrupted or killed run in DIR: only its selected tests without a record run, "
-        "with its own arguments, into the same run (refused when the environment or goldens differ)",
-    )
-    parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="extra pytest arguments after --")
-    parser.set_defaults(func=run)

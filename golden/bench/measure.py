@@ -1,8 +1,8 @@
 """The bench's measurements, each in a fresh interpreter (``python -m mlaconf.golden.bench.measure JOB``).
 
 Why a module of its own: a worker process imports only what it measures, and the report
-(:mod:`mlaconf.golden.bench.verb`) stays apart from how its numbers are taken.  The definitions of every
-figure are in :mod:`mlaconf.golden.bench.verb` and docs/benchmarks.md.
+(:mod:`mlaconf.golden.bench.run`) stays apart from how its numbers are taken.  The definitions of every
+figure are in :mod:`mlaconf.golden.bench.run` and docs/benchmarks.md.
 """
 
 from __future__ import annotations

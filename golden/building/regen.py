@@ -76,7 +76,7 @@ def select_cases(
 
 # -- builders and threads --------------------------------------------------------------------------
 
-#: The CPUs regen splits among its workers; golden.cli reads it here too (one name to replace in tests).
+#: The CPUs regen splits among its workers; golden.maintain reads it here too (one name to replace in tests).
 cpu_count = usable_cpus
 
 

@@ -49,6 +49,39 @@ class ErrorStats:
         return cls(**{k: v.item() if isinstance(v, np.generic) else v for k, v in values.items()})
 
 
+@dataclass
+class ErrorSums:
+    """The sums and maxima behind :class:`ErrorStats`, of one row chunk or folded over several: n, max |a - g|,
+    the largest and the summed relative error, and the sum of (a - g)^2.  The judge's metrics fold the same
+    sums (:mod:`mlaconf.judge.metrics`), so both sides of a baseline ratio are the same floats."""
+
+    n: int = 0
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    sum_rel: float = 0.0
+    sum_sq: float = 0.0
+
+    @classmethod
+    def of(cls, err: np.ndarray, rel: np.ndarray) -> ErrorSums:
+        """The sums of one chunk's absolute errors ``err`` (inf where either side is NaN/Inf) and their
+        relative errors ``rel``."""
+        largest = (float(err.max()), float(rel.max())) if err.size else (0.0, 0.0)
+        return cls(err.size, *largest, float(rel.sum()), float(np.square(err).sum()))
+
+    def fold(self, part: ErrorSums) -> None:
+        """Add a later chunk's sums: the same numbers as summing its chunk here."""
+        self.n += part.n
+        self.max_abs = max(self.max_abs, part.max_abs)
+        self.max_rel = max(self.max_rel, part.max_rel)
+        self.sum_rel += part.sum_rel
+        self.sum_sq += part.sum_sq
+
+    def stats(self) -> ErrorStats:
+        """The statistics the sums give: means over n (1 when nothing was summed)."""
+        count = max(self.n, 1)
+        return ErrorStats(self.n, self.max_abs, self.max_rel, self.sum_rel / count, float(np.sqrt(self.sum_sq / count)))
+
+
 def error_stats(actual: np.ndarray, expected: np.ndarray, row_valid: np.ndarray, dtype: str) -> ErrorStats:
     """:class:`ErrorStats` of ``actual`` against ``expected`` (both ``[T, ...]``) over the valid rows: sums and
     maxima per row chunk, added in chunk order (the same floats as :func:`mlaconf.judge.metrics.compute_metrics`)."""
@@ -56,21 +89,17 @@ def error_stats(actual: np.ndarray, expected: np.ndarray, row_valid: np.ndarray,
         raise ValueError(f"dtype must be 'fp16' or 'bf16', got {dtype!r}")
     floor = REL_FLOOR[dtype]
 
-    def chunk_sums(chunk: RowChunk) -> tuple[int, float, float, float, float]:
-        """The chunk's n, max |a - g|, max relative error, sum of relative errors, sum of (a - g)^2."""
+    def chunk_sums(chunk: RowChunk) -> ErrorSums:
         a = np.asarray(actual[chunk.pick], dtype=np.float64)
         g = np.asarray(expected[chunk.pick], dtype=np.float64)
         bad = ~(np.isfinite(a) & np.isfinite(g))
         with np.errstate(invalid="ignore", over="ignore"):
             err = np.where(bad, np.inf, np.abs(a - g))  # a NaN/Inf on either side: an infinite error
             rel = err / np.maximum(np.where(bad, 0.0, np.abs(g)), floor)
-            largest = (float(err.max()), float(rel.max())) if err.size else (0.0, 0.0)
-            return err.size, *largest, float(rel.sum()), float(np.square(err).sum())
+            return ErrorSums.of(err, rel)
 
-    n, max_abs, max_rel, sum_rel, sum_sq = 0, 0.0, 0.0, 0.0, 0.0
+    total = ErrorSums()
     chunks = row_chunks(row_valid, int(np.prod(actual.shape[1:])))
-    for size, chunk_abs, chunk_rel, chunk_sum_rel, chunk_sum_sq in map_for(len(chunks))(chunk_sums, chunks):
-        n, max_abs, max_rel = n + size, max(max_abs, chunk_abs), max(max_rel, chunk_rel)
-        sum_rel, sum_sq = sum_rel + chunk_sum_rel, sum_sq + chunk_sum_sq
-    count = max(n, 1)
-    return ErrorStats(n, max_abs, max_rel, sum_rel / count, float(np.sqrt(sum_sq / count)))
+    for part in map_for(len(chunks))(chunk_sums, chunks):
+        total.fold(part)
+    return total.stats()

@@ -46,8 +46,8 @@ from mlaconf.golden.store.integrity import (
     SCHEMA_VERSION,
     GoldenCorruptError,
     GoldenMissingError,
-    array_digest,
     check_whole_file,
+    dataset_checksum,
     stats_digest,
     user_block_size,
 )
@@ -154,7 +154,7 @@ def write_hdf5(
             stored, tag = _encode(np.ascontiguousarray(arr))
             ds = f.create_dataset(name, data=stored)
             ds.attrs["device_dtype"] = tag
-            ds.attrs[DIGEST_NAME] = checksums[name] = array_digest(stored)
+            ds.attrs[DIGEST_NAME] = checksums[name] = dataset_checksum(stored)
         for key, value in golden.baseline_stats.items():
             f["baseline"].attrs[key] = value
         f.attrs.update(
@@ -343,7 +343,7 @@ def _read_verified(opened: _Opened, path: Path, block: ReadBlock | None) -> dict
             recorded, tag = str(ds.attrs[DIGEST_NAME]), str(ds.attrs["device_dtype"])
         except (KeyError, OSError, RuntimeError, ValueError) as exc:
             raise GoldenCorruptError(path, f"unreadable: {exc}", name) from exc
-        actual = hashed[name] if hashed is not None and name in hashed else array_digest(stored)  # empty: no line
+        actual = hashed[name] if hashed is not None and name in hashed else dataset_checksum(stored)  # empty: no line
         if actual != recorded or actual != listed[name]:
             message = f"digest mismatch: data {actual[:16]}…, recorded {recorded[:16]}…"
             raise GoldenCorruptError(path, message, name)

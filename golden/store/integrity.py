@@ -94,7 +94,7 @@ class GoldenWriteError(GoldenStoreError):
     """A golden file could not be written (disk full, permissions, ...); no partial file is left."""
 
 
-def array_digest(arr: np.ndarray) -> str:
+def dataset_checksum(arr: np.ndarray) -> str:
     """xxh3-128 of the array's raw bytes (C order), hashed in place: no copy of the data."""
     flat = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
     return xxhash.xxh3_128_hexdigest(flat.data)

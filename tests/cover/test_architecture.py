@@ -282,4 +282,4 @@ def test_the_rule_checker_sees_lazy_and_bare_imports(tmp_path: Path) -> None:
 def test_pytest_fixtures_names_the_path_git_knows(tmp_path: Path) -> None:
     listed = run_pytest("--fixtures", "-q", str(REPO / "cases"), cwd=tmp_path, inherit=True, timeout=300)
     assert listed.returncode == 0, listed.output
-    assert "runner/session.py:" in listed.stdout and "mlaconf/runner" not in listed.stdout
+    assert "runner/suites_plugin.py:" in listed.stdout and "mlaconf/runner" not in listed.stdout

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mlaconf.facts.operator import SCORE_DIM, V_DIM
-from mlaconf.golden.bench import verb as bench
+from mlaconf.golden.bench import run as bench_run
 from mlaconf.golden.bench.limits import (
     BASELINE_BYTES_PER_SCORE,
     REFERENCE_BYTES_PER_SCORE,
@@ -171,7 +171,7 @@ def test_interleaved_table_states_the_limit_and_how_much_of_it_e2e_reached() -> 
         "reference_vs_tile_gemm": [0.93, 0.9, 0.97],
     }
     report = {"machine": {"nproc": 2, "cpu": "x", "blas": "y"}, "threads": 2, "repeats": 3, "gemm_n": 2048}
-    text = bench.format_interleaved({**report, "cases": [row]})
+    text = bench_run.format_interleaved({**report, "cases": [row]})
     square = "derived end-to-end limit (square GEMM) 0.40 of this GEMM (3.00 s); e2e reaches 0.50 [0.25, 0.75] of it"
     assert square in text
     assert "limit (GEMMs at the tiles' shapes) 0.25 of this GEMM (4.80 s); e2e reaches 0.80 [0.40, 1.20] of it" in text

@@ -24,7 +24,7 @@ from mlaconf.tools import ray_run
 build_parser()
 suite = Path(sys.argv[1]) / "suite.toml"
 suite.write_text("[[case]]\\nq_seqlen = [4]\\nhead_num = 1\\n")
-assert cli.main(["regen", "--cases", str(suite), "--out", sys.argv[1] + "/store", "-j", "2"]) == 0
+assert maintain.main(["regen", "--cases", str(suite), "--out", sys.argv[1] + "/store", "-j", "2"]) == 0
 assert "ray" not in sys.modules, "the local path imported ray"
 """
 

@@ -107,6 +107,6 @@ def test_coverage_verb_refuses_a_missing_file_in_one_line(tmp_path: Path) -> Non
 
 
 def test_coverage_verb_module_imports_light() -> None:
-    code = "import sys, mlaconf.golden.coverage.verb; print(sorted({'torch', 'h5py', 'ml_dtypes'} & set(sys.modules)))"
+    code = "import sys, mlaconf.golden.coverage.verbs; print(sorted({'torch', 'h5py', 'ml_dtypes'} & set(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert done.stdout.strip() == "[]"

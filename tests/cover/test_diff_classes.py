@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from mlaconf.reports import cli, diff
+from mlaconf import verb_function
+from mlaconf.reports import diff, verbs
 from mlaconf.reports.records import ResultRecord
 from mlaconf.reports.rundir import read_results
 from tests.runs import write_run_dir
@@ -22,9 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def mlaconf(*argv: str) -> int:
     parser = argparse.ArgumentParser()
-    cli.register(parser.add_subparsers(dest="verb", required=True))
+    verbs.register(parser.add_subparsers(dest="verb", required=True))
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    return int(verb_function(args.func)(args))
 
 
 def record(case: str, backend: str, verdict: str = "passed", **extra: object) -> dict[str, object]:

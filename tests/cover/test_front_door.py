@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from mlaconf import verb_function
 from mlaconf.golden.store.locations import golden_dir_problem
-from mlaconf.reports import cli
+from mlaconf.reports import verbs
 from tests.pytest_runs import PytestRun, run_pytest
 from tests.runs import write_run_dir
 
@@ -131,9 +132,9 @@ def test_k_matching_nothing_is_not_a_pass(tmp_path: Path) -> None:
 
 def mlaconf(*argv: str) -> int:
     parser = argparse.ArgumentParser()
-    cli.register(parser.add_subparsers(dest="verb", required=True))
+    verbs.register(parser.add_subparsers(dest="verb", required=True))
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    return int(verb_function(args.func)(args))
 
 
 def test_report_html_on_malformed_results_is_one_line(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import h5py
 import pytest
 
-from mlaconf.golden import cli, verbs
+from mlaconf.golden import maintain, verbs
 from mlaconf.golden.building import baseline
 from mlaconf.golden.building.progress import Progress
 from mlaconf.golden.specs.suites import load_suite
@@ -67,7 +67,7 @@ def flip_byte(path: Path, dataset: str) -> None:
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str]:
-    rc = cli.main([str(a) for a in argv])
+    rc = maintain.main([str(a) for a in argv])
     return rc, capsys.readouterr().out
 
 
@@ -76,7 +76,7 @@ def test_register_adds_the_four_verbs() -> None:
     verbs.register(parser.add_subparsers(dest="verb"))
     for verb, extra in (("regen", []), ("verify", []), ("list", []), ("show", ["abc"]), ("store", [])):
         args = parser.parse_args([verb, *extra])
-        assert args.func == f"mlaconf.golden.cli:cmd_{verb}" and callable(getattr(cli, f"cmd_{verb}"))
+        assert args.func == f"mlaconf.golden.maintain:cmd_{verb}" and callable(getattr(maintain, f"cmd_{verb}"))
 
 
 def test_regen_is_incremental(capsys: pytest.CaptureFixture[str], suite: Path, tmp_path: Path) -> None:
@@ -208,7 +208,7 @@ def test_env_var_selects_the_store(
 def test_bad_selection_fails_cleanly(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text('[suite]\nname = "bad"\n[[case]]\nq_seqlen = [4]\nhead_num = 0\n')
-    rc = cli.main(["regen", "--cases", str(bad), "--out", str(tmp_path)])
+    rc = maintain.main(["regen", "--cases", str(bad), "--out", str(tmp_path)])
     assert rc == 2 and "'head_num'" in capsys.readouterr().err
 
 

@@ -61,7 +61,7 @@ def test_the_echoed_command_is_shell_quoted(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(run.subprocess, "Popen", lambda *a, **k: None)  # the echo only: no pytest is started
-    monkeypatch.setattr(run, "wait_forwarding_stops", lambda child: run.Ending(0, None, False))
+    monkeypatch.setattr(run, "wait_forwarding_stops", lambda child: run.PytestExit(0, None, False))
     assert mlaconf.main(["run", "--backend", "torch-cpu", "--", "-k", "bf16 and causal"]) == 0
     echoed = capsys.readouterr().out.strip().removeprefix("+ ")
     assert "-k 'bf16 and causal'" in echoed and shlex.split(echoed)[-2:] == ["-k", "bf16 and causal"]

@@ -61,3 +61,40 @@ def test_an_ending_becomes_the_record_of_the_test_it_names() -> None:
         ("x over its bound",),
         "d-1",
     )
+
+
+def test_every_record_is_made_by_the_one_builder() -> None:
+    """``make_record`` is called only by ``Ending.record``: pytest's outcomes, crashes and never-ran tests
+    (the controller's and a lost Ray shard's) are endings too."""
+    callers = []
+    for path in sorted(ROOT.glob("*/**/*.py")):
+        if path.is_relative_to(ROOT / "tests") or path.name.startswith("."):
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", getattr(node.func, "attr", None)) == "make_record"
+            ):
+                callers.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert callers == ["runner/ending.py:" + str(_line_of_make_record())], callers
+
+
+def _line_of_make_record() -> int:
+    source = (ROOT / "runner/ending.py").read_text().splitlines()
+    return next(n for n, line in enumerate(source, 1) if "make_record(" in line and "import" not in line)
+
+
+def test_a_never_ran_record_is_one_record_for_the_controller_and_a_lost_shard() -> None:
+    from mlaconf.runner.ending import never_ran_record
+    from mlaconf.tools.ray_run import not_run_records
+
+    nodeid = "cases/test_conformance.py::test_conformance[bf16-causal-x-torch-cpu]"
+    from_ray = not_run_records([nodeid], "1/2", "node died")[0]
+    ident = {k: from_ray[k] for k in ("suite", "test", "backend", "case_id") if k in from_ray}
+    direct = never_ran_record(ident, "shard 1/2 was lost on the Ray cluster (node died)").to_dict()
+    assert from_ray["failure"] == direct["failure"] == {**direct["failure"], "kind": "not_run"}
+    assert (from_ray["verdict"], from_ray["message"]) == (
+        "error",
+        "never ran: shard 1/2 was lost on the Ray cluster (node died)",
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlaconf.runner.collect import identity_from_nodeid
+from mlaconf.runner.recording import identity_from_nodeid
 from tests.cover.test_registry import EXTERNAL, MY_LIB, run_suite
 
 

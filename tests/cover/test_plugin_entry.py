@@ -12,7 +12,7 @@ from pathlib import Path
 from tests.pytest_runs import run_pytest
 
 #: Modules of the suites' plugin that only an MLA run may load.
-MLA_ONLY = ("mlaconf.runner.session", "mlaconf.runner.collect", "mlaconf.runner.hypothesis_profiles")
+MLA_ONLY = ("mlaconf.runner.suites_plugin", "mlaconf.runner.recording", "mlaconf.runner.hypothesis_profiles")
 
 IMPORT_PROBE = """
 import json, os, sys

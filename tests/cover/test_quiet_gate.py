@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from mlaconf.reports import cli, diff, diff_render, latency
+from mlaconf import verb_function
+from mlaconf.reports import diff, diff_render, latency, verbs
 from mlaconf.reports.records import ResultRecord, evidence_sha256
 from tests.runs import write_run_dir
 
@@ -255,7 +256,7 @@ def test_the_diff_says_the_gates_verdict_first(tmp_path: Path, capsys: pytest.Ca
     assert 'class="banner pass"' in diff_render.render_html(same)
     # the verb prints the verdict right after the counts
     parser = argparse.ArgumentParser()
-    cli.register(parser.add_subparsers(dest="verb", required=True))
+    verbs.register(parser.add_subparsers(dest="verb", required=True))
     args = parser.parse_args(["report", "diff", str(base), str(cand), "--allow-missing"])
-    assert args.func(args) == 1
+    assert verb_function(args.func)(args) == 1
     assert capsys.readouterr().out.splitlines()[2] == "  GATE FAILS: 1 regressed"

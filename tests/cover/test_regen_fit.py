@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mlaconf.golden import cli
+from mlaconf.golden import maintain
 from mlaconf.golden.building import cost
 from mlaconf.golden.specs.spec_build import build_case
 
@@ -27,7 +27,7 @@ def test_regen_refuses_a_case_larger_than_the_host_and_builds_nothing(
 ) -> None:
     suite, out = _suite(tmp_path, HUGE + SMALL), tmp_path / "store"
     huge = build_case({"q_seqlen": [1000000000], "head_num": 1}, source="t")
-    assert cli.main(["regen", "--cases", str(suite), "--out", str(out)]) == 2
+    assert maintain.main(["regen", "--cases", str(suite), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert f"error: case {huge.case_id}: estimated peak memory ~" in err
     assert "exceeds this host's" in err and "exceeds the store's free disk" in err
@@ -37,12 +37,12 @@ def test_regen_refuses_a_case_larger_than_the_host_and_builds_nothing(
 
 def test_list_marks_the_refused_case_and_exits_1(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     suite = _suite(tmp_path, HUGE + SMALL)
-    assert cli.main(["list", "--cases", str(suite), "--out", str(tmp_path / "store")]) == 1
+    assert maintain.main(["list", "--cases", str(suite), "--out", str(tmp_path / "store")]) == 1
     captured = capsys.readouterr()
     refused = [line for line in captured.out.splitlines() if "REFUSED here" in line]
     assert len(refused) == 1 and "s1000000000" in refused[0]
     assert "1 case(s) too large to generate on this host" in captured.err
-    assert cli.main(["list", "--cases", str(_suite(tmp_path, SMALL)), "--out", str(tmp_path / "store")]) == 0
+    assert maintain.main(["list", "--cases", str(_suite(tmp_path, SMALL)), "--out", str(tmp_path / "store")]) == 0
 
 
 def test_allow_oversize_forces_a_refused_case(
@@ -51,13 +51,13 @@ def test_allow_oversize_forces_a_refused_case(
     """A host whose memory is below a small case's estimated peak: refused, then forced."""
     monkeypatch.setattr(cost, "host_memory_bytes", lambda: 50 * 1024 * 1024)
     suite, out = _suite(tmp_path, SMALL), tmp_path / "store"
-    assert cli.main(["regen", "--cases", str(suite), "--out", str(out)]) == 2
+    assert maintain.main(["regen", "--cases", str(suite), "--out", str(out)]) == 2
     assert "2 case(s) cannot be generated on this host" in capsys.readouterr().err
     assert not out.exists() or not list(out.glob("*.h5"))
-    assert cli.main(["regen", "--cases", str(suite), "--out", str(out), "--allow-oversize"]) == 0
+    assert maintain.main(["regen", "--cases", str(suite), "--out", str(out), "--allow-oversize"]) == 0
     assert len(list(out.glob("*.h5"))) == 2
     # built elsewhere into a shared store: an oversize case whose file is current is not refused
-    assert cli.main(["regen", "--cases", str(suite), "--out", str(out)]) == 0
+    assert maintain.main(["regen", "--cases", str(suite), "--out", str(out)]) == 0
     assert "2 up-to-date" in capsys.readouterr().out
 
 
@@ -67,11 +67,11 @@ def test_parallelism_that_overruns_memory_is_reported(
     small = build_case({"q_seqlen": [4], "head_num": 1}, source="t")
     memory = int(1.5 * cost.peak_bytes(small, threads=1))
     monkeypatch.setattr(cost, "host_memory_bytes", lambda: memory)
-    monkeypatch.setattr(cli.rg, "cpu_count", lambda: 2)
+    monkeypatch.setattr(maintain.rg, "cpu_count", lambda: 2)
     suite = _suite(tmp_path, SMALL)
-    assert cli.main(["list", "--cases", str(suite), "--out", str(tmp_path / "store"), "-j", "2"]) == 0
+    assert maintain.main(["list", "--cases", str(suite), "--out", str(tmp_path / "store"), "-j", "2"]) == 0
     assert "list: warning: with 2 jobs the largest cases running together peak at" in capsys.readouterr().err
-    assert cli.main(["list", "--cases", str(suite), "--out", str(tmp_path / "store")]) == 0
+    assert maintain.main(["list", "--cases", str(suite), "--out", str(tmp_path / "store")]) == 0
     assert "warning" not in capsys.readouterr().err
 
 

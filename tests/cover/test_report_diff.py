@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from mlaconf.reports import cli, diff, diff_render, latency
+from mlaconf import verb_function
+from mlaconf.reports import diff, diff_render, latency, verbs
 from tests.runs import record, write_run_dir
 
 
@@ -84,9 +85,9 @@ def write_run(directory: Path, records: list[dict[str, Any]], policy: str = "atb
 
 def mlaconf(*argv: str) -> int:
     parser = argparse.ArgumentParser()
-    cli.register(parser.add_subparsers(dest="verb", required=True))
+    verbs.register(parser.add_subparsers(dest="verb", required=True))
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    return int(verb_function(args.func)(args))
 
 
 def test_classification() -> None:

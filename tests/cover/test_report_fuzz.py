@@ -19,7 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mlaconf.reports import cli, safeio
+from mlaconf import verb_function
+from mlaconf.reports import safeio, verbs
 from tests.runs import record, write_run_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,9 +33,9 @@ def rec(case: str, **extra: Any) -> dict[str, Any]:
 
 def mlaconf(*argv: str) -> int:
     parser = argparse.ArgumentParser()
-    cli.register(parser.add_subparsers(dest="verb", required=True))
+    verbs.register(parser.add_subparsers(dest="verb", required=True))
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    return int(verb_function(args.func)(args))
 
 
 def verb_argv(verb: str, good: Path, bad: Path, out: Path) -> list[str]:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mlaconf.reports import cli, html
+from mlaconf import verb_function
+from mlaconf.reports import html, verbs
 from mlaconf.reports.rundir import read_results, write_json, write_results
 from mlaconf.reports.safeio import ReportFileError, atomic_write
 from tests.runs import record, write_run_dir
@@ -19,9 +20,9 @@ from tests.runs import record, write_run_dir
 
 def mlaconf(*argv: str) -> int:
     parser = argparse.ArgumentParser()
-    cli.register(parser.add_subparsers(dest="verb", required=True))
+    verbs.register(parser.add_subparsers(dest="verb", required=True))
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    return int(verb_function(args.func)(args))
 
 
 def one_error_line(capsys: pytest.CaptureFixture[str], *fragments: str) -> str:

@@ -9,7 +9,8 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
-from mlaconf.reports import cli, html, summary, svg
+from mlaconf import verb_function
+from mlaconf.reports import html, summary, svg, verbs
 from mlaconf.reports.aggregate import group_stats
 from tests.runs import record, write_run_dir
 
@@ -120,9 +121,9 @@ def test_histogram_counts_dropped_values() -> None:
 def test_html_verb_rerenders(tmp_path: Path) -> None:
     write_run_dir(tmp_path, [rec(i) for i in range(11)], run_name="again")  # slack <= 1: passing as they say
     parser = argparse.ArgumentParser()
-    cli.register(parser.add_subparsers(dest="verb", required=True))
+    verbs.register(parser.add_subparsers(dest="verb", required=True))
     args = parser.parse_args(["report", "html", str(tmp_path)])
-    assert args.func(args) == 0
+    assert verb_function(args.func)(args) == 0
     assert "MLA prefill conformance: again" in (tmp_path / "report.html").read_text()
 
 

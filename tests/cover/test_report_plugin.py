@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from mlaconf.reports import cli
+from mlaconf import verb_function
+from mlaconf.reports import verbs
 from mlaconf.reports.records import without_volatile
 from mlaconf.reports.rundir import read_results
 
@@ -111,9 +112,9 @@ def canonical(directory: Path) -> list[str]:
 
 def mlaconf(*argv: str) -> int:
     parser = argparse.ArgumentParser()
-    cli.register(parser.add_subparsers(dest="verb", required=True))
+    verbs.register(parser.add_subparsers(dest="verb", required=True))
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    return int(verb_function(args.func)(args))
 
 
 def test_serial_and_xdist_runs_write_equal_results(suite: pytest.Pytester, tmp_path: Path) -> None:

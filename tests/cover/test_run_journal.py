@@ -21,10 +21,10 @@ import pytest
 
 from mlaconf.reports import rundir
 from mlaconf.reports.records import dumps
-from mlaconf.runner.collect import Collector
+from mlaconf.runner.recording import RecordGatherer
 from mlaconf.runner.run_directory import ReportState, Run, comparable_args, first_difference, is_never_ran
 from mlaconf.tools import run as run_verb
-from mlaconf.tools.run import Ending, launch, named_run_dir
+from mlaconf.tools.run import PytestExit, launch, named_run_dir
 from tests.runs import record
 
 RECORDS = [record(f"c{i}") for i in range(3)]
@@ -107,17 +107,17 @@ def test_a_run_another_pytest_owns_or_that_ended_is_left_alone(tmp_path: Path, p
 
 
 @pytest.mark.parametrize(
-    "ending, stopped",
+    "exited, stopped",
     [
-        (Ending(2, signal.SIGINT, False), True),  # pytest's own Ctrl-C end
-        (Ending(-signal.SIGKILL, signal.SIGTERM, True), True),  # the grace ran out
-        (Ending(0, signal.SIGINT, False), False),  # the signal came after the run had ended
-        (Ending(1, signal.SIGHUP, False), False),
-        (Ending(2, None, False), False),  # no signal came to mlaconf
+        (PytestExit(2, signal.SIGINT, False), True),  # pytest's own Ctrl-C end
+        (PytestExit(-signal.SIGKILL, signal.SIGTERM, True), True),  # the grace ran out
+        (PytestExit(0, signal.SIGINT, False), False),  # the signal came after the run had ended
+        (PytestExit(1, signal.SIGHUP, False), False),
+        (PytestExit(2, None, False), False),  # no signal came to mlaconf
     ],
 )
-def test_stopped_by_is_said_only_when_a_signal_stopped_the_run(ending: Ending, stopped: bool) -> None:
-    assert ending.stopped is stopped
+def test_stopped_by_is_said_only_when_a_signal_stopped_the_run(exited: PytestExit, stopped: bool) -> None:
+    assert exited.stopped is stopped
 
 
 def test_pytest_gets_ctrl_c_back_when_mlaconf_run_inherited_it_ignored(
@@ -279,24 +279,24 @@ def test_a_pytest_that_ignores_the_stop_is_killed_after_the_grace_and_its_run_en
     assert "ended interrupted" in err and "stopped by SIGTERM" in err, err
 
 
-def _collector(selected: list[str]) -> Collector:
-    """A collector's accounting alone: no pytest session behind it, and a run that claimed no directory
-    (the Collector's accounting is under test, not the file)."""
-    collector = Collector.__new__(Collector)
-    collector.state = ReportState(report_dir=Path("report"), run_name="r", save_outputs=False, shard=None)
-    collector.state.selected = {nodeid: None for nodeid in selected}
-    collector.run = Run(cast(pytest.Config, None), collector.state)
-    return collector
+def _gatherer(selected: list[str]) -> RecordGatherer:
+    """A gatherer's accounting alone: no pytest session behind it, and a run that claimed no directory
+    (the RecordGatherer's accounting is under test, not the file)."""
+    gatherer = RecordGatherer.__new__(RecordGatherer)
+    gatherer.state = ReportState(report_dir=Path("report"), run_name="r", save_outputs=False, shard=None)
+    gatherer.state.selected = {nodeid: None for nodeid in selected}
+    gatherer.run = Run(cast(pytest.Config, None), gatherer.state)
+    return gatherer
 
 
 def test_a_stop_never_gives_a_recorded_test_a_never_ran_record_beside_its_own() -> None:
     """A stop under xdist can account for a test before its report arrives, or after its record came without
     its count: either way the run holds one record per test, the test's own (a resume reads it back)."""
     late, recorded = "cases/test_m.py::test_a[x]", "cases/test_m.py::test_b[y]"
-    collector = _collector([late, recorded])
-    collector._keep({**record("case-b"), "test": recorded})
-    assert collector.account_for_unrun(pytest.ExitCode.INTERRUPTED) == "interrupted"
-    assert [r["test"] for r in collector.state.records if is_never_ran(r)] == [late]  # not the recorded one
-    collector._keep({**record("case-a"), "test": late})  # its report comes after the accounting
-    tests = [r["test"] for r in collector.state.records]
-    assert sorted(tests) == sorted([late, recorded]) and not any(map(is_never_ran, collector.state.records))
+    gatherer = _gatherer([late, recorded])
+    gatherer._keep({**record("case-b"), "test": recorded})
+    assert gatherer.account_for_unrun(pytest.ExitCode.INTERRUPTED) == "interrupted"
+    assert [r["test"] for r in gatherer.state.records if is_never_ran(r)] == [late]  # not the recorded one
+    gatherer._keep({**record("case-a"), "test": late})  # its report comes after the accounting
+    tests = [r["test"] for r in gatherer.state.records]
+    assert sorted(tests) == sorted([late, recorded]) and not any(map(is_never_ran, gatherer.state.records))

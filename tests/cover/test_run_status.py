@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
-from mlaconf.reports import cli, diff
+from mlaconf import verb_function
+from mlaconf.reports import diff
+from mlaconf.reports import verbs as report_verbs
 from mlaconf.reports.records import RecordError
 from mlaconf.reports.rundir import RunState
 from tests.runs import record, write_run_dir
@@ -20,9 +22,9 @@ from tests.runs import record, write_run_dir
 
 def mlaconf(*argv: str) -> int:
     parser = argparse.ArgumentParser()
-    cli.register(parser.add_subparsers(dest="verb", required=True))
+    report_verbs.register(parser.add_subparsers(dest="verb", required=True))
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    return int(verb_function(args.func)(args))
 
 
 RECORDS = [record(f"c{i}") for i in range(47)]

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from mlaconf.facts.operator import MAX_BATCH
-from mlaconf.golden import cli
+from mlaconf.golden import maintain
 from mlaconf.golden.specs.spec import SpecError
 from mlaconf.golden.specs.spec_build import build_case, spec_from_json, validate_case
 from mlaconf.golden.specs.suites import load_suite
@@ -191,7 +191,7 @@ def test_mlaconf_list_reports_a_bad_file_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str
 ) -> None:
     path = write(tmp_path, body)
-    assert cli.main(["list", "--cases", str(path), "--out", str(tmp_path / "store")]) == 2
+    assert maintain.main(["list", "--cases", str(path), "--out", str(tmp_path / "store")]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {path}: ") and err.count("\n") == 1, err
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mlaconf.reports import cli
+from mlaconf import verb_function
+from mlaconf.reports import verbs
 from mlaconf.reports.rundir import read_results
 from tests.pytest_runs import run_pytest
 
@@ -156,6 +157,6 @@ def test_rerun_diff_lists_each_new_kind_under_its_heading(tmp_path: Path, capsys
 
 def mlaconf(*argv: str) -> int:
     parser = argparse.ArgumentParser()
-    cli.register(parser.add_subparsers(dest="verb", required=True))
+    verbs.register(parser.add_subparsers(dest="verb", required=True))
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    return int(verb_function(args.func)(args))

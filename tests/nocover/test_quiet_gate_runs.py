@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from mlaconf.reports import cli
+from mlaconf import verb_function
+from mlaconf.reports import verbs
 from mlaconf.reports.rundir import read_results
 from tests.pytest_runs import run_pytest
 
@@ -49,9 +50,9 @@ def smoke(tmp_path: Path, name: str) -> Path:
 
 def mlaconf(*argv: str) -> int:
     parser = argparse.ArgumentParser()
-    cli.register(parser.add_subparsers(dest="verb", required=True))
+    verbs.register(parser.add_subparsers(dest="verb", required=True))
     args = parser.parse_args(argv)
-    return int(args.func(args))
+    return int(verb_function(args.func)(args))
 
 
 @pytest.mark.timeout(1200)

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from mlaconf import main
-from mlaconf.golden import cli
+from mlaconf.golden import maintain
 from mlaconf.golden.building import regen as rg
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.suites import load_suite
@@ -98,9 +98,11 @@ def _digests(store: Path) -> dict[str, tuple[str, str]]:
 def test_regen_through_ray_equals_local_regen(cluster: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     local, shared, driver = tmp_path / "local", tmp_path / "shared", tmp_path / "driver"
     for shard in ("1/3", "2/3"):
-        assert cli.main(["regen", "smoke", "--shard", shard, "--out", str(local)]) == 0
-    assert cli.main(["regen", "smoke", "--shard", "1/3", "--out", str(shared), "--ray"]) == 0
-    assert cli.main(["regen", "smoke", "--shard", "2/3", "--out", str(driver), "--ray", "--ray-store", "driver"]) == 0
+        assert maintain.main(["regen", "smoke", "--shard", shard, "--out", str(local)]) == 0
+    assert maintain.main(["regen", "smoke", "--shard", "1/3", "--out", str(shared), "--ray"]) == 0
+    assert (
+        maintain.main(["regen", "smoke", "--shard", "2/3", "--out", str(driver), "--ray", "--ray-store", "driver"]) == 0
+    )
     capsys.readouterr()
     expected = _digests(local)
     for store, shard in ((shared, (1, 3)), (driver, (2, 3))):
@@ -113,14 +115,16 @@ def test_regen_through_ray_equals_local_regen(cluster: Any, tmp_path: Path, caps
         assert not list(store.glob(".*.tmp")) and not list(store.glob(".ray-store-*"))
     assert len(_digests(shared)) + len(_digests(driver)) == len(expected)
     # incremental, like local regen: nothing to do the second time, in either mode
-    assert cli.main(["regen", "smoke", "--shard", "1/3", "--out", str(shared), "--ray"]) == 0
+    assert maintain.main(["regen", "smoke", "--shard", "1/3", "--out", str(shared), "--ray"]) == 0
     assert " 0 generated, " in capsys.readouterr().out
-    assert cli.main(["regen", "smoke", "--shard", "2/3", "--out", str(driver), "--ray", "--ray-store", "driver"]) == 0
+    assert (
+        maintain.main(["regen", "smoke", "--shard", "2/3", "--out", str(driver), "--ray", "--ray-store", "driver"]) == 0
+    )
     assert " 0 generated, " in capsys.readouterr().out
     # a case no node can hold is refused before any task
     huge = tmp_path / "huge.toml"
     huge.write_text("[[case]]\nq_seqlen = [1000000000]\nhead_num = 1\n")
-    assert cli.main(["regen", "--cases", str(huge), "--out", str(tmp_path / "huge"), "--ray"]) == 2
+    assert maintain.main(["regen", "--cases", str(huge), "--out", str(tmp_path / "huge"), "--ray"]) == 2
     assert "exceeds the largest Ray node's" in capsys.readouterr().err
     assert not (tmp_path / "huge").exists()
 
@@ -131,7 +135,7 @@ def test_a_task_lost_with_its_worker_is_retried(
     suite = tmp_path / "suite.toml"
     suite.write_text("[[matrix]]\nhead_num = 1\nq_seqlen = [[4]]\nseed = [1, 2]\n")
     store = tmp_path / "store"
-    rc = cli.main(
+    rc = maintain.main(
         ["regen", "--cases", str(suite), "--out", str(store), "--ray", "--builder", "test_ray_cluster:dying_builder"]
     )
     out = capsys.readouterr().out
@@ -148,7 +152,7 @@ def test_one_ctrl_c_cancels_a_ray_regen(cluster: Any, tmp_path: Path) -> None:
     suite.write_text("[[matrix]]\nhead_num = 1\nq_seqlen = [[4]]\nseed = [1, 2, 3, 4, 5, 6, 7, 8]\n")
     store = tmp_path / "store"
     address = ray.get_runtime_context().gcs_address
-    command = [sys.executable, "-m", "mlaconf.golden.cli", "regen", "--cases", str(suite), "--out", str(store)]
+    command = [sys.executable, "-m", "mlaconf.golden.maintain", "regen", "--cases", str(suite), "--out", str(store)]
     command += ["--ray", address, "--builder", "test_ray_cluster:napping_builder"]
     child = subprocess.Popen(
         command,

@@ -1,7 +1,7 @@
 """Golden store under real processes: concurrent regens compute each case once; SIGKILL never leaves a
 partial file under a final name.
 
-Child processes run ``python -m mlaconf.golden.cli regen --builder test_store_concurrency:<builder>`` with this
+Child processes run ``python -m mlaconf.golden.maintain regen --builder test_store_concurrency:<builder>`` with this
 directory on PYTHONPATH; the builders below log every build to ``$MLA_TEST_BUILD_LOG``.
 """
 
@@ -103,7 +103,7 @@ def _regen(suite: Path, store: Path, builder: str, *extra: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "mlaconf.golden.cli",
+        "mlaconf.golden.maintain",
         "regen",
         "--cases",
         str(suite),
@@ -166,7 +166,7 @@ def test_sigkill_during_write_leaves_no_final_file(tmp_path: Path) -> None:
         f"    open({str(flag)!r}, 'w').close()\n"
         "    time.sleep(300)\n"
         "os.replace = stalled\n"
-        "from mlaconf.golden.cli import main\n"
+        "from mlaconf.golden.maintain import main\n"
         f"sys.exit(main({argv!r}))\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script], env=_env(tmp_path))

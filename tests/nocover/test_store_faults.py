@@ -2,7 +2,7 @@
 and rebuilt; regen workers die with a SIGKILLed parent; one Ctrl-C stops ``regen -j 2`` cleanly; a
 full disk ends ``mlaconf regen`` with a message and exit status 1.
 
-Child processes run ``python -m mlaconf.golden.cli regen --builder test_store_faults:<builder>`` with this
+Child processes run ``python -m mlaconf.golden.maintain regen --builder test_store_faults:<builder>`` with this
 directory on PYTHONPATH.
 """
 
@@ -97,7 +97,7 @@ def test_regen_workers_die_with_their_sigkilled_parent(tmp_path: Path) -> None:
     command = [
         sys.executable,
         "-m",
-        "mlaconf.golden.cli",
+        "mlaconf.golden.maintain",
         "regen",
         "--cases",
         str(suite),
@@ -133,7 +133,7 @@ def test_one_ctrl_c_stops_regen_jobs_2_keeping_finished_files(tmp_path: Path) ->
     suite = tmp_path / "suite.toml"
     suite.write_text("[[matrix]]\nhead_num = 1\nq_seqlen = [[4]]\nseed = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n")
     store, log = tmp_path / "store", tmp_path / "pids.log"
-    command = [sys.executable, "-m", "mlaconf.golden.cli", "regen", "--cases", str(suite), "--out", str(store)]
+    command = [sys.executable, "-m", "mlaconf.golden.maintain", "regen", "--cases", str(suite), "--out", str(store)]
     command += ["-j", "2", "--builder", "test_store_faults:napping_builder"]
     parent = subprocess.Popen(
         command,
@@ -240,7 +240,16 @@ def test_regen_on_a_full_disk_reports_the_case_and_exits_1(tiny_tmpfs: Path, tmp
     suite.write_text("[[case]]\nq_seqlen = [3, 0, 5]\nhead_num = 2\n[[case]]\nq_seqlen = [1024]\nhead_num = 2\n")
     big = build_case({"q_seqlen": [1024], "head_num": 2}, source="t")  # 4.5 MB > 2 MiB
     small = build_case({"q_seqlen": [3, 0, 5], "head_num": 2}, source="t")
-    command = [sys.executable, "-m", "mlaconf.golden.cli", "regen", "--cases", str(suite), "--out", str(tiny_tmpfs)]
+    command = [
+        sys.executable,
+        "-m",
+        "mlaconf.golden.maintain",
+        "regen",
+        "--cases",
+        str(suite),
+        "--out",
+        str(tiny_tmpfs),
+    ]
     refused = subprocess.run(command, capture_output=True, text=True, env=_env(), cwd=REPO, timeout=300)
     assert refused.returncode == 2, (refused.returncode, refused.stderr[-2000:])  # the estimate sees it first
     assert f"error: case {big.case_id}: its file ~" in refused.stderr and "free disk" in refused.stderr

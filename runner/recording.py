@@ -9,7 +9,7 @@ one :class:`mlaconf.reports.records.ResultRecord`:
   outcome when the test ended without one (a skip, an exception outside the verdict path, a
   timeout), and sets every record's verdict to pytest's outcome, so the report's counts are
   pytest's;
-* the controller's :class:`Collector` makes one for a test whose xdist worker died under it
+* the controller's :class:`RecordGatherer` makes one for a test whose xdist worker died under it
   (``worker 'gw0' crashed while running ...``), from the identity the worker sent with the test's
   setup report.
 
@@ -34,14 +34,15 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from mlaconf.reports import records
-from mlaconf.reports.records import PROPERTY_NAME, Failure, Record, RecordError, ResultRecord, make_record
+from mlaconf.reports.records import PROPERTY_NAME, Failure, Record, RecordError, ResultRecord
 from mlaconf.runner.applicability import declared_reason
-from mlaconf.runner.failures import crash_record, failure_of, short_text
+from mlaconf.runner.ending import RecordOutcome, failure_ending, never_ran_record
+from mlaconf.runner.failures import crash_failure, failure_of, short_text
 from mlaconf.runner.identity import BACKEND_LABELS, identity, identity_from_nodeid, is_mla_test, is_mla_test_id
 from mlaconf.runner.run_directory import ReportState, Run, is_never_ran
 
 if TYPE_CHECKING:
-    from mlaconf.judge.verdict import Outcome
+    pass
 
 #: Scalar record fields also attached as plain properties, so ``--junitxml`` shows them.
 JUNIT_FIELDS = ("verdict", "worst_slack", "policy", "backend")
@@ -62,7 +63,7 @@ def has_record(item: pytest.Item) -> bool:
     return ATTACHED in item.stash or PENDING in item.stash
 
 
-def outcome_of_report(report: pytest.TestReport) -> str:
+def outcome_of_report(report: pytest.TestReport) -> RecordOutcome:
     """pytest's verdict for the phase, in the record vocabulary."""
     if hasattr(report, "wasxfail"):
         return "xfailed" if report.skipped else "xpassed"
@@ -133,7 +134,7 @@ def complete_report(item: pytest.Item, call: pytest.CallInfo[None], report: pyte
 
 def _from_outcome(
     ident: Mapping[str, Any],
-    outcome: str,
+    outcome: RecordOutcome,
     report: pytest.TestReport,
     item: pytest.Item,
     excinfo: pytest.ExceptionInfo[BaseException] | None,
@@ -151,7 +152,7 @@ def _from_outcome(
     phase = "" if report.when == "call" else f"{report.when}: "
     if report.when == "teardown":
         ident = dict(ident, test=f"{ident['test']}@teardown")
-    return make_record(ident, verdict=outcome, message=phase + message, failure=failure)
+    return failure_ending(outcome, phase + message, failure).record(ident)
 
 
 class MlaReport:
@@ -205,7 +206,7 @@ class MlaReport:
         """Keep ``record`` for the test, to be used only if the test ends failing."""
         self._node.stash[PENDING] = record
 
-    def conclude(self, record: ResultRecord, outcome: Outcome, message: str, *, pending: bool = False) -> None:
+    def conclude(self, record: ResultRecord, outcome: RecordOutcome, message: str, *, pending: bool = False) -> None:
         """The one way an MLA test ends: its record attached (``pending``: kept for the test only if it
         ends failing), then pytest's outcome from it: an xfail, a loud warning for an unexpected pass
         (a known deviation that did not reproduce), or a failure without a traceback."""
@@ -222,7 +223,7 @@ class UnexpectedPassWarning(UserWarning):
     """A known deviation did not reproduce: confirm it and update judge/known_deviations.toml."""
 
 
-class Collector:
+class RecordGatherer:
     """Controller-only hooks: gather every MLA test's record from pytest's reports (making one for a test
     whose worker crashed or that never ran) and hand each to the run, which owns the report directory
     (:class:`mlaconf.runner.run_directory.Run`); print the summary."""
@@ -273,16 +274,14 @@ class Collector:
         if str(report.when) == "???":  # xdist: the worker died while running this test
             ident = ident or identity_from_nodeid(report.nodeid, self._backend_labels())
             seen = state.setup_seen.get(report.nodeid)
-            made = crash_record(
-                ident, report, None if seen is None else time.time() - seen, self._timeout(), self._timeout_method()
+            message, failure = crash_failure(
+                report, None if seen is None else time.time() - seen, self._timeout(), self._timeout_method()
             )
+            made = failure_ending("failed", message, failure).record(ident)
         elif ident is not None:  # an MLA test whose record got lost on the way: never silently
             failure = Failure("exception", "", short_text(str(report.longrepr or "")), "")
-            made = make_record(
-                ident,
-                verdict=outcome,
-                message=failure.text(),
-                failure=failure if outcome in ("failed", "error") else None,
+            made = failure_ending(outcome, failure.text(), failure if outcome in ("failed", "error") else None).record(
+                ident
             )
         else:
             return
@@ -364,8 +363,7 @@ class Collector:
         labels = self._backend_labels()
         for nodeid in unrun:
             ident = state.selected[nodeid] or state.identities.get(nodeid) or identity_from_nodeid(nodeid, labels)
-            failure = Failure("not_run", "", f"never ran: {why}", "")
-            state.records.append(make_record(ident, verdict="error", message=failure.text(), failure=failure).to_dict())
+            state.records.append(never_ran_record(ident, why).to_dict())
         state.problems.append(f"{len(unrun)} of {len(state.selected)} selected MLA tests never ran: {why}")
         return status
 

@@ -1,10 +1,10 @@
 """The MLA suites' pytest plugin: every marker, fixture, parametrization, shard selection and output saving
 of the suites in ``cases/``; the front-door checks it runs first are :mod:`mlaconf.runner.front_door`'s,
-the records' gathering :mod:`mlaconf.runner.collect`'s and the run directory
+the records' gathering :mod:`mlaconf.runner.recording`'s and the run directory
 :mod:`mlaconf.runner.run_directory`'s.
 
 Registered by the entry point (:mod:`mlaconf.runner.plugin`) only in an MLA run, so importing this module
-(hypothesis, the collector, the reports) never happens in another project's session.  Even in an MLA run
+(hypothesis, the record gatherer, the reports) never happens in another project's session.  Even in an MLA run
 no backend is probed and no report is written unless a test asks for one.
 """
 
@@ -24,9 +24,9 @@ from mlaconf.facts.processes import THREAD_ENV, kill_with_parent, usable_cpus
 from mlaconf.facts.shard import in_shard
 from mlaconf.harness import registry
 from mlaconf.runner import hypothesis_profiles
-from mlaconf.runner.collect import Collector, MlaReport, complete_report, has_record
 from mlaconf.runner.front_door import check_front_door, report_state
 from mlaconf.runner.identity import BACKEND_LABELS, MLA_PARAMETER, is_mla_test
+from mlaconf.runner.recording import MlaReport, RecordGatherer, complete_report, has_record
 from mlaconf.runner.run_directory import STATE, deselect_recorded
 from mlaconf.runner.selection import (
     ALL_SUITES,
@@ -62,9 +62,9 @@ def pytest_configure(config: pytest.Config) -> None:
     """Called when the entry point registers this plugin, in an MLA run only."""
     config.stash[STATE] = report_state(config)
     config.stash[TERMINAL_FD] = os.dup(real_stderr(config))
-    collector = None if hasattr(config, "workerinput") else Collector(config, config.stash[STATE])
-    if collector is not None:
-        config.pluginmanager.register(collector, "mla-report-collector")
+    gatherer = None if hasattr(config, "workerinput") else RecordGatherer(config, config.stash[STATE])
+    if gatherer is not None:
+        config.pluginmanager.register(gatherer, "mla-record-gatherer")
     share_cpu_threads(config)
     if hasattr(config, "workerinput"):  # Ctrl-C is the controller's to handle: it stops the workers cleanly
         signal.signal(signal.SIGINT, LeaveToTheController())
@@ -72,11 +72,11 @@ def pytest_configure(config: pytest.Config) -> None:
     hypothesis_profiles.load_default()
     for line in marker_lines():
         config.addinivalue_line("markers", line)
-    if collector is not None:
+    if gatherer is not None:
         try:
             check_front_door(config)
         except pytest.UsageError as exc:
-            written = collector.run.end_with_usage_error(str(exc))
+            written = gatherer.run.end_with_usage_error(str(exc))
             if written is None:
                 raise
             raise pytest.UsageError(f"{exc} (run.json in {written} records this usage error)") from None
@@ -247,7 +247,7 @@ def add_timeouts(config: pytest.Config, items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-    """Every phase pytest counts of an MLA test leaves with exactly one record (see runner.collect)."""
+    """Every phase pytest counts of an MLA test leaves with exactly one record (see runner.recording)."""
     report = yield
     if is_mla_test(item) or has_record(item):
         complete_report(item, call, report)
@@ -329,13 +329,13 @@ def mla_deviation_set(pytestconfig: pytest.Config) -> DeviationSet:
 
 @pytest.fixture
 def mla_report(request: pytest.FixtureRequest) -> MlaReport:
-    """Attach result records and find the saved-outputs folder; see :class:`mlaconf.runner.collect.MlaReport`."""
+    """Attach result records and find the saved-outputs folder; see :class:`mlaconf.runner.recording.MlaReport`."""
     node = request.node
     assert isinstance(node, pytest.Item)
     return MlaReport(node, request.config.stash[STATE])
 
 
-@pytest.hookimpl(trylast=True)  # after the collector's tables: the last word before pytest's counts
+@pytest.hookimpl(trylast=True)  # after the gatherer's tables: the last word before pytest's counts
 def pytest_terminal_summary(
     terminalreporter: pytest.TerminalReporter, exitstatus: int | pytest.ExitCode, config: pytest.Config
 ) -> None:

@@ -210,7 +210,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         f"peak ~{cost.human_bytes(peak)} per worker (largest case)"
     )
     if args.suites:  # each named suite's t-way coverage of the factor model (mlaconf coverage lists the gaps)
-        from mlaconf.golden.coverage.verb import suite_coverage_lines
+        from mlaconf.golden.coverage.report import suite_coverage_lines
 
         print("\n".join(suite_coverage_lines(args.suites)))
     print(f"list: {len(specs)} cases, {valid} with a valid golden in {store.root}", file=sys.stderr)
@@ -368,7 +368,7 @@ def _print_provenance(meta: FileMeta, provenance: dict[str, str]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the golden verbs alone (``python -m mlaconf.golden.cli``), without the other areas' verbs."""
+    """Run the golden verbs alone (``python -m mlaconf.golden.maintain``), without the other areas' verbs."""
     parser = argparse.ArgumentParser(prog="golden", description=__doc__)
     verbs.register(parser.add_subparsers(dest="verb", required=True, metavar="VERB"))
     args = parser.parse_args(argv)

@@ -29,28 +29,6 @@ DEFAULT_OUT = Path("reports") / "out" / "power"
 SUGGESTION_SUITES = ("smoke", "standard", "edge", "deepseek")
 
 
-def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "power",
-        help="run every planted defect and correct zoo member over a suite: kills, survivors, false-alarm margin",
-        description="Run every catalogued defect and every zoo member (correct kernels on other rounding paths) "
-        "through a suite's conformance cases, judged in-process with the default policy, goldens from the store. "
-        "A defect a suite never fails survives: the report names the condition no case has and suggests shipped "
-        "cases that kill it. Without --defects or --zoo both run; --defects alone runs those defects, --zoo alone "
-        "the zoo. Exit 1 on a survivor or a false alarm, 130 when stopped (the report says it is partial).",
-    )
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--suite", action="append", metavar="S", help="a shipped suite (repeatable; default smoke)")
-    source.add_argument("--cases", type=Path, metavar="FILE", help="a suite file of your own (TOML)")
-    parser.add_argument("--defects", nargs="+", metavar="NAME", help="only these defects (default: all)")
-    parser.add_argument("--zoo", action="store_true", help="run the zoo (default: when --defects is not given)")
-    parser.add_argument("-j", "--jobs", type=int, default=1, metavar="N", help="cases run at once on N threads")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, metavar="DIR", help=f"report folder ({DEFAULT_OUT})")
-    parser.add_argument("--golden-dir", metavar="DIR", help="golden store (default $MLA_GOLDEN_DIR, else .golden)")
-    parser.add_argument("--no-suggest", action="store_true", help="do not try shipped cases on the survivors")
-    parser.set_defaults(func=run_power)
-
-
 def _fail(message: str) -> int:
     print(f"mlaconf power: {message}", file=sys.stderr)
     return 2
