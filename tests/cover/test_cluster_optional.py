@@ -15,7 +15,7 @@ LOCAL_PATH = """
 import sys
 from pathlib import Path
 from mlaconf import build_parser
-from mlaconf.golden import cli
+from mlaconf.golden import maintain
 from mlaconf.golden.building import regen
 from mlaconf.golden.building import ray_regen
 from mlaconf.runner import plugin
