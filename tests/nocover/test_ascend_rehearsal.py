@@ -15,10 +15,6 @@ import sys
 import tarfile
 from pathlib import Path
 
-import pytest
-
-pytestmark = pytest.mark.slow
-
 ROOT = Path(__file__).resolve().parents[2]
 SITE = """
 import sys

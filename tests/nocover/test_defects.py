@@ -25,8 +25,6 @@ import pytest
 from mlaconf.harness.defects import CATALOGUE, REAL_BUGS
 from tests import pytest_runs
 
-pytestmark = pytest.mark.slow
-
 SUITES = ("cases/test_conformance.py", "cases/test_metamorphic.py")
 CLEAN_SEEDS = "1,2,3,4,5"
 PARALLEL = 2

@@ -15,9 +15,6 @@ from mlaconf.reports import cli
 from mlaconf.reports.rundir import read_results
 from tests.pytest_runs import run_pytest
 
-pytestmark = pytest.mark.slow
-
-
 CASES = textwrap.dedent("""
     [suite]
     name = "rerun"

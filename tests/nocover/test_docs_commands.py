@@ -11,8 +11,6 @@ import pytest
 from tests.cover.test_registry import MY_LIB
 from tests.docs_commands import PLANS, every_command, prepare, run_documented
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.mark.timeout(3600)
 def test_every_documented_command_runs_as_documented(tmp_path: Path) -> None:

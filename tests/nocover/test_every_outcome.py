@@ -15,8 +15,6 @@ from mlaconf.reports.records import ResultRecord
 from mlaconf.reports.rundir import read_results
 from tests.pytest_runs import PytestRun, run_pytest
 
-pytestmark = pytest.mark.slow
-
 TIMEOUT_S = 10
 
 #: One case per behaviour, told apart by head_num (what the backend sees of the case).

@@ -17,10 +17,6 @@ import venv
 import zipfile
 from pathlib import Path
 
-import pytest
-
-pytestmark = pytest.mark.slow
-
 REPO = Path(__file__).resolve().parents[2]
 RUNS = {"plain": [], "no-xdist": ["-p", "no:xdist"], "n2": ["-n", "2"], "nauto": ["-n", "auto"]}
 

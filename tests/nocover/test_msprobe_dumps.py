@@ -15,7 +15,6 @@ import pytest
 from mlaconf.tools.msprobe_dump import import_dump
 from tests.cover.test_msprobe_import import DATA, extract
 
-pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 
 

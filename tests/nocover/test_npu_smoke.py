@@ -14,12 +14,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import pytest
-
 from mlaconf.golden.specs.suites import load_suites
 from mlaconf.harness.npu_ops import FIA_MAX_GROUP
-
-pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = """

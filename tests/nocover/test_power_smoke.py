@@ -14,11 +14,7 @@ import os
 import re
 from pathlib import Path
 
-import pytest
-
 import mlaconf
-
-pytestmark = pytest.mark.slow
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "conformance.md"
 BEGIN, END = "<!-- power-tables: begin -->", "<!-- power-tables: end -->"

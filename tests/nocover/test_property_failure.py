@@ -12,8 +12,6 @@ import pytest
 from mlaconf.reports.records import ResultRecord
 from tests.pytest_runs import run_pytest
 
-pytestmark = pytest.mark.slow
-
 BF16_BROKEN = textwrap.dedent("""
     from mlaconf.harness.torch_backend import torch_cpu
 

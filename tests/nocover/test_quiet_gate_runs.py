@@ -14,8 +14,6 @@ from mlaconf.reports import cli
 from mlaconf.reports.rundir import read_results
 from tests.pytest_runs import run_pytest
 
-pytestmark = pytest.mark.slow
-
 #: The smoke suites without their heaviest cases (a long kv, 128 heads), so two runs stay short.
 SELECT = "not kv16384 and not h128 and not s1100"
 

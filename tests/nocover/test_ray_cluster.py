@@ -40,7 +40,6 @@ from mlaconf.reports.rundir import read_results
 
 ray = pytest.importorskip("ray", reason="needs the optional 'ray' extra: pip install '.[ray]'")
 
-pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

@@ -12,8 +12,6 @@ from pathlib import Path
 import pytest
 from test_store_faults import PID_LOG, _env, _kill, _wait_gone
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
 def test_a_stop_signal_to_regen_stops_it_as_ctrl_c_does(tmp_path: Path, stop: signal.Signals) -> None:

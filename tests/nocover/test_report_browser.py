@@ -19,8 +19,6 @@ import pytest
 
 from mlaconf.reports import diff, diff_render, html
 
-pytestmark = pytest.mark.slow
-
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 WIDTH = 1400
 

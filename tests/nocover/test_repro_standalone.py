@@ -21,8 +21,6 @@ from mlaconf import main
 from mlaconf.harness import registry
 from mlaconf.tools.repro import attempt, resolve, score_elements, shrink
 
-pytestmark = pytest.mark.slow
-
 CASE = "fp16-causal-krope_ctkv-b2-s130-kv258-h4-g2-q3d-padded-99377e85"
 #: padded, GQA 16/2, CAUSAL with a 256-key prefix: every class of the five applies
 BIG = "fp16-causal-krope_ctkv-b1-s300-kv556-h16-g2-q3d-padded-8d9c441e"

@@ -24,8 +24,6 @@ import pytest
 from mlaconf.reports.rundir import read_results
 from tests.pytest_runs import child_env, pytest_argv
 
-pytestmark = pytest.mark.slow
-
 REPO = Path(__file__).resolve().parents[2]
 CASES = textwrap.dedent("""
     [suite]

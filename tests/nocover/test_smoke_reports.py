@@ -6,14 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from mlaconf.golden.specs.suites import load_suites
 from mlaconf.reports.records import without_volatile
 from mlaconf.reports.rundir import read_results
 from tests.pytest_runs import run_pytest
-
-pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 

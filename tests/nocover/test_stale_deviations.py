@@ -6,12 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from mlaconf.reports.rundir import read_results
 from tests.pytest_runs import run_pytest
-
-pytestmark = pytest.mark.slow
 
 #: Stale entries for correct backends: torch-cpu computes these cases right, torch-cpu-strict rejects
 #: the error case with the documented status, not the one the entry predicts.

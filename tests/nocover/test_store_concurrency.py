@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from mlaconf.golden.build.generate import build_golden
 from mlaconf.golden.build.inputs import generate_inputs
@@ -30,8 +29,6 @@ from mlaconf.golden.specs.suites import load_suite
 from mlaconf.golden.specs.types import ROW_MAGNITUDES, GoldenCase, element_magnitudes
 from mlaconf.golden.store.directory import GoldenStore
 from mlaconf.golden.store.h5file import read_golden
-
-pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

@@ -17,8 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from mlaconf.golden.build.regen import regen
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.spec_build import build_case
@@ -26,8 +24,6 @@ from mlaconf.golden.specs.suites import load_suite, load_suites
 from mlaconf.golden.specs.types import GoldenCase
 from mlaconf.golden.store.directory import GoldenStore
 from tests import flips
-
-pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
