@@ -143,6 +143,18 @@ def test_the_archive_never_writes_through_a_symlink(tmp_path: Path) -> None:
     assert not target.exists()
 
 
+def test_the_archive_leaves_the_goldens_behind(tmp_path: Path) -> None:
+    """OUT/golden (the default store) is not packed: regen rebuilds it from the case specs."""
+    out = tmp_path / "box"
+    (out / "golden").mkdir(parents=True)
+    (out / "golden" / "case.h5").write_bytes(b"large")
+    (out / "runs").mkdir()
+    (out / "runs" / "results.jsonl").write_text("{}")
+    with tarfile.open(ascend.pack(out)) as tar:
+        names = tar.getnames()
+    assert "box/runs/results.jsonl" in names and not [n for n in names if n.startswith("box/golden")]
+
+
 def test_a_missing_build_requirement_is_one_line_and_exit_3(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

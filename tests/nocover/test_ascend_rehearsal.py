@@ -3,7 +3,9 @@
 A ``sitecustomize`` on PYTHONPATH installs ``tests.fake_torch_npu`` and points the torch_npu backends
 at the CPU in each Python process the command starts, so the probe admits ring-mla and npu-fia (ATB
 has no libatb here), then regen, three smoke runs over the same goldens, two diffs and the archive
-all run for real.
+all run for real.  The goldens are the session's shared store's (``--golden-dir``): regen finds smoke's
+there, or builds it once for every test that runs smoke; that the archive leaves a box's own store
+behind is tests/cover/test_ascend_command.py's.
 """
 
 from __future__ import annotations
@@ -26,13 +28,25 @@ npu_ops._TorchNpuOpBackend.device_type = "cpu"
 """
 
 
-def test_the_device_command_runs_through_on_the_fake(tmp_path: Path) -> None:
+def test_the_device_command_runs_through_on_the_fake(tmp_path: Path, shared_golden: Path) -> None:
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITE.format(root=str(ROOT)))
     env = {**os.environ, "PYTHONPATH": f"{site}:{ROOT}", "MLA_ATB_LIB": str(tmp_path / "no-libatb.so")}
     done = subprocess.run(
-        [sys.executable, "-m", "mlaconf", "ascend", "--no-build", "--out", "box", "-n", "2"],
+        [
+            sys.executable,
+            "-m",
+            "mlaconf",
+            "ascend",
+            "--no-build",
+            "--out",
+            "box",
+            "-n",
+            "2",
+            "--golden-dir",
+            str(shared_golden),
+        ],
         capture_output=True,
         text=True,
         cwd=tmp_path,
@@ -58,4 +72,3 @@ def test_the_device_command_runs_through_on_the_fake(tmp_path: Path) -> None:
         names = tar.getnames()
     assert "box/runs/npu-fia/results.jsonl" in names and "box/diffs/ring-mla-vs-torch-cpu/diff.json" in names
     assert "box/facts_report.md" in names and "box/facts_report.json" in names  # what settles each unconfirmed fact
-    assert not [n for n in names if n.startswith("box/golden")]  # goldens stay behind: regen rebuilds them

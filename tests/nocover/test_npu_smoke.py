@@ -28,7 +28,7 @@ sys.exit(pytest.main(sys.argv[1:]))
 """
 
 
-def test_smoke_passes_through_the_fake_on_both_backends(tmp_path: Path) -> None:
+def test_smoke_passes_through_the_fake_on_both_backends(tmp_path: Path, shared_golden: Path) -> None:
     report = tmp_path / "report"
     argv = [sys.executable, "-c", RUN.format(root=str(ROOT)), str(ROOT / "cases"), "-p", "no:cacheprovider", "-q"]
     argv += ["-n", "0", "--mla-suite", "smoke", "--mla-suite", "metamorphic", "--mla-report-dir", str(report)]
@@ -38,7 +38,7 @@ def test_smoke_passes_through_the_fake_on_both_backends(tmp_path: Path) -> None:
         "--mla-backend",
         "tests.fake_torch_npu:npu_fia_on_cpu",
     ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MLA_GOLDEN_DIR": str(tmp_path / "golden")}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MLA_GOLDEN_DIR": str(shared_golden)}
     done = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=1800, check=False)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     records = [json.loads(line) for line in (report / "results.jsonl").read_text().splitlines()]

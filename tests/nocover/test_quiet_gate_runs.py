@@ -18,7 +18,7 @@ from tests.pytest_runs import run_pytest
 SELECT = "not kv16384 and not h128 and not s1100"
 
 
-def smoke(tmp_path: Path, name: str) -> Path:
+def smoke(tmp_path: Path, golden: Path, name: str) -> Path:
     report = tmp_path / name
     result = run_pytest(
         "cases",
@@ -33,7 +33,7 @@ def smoke(tmp_path: Path, name: str) -> Path:
         "--hypothesis-profile",
         "ci",  # derandomized: the same examples both times
         "--mla-golden-dir",
-        str(tmp_path / "golden"),
+        str(golden),
         "--mla-report-dir",
         str(report),
         "-k",
@@ -53,8 +53,10 @@ def mlaconf(*argv: str) -> int:
 
 
 @pytest.mark.timeout(1200)
-def test_two_identical_smoke_runs_diff_to_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    base, cand = smoke(tmp_path, "base"), smoke(tmp_path, "cand")
+def test_two_identical_smoke_runs_diff_to_nothing(
+    tmp_path: Path, shared_golden: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base, cand = smoke(tmp_path, shared_golden, "base"), smoke(tmp_path, shared_golden, "cand")
     records = read_results(cand / "results.jsonl")
     suites = {r["suite"] for r in records}
     assert suites == {"conformance", "metamorphic", "property", "error_contract"}

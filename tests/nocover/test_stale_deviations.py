@@ -46,7 +46,7 @@ mask = "causal"
 META, CASE = "33abb953", "caf53b9f"
 
 
-def test_a_stale_deviation_is_an_unexpected_pass_in_every_suite(tmp_path: Path) -> None:
+def test_a_stale_deviation_is_an_unexpected_pass_in_every_suite(tmp_path: Path, shared_golden: Path) -> None:
     deviations = tmp_path / "stale.toml"
     deviations.write_text(STALE.format(meta=META, case=CASE))
     report = tmp_path / "report"
@@ -65,7 +65,7 @@ def test_a_stale_deviation_is_an_unexpected_pass_in_every_suite(tmp_path: Path) 
         "--mla-deviations",
         str(deviations),
         "--mla-golden-dir",
-        str(tmp_path / "golden"),
+        str(shared_golden),
         "--mla-report-dir",
         str(report),
         timeout=600,
