@@ -30,50 +30,6 @@ CASES = textwrap.dedent("""
     head_num = [1, 2, 3, 4, 5, 6, 7, 8]
 """)
 
-BACKEND = textwrap.dedent("""
-    import os
-    import time
-
-    import numpy as np
-
-    from mlaconf.harness.backend import Availability, BackendInfo
-    from mlaconf.harness.torch_backend import torch_cpu
-
-    class Misbehaving:
-        name, error_contract, deterministic = "misbehaving", False, True
-
-        def __init__(self):
-            self._cpu = torch_cpu()
-
-        def available(self):
-            return Availability(True)
-
-        def info(self):
-            return BackendInfo(self.name, "cpu", {"misbehaving": "1"}, version="1")
-
-        def synchronize(self):
-            pass
-
-        def run(self, call):
-            heads = call.head_num
-            if heads == 1:
-                raise RuntimeError("kernel launch failed: out of descriptors")
-            if heads == 2:
-                return None
-            if heads == 3:
-                return np.zeros((13, 3 * 128), dtype=np.float16)
-            if heads == 4:
-                return [0.0] * 13
-            if heads == 5:
-                time.sleep(600)  # hangs: the per-test timeout ends it
-            if heads == 6:
-                os._exit(3)  # takes its xdist worker down
-            return self._cpu.run(call)
-
-    def factory():
-        return Misbehaving()
-""")
-
 
 def pytest_counts(stdout: str) -> Counter[str]:
     """pytest's own summary line ('5 failed, 2 passed in 3.1s') as counts in record vocabulary."""
@@ -127,21 +83,19 @@ def test_report_counts_equal_pytests_whatever_the_backend_does(tmp_path: Path) -
 
 
 def run_misbehaving(tmp_path: Path, *args: str, paths: tuple[str, ...] = ("cases/test_conformance.py",)) -> PytestRun:
-    (tmp_path / "misbehaving.py").write_text(BACKEND)
     (tmp_path / "outcomes.toml").write_text(CASES)
     return run_pytest(
         *paths,
         "--mla-cases",
         str(tmp_path / "outcomes.toml"),
         "--mla-backend",
-        "misbehaving:factory",
+        "tests.plugin_backends:misbehaving",
         "--mla-golden-dir",
         str(tmp_path / "golden"),
         "--mla-report-dir",
         str(tmp_path / "report"),
         *args,
         timeout=280,
-        paths=[tmp_path],
     )
 
 

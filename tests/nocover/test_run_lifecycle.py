@@ -36,42 +36,6 @@ CASES = textwrap.dedent("""
     [[matrix]]
     head_num = [1, 2, 3, 4, 5, 6]
 """)
-#: torch-cpu, except that it sleeps on every call ($SLOW_S), kills its process on head_num == $EXIT_HEADS, and
-#: notes each call that returned in $DONE_FILE (its head_num, the test's case, and when).
-BACKEND = textwrap.dedent("""
-    import os
-    import time
-
-    from mlaconf.harness.torch_backend import torch_cpu
-
-    class Slow:
-        name, error_contract, deterministic = "slow", False, True
-
-        def __init__(self):
-            self.cpu = torch_cpu()
-
-        def available(self):
-            return self.cpu.available()
-
-        def info(self):
-            return self.cpu.info()
-
-        def synchronize(self):
-            pass
-
-        def run(self, call):
-            time.sleep(float(os.environ.get("SLOW_S", "0")))
-            if call.head_num >= int(os.environ.get("EXIT_HEADS", "99")):
-                os._exit(3)
-            out = self.cpu.run(call)
-            if os.environ.get("DONE_FILE"):
-                with open(os.environ["DONE_FILE"], "a") as done:
-                    done.write(f"{call.head_num} {time.time()}\\n")
-            return out
-
-    def factory():
-        return Slow()
-""")
 
 
 def command(work: Path, report: Path, *extra: str) -> list[str]:
@@ -81,7 +45,7 @@ def command(work: Path, report: Path, *extra: str) -> list[str]:
         "--mla-cases",
         str(work / "lifecycle.toml"),
         "--mla-backend",
-        "slow:factory",
+        "tests.plugin_backends:slow",
         "--mla-golden-dir",
         str(work / "golden"),
         "--mla-report-dir",
@@ -96,7 +60,6 @@ def environment(work: Path, **extra: str) -> dict[str, str]:
 
 @pytest.fixture
 def work(tmp_path: Path) -> Path:
-    (tmp_path / "slow.py").write_text(BACKEND)
     (tmp_path / "lifecycle.toml").write_text(CASES)
     return tmp_path
 
@@ -239,7 +202,7 @@ def in_background(work: Path, report: Path, mark: str, **env: str) -> tuple[subp
     """``mlaconf run`` (6 conformance tests, ``-n 2``) as a CI script starts it: a background job of
     ``bash -c`` (SIGINT inherited ignored), in a session of its own; returned once two tests have
     recorded and the next ones are half-way through their backend call, with the mlaconf pid."""
-    cli = [sys.executable, "-m", "mlaconf", "run", "--backend", "slow:factory", "-n", "2"]
+    cli = [sys.executable, "-m", "mlaconf", "run", "--backend", "tests.plugin_backends:slow", "-n", "2"]
     cli += ["--golden-dir", str(work / "golden"), "--report-dir", str(report)]
     cli += ["--", "-p", "no:cacheprovider", "--mla-cases", str(work / "lifecycle.toml"), "-k", "test_conformance"]
     pidfile = work / "mlaconf.pid"
@@ -343,7 +306,7 @@ def test_a_sigkilled_run_keeps_its_finished_tests_and_resumes_to_a_run_identical
     calls = sorted(line.split()[0] for line in (work / "done").read_text().splitlines())
     assert calls == sorted("123456"), calls  # each test ran once: none recorded earlier ran again
     base = work / "base"
-    cli = [sys.executable, "-m", "mlaconf", "run", "--backend", "slow:factory", "-n", "2", "--golden-dir"]
+    cli = [sys.executable, "-m", "mlaconf", "run", "--backend", "tests.plugin_backends:slow", "-n", "2", "--golden-dir"]
     cli += [str(work / "golden"), "--report-dir", str(base), "--", "-p", "no:cacheprovider"]
     cli += ["--mla-cases", str(work / "lifecycle.toml"), "-k", "test_conformance"]
     assert subprocess.run(cli, cwd=work, env=environment(work), capture_output=True, timeout=280).returncode == 0
