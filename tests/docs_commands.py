@@ -1,4 +1,4 @@
-"""Every command the README and docs/usage.md show, with what running it must give (issue 30 item 4).
+"""Every command the README and docs/usage.md show, with what running it must give.
 
 A run is narrowed so it stays cheap, never reworded: the documented arguments all go through, and
 after them (``mlaconf run``: after ``--``) a one-case suite file (the README's smoke case 0d4a17eb, so

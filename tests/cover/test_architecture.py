@@ -240,7 +240,7 @@ def test_cases_holds_suites_only() -> None:
     assert sorted(p.stem for p in (REPO / "cases").glob("*.toml")), "no suite files shipped"
 
 
-#: Most lines one module of the rooms may hold (issue 30: files past ~700 lines were split where a
+#: Most lines one module of the rooms may hold (files past ~700 lines were split where a
 #: concept ends); a module that outgrows it is split the same way, not exempted.
 MAX_MODULE_LINES = 700
 

@@ -1,4 +1,4 @@
-"""The upgrade gate passes only on evidence (issue 28): runs that tested nothing, compared nothing,
+"""The upgrade gate passes only on evidence: runs that tested nothing, compared nothing,
 are one run twice, or say they have problems never pass ``mlaconf report diff``."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Every report verb against every kind of damage to run.json and results.jsonl (issue 28 items 5
-and 6): a malformed file is one line on stderr naming the file (and the field or line), exit 2, no
-traceback, with or without ``--allow-incomplete`` (which admits an incomplete run, never a
-malformed one).  A table names the damages a user meets; a hypothesis search puts arbitrary JSON
-values into every field and asserts that whatever a verb does, it never raises."""
+"""Every report verb against every kind of damage to run.json and results.jsonl: a malformed file is one
+line on stderr naming the file (and the field or line), exit 2, no traceback, with or without
+``--allow-incomplete`` (which admits an incomplete run, never a malformed one).  A table names the damages a
+user meets; a hypothesis search puts arbitrary JSON values into every field and asserts that whatever a
+verb does, it never raises."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Golden writers never follow a planted symlink and never reuse a temp name; the store opens only
-regular files, so a FIFO named like a golden neither hangs a load nor ``mlaconf verify`` (issue 19, 6)."""
+regular files, so a FIFO named like a golden neither hangs a load nor ``mlaconf verify``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Proof of issue 32: planted defects of five classes shrink to an eighth by the same check, and a
+"""Planted defects of five classes shrink to an eighth by the same check, and a
 repro directory reruns in a venv that holds numpy, h5py and torch but no mlaconf.
 
 The venv is made ``--without-pip`` with a ``.pth`` naming the site-packages that hold torch, numpy and
