@@ -18,12 +18,10 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.machine import HANG_S
 from tests.pytest_runs import pytest_argv
 
 REPO = Path(__file__).resolve().parents[1]
-#: Only a hang takes this long (the slowest documented command, ``regen smoke -j 2`` on an empty store, takes
-#: minutes on a loaded 2-core machine).
-HANG_S = 3600
 #: The documents whose shell blocks a new user copies from.
 HOW_TOS = [REPO / "README.md", REPO / "docs" / "usage.md"]
 #: The tools whose documented commands are planned here (the set-up lines, pip and apt-get, are CI's).

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import mlaconf
+from tests.machine import HANG_S
 from tests.pytest_runs import run_pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -264,6 +265,6 @@ def test_the_rule_checker_sees_lazy_and_bare_imports(tmp_path: Path) -> None:
 
 
 def test_pytest_fixtures_names_the_path_git_knows(tmp_path: Path) -> None:
-    listed = run_pytest("--fixtures", "-q", str(REPO / "cases"), cwd=tmp_path, inherit=True, timeout=300)
+    listed = run_pytest("--fixtures", "-q", str(REPO / "cases"), cwd=tmp_path, inherit=True, timeout=HANG_S)
     assert listed.returncode == 0, listed.output
     assert "runner/session.py:" in listed.stdout and "mlaconf/runner" not in listed.stdout

@@ -19,6 +19,7 @@ import pytest
 from mlaconf.harness import npu_ops
 from mlaconf.tools import ascend
 from tests import fake_torch_npu
+from tests.machine import HANG_S
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "native" / "run_on_ascend.sh"
@@ -37,7 +38,7 @@ def test_the_dry_run_stops_at_the_probe_and_says_why(tmp_path: Path) -> None:
         text=True,
         cwd=tmp_path,
         env=_clean_env(),
-        timeout=600,
+        timeout=HANG_S,
         check=False,
     )
     text = done.stdout + done.stderr
@@ -68,7 +69,7 @@ def test_without_the_dry_run_the_script_wants_the_cann_environment(tmp_path: Pat
         text=True,
         cwd=tmp_path,
         env=_clean_env(),
-        timeout=60,
+        timeout=HANG_S,
         check=False,
     )
     assert done.returncode != 0

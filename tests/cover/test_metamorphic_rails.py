@@ -20,6 +20,7 @@ import pytest
 from mlaconf.reports.diff import classify
 from mlaconf.reports.rundir import read_results
 from mlaconf.runner.metamorphic import relation_table
+from tests.machine import HANG_S
 
 REPO = Path(__file__).resolve().parents[2]
 SUITE = REPO / "cases" / "test_metamorphic.py"
@@ -35,7 +36,7 @@ def records(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     command = [sys.executable, "-m", "pytest", str(SUITE), "-p", "no:cacheprovider", "-q", "-n", "0"]
     command += ["--mla-report-dir", str(report), "-k", f"fp16-undefined and ({' or '.join(RELATIONS)})"]
     command += [arg for backend in ("torch-cpu", ACCURACY, READS_PADDING) for arg in ("--mla-backend", backend)]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]  # the defects fail
     return read_results(report / "results.jsonl")
 

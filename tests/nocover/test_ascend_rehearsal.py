@@ -17,6 +17,8 @@ import sys
 import tarfile
 from pathlib import Path
 
+from tests.machine import HANG_S
+
 ROOT = Path(__file__).resolve().parents[2]
 SITE = """
 import sys
@@ -51,7 +53,7 @@ def test_the_device_command_runs_through_on_the_fake(tmp_path: Path, shared_gold
         text=True,
         cwd=tmp_path,
         env=env,
-        timeout=1800,
+        timeout=HANG_S,
         check=False,
     )
     text = done.stdout + done.stderr

@@ -27,6 +27,7 @@ import pytest
 
 from mlaconf.runner.identity import relation_name
 from tests import pytest_runs
+from tests.machine import HANG_S
 
 SUITES = ("cases/test_conformance.py", "cases/test_metamorphic.py")
 CLEAN_SEEDS = ("1", "2", "3", "4", "5")
@@ -37,8 +38,6 @@ CONFORMANCE_DEFECT = "scale_ignored"
 METAMORPHIC_ONLY = {"padding_nan_unsafe": "test_padding_contents", "nondeterministic": "test_determinism"}
 #: One thread per process: the children run under xdist, beside the outer session's workers.
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
-#: Only a hang can take this long (a child runs a few minutes on a loaded 2-core machine).
-HANG_S = 3600
 
 
 @dataclass

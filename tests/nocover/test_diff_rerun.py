@@ -13,6 +13,7 @@ import pytest
 
 from mlaconf.reports import cli
 from mlaconf.reports.rundir import read_results
+from tests.machine import HANG_S
 from tests.pytest_runs import run_pytest
 
 CASES = textwrap.dedent("""
@@ -62,14 +63,14 @@ def run_suites(tmp_path: Path, name: str, mode: str) -> Path:
         "6",
         "-k",
         SELECT,
-        timeout=280,
+        timeout=HANG_S,
         env={"MODE": mode},
     )
     assert result.returncode == (0 if mode == "base" else 1), result.stdout[-4000:] + result.stderr[-2000:]
     return report
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(4 * HANG_S)
 def test_rerun_diff_lists_each_new_kind_under_its_heading(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "rerun.toml").write_text(CASES)
     base = run_suites(tmp_path, "base", "base")

@@ -13,6 +13,7 @@ import pytest
 
 from mlaconf.reports.records import ResultRecord
 from mlaconf.reports.rundir import read_results
+from tests.machine import HANG_S
 from tests.pytest_runs import PytestRun, run_pytest
 
 TIMEOUT_S = 10
@@ -50,7 +51,7 @@ def pytest_counts(stdout: str) -> Counter[str]:
     return counts
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(4 * HANG_S)
 def test_report_counts_equal_pytests_whatever_the_backend_does(tmp_path: Path) -> None:
     result = run_misbehaving(tmp_path, "-n", "2", "--mla-timeout", str(TIMEOUT_S))
     report = tmp_path / "report"
@@ -95,11 +96,11 @@ def run_misbehaving(tmp_path: Path, *args: str, paths: tuple[str, ...] = ("cases
         "--mla-report-dir",
         str(tmp_path / "report"),
         *args,
-        timeout=280,
+        timeout=HANG_S,
     )
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(4 * HANG_S)
 def test_thread_method_timeout_kills_the_worker_and_says_so(tmp_path: Path) -> None:
     """A hang inside C code needs pytest-timeout's thread method, which kills the xdist worker:
     the record still says the test timed out, and the run goes on with a new worker."""

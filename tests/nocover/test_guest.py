@@ -17,6 +17,8 @@ import venv
 import zipfile
 from pathlib import Path
 
+from tests.machine import HANG_S
+
 REPO = Path(__file__).resolve().parents[2]
 RUNS = {"plain": [], "no-xdist": ["-p", "no:xdist"], "n2": ["-n", "2"], "nauto": ["-n", "auto"]}
 
@@ -149,7 +151,7 @@ def run_all(env_dir: Path, project: Path, facts_root: Path) -> dict[str, dict[st
             cwd=project,
             capture_output=True,
             text=True,
-            timeout=600,
+            timeout=HANG_S,
             env={"PATH": "/usr/bin:/bin", "FACTS_DIR": str(facts_dir), "HOME": str(facts_root)},
         )
         outcomes = sorted(line for line in result.stdout.splitlines() if line.startswith(("PASSED", "FAILED", "ERROR")))
@@ -216,7 +218,7 @@ def test_a_foreign_project_runs_the_same_with_the_package_installed(tmp_path: Pa
         cwd=empty,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=HANG_S,
         env={"PATH": f"{env_dir / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "MLA_GOLDEN_DIR": str(shared_golden)},
     )
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-2000:]

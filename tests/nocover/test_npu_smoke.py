@@ -16,6 +16,7 @@ from pathlib import Path
 
 from mlaconf.golden.specs.suites import load_suites
 from mlaconf.harness.npu_ops import FIA_MAX_GROUP
+from tests.machine import HANG_S
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = """
@@ -39,7 +40,7 @@ def test_smoke_passes_through_the_fake_on_both_backends(tmp_path: Path, shared_g
         "tests.fake_torch_npu:npu_fia_on_cpu",
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MLA_GOLDEN_DIR": str(shared_golden)}
-    done = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=1800, check=False)
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=HANG_S, check=False)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     records = [json.loads(line) for line in (report / "results.jsonl").read_text().splitlines()]
     verdicts = Counter((r["backend"], r["suite"], r["verdict"]) for r in records)

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from mlaconf.reports.records import ResultRecord
+from tests.machine import HANG_S
 from tests.pytest_runs import run_pytest
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(4 * HANG_S)
 def test_a_property_failure_ends_with_its_verdict_and_records_the_shrunk_spec(tmp_path: Path) -> None:
     done = run_pytest(
         "cases/test_properties.py",
@@ -28,7 +29,7 @@ def test_a_property_failure_ends_with_its_verdict_and_records_the_shrunk_spec(tm
         "-W",
         "ignore",
         report=tmp_path / "report",
-        timeout=580,
+        timeout=HANG_S,
     )
     assert done.returncode == 1, done.output
     lines = done.stdout.splitlines()

@@ -12,6 +12,7 @@ import pytest
 
 from mlaconf.reports import cli
 from mlaconf.reports.rundir import read_results
+from tests.machine import HANG_S
 from tests.pytest_runs import run_pytest
 
 #: The smoke suites without their heaviest cases (a long kv, 128 heads), so two runs stay short.
@@ -38,7 +39,7 @@ def smoke(tmp_path: Path, golden: Path, name: str) -> Path:
         str(report),
         "-k",
         SELECT,
-        timeout=600,
+        timeout=HANG_S,
         inherit=True,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
@@ -52,7 +53,7 @@ def mlaconf(*argv: str) -> int:
     return int(args.func(args))
 
 
-@pytest.mark.timeout(1200)
+@pytest.mark.timeout(4 * HANG_S)
 def test_two_identical_smoke_runs_diff_to_nothing(
     tmp_path: Path, shared_golden: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

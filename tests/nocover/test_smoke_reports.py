@@ -9,6 +9,7 @@ from pathlib import Path
 from mlaconf.golden.specs.suites import load_suites
 from mlaconf.reports.records import without_volatile
 from mlaconf.reports.rundir import read_results
+from tests.machine import HANG_S
 from tests.pytest_runs import run_pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,7 +27,7 @@ def conformance(tmp_path: Path, golden: Path, name: str, *args: str) -> Path:
         "--mla-report-dir",
         str(out),
         *args,
-        timeout=600,
+        timeout=HANG_S,
         inherit=True,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
@@ -49,7 +50,7 @@ def test_serial_parallel_and_sharded_runs_agree(tmp_path: Path, shared_golden: P
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr

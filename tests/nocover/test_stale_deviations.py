@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mlaconf.reports.rundir import read_results
+from tests.machine import HANG_S
 from tests.pytest_runs import run_pytest
 
 #: Stale entries for correct backends: torch-cpu computes these cases right, torch-cpu-strict rejects
@@ -68,7 +69,7 @@ def test_a_stale_deviation_is_an_unexpected_pass_in_every_suite(tmp_path: Path, 
         str(shared_golden),
         "--mla-report-dir",
         str(report),
-        timeout=600,
+        timeout=HANG_S,
     )
     assert result.returncode == 0, result.stdout[-4000:]
     records = read_results(report / "results.jsonl")
