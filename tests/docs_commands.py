@@ -97,7 +97,7 @@ PLANS: dict[str, Plan] = {
     "pytest cases --mla-cases my_cases.toml": Plan(0, "1 passed"),
     "mlaconf coverage smoke": Plan(0, "2-way 100.0 %"),
     "mlaconf power --suite smoke -j 2": Plan(
-        not_run="about 2,000 backend runs, tens of minutes on 2 cores: tests/nocover/test_power.py runs it"
+        not_run="about 2,000 backend runs, tens of minutes on 2 cores: tests/nocover/test_power_smoke.py runs it"
     ),
     "mlaconf power --cases my.toml": Plan(1, "survived"),
     "mlaconf import-dump msprobe_dump --out imported.toml": Plan(0, "wrote 2 cases to imported.toml"),

@@ -2,7 +2,7 @@
 runs them (``pytest cases/... --mla-suite smoke --mla-suite metamorphic``), their JUnit XML and records.
 
 Whether smoke kills every catalogued defect, clearly, and lets every correct kernel and the defects' own
-bug-free path pass is measured once, in process, by ``mlaconf power`` (tests/nocover/test_power.py).  Here,
+bug-free path pass is measured once, in process, by ``mlaconf power`` (tests/nocover/test_power_smoke.py).  Here,
 through real pytest children (goldens from the session's shared store):
 
 - the unmodified torch CPU backend passes smoke + metamorphic on five seeds, under xdist (a correct backend
