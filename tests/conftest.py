@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from tests.sessions import session_root
+
 ROOT = Path(__file__).resolve().parents[1]
 DOUBLE_SOURCE = ROOT / "native" / "testing" / "libatb_double.cpp"
 
@@ -77,6 +79,19 @@ class AtbDouble:
         raw: bytes = self._lib.atb_double_record()
         result: dict[str, Any] = json.loads(raw.decode())
         return result
+
+
+@pytest.fixture(scope="session")
+def shared_golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One golden store for every test of the session that runs cases of the shipped suites (or their
+    metamorphic relations) as a user would: each golden is the same file whichever test needs it, so it is
+    built once, on demand, under the store's lock per case (xdist workers and their child runs share the
+    folder safely).  ``$MLA_GOLDEN_DIR`` when set (goldens built ahead).  A test whose point is building,
+    finding missing or damaging goldens keeps a store of its own."""
+    named = os.environ.get("MLA_GOLDEN_DIR")
+    path = Path(named) if named else session_root(tmp_path_factory) / "golden-shared"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 @pytest.fixture(scope="session")

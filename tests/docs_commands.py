@@ -1,4 +1,4 @@
-"""Every command the README and docs/usage.md show, with what running it must give (issue 30 item 4).
+"""Every command the README and docs/usage.md show, with what running it must give.
 
 A run is narrowed so it stays cheap, never reworded: the documented arguments all go through, and
 after them (``mlaconf run``: after ``--``) a one-case suite file (the README's smoke case 0d4a17eb, so
@@ -18,6 +18,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.machine import HANG_S
 from tests.pytest_runs import pytest_argv
 
 REPO = Path(__file__).resolve().parents[1]
@@ -138,11 +139,14 @@ def narrowed(command: str, work: Path) -> list[str]:
     return [sys.executable, "-m", "mlaconf", *argv]
 
 
-def run_documented(command: str, work: Path) -> subprocess.CompletedProcess[str]:
-    """Run one documented command in ``work`` (its goldens, reports and plug-in modules live there)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(work), str(REPO)]), "MLA_GOLDEN_DIR": str(work / ".golden")}
+def run_documented(command: str, work: Path, golden: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run one documented command in ``work`` (its reports and plug-in modules live there) with the store
+    ``golden`` as ``$MLA_GOLDEN_DIR`` (default ``work/.golden``): the documented commands name no store, so
+    ``regen smoke`` fills it, ``show`` and ``verify`` read it."""
+    store = golden if golden is not None else work / ".golden"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(work), str(REPO)]), "MLA_GOLDEN_DIR": str(store)}
     env.pop("MLA_BACKEND", None)
-    return subprocess.run(narrowed(command, work), cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(narrowed(command, work), cwd=work, env=env, capture_output=True, text=True, timeout=HANG_S)
 
 
 def prepare(work: Path, my_lib: str) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from mlaconf.reports.records import Record
 from mlaconf.reports.rundir import read_results
+from tests.machine import HANG_S
 
 REPO = Path(__file__).resolve().parents[1]
 #: The PATH of a clean child: no virtual environment's scripts, no user's tools.
@@ -76,7 +77,7 @@ def run_pytest(
     paths: Sequence[Path | str] = (),
     inherit: bool = False,
     env: Mapping[str, str | None] | None = None,
-    timeout: float = 600,
+    timeout: float = HANG_S,
 ) -> PytestRun:
     """Run ``python -m pytest ARGS`` in ``cwd`` under :func:`child_env` and wait at most ``timeout``
     seconds (an overrun raises ``subprocess.TimeoutExpired``: a hung run must not look like a result).

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import mlaconf
+from tests.machine import HANG_S
 from tests.pytest_runs import run_pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -256,7 +257,7 @@ def test_cases_holds_suites_only() -> None:
     assert sorted(p.stem for p in (REPO / "cases").glob("*.toml")), "no suite files shipped"
 
 
-#: Most lines one module of the rooms may hold (issue 30: files past ~700 lines were split where a
+#: Most lines one module of the rooms may hold (files past ~700 lines were split where a
 #: concept ends); a module that outgrows it is split the same way, not exempted.
 MAX_MODULE_LINES = 700
 
@@ -280,6 +281,6 @@ def test_the_rule_checker_sees_lazy_and_bare_imports(tmp_path: Path) -> None:
 
 
 def test_pytest_fixtures_names_the_path_git_knows(tmp_path: Path) -> None:
-    listed = run_pytest("--fixtures", "-q", str(REPO / "cases"), cwd=tmp_path, inherit=True, timeout=300)
+    listed = run_pytest("--fixtures", "-q", str(REPO / "cases"), cwd=tmp_path, inherit=True, timeout=HANG_S)
     assert listed.returncode == 0, listed.output
     assert "runner/suites_plugin.py:" in listed.stdout and "mlaconf/runner" not in listed.stdout

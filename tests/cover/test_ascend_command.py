@@ -19,6 +19,7 @@ import pytest
 from mlaconf.harness import npu_ops
 from mlaconf.tools import ascend
 from tests import fake_torch_npu
+from tests.machine import HANG_S
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "native" / "run_on_ascend.sh"
@@ -37,7 +38,7 @@ def test_the_dry_run_stops_at_the_probe_and_says_why(tmp_path: Path) -> None:
         text=True,
         cwd=tmp_path,
         env=_clean_env(),
-        timeout=600,
+        timeout=HANG_S,
         check=False,
     )
     text = done.stdout + done.stderr
@@ -68,7 +69,7 @@ def test_without_the_dry_run_the_script_wants_the_cann_environment(tmp_path: Pat
         text=True,
         cwd=tmp_path,
         env=_clean_env(),
-        timeout=60,
+        timeout=HANG_S,
         check=False,
     )
     assert done.returncode != 0
@@ -141,6 +142,18 @@ def test_the_archive_never_writes_through_a_symlink(tmp_path: Path) -> None:
     with pytest.raises(OSError, match="is a symlink"):
         ascend.pack(out)
     assert not target.exists()
+
+
+def test_the_archive_leaves_the_goldens_behind(tmp_path: Path) -> None:
+    """OUT/golden (the default store) is not packed: regen rebuilds it from the case specs."""
+    out = tmp_path / "box"
+    (out / "golden").mkdir(parents=True)
+    (out / "golden" / "case.h5").write_bytes(b"large")
+    (out / "runs").mkdir()
+    (out / "runs" / "results.jsonl").write_text("{}")
+    with tarfile.open(ascend.pack(out)) as tar:
+        names = tar.getnames()
+    assert "box/runs/results.jsonl" in names and not [n for n in names if n.startswith("box/golden")]
 
 
 def test_a_missing_build_requirement_is_one_line_and_exit_3(

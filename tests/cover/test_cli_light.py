@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import mlaconf
+from tests.machine import HANG_S
 
 HEAVY = ("torch", "ml_dtypes", "h5py", "hypothesis")
 
@@ -54,7 +55,7 @@ def command_lines() -> list[list[str]]:
 def test_help_and_usage_errors_load_no_heavy_module() -> None:
     lines = command_lines()
     probe = subprocess.run(
-        [sys.executable, "-c", PROBE % (HEAVY,), json.dumps(lines)], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", PROBE % (HEAVY,), json.dumps(lines)], capture_output=True, text=True, timeout=HANG_S
     )
     assert probe.returncode == 0, probe.stderr
     report = json.loads(probe.stdout)

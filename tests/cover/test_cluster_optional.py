@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.machine import HANG_S
+
 REPO = Path(__file__).resolve().parents[2]
 WITHOUT_RAY = "import sys; sys.modules['ray'] = None\nfrom mlaconf import main\nsys.exit(main(sys.argv[1:]))\n"
 LOCAL_PATH = """
@@ -32,7 +34,11 @@ assert "ray" not in sys.modules, "the local path imported ray"
 @pytest.mark.parametrize("verb", [["regen", "smoke"], ["run"]])
 def test_ray_flag_without_ray_is_one_usage_line(verb: list[str], tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-c", WITHOUT_RAY, *verb, "--ray"], capture_output=True, text=True, cwd=tmp_path, timeout=120
+        [sys.executable, "-c", WITHOUT_RAY, *verb, "--ray"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=HANG_S,
     )
     assert done.returncode == 2, (done.stdout, done.stderr)
     lines = done.stderr.strip().splitlines()
@@ -42,7 +48,7 @@ def test_ray_flag_without_ray_is_one_usage_line(verb: list[str], tmp_path: Path)
 
 def test_the_local_paths_never_import_ray(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-c", LOCAL_PATH, str(tmp_path)], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", LOCAL_PATH, str(tmp_path)], capture_output=True, text=True, timeout=HANG_S
     )
     assert done.returncode == 0, done.stderr[-3000:]
 

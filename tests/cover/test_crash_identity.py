@@ -7,6 +7,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+from tests.machine import HANG_S
 from tests.pytest_runs import run_pytest
 
 #: A plug-in backend whose probe fails in one test's setup and kills its worker in another's
@@ -50,7 +51,7 @@ def test_a_setup_error_and_a_setup_crash_keep_their_suite_under_xdist(tmp_path: 
         "q_layout and (fp16-undefined or bf16-mask_free)",
         report=tmp_path / "report",
         paths=[tmp_path],
-        timeout=300,
+        timeout=HANG_S,
     )
     out = done.output
     assert done.returncode == 1, out

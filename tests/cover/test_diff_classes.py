@@ -16,6 +16,7 @@ from mlaconf import verb_function
 from mlaconf.reports import diff, verbs
 from mlaconf.reports.records import ResultRecord
 from mlaconf.reports.rundir import read_results
+from tests.machine import HANG_S
 from tests.runs import write_run_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,7 +102,7 @@ def test_piped_diff_prints_whole_lines(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         cwd=tmp_path,
-        timeout=120,
+        timeout=HANG_S,
         env=dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="60"),
     )
     assert result.returncode == 1

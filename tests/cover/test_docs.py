@@ -13,6 +13,7 @@ import pytest
 
 import mlaconf
 from tests.docs_commands import PLANS, documented_commands, every_command
+from tests.machine import HANG_S
 from tests.pytest_runs import run_pytest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,7 +71,7 @@ def test_the_link_checker_finds_a_broken_link(tmp_path: Path) -> None:
 def run_mlaconf(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "MLA_GOLDEN_DIR": str(cwd / ".golden")}
     return subprocess.run(
-        [sys.executable, "-m", "mlaconf", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "mlaconf", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=HANG_S
     )
 
 
@@ -92,7 +93,7 @@ def test_every_documented_mlaconf_command_parses(
 
 
 def test_every_documented_pytest_option_exists(tmp_path: Path) -> None:
-    listed = run_pytest("--help", inherit=True, timeout=300)
+    listed = run_pytest("--help", inherit=True, timeout=HANG_S)
     assert listed.returncode == 0, listed.stderr[-2000:]
     aliases = {"--junitxml": "--junit-xml"}  # pytest's help lists only the second spelling
     words = (word.split("=")[0] for _, argv in documented_commands("pytest") for word in argv if word[:2] == "--")

@@ -265,7 +265,7 @@ def _bf16_values(values: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("diag", [None, (0, 40)], ids=["bidirectional", "causal"])
 def test_float32_magnitudes_never_fall_below_float64_at_the_edges_of_bf16_range(diag: tuple[int, int] | None) -> None:
-    """pv_abs and pv_rss come from float32 GEMMs (issue 23); at V near bf16's largest and smallest values,
+    """pv_abs and pv_rss come from float32 GEMMs (the fused tile kernel); at V near bf16's largest and smallest values,
     P down to e^-700 (below float32's range) and all-zero columns, they stay >= their float64 values."""
     from mlaconf.golden.building.magnitudes import ValueOperands, fused_tile
     from mlaconf.golden.building.reference import Workspace, float64_tile

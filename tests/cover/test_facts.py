@@ -10,6 +10,7 @@ from mlaconf.facts.operator import kv_layout_of, useful_flops
 from mlaconf.facts.shard import in_shard, parse_shard, shard_index
 from mlaconf.facts.versions import ascend_versions, atb_version_near
 from mlaconf.golden.building.regen import select_cases
+from tests.machine import HANG_S
 from tests.pytest_runs import run_pytest
 
 
@@ -43,7 +44,7 @@ def test_pytest_shard_equals_regen_shard(tmp_path: Path) -> None:
             f"{k}/4",
             report=tmp_path / "r",
             inherit=True,
-            timeout=300,
+            timeout=HANG_S,
         )
         collected = {
             line.split("[", 1)[1].rsplit("-torch-cpu]", 1)[0]

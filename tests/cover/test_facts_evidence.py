@@ -1,4 +1,4 @@
-"""Every chip and release fact names its source and says how sure it is (issue 29, item 4).
+"""Every chip and release fact names its source and says how sure it is.
 
 The facts of facts/releases.py and facts/torch_npu_ops.py carry a source and a confidence
 (facts/evidence.py); each known deviation a reference, the ATB commit it was reviewed at and a status;

@@ -21,7 +21,7 @@ from mlaconf.runner.execution import execute, make_call
 
 POLICIES = load_policies()
 #: The edge suite's fp16 CAUSAL large-logit case (seed 4), where a flushing kernel reached model slack
-#: 2.88 before the bound had its flush term (issue 21), and a bidirectional one on the fp16 score path.
+#: 2.88 before the bound had its flush term, and a bidirectional one on the fp16 score path.
 CAUSAL = build_case(
     dict(
         dtype="fp16",

@@ -16,6 +16,7 @@ import pytest
 from mlaconf import verb_function
 from mlaconf.golden.store.locations import golden_dir_problem
 from mlaconf.reports import verbs
+from tests.machine import HANG_S
 from tests.pytest_runs import PytestRun, run_pytest
 from tests.runs import write_run_dir
 
@@ -55,7 +56,7 @@ MINE = textwrap.dedent("""
 
 
 def pytest_run(tmp_path: Path, *args: str, paths: tuple[str, ...] = ("cases",)) -> PytestRun:
-    return run_pytest(*paths, "-q", *args, report=tmp_path / "report", timeout=300)
+    return run_pytest(*paths, "-q", *args, report=tmp_path / "report", timeout=HANG_S)
 
 
 def test_own_suite_file_collects_and_feeds_the_error_suite(tmp_path: Path) -> None:
@@ -143,7 +144,7 @@ def test_report_html_on_malformed_results_is_one_line(tmp_path: Path) -> None:
         [sys.executable, "-m", "mlaconf", "report", "html", str(tmp_path)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
         env=dict(os.environ, PYTHONPATH=str(REPO)),
     )
     assert result.returncode == 2
@@ -187,7 +188,7 @@ def test_a_suite_file_in_the_suites_folder_is_a_suite_everywhere(
 
 def test_a_misspelt_suite_is_our_usage_error(tmp_path: Path) -> None:
     run = subprocess.run(
-        [sys.executable, "-m", "mlaconf", "run", "--suite", "smok"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "mlaconf", "run", "--suite", "smok"], capture_output=True, text=True, timeout=HANG_S
     )
     assert run.returncode == 2 and "invalid choice: 'smok'" in run.stderr and "Traceback" not in run.stderr
     result = pytest_run(tmp_path, "--mla-suite", "smok", paths=("cases/test_conformance.py",))

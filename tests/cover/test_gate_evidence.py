@@ -1,4 +1,4 @@
-"""The upgrade gate passes only on evidence (issue 28): runs that tested nothing, compared nothing,
+"""The upgrade gate passes only on evidence: runs that tested nothing, compared nothing,
 are one run twice, or say they have problems never pass ``mlaconf report diff``."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.machine import HANG_S
 from tests.runs import record, write_run_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,7 +24,7 @@ def diff(base: Path, cand: Path, *flags: str) -> tuple[int, str]:
     """``mlaconf report diff`` as a user runs it: exit status and the verdict line."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     argv = [sys.executable, "-m", "mlaconf", "report", "diff", str(base), str(cand), "--out", str(cand / "d"), *flags]
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=False)
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=HANG_S, check=False)
     assert "Traceback" not in done.stderr, done.stderr
     verdict = next((line.strip() for line in done.stdout.splitlines() if "GATE " in line), done.stderr.strip())
     return done.returncode, verdict

@@ -20,6 +20,7 @@ import pytest
 from mlaconf.reports.diff import classify
 from mlaconf.reports.rundir import read_results
 from mlaconf.runner.selection import relation_tables
+from tests.machine import HANG_S
 
 REPO = Path(__file__).resolve().parents[2]
 SUITE = REPO / "cases" / "test_metamorphic.py"
@@ -36,7 +37,7 @@ def records(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     command += ["--mla-report-dir", str(report), "-k", f"fp16-undefined and ({' or '.join(RELATIONS)})"]
     command += ["--mla-golden-dir", str(store)]  # the sides' goldens, built on demand, not in the checkout
     command += [arg for backend in ("torch-cpu", ACCURACY, READS_PADDING) for arg in ("--mla-backend", backend)]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-2000:]  # the defects fail
     return read_results(report / "results.jsonl")
 

@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 from mlaconf.runner.identity import is_mla_test_id
+from tests.machine import HANG_S
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -75,7 +76,7 @@ def pytest_in_repo(tmp_path: Path, *args: str, **env: str) -> subprocess.Complet
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path)]), "MLA_GOLDEN_DIR": "", **env},
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=HANG_S,
     )
 
 

@@ -11,6 +11,7 @@ import pytest
 
 import mlaconf
 from mlaconf.tools import run
+from tests.machine import HANG_S
 from tests.pytest_runs import run_pytest
 
 pytest_plugins = ["pytester"]
@@ -113,7 +114,7 @@ def test_a_run_that_generates_goldens_says_so_once(tmp_path: Path) -> None:
     store = tmp_path / "store"
     options = ["--mla-cases", str(suite), "--mla-golden-dir", str(store), "--mla-backend", "torch-cpu"]
     options += ["--mla-report-dir", str(tmp_path / "report"), str(REPO / "cases" / "test_conformance.py")]
-    ran = run_pytest("-q", "-n", "0", *options, cwd=tmp_path, inherit=True, timeout=300)
+    ran = run_pytest("-q", "-n", "0", *options, cwd=tmp_path, inherit=True, timeout=HANG_S)
     assert ran.returncode == 0, ran.output
     notices = [
         line for line in (ran.stdout + ran.stderr).splitlines() if "generating missing goldens on demand" in line

@@ -13,6 +13,7 @@ from typing import Any
 
 from mlaconf.reports import diff
 from mlaconf.reports.records import ResultRecord, not_applicable
+from tests.machine import HANG_S
 from tests.runs import record, write_run_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,7 +80,7 @@ def test_the_page_leads_with_what_changed_and_folds_not_applicable_away(tmp_path
     b = write_run_dir(tmp_path / "b", cand, run_id="b")
     env = dict(os.environ, PYTHONPATH=str(REPO))
     argv = [sys.executable, "-m", "mlaconf", "report", "diff", str(a), str(b), "--out", str(b / "d")]
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=False)
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=HANG_S, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert next(line for line in lines if line.startswith("--")).startswith("-- Changed (1)"), done.stdout
@@ -124,7 +125,7 @@ def test_two_identical_runs_of_a_plugin_that_declares_limits_diff_clean(tmp_path
         argv = [sys.executable, "-m", "mlaconf", "run", "--backend", "partial_kernel:factory", "-n", "0"]
         argv += ["--golden-dir", str(tmp_path / "golden"), "--report-dir", str(tmp_path / name), "--"]
         argv += ["-p", "no:cacheprovider", "-k", "b40-s8 or kvcache-b2-s16 or (determinism and b2)"]
-        done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300, check=False)
+        done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=HANG_S, check=False)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         runs.append(tmp_path / name)
     raw = [json.loads(line) for line in (runs[0] / "results.jsonl").read_text().splitlines()]
@@ -133,5 +134,5 @@ def test_two_identical_runs_of_a_plugin_that_declares_limits_diff_clean(tmp_path
         assert f"backend partial {declaration}" in reasons, reasons
     assert any(r["verdict"] == "passed" and r["not_applicable"] is None for r in raw)
     argv = [sys.executable, "-m", "mlaconf", "report", "diff", str(runs[0]), str(runs[1])]
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120, check=False)
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=HANG_S, check=False)
     assert done.returncode == 0 and "GATE PASSES" in done.stdout, done.stdout + done.stderr

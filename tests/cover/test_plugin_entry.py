@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.machine import HANG_S
 from tests.pytest_runs import run_pytest
 
 #: Modules of the suites' plugin that only an MLA run may load.
@@ -77,7 +78,7 @@ def session_facts(tmp_path: Path, *options: str) -> dict[str, object]:
     (tmp_path / "test_foreign.py").write_text(SESSION_TEST % (MLA_ONLY,))
     facts = tmp_path / "facts.json"
     env = {"FACTS": str(facts), "CI": None}  # CI would pick the mla-ci profile
-    ran = run_pytest("-q", "-n", "0", "test_foreign.py", *options, cwd=tmp_path, inherit=True, env=env, timeout=300)
+    ran = run_pytest("-q", "-n", "0", "test_foreign.py", *options, cwd=tmp_path, inherit=True, env=env, timeout=HANG_S)
     assert ran.returncode == 0, ran.output
     result: dict[str, object] = json.loads(facts.read_text())
     return result

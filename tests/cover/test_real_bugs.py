@@ -1,6 +1,6 @@
 """docs/real-bugs.md: every reproduced upstream bug has its defect on the page and smoke cases that meet
-its conditions; the one-row-tile defect is wrong exactly where the bug was (the kill itself, a smoke run
-per defect, is in tests/nocover/test_defects.py)."""
+its conditions; the one-row-tile defect is wrong exactly where the bug was (the kill itself, in every dtype
+and mask, is read from smoke's power run in tests/nocover/test_power_smoke.py)."""
 
 from __future__ import annotations
 

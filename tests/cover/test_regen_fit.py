@@ -1,4 +1,4 @@
-"""Cases too large for this host are refused before any work (issue 19, item 7): ``regen`` builds
+"""Cases too large for this host are refused before any work: ``regen`` builds
 nothing and exits 2, ``list`` marks them and exits 1, ``--allow-oversize`` forces them; a
 selection that fits case by case but not at the requested parallelism or on the free disk is warned of."""
 

@@ -10,6 +10,7 @@ import pytest
 
 from mlaconf.harness import registry
 from mlaconf.harness.backend import Backend
+from tests.machine import HANG_S
 from tests.pytest_runs import PytestRun, run_pytest
 
 #: The README's ten-line external backend; ``my_lib.mla_prefill`` stands in as torch-cpu.
@@ -73,7 +74,7 @@ def run_suite(tmp_path: Path, *args: str) -> PytestRun:
         golden=tmp_path / "golden",
         report=tmp_path / "report",
         paths=[tmp_path],
-        timeout=300,
+        timeout=HANG_S,
     )
 
 

@@ -1,4 +1,4 @@
-"""An unknown ATB release is a state (issue 29 item 3): the run's summary, the HTML page and the diff
+"""An unknown ATB release is a state: the run's summary, the HTML page and the diff
 say so in one line with its fix, and the gate never passes a candidate judged without its release."""
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import pytest
 
 from mlaconf import build_parser
 from mlaconf.tools.command import pytest_command
+from tests.machine import HANG_S
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -52,7 +53,7 @@ def test_a_named_file_is_collected_once(tmp_path: Path) -> None:
     """The issue's case: ``-- cases/test_conformance.py`` collected the conformance tests twice."""
     argv = [sys.executable, "-m", "mlaconf", "run", "--backend", "torch-cpu", "-n", "0", "--report-dir", "r"]
     argv += ["--", "-p", "no:cacheprovider", "--collect-only", "-q", str(REPO / "cases" / "test_conformance.py")]
-    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=200)
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=HANG_S)
     ids = [line for line in done.stdout.splitlines() if "::" in line]
     assert done.returncode == 0 and ids and len(ids) == len(set(ids)), done.stdout[-2000:] + done.stderr[-2000:]
     assert all("test_conformance.py::" in i for i in ids)

@@ -25,6 +25,7 @@ from mlaconf.runner.recording import RecordGatherer
 from mlaconf.runner.run_directory import ReportState, Run, comparable_args, first_difference, is_never_ran
 from mlaconf.tools import run as run_verb
 from mlaconf.tools.run import PytestExit, launch, named_run_dir
+from tests.machine import HANG_S
 from tests.runs import record
 
 RECORDS = [record(f"c{i}") for i in range(3)]
@@ -208,7 +209,7 @@ def test_a_journal_survives_its_writer_killed(tmp_path: Path) -> None:
     lines = "".join(f"j.append({record(f'c{i}')!r})\n" for i in range(3))
     script = f"import os, signal\nfrom mlaconf.reports.rundir import Journal\nj = Journal({str(path)!r})\n{lines}"
     script += "os.kill(os.getpid(), signal.SIGKILL)\n"
-    done = subprocess.run([sys.executable, "-c", script], timeout=60, check=False)
+    done = subprocess.run([sys.executable, "-c", script], timeout=HANG_S, check=False)
     assert done.returncode == -signal.SIGKILL
     assert len(rundir.read_results(path, torn=pytest.fail)) == 3
 

@@ -1,4 +1,4 @@
-"""Structured inputs (issue 21): the spec's ``structure`` table, what golden/building/inputs.py makes of it, and
+"""Structured inputs: the spec's ``structure`` table, what golden/building/inputs.py makes of it, and
 that unstructured cases kept their hashes and their bits."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from mlaconf.runner.execution import execute, make_call
 
 POLICIES = load_policies()
 SPECS = [
-    build_case(dict(dtype=dtype, mask_type=mask, q_seqlen=[n], head_num=1, seed=seed), source="issue 9")
+    build_case(dict(dtype=dtype, mask_type=mask, q_seqlen=[n], head_num=1, seed=seed), source="test_zoo_small")
     for dtype in ("fp16", "bf16")
     for mask in ("undefined", "mask_free")
     for n in (1, 2, 3, 5, 8)
@@ -43,7 +43,7 @@ def test_every_zoo_member_passes_short_rows(spec: CaseSpec) -> None:
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_a_few_rounding_steps_in_one_element_still_fail(dtype: str) -> None:
-    spec = build_case(dict(dtype=dtype, mask_type="mask_free", q_seqlen=[8], head_num=1), source="issue 9")
+    spec = build_case(dict(dtype=dtype, mask_type="mask_free", q_seqlen=[8], head_num=1), source="test_zoo_small")
     golden = build_golden(spec)
     out = execute(MEMBERS[0], make_call(golden.inputs, spec), spec).out
     bad = out.copy().reshape(-1)

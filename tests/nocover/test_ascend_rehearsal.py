@@ -3,7 +3,9 @@
 A ``sitecustomize`` on PYTHONPATH installs ``tests.fake_torch_npu`` and points the torch_npu backends
 at the CPU in each Python process the command starts, so the probe admits ring-mla and npu-fia (ATB
 has no libatb here), then regen, three smoke runs over the same goldens, two diffs and the archive
-all run for real.
+all run for real.  The goldens are the session's shared store's (``--golden-dir``): regen finds smoke's
+there, or builds it once for every test that runs smoke; that the archive leaves a box's own store
+behind is tests/cover/test_ascend_command.py's.
 """
 
 from __future__ import annotations
@@ -15,9 +17,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-import pytest
-
-pytestmark = pytest.mark.slow
+from tests.machine import HANG_S
 
 ROOT = Path(__file__).resolve().parents[2]
 SITE = """
@@ -30,18 +30,30 @@ npu_ops._TorchNpuOpBackend.device_type = "cpu"
 """
 
 
-def test_the_device_command_runs_through_on_the_fake(tmp_path: Path) -> None:
+def test_the_device_command_runs_through_on_the_fake(tmp_path: Path, shared_golden: Path) -> None:
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITE.format(root=str(ROOT)))
     env = {**os.environ, "PYTHONPATH": f"{site}:{ROOT}", "MLA_ATB_LIB": str(tmp_path / "no-libatb.so")}
     done = subprocess.run(
-        [sys.executable, "-m", "mlaconf", "ascend", "--no-build", "--out", "box", "-n", "2"],
+        [
+            sys.executable,
+            "-m",
+            "mlaconf",
+            "ascend",
+            "--no-build",
+            "--out",
+            "box",
+            "-n",
+            "2",
+            "--golden-dir",
+            str(shared_golden),
+        ],
         capture_output=True,
         text=True,
         cwd=tmp_path,
         env=env,
-        timeout=1800,
+        timeout=HANG_S,
         check=False,
     )
     text = done.stdout + done.stderr
@@ -62,4 +74,3 @@ def test_the_device_command_runs_through_on_the_fake(tmp_path: Path) -> None:
         names = tar.getnames()
     assert "box/runs/npu-fia/results.jsonl" in names and "box/diffs/ring-mla-vs-torch-cpu/diff.json" in names
     assert "box/facts_report.md" in names and "box/facts_report.json" in names  # what settles each unconfirmed fact
-    assert not [n for n in names if n.startswith("box/golden")]  # goldens stay behind: regen rebuilds them

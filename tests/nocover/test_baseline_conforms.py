@@ -16,8 +16,6 @@ from mlaconf.judge.policy import load_policies
 from mlaconf.judge.verdict import verdict_context
 from tests.goldens import baseline_metrics
 
-pytestmark = pytest.mark.slow
-
 CASES = [c for c in load_suites(["smoke", "edge"])]
 
 

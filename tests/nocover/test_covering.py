@@ -14,7 +14,6 @@ import pytest
 from mlaconf.golden.coverage import covering
 from mlaconf.golden.specs.suites import suite_path
 
-pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -14,10 +14,8 @@ import pytest
 from mlaconf import verb_function
 from mlaconf.reports import verbs
 from mlaconf.reports.rundir import read_results
+from tests.machine import HANG_S
 from tests.pytest_runs import run_pytest
-
-pytestmark = pytest.mark.slow
-
 
 CASES = textwrap.dedent("""
     [suite]
@@ -41,55 +39,6 @@ CASES = textwrap.dedent("""
     expect_stage = "create"
 """)
 
-#: The candidate ("rerun" mode) rejects at another stage, perturbs outputs by one ulp on every
-#: other call (breaks exact relations and determinism), and hangs on the case with 3 heads.
-BACKEND = textwrap.dedent("""
-    import os
-    import time
-
-    import torch
-
-    from mlaconf.harness.backend import BackendError
-    from mlaconf.harness.contract import strict_torch_cpu
-
-    class Upgraded:
-        name, error_contract, deterministic = "upgraded", True, True
-
-        def __init__(self):
-            self.inner = strict_torch_cpu()
-            self.calls = 0
-
-        def available(self):
-            return self.inner.available()
-
-        def info(self):
-            return self.inner.info()
-
-        def synchronize(self):
-            pass
-
-        def run(self, call):
-            rerun = os.environ.get("MODE") == "rerun"
-            try:
-                out = self.inner.run(call)
-            except BackendError as exc:
-                if rerun:
-                    raise BackendError(exc.status_name, "execute", "new toolkit") from exc
-                raise
-            if rerun:
-                if call.head_num == 3:
-                    time.sleep(600)
-                self.calls += 1
-                if self.calls % 2:
-                    bits = out.view(torch.int16).clone()
-                    bits.view(-1)[0] += 1
-                    out = bits.view(out.dtype)
-            return out
-
-    def factory():
-        return Upgraded()
-""")
-
 SELECT = "test_conformance or test_error_contract or (fp16-undefined-krope_ctkv-b3 and (q_layout or determinism))"
 
 
@@ -106,7 +55,7 @@ def run_suites(tmp_path: Path, name: str, mode: str) -> Path:
         "--mla-suite",
         "metamorphic",  # beside a suite file of one's own only when named
         "--mla-backend",
-        "upgraded:factory",
+        "tests.plugin_backends:upgraded",
         "--mla-golden-dir",
         str(tmp_path / "golden"),
         "--mla-report-dir",
@@ -115,17 +64,15 @@ def run_suites(tmp_path: Path, name: str, mode: str) -> Path:
         "6",
         "-k",
         SELECT,
-        timeout=280,
-        paths=[tmp_path],
+        timeout=HANG_S,
         env={"MODE": mode},
     )
     assert result.returncode == (0 if mode == "base" else 1), result.stdout[-4000:] + result.stderr[-2000:]
     return report
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(4 * HANG_S)
 def test_rerun_diff_lists_each_new_kind_under_its_heading(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "upgraded.py").write_text(BACKEND)
     (tmp_path / "rerun.toml").write_text(CASES)
     base = run_suites(tmp_path, "base", "base")
     cand = run_suites(tmp_path, "cand", "rerun")

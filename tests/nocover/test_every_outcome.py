@@ -13,9 +13,8 @@ import pytest
 
 from mlaconf.reports.records import ResultRecord
 from mlaconf.reports.rundir import read_results
+from tests.machine import HANG_S
 from tests.pytest_runs import PytestRun, run_pytest
-
-pytestmark = pytest.mark.slow
 
 TIMEOUT_S = 10
 
@@ -30,50 +29,6 @@ CASES = textwrap.dedent("""
 
     [[matrix]]
     head_num = [1, 2, 3, 4, 5, 6, 7, 8]
-""")
-
-BACKEND = textwrap.dedent("""
-    import os
-    import time
-
-    import numpy as np
-
-    from mlaconf.harness.backend import Availability, BackendInfo
-    from mlaconf.harness.torch_backend import torch_cpu
-
-    class Misbehaving:
-        name, error_contract, deterministic = "misbehaving", False, True
-
-        def __init__(self):
-            self._cpu = torch_cpu()
-
-        def available(self):
-            return Availability(True)
-
-        def info(self):
-            return BackendInfo(self.name, "cpu", {"misbehaving": "1"}, version="1")
-
-        def synchronize(self):
-            pass
-
-        def run(self, call):
-            heads = call.head_num
-            if heads == 1:
-                raise RuntimeError("kernel launch failed: out of descriptors")
-            if heads == 2:
-                return None
-            if heads == 3:
-                return np.zeros((13, 3 * 128), dtype=np.float16)
-            if heads == 4:
-                return [0.0] * 13
-            if heads == 5:
-                time.sleep(600)  # hangs: the per-test timeout ends it
-            if heads == 6:
-                os._exit(3)  # takes its xdist worker down
-            return self._cpu.run(call)
-
-    def factory():
-        return Misbehaving()
 """)
 
 
@@ -96,7 +51,7 @@ def pytest_counts(stdout: str) -> Counter[str]:
     return counts
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(4 * HANG_S)
 def test_report_counts_equal_pytests_whatever_the_backend_does(tmp_path: Path) -> None:
     result = run_misbehaving(tmp_path, "-n", "2", "--mla-timeout", str(TIMEOUT_S))
     report = tmp_path / "report"
@@ -129,25 +84,23 @@ def test_report_counts_equal_pytests_whatever_the_backend_does(tmp_path: Path) -
 
 
 def run_misbehaving(tmp_path: Path, *args: str, paths: tuple[str, ...] = ("cases/test_conformance.py",)) -> PytestRun:
-    (tmp_path / "misbehaving.py").write_text(BACKEND)
     (tmp_path / "outcomes.toml").write_text(CASES)
     return run_pytest(
         *paths,
         "--mla-cases",
         str(tmp_path / "outcomes.toml"),
         "--mla-backend",
-        "misbehaving:factory",
+        "tests.plugin_backends:misbehaving",
         "--mla-golden-dir",
         str(tmp_path / "golden"),
         "--mla-report-dir",
         str(tmp_path / "report"),
         *args,
-        timeout=280,
-        paths=[tmp_path],
+        timeout=HANG_S,
     )
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(4 * HANG_S)
 def test_thread_method_timeout_kills_the_worker_and_says_so(tmp_path: Path) -> None:
     """A hang inside C code needs pytest-timeout's thread method, which kills the xdist worker:
     the record still says the test timed out, and the run goes on with a new worker."""

@@ -11,8 +11,6 @@ from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.suites import load_suites
 from tests.agreement import AGREEMENT, worst_disagreement
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.mark.parametrize("spec", load_suites(["smoke", "edge", "standard"]), ids=lambda s: s.case_id)
 def test_fused_golden_agrees_on_shipped_case(spec: CaseSpec) -> None:

@@ -17,9 +17,7 @@ import venv
 import zipfile
 from pathlib import Path
 
-import pytest
-
-pytestmark = pytest.mark.slow
+from tests.machine import HANG_S
 
 REPO = Path(__file__).resolve().parents[2]
 RUNS = {"plain": [], "no-xdist": ["-p", "no:xdist"], "n2": ["-n", "2"], "nauto": ["-n", "auto"]}
@@ -153,7 +151,7 @@ def run_all(env_dir: Path, project: Path, facts_root: Path) -> dict[str, dict[st
             cwd=project,
             capture_output=True,
             text=True,
-            timeout=600,
+            timeout=HANG_S,
             env={"PATH": "/usr/bin:/bin", "FACTS_DIR": str(facts_dir), "HOME": str(facts_root)},
         )
         outcomes = sorted(line for line in result.stdout.splitlines() if line.startswith(("PASSED", "FAILED", "ERROR")))
@@ -162,7 +160,7 @@ def run_all(env_dir: Path, project: Path, facts_root: Path) -> dict[str, dict[st
     return seen
 
 
-def test_a_foreign_project_runs_the_same_with_the_package_installed(tmp_path: Path) -> None:
+def test_a_foreign_project_runs_the_same_with_the_package_installed(tmp_path: Path, shared_golden: Path) -> None:
     wheels = tmp_path / "wheels"
     built = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(REPO)],
@@ -199,7 +197,8 @@ def test_a_foreign_project_runs_the_same_with_the_package_installed(tmp_path: Pa
     )
     assert "--mla-backend" in listed.stdout and "--backend" in listed.stdout
 
-    # and the main job runs from the installed package alone, in an empty directory
+    # and the main job runs from the installed package alone, in an empty directory (its goldens: smoke's, from
+    # the session's shared store, named as a user names a store built ahead)
     empty = tmp_path / "empty"
     empty.mkdir()
     job = subprocess.run(
@@ -219,8 +218,8 @@ def test_a_foreign_project_runs_the_same_with_the_package_installed(tmp_path: Pa
         cwd=empty,
         capture_output=True,
         text=True,
-        timeout=900,
-        env={"PATH": f"{env_dir / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path)},
+        timeout=HANG_S,
+        env={"PATH": f"{env_dir / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "MLA_GOLDEN_DIR": str(shared_golden)},
     )
     assert job.returncode == 0, job.stdout[-3000:] + job.stderr[-2000:]
     run_json = json.loads((empty / "reports" / "out" / "r" / "run.json").read_text())

@@ -14,8 +14,8 @@ import pytest
 
 from mlaconf.tools.msprobe_dump import import_dump
 from tests.cover.test_msprobe_import import DATA, extract
+from tests.machine import HANG_S
 
-pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -37,7 +37,7 @@ def test_the_documented_import_then_run(tmp_path: Path) -> None:
 
     def mlaconf(*args: str) -> subprocess.CompletedProcess[str]:
         command = [sys.executable, "-m", "mlaconf", *args]
-        return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_S)
 
     imported = mlaconf("import-dump", str(dump), "--out", "imported.toml")
     assert imported.returncode == 0 and "wrote 2 cases to imported.toml" in imported.stderr, imported.stderr

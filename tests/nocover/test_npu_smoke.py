@@ -14,12 +14,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import pytest
-
 from mlaconf.golden.specs.suites import load_suites
 from mlaconf.harness.npu_ops import FIA_MAX_GROUP
-
-pytestmark = pytest.mark.slow
+from tests.machine import HANG_S
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = """
@@ -32,7 +29,7 @@ sys.exit(pytest.main(sys.argv[1:]))
 """
 
 
-def test_smoke_passes_through_the_fake_on_both_backends(tmp_path: Path) -> None:
+def test_smoke_passes_through_the_fake_on_both_backends(tmp_path: Path, shared_golden: Path) -> None:
     report = tmp_path / "report"
     argv = [sys.executable, "-c", RUN.format(root=str(ROOT)), str(ROOT / "cases"), "-p", "no:cacheprovider", "-q"]
     argv += ["-n", "0", "--mla-suite", "smoke", "--mla-suite", "metamorphic", "--mla-report-dir", str(report)]
@@ -42,8 +39,8 @@ def test_smoke_passes_through_the_fake_on_both_backends(tmp_path: Path) -> None:
         "--mla-backend",
         "tests.fake_torch_npu:npu_fia_on_cpu",
     ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MLA_GOLDEN_DIR": str(tmp_path / "golden")}
-    done = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=1800, check=False)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MLA_GOLDEN_DIR": str(shared_golden)}
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=HANG_S, check=False)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     records = [json.loads(line) for line in (report / "results.jsonl").read_text().splitlines()]
     verdicts = Counter((r["backend"], r["suite"], r["verdict"]) for r in records)

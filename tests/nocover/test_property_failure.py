@@ -4,53 +4,24 @@ shrunk case must be a bf16 one."""
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from mlaconf.reports.records import ResultRecord
+from tests.machine import HANG_S
 from tests.pytest_runs import run_pytest
 
-pytestmark = pytest.mark.slow
 
-BF16_BROKEN = textwrap.dedent("""
-    from mlaconf.harness.torch_backend import torch_cpu
-
-    class Bf16Broken:
-        name, error_contract, deterministic = "bf16-broken", False, True
-
-        def __init__(self):
-            self.cpu = torch_cpu()
-
-        def available(self):
-            return self.cpu.available()
-
-        def info(self):
-            return self.cpu.info()
-
-        def synchronize(self):
-            pass
-
-        def run(self, call):
-            out = self.cpu.run(call)
-            return out * 2 + 1 if str(out.dtype) == "torch.bfloat16" else out
-
-    def factory():
-        return Bf16Broken()
-""")
-
-
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(4 * HANG_S)
 def test_a_property_failure_ends_with_its_verdict_and_records_the_shrunk_spec(tmp_path: Path) -> None:
-    (tmp_path / "bf16_broken.py").write_text(BF16_BROKEN)
     done = run_pytest(
         "cases/test_properties.py",
         "-q",
         "-n",
         "0",
         "--mla-backend",
-        "bf16_broken:factory",
+        "tests.plugin_backends:bf16_broken",
         "--hypothesis-profile",
         "mla-ci",
         "--hypothesis-seed",
@@ -58,8 +29,7 @@ def test_a_property_failure_ends_with_its_verdict_and_records_the_shrunk_spec(tm
         "-W",
         "ignore",
         report=tmp_path / "report",
-        paths=[tmp_path],
-        timeout=580,
+        timeout=HANG_S,
     )
     assert done.returncode == 1, done.output
     lines = done.stdout.splitlines()

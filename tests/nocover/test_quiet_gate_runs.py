@@ -13,15 +13,14 @@ import pytest
 from mlaconf import verb_function
 from mlaconf.reports import verbs
 from mlaconf.reports.rundir import read_results
+from tests.machine import HANG_S
 from tests.pytest_runs import run_pytest
-
-pytestmark = pytest.mark.slow
 
 #: The smoke suites without their heaviest cases (a long kv, 128 heads), so two runs stay short.
 SELECT = "not kv16384 and not h128 and not s1100"
 
 
-def smoke(tmp_path: Path, name: str) -> Path:
+def smoke(tmp_path: Path, golden: Path, name: str) -> Path:
     report = tmp_path / name
     result = run_pytest(
         "cases",
@@ -36,12 +35,12 @@ def smoke(tmp_path: Path, name: str) -> Path:
         "--hypothesis-profile",
         "ci",  # derandomized: the same examples both times
         "--mla-golden-dir",
-        str(tmp_path / "golden"),
+        str(golden),
         "--mla-report-dir",
         str(report),
         "-k",
         SELECT,
-        timeout=600,
+        timeout=HANG_S,
         inherit=True,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
@@ -55,9 +54,11 @@ def mlaconf(*argv: str) -> int:
     return int(verb_function(args.func)(args))
 
 
-@pytest.mark.timeout(1200)
-def test_two_identical_smoke_runs_diff_to_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    base, cand = smoke(tmp_path, "base"), smoke(tmp_path, "cand")
+@pytest.mark.timeout(4 * HANG_S)
+def test_two_identical_smoke_runs_diff_to_nothing(
+    tmp_path: Path, shared_golden: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base, cand = smoke(tmp_path, shared_golden, "base"), smoke(tmp_path, shared_golden, "cand")
     records = read_results(cand / "results.jsonl")
     suites = {r["suite"] for r in records}
     assert suites == {"conformance", "metamorphic", "property", "error_contract"}

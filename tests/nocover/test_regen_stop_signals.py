@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from test_store_faults import PID_LOG, _env, _kill, _wait_gone
 
-pytestmark = pytest.mark.slow
+from tests.machine import HANG_S, within
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
@@ -33,17 +33,17 @@ def test_a_stop_signal_to_regen_stops_it_as_ctrl_c_does(tmp_path: Path, stop: si
     )
     workers: list[int] = []
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + HANG_S
         while len(list(store.glob("*.h5"))) < 2 and time.monotonic() < deadline and parent.poll() is None:
             time.sleep(0.05)
         assert parent.poll() is None and len(list(store.glob("*.h5"))) >= 2, parent.poll()
         sent = time.monotonic()
         parent.send_signal(stop)  # the regen pid alone
-        out, err = parent.communicate(timeout=30)
+        out, err = parent.communicate(timeout=HANG_S)
         took = time.monotonic() - sent
         workers = [int(line) for line in log.read_text().split()]
         assert parent.returncode == 130, (parent.returncode, out, err[-2000:])
-        assert took < 10, f"exit {took:.1f}s after {stop.name}"
+        assert took < within(10), f"exit {took:.1f}s after {stop.name}"
         assert "Traceback" not in err, err[-3000:]
         assert out.strip().splitlines()[-1].startswith("regen: interrupted: "), out
         assert not _wait_gone(workers, 3.0), "workers outlived the stopped regen"

@@ -18,8 +18,7 @@ from typing import Any
 import pytest
 
 from mlaconf.reports import diff, diff_render, html
-
-pytestmark = pytest.mark.slow
+from tests.machine import HANG_S
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 WIDTH = 1400
@@ -204,7 +203,7 @@ def load(tmp_path: Path, name: str, page: str) -> tuple[dict[str, Any], subproce
         [*common, "--enable-logging=stderr", "--v=0", "--dump-dom", path.as_uri()],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=HANG_S,
         check=False,
     )
     match = re.search(r"PROBE(\{.*?\})</pre>", proc.stdout)
@@ -212,7 +211,7 @@ def load(tmp_path: Path, name: str, page: str) -> tuple[dict[str, Any], subproce
     subprocess.run(
         [*common, f"--screenshot={path.with_suffix('.png')}", path.as_uri()],
         capture_output=True,
-        timeout=120,
+        timeout=HANG_S,
         check=False,
     )
     return json.loads(match.group(1).replace("&quot;", '"')), proc

@@ -1,4 +1,4 @@
-"""Proof of issue 32: planted defects of five classes shrink to an eighth by the same check, and a
+"""Planted defects of five classes shrink to an eighth by the same check, and a
 repro directory reruns in a venv that holds numpy, h5py and torch but no mlaconf.
 
 The venv is made ``--without-pip`` with a ``.pth`` naming the site-packages that hold torch, numpy and
@@ -20,8 +20,6 @@ import pytest
 from mlaconf import main
 from mlaconf.harness import registry
 from mlaconf.tools.repro import attempt, resolve, score_elements, shrink
-
-pytestmark = pytest.mark.slow
 
 CASE = "fp16-causal-krope_ctkv-b2-s130-kv258-h4-g2-q3d-padded-99377e85"
 #: padded, GQA 16/2, CAUSAL with a 256-key prefix: every class of the five applies

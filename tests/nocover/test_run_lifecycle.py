@@ -22,9 +22,8 @@ from pathlib import Path
 import pytest
 
 from mlaconf.reports.rundir import read_results
+from tests.machine import HANG_S, within
 from tests.pytest_runs import child_env, pytest_argv
-
-pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 CASES = textwrap.dedent("""
@@ -38,42 +37,6 @@ CASES = textwrap.dedent("""
     [[matrix]]
     head_num = [1, 2, 3, 4, 5, 6]
 """)
-#: torch-cpu, except that it sleeps on every call ($SLOW_S), kills its process on head_num == $EXIT_HEADS, and
-#: notes each call that returned in $DONE_FILE (its head_num, the test's case, and when).
-BACKEND = textwrap.dedent("""
-    import os
-    import time
-
-    from mlaconf.harness.torch_backend import torch_cpu
-
-    class Slow:
-        name, error_contract, deterministic = "slow", False, True
-
-        def __init__(self):
-            self.cpu = torch_cpu()
-
-        def available(self):
-            return self.cpu.available()
-
-        def info(self):
-            return self.cpu.info()
-
-        def synchronize(self):
-            pass
-
-        def run(self, call):
-            time.sleep(float(os.environ.get("SLOW_S", "0")))
-            if call.head_num >= int(os.environ.get("EXIT_HEADS", "99")):
-                os._exit(3)
-            out = self.cpu.run(call)
-            if os.environ.get("DONE_FILE"):
-                with open(os.environ["DONE_FILE"], "a") as done:
-                    done.write(f"{call.head_num} {time.time()}\\n")
-            return out
-
-    def factory():
-        return Slow()
-""")
 
 
 def command(work: Path, report: Path, *extra: str) -> list[str]:
@@ -83,7 +46,7 @@ def command(work: Path, report: Path, *extra: str) -> list[str]:
         "--mla-cases",
         str(work / "lifecycle.toml"),
         "--mla-backend",
-        "slow:factory",
+        "tests.plugin_backends:slow",
         "--mla-golden-dir",
         str(work / "golden"),
         "--mla-report-dir",
@@ -98,7 +61,6 @@ def environment(work: Path, **extra: str) -> dict[str, str]:
 
 @pytest.fixture
 def work(tmp_path: Path) -> Path:
-    (tmp_path / "slow.py").write_text(BACKEND)
     (tmp_path / "lifecycle.toml").write_text(CASES)
     return tmp_path
 
@@ -109,13 +71,13 @@ def run(work: Path, report: Path, *extra: str, **env: str) -> subprocess.Complet
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=HANG_S,
         env=environment(work, **env),
     )
 
 
 def mlaconf(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mlaconf", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "mlaconf", *args], capture_output=True, text=True, timeout=HANG_S)
 
 
 def started(work: Path, report: Path, *extra: str, **env: str) -> subprocess.Popen[str]:
@@ -129,7 +91,7 @@ def started(work: Path, report: Path, *extra: str, **env: str) -> subprocess.Pop
         text=True,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + HANG_S
     while time.monotonic() < deadline:
         run_json = report / "run.json"
         in_progress = run_json.exists() and json.loads(run_json.read_text()).get("status") == "in_progress"
@@ -173,7 +135,7 @@ def test_one_ctrl_c_gives_an_interrupted_report_with_every_test_accounted_for(wo
     report = work / "report"
     child = started(work, report, "-n", "2", SLOW_S="2")
     os.killpg(child.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
-    out, _ = child.communicate(timeout=120)
+    out, _ = child.communicate(timeout=HANG_S)
     assert child.returncode == 2, out[-3000:]  # pytest's "interrupted"
     assert "Traceback" not in out and "crashed" not in out and "Segmentation" not in out, out[-3000:]
     doc = json.loads((report / "run.json").read_text())
@@ -218,7 +180,7 @@ def test_a_link_planted_in_the_run_directory_is_refused_not_followed(work: Path)
     target.write_text("keep me")
     child = started(work, report, SLOW_S="1")
     (report / "report.html").symlink_to(target)
-    out, _ = child.communicate(timeout=240)
+    out, _ = child.communicate(timeout=HANG_S)
     assert child.returncode == 1, out[-3000:]
     assert "the report could not be written" in out and "symbolic link" in out and "Traceback" not in out
     assert target.read_text() == "keep me" and (report / "report.html").is_symlink()
@@ -241,7 +203,7 @@ def in_background(work: Path, report: Path, mark: str, **env: str) -> tuple[subp
     """``mlaconf run`` (6 conformance tests, ``-n 2``) as a CI script starts it: a background job of
     ``bash -c`` (SIGINT inherited ignored), in a session of its own; returned once two tests have
     recorded and the next ones are half-way through their backend call, with the mlaconf pid."""
-    cli = [sys.executable, "-m", "mlaconf", "run", "--backend", "slow:factory", "-n", "2"]
+    cli = [sys.executable, "-m", "mlaconf", "run", "--backend", "tests.plugin_backends:slow", "-n", "2"]
     cli += ["--golden-dir", str(work / "golden"), "--report-dir", str(report)]
     cli += ["--", "-p", "no:cacheprovider", "--mla-cases", str(work / "lifecycle.toml"), "-k", "test_conformance"]
     pidfile = work / "mlaconf.pid"
@@ -254,7 +216,7 @@ def in_background(work: Path, report: Path, mark: str, **env: str) -> tuple[subp
         text=True,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + HANG_S
     while time.monotonic() < deadline:
         journal = report / "results.jsonl"
         if journal.exists() and len(journal.read_text().splitlines()) >= 2:
@@ -287,8 +249,8 @@ def test_a_stop_signal_to_a_background_mlaconf_run_stops_it_keeping_every_finish
     try:
         sent, stopped_at = time.monotonic(), time.time()
         os.kill(pid, stop)
-        out, _ = shell.communicate(timeout=60)
-        assert time.monotonic() - sent < 30, "the run took more than seconds to stop"
+        out, _ = shell.communicate(timeout=HANG_S)
+        assert time.monotonic() - sent < within(30), "the run took more than seconds to stop"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(shell.pid, signal.SIGKILL)
@@ -312,7 +274,7 @@ def test_a_sigkilled_run_keeps_its_finished_tests_and_resumes_to_a_run_identical
     shell, _ = in_background(work, report, mark, SLOW_S="2")
     killed_at = time.time()
     os.killpg(shell.pid, signal.SIGKILL)  # bash and mlaconf; pytest and its workers die with their parents
-    shell.communicate(timeout=60)
+    shell.communicate(timeout=HANG_S)
     time.sleep(1)
     assert survivors(mark) == [], "a process of the run outlived the kill"
     doc = json.loads((report / "run.json").read_text())
@@ -329,14 +291,16 @@ def test_a_sigkilled_run_keeps_its_finished_tests_and_resumes_to_a_run_identical
         changed = json.loads(saved)
         plant(changed)
         (report / "run.json").write_text(json.dumps(changed))
-        refused = subprocess.run(resume, cwd=work, env=environment(work), capture_output=True, text=True, timeout=280)
+        refused = subprocess.run(
+            resume, cwd=work, env=environment(work), capture_output=True, text=True, timeout=HANG_S
+        )
         assert refused.returncode == 4, refused.stdout[-3000:] + refused.stderr[-3000:]
         lines = [line for line in (refused.stdout + refused.stderr).splitlines() if "cannot resume" in line]
         assert len(lines) == 1 and f"{field}." in lines[0], refused.stdout[-3000:]
         assert finished_and_recorded(work, report)[1] == recorded  # the run is left as it was
         (report / "run.json").write_bytes(saved)
     env = environment(work, DONE_FILE=str(work / "done"))
-    done_resume = subprocess.run(resume, cwd=work, env=env, capture_output=True, text=True, timeout=280)
+    done_resume = subprocess.run(resume, cwd=work, env=env, capture_output=True, text=True, timeout=HANG_S)
     assert done_resume.returncode == 0, done_resume.stdout[-3000:] + done_resume.stderr[-3000:]
     assert f"{len(recorded)} tests recorded earlier are not rerun" in done_resume.stdout
     doc = json.loads((report / "run.json").read_text())
@@ -345,10 +309,10 @@ def test_a_sigkilled_run_keeps_its_finished_tests_and_resumes_to_a_run_identical
     calls = sorted(line.split()[0] for line in (work / "done").read_text().splitlines())
     assert calls == sorted("123456"), calls  # each test ran once: none recorded earlier ran again
     base = work / "base"
-    cli = [sys.executable, "-m", "mlaconf", "run", "--backend", "slow:factory", "-n", "2", "--golden-dir"]
+    cli = [sys.executable, "-m", "mlaconf", "run", "--backend", "tests.plugin_backends:slow", "-n", "2", "--golden-dir"]
     cli += [str(work / "golden"), "--report-dir", str(base), "--", "-p", "no:cacheprovider"]
     cli += ["--mla-cases", str(work / "lifecycle.toml"), "-k", "test_conformance"]
-    assert subprocess.run(cli, cwd=work, env=environment(work), capture_output=True, timeout=280).returncode == 0
+    assert subprocess.run(cli, cwd=work, env=environment(work), capture_output=True, timeout=HANG_S).returncode == 0
     diff = mlaconf("report", "diff", str(base), str(report), "--out", str(work / "diff"))
     assert diff.returncode == 0, diff.stdout[-3000:] + diff.stderr[-3000:]
     assert "identical: 6" in diff.stdout and "GATE PASSES" in diff.stdout, diff.stdout
@@ -364,7 +328,7 @@ def mlaconf_run(work: Path, *args: str) -> subprocess.CompletedProcess[str]:
     (report / "run.json").write_text(json.dumps(EARLIER_RUN))
     cli = [sys.executable, "-m", "mlaconf", "run", "--backend", "torch-cpu", "-n", "0", "--report-dir", str(report)]
     cli += ["--golden-dir", str(work / "golden"), *args]
-    return subprocess.run(cli, cwd=work, env=environment(work), capture_output=True, text=True, timeout=280)
+    return subprocess.run(cli, cwd=work, env=environment(work), capture_output=True, text=True, timeout=HANG_S)
 
 
 def ended(work: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, object]]:

@@ -6,12 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from mlaconf.reports.rundir import read_results
+from tests.machine import HANG_S
 from tests.pytest_runs import run_pytest
-
-pytestmark = pytest.mark.slow
 
 #: Stale entries for correct backends: torch-cpu computes these cases right, torch-cpu-strict rejects
 #: the error case with the documented status, not the one the entry predicts.
@@ -50,7 +47,7 @@ mask = "causal"
 META, CASE = "33abb953", "caf53b9f"
 
 
-def test_a_stale_deviation_is_an_unexpected_pass_in_every_suite(tmp_path: Path) -> None:
+def test_a_stale_deviation_is_an_unexpected_pass_in_every_suite(tmp_path: Path, shared_golden: Path) -> None:
     deviations = tmp_path / "stale.toml"
     deviations.write_text(STALE.format(meta=META, case=CASE))
     report = tmp_path / "report"
@@ -69,10 +66,10 @@ def test_a_stale_deviation_is_an_unexpected_pass_in_every_suite(tmp_path: Path) 
         "--mla-deviations",
         str(deviations),
         "--mla-golden-dir",
-        str(tmp_path / "golden"),
+        str(shared_golden),
         "--mla-report-dir",
         str(report),
-        timeout=600,
+        timeout=HANG_S,
     )
     assert result.returncode == 0, result.stdout[-4000:]
     records = read_results(report / "results.jsonl")

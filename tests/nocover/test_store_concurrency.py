@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from mlaconf.golden.building.generate import build_golden
 from mlaconf.golden.building.inputs import generate_inputs
@@ -30,8 +29,7 @@ from mlaconf.golden.specs.suites import load_suite
 from mlaconf.golden.specs.types import ROW_MAGNITUDES, GoldenCase, element_magnitudes
 from mlaconf.golden.store.directory import GoldenStore
 from mlaconf.golden.store.h5file import read_golden
-
-pytestmark = pytest.mark.slow
+from tests.machine import HANG_S
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -141,7 +139,7 @@ def test_four_concurrent_regens_compute_each_case_once(tmp_path: Path) -> None:
         )
         for i in range(4)
     ]
-    results = [proc.communicate(timeout=300) for proc in procs]
+    results = [proc.communicate(timeout=HANG_S) for proc in procs]
     for proc, (out, err) in zip(procs, results, strict=True):
         assert proc.returncode == 0, err
         assert " 0 failed" in out
@@ -179,10 +177,10 @@ def test_sigkill_during_write_leaves_no_final_file(tmp_path: Path) -> None:
     assert len(temps) == 1 and re.fullmatch(re.escape(prefix) + "[0-9a-f]{16}[.]tmp", temps[0].name), temps
     assert temps[0].stat().st_size > 10_000_000
     proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
+    proc.wait(timeout=HANG_S)
     assert list(store.glob("*.h5")) == []
     rerun = subprocess.run(
-        _regen(suite, store, "big_builder"), env=_env(tmp_path), capture_output=True, text=True, timeout=300
+        _regen(suite, store, "big_builder"), env=_env(tmp_path), capture_output=True, text=True, timeout=HANG_S
     )
     assert rerun.returncode == 0, rerun.stderr
     assert f"{len(specs)} generated" in rerun.stdout
@@ -205,13 +203,13 @@ def test_sigkill_at_random_moments_never_exposes_a_bad_file(tmp_path: Path) -> N
         time.sleep(rng.uniform(0.5, 2.0))
         killed_running += proc.poll() is None
         proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
+        proc.wait(timeout=HANG_S)
         left_temp += bool(list(store.glob(".*.tmp")))
         for path in store.glob("*.h5"):
             read_golden(path)  # raises GoldenCorruptError on any partial or damaged file
     assert killed_running > 0, "every regen finished before its kill: nothing was tested"
     final = subprocess.run(
-        _regen(suite, store, "big_builder"), env=_env(tmp_path), capture_output=True, text=True, timeout=300
+        _regen(suite, store, "big_builder"), env=_env(tmp_path), capture_output=True, text=True, timeout=HANG_S
     )
     assert final.returncode == 0, final.stderr
     assert verify(GoldenStore(store), specs).problems == []

@@ -17,8 +17,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from mlaconf.golden.building.regen import regen
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.spec_build import build_case
@@ -26,8 +24,7 @@ from mlaconf.golden.specs.suites import load_suite, load_suites
 from mlaconf.golden.specs.types import GoldenCase
 from mlaconf.golden.store.directory import GoldenStore
 from tests import flips
-
-pytestmark = pytest.mark.slow
+from tests.machine import HANG_S, within
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -113,7 +110,7 @@ def test_regen_workers_die_with_their_sigkilled_parent(tmp_path: Path) -> None:
     )
     workers: list[int] = []
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + HANG_S
         while len(workers) < 2 and time.monotonic() < deadline and parent.poll() is None:
             time.sleep(0.1)
             workers = [int(line) for line in log.read_text().split()] if log.exists() else []
@@ -146,18 +143,18 @@ def test_one_ctrl_c_stops_regen_jobs_2_keeping_finished_files(tmp_path: Path) ->
     )
     workers: list[int] = []
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + HANG_S
         while len(list(store.glob("*.h5"))) < 2 and time.monotonic() < deadline and parent.poll() is None:
             time.sleep(0.05)
         assert parent.poll() is None, f"regen ended before the interrupt: {parent.communicate()}"
-        assert len(list(store.glob("*.h5"))) >= 2, "no two files within 120 s"
+        assert len(list(store.glob("*.h5"))) >= 2, "no two files before the hang limit"
         sent = time.monotonic()
         os.killpg(parent.pid, signal.SIGINT)
-        out, err = parent.communicate(timeout=30)
+        out, err = parent.communicate(timeout=HANG_S)
         took = time.monotonic() - sent
         workers = [int(line) for line in log.read_text().split()]
         assert parent.returncode == 130, (parent.returncode, out, err[-2000:])
-        assert took < 10, f"exit {took:.1f}s after one Ctrl-C"
+        assert took < within(10), f"exit {took:.1f}s after one Ctrl-C"
         assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
         summary = out.strip().splitlines()[-1]
         assert summary.startswith("regen: interrupted: "), out
@@ -206,7 +203,7 @@ def test_the_parent_watcher_alone_ends_an_orphaned_worker(tmp_path: Path) -> Non
     assert parent.stdout is not None
     watched, control = int(parent.stdout.readline()), int(parent.stdout.readline())
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG_S
         while not all(Path(f"{ready}{m}").exists() for m in ("watch", "control")) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not _gone(watched) and not _gone(control)
@@ -226,7 +223,7 @@ def test_random_byte_flips_in_smoke_goldens_are_detected_and_rebuilt(tmp_path: P
     assert not summary.count("failed"), summary.format()
     seed = random.randrange(2**32)
     tally = flips.run(
-        store, tmp_path / "work", "smoke", flips.plan(store, FLIPS, seed), timeout=60, budget=FLIP_BUDGET_S
+        store, tmp_path / "work", "smoke", flips.plan(store, FLIPS, seed), timeout=HANG_S, budget=FLIP_BUDGET_S
     )
     report = "\n".join([f"seed {seed}", *tally.lines(), *tally.examples])
     assert tally.bad() == 0, report
@@ -250,13 +247,13 @@ def test_regen_on_a_full_disk_reports_the_case_and_exits_1(tiny_tmpfs: Path, tmp
         "--out",
         str(tiny_tmpfs),
     ]
-    refused = subprocess.run(command, capture_output=True, text=True, env=_env(), cwd=REPO, timeout=300)
+    refused = subprocess.run(command, capture_output=True, text=True, env=_env(), cwd=REPO, timeout=HANG_S)
     assert refused.returncode == 2, (refused.returncode, refused.stderr[-2000:])  # the estimate sees it first
     assert f"error: case {big.case_id}: its file ~" in refused.stderr and "free disk" in refused.stderr
     assert not [p for p in tiny_tmpfs.rglob("*") if p.is_file() and ".locks" not in p.parts]
     # forced past the estimate, the writer meets the full disk itself
     done = subprocess.run(
-        [*command, "--allow-oversize"], capture_output=True, text=True, env=_env(), cwd=REPO, timeout=300
+        [*command, "--allow-oversize"], capture_output=True, text=True, env=_env(), cwd=REPO, timeout=HANG_S
     )
     assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
     assert f"failed {big.case_id}: GoldenWriteError: " in done.stdout

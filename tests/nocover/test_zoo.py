@@ -31,7 +31,7 @@ from tests.pytest_runs import PytestRun, run_pytest
 from tests.slack_table import groups, table
 
 # About an hour on 2 cores, so deselected by default: `pytest -m soak tests/nocover/test_zoo.py`.
-pytestmark = [pytest.mark.slow, pytest.mark.soak]
+pytestmark = pytest.mark.soak
 
 SEEDS = "1,2,3,4,5"
 BACKENDS = ",".join(f"mlaconf.harness.zoo:{name}" for name in zoo.ZOO)
