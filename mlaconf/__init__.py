@@ -10,6 +10,7 @@ import importlib.metadata
 import importlib.util
 import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
@@ -101,8 +102,9 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    for stop in STOP_SIGNALS:  # every verb's Ctrl-C clean-up runs for these too (a nohup'd SIGHUP stays ignored)
-        if signal.getsignal(stop) == signal.SIG_DFL:
+    in_main_thread = threading.current_thread() is threading.main_thread()  # only it may set a handler
+    for stop in STOP_SIGNALS if in_main_thread else ():  # every verb's Ctrl-C clean-up runs for these too
+        if signal.getsignal(stop) == signal.SIG_DFL:  # (a nohup'd SIGHUP stays ignored)
             signal.signal(stop, _interrupt)
     try:
         args = build_parser().parse_args(argv)

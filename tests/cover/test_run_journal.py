@@ -301,3 +301,16 @@ def test_a_stop_never_gives_a_recorded_test_a_never_ran_record_beside_its_own() 
     gatherer._keep({**record("case-a"), "test": late})  # its report comes after the accounting
     tests = [r["test"] for r in gatherer.state.records]
     assert sorted(tests) == sorted([late, recorded]) and not any(map(is_never_ran, gatherer.state.records))
+
+
+def test_the_console_script_runs_in_a_thread(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Only the main thread may set signal handlers: a verb called from another thread (a test, an embedding
+    program) runs without them instead of failing with 'signal only works in main thread'."""
+    import mlaconf
+
+    statuses: list[int] = []
+    argv = ["verify", "--golden-dir", str(tmp_path / "nowhere")]
+    worker = threading.Thread(target=lambda: statuses.append(mlaconf.main(argv)))
+    worker.start()
+    worker.join(timeout=HANG_S)
+    assert statuses == [1], capsys.readouterr().err  # the verb's own answer: no store there
