@@ -132,10 +132,13 @@ def pin_to_this_environment(path: Path) -> Path:
 
 def pip(env_dir: Path, *args: str) -> None:
     constraints = pin_to_this_environment(env_dir.parent / "constraints.txt")
+    # without PYTHONPATH: a checkout on it (with the egg-info a wheel build leaves) reads as installed to pip
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     result = subprocess.run(
         [str(env_dir / "bin" / "python"), "-m", "pip", "install", "-q", "-c", str(constraints), *args],
         capture_output=True,
         text=True,
+        env=clean,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
 
