@@ -11,6 +11,7 @@ and example count, thread variables, whether torch was imported (controller and 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import venv
