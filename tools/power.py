@@ -498,6 +498,20 @@ def markdown_tables(run: PowerRun) -> str:
     return "\n".join(lines) + "\n"
 
 
+def verdict_banner(run: PowerRun) -> str:
+    """The power run's verdict in one coloured line, as a run's page opens: what the exit status says."""
+    from html import escape
+
+    found, survivors, alarms = run.defects(), run.survivors(), run.false_alarms()
+    if not run.complete:
+        cls, text = "incomplete", f"INCOMPLETE: {run.done} of {len(run.cases)} cases judged; kills are a lower bound"
+    elif survivors or alarms:
+        cls, text = "fail", f"FAIL: {len(survivors)} defect(s) survived, {len(alarms)} correct kernel(s) failed a case"
+    else:
+        cls, text = "pass", f"PASS: all {len(found)} defects killed, no correct kernel failed a case"
+    return f'<div class="banner {cls}" id="verdict">{escape(text)}</div>'
+
+
 def html_page(run: PowerRun) -> str:
     from mlaconf.reports import html
 
@@ -520,7 +534,7 @@ def html_page(run: PowerRun) -> str:
         for r in map(zoo_row, run.zoo())
     ]
     survivors = [[r.subject.name, run.missing(r)] for r in run.survivors()]
-    sections: list[str] = [html.tag("p", summary_line(run))]
+    sections: list[str] = [verdict_banner(run), html.tag("p", summary_line(run))]
     if survivors:
         sections += [html.tag("h2", "Survivors"), html.table(["defect", "what no case has"], survivors)]
     sections += [

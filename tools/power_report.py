@@ -47,7 +47,7 @@ def run_power(args: argparse.Namespace) -> int:
     warnings.filterwarnings("ignore", category=RuntimeWarning)
     try:
         if args.cases is not None:
-            cases, selection = load_suite(args.cases), f"cases file {args.cases}"
+            cases, selection = load_suite(args.cases), f"cases file {shown_path(args.cases)}"
         else:
             names = args.suite or ["smoke"]
             cases, selection = load_suites(names), "suite " + " + ".join(names)
@@ -84,6 +84,15 @@ def run_power(args: argparse.Namespace) -> int:
     if not run.complete:
         return INTERRUPTED
     return 1 if run.survivors() or run.false_alarms() else 0
+
+
+def shown_path(path: Path) -> str:
+    """A path as a page or report names it: relative to the working directory when inside it, else its name
+    (an absolute path names one machine's folders)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return path.name
 
 
 def _write(out: Path, content: dict[str, Any], markdown: str, page: str) -> None:

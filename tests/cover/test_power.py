@@ -67,12 +67,18 @@ def test_a_one_case_suite_names_its_survivors_and_what_they_need(
     assert "SURVIVED  batch_swap: no case has batch in {two, many}, 1 skipped (trigger unreachable)" in printed
     page = (tmp_path / "out" / "power.html").read_text()
     assert "SURVIVED" in page and "batch_swap" in page
+    # the verdict first, as a run's page opens; no machine's absolute path in the title (tmp_path is outside the
+    # working directory: the file's name)
+    assert '<div class="banner fail" id="verdict">FAIL: 1 defect(s) survived, 0 correct kernel(s) failed' in page
+    assert "<title>Power of cases file one.toml</title>" in page and str(tmp_path) not in page.split("<body>")[0]
     assert "| `scale_twice` |" in (tmp_path / "out" / "power.md").read_text()
 
 
 def test_every_defect_killed_and_no_zoo_run_exits_zero(tmp_path: Path) -> None:
     status, report = _power(tmp_path, "--defects", "scale_twice", "tail_row_unwritten")
     assert status == 0 and report["zoo"] == [] and not report["survivors"]
+    page = (tmp_path / "out" / "power.html").read_text()
+    assert '<div class="banner pass" id="verdict">PASS: all 2 defects killed' in page
 
 
 def test_an_unknown_defect_is_one_line_and_status_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
