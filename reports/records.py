@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from mlaconf.reports.values import value_problem
+from mlaconf.reports.values import is_number, value_problem
 
 Record = dict[str, Any]
 
@@ -263,10 +263,6 @@ _OBJECT_FIELDS = (
 _LIST_FIELDS = ("checks", "failing", "overrides")
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
 def json_type_name(value: Any) -> str:
     names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
     return names.get(type(value), "a number")
@@ -285,13 +281,13 @@ def validate_types(data: Mapping[str, Any]) -> None:
     for name in _LIST_FIELDS:
         if data.get(name) is not None and not isinstance(data[name], list | tuple):
             raise RecordError(f"record field {name!r}: expected an array, got {json_type_name(data[name])}")
-    if data.get("worst_slack") is not None and not _is_number(data["worst_slack"]):
+    if data.get("worst_slack") is not None and not is_number(data["worst_slack"]):
         raise RecordError(f"record field 'worst_slack': expected a number, got {json_type_name(data['worst_slack'])}")
     for n, check in enumerate(data.get("checks") or ()):
         if not isinstance(check, Mapping):
             raise RecordError(f"record field 'checks[{n}]': expected an object, got {json_type_name(check)}")
         for key in ("value", "bound", "slack"):
-            if check.get(key) is not None and not _is_number(check[key]):
+            if check.get(key) is not None and not is_number(check[key]):
                 raise RecordError(
                     f"record field 'checks[{n}].{key}': expected a number, got {json_type_name(check[key])}"
                 )
@@ -305,7 +301,7 @@ def validate_types(data: Mapping[str, Any]) -> None:
             raise RecordError(f"record field 'metrics.{name}': expected a number, got {json_type_name(value)}")
     for name, value in (data.get("timing") or {}).items():
         numbers = value if name in ("latencies_ms", "calibration_ms") and isinstance(value, list) else [value]
-        if not all(v is None or _is_number(v) for v in numbers):
+        if not all(v is None or is_number(v) for v in numbers):
             raise RecordError(f"record field 'timing.{name}': expected numbers, got {json_type_name(value)}")
     if problem := value_problem(data):
         raise RecordError(problem)

@@ -53,7 +53,8 @@ def value_problem(data: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _is_number(value: Any) -> TypeGuard[int | float]:
+def is_number(value: Any) -> TypeGuard[int | float]:
+    """A JSON number (a bool is not one, though Python counts it as an int)."""
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
@@ -67,14 +68,14 @@ def _verdict_problem(data: Mapping[str, Any]) -> str | None:
         slack, passed = check.get("slack"), check.get("passed")
         if isinstance(slack, float) and math.isnan(slack):
             return f"record field 'checks[{n}].slack': NaN is not a slack (a non-finite value's slack is Infinity)"
-        if isinstance(passed, bool) and _is_number(slack) and (slack > 1 if passed else slack < 1):
+        if isinstance(passed, bool) and is_number(slack) and (slack > 1 if passed else slack < 1):
             said = "passed" if passed else "failed"
             return f"record field 'checks[{n}]': says {said} with slack {slack:g} (a check passes at slack <= 1)"
     if data.get("verdict") == "passed" and checks:
         failed = [n for n, c in enumerate(checks) if c.get("decisive", True) is not False and c.get("passed") is False]
         if failed:
             return f"record says 'passed' but its deciding check checks[{failed[0]}] failed"
-        if _is_number(worst) and worst > 1:
+        if is_number(worst) and worst > 1:
             return f"record says 'passed' with worst_slack {worst:g} (above 1 fails)"
     return None
 
@@ -89,7 +90,7 @@ def _error_map_problem(emap: Any) -> str | None:
         return "record field 'error_map.values': expected an array of arrays (token rows x heads)"
     for r, row in enumerate(values):
         for h, cell in enumerate(row):
-            if cell is not None and not (_is_number(cell) and cell >= 0):  # NaN fails both comparisons
+            if cell is not None and not (is_number(cell) and cell >= 0):  # NaN fails both comparisons
                 return f"record field 'error_map.values[{r}][{h}]': {cell!r} is not a slack (a number >= 0 or null)"
     for name in ("row_stride", "head_stride"):
         stride = emap.get(name)
