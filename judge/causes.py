@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -297,6 +297,12 @@ def likely_cause(golden: GoldenCase, out: np.ndarray, catalogue: Sequence[Mistak
     return best
 
 
-def worth_trying(spec: CaseSpec, forced: bool) -> bool:
-    """Whether the runner tries the catalogue on a failing case (always when ``forced``)."""
-    return forced or spec.useful_flops <= DEFAULT_FLOPS_LIMIT
+#: Which failing cases the runner tries the catalogue on: every one, only those whose diagnosis costs less than
+#: their golden (the default), or none (a power run wants verdicts only: a diagnosis recomputes the reference
+#: once per catalogued mistake).
+CauseScope = Literal["all", "small", "none"]
+
+
+def worth_trying(spec: CaseSpec, scope: CauseScope) -> bool:
+    """Whether the runner tries the catalogue on a failing case of ``spec`` under ``scope``."""
+    return scope == "all" or (scope == "small" and spec.useful_flops <= DEFAULT_FLOPS_LIMIT)

@@ -206,6 +206,7 @@ def _run_one(
         policy=POLICY,
         deviations=deviations,
         reruns=2 if subject.probe == "rerun" else 1,
+        causes_for="none",
     )
     record = result.ending.record(conformance_identity(spec, backend.name, POLICY))
     return CaseOutcome.of(spec.case_id, result.outcome, record)

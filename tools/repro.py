@@ -131,11 +131,11 @@ def attempt(spec: CaseSpec, backend: Backend, policy: str, *, repeat: int = 1) -
     """Build the golden on the fly and judge ``backend`` on it ``repeat`` times; the last failure is kept."""
     golden = build_golden(spec)
     policies, deviations = load_policies(), load_deviations()
-    result = run_case(golden, backend, policy_set=policies, policy=policy, deviations=deviations, try_causes=True)
+    result = run_case(golden, backend, policy_set=policies, policy=policy, deviations=deviations, causes_for="all")
     for _ in range(repeat - 1):
         if result.outcome != "failed":
             break
-        result = run_case(golden, backend, policy_set=policies, policy=policy, deviations=deviations, try_causes=True)
+        result = run_case(golden, backend, policy_set=policies, policy=policy, deviations=deviations, causes_for="all")
     return Attempt(spec, golden, result, result.ending.record(conformance_identity(spec, backend.name, policy)))
 
 
