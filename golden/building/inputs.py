@@ -257,7 +257,7 @@ def generate_inputs(spec: CaseSpec, *, threads: int = 1) -> OpInputs:
         lambda: _fill_packed([q], _Source(spec, streams, "q", h, NOPE_DIM).draw, t, spec.dtype),
         lambda: _fill_packed([q_rope], _Source(spec, streams, "q_rope", h, ROPE_DIM).draw, t, spec.dtype),
     ]
-    padded = spec.kv_layout == "padded"
+    padded = spec.kv_layout in ("padded", "strided")  # strided: the padded bytes with S = max kv, seen 3-D
     rows = (spec.batch, spec.padded_rows) if padded else (spec.total_kv,)
     k = np.empty((*rows, hkv * NOPE_DIM), dtype=dtype)
     k_rope = np.empty((*rows, hkv * ROPE_DIM), dtype=dtype)
@@ -286,8 +286,8 @@ def generate_inputs(spec: CaseSpec, *, threads: int = 1) -> OpInputs:
             done.result()
     if spec.q_layout == "3d":
         q, q_rope = q.reshape(t, h, NOPE_DIM), q_rope.reshape(t, h, ROPE_DIM)
-    if not padded:
-        k, k_rope, v = (x.reshape(spec.total_kv, hkv, -1) for x in (k, k_rope, v))
+    if spec.kv_layout != "padded":
+        k, k_rope, v = (x.reshape(spec.kv_rows, hkv, -1) for x in (k, k_rope, v))
     return OpInputs(
         q=q,
         q_rope=q_rope,
@@ -302,8 +302,8 @@ def generate_inputs(spec: CaseSpec, *, threads: int = 1) -> OpInputs:
 
 def explicit_inputs(spec: CaseSpec) -> OpInputs:
     """A case's explicit inputs (``spec.inputs``, golden/store/bundles.py), exactly as stored, in the case's
-    layouts: the padded kv layout gets the generator's garbage beyond each kvSeqLen (from the case's
-    ``pad_*`` streams), the valid rows keep their bits."""
+    layouts: the padded and strided kv layouts get the generator's garbage beyond each kvSeqLen (from the
+    case's ``pad_*`` streams), the valid rows keep their bits."""
     from mlaconf.golden.store.bundles import InputBundleError, load_bundle
 
     assert spec.inputs is not None
@@ -327,12 +327,12 @@ def explicit_inputs(spec: CaseSpec) -> OpInputs:
     if spec.q_layout == "2d":
         q, q_rope = q.reshape(t, -1), q_rope.reshape(t, -1)
     kv = [bundle["k"], bundle["k_rope"], bundle["v"]]
-    if spec.kv_layout == "padded":
+    if spec.kv_layout != "packed":
         streams = case_streams(spec)
         padded = [np.empty((spec.batch, spec.padded_rows, x.shape[1] * x.shape[2]), dtype=x.dtype) for x in kv]
         for dest, packed, pad in zip(padded, kv, ("pad_k", "pad_k_rope", "pad_v"), strict=True):
             _fill_padded([dest], _row_reader(packed.reshape(spec.total_kv, -1)), spec, [streams[pad]])
-        kv = padded
+        kv = padded if spec.kv_layout == "padded" else [x.reshape(spec.kv_rows, hkv, -1) for x in padded]
     return OpInputs(
         q=q,
         q_rope=q_rope,

@@ -91,6 +91,8 @@ class CaseSpec:
     cache_mode: int = 1
     qk_scale: float = DEFAULT_QK_SCALE
     q_layout: str = "3d"
+    #: ``packed`` ``[sum kv, Hkv, D]``, ``padded`` ``[B, S, Hkv*D]`` or ``strided`` ``[B * max kv, Hkv, D]``
+    #: (facts/operator.py KV_LAYOUTS).
     kv_layout: str = "packed"
     #: Padded layout only: rows per batch S of ``[B, S, Hkv*D]`` (None: max kvSeqLen).
     kv_capacity: int | None = None
@@ -144,6 +146,14 @@ class CaseSpec:
     def padded_rows(self) -> int:
         """S of the padded kv layout ``[B, S, Hkv*D]``."""
         return self.kv_capacity if self.kv_capacity is not None else self.max_kv
+
+    @property
+    def kv_rows(self) -> int:
+        """Rows of k, kRope and v viewed as ``[rows, Hkv, D]``: ``B * S`` padded, ``B * max kv`` strided, else
+        the sum of the kv lengths."""
+        if self.kv_layout == "padded":
+            return self.batch * self.padded_rows
+        return self.batch * self.max_kv if self.kv_layout == "strided" else self.total_kv
 
     @property
     def useful_flops(self) -> int:

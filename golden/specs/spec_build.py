@@ -340,6 +340,12 @@ def validate_case(spec: CaseSpec) -> None:
             fail("kv_capacity", "only the padded kv layout has a capacity")
         if spec.kv_capacity < spec.max_kv:
             fail("kv_capacity", f"must be >= max kv_seqlen ({spec.max_kv}), got {spec.kv_capacity}")
+    if spec.kv_layout == "strided" and spec.batch * spec.max_kv == spec.total_kv:
+        fail(
+            "kv_layout",
+            f"strided [B * max kv, Hkv, D] needs ragged kv_seqlen: with {list(spec.kv_seqlen)} B * max kv equals "
+            "their sum, which is the packed layout (use kv_layout = 'packed')",
+        )
     if not 1 <= spec.head_num <= MAX_HEADS:
         fail("head_num", f"must be in [1, {MAX_HEADS}], got {spec.head_num}")
     if spec.kv_head_num < 1:
