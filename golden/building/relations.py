@@ -206,7 +206,7 @@ def select_batches(inputs: OpInputs, spec: CaseSpec, order: list[int], *, trim: 
         starts = kv_starts(inputs, spec)
         kv_rows = np.concatenate([np.arange(starts[b], starts[b] + spec.kv_seqlen[b]) for b in order])
         k, kr, v = (t[kv_rows] for t in tensors)
-        spec = dataclasses.replace(spec, kv_layout="packed")
+        spec = dataclasses.replace(spec, kv_layout="packed", kv_capacity=None)
     rows = token_map(spec, order)
     new = dataclasses.replace(
         inputs,

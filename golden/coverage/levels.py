@@ -97,6 +97,8 @@ def inputs_levels(spec: CaseSpec) -> frozenset[str]:
 def kv_layout_levels(spec: CaseSpec) -> frozenset[str]:
     """The case's kv layout and, for padded kv, how ATB's kernel addresses it (facts/branches.toml kv-factor-*)."""
     levels = {spec.kv_layout}
+    if spec.kv_layout == "packed" and spec.kv_rows > spec.total_kv:
+        levels.add("packed_spare")
     if spec.kv_layout == "padded":
         misread = padded_kv_misread(spec.q_seqlen, spec.kv_seqlen, spec.padded_rows)
         levels.add("padded_short_before_last" if misread else "padded_full")

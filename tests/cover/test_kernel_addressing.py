@@ -38,8 +38,8 @@ def layout_start_rows(spec: CaseSpec) -> tuple[int, list[int]]:
         return spec.batch, [b * spec.padded_rows for b in range(spec.batch)]
     if spec.kv_layout == "strided":  # [B*max kv, Hkv, 128]: the documented 3-D form, batch b at b * max kv
         return spec.batch * spec.max_kv, [b * spec.max_kv for b in range(spec.batch)]
-    starts = [sum(spec.kv_seqlen[:b]) for b in range(spec.batch)]  # packed [sum(kv), Hkv, 128]
-    return sum(spec.kv_seqlen), starts
+    starts = [sum(spec.kv_seqlen[:b]) for b in range(spec.batch)]  # packed [sum(kv) (+ spare rows), Hkv, 128]
+    return spec.kv_rows, starts
 
 
 def misread_by_kernel(spec: CaseSpec) -> bool:

@@ -1,7 +1,7 @@
 """The kv addressing is one fact (facts/operator.py kv_row_starts, ATB's GetKvFactor rule for the 3-D forms)
 and the documented 3-D form with ragged lengths, ``[B * max kv, Hkv, 128]`` (kv_layout ``strided``), runs end
 to end: spec, inputs, golden, torch-cpu, the contract model, the factor levels and a planted defect that
-reads it at packed offsets."""
+reads it at packed offsets; so does a packed k with spare rows (``kv_capacity``)."""
 
 from __future__ import annotations
 
@@ -117,7 +117,9 @@ def test_a_strided_spec_puts_batch_b_at_b_times_max_kv_with_garbage_between() ->
     [
         ({"q_seqlen": [8, 8]}, "needs ragged kv_seqlen"),
         ({"q_seqlen": [5]}, "needs ragged kv_seqlen"),
-        ({"kv_capacity": 9}, "only the padded kv layout has a capacity"),
+        ({"kv_capacity": 9}, "the strided layout has no capacity"),
+        ({"kv_layout": "packed", "kv_capacity": 11}, "the sum of kv_seqlen .12."),
+        ({"kv_layout": "packed", "kv_capacity": 16}, "is read as the strided layout"),
         ({"mask_type": "causal"}, "accepts only the padded kv layout"),
     ],
 )
@@ -132,13 +134,22 @@ def test_kv_layout_levels_name_how_atb_addresses_a_case() -> None:
 
     assert case_levels(spec())["kv_layout"] == {"strided"}
     assert case_levels(spec(kv_layout="packed"))["kv_layout"] == {"packed"}
+    assert case_levels(spec(kv_layout="packed", kv_capacity=14))["kv_layout"] == {"packed", "packed_spare"}
     assert padded(q_seqlen=[8, 4]) == {"padded", "padded_full"}
     assert padded() == {"padded", "padded_short_before_last"}
     assert padded(q_seqlen=[8, 8], kv_capacity=9) == {"padded", "padded_short_before_last", "padded_over_capacity"}
     assert padded(q_seqlen=[8], kv_capacity=9) == {"padded", "padded_full", "padded_over_capacity"}
 
 
+def test_a_packed_spec_with_spare_rows_leaves_garbage_after_the_last_batch() -> None:
+    case = spec(kv_layout="packed", kv_capacity=14, dtype="bf16")
+    assert kv_shape(case) == (14, 1, 128) and "-packed-cap14-" in case.case_id
+    k = generate_inputs(case).k.astype(np.float64)
+    assert k.shape == (14, 1, 128) and np.all(np.abs(k[12:]) >= 2) and np.all(np.abs(k[:12]) <= 1)
+
+
 STRIDED = [spec(), spec(q_seqlen=[129, 0, 40], mask_type="mask_free", dtype="bf16", head_num=2)]
+SPARE = spec(kv_layout="packed", kv_capacity=20, q_seqlen=[9, 3])
 
 
 @pytest.mark.parametrize("case", STRIDED, ids=[c.case_id for c in STRIDED])
@@ -150,6 +161,13 @@ def test_torch_cpu_passes_a_strided_golden_and_the_packed_misread_fails_it(case:
         out = execute(backend, make_call(golden.inputs, case), case).out
         verdicts[name] = judge_output(golden, out, POLICIES, "default", name)[1].passed
     assert verdicts == {"torch-cpu": True, "strided_as_packed": False, "padded_as_packed": True}
+
+
+def test_torch_cpu_passes_a_packed_golden_with_spare_rows() -> None:
+    golden = build_golden(SPARE)
+    assert golden.inputs.k.shape == (20, 1, 128)
+    out = execute(TorchSdpaBackend("cpu"), make_call(golden.inputs, SPARE), SPARE).out
+    assert judge_output(golden, out, POLICIES, "default", "torch-cpu")[1].passed
 
 
 def test_the_strided_misread_waits_for_its_pending_level_before_power_counts_it() -> None:
