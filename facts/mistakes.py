@@ -57,6 +57,11 @@ PADDED_AS_PACKED = KernelMistake(
     "padded kv read at packed offsets sum(kvSeqLen[:b]) (ATB's [derived] addressing)",
     "padded kv read as packed (batch b's keys from row sum(kvSeqLen[:b]) of the flat buffer)",
 )
+STRIDED_AS_PACKED = KernelMistake(
+    "strided_as_packed",
+    "the 3-D ragged kv form [B*max kv, Hkv, 128] read at packed offsets sum(kvSeqLen[:b]) instead of b * max kv",
+    "the strided kv form read as packed (batch b's keys from row sum(kvSeqLen[:b]), not b * max kv)",
+)
 
 #: Every mistake both planted and diagnosed, by name.
 KERNEL_MISTAKES: dict[str, KernelMistake] = {
@@ -69,6 +74,7 @@ KERNEL_MISTAKES: dict[str, KernelMistake] = {
         CAUSAL_TOP_LEFT,
         GQA_MODULO,
         PADDED_AS_PACKED,
+        STRIDED_AS_PACKED,
     )
 }
 
@@ -108,7 +114,7 @@ def modulo_kv_heads(head_num: int, kv_head_num: int) -> list[int]:
 
 
 def packed_rows(kv_seqlen: Sequence[int]) -> list[tuple[int, int]]:
-    """padded_as_packed: each batch's rows ``[start, end)`` of the flat kv buffer when batch b is read from
-    row ``sum(kvSeqLen[:b])``, as if the padded buffer were packed."""
+    """padded_as_packed, strided_as_packed: each batch's rows ``[start, end)`` of the flat kv buffer when
+    batch b is read from row ``sum(kvSeqLen[:b])``, as if the padded or strided buffer were packed."""
     starts = [0, *itertools.accumulate(int(n) for n in kv_seqlen)]
     return list(itertools.pairwise(starts))

@@ -28,6 +28,7 @@ import torch
 from mlaconf.facts.operator import V_DIM
 from mlaconf.facts.processes import INTERRUPTED
 from mlaconf.golden.building.generate import build_golden
+from mlaconf.golden.specs.layout import kv_starts
 from mlaconf.golden.specs.spec import CaseSpec, SpecError
 from mlaconf.golden.specs.spec_build import validate_case
 from mlaconf.golden.specs.suites import available_suites, load_suite, load_suites
@@ -170,7 +171,7 @@ def candidates(spec: CaseSpec) -> Iterator[CaseSpec]:
         changes.append({"head_num": h // 2})
     if spec.kv_capacity is not None:
         changes.append({"kv_capacity": None})
-    if spec.kv_layout == "padded":
+    if spec.kv_layout != "packed":
         changes.append({"kv_layout": "packed", "kv_capacity": None})
     if spec.q_layout != "3d":
         changes.append({"q_layout": "3d"})
@@ -433,6 +434,7 @@ def write_repro(first: Attempt, name: str, out_dir: Path) -> list[str]:
         "cache_mode": spec.cache_mode,
         "q_layout": spec.q_layout,
         "kv_layout": spec.kv_layout,
+        "kv_starts": kv_starts(golden.inputs, spec),  # where each batch's keys are in k viewed [rows, Hkv, D]
         "q_seqlen": list(spec.q_seqlen),
         "kv_seqlen": list(spec.kv_seqlen),
         "backend": name,

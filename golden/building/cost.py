@@ -36,10 +36,9 @@ CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limi
 
 
 def input_elements(spec: CaseSpec) -> int:
-    """Values in q, qRope, k, kRope and v as stored (padded kv includes its padding)."""
-    kv_rows = spec.batch * spec.padded_rows if spec.kv_layout == "padded" else spec.total_kv
+    """Values in q, qRope, k, kRope and v as stored (padded and strided kv include their padding)."""
     q = spec.total_q * spec.head_num * (NOPE_DIM + ROPE_DIM)
-    return q + kv_rows * spec.kv_head_num * (NOPE_DIM + ROPE_DIM + V_DIM)
+    return q + spec.kv_rows * spec.kv_head_num * (NOPE_DIM + ROPE_DIM + V_DIM)
 
 
 def output_elements(spec: CaseSpec) -> int:
