@@ -85,6 +85,8 @@ class Failure:
     message: str = ""
     where: str = ""
     timeout_s: float | None = None
+    #: A crashed worker's exit status (negative: the signal that killed it), None where unknown.
+    exit_status: int | None = None
 
     def text(self) -> str:
         if self.kind == "timeout":

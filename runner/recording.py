@@ -37,7 +37,7 @@ from mlaconf.reports import records
 from mlaconf.reports.records import PROPERTY_NAME, Failure, Record, RecordError, ResultRecord
 from mlaconf.runner.applicability import declared_reason
 from mlaconf.runner.ending import RecordOutcome, failure_ending, never_ran_record
-from mlaconf.runner.failures import crash_failure, failure_of, short_text
+from mlaconf.runner.failures import crash_failure, failure_of, short_text, worker_exit_status
 from mlaconf.runner.identity import BACKEND_LABELS, identity, identity_from_nodeid, is_mla_test, is_mla_test_id
 from mlaconf.runner.run_directory import ReportState, Run, is_never_ran
 
@@ -274,9 +274,9 @@ class RecordGatherer:
         if str(report.when) == "???":  # xdist: the worker died while running this test
             ident = ident or identity_from_nodeid(report.nodeid, self._backend_labels())
             seen = state.setup_seen.get(report.nodeid)
-            message, failure = crash_failure(
-                report, None if seen is None else time.time() - seen, self._timeout(), self._timeout_method()
-            )
+            elapsed = None if seen is None else time.time() - seen
+            status = worker_exit_status(getattr(report, "node", None))
+            message, failure = crash_failure(report, elapsed, self._timeout(), self._timeout_method(), status)
             made = failure_ending("failed", message, failure).record(ident)
         elif ident is not None:  # an MLA test whose record got lost on the way: never silently
             failure = Failure("exception", "", short_text(str(report.longrepr or "")), "")
