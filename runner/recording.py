@@ -56,6 +56,9 @@ IDENTITY_NAME = "mla_identity"
 PENDING = pytest.StashKey[ResultRecord]()
 #: The record a test attached, kept as the object until its phase ends (then serialised once).
 ATTACHED = pytest.StashKey[ResultRecord]()
+#: Goldens this process's store rebuilt (damaged or stale) since the last test's record took them: case id -> why
+#: (:class:`mlaconf.runner.run_store.RunStore`).
+REBUILT = pytest.StashKey[dict[str, str]]()
 
 
 def has_record(item: pytest.Item) -> bool:
@@ -116,6 +119,10 @@ def complete_report(item: pytest.Item, call: pytest.CallInfo[None], report: pyte
     else:
         record = _from_outcome(ident, outcome, report, item, excinfo)
     changes: dict[str, Any] = {}
+    rebuilt = item.config.stash.get(REBUILT, None)
+    if rebuilt and report.when != "teardown":  # the goldens this test rebuilt: its record says so
+        changes["golden_rebuilt"] = {**(record.golden_rebuilt or {}), **rebuilt}
+        rebuilt.clear()
     if outcome == "skipped" and (reason := declared_reason(excinfo)):
         changes["not_applicable"] = reason  # the backend's own declaration rules the test out
     if record.verdict != agreed_verdict(record.verdict, outcome):

@@ -268,6 +268,7 @@ class Run:
                 ),
                 "environment": env.collect(Path(__file__).resolve().parent.parent),
                 "goldens": goldens_facts(),
+                "goldens_rebuilt": records.goldens_rebuilt(state.records),
                 "invocation_dir": str(config.invocation_params.dir),
             }
             | run_state.to_dict()
