@@ -23,6 +23,7 @@ resume, run.json's status, the last writes).  Which tests are MLA tests is
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import time
@@ -230,6 +231,17 @@ class UnexpectedPassWarning(UserWarning):
     """A known deviation did not reproduce: confirm it and update judge/known_deviations.toml."""
 
 
+def end_workers(config: pytest.Config) -> None:
+    """End the session's xdist workers at once (execnet's own ``Group.terminate``, with no grace before its
+    kill).  After a stop a worker finishes the test it is running (``LeaveToTheController``) and xdist's
+    teardown waits up to 10 s for it, while the controller records nothing after the stop: that wait only
+    delayed the interrupted report (docs/reports.md, "Stopping and resuming", has the seconds)."""
+    nodes = getattr(config.pluginmanager.getplugin("dsession"), "nodemanager", None)
+    group = getattr(nodes, "group", None)
+    if group is not None:
+        group.terminate(timeout=0)
+
+
 class RecordGatherer:
     """Controller-only hooks: gather every MLA test's record from pytest's reports (making one for a test
     whose worker crashed or that never ran) and hand each to the run, which owns the report directory
@@ -373,6 +385,15 @@ class RecordGatherer:
             state.records.append(never_ran_record(ident, why).to_dict())
         state.problems.append(f"{len(unrun)} of {len(state.selected)} selected MLA tests never ran: {why}")
         return status
+
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+        """A stopped run's xdist workers are ended now, before its report is written, not waited for; and the
+        objects the session made so far are frozen out of the garbage collector: pytest's five full collections
+        at its end (for unraisable exceptions) would walk everything torch's import made again (a second on 2
+        cores), while the stopped run has only its report left to write."""
+        if excinfo.errisinstance(KeyboardInterrupt):
+            end_workers(self.config)
+            gc.freeze()
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         from mlaconf.reports import summary
