@@ -46,7 +46,7 @@ from mlaconf.facts.operator import MASK_NAMES, SUPPORTED_MASKS, causal_offset, k
 from mlaconf.harness.backend import MlaPrefillCall
 from mlaconf.harness.contract import ContractBackend
 from mlaconf.harness.torch_backend import NOPE, ROPE, VDIM, TorchSdpaBackend, head_chunk
-from mlaconf.harness.zoo import blockwise, fp32_heads, visible_keys
+from mlaconf.harness.zoo import blockwise, first_seeing_row, fp32_heads, visible_keys
 
 LONG_ROW_KEYS = 128  # nan_long_rows: rows that may see more keys than this get NaN
 ACC_FLUSH_KEYS = 64  # bf16_acc_64: the accumulator is rounded to bf16 after every block of this many keys
@@ -62,8 +62,7 @@ def _replace(call: MlaPrefillCall, **changes: object) -> MlaPrefillCall:
 
 def allowed_keys(q_len: int, kv_len: int, width: int, mask_type: int) -> torch.Tensor:
     """``[q_len, width]``: key j is visible to row i (keys at or beyond ``kv_len`` never are)."""
-    rows = torch.arange(q_len)[:, None]
-    cols = torch.arange(width)[None, :]
+    rows, cols = torch.arange(q_len)[:, None], torch.arange(width)[None, :]
     allowed = (cols < kv_len).expand(q_len, width)
     offset = causal_offset(mask_type, q_len, kv_len)
     return allowed if offset is None else allowed & (cols <= rows + offset)
@@ -356,28 +355,29 @@ def flash_attend(
     frozen_max: bool = False,
     skip_rescale: bool = False,
 ) -> torch.Tensor:
-    """Online softmax over blocks of :data:`FLASH_BLOCK` keys, P rounded to the input dtype per block;
-    after :data:`HEALTHY_BLOCKS` blocks the running max stops moving (``frozen_max``) or the
-    accumulator is no longer rescaled when it moves (``skip_rescale``; the running sum still is)."""
+    """Online softmax over :data:`FLASH_BLOCK`-key blocks, P in the input dtype; after :data:`HEALTHY_BLOCKS` the
+    max stops moving (``frozen_max``) or the accumulator is not rescaled (``skip_rescale``; the sum still is)."""
     qh, kh, vh = fp32_heads(q, k, v, group)
     allowed = visible_keys(q.shape[0], k.shape[0], mask_type)
     heads, rows, kv = qh.shape[0], qh.shape[1], kh.shape[1]
-    acc = torch.zeros(heads, rows, vh.shape[2])
+    acc, total = torch.zeros(heads, rows, vh.shape[2]), torch.zeros(heads, rows, 1)
     m = torch.full((heads, rows, 1), float("-inf"))
-    total = torch.zeros(heads, rows, 1)
     for index, j0 in enumerate(range(0, kv, FLASH_BLOCK)):
         j1 = min(j0 + FLASH_BLOCK, kv)
-        s = (qh @ kh[:, j0:j1].transpose(1, 2)) * torch.tensor(scale, dtype=torch.float32)
+        r0 = first_seeing_row(allowed, j0, j1)  # the rows above see none of the block's keys
+        s = (qh[:, r0:] @ kh[:, j0:j1].transpose(1, 2)) * torch.tensor(scale, dtype=torch.float32)
         if allowed is not None:
-            s = s.masked_fill(~allowed[:, j0:j1], float("-inf"))
+            s = s.masked_fill(~allowed[r0:, j0:j1], float("-inf"))
         late = index >= HEALTHY_BLOCKS
-        m_new = m if frozen_max and late else torch.maximum(m, s.amax(dim=-1, keepdim=True))
+        m_old = m[:, r0:]
+        m_new = m_old if frozen_max and late else torch.maximum(m_old, s.amax(dim=-1, keepdim=True))
         safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
         p = torch.exp(s - safe)
-        alpha = torch.exp(m - safe)
-        total = total * alpha + p.sum(dim=-1, keepdim=True)
-        acc = (acc if skip_rescale and late else acc * alpha) + p.to(q.dtype).float() @ vh[:, j0:j1]
-        m = m_new
+        alpha = torch.exp(m_old - safe)
+        total[:, r0:] = total[:, r0:] * alpha + p.sum(dim=-1, keepdim=True)
+        kept = acc[:, r0:] if skip_rescale and late else acc[:, r0:] * alpha
+        acc[:, r0:] = kept + p.to(q.dtype).float() @ vh[:, j0:j1]
+        m[:, r0:] = m_new
     return (acc / total).transpose(0, 1).to(q.dtype)
 
 
