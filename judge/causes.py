@@ -298,5 +298,6 @@ def likely_cause(golden: GoldenCase, out: np.ndarray, catalogue: Sequence[Mistak
 
 
 def worth_trying(spec: CaseSpec, forced: bool) -> bool:
-    """Whether the runner tries the catalogue on a failing case (always when ``forced``)."""
-    return forced or spec.useful_flops <= DEFAULT_FLOPS_LIMIT
+    """Whether the runner tries the catalogue on a failing case (always when ``forced``; never on a sampled
+    golden, whose rows a mistake's full golden would have to be computed for first)."""
+    return not spec.sampled and (forced or spec.useful_flops <= DEFAULT_FLOPS_LIMIT)

@@ -27,8 +27,8 @@ import numpy as np
 from mlaconf.facts.operator import SCORE_DIM, U16, U32, UNIT_ROUNDOFF, V_DIM, scores_in_fp16
 from mlaconf.facts.processes import map_for
 from mlaconf.golden.building.chunks import RowChunk, row_chunks
-from mlaconf.golden.building.magnitudes import allowed_keys
 from mlaconf.golden.building.stats import REL_FLOOR, error_stats
+from mlaconf.golden.specs.layout import visible_keys
 from mlaconf.golden.specs.types import GoldenCase
 
 #: Two float64 evaluations of the reference agree within this fraction of ``|g| + A`` per element.
@@ -121,7 +121,7 @@ def baseline_bound(golden: GoldenCase, rows: RowChunk) -> np.ndarray:
     total = _pick(mags["pv_abs"], t, rows).reshape(g.shape) + g
     m = _pick(mags["score_absmax"], t, rows)[:, :, None]
     c = _pick(mags["score_dot"], t, rows)[:, :, None]
-    n = allowed_keys(spec)[rows.tokens].astype(np.float64)[:, None, None]
+    n = visible_keys(spec)[rows.tokens].astype(np.float64)[:, None, None]
     u = UNIT_ROUNDOFF[spec.dtype]
     u_s = U16 if scores_in_fp16(spec.dtype, spec.mask_type) else U32
     per_run = (u + U32) * g + (u + 4.0 * u_s * m + SCORE_DIM * U32 * c + (n + 1.0) * U32) * total

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mlaconf.facts.operator import scores_in_fp16
+from mlaconf.golden.specs.sample import RowSample
 from mlaconf.golden.specs.spec import CaseSpec
 
 INPUT_NAMES = ("q", "q_rope", "k", "k_rope", "v", "q_seqlen", "kv_seqlen", "mask")
@@ -47,7 +48,8 @@ class OpInputs:
 
 @dataclass(frozen=True)
 class GoldenCase:
-    """A case's inputs with its float64 reference and the emulated same-dtype baseline."""
+    """A case's inputs with its float64 reference and the emulated same-dtype baseline (of every row, or of a
+    row sample)."""
 
     spec: CaseSpec
     inputs: OpInputs
@@ -59,6 +61,14 @@ class GoldenCase:
     #: float64-computed magnitudes of the attention sums (golden.building.magnitudes), name -> float32 array:
     #: element ones in attenOut's layout, row ones [T, H].  The error-model rule needs them.
     magnitudes: dict[str, np.ndarray] = field(default_factory=dict)
+    #: A sampled golden's rows (spec.rows set): ``out``, ``row_valid``, ``baseline_out`` and the magnitudes then
+    #: hold one row per sampled token row, in the sample's order; the inputs stay whole.  None: every row.
+    sample: RowSample | None = None
+
+    @property
+    def token_rows(self) -> np.ndarray | None:
+        """The token row of each row of ``out`` when sampled, None when ``out`` holds every row."""
+        return None if self.sample is None else self.sample.rows
 
 
 def element_magnitudes(spec: CaseSpec) -> tuple[str, ...]:
