@@ -11,13 +11,14 @@ import numpy as np
 from mlaconf.facts.versions import package_version
 from mlaconf.golden.building import progress
 from mlaconf.golden.building.baseline import emulate_baseline
+from mlaconf.golden.building.cost import sample_of, sampled_flops
 from mlaconf.golden.building.inputs import generate_inputs
 from mlaconf.golden.building.magnitudes import reference_and_magnitudes, torch_magnitudes
 from mlaconf.golden.building.reference import DEVICE_ENV, gemm_library, reference_attention
-from mlaconf.golden.building.rows import SAMPLED_REFERENCE, sampled_baseline, sampled_flops, sampled_reference
+from mlaconf.golden.building.rows import SAMPLED_REFERENCE, sampled_baseline, sampled_reference
 from mlaconf.golden.building.stats import error_stats
 from mlaconf.golden.specs.layout import row_valid
-from mlaconf.golden.specs.sample import RowSample, choose_rows
+from mlaconf.golden.specs.sample import RowSample
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.types import GoldenCase
 from mlaconf.golden.store.integrity import GENERATOR_VERSION
@@ -60,7 +61,7 @@ def build_golden(spec: CaseSpec, *, threads: int = 1) -> GoldenCase:
     """Everything the store keeps for a case; deterministic in (spec, seed) (a metamorphic relation's
     transformed inputs are a case of their own, with explicit inputs: golden/building/relations.py)."""
     if spec.sampled:
-        return build_sampled(spec, choose_rows(spec), threads=threads)
+        return build_sampled(spec, sample_of(spec), threads=threads)
     device = os.environ.get(DEVICE_ENV, "cpu")  # MLA_GOLDEN_DEVICE=cuda: float64 reference on a GPU
     passes = 2.0 if device == "cpu" else 3.0  # tiles of the reference (+ magnitudes), baseline[, magnitudes]
     with progress.case_work(spec.case_id, passes * spec.useful_flops):

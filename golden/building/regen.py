@@ -31,7 +31,7 @@ import numpy as np
 
 from mlaconf.facts.processes import THREAD_ENV, kill_with_parent, usable_cpus
 from mlaconf.facts.shard import in_shard
-from mlaconf.golden.building import drift
+from mlaconf.golden.building import cost, drift
 from mlaconf.golden.building import progress as work_progress
 from mlaconf.golden.building.magnitudes import CANCELLING_MAGNITUDES, cancellation_noise
 from mlaconf.golden.building.progress import CaseWork, Progress, flops_text
@@ -219,7 +219,7 @@ def regen(
     jobs = max(1, min(jobs, len(todo)))
     threads = max(1, cpu_count() // jobs)
     tasks = [RegenTask(s, str(store.root), store.generator_version, builder, threads, force) for s in todo]
-    flops = {s.case_id: float(s.useful_flops) for s in todo}
+    flops = {s.case_id: float(cost.golden_flops(s)) for s in todo}
     to_build = {s.case_id for s in todo if force or not store.looks_fresh(s)}  # what the progress counts
     work = sum(flops[c] for c in to_build)
     if len(to_build) < len(todo):

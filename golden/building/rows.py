@@ -47,11 +47,6 @@ ROW_CHUNK = 64
 SAMPLED_REFERENCE = "float64 row kernels (fixed summation order per row) in mlaconf.golden.building._tile_kernel"
 
 
-def sampled_flops(spec: CaseSpec, rows: np.ndarray) -> int:
-    """Useful FLOPs of the attention of token rows ``rows`` over every head (the keys each row sees)."""
-    return 2 * (SCORE_DIM + V_DIM) * spec.head_num * int(visible_keys(spec)[rows].sum())
-
-
 def _padded(count: int, multiple: int) -> int:
     return -(-count // multiple) * multiple
 
@@ -186,7 +181,9 @@ def sampled_reference(
                 for name, target in stored.items():
                     rounded = round_up_bf16 if name in ELEMENT_MAGNITUDES else round_up_float32
                     target[at, head] = rounded(values[name][:size])
-                progress.add_work(2 * (SCORE_DIM + V_DIM) * int(chunk_counts[:size].sum()))  # sampled_flops' share
+                progress.add_work(
+                    2 * (SCORE_DIM + V_DIM) * int(chunk_counts[:size].sum())
+                )  # golden/building/cost.py sampled_flops' share
 
     mapping = map_for(len(tasks)) if threads > 1 else map
     list(mapping(task, tasks))
