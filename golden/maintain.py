@@ -365,6 +365,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(_describe("golden/out", golden.out, golden.spec))
     print(_describe("baseline/out", golden.baseline_out, golden.spec))
     print(f"row_valid: {int(golden.row_valid.sum())} of {golden.row_valid.size} rows")
+    if golden.sample is not None:
+        reasons = ", ".join(f"{name} {count}" for name, count in golden.sample.counts().items())
+        print(f"sample: {golden.sample.rows.size} of {golden.spec.total_q} token rows ({reasons})")
     print("baseline stats:")
     for key, value in sorted(golden.baseline_stats.items()):
         print(f"  {key} = {value}")

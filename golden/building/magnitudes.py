@@ -124,18 +124,24 @@ def round_up_float32(values: np.ndarray) -> np.ndarray:
 
 
 def cancellation_noise(
-    spec: CaseSpec, magnitudes: dict[str, np.ndarray], golden: np.ndarray, tokens: slice
+    spec: CaseSpec,
+    magnitudes: dict[str, np.ndarray],
+    golden: np.ndarray,
+    tokens: slice,
+    token_rows: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """How far two correct float64 evaluations of S and T may lie apart at the elements of rows
-    ``tokens`` (their expanded sums cancel), bounded from stored magnitudes that do not cancel.
+    ``tokens`` of the arrays (their expanded sums cancel), bounded from stored magnitudes that do not cancel;
+    ``token_rows``: the token of each array row when the golden holds a sample of rows.
 
     With gamma = (n_i + 4) eps64: S's float64 error is at most sqrt(gamma) (sqrt(sum w^2 V^2) +
     |g| sqrt(sum w^2)) <= sqrt(gamma) 4 M (R + rho |g|), since w <= 4 M P; T's at most
     gamma (sum |P s V| + |g sum P s|) <= gamma M (A + |g|).  Each evaluation adds its guard of the
     same size, hence the factor 2 (S) and 2 x 2 (T)."""
-    t, h = spec.total_q, spec.head_num
+    keys = visible_keys(spec) if token_rows is None else visible_keys(spec)[token_rows]
+    t, h = keys.size, spec.head_num
     shape = (t, h, V_DIM)
-    gamma = ((visible_keys(spec)[tokens] + 4) * EPS64)[:, None, None]
+    gamma = ((keys[tokens] + 4) * EPS64)[:, None, None]
     score = magnitudes["score_absmax"].reshape(t, h)[tokens].astype(np.float64)[:, :, None]
     rho = magnitudes["p_rss"].reshape(t, h)[tokens].astype(np.float64)[:, :, None]
     g = np.abs(golden.reshape(shape)[tokens])

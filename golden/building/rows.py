@@ -34,13 +34,20 @@ from mlaconf.golden.building.magnitudes import (
     score_rss,
     subnormal_weight,
 )
-from mlaconf.golden.building.reference import ROUNDED_UP_FLOOR, effective_scale, tile_flops, tile_kernel
+from mlaconf.golden.building.reference import (
+    ROUNDED_UP_FLOOR,
+    effective_scale,
+    pinned_threads,
+    tile_flops,
+    tile_kernel,
+)
 from mlaconf.golden.specs.layout import causal_offset, kv_views, offsets, out_shape, q_views, visible_keys
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.types import ELEMENT_MAGNITUDES, ROW_MAGNITUDES, OpInputs, element_magnitudes
 
-#: The kernels take rows in blocks of this many and columns in vectors of COLUMNS (callers pad).
-ROW_BLOCK, COLUMNS = 4, 8
+#: The kernels take rows in blocks of ROW_BLOCK, scores in blocks of KEYS keys and weighted columns in vectors of
+#: COLUMNS (callers pad).
+ROW_BLOCK, KEYS, COLUMNS = 4, 16, 8
 #: Sampled rows per kernel call: bounds the per-call buffers (rows x keys float64, a few of them).
 ROW_CHUNK = 64
 #: What computed a sampled golden's reference and magnitudes (its provenance).
@@ -54,9 +61,9 @@ def _padded(count: int, multiple: int) -> int:
 @dataclass(frozen=True)
 class KeyOperands:
     """One (batch, kv head)'s keys and values as the row kernels read them, padded with zero keys to a
-    multiple of COLUMNS, and the running maxima along the keys a row's prefix of keys reads."""
+    multiple of KEYS, and the running maxima along the keys a row's prefix of keys reads."""
 
-    kt: np.ndarray  # [192, keys] float64, K transposed
+    kp: np.ndarray  # [keys / KEYS, 192, KEYS] float64: K in panels of KEYS keys (row_scores' operand)
     v: np.ndarray  # [keys, 128]
     v_abs: np.ndarray  # [keys, 128]
     v_sq: np.ndarray  # [keys, 128]
@@ -67,14 +74,15 @@ class KeyOperands:
     @classmethod
     def of(cls, k: np.ndarray, v: np.ndarray) -> KeyOperands:
         """From one kv head's keys ``k`` [kv_len, 192] and values ``v`` [kv_len, 128] (any float dtype)."""
-        keys = _padded(k.shape[0], COLUMNS)
-        kt = np.zeros((SCORE_DIM, keys))
-        kt[:, : k.shape[0]] = k.T
+        keys = _padded(k.shape[0], KEYS)
+        kp = np.zeros((keys // KEYS, KEYS, SCORE_DIM))
+        kp.reshape(keys, SCORE_DIM)[: k.shape[0]] = k
+        kp = np.ascontiguousarray(kp.transpose(0, 2, 1))
         vv = np.zeros((keys, V_DIM))
         vv[: v.shape[0]] = v
         k64 = np.asarray(k, dtype=np.float64)
         return cls(
-            kt,
+            kp,
             vv,
             np.abs(vv),
             vv * vv,
@@ -98,9 +106,9 @@ def row_block(
     (R a multiple of ROW_BLOCK) and which see keys ``[0, counts[r])``: each row's values from its own
     query and keys alone."""
     rows = qs.shape[0]
-    cols = _padded(int(counts.max()), COLUMNS)
+    cols = _padded(int(counts.max()), KEYS)
     p = np.empty((rows, cols))
-    tile_kernel().row_scores(qs, ops.kt, p)
+    tile_kernel().row_scores(qs, ops.kp, p)
     stats, ps, ps_sums = np.empty((4, rows)), np.empty((rows, cols)), np.empty((2, rows))
     raw = np.empty((rows, cols)) if score_terms else None
     tile_kernel().softmax_tile(p, stats, None, None, None, ROUNDED_UP_FLOOR, raw, ps, ps_sums, counts)
@@ -186,7 +194,8 @@ def sampled_reference(
                 )  # golden/building/cost.py sampled_flops' share
 
     mapping = map_for(len(tasks)) if threads > 1 else map
-    list(mapping(task, tasks))
+    with pinned_threads():  # torch imported here, BLAS and torch on one thread per worker (reference.py)
+        list(mapping(task, tasks))
     shape = (n, *out_shape(spec)[1:])
     return golden.reshape(shape), {
         name: a.reshape(shape) if name in ELEMENT_MAGNITUDES else a for name, a in stored.items()
@@ -230,7 +239,8 @@ def sampled_baseline(inputs: OpInputs, spec: CaseSpec, rows: np.ndarray, *, thre
                 progress.add_work(tile_flops(i1 - i0, k_end, diag))
 
     mapping = map_for(len(tasks)) if threads > 1 else map
-    list(mapping(task, tasks))
+    with pinned_threads():  # torch imported here, BLAS and torch on one thread per worker (reference.py)
+        list(mapping(task, tasks))
     rounded = out.astype(numpy_dtype(spec.dtype))
     if spec.dtype == "fp16":
         flush_fp16_subnormals(rounded)

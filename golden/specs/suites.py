@@ -262,12 +262,22 @@ def available_suites() -> list[str]:
     return names
 
 
+#: Shipped suites ``all`` leaves out: ``errors`` has no goldens (its cases are rejected), ``long`` is
+#: device-scale (its sampled goldens still take a golden host: name it to build or run it).
+NOT_IN_ALL = ("errors", "long")
+
+
+def suites_in_all() -> list[str]:
+    """The shipped suites ``all`` stands for."""
+    return [name for name in available_suites() if name not in NOT_IN_ALL]
+
+
 def suite_paths(names: Iterable[str]) -> list[Path]:
-    """The files of suites named (``all`` expands to every shipped suite except ``errors``), each once."""
+    """The files of suites named (``all`` expands to :func:`suites_in_all`), each once."""
     wanted: list[str] = []
     for name in names:
         if name == "all":
-            wanted.extend(n for n in available_suites() if n != "errors")
+            wanted.extend(suites_in_all())
         else:
             wanted.append(name)
     paths: list[Path] = []

@@ -562,27 +562,31 @@ __attribute__((optimize("fp-contract=off"))) void finish_magnitudes(
 // where the target has it), computed by the same code whichever rows share the call.  BLAS decides its
 // summation by the matrix shapes (a row of a 3-row GEMM differs from the same row in a 512-row one), so
 // a row of a sample would not equal the row of a full golden; these kernels make it equal by construction.
-// Rows come in blocks of kRowBlock (the callers pad), columns in vectors of 8.
+// Rows come in blocks of kRowBlock (the callers pad), scores in blocks of 16 keys, weighted columns in vectors of 8.
 constexpr int64_t kRowBlock = 4;
 constexpr int64_t kKeyBlock = 256;  // keys per pass: a [192, 256] block of kt (384 kB) stays in L2
 
-MLA_INLINE void row_scores_body(const double *q, int64_t rows, int64_t dim, const double *kt, int64_t ld,
-                                int64_t cols, double *out) {
+// kp holds K in panels of 16 keys, [panel][d][16] (contiguous along d): the micro-kernel streams one panel.
+MLA_INLINE void row_scores_body(const double *q, int64_t rows, int64_t dim, const double *kp, int64_t cols,
+                                double *out) {
     for (int64_t j0 = 0; j0 < cols; j0 += kKeyBlock) {
         const int64_t j1 = std::min(cols, j0 + kKeyBlock);
         for (int64_t r = 0; r < rows; r += kRowBlock) {
             const double *qr = q + r * dim;
-            for (int64_t j = j0; j < j1; j += 8) {
-                v8d acc[kRowBlock] = {};
+            for (int64_t j = j0; j < j1; j += 16) {  // 4 rows x 16 keys in registers; d ascending for each
+                const double *panel = kp + (j / 16) * dim * 16;
+                v8d lo[kRowBlock] = {}, hi[kRowBlock] = {};
                 for (int64_t d = 0; d < dim; ++d) {
-                    v8d k;
-                    std::memcpy(&k, kt + d * ld + j, sizeof k);
+                    v8d k[2];
+                    std::memcpy(k, panel + d * 16, sizeof k);
                     for (int64_t i = 0; i < kRowBlock; ++i) {
-                        acc[i] += qr[i * dim + d] * k;
+                        lo[i] += qr[i * dim + d] * k[0];
+                        hi[i] += qr[i * dim + d] * k[1];
                     }
                 }
                 for (int64_t i = 0; i < kRowBlock; ++i) {
-                    std::memcpy(out + (r + i) * cols + j, &acc[i], sizeof acc[i]);
+                    std::memcpy(out + (r + i) * cols + j, &lo[i], sizeof lo[i]);
+                    std::memcpy(out + (r + i) * cols + j + 8, &hi[i], sizeof hi[i]);
                 }
             }
         }
@@ -620,17 +624,17 @@ MLA_INLINE void weighted_rows_body(const double *w, int64_t rows, int64_t cols, 
     }
 }
 
-using ScoresKernel = void (*)(const double *, int64_t, int64_t, const double *, int64_t, int64_t, double *);
+using ScoresKernel = void (*)(const double *, int64_t, int64_t, const double *, int64_t, double *);
 using WeightedKernel = void (*)(const double *, int64_t, int64_t, const double *, int64_t, double *);
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma"))) void row_scores_avx512(
-    const double *q, int64_t rows, int64_t dim, const double *kt, int64_t ld, int64_t cols, double *out) {
-    row_scores_body(q, rows, dim, kt, ld, cols, out);
+    const double *q, int64_t rows, int64_t dim, const double *kp, int64_t cols, double *out) {
+    row_scores_body(q, rows, dim, kp, cols, out);
 }
 __attribute__((target("avx2,fma"))) void row_scores_avx2(const double *q, int64_t rows, int64_t dim,
-                                                          const double *kt, int64_t ld, int64_t cols, double *out) {
-    row_scores_body(q, rows, dim, kt, ld, cols, out);
+                                                          const double *kp, int64_t cols, double *out) {
+    row_scores_body(q, rows, dim, kp, cols, out);
 }
 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma"))) void weighted_rows_avx512(
     const double *w, int64_t rows, int64_t cols, const double *m, int64_t width, double *out) {
@@ -641,9 +645,8 @@ __attribute__((target("avx2,fma"))) void weighted_rows_avx2(const double *w, int
     weighted_rows_body(w, rows, cols, m, width, out);
 }
 #endif
-void row_scores_baseline(const double *q, int64_t rows, int64_t dim, const double *kt, int64_t ld, int64_t cols,
-                         double *out) {
-    row_scores_body(q, rows, dim, kt, ld, cols, out);
+void row_scores_baseline(const double *q, int64_t rows, int64_t dim, const double *kp, int64_t cols, double *out) {
+    row_scores_body(q, rows, dim, kp, cols, out);
 }
 void weighted_rows_baseline(const double *w, int64_t rows, int64_t cols, const double *m, int64_t width,
                             double *out) {
@@ -677,25 +680,26 @@ const WeightedKernel weighted_rows_kernel = pick_weighted_kernel();
 
 using Matrix = py::array_t<double, py::array::c_style>;
 
-void check_blocks(int64_t rows, int64_t width, const char *what) {
-    if (rows % kRowBlock != 0 || width % 8 != 0) {
-        throw std::invalid_argument(std::string(what) + ": rows must be a multiple of 4 and the width of 8");
+void check_blocks(int64_t rows, int64_t width, int64_t columns, const char *what) {
+    if (rows % kRowBlock != 0 || width % columns != 0) {
+        throw std::invalid_argument(std::string(what) + ": rows must be a multiple of 4 and the width of " +
+                                    std::to_string(columns));
     }
 }
 
-// out [rows, cols] = q [rows, dim] @ kt [dim, >= cols] (kt's first cols columns).
-void row_scores(Matrix q, Matrix kt, py::array_t<double> out) {
-    if (q.ndim() != 2 || kt.ndim() != 2 || out.ndim() != 2 || kt.shape(0) != q.shape(1)) {
-        throw std::invalid_argument("row_scores: q [rows, dim], kt [dim, keys], out [rows, cols]");
+// out [rows, cols] = q [rows, dim] @ K^T for K's first cols keys, K in panels kp [panels, dim, 16].
+void row_scores(Matrix q, Matrix kp, py::array_t<double> out) {
+    if (q.ndim() != 2 || kp.ndim() != 3 || out.ndim() != 2 || kp.shape(1) != q.shape(1) || kp.shape(2) != 16) {
+        throw std::invalid_argument("row_scores: q [rows, dim], kp [panels, dim, 16], out [rows, cols]");
     }
     const int64_t rows = q.shape(0), dim = q.shape(1), cols = out.shape(1);
-    if (out.shape(0) != rows || cols > kt.shape(1)) {
-        throw std::invalid_argument("row_scores: out must be [rows, cols] with cols <= kt's keys");
+    if (out.shape(0) != rows || cols > 16 * kp.shape(0)) {
+        throw std::invalid_argument("row_scores: out must be [rows, cols] with cols <= the panels' keys");
     }
-    check_blocks(rows, cols, "row_scores");
+    check_blocks(rows, cols, 16, "row_scores");
     double *o = writable(out, "out", rows, cols);
     py::gil_scoped_release release;
-    row_scores_kernel(q.data(), rows, dim, kt.data(), kt.shape(1), cols, o);
+    row_scores_kernel(q.data(), rows, dim, kp.data(), cols, o);
 }
 
 // out [rows, width] = w [rows, cols] @ m [>= cols, width] (m's first cols rows).
@@ -707,7 +711,7 @@ void weighted_rows(Matrix w, Matrix m, py::array_t<double> out) {
     if (m.shape(0) < cols || out.shape(0) != rows || out.shape(1) != width) {
         throw std::invalid_argument("weighted_rows: m needs at least w's columns as rows; out is [rows, width]");
     }
-    check_blocks(rows, width, "weighted_rows");
+    check_blocks(rows, width, 8, "weighted_rows");
     double *o = writable(out, "out", rows, width);
     std::fill(o, o + rows * width, 0.0);
     py::gil_scoped_release release;
@@ -768,9 +772,9 @@ PYBIND11_MODULE(_tile_kernel, m) {
           "and raw = the scores before, masked keys 0; optionally ps = (P / sum P) * raw and ps_sums[2, rows] = its "
           "row sums of |.| and of it.  counts[rows] (instead of causal_first): row r sees keys j < counts[r], "
           "and its ps sums run over those keys alone.");
-    m.def("row_scores", &row_scores, py::arg("q"), py::arg("kt"), py::arg("out"),
-          "out[r, j] = sum_d q[r, d] kt[d, j], d ascending, for a row count a multiple of 4 and a width a multiple "
-          "of 8 (the callers pad): each element in one fixed order, whatever the other rows.");
+    m.def("row_scores", &row_scores, py::arg("q"), py::arg("kp"), py::arg("out"),
+          "out[r, j] = sum_d q[r, d] K[j, d], d ascending (K in panels kp[j / 16, d, j % 16]), for a row count a multiple of 4 and a width a multiple "
+          "of 16 (the callers pad): each element in one fixed order, whatever the other rows.");
     m.def("weighted_rows", &weighted_rows, py::arg("w"), py::arg("m"), py::arg("out"),
           "out[r, c] = sum_j w[r, j] m[j, c], j ascending (zeros signless), for a row count a multiple of 4 and "
           "m's width a multiple of 8: each element in one fixed order, whatever the other rows.");
