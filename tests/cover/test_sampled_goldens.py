@@ -179,3 +179,45 @@ def test_a_sampled_case_costs_its_sample() -> None:
     pairs = int(visible_keys(spec)[choose_rows(spec).rows].sum())
     assert cost.golden_flops(spec) == 2 * (192 + 128) * spec.head_num * pairs
     assert cost.stored_bytes(spec) < cost.stored_bytes(full)
+
+
+def test_verify_recompute_accepts_a_sampled_golden_and_names_a_changed_sample(tmp_path: Path) -> None:
+    from mlaconf.golden.building.regen import compare_recomputed
+
+    spec = spec_of("fp16-scores")
+    stored, fresh = build_golden(spec), build_golden(spec)
+    assert compare_recomputed(tmp_path / "g.h5", stored, fresh).problems == []
+    other = RowSample(fresh.sample.rows, fresh.sample.reasons ^ np.uint8(1))
+    problems = compare_recomputed(tmp_path / "g.h5", stored, dataclasses.replace(fresh, sample=other)).problems
+    assert [p.dataset for p in problems] == [SAMPLE_ROWS]
+
+
+def test_list_prints_a_sampled_cases_cost_beside_its_full_cost(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mlaconf import main
+
+    suite = tmp_path / "s.toml"
+    suite.write_text('[suite]\nname = "s"\nsample_above = 0\n[[case]]\nq_seqlen = [600]\nhead_num = 4\n')
+    main(["list", "--cases", str(suite), "--out", str(tmp_path / "store")])
+    out = capsys.readouterr().out
+    spec = load_suite(suite)[0]
+    rows = choose_rows(spec).rows.size
+    assert f"sampled {rows} of 600 rows (every row: " in out and "(1 sampled; every row of every case: " in out
+
+
+def test_the_long_suite_samples_every_case_and_reaches_32_bit_offsets() -> None:
+    from mlaconf.golden.specs.suites import suite_path, suites_in_all
+
+    cases = {spec.name: spec for spec in load_suite(suite_path("long"))}
+    assert "long" not in suites_in_all() and all(spec.sampled for spec in cases.values())
+    assert {spec.max_kv for spec in cases.values()} >= {32768, 65536, 131072}
+    for name, power in (("offsets-2e31-one-sequence", 31), ("offsets-2e32-batches", 32), ("offsets-2e31-h16", 31)):
+        spec = cases[name]
+        width = spec.head_num * 128  # attenOut's elements per token row
+        assert spec.total_q * width > 2**power
+        sample = choose_rows(spec)
+        row = 2**power // width  # the row holding element 2^power (it starts the row here)
+        for token in (row - 1, row):
+            at = int(np.searchsorted(sample.rows, token))
+            assert sample.rows[at] == token and sample.reasons[at] & reason_bit("q_offset"), (name, token)
