@@ -39,7 +39,7 @@ def test_conformance(
         repeats=pytestconfig.getoption("mla_timing_repeats"),
         warmup=pytestconfig.getoption("mla_warmup"),
         reruns=pytestconfig.getoption("mla_repeat"),
-        try_causes=pytestconfig.getoption("mla_likely_cause"),
+        causes_for="all" if pytestconfig.getoption("mla_likely_cause") else "small",
     )
     if mla_report.outputs_dir is not None and result.output is not None:
         save_output(mla_report.outputs_dir, mla_conformance_case, mla_backend.name, result.output)

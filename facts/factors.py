@@ -1,11 +1,17 @@
 """The factor model of the contract (``facts/factors.toml``): factors, levels with why each is there,
 constraints between levels, and the kernel-structure factor sets whose triples matter.
 
+A level marked ``pending`` is part of the grown model (read from a kernel branch, facts/branches.toml) that
+the shipped suites' covering sections do not target yet: :meth:`FactorModel.settled` is the model without
+them, which coverage percentages and the covering generator use until the sections are regenerated;
+``mlaconf coverage`` lists the pending levels apart.
+
 Data only: classifying a case into levels lives in :mod:`mlaconf.golden.coverage.levels`.  Every problem with
 the file is a :class:`FactorModelError` naming the file and the entry."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,9 +34,13 @@ class FactorModelError(ValueError):
 
 @dataclass(frozen=True)
 class Level:
+    """One level; ``source`` is the contract line it comes from (a repository file, e.g. ``docs/operator.md
+    §4``), empty when a kernel branch of facts/branches.toml names it instead."""
+
     name: str
     why: str
     source: str = ""
+    pending: bool = False
 
 
 @dataclass(frozen=True)
@@ -93,6 +103,39 @@ class FactorModel:
         """Whether no declared constraint forbids these levels together (one level per factor)."""
         return not any(c.forbids(assignment) for c in self.constraints)
 
+    @property
+    def pending(self) -> tuple[tuple[str, str], ...]:
+        """``(factor, level)`` of every pending level, in model order."""
+        return tuple((f.name, lv.name) for f in self.factors for lv in f.levels if lv.pending)
+
+    def settled(self) -> FactorModel:
+        """The model without its pending levels (a factor left with none goes, and so do the constraints and
+        structure factors that named only what went): what the shipped covering sections target."""
+        return _settled(self)
+
+
+@cache
+def _settled(model: FactorModel) -> FactorModel:
+    factors = []
+    for factor in model.factors:
+        levels = tuple(lv for lv in factor.levels if not lv.pending)
+        if levels:
+            factors.append(dataclasses.replace(factor, levels=levels))
+    kept = {f.name: set(f.level_names) for f in factors}
+    constraints = []
+    for constraint in model.constraints:
+        name, when = constraint.when
+        when = frozenset(when & kept.get(name, set()))
+        then = tuple((f, frozenset(allowed & kept[f])) for f, allowed in constraint.then if f in kept)
+        if when and then:
+            constraints.append(dataclasses.replace(constraint, when=(name, when), then=then))
+    structures = []
+    for structure in model.structures:
+        names = tuple(f for f in structure.factors if f in kept)
+        if len(names) >= 3:
+            structures.append(dataclasses.replace(structure, factors=names))
+    return FactorModel(tuple(factors), tuple(constraints), tuple(structures))
+
 
 def _text(entry: Mapping[str, Any], key: str, where: str, *, required: bool = True) -> str:
     value = entry.get(key, None if required else "")
@@ -128,7 +171,10 @@ def parse_model(data: Mapping[str, Any], source: str) -> FactorModel:
         levels = []
         for level in entry.get("levels", []):
             source_text = _text(level, "source", where, required=False)
-            levels.append(Level(_text(level, "name", where), _text(level, "why", where), source_text))
+            pending = level.get("pending", False)
+            if not isinstance(pending, bool):
+                raise FactorModelError(f"{where}: level {level.get('name')!r}: pending must be true or false")
+            levels.append(Level(_text(level, "name", where), _text(level, "why", where), source_text, pending))
         names = [level.name for level in levels]
         if len(names) < 2 or len(set(names)) != len(names):
             raise FactorModelError(f"{where}: needs at least two levels with distinct names, got {names}")

@@ -58,6 +58,11 @@ PADDED_AS_PACKED = KernelMistake(
     "padded kv read at packed offsets sum(kvSeqLen[:b]) (ATB's [derived] addressing)",
     "padded kv read as packed (batch b's keys from row sum(kvSeqLen[:b]) of the flat buffer)",
 )
+STRIDED_AS_PACKED = KernelMistake(
+    "strided_as_packed",
+    "the 3-D ragged kv form [B*max kv, Hkv, 128] read at packed offsets sum(kvSeqLen[:b]) instead of b * max kv",
+    "the strided kv form read as packed (batch b's keys from row sum(kvSeqLen[:b]), not b * max kv)",
+)
 #: Mistakes planted only: they leave rows of attenOut unwritten or written at another row, which no float64
 #: rewrite of the inputs reproduces; the judge's whole-output checks (judge/whole_output.py) and a sampled
 #: golden's chosen rows catch them, so their ``explains`` words what those checks see.
@@ -84,6 +89,7 @@ KERNEL_MISTAKES: dict[str, KernelMistake] = {
         CAUSAL_TOP_LEFT,
         GQA_MODULO,
         PADDED_AS_PACKED,
+        STRIDED_AS_PACKED,
     )
 }
 
@@ -123,8 +129,8 @@ def modulo_kv_heads(head_num: int, kv_head_num: int) -> list[int]:
 
 
 def packed_rows(kv_seqlen: Sequence[int]) -> list[tuple[int, int]]:
-    """padded_as_packed: each batch's rows ``[start, end)`` of the flat kv buffer when batch b is read from
-    row ``sum(kvSeqLen[:b])``, as if the padded buffer were packed."""
+    """padded_as_packed, strided_as_packed: each batch's rows ``[start, end)`` of the flat kv buffer when
+    batch b is read from row ``sum(kvSeqLen[:b])``, as if the padded or strided buffer were packed."""
     starts = [0, *itertools.accumulate(int(n) for n in kv_seqlen)]
     return list(itertools.pairwise(starts))
 

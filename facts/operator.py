@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import struct
 from collections.abc import Sequence
@@ -40,7 +41,9 @@ KROPE_CTKV = 1
 MASK_FREE = 2
 CAUSAL = 3
 Q_LAYOUTS = ("2d", "3d")
-KV_LAYOUTS = ("padded", "packed")
+#: k's layouts (:func:`kv_layout_of`): padded ``[B, S, Hkv*128]``, packed ``[sum kv, Hkv, 128]`` and strided
+#: ``[B * max kv, Hkv, 128]`` (the documented 3-D form with ragged lengths, batch b at row ``b * max kv``).
+KV_LAYOUTS = ("padded", "packed", "strided")
 
 
 def as_c_float(value: float) -> float:
@@ -90,32 +93,65 @@ def useful_flops(mask_type: int, q_seqlen: Sequence[int], kv_seqlen: Sequence[in
     return 2 * (SCORE_DIM + V_DIM) * allowed_pairs(mask_type, q_seqlen, kv_seqlen) * head_num
 
 
-def kv_layout_of(k_shape: Sequence[int], kv_seqlen: Sequence[int], kv_head_num: int) -> str | None:
-    """Which kv layout a k tensor's shape denotes: ``packed``, ``padded`` or None (neither).
+def atb_kv_starts(kv_seqlen: Sequence[int], first_dim: int) -> list[int]:
+    """The key row at which ATB's kernels start each batch, in k viewed as ``[rows, Hkv*128]``.
 
-    Packed ``[sum(kvSeqLen), Hkv, 128]`` is tested first: a shape that also reads as padded
-    ``[B, S, Hkv*128]`` then has Hkv = S = 1 and every kvSeqLen 1, where both readings agree.
-    """
+    The tiling (mla_tiling_dependency.cpp GetKvFactor, PrefillTilingParam) advances by ``max(kvSeqLen)``
+    per batch when ``B * max(kvSeqLen)`` equals k's first dim, else by each ``kvSeqLen[b]``; it never reads
+    any other dim of k (facts/branches.toml ``kv-factor-*``)."""
+    lengths = [int(n) for n in kv_seqlen]
+    longest = max(lengths, default=0)
+    step = [longest] * len(lengths) if len(lengths) * longest == first_dim else lengths
+    return [0, *itertools.accumulate(step)][: len(lengths)]
+
+
+def kv_layout_of(k_shape: Sequence[int], kv_seqlen: Sequence[int], kv_head_num: int) -> str | None:
+    """Which kv layout a k tensor's shape denotes (:data:`KV_LAYOUTS`), or None when it is none of them or
+    too short for the rows its layout reads.
+
+    A 3-D ``[N, Hkv, 128]`` k is read by ATB's rule (:func:`atb_kv_starts`): ``strided`` when
+    ``N = B * max(kvSeqLen)`` differs from ``sum(kvSeqLen)`` (the documented ``[batch*seq, Hkv, 128]`` with
+    ragged lengths: batch b at row ``b * max``), else ``packed`` when ``N >= sum(kvSeqLen)`` (spare rows
+    after the last batch are never read).  ``padded`` is ``[B, S, Hkv*128]`` with ``S >= max(kvSeqLen)``.
+    The 3-D reading is tested first: a shape that also reads as padded has Hkv = S = 1, where both readings
+    address the same rows."""
     shape = tuple(int(d) for d in k_shape)
     if len(shape) != 3:
         return None
-    if shape == (sum(int(n) for n in kv_seqlen), kv_head_num, NOPE_DIM):
-        return "packed"
-    if shape[0] == len(kv_seqlen) and shape[2] == kv_head_num * NOPE_DIM:
+    lengths = [int(n) for n in kv_seqlen]
+    total, longest = sum(lengths), max(lengths, default=0)
+    if shape[1:] == (kv_head_num, NOPE_DIM):
+        if shape[0] == total:
+            return "packed"
+        if shape[0] == len(lengths) * longest:
+            return "strided"
+        if shape[0] > total:
+            return "packed"
+    if shape[0] == len(lengths) and shape[2] == kv_head_num * NOPE_DIM and shape[1] >= longest:
         return "padded"
     return None
+
+
+def kv_row_starts(k_shape: Sequence[int], kv_seqlen: Sequence[int], kv_head_num: int) -> list[int] | None:
+    """Where the contract reads batch b's keys: the row of its first key in k viewed as ``[rows, Hkv, 128]``.
+
+    Padded ``[B, S, Hkv*128]``: ``b * S`` (the documented layout; ATB's kernel reads it otherwise,
+    :func:`padded_kv_misread`).  The 3-D forms: ATB's own rule (:func:`atb_kv_starts`), which is what the
+    documented ``[batch*seq, Hkv, 128]`` means.  None when the shape is no kv layout (:func:`kv_layout_of`)."""
+    layout = kv_layout_of(k_shape, kv_seqlen, kv_head_num)
+    if layout is None:
+        return None
+    if layout == "padded":
+        return [b * int(k_shape[1]) for b in range(len(kv_seqlen))]
+    return atb_kv_starts(kv_seqlen, int(k_shape[0]))
 
 
 def padded_kv_misread(q_seqlen: Sequence[int], kv_seqlen: Sequence[int], capacity: int) -> bool:
     """Whether ATB's kernel reads a padded kv cache ``[B, S=capacity, Hkv*128]`` at the wrong rows.
 
-    The kernel never looks at S: batch b starts at row ``b * max(kvSeqLen)`` when ``B * max(kvSeqLen)``
-    equals k's first dim (here B, so only when max(kvSeqLen) is 1), else at ``sum(kvSeqLen[:b])``
-    (mla_tiling_dependency.cpp GetKvFactor).  A batch is misread when it has query and key rows and its
-    start differs from the padded ``b * S``: with max 1, any such batch after the first once S > 1;
-    otherwise any such batch after one shorter than S (docs/operator.md §2, §7).
-    """
+    The kernel never looks at S (:func:`atb_kv_starts` with k's first dim B): a batch with query and key rows
+    is misread when that start differs from the padded ``b * S``: with max(kvSeqLen) 1, any such batch after
+    the first once S > 1; otherwise any such batch after one shorter than S (docs/operator.md §2, §7)."""
+    starts = atb_kv_starts(kv_seqlen, len(kv_seqlen))
     checked = [b for b, (q, kv) in enumerate(zip(q_seqlen, kv_seqlen, strict=True)) if q > 0 and kv > 0]
-    if max(kv_seqlen, default=0) == 1:
-        return capacity != 1 and any(b > 0 for b in checked)
-    return any(min(kv_seqlen[:b], default=capacity) < capacity for b in checked)
+    return any(starts[b] != b * capacity for b in checked)

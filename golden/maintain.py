@@ -17,14 +17,13 @@ from typing import Any
 import numpy as np
 
 from mlaconf.facts.cluster import ClusterUnavailable, connected, node_resources
-from mlaconf.facts.operator import NOPE_DIM
 from mlaconf.facts.processes import INTERRUPTED
 from mlaconf.golden import verbs
 from mlaconf.golden.building import cost
 from mlaconf.golden.building import regen as rg
 from mlaconf.golden.building.progress import flops_text
 from mlaconf.golden.building.relations import suite_cases
-from mlaconf.golden.specs.layout import out_shape
+from mlaconf.golden.specs.layout import kv_shape, out_shape
 from mlaconf.golden.specs.spec import CaseSpec, SpecError
 from mlaconf.golden.specs.suites import available_suites, suite_path
 from mlaconf.golden.store.directory import GoldenStore
@@ -214,7 +213,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         full = cost.full_case(spec)
         full_flops, full_disk = full_flops + full.useful_flops, full_disk + cost.stored_bytes(full)
         print(
-            f"{spec.case_id}  q{list(out_shape(spec))} kv{list(_kv_shape(spec))}  "
+            f"{spec.case_id}  q{list(out_shape(spec))} kv{list(kv_shape(spec))}  "
             f"{flops_text(work)}  {size_text}  peak ~{cost.human_bytes(cost.peak_bytes(spec))}  "
             f"{_sampled_text(spec, full)}{state}"
         )
@@ -250,13 +249,6 @@ def _state(store: GoldenStore, spec: CaseSpec) -> str:
     except GoldenStoreError as exc:
         return f"{type(exc).__name__.removeprefix('Golden').removesuffix('Error').lower()}: {exc.reason}"
     return "ok"
-
-
-def _kv_shape(spec: CaseSpec) -> tuple[int, ...]:
-    hkv = spec.kv_head_num
-    if spec.kv_layout == "padded":
-        return (spec.batch, spec.max_kv, hkv * NOPE_DIM)
-    return (spec.total_kv, hkv, NOPE_DIM)
 
 
 def _suite_specs(extra_files: Sequence[str]) -> dict[str, list[CaseSpec]]:

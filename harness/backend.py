@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
+from mlaconf.facts.operator import NOPE_DIM, ROPE_DIM, V_DIM, kv_row_starts
 from mlaconf.facts.status import STATUS_CODES, status_name
 from mlaconf.native.harness import ACL_FORMAT_ND
 
@@ -73,6 +74,24 @@ class MlaPrefillCall:
     def atten_out_dtype(self) -> torch.dtype:
         """The dtype of the attenOut the caller passes."""
         return self.q_rope.dtype if self.out_dtype is None else self.out_dtype
+
+    def kv_parts(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Each batch's k, kRope and v as ``[kv_b, Hkv, D]`` views, read where the contract reads them for k's
+        shape (padded, packed or strided: :func:`mlaconf.facts.operator.kv_row_starts`, the one fact every
+        backend, the golden and the contract model use); a k of no kv layout is refused as ATB's shape check."""
+        lengths = [int(n) for n in self.kv_seqlen.tolist()]
+        starts = kv_row_starts(tuple(self.k.shape), lengths, self.kv_head_num)
+        if starts is None:
+            raise BackendError(
+                "ERROR_INVALID_TENSOR_DIM",
+                "setup",
+                f"k {list(self.k.shape)} is no kv layout for kvSeqLen {lengths} and kvHeadNum {self.kv_head_num}",
+            )
+        hkv = self.kv_head_num
+        flat = [t.reshape(-1, hkv, d) for t, d in ((self.k, NOPE_DIM), (self.k_rope, ROPE_DIM), (self.v, V_DIM))]
+        return [
+            (flat[0][s : s + n], flat[1][s : s + n], flat[2][s : s + n]) for s, n in zip(starts, lengths, strict=True)
+        ]
 
 
 class BackendError(RuntimeError):

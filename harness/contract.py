@@ -29,7 +29,10 @@ Where ATB is known to disagree with its documentation the model follows the docu
 qkScale is rejected (ATB's ``qkScale <= 0 || qkScale > 1`` lets NaN through), CAUSAL without a
 mask is accepted (ATB's C interface miscounts its input slots), and a CAUSAL batch with fewer keys
 than queries is rejected with ``ERROR_INVALID_PARAM`` in Setup (docs/operator.md §4 asks kv_b >= q_b;
-ATB's runner and kernel check no such thing for CAUSAL).  Those disagreements are data in
+ATB's runner and kernel check no such thing for CAUSAL), and a k too short for the rows its layout reads
+(``facts.operator.kv_layout_of``: S < max kvSeqLen, or a 3-D first dim below sum kvSeqLen that is not
+B * max kvSeqLen) is rejected with ``ERROR_INVALID_TENSOR_DIM`` where ATB checks no first dim and reads past
+the tensor.  Those disagreements are data in
 ``judge/known_deviations.toml``, so the error-contract suite must pass against this model.
 
 :func:`strict_torch_cpu` is the model in front of the torch CPU backend: a device under test that
@@ -45,7 +48,17 @@ from dataclasses import dataclass
 
 import torch
 
-from mlaconf.facts.operator import CAUSAL, KROPE_CTKV, MASK_FREE, MASK_SIZE, MAX_BATCH, MAX_HEADS, NOPE_DIM, ROPE_DIM
+from mlaconf.facts.operator import (
+    CAUSAL,
+    KROPE_CTKV,
+    MASK_FREE,
+    MASK_SIZE,
+    MAX_BATCH,
+    MAX_HEADS,
+    NOPE_DIM,
+    ROPE_DIM,
+    kv_layout_of,
+)
 from mlaconf.facts.releases import MASK_FREE_OP_RANKS, SWA_NORM_REJECTION, soc_rejection
 from mlaconf.harness.backend import Availability, Backend, BackendError, BackendInfo, MlaPrefillCall, Stage
 from mlaconf.harness.torch_backend import TorchSdpaBackend
@@ -244,12 +257,15 @@ def _q_dims(call: MlaPrefillCall) -> str | None:
 
 def _kv_dims(call: MlaPrefillCall) -> str | None:
     k, kr, v = _shape(call.k), _shape(call.k_rope), _shape(call.v)
-    hkv, batch = call.kv_head_num, call.q_seqlen.shape[0]
-    padded = k[0] == batch and k[2] == hkv * NOPE
-    packed = k[1:] == (hkv, NOPE)
-    if not (padded or (packed and call.mask_type != CAUSAL)):
-        forms = "[B, S, Hkv*128]" if call.mask_type == CAUSAL else "[B, S, Hkv*128] or [Tk, Hkv, 128]"
-        return f"k {k}: expected {forms} with B {batch}, Hkv {hkv} (docs/operator.md §2)"
+    hkv, batch, lengths = call.kv_head_num, call.q_seqlen.shape[0], call.kv_seqlen.tolist()
+    layout = kv_layout_of(k, lengths, hkv)  # the one fact: which rows each layout reads, and that they exist
+    padded = layout == "padded" or (layout is not None and k[0] == batch and k[2] == hkv * NOPE)  # Hkv = S = 1
+    if layout is None or (call.mask_type == CAUSAL and not padded):
+        forms = "[B, S, Hkv*128]" + ("" if call.mask_type == CAUSAL else ", [Tk, Hkv, 128] or [B*max kv, Hkv, 128]")
+        return (
+            f"k {k}: expected {forms} with B {batch}, Hkv {hkv}, S >= max kvSeqLen, Tk >= sum kvSeqLen "
+            f"(kvSeqLen {lengths}; docs/operator.md §2)"
+        )
     if kr != (k[0], k[1], k[2] // 2) or v != k:
         return f"kRope {kr} / v {v}: expected k's dims with the last halved / exactly k's {k} (docs/operator.md §2)"
     return None

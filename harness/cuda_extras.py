@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from mlaconf.facts.operator import NOPE_DIM, ROPE_DIM, V_DIM, kv_layout_of
+from mlaconf.facts.operator import NOPE_DIM, ROPE_DIM, V_DIM
 from mlaconf.harness.backend import Availability, BackendError, BackendInfo, MlaPrefillCall
 from mlaconf.harness.devices import worker_device_index
 
@@ -30,21 +30,13 @@ def _probe(module: str) -> tuple[Any, str]:
 
 def packed_inputs(call: MlaPrefillCall, device: torch.device) -> tuple[torch.Tensor, ...]:
     """q ``[T, H, 192]``, k ``[Tk, Hkv, 192]``, v ``[Tk, Hkv, 128]`` and int32 cu_seqlens on ``device``."""
-    h, hkv = call.head_num, call.kv_head_num
+    h = call.head_num
     total_q = call.q.shape[0]
     q = torch.cat([call.q.reshape(total_q, h, NOPE), call.q_rope.reshape(total_q, h, ROPE)], -1)
     lengths = [int(n) for n in call.kv_seqlen]
-    if kv_layout_of(call.k.shape, lengths, hkv) == "packed":
-        k = torch.cat([call.k, call.k_rope], -1)
-        v = call.v
-    else:  # padded [B, S, Hkv*D]: keep each batch's first kv_b rows
-        k = torch.cat(
-            [
-                torch.cat([call.k[b, :n].reshape(n, hkv, NOPE), call.k_rope[b, :n].reshape(n, hkv, ROPE)], -1)
-                for b, n in enumerate(lengths)
-            ]
-        )
-        v = torch.cat([call.v[b, :n].reshape(n, hkv, VDIM) for b, n in enumerate(lengths)])
+    parts = call.kv_parts()
+    k = torch.cat([torch.cat([k_b, k_rope_b], -1) for k_b, k_rope_b, _ in parts])
+    v = torch.cat([v_b for _, _, v_b in parts])
     cu_q = torch.cumsum(torch.tensor([0, *[int(n) for n in call.q_seqlen]]), 0).to(torch.int32)
     cu_k = torch.cumsum(torch.tensor([0, *lengths]), 0).to(torch.int32)
     return (

@@ -1,12 +1,13 @@
 """The defect catalogue: the torch CPU backend with one bug each, to measure whether a suite can fail.
 
-:data:`CATALOGUE` holds every planted defect with its one-line description, its trigger in the factor
+:data:`ENTRIES` holds every planted defect with its one-line description, its trigger in the factor
 model's terms (the cases that can reach it), the probe it needs if judging one output cannot show it, and
 for a reproduced upstream bug its public source and the releases that carried it (docs/real-bugs.md).
 Each name is a zero-argument factory usable as ``--mla-backend mlaconf.harness.defects:<name>``;
-``mlaconf power`` runs them all over a suite.  Adding a defect: a :class:`Defect` subclass whose
-``description`` says what is wrong, and one :class:`DefectEntry` line in ``_ENTRIES``.  A mistake the
-likely-cause diagnosis also knows (:mod:`mlaconf.judge.causes`) is catalogued once, in
+``mlaconf power`` runs :data:`CATALOGUE` over a suite, the defects the settled factor model reaches
+(:data:`PENDING` ones need a pending level: named only).  Adding a defect: a :class:`Defect` subclass
+whose ``description`` says what is wrong, and one :class:`DefectEntry` line in ``_ENTRIES``.  A mistake
+the likely-cause diagnosis also knows (:mod:`mlaconf.judge.causes`) is catalogued once, in
 :mod:`mlaconf.facts.mistakes`: its name, its words and its rule come from there.
 
 ``control_math`` is the defects' own float32 attention path without a bug: it must pass, so failures of
@@ -25,6 +26,7 @@ from typing import Literal
 
 import torch
 
+from mlaconf.facts.factors import load_model
 from mlaconf.facts.mistakes import (
     CAUSAL_TOP_LEFT,
     GQA_MODULO,
@@ -34,6 +36,7 @@ from mlaconf.facts.mistakes import (
     SCALE_IGNORED,
     SCALE_IN_INPUT_DTYPE,
     SCALE_TWICE,
+    STRIDED_AS_PACKED,
     TILE_ROWS_UNWRITTEN,
     ignored_scale,
     modulo_kv_heads,
@@ -158,18 +161,24 @@ class OneKeyShort(Defect):
 
 class PaddedAsPacked(Defect):
     description = PADDED_AS_PACKED.planted
+    layout = "padded"  # the layout read at packed offsets (facts/mistakes.py packed_rows); others as they are
 
     def before(self, call: MlaPrefillCall) -> MlaPrefillCall:
-        if _is_packed(call):
+        if _kv_layout(call) != self.layout:
             return call
         total, hkv = int(call.kv_seqlen.sum()), call.kv_head_num
         flat = [t.reshape(-1, hkv, d)[:total] for t, d in ((call.k, NOPE), (call.k_rope, ROPE), (call.v, VDIM))]
         return _replace(call, k=flat[0], k_rope=flat[1], v=flat[2])
 
 
+class StridedAsPacked(PaddedAsPacked):
+    description = STRIDED_AS_PACKED.planted
+    layout = "strided"
+
+
 def _padded_s(call: MlaPrefillCall) -> int | None:
-    """S of a padded kv layout, None when packed."""
-    return None if _is_packed(call) else int(call.k.shape[1])
+    """S of a padded kv layout, None for the 3-D ones."""
+    return int(call.k.shape[1]) if _kv_layout(call) == "padded" else None
 
 
 class PaddingRowsRead(Defect):
@@ -372,8 +381,8 @@ def strict_forgets_seqlen_values() -> ContractBackend:
     )
 
 
-def _is_packed(call: MlaPrefillCall) -> bool:
-    return kv_layout_of(call.k.shape, call.kv_seqlen.tolist(), call.kv_head_num) == "packed"
+def _kv_layout(call: MlaPrefillCall) -> str | None:
+    return kv_layout_of(call.k.shape, call.kv_seqlen.tolist(), call.kv_head_num)
 
 
 # -- systematic errors that stay inside the element bound (judge/systematic.py catches them) --------
@@ -569,6 +578,12 @@ class DefectEntry:
     def description(self) -> str:
         return self.backend.description
 
+    @property
+    def pending(self) -> bool:
+        """Whether the trigger needs a pending level of the factor model (no shipped covering set holds it yet)."""
+        pending = set(load_model().pending)
+        return any(all((factor, level) in pending for level in wanted) for factor, wanted in self.trigger.items())
+
     def make(self) -> Defect:
         return self.backend(self.name)
 
@@ -582,6 +597,7 @@ _ENTRIES = (
     DefectEntry(GQA_MODULO.name, GqaModulo, {"group": GQA_OVER_KV_HEADS}),
     DefectEntry("one_key_short", OneKeyShort),
     DefectEntry(PADDED_AS_PACKED.name, PaddedAsPacked, {"kv_layout": ("padded",), "batch": SEVERAL_BATCHES}),
+    DefectEntry(STRIDED_AS_PACKED.name, StridedAsPacked, {"kv_layout": ("strided",)}),
     DefectEntry("padding_rows_read", PaddingRowsRead, {"kv_layout": ("padded",)}),
     DefectEntry("padding_nan_unsafe", PaddingNanUnsafe, {"kv_layout": ("padded",)}, probe="nan_padding"),
     DefectEntry("p_fp8", PFp8),
@@ -621,8 +637,12 @@ _ENTRIES = (
         ),
     ),
 )
-#: Defect name (its factory in this module: ``--mla-backend mlaconf.harness.defects:<name>``) -> its entry.
-CATALOGUE: dict[str, DefectEntry] = {entry.name: entry for entry in _ENTRIES}
+#: Every planted defect by name (its factory in this module: ``--mla-backend mlaconf.harness.defects:<name>``).
+ENTRIES: dict[str, DefectEntry] = {entry.name: entry for entry in _ENTRIES}
+#: The defects a suite's power is judged on (``mlaconf power``): those the settled factor model can reach.
+CATALOGUE: dict[str, DefectEntry] = {name: entry for name, entry in ENTRIES.items() if not entry.pending}
+#: Defects whose trigger needs a pending level (no shipped covering set holds it yet): run by name only.
+PENDING: dict[str, DefectEntry] = {name: entry for name, entry in ENTRIES.items() if entry.pending}
 #: Reproduced upstream bugs (docs/real-bugs.md) -> the masks in which smoke must kill them in both dtypes.
 REAL_BUGS: dict[str, tuple[str, ...]] = {
     entry.name: entry.trigger.get("mask", OPERATOR_MASKS) for entry in _ENTRIES if entry.real_bug is not None
@@ -631,6 +651,6 @@ REAL_BUGS: dict[str, tuple[str, ...]] = {
 
 def __getattr__(name: str) -> Callable[[], Defect]:
     """``<name>()`` builds the catalogued defect of that name (what ``--mla-backend module:<name>`` calls)."""
-    if name in CATALOGUE:
-        return CATALOGUE[name].make
+    if name in ENTRIES:
+        return ENTRIES[name].make
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

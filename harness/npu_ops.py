@@ -38,7 +38,7 @@ from types import ModuleType
 
 import torch
 
-from mlaconf.facts.operator import CAUSAL, MASK_FREE, MASK_SIZE, MASKED_VALUE, NOPE_DIM, ROPE_DIM, V_DIM, kv_layout_of
+from mlaconf.facts.operator import CAUSAL, MASK_FREE, MASK_SIZE, MASKED_VALUE, NOPE_DIM, ROPE_DIM, V_DIM
 from mlaconf.facts.releases import atb_mla_supports_soc
 from mlaconf.facts.torch_npu_ops import FIA_MLA_KEYWORDS, FIA_TND_DTYPE, FIA_TND_MAX_TOKENS, rule_text
 from mlaconf.harness.backend import Availability, BackendInfo, MlaPrefillCall, Unsupported
@@ -74,37 +74,21 @@ class Packed:
 
 def pack(call: MlaPrefillCall) -> Packed:
     """The batches that have query and key rows, in the packed layout the torch_npu ops take."""
-    h, hkv = call.head_num, call.kv_head_num
+    h = call.head_num
     total_q = call.q.shape[0]
     q, q_rope = call.q.reshape(total_q, h, NOPE_DIM), call.q_rope.reshape(total_q, h, ROPE_DIM)
     q_lens_all = [int(n) for n in call.q_seqlen]
     kv_lens_all = [int(n) for n in call.kv_seqlen]
-    packed_kv = kv_layout_of(call.k.shape, kv_lens_all, hkv) == "packed"
+    every_kv = call.kv_parts()
     q_parts, kv_parts, q_lens, kv_lens = [], [], [], []
-    q_start = kv_start = 0
+    q_start = 0
     for b, (q_len, kv_len) in enumerate(zip(q_lens_all, kv_lens_all, strict=True)):
         if q_len > 0 and kv_len > 0:
             q_parts.append(torch.arange(q_start, q_start + q_len))
-            if packed_kv:
-                kv_parts.append(
-                    (
-                        call.k[kv_start : kv_start + kv_len],
-                        call.k_rope[kv_start : kv_start + kv_len],
-                        call.v[kv_start : kv_start + kv_len],
-                    )
-                )
-            else:  # padded [B, S, Hkv*D]: batch b's first kv_b rows
-                kv_parts.append(
-                    (
-                        call.k[b, :kv_len].reshape(kv_len, hkv, NOPE_DIM),
-                        call.k_rope[b, :kv_len].reshape(kv_len, hkv, ROPE_DIM),
-                        call.v[b, :kv_len].reshape(kv_len, hkv, V_DIM),
-                    )
-                )
+            kv_parts.append(every_kv[b])
             q_lens.append(q_len)
             kv_lens.append(kv_len)
         q_start += q_len
-        kv_start += kv_len
     if not q_lens:
         raise Unsupported("no batch has both query and key rows: there is nothing to compute")
     rows = torch.cat(q_parts)

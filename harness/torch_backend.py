@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from mlaconf.facts.operator import MASK_FREE, NOPE_DIM, ROPE_DIM, V_DIM, causal_offset, kv_layout_of
+from mlaconf.facts.operator import MASK_FREE, NOPE_DIM, ROPE_DIM, V_DIM, causal_offset
 from mlaconf.harness.backend import Availability, BackendError, BackendInfo, MlaPrefillCall
 
 NOPE, ROPE, VDIM = NOPE_DIM, ROPE_DIM, V_DIM
@@ -25,15 +25,6 @@ SCORE_BUDGET = 1 << 26
 def head_chunk(q_len: int, kv_len: int, heads: int, group: int) -> int:
     """Query heads attended per call for one batch: whole GQA groups whose scores fit :data:`SCORE_BUDGET`."""
     return max(1, min(heads, SCORE_BUDGET // (q_len * kv_len))) // group * group or group
-
-
-def _kv_rows(call: MlaPrefillCall, tensor: torch.Tensor, head_dim: int, batch: int, start: int | None) -> torch.Tensor:
-    """Batch ``batch``'s rows of a kv tensor as ``[kv_len, Hkv, D]``: packed from row ``start``,
-    padded (``start`` None) from ``tensor[batch]``."""
-    length = int(call.kv_seqlen[batch])
-    if start is not None:
-        return tensor[start : start + length]  # packed [sum(kv), Hkv, D]
-    return tensor[batch, :length].reshape(length, call.kv_head_num, head_dim)  # padded [B, S, Hkv*D]
 
 
 class TorchSdpaBackend:
@@ -71,16 +62,13 @@ class TorchSdpaBackend:
         group = h // hkv
         total_q = call.q.shape[0]
         q_nope, q_rope = call.q.reshape(total_q, h, NOPE), call.q_rope.reshape(total_q, h, ROPE)
-        k, k_rope, v = (t.to(dev) for t in (call.k, call.k_rope, call.v))
         out = torch.zeros(total_q, h, VDIM, dtype=call.q.dtype, device=dev)
-        packed = kv_layout_of(call.k.shape, call.kv_seqlen.tolist(), hkv) == "packed"
-        q_start = kv_start = 0
+        parts = call.kv_parts()
+        q_start = 0
         for b in range(call.q_seqlen.shape[0]):
             q_len, kv_len = int(call.q_seqlen[b]), int(call.kv_seqlen[b])
             if q_len and kv_len:
-                start = kv_start if packed else None
-                k_nope_b, k_rope_b = _kv_rows(call, k, NOPE, b, start), _kv_rows(call, k_rope, ROPE, b, start)
-                values = _kv_rows(call, v, VDIM, b, start)
+                k_nope_b, k_rope_b, values = (t.to(dev) for t in parts[b])
                 heads = head_chunk(q_len, kv_len, h, group)
                 for h0 in range(0, h, heads):  # keys and queries are concatenated per head group only
                     rows = slice(q_start, q_start + q_len)
@@ -91,7 +79,6 @@ class TorchSdpaBackend:
                         q, keys, values[:, kv_heads], group, call.qk_scale, call.mask_type
                     )
             q_start += q_len
-            kv_start += kv_len
         return out.reshape(total_q, h * VDIM) if call.q.dim() == 2 else out
 
     @staticmethod

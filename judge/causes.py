@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from mlaconf.facts.mistakes import (
     SCALE_IGNORED,
     SCALE_IN_INPUT_DTYPE,
     SCALE_TWICE,
+    STRIDED_AS_PACKED,
     ignored_scale,
     modulo_kv_heads,
     packed_rows,
@@ -168,6 +169,15 @@ class GqaModulo:
         return _packed(inputs, spec, batches, kv_head_num=spec.head_num)
 
 
+def _read_as_packed(inputs: OpInputs, spec: CaseSpec) -> tuple[OpInputs, CaseSpec]:
+    """The case's kv buffer read at packed offsets (facts/mistakes.py packed_rows)."""
+    hkv, total = spec.kv_head_num, spec.total_kv
+    k, kr, v = (
+        a.reshape(-1, hkv, d)[:total] for a, d in ((inputs.k, NOPE_DIM), (inputs.k_rope, ROPE_DIM), (inputs.v, V_DIM))
+    )
+    return _packed(inputs, spec, [(k[s:e], kr[s:e], v[s:e]) for s, e in packed_rows(spec.kv_seqlen)])
+
+
 @dataclass(frozen=True)
 class PaddedAsPacked:
     name: str = PADDED_AS_PACKED.name
@@ -176,13 +186,16 @@ class PaddedAsPacked:
     def rewrite(self, inputs: OpInputs, spec: CaseSpec) -> tuple[OpInputs, CaseSpec] | None:
         if spec.kv_layout != "padded" or all(n == spec.padded_rows for n in spec.kv_seqlen[:-1]):
             return None
-        hkv, total = spec.kv_head_num, spec.total_kv
-        k, kr, v = (
-            a.reshape(-1, hkv, d)[:total]
-            for a, d in ((inputs.k, NOPE_DIM), (inputs.k_rope, ROPE_DIM), (inputs.v, V_DIM))
-        )
-        batches = [(k[s:e], kr[s:e], v[s:e]) for s, e in packed_rows(spec.kv_seqlen)]
-        return _packed(inputs, spec, batches)
+        return _read_as_packed(inputs, spec)
+
+
+@dataclass(frozen=True)
+class StridedAsPacked:
+    name: str = STRIDED_AS_PACKED.name
+    text: str = STRIDED_AS_PACKED.explains
+
+    def rewrite(self, inputs: OpInputs, spec: CaseSpec) -> tuple[OpInputs, CaseSpec] | None:
+        return _read_as_packed(inputs, spec) if spec.kv_layout == "strided" else None
 
 
 @dataclass(frozen=True)
@@ -222,6 +235,7 @@ CATALOGUE: tuple[Mistake, ...] = (
     PrefixRoundedToTile(),
     LastKeyDropped(),
     PaddedAsPacked(),
+    StridedAsPacked(),
     GqaModulo(),
     ScaleInInputDtype(),
     ScaleIgnored(),
@@ -297,7 +311,13 @@ def likely_cause(golden: GoldenCase, out: np.ndarray, catalogue: Sequence[Mistak
     return best
 
 
-def worth_trying(spec: CaseSpec, forced: bool) -> bool:
-    """Whether the runner tries the catalogue on a failing case (always when ``forced``; never on a sampled
+#: Which failing cases the runner tries the catalogue on: every one, only those whose diagnosis costs less than
+#: their golden (the default), or none (a power run wants verdicts only: a diagnosis recomputes the reference
+#: once per catalogued mistake).
+CauseScope = Literal["all", "small", "none"]
+
+
+def worth_trying(spec: CaseSpec, scope: CauseScope) -> bool:
+    """Whether the runner tries the catalogue on a failing case of ``spec`` under ``scope`` (never on a sampled
     golden, whose rows a mistake's full golden would have to be computed for first)."""
-    return not spec.sampled and (forced or spec.useful_flops <= DEFAULT_FLOPS_LIMIT)
+    return not spec.sampled and (scope == "all" or (scope == "small" and spec.useful_flops <= DEFAULT_FLOPS_LIMIT))

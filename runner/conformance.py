@@ -74,13 +74,13 @@ def run_case(
     repeats: int = 1,
     warmup: int = 0,
     reruns: int = 1,
-    try_causes: bool = False,
+    causes_for: causes.CauseScope = "small",
 ) -> CaseResult:
     """Run, judge and classify one case on one backend (never raises for a backend's error).
 
     With ``reruns`` > 1 the backend is called that many times and every output must be bitwise the first.
     A failing output is also judged against the likely-cause catalogue (:mod:`mlaconf.judge.causes`)
-    when the case is small or ``try_causes`` asks for it.  The test's identity is the caller's
+    as ``causes_for`` says (by default when the case is small).  The test's identity is the caller's
     (:mod:`mlaconf.runner.ending`)."""
     spec = golden.spec
     info = backend.info()
@@ -110,7 +110,7 @@ def run_case(
     deviation = explaining(candidates, verdict.passed, None)
     outcome = outcome_of(verdict.passed, None, deviation)
     cause = None
-    if outcome == "failed" and causes.worth_trying(spec, try_causes):
+    if outcome == "failed" and causes.worth_trying(spec, causes_for):
         cause = causes.likely_cause(golden, out)
     detail = verdict.summary() + release_note(info.version, deviation)
     detail += f" Likely cause: {cause.sentence()}." if cause else ""

@@ -59,14 +59,14 @@ class Subject:
 
 
 def subjects(defect_names: Iterable[str] | None, with_zoo: bool) -> list[Subject]:
-    """The catalogue's defects (all, or those named) and, with ``with_zoo``, every zoo member."""
+    """The catalogue's defects (all, or those named: a pending one too) and, with ``with_zoo``, every zoo member."""
     chosen = list(defects.CATALOGUE) if defect_names is None else list(defect_names)
-    unknown = [name for name in chosen if name not in defects.CATALOGUE]
+    unknown = [name for name in chosen if name not in defects.ENTRIES]
     if unknown:
-        raise ValueError(f"--defects: no defect named {', '.join(unknown)}; have {', '.join(defects.CATALOGUE)}")
+        raise ValueError(f"--defects: no defect named {', '.join(unknown)}; have {', '.join(defects.ENTRIES)}")
     out = []
     for name in chosen:
-        entry = defects.CATALOGUE[name]
+        entry = defects.ENTRIES[name]
         bug = entry.real_bug
         out.append(
             Subject(
@@ -206,6 +206,7 @@ def _run_one(
         policy=POLICY,
         deviations=deviations,
         reruns=2 if subject.probe == "rerun" else 1,
+        causes_for="none",
     )
     record = result.ending.record(conformance_identity(spec, backend.name, POLICY))
     return CaseOutcome.of(spec.case_id, result.outcome, record)

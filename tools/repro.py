@@ -28,6 +28,7 @@ import torch
 from mlaconf.facts.operator import V_DIM
 from mlaconf.facts.processes import INTERRUPTED
 from mlaconf.golden.building.generate import build_golden
+from mlaconf.golden.specs.layout import kv_starts
 from mlaconf.golden.specs.spec import CaseSpec, SpecError
 from mlaconf.golden.specs.spec_build import validate_case
 from mlaconf.golden.specs.suites import available_suites, load_suite, load_suites
@@ -131,11 +132,11 @@ def attempt(spec: CaseSpec, backend: Backend, policy: str, *, repeat: int = 1) -
     """Build the golden on the fly and judge ``backend`` on it ``repeat`` times; the last failure is kept."""
     golden = build_golden(spec)
     policies, deviations = load_policies(), load_deviations()
-    result = run_case(golden, backend, policy_set=policies, policy=policy, deviations=deviations, try_causes=True)
+    result = run_case(golden, backend, policy_set=policies, policy=policy, deviations=deviations, causes_for="all")
     for _ in range(repeat - 1):
         if result.outcome != "failed":
             break
-        result = run_case(golden, backend, policy_set=policies, policy=policy, deviations=deviations, try_causes=True)
+        result = run_case(golden, backend, policy_set=policies, policy=policy, deviations=deviations, causes_for="all")
     return Attempt(spec, golden, result, result.ending.record(conformance_identity(spec, backend.name, policy)))
 
 
@@ -170,7 +171,7 @@ def candidates(spec: CaseSpec) -> Iterator[CaseSpec]:
         changes.append({"head_num": h // 2})
     if spec.kv_capacity is not None:
         changes.append({"kv_capacity": None})
-    if spec.kv_layout == "padded":
+    if spec.kv_layout != "packed":
         changes.append({"kv_layout": "packed", "kv_capacity": None})
     if spec.q_layout != "3d":
         changes.append({"q_layout": "3d"})
@@ -433,6 +434,7 @@ def write_repro(first: Attempt, name: str, out_dir: Path) -> list[str]:
         "cache_mode": spec.cache_mode,
         "q_layout": spec.q_layout,
         "kv_layout": spec.kv_layout,
+        "kv_starts": kv_starts(golden.inputs, spec),  # where each batch's keys are in k viewed [rows, Hkv, D]
         "q_seqlen": list(spec.q_seqlen),
         "kv_seqlen": list(spec.kv_seqlen),
         "backend": name,

@@ -31,9 +31,9 @@ from mlaconf.facts.operator import NOPE_DIM, ROPE_DIM, SCORE_DIM, V_DIM
 from mlaconf.golden.building.reference import FUSED_TILE
 from mlaconf.golden.building.rows import ROW_CHUNK
 from mlaconf.golden.specs.layout import visible_keys
-from mlaconf.golden.specs.sample import RowSample, choose_rows
+from mlaconf.golden.specs.sample import choose_rows
 from mlaconf.golden.specs.spec import CaseSpec
-from mlaconf.golden.specs.types import ROW_MAGNITUDES, element_magnitudes
+from mlaconf.golden.specs.types import ROW_MAGNITUDES, RowSample, element_magnitudes
 
 #: HDF5 superblock, object headers and the root attributes (JSON spec, provenance, checksums).
 FILE_OVERHEAD = 64 * 1024
@@ -71,10 +71,9 @@ def full_case(spec: CaseSpec) -> CaseSpec:
 
 
 def input_elements(spec: CaseSpec) -> int:
-    """Values in q, qRope, k, kRope and v as stored (padded kv includes its padding)."""
-    kv_rows = spec.batch * spec.padded_rows if spec.kv_layout == "padded" else spec.total_kv
+    """Values in q, qRope, k, kRope and v as stored (padded and strided kv include their padding)."""
     q = spec.total_q * spec.head_num * (NOPE_DIM + ROPE_DIM)
-    return q + kv_rows * spec.kv_head_num * (NOPE_DIM + ROPE_DIM + V_DIM)
+    return q + spec.kv_rows * spec.kv_head_num * (NOPE_DIM + ROPE_DIM + V_DIM)
 
 
 def output_elements(spec: CaseSpec) -> int:

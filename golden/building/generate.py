@@ -18,9 +18,8 @@ from mlaconf.golden.building.reference import DEVICE_ENV, gemm_library, referenc
 from mlaconf.golden.building.rows import SAMPLED_REFERENCE, sampled_baseline, sampled_reference
 from mlaconf.golden.building.stats import error_stats
 from mlaconf.golden.specs.layout import row_valid
-from mlaconf.golden.specs.sample import RowSample
 from mlaconf.golden.specs.spec import CaseSpec
-from mlaconf.golden.specs.types import GoldenCase
+from mlaconf.golden.specs.types import GoldenCase, RowSample
 from mlaconf.golden.store.integrity import GENERATOR_VERSION
 
 

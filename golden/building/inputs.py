@@ -224,19 +224,28 @@ def _fill_packed(dests: list[np.ndarray], draw: Any, rows: int, dtype: str) -> N
             dest[r0:r1] = round_to(part, dtype)
 
 
+def _fill_garbage(dests: list[np.ndarray], garbage: list[np.random.Generator], dtype: str) -> None:
+    """Fill ``[rows, width]`` views with padding garbage: one draw per value, +-[2, 4)."""
+    width = sum(d.shape[1] for d in dests)
+    for dest, rng in zip(dests, garbage, strict=True):
+        for r0, r1 in _chunks(dest.shape[0], width):
+            values = rng.uniform(-1.0, 1.0, (r1 - r0, dest.shape[1]))
+            values += np.copysign(1.0, values)
+            values *= 2.0
+            dest[r0:r1] = round_to(values, dtype)
+
+
 def _fill_padded(dests: list[np.ndarray], draw: Any, spec: CaseSpec, garbage: list[np.random.Generator]) -> None:
     """Fill padded ``[B, S, width]`` tensors: each batch's valid rows from ``draw``, the rest garbage."""
-    width = sum(d.shape[2] for d in dests)
     for b, length in enumerate(spec.kv_seqlen):
         _fill_packed([d[b] for d in dests], draw, length, spec.dtype)
-        pad = spec.padded_rows - length
-        for dest, rng in zip(dests, garbage, strict=True):
-            for r0, r1 in _chunks(pad, width):
-                shape = (r1 - r0, dest.shape[2])
-                values = rng.uniform(-1.0, 1.0, shape)  # one draw per value: +-[2, 4)
-                values += np.copysign(1.0, values)
-                values *= 2.0
-                dest[b, length + r0 : length + r1] = round_to(values, spec.dtype)
+        _fill_garbage([d[b, length:] for d in dests], garbage, spec.dtype)
+
+
+def _fill_spare(dests: list[np.ndarray], draw: Any, spec: CaseSpec, garbage: list[np.random.Generator]) -> None:
+    """Fill packed ``[rows, width]`` tensors: the kv rows from ``draw``, spare rows after them garbage."""
+    _fill_packed(dests, draw, spec.total_kv, spec.dtype)
+    _fill_garbage([d[spec.total_kv :] for d in dests], garbage, spec.dtype)
 
 
 def generate_inputs(spec: CaseSpec, *, threads: int = 1) -> OpInputs:
@@ -257,8 +266,8 @@ def generate_inputs(spec: CaseSpec, *, threads: int = 1) -> OpInputs:
         lambda: _fill_packed([q], _Source(spec, streams, "q", h, NOPE_DIM).draw, t, spec.dtype),
         lambda: _fill_packed([q_rope], _Source(spec, streams, "q_rope", h, ROPE_DIM).draw, t, spec.dtype),
     ]
-    padded = spec.kv_layout == "padded"
-    rows = (spec.batch, spec.padded_rows) if padded else (spec.total_kv,)
+    padded = spec.kv_layout in ("padded", "strided")  # strided: the padded bytes with S = max kv, seen 3-D
+    rows = (spec.batch, spec.padded_rows) if padded else (spec.kv_rows,)
     k = np.empty((*rows, hkv * NOPE_DIM), dtype=dtype)
     k_rope = np.empty((*rows, hkv * ROPE_DIM), dtype=dtype)
     v = np.empty((*rows, hkv * V_DIM), dtype=dtype)
@@ -272,11 +281,9 @@ def generate_inputs(spec: CaseSpec, *, threads: int = 1) -> OpInputs:
             ([k_rope], _Source(spec, streams, "k_rope", hkv, ROPE_DIM).draw, ["pad_k_rope"]),
         ]
     key_sources.append(([v], _Source(spec, streams, "v", hkv, V_DIM).draw, ["pad_v"]))
+    fill_kv = _fill_padded if padded else _fill_spare
     for dests, draw, pads in key_sources:
-        if padded:
-            fills.append(functools.partial(_fill_padded, dests, draw, spec, [streams[name] for name in pads]))
-        else:
-            fills.append(functools.partial(_fill_packed, dests, draw, spec.total_kv, spec.dtype))
+        fills.append(functools.partial(fill_kv, dests, draw, spec, [streams[name] for name in pads]))
     pool = shared_pool() if threads > 1 else None  # the process's pool: its thread budget
     if pool is None:
         for fill in fills:
@@ -286,8 +293,8 @@ def generate_inputs(spec: CaseSpec, *, threads: int = 1) -> OpInputs:
             done.result()
     if spec.q_layout == "3d":
         q, q_rope = q.reshape(t, h, NOPE_DIM), q_rope.reshape(t, h, ROPE_DIM)
-    if not padded:
-        k, k_rope, v = (x.reshape(spec.total_kv, hkv, -1) for x in (k, k_rope, v))
+    if spec.kv_layout != "padded":
+        k, k_rope, v = (x.reshape(spec.kv_rows, hkv, -1) for x in (k, k_rope, v))
     return OpInputs(
         q=q,
         q_rope=q_rope,
@@ -302,8 +309,8 @@ def generate_inputs(spec: CaseSpec, *, threads: int = 1) -> OpInputs:
 
 def explicit_inputs(spec: CaseSpec) -> OpInputs:
     """A case's explicit inputs (``spec.inputs``, golden/store/bundles.py), exactly as stored, in the case's
-    layouts: the padded kv layout gets the generator's garbage beyond each kvSeqLen (from the case's
-    ``pad_*`` streams), the valid rows keep their bits."""
+    layouts: the padded and strided kv layouts get the generator's garbage beyond each kvSeqLen, a packed one
+    with spare rows garbage in them (from the case's ``pad_*`` streams); the valid rows keep their bits."""
     from mlaconf.golden.store.bundles import InputBundleError, load_bundle
 
     assert spec.inputs is not None
@@ -327,12 +334,15 @@ def explicit_inputs(spec: CaseSpec) -> OpInputs:
     if spec.q_layout == "2d":
         q, q_rope = q.reshape(t, -1), q_rope.reshape(t, -1)
     kv = [bundle["k"], bundle["k_rope"], bundle["v"]]
-    if spec.kv_layout == "padded":
+    if spec.kv_rows != spec.total_kv or spec.kv_layout == "padded":
         streams = case_streams(spec)
-        padded = [np.empty((spec.batch, spec.padded_rows, x.shape[1] * x.shape[2]), dtype=x.dtype) for x in kv]
-        for dest, packed, pad in zip(padded, kv, ("pad_k", "pad_k_rope", "pad_v"), strict=True):
-            _fill_padded([dest], _row_reader(packed.reshape(spec.total_kv, -1)), spec, [streams[pad]])
-        kv = padded
+        padded = spec.kv_layout != "packed"
+        rows = (spec.batch, spec.padded_rows) if padded else (spec.kv_rows,)
+        laid = [np.empty((*rows, x.shape[1] * x.shape[2]), dtype=x.dtype) for x in kv]
+        for dest, packed, pad in zip(laid, kv, ("pad_k", "pad_k_rope", "pad_v"), strict=True):
+            fill = _fill_padded if padded else _fill_spare
+            fill([dest], _row_reader(packed.reshape(spec.total_kv, -1)), spec, [streams[pad]])
+        kv = laid if spec.kv_layout == "padded" else [x.reshape(spec.kv_rows, hkv, -1) for x in laid]
     return OpInputs(
         q=q,
         q_rope=q_rope,

@@ -20,7 +20,7 @@ import numpy as np
 
 from mlaconf.facts.operator import CAUSAL
 from mlaconf.golden.building.inputs import generate_inputs
-from mlaconf.golden.specs.layout import offsets
+from mlaconf.golden.specs.layout import kv_starts, kv_views, offsets
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.suites import RelationTable, read_suite
 from mlaconf.golden.specs.types import OpInputs
@@ -56,11 +56,10 @@ class Side:
         spec, inputs = self.spec, self.inputs
         t, h, hkv = spec.total_q, spec.head_num, spec.kv_head_num
         tensors = {"q": inputs.q.reshape(t, h, -1), "q_rope": inputs.q_rope.reshape(t, h, -1)}
-        for name in ("k", "k_rope", "v"):
-            array = getattr(inputs, name)
-            if spec.kv_layout == "padded":
-                array = np.concatenate([array[b, :n] for b, n in enumerate(spec.kv_seqlen)])
-            tensors[name] = np.ascontiguousarray(array.reshape(spec.total_kv, hkv, -1))
+        batches = [kv_views(inputs, spec, b) for b in range(spec.batch)]
+        for index, name in enumerate(("k", "k_rope", "v")):
+            rows = np.concatenate([views[index] for views in batches])
+            tensors[name] = np.ascontiguousarray(rows.reshape(spec.total_kv, hkv, -1))
         return tensors
 
 
@@ -203,10 +202,11 @@ def select_batches(inputs: OpInputs, spec: CaseSpec, order: list[int], *, trim: 
     if spec.kv_layout == "padded":
         width = max(kv_len) if trim else inputs.k.shape[1]
         k, kr, v = (np.ascontiguousarray(t[order, :width]) for t in tensors)
-    else:
-        starts = offsets(spec.kv_seqlen)
-        kv_rows = np.concatenate([np.arange(starts[b], starts[b + 1]) for b in order])
+    else:  # the 3-D forms: the batches' rows, packed (a strided case's subset need not stay ragged)
+        starts = kv_starts(inputs, spec)
+        kv_rows = np.concatenate([np.arange(starts[b], starts[b] + spec.kv_seqlen[b]) for b in order])
         k, kr, v = (t[kv_rows] for t in tensors)
+        spec = dataclasses.replace(spec, kv_layout="packed", kv_capacity=None)
     rows = token_map(spec, order)
     new = dataclasses.replace(
         inputs,
@@ -267,7 +267,7 @@ def permute_heads(inputs: OpInputs, spec: CaseSpec) -> tuple[OpInputs, np.ndarra
         return np.ascontiguousarray(x.reshape(t, h, -1)[:, q_heads].reshape(x.shape))
 
     def kv_side(x: np.ndarray) -> np.ndarray:
-        if spec.kv_layout == "packed":
+        if spec.kv_layout != "padded":  # [rows, Hkv, D]
             return np.ascontiguousarray(x[:, kv_perm])
         b, s, width = x.shape
         return np.ascontiguousarray(x.reshape(b, s, hkv, width // hkv)[:, :, kv_perm].reshape(x.shape))

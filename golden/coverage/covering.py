@@ -312,8 +312,9 @@ def split_suite(text: str) -> tuple[str, str]:
 
 
 def generated_section(suite: str, model: FactorModel | None = None) -> str:
-    """The section the generator writes for a shipped suite, given the suite's hand-written part."""
-    model = model or load_model()
+    """The section the generator writes for a shipped suite, given the suite's hand-written part: it targets the
+    settled model (pending levels join when the sections are regenerated without their mark)."""
+    model = (model or load_model()).settled()
     path = suite_path(suite)
     head, _ = split_suite(path.read_text(encoding="utf-8"))
     with tempfile.TemporaryDirectory() as folder:

@@ -19,6 +19,7 @@ from functools import cache
 from typing import Any
 
 from mlaconf.facts.factors import FactorModel, load_model
+from mlaconf.facts.operator import padded_kv_misread
 from mlaconf.golden.specs.spec import CaseSpec
 
 #: One level per factor, as (factor, level) pairs in the model's factor order.
@@ -26,7 +27,7 @@ Tuple = tuple[tuple[str, str], ...]
 Levels = dict[str, frozenset[str]]
 Rule = Callable[[Any], Any]
 
-#: ATB's query tile (rows) and key slice (keys): /work/shared/spec/mla_prefill.md.
+#: ATB's query tile (rows) and key stack (keys): facts/branches.toml q-tile-rows, stack-of-four-blocks.
 Q_TILE = 128
 K_SLICE = 512
 
@@ -93,13 +94,26 @@ def inputs_levels(spec: CaseSpec) -> frozenset[str]:
     return frozenset(levels)
 
 
+def kv_layout_levels(spec: CaseSpec) -> frozenset[str]:
+    """The case's kv layout and, for padded kv, how ATB's kernel addresses it (facts/branches.toml kv-factor-*)."""
+    levels = {spec.kv_layout}
+    if spec.kv_layout == "packed" and spec.kv_rows > spec.total_kv:
+        levels.add("packed_spare")
+    if spec.kv_layout == "padded":
+        misread = padded_kv_misread(spec.q_seqlen, spec.kv_seqlen, spec.padded_rows)
+        levels.add("padded_short_before_last" if misread else "padded_full")
+        if spec.padded_rows > spec.max_kv:
+            levels.add("padded_over_capacity")
+    return frozenset(levels)
+
+
 def _case_level_sets(spec: CaseSpec) -> Levels:
     group = spec.head_num // spec.kv_head_num if spec.head_num % spec.kv_head_num == 0 else 0
     return {
         "dtype": frozenset({spec.dtype}),
         "mask": frozenset({spec.mask_name}),
         "q_layout": frozenset({spec.q_layout}),
-        "kv_layout": frozenset({spec.kv_layout}),
+        "kv_layout": kv_layout_levels(spec),
         "batch": batch_count_levels(spec.q_seqlen),
         "group": frozenset({str(group)}),
         "kv_heads": frozenset({kv_heads_level(spec.kv_head_num)}),
@@ -286,8 +300,9 @@ def describe(items: Tuple) -> str:
 def coverage(
     cases: Sequence[CaseSpec], strengths: Sequence[int] = (1, 2, 3), model: FactorModel | None = None
 ) -> list[Coverage]:
-    """t-way coverage for each strength over all factors, and the triples of the kernel-structure sets."""
-    model = model or load_model()
+    """t-way coverage for each strength over all factors, and the triples of the kernel-structure sets, of the
+    settled model (without its pending levels: :meth:`FactorModel.settled`)."""
+    model = (model or load_model()).settled()
     rows = distinct_rows(cases)
     plans = [(f"{t}-way", all_factor_sets(model, t)) for t in strengths]
     if 3 in strengths and model.structures:

@@ -28,6 +28,32 @@ def _selections(args: argparse.Namespace) -> list[tuple[str, list[CaseSpec]]]:
     return chosen + [(str(path), load_suite(path)) for path in args.cases]
 
 
+def pending_held(cases: Sequence[CaseSpec]) -> list[tuple[str, str, int]]:
+    """Each pending level of the model (not yet targeted by the covering sets) and how many cases hold it."""
+    from mlaconf.facts.factors import load_model
+    from mlaconf.golden.coverage.levels import case_levels
+
+    valid = [case_levels(spec) for spec in cases if spec.expect_error is None]
+    return [(f, lv, sum(lv in levels[f] for levels in valid)) for f, lv in load_model().pending]
+
+
+def backlog_lines(show: int) -> list[str]:
+    """The branch inventory's backlog: how many of ATB's branches (facts/branches.toml) no level takes yet."""
+    from mlaconf.facts.branches import load_inventory
+
+    inventory = load_inventory()
+    missing = inventory.missing
+    lines = [
+        f"ATB's MLA prefill at {inventory.commit[:9]}: {len(inventory.branches)} branches (facts/branches.toml), "
+        f"{len(missing)} with no factor level yet"
+    ]
+    listed = missing if show == 0 else missing[:show]
+    lines += [f"  {branch.id}: {branch.note}" for branch in listed]
+    if len(listed) < len(missing):
+        lines.append(f"  ... and {len(missing) - len(listed)} more (--show 0 lists all)")
+    return lines
+
+
 def _jsonable(result: Coverage, show: int) -> dict[str, Any]:
     from mlaconf.golden.coverage.levels import describe
 
@@ -63,7 +89,12 @@ def cmd_coverage(args: argparse.Namespace) -> int:
         return 2
     if args.json:
         document = [
-            {"selection": name, "cases": len(cases), "coverage": [_jsonable(r, args.show) for r in found]}
+            {
+                "selection": name,
+                "cases": len(cases),
+                "coverage": [_jsonable(r, args.show) for r in found],
+                "pending": [{"factor": f, "level": lv, "cases": n} for f, lv, n in pending_held(cases)],
+            }
             for name, cases, found in results
         ]
         json.dump(document, sys.stdout, indent=2)
@@ -79,6 +110,9 @@ def cmd_coverage(args: argparse.Namespace) -> int:
                 print(f"    {describe(items)}")
             if len(listed) < len(result.uncovered):
                 print(f"    ... and {len(result.uncovered) - len(listed)} more (--show 0 lists all)")
+        held = ", ".join(f"{f} {lv} ({n})" for f, lv, n in pending_held(cases))
+        print(f"  pending levels, not in the percentages (cases holding each): {held}")
+    print("\n".join(backlog_lines(args.show)))
     return 0
 
 

@@ -1,10 +1,13 @@
 """Logical views of the operator's layouts: per-batch, per-head tensors without copies.
 
 Padded kv means batch b's keys are ``k[b, :kvSeqLen[b]]`` (the documented contract); packed means
-they start at row ``sum(kvSeqLen[:b])``.  q and attenOut are always packed by qSeqLen.
+they start at row ``sum(kvSeqLen[:b])``, strided at row ``b * max(kvSeqLen)`` (:func:`kv_starts`).  q and
+attenOut are always packed by qSeqLen.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -25,17 +28,36 @@ def q_views(inputs: OpInputs, spec: CaseSpec) -> tuple[np.ndarray, np.ndarray]:
     return inputs.q.reshape(t, h, NOPE_DIM), inputs.q_rope.reshape(t, h, ROPE_DIM)
 
 
+def kv_shape(spec: CaseSpec, head_dim: int = NOPE_DIM) -> tuple[int, int, int]:
+    """The shape of k (``head_dim`` 128), kRope (64) or v (128) in the case's kv layout."""
+    if spec.kv_layout == "padded":
+        return (spec.batch, spec.padded_rows, spec.kv_head_num * head_dim)
+    return (spec.kv_rows, spec.kv_head_num, head_dim)
+
+
+def kv_starts(inputs: OpInputs, spec: CaseSpec) -> list[int]:
+    """The row where each batch's keys start in k viewed as ``[rows, Hkv, D]``: the contract's reading of k's
+    shape, the one fact every side uses (:func:`mlaconf.facts.operator.kv_row_starts`).  The shape is the
+    array's own: a relation's side may keep a padded S its spec no longer implies (a query chunk)."""
+    return list(_starts(tuple(inputs.k.shape), spec.kv_seqlen, spec.kv_head_num))
+
+
+@functools.cache
+def _starts(shape: tuple[int, ...], kv_seqlen: tuple[int, ...], kv_head_num: int) -> tuple[int, ...]:
+    starts = operator.kv_row_starts(shape, kv_seqlen, kv_head_num)
+    if starts is None:
+        raise ValueError(f"k {list(shape)} is no kv layout for kv_seqlen {list(kv_seqlen)}, Hkv {kv_head_num}")
+    return tuple(starts)
+
+
 def kv_views(inputs: OpInputs, spec: CaseSpec, batch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Batch ``batch``'s k, kRope and v as ``[kv_b, Hkv, D]`` (only its valid rows)."""
     length, hkv = spec.kv_seqlen[batch], spec.kv_head_num
-    if spec.kv_layout == "padded":
-        rows = slice(None, length)
-        k, kr, v = inputs.k[batch, rows], inputs.k_rope[batch, rows], inputs.v[batch, rows]
-    else:
-        start = int(offsets(spec.kv_seqlen)[batch])
-        rows = slice(start, start + length)
-        k, kr, v = inputs.k[rows], inputs.k_rope[rows], inputs.v[rows]
-    return k.reshape(length, hkv, NOPE_DIM), kr.reshape(length, hkv, ROPE_DIM), v.reshape(length, hkv, V_DIM)
+    start = _starts(tuple(inputs.k.shape), spec.kv_seqlen, hkv)[batch]
+    rows = slice(start, start + length)
+    pairs = ((inputs.k, NOPE_DIM), (inputs.k_rope, ROPE_DIM), (inputs.v, V_DIM))
+    k, kr, v = (x.reshape(-1, hkv, d)[rows] for x, d in pairs)
+    return k, kr, v
 
 
 def causal_offset(spec: CaseSpec, batch: int) -> int | None:

@@ -3,7 +3,7 @@
 A float64 golden costs every query row times the keys it sees; the error of an output row depends only on
 that row, so a golden may hold a sample of rows (every head of each) and the judge compare those alone.
 The sample is deterministic in the spec and chosen, not only random (each row carries the bits of
-every reason it was chosen for, :data:`REASONS`):
+every reason it was chosen for, :data:`mlaconf.golden.specs.types.REASONS`):
 
 * ``batch_edge``  each batch's first and last row;
 * ``tile_edge``   the first and last row of the batch's query tiles of :data:`QUERY_TILE` rows (the kernels'
@@ -25,15 +25,13 @@ Only rows the operator promises a value for are chosen (zero-length batches have
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from mlaconf.facts.operator import NOPE_DIM, ROPE_DIM, V_DIM, causal_offset
+from mlaconf.facts.operator import NOPE_DIM, ROPE_DIM, V_DIM, causal_offset, kv_row_starts
+from mlaconf.golden.specs.layout import kv_shape
 from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.specs.types import RowSample, reason_bit
 
-#: Why a row was chosen, one bit each (bit i is ``1 << i``), in the order the docstring explains them.
-REASONS = ("batch_edge", "tile_edge", "q_offset", "kv_offset", "diagonal", "random")
 #: Query rows per tile of the operator's kernels (ATB mla_prefill's split_m).
 QUERY_TILE = 128
 #: Keys per block along which a causal diagonal is cut (the kernels' key block).
@@ -46,27 +44,6 @@ LOWEST_POWER = 16
 ELEMENT_BYTES = 2
 #: Mixed into the seed of the random rows, so they are not the inputs' draws.
 RANDOM_STREAM = 0x524F5753  # "ROWS"
-
-
-def reason_bit(name: str) -> int:
-    """The bit of one reason in :data:`REASONS`."""
-    return 1 << REASONS.index(name)
-
-
-@dataclass(frozen=True)
-class RowSample:
-    """Token rows (sorted, distinct, int64) and, per row, the bits of the reasons it was chosen for (uint8)."""
-
-    rows: np.ndarray
-    reasons: np.ndarray
-
-    def counts(self) -> dict[str, int]:
-        """Rows chosen for each reason (a row chosen for two counts in both)."""
-        return {name: int(np.count_nonzero(self.reasons & reason_bit(name))) for name in REASONS}
-
-    def summary(self, total_rows: int) -> dict[str, object]:
-        """What a record says about the rows judged: how many of how many, and how many per reason."""
-        return {"rows": int(self.rows.size), "of": int(total_rows), "reasons": self.counts()}
 
 
 def _boundary_units(width: int, count: int) -> list[int]:
@@ -143,22 +120,17 @@ def choose_rows(spec: CaseSpec) -> RowSample:
 def _kv_crossings(spec: CaseSpec, q_starts: np.ndarray) -> np.ndarray:
     """Query rows on both sides of the first sight of every key whose k, kRope or v row holds a crossing."""
     hkv = spec.kv_head_num
-    padded = spec.kv_layout == "padded"
-    kv_rows = spec.batch * spec.padded_rows if padded else spec.total_kv
-    kv_starts = np.concatenate([[0], np.cumsum(np.asarray(spec.kv_seqlen, dtype=np.int64))])
+    starts = np.asarray(kv_row_starts(kv_shape(spec), spec.kv_seqlen, hkv) or [], dtype=np.int64)
     crossing = np.unique(
-        np.concatenate([_crossing_rows(hkv * width, kv_rows) for width in (NOPE_DIM, ROPE_DIM, V_DIM)])
+        np.concatenate([_crossing_rows(hkv * width, spec.kv_rows) for width in (NOPE_DIM, ROPE_DIM, V_DIM)])
     )
     picked: list[int] = []
     for flat in crossing.tolist():
-        if padded:
-            b, key = divmod(flat, spec.padded_rows)
-        else:
-            b = int(np.searchsorted(kv_starts, flat, side="right")) - 1
-            key = flat - int(kv_starts[b])
+        b = int(np.searchsorted(starts, flat, side="right")) - 1
+        key = flat - int(starts[b])
         q_len, kv_len = spec.q_seqlen[b], spec.kv_seqlen[b]
         if key >= kv_len or q_len == 0:
-            continue  # padding or a batch without queries: no row reads it
+            continue  # padding, spare rows or a batch without queries: no row reads it
         offset = causal_offset(spec.mask_type, q_len, kv_len)
         first = 0 if offset is None else min(max(key - offset, 0), q_len - 1)
         picked += [int(q_starts[b]) + first, int(q_starts[b]) + max(first - 1, 0)]

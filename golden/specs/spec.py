@@ -93,8 +93,11 @@ class CaseSpec:
     cache_mode: int = 1
     qk_scale: float = DEFAULT_QK_SCALE
     q_layout: str = "3d"
+    #: ``packed`` ``[sum kv, Hkv, D]``, ``padded`` ``[B, S, Hkv*D]`` or ``strided`` ``[B * max kv, Hkv, D]``
+    #: (facts/operator.py KV_LAYOUTS).
     kv_layout: str = "packed"
-    #: Padded layout only: rows per batch S of ``[B, S, Hkv*D]`` (None: max kvSeqLen).
+    #: The kv buffer's capacity (None: no more than the layout needs): padded, the rows per batch S of
+    #: ``[B, S, Hkv*D]`` (default max kvSeqLen); packed, k's first dim (spare rows after the last batch).
     kv_capacity: int | None = None
     distribution: str = "uniform"
     #: Structured inputs (None: i.i.d. draws only); absent from the content when None, so the hashes of
@@ -150,6 +153,16 @@ class CaseSpec:
     def padded_rows(self) -> int:
         """S of the padded kv layout ``[B, S, Hkv*D]``."""
         return self.kv_capacity if self.kv_capacity is not None else self.max_kv
+
+    @property
+    def kv_rows(self) -> int:
+        """Rows of k, kRope and v viewed as ``[rows, Hkv, D]``: ``B * S`` padded, ``B * max kv`` strided, the
+        sum of the kv lengths packed (or its capacity, with spare rows)."""
+        if self.kv_layout == "padded":
+            return self.batch * self.padded_rows
+        if self.kv_layout == "strided":
+            return self.batch * self.max_kv
+        return self.total_kv if self.kv_capacity is None else self.kv_capacity
 
     @property
     def useful_flops(self) -> int:

@@ -361,10 +361,28 @@ def validate_case(spec: CaseSpec) -> None:
     if not any(qn > 0 and kn > 0 for qn, kn in zip(spec.q_seqlen, spec.kv_seqlen, strict=True)):
         fail("q_seqlen", "at least one batch needs q_seqlen > 0 and kv_seqlen > 0 (nothing would be checked)")
     if spec.kv_capacity is not None:
-        if spec.kv_layout != "padded":
-            fail("kv_capacity", "only the padded kv layout has a capacity")
-        if spec.kv_capacity < spec.max_kv:
+        if spec.kv_layout == "strided":
+            fail("kv_capacity", "the strided layout has no capacity: its rows are B * max kv_seqlen")
+        if spec.kv_layout == "padded" and spec.kv_capacity < spec.max_kv:
             fail("kv_capacity", f"must be >= max kv_seqlen ({spec.max_kv}), got {spec.kv_capacity}")
+        if spec.kv_layout == "packed" and spec.kv_capacity < spec.total_kv:
+            fail(
+                "kv_capacity",
+                f"packed: k's rows, must be >= the sum of kv_seqlen ({spec.total_kv}), got {spec.kv_capacity}",
+            )
+        strided_rows = spec.batch * spec.max_kv
+        if spec.kv_layout == "packed" and spec.kv_capacity == strided_rows != spec.total_kv:
+            fail(
+                "kv_capacity",
+                f"packed with {strided_rows} = B * max kv_seqlen rows is read as the strided layout "
+                "(batch b at row b * max kv): use kv_layout = 'strided', or another capacity",
+            )
+    if spec.kv_layout == "strided" and spec.batch * spec.max_kv == spec.total_kv:
+        fail(
+            "kv_layout",
+            f"strided [B * max kv, Hkv, D] needs ragged kv_seqlen: with {list(spec.kv_seqlen)} B * max kv equals "
+            "their sum, which is the packed layout (use kv_layout = 'packed')",
+        )
     if not 1 <= spec.head_num <= MAX_HEADS:
         fail("head_num", f"must be in [1, {MAX_HEADS}], got {spec.head_num}")
     if spec.kv_head_num < 1:

@@ -7,8 +7,32 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mlaconf.facts.operator import scores_in_fp16
-from mlaconf.golden.specs.sample import RowSample
 from mlaconf.golden.specs.spec import CaseSpec
+
+#: Why a sampled golden's row was chosen, one bit each (bit i is ``1 << i``; golden/specs/sample.py explains them).
+REASONS = ("batch_edge", "tile_edge", "q_offset", "kv_offset", "diagonal", "random")
+
+
+def reason_bit(name: str) -> int:
+    """The bit of one reason in :data:`REASONS`."""
+    return 1 << REASONS.index(name)
+
+
+@dataclass(frozen=True)
+class RowSample:
+    """Token rows (sorted, distinct, int64) and, per row, the bits of the reasons it was chosen for (uint8)."""
+
+    rows: np.ndarray
+    reasons: np.ndarray
+
+    def counts(self) -> dict[str, int]:
+        """Rows chosen for each reason (a row chosen for two counts in both)."""
+        return {name: int(np.count_nonzero(self.reasons & reason_bit(name))) for name in REASONS}
+
+    def summary(self, total_rows: int) -> dict[str, object]:
+        """What a record says about the rows judged: how many of how many, and how many per reason."""
+        return {"rows": int(self.rows.size), "of": int(total_rows), "reasons": self.counts()}
+
 
 INPUT_NAMES = ("q", "q_rope", "k", "k_rope", "v", "q_seqlen", "kv_seqlen", "mask")
 #: The float64-computed magnitudes a golden stores (golden.building.magnitudes computes them, the judge reads them).

@@ -38,10 +38,9 @@ import ml_dtypes
 import numpy as np
 
 from mlaconf.golden.specs.layout import out_shape
-from mlaconf.golden.specs.sample import RowSample
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.spec_build import spec_from_json
-from mlaconf.golden.specs.types import INPUT_NAMES, ROW_MAGNITUDES, GoldenCase, OpInputs, magnitude_names
+from mlaconf.golden.specs.types import INPUT_NAMES, ROW_MAGNITUDES, GoldenCase, OpInputs, RowSample, magnitude_names
 from mlaconf.golden.store.integrity import (
     DIGEST_NAME,
     SCHEMA_VERSION,

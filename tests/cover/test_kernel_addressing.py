@@ -36,8 +36,10 @@ def layout_start_rows(spec: CaseSpec) -> tuple[int, list[int]]:
     """k's first dim and where each batch's rows really are in the case's layout."""
     if spec.kv_layout == "padded":  # [B, S, Hkv*128]: batch b fills rows b*S .. b*S + kv_b - 1
         return spec.batch, [b * spec.padded_rows for b in range(spec.batch)]
-    starts = [sum(spec.kv_seqlen[:b]) for b in range(spec.batch)]  # packed [sum(kv), Hkv, 128]
-    return sum(spec.kv_seqlen), starts
+    if spec.kv_layout == "strided":  # [B*max kv, Hkv, 128]: the documented 3-D form, batch b at b * max kv
+        return spec.batch * spec.max_kv, [b * spec.max_kv for b in range(spec.batch)]
+    starts = [sum(spec.kv_seqlen[:b]) for b in range(spec.batch)]  # packed [sum(kv) (+ spare rows), Hkv, 128]
+    return spec.kv_rows, starts
 
 
 def misread_by_kernel(spec: CaseSpec) -> bool:
@@ -75,8 +77,25 @@ def test_the_emulation_reads_packed_and_full_padded_layouts_correctly() -> None:
     ones_roomy = CaseSpec(
         q_seqlen=(1, 1), kv_seqlen=(1, 1), head_num=1, kv_head_num=1, kv_layout="padded", kv_capacity=2
     )
-    assert [misread_by_kernel(s) for s in (uniform, ragged_packed, last_short, ones)] == [False] * 4
+    strided = CaseSpec(q_seqlen=(4, 8), kv_seqlen=(4, 8), head_num=1, kv_head_num=1, kv_layout="strided")
+    assert [misread_by_kernel(s) for s in (uniform, ragged_packed, last_short, ones, strided)] == [False] * 5
     assert [misread_by_kernel(s) for s in (first_short, roomy, ones_roomy)] == [True] * 3
+
+
+def test_the_one_fact_is_the_kernels_addressing_on_every_shipped_case() -> None:
+    """facts.operator.kv_row_starts (what the golden, every backend and the contract read) equals this
+    emulation of the kernel for every 3-D case, and the padded layout's b * S for every padded one."""
+    from mlaconf.facts.operator import kv_row_starts
+    from mlaconf.golden.specs.layout import kv_shape
+
+    cases = shipped_valid_cases()
+    assert any(c.kv_layout == "strided" for c in cases), "no shipped strided case: the check could not fail"
+    for spec in cases:
+        first_dim, truth = layout_start_rows(spec)
+        starts = kv_row_starts(kv_shape(spec), spec.kv_seqlen, spec.kv_head_num)
+        assert starts == truth, spec.case_id
+        if spec.kv_layout != "padded":
+            assert starts == kernel_start_rows(first_dim, spec.kv_seqlen), spec.case_id
 
 
 def test_padded_kv_deviations_select_exactly_the_misread_cases() -> None:

@@ -16,7 +16,7 @@ from mlaconf.judge import causes
 
 @pytest.mark.parametrize("mistake", mistakes.KERNEL_MISTAKES.values(), ids=list(mistakes.KERNEL_MISTAKES))
 def test_every_mistake_is_planted_and_diagnosed_in_its_words(mistake: mistakes.KernelMistake) -> None:
-    planted = defects.CATALOGUE[mistake.name]
+    planted = defects.ENTRIES[mistake.name]
     assert planted.description == mistake.planted
     diagnosed = [cause for cause in causes.CATALOGUE if cause.name == mistake.name]
     assert [cause.text for cause in diagnosed] == [mistake.explains]
@@ -24,7 +24,7 @@ def test_every_mistake_is_planted_and_diagnosed_in_its_words(mistake: mistakes.K
 
 def test_a_mistake_both_sides_know_is_in_the_catalogue() -> None:
     """A name the defects and the causes share is one mistake, catalogued once."""
-    shared = set(defects.CATALOGUE) & {cause.name for cause in causes.CATALOGUE}
+    shared = set(defects.ENTRIES) & {cause.name for cause in causes.CATALOGUE}
     assert shared == set(mistakes.KERNEL_MISTAKES)
 
 

@@ -176,9 +176,9 @@ def _correct_outputs(spec: CaseSpec) -> tuple[OpInputs, list[torch.Tensor]]:
     return inputs, [path.run(make_call(inputs, spec)).view(torch.int16) for path in CORRECT_PATHS]
 
 
-@pytest.mark.parametrize("name", [n for n, e in defects.CATALOGUE.items() if e.trigger])
+@pytest.mark.parametrize("name", [n for n, e in defects.ENTRIES.items() if e.trigger])
 def test_off_its_trigger_a_defect_computes_its_correct_path(name: str) -> None:
-    entry = defects.CATALOGUE[name]
+    entry = defects.ENTRIES[name]
     outside = [s for s in SOUNDNESS_SPECS if not power.reaches(entry.trigger, case_levels(s))]
     assert outside, f"{name}: no test case lies off its trigger {entry.trigger}"
     for spec in outside:

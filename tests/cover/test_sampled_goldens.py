@@ -16,16 +16,17 @@ import pytest
 from mlaconf.golden.building import cost
 from mlaconf.golden.building.generate import build_golden, build_sampled
 from mlaconf.golden.specs.layout import row_valid, visible_keys
-from mlaconf.golden.specs.sample import QUERY_TILE, REASONS, RowSample, choose_rows, reason_bit
+from mlaconf.golden.specs.sample import QUERY_TILE, choose_rows
 from mlaconf.golden.specs.spec import DEFAULT_RANDOM_ROWS, CaseSpec, SpecError
 from mlaconf.golden.specs.spec_build import build_case
 from mlaconf.golden.specs.suites import load_suite
+from mlaconf.golden.specs.types import REASONS, RowSample, reason_bit
 from mlaconf.golden.store.directory import GoldenStore
 from mlaconf.golden.store.h5file import SAMPLE_ROWS, read_golden
 from mlaconf.golden.store.integrity import GoldenCorruptError
 
 #: Small cases on every path of the row kernels: fp32 scores with a causal prefix and GQA (and fp16's flushed P),
-#: bf16 in the 2-D layout, the fp16 score path (S stored), zero-length batches with large logits.
+#: bf16 in the 2-D layout, the fp16 score path (S stored), zero-length batches with large logits, the strided kv form.
 CASES = {
     "causal-gqa": dict(
         q_seqlen=[300, 140], kv_seqlen=[500, 140], head_num=4, kv_head_num=2, mask_type="causal", kv_layout="padded"
@@ -33,6 +34,7 @@ CASES = {
     "bf16-2d": dict(q_seqlen=[200, 77], head_num=3, dtype="bf16", q_layout="2d"),
     "fp16-scores": dict(q_seqlen=[600], head_num=4, mask_type="mask_free"),
     "empty-batches": dict(q_seqlen=[0, 37, 0, 128, 0], head_num=4, kv_layout="padded", distribution="large_logits"),
+    "strided": dict(q_seqlen=[129, 0, 300], head_num=2, mask_type="mask_free", kv_layout="strided", dtype="bf16"),
 }
 
 

@@ -46,6 +46,7 @@ CASES = {
         structure={"v_mean": 2.0},
     ),
     "fp16-one-head": dict(q_seqlen=[256], head_num=1),
+    "bf16-strided": dict(q_seqlen=[129, 0, 300], head_num=2, mask_type="mask_free", kv_layout="strided", dtype="bf16"),
 }
 
 

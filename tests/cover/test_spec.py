@@ -106,7 +106,9 @@ q_seqlen = { pattern = [1, 2], times = 3 }
         ({"q_seqlen": [0, 0]}, "q_seqlen", "at least one"),
         ({"heads": 4}, "heads", "unknown field"),
         ({"perturb": "no_mask"}, "perturb", "only allowed with expect_error"),
-        ({"kv_capacity": 8}, "kv_capacity", "padded"),
+        ({"kv_capacity": 3}, "kv_capacity", "the sum of kv_seqlen (4)"),  # packed: k's rows, spare ones allowed
+        ({"kv_layout": "strided", "q_seqlen": [4, 8], "kv_capacity": 9}, "kv_capacity", "no capacity"),
+        ({"kv_layout": "strided"}, "kv_layout", "needs ragged kv_seqlen"),
         ({"kv_capacity": 3, "kv_layout": "padded"}, "kv_capacity", ">= max kv_seqlen"),
     ],
 )
