@@ -64,77 +64,69 @@ def _widening(dtype: str, keys: np.ndarray) -> np.ndarray:
 
 
 def check_whole_output(out: np.ndarray, inputs: OpInputs, spec: CaseSpec) -> WholeOutput:
-    """Both checks over every valid row of ``out`` (attenOut, any layout of ``[T, H*128]``)."""
+    """Both checks over every valid row of ``out`` (attenOut, any layout of ``[T, H*128]``), in float32: exact
+    for the dtype's values and their ranges, and a rounding of a distance far below its widening."""
     h, g = spec.head_num, spec.head_num // spec.kv_head_num
     values = out.reshape(spec.total_q, h, V_DIM)
     keys = visible_keys(spec)
     starts = offsets(spec.q_seqlen)
-    found = _Found()
+    found = _Found(spec)
     for b in range(spec.batch):
         q_len = spec.q_seqlen[b]
         if q_len == 0 or spec.kv_seqlen[b] == 0:
             continue
         _, _, v = kv_views(inputs, spec, b)
         for kv_head in range(spec.kv_head_num):
-            column = np.asarray(v[:, kv_head], dtype=np.float64)
+            column = np.asarray(v[:, kv_head], dtype=np.float32)
             low, high = np.minimum.accumulate(column, axis=0), np.maximum.accumulate(column, axis=0)
             if spec.dtype == "fp16":  # a flush to zero moves the combination toward 0
                 low, high = np.minimum(low, 0.0), np.maximum(high, 0.0)
-            for first in range(0, q_len, ROWS_PER_PASS):
-                tokens = np.arange(starts[b] + first, starts[b] + min(q_len, first + ROWS_PER_PASS))
-                last = keys[tokens] - 1
-                lo, hi = low[last][:, None, :], high[last][:, None, :]
-                heads = slice(kv_head * g, (kv_head + 1) * g)
-                widen = _widening(spec.dtype, keys[tokens])[:, None, None] * np.maximum(-lo, hi)
-                found.add(values[tokens, heads].astype(np.float64), lo, hi, widen, tokens, kv_head * g, spec)
+            for first in range(int(starts[b]), int(starts[b]) + q_len, ROWS_PER_PASS):
+                rows = slice(first, min(first + ROWS_PER_PASS, int(starts[b]) + q_len))
+                last = keys[rows] - 1
+                part = np.asarray(values[rows, kv_head * g : (kv_head + 1) * g], dtype=np.float32)
+                found.add(part, low[last][:, None, :], high[last][:, None, :], keys[rows], first, kv_head * g)
     return found.result()
 
 
 class _Found:
     """The checks' running counts and worst elements, pass by pass."""
 
-    def __init__(self) -> None:
+    def __init__(self, spec: CaseSpec) -> None:
+        self.spec = spec
         self.elements = self.nonfinite = self.outside = 0
         self.first_nonfinite: Element | None = None
         self.excess = 0.0
         self.worst: Element | None = None
 
-    def add(
-        self,
-        a: np.ndarray,
-        lo: np.ndarray,
-        hi: np.ndarray,
-        widen: np.ndarray,
-        tokens: np.ndarray,
-        head0: int,
-        spec: CaseSpec,
-    ) -> None:
-        """One pass: ``a`` [rows, heads, 128] against ranges ``[lo, hi]`` [rows, 1, 128] widened by ``widen``."""
+    def add(self, a: np.ndarray, lo: np.ndarray, hi: np.ndarray, keys: np.ndarray, token0: int, head0: int) -> None:
+        """One pass: ``a`` [rows, heads, 128] (rows from token ``token0``, heads from ``head0``) against its
+        ranges ``[lo, hi]`` [rows, 1, 128]; ``keys``: each row's visible keys (its widening)."""
         self.elements += a.size
-        bad = ~np.isfinite(a)
-        if bad.any():
-            self.nonfinite += int(bad.sum())
+        finite = np.isfinite(a)
+        if not finite.all():
+            self.nonfinite += int(a.size - np.count_nonzero(finite))
             if self.first_nonfinite is None:
-                r, hh, c = (int(i) for i in np.unravel_index(int(np.argmax(bad)), a.shape))
-                self.first_nonfinite = self._element(tokens[r], head0 + hh, c, a[r, hh, c], spec, "nonfinite")
+                r, hh, c = (int(i) for i in np.unravel_index(int(np.argmin(finite)), a.shape))
+                self.first_nonfinite = self._element(token0 + r, head0 + hh, c, a[r, hh, c], "nonfinite")
         with np.errstate(invalid="ignore"):
             distance = np.maximum(lo - a, a - hi)  # > 0 outside [lo, hi]; NaN where a is NaN
-        distance = np.where(bad, 0.0, np.maximum(distance, 0.0))
+        if not (distance > 0.0).any():  # the common case: every element inside its range
+            return
+        widen = _widening(self.spec.dtype, keys)[:, None, None].astype(np.float32) * np.maximum(-lo, hi)
         with np.errstate(invalid="ignore", divide="ignore"):
-            ratio = np.where(distance > 0.0, distance / np.broadcast_to(widen, a.shape), 0.0)
+            ratio = np.where(distance > 0.0, distance / np.broadcast_to(widen, a.shape), 0.0)  # NaN a: not > 0
         self.outside += int(np.count_nonzero(ratio > 1.0))
         flat = int(np.argmax(ratio))
         if ratio.flat[flat] > self.excess:
             r, hh, c = (int(i) for i in np.unravel_index(flat, a.shape))
             self.excess = float(ratio.flat[flat])
-            self.worst = self._element(tokens[r], head0 + hh, c, a[r, hh, c], spec, "v_range_excess")
+            self.worst = self._element(token0 + r, head0 + hh, c, a[r, hh, c], "v_range_excess")
 
-    @staticmethod
-    def _element(token: int, head: int, column: int, actual: float, spec: CaseSpec, metric: str) -> Element:
+    def _element(self, token: int, head: int, column: int, actual: float, metric: str) -> Element:
         """An element the checks located; no golden value is known there (expected NaN)."""
-        return Element.at(
-            int(token), head, column, spec.q_seqlen, float("nan"), float(actual), f"whole_output:{metric}"
-        )
+        q_seqlen = self.spec.q_seqlen
+        return Element.at(int(token), head, column, q_seqlen, float("nan"), float(actual), f"whole_output:{metric}")
 
     def result(self) -> WholeOutput:
         return WholeOutput(self.elements, self.nonfinite, self.first_nonfinite, self.outside, self.excess, self.worst)
