@@ -67,9 +67,8 @@ class ModelResult:
     n_elements: int
     n_over: int
     lam: float
+    #: The element of the largest ratio, with its error and its bound.
     element: Element | None
-    error: float
-    bound: float
     terms: dict[str, float]
 
     @property
@@ -168,7 +167,7 @@ def model_ratio(
         if worst is None or candidate[0] > worst[0]:
             worst = candidate
     if worst is None:
-        return ModelResult(0.0, 0, 0, lam, None, 0.0, 0.0, {})
+        return ModelResult(0.0, 0, 0, lam, None, {})
     best, token, head, col, g0, a0, b0, parts = worst
-    element = Element.at(token, head, col, spec.q_seqlen, g0, a0, "model:max_err_over_bound")
-    return ModelResult(best, n_elements, n_over, lam, element, abs(a0 - g0), b0, parts)
+    element = Element.at(token, head, col, spec.q_seqlen, (g0, a0), "model:max_err_over_bound", b0)
+    return ModelResult(best, n_elements, n_over, lam, element, parts)

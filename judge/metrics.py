@@ -13,7 +13,7 @@ output dtype):
   rounded to the dtype and ``g`` correctly rounded to the dtype (bit patterns mapped to an ordered
   integer line, so ``+0 == -0`` and a sign crossing counts the values in between);
 * ``atb_max_scaled_err = max |a - g| / max(1, |g|)``: the quantity ATB's rule bounds by ``e``
-  (docs/operator.md §5); the worst element reported is the one that maximises it.
+  (docs/operator.md §5); the element that maximises it is :attr:`Metrics.worst`.
 
 A non-finite element in ``a`` (or in ``g``) has infinite error, so every error metric becomes
 ``inf`` and cosine becomes ``nan``: a NaN/Inf never yields a passing-looking number.
@@ -50,9 +50,13 @@ class Location:
 
 @dataclass(frozen=True)
 class Element:
-    """The one output element a verdict names (the failure text and every report of it name this one):
-    where it is, the golden and the backend's value, and the measure that picked it (``located_by``:
-    a check's ``rule:metric``, or ``metric:atb_max_scaled_err`` for the metrics' own worst element)."""
+    """The one output element a verdict names, in the judge's terms: the element furthest beyond its bound
+    by the worst deciding check that bounds single elements (the failure text, the record's
+    ``worst_element``, the report page and ``mlaconf repro`` all say it in :meth:`text`'s words).  Where it
+    is, the golden and the backend's value (``expected``, ``actual``), its error ``|actual - golden|``
+    (infinite for a NaN/Inf output), its own bound in the same units (NaN: the policy bounds no single
+    element), and the measure that picked it (``located_by``: a check's ``rule:metric``, or
+    ``metric:atb_max_scaled_err`` for the metrics' largest scaled error)."""
 
     batch: int
     row_in_batch: int
@@ -62,32 +66,52 @@ class Element:
     expected: float
     actual: float
     located_by: str
+    error: float = math.nan
+    bound: float = math.nan
 
     @classmethod
     def at(
-        cls, token: int, head: int, column: int, q_seqlen: Sequence[int], expected: float, actual: float, by: str
+        cls,
+        token: int,
+        head: int,
+        column: int,
+        q_seqlen: Sequence[int],
+        values: tuple[float, float],
+        by: str,
+        bound: float = math.nan,
     ) -> Element:
-        """The element at a ``[T, H, D]`` index, located in the case's batches."""
+        """The element at a ``[T, H, D]`` index, located in the case's batches; ``values`` is (golden, output)."""
+        expected, actual = (float(v) for v in values)
+        error = abs(actual - expected) if math.isfinite(actual) and math.isfinite(expected) else math.inf
         loc = locate(token, head, column, q_seqlen)
-        return cls(loc.batch, loc.row_in_batch, token, head, column, float(expected), float(actual), by)
+        return cls(loc.batch, loc.row_in_batch, token, head, column, expected, actual, by, error, float(bound))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Element:
+        """A record's ``worst_element`` back (one from before ``error`` and ``bound``: those NaN)."""
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
 
     def text(self) -> str:
-        """One line for failure messages."""
+        """The element in one line: the failure text's, the page's and the repro's words."""
+        bound = f"bound {self.bound:.6g}" if math.isfinite(self.bound) else "no elementwise bound"
         return (
-            f"batch {self.batch} row {self.row_in_batch} (token {self.token}) "
-            f"head {self.head} col {self.column}: expected {self.expected:.6g}, actual {self.actual:.6g}"
+            f"batch {self.batch} row {self.row_in_batch} (token {self.token}) head {self.head} col {self.column}: "
+            f"golden {self.expected:.6g}, got {self.actual:.6g}, error {self.error:.6g}, {bound} "
+            f"(by {self.located_by})"
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The record's ``worst_element``: the fields and their one line (``text``), which readers print as is."""
+        return {**asdict(self), "text": self.text()}
 
 
 @dataclass(frozen=True)
 class Metrics:
     """Error statistics of one output; every field is a plain float, int, bool or str.
 
-    ``worst_*`` describe the element with the largest ATB-scaled error (-1 / NaN when nothing
-    was checked).
+    ``worst`` is the element of largest ATB-scaled error (None when nothing was checked): the atb rule's
+    element, and the one a verdict names when no deciding check bounds single elements; it is no metric
+    (not in :meth:`to_dict`), so a record names one element, its ``worst_element``.
     """
 
     dtype: str
@@ -111,49 +135,23 @@ class Metrics:
     expected_inf_count: int
     nan_positions_match: bool
     inf_positions_match: bool
-    worst_batch: int = -1
-    worst_row_in_batch: int = -1
-    worst_token: int = -1
-    worst_head: int = -1
-    worst_column: int = -1
-    worst_expected: float = float("nan")
-    worst_actual: float = float("nan")
+    worst: Element | None = field(default=None, compare=False, repr=False)
 
     @property
     def finite(self) -> bool:
         """No NaN or Inf in the checked actual values."""
         return self.nan_count == 0 and self.inf_count == 0
 
-    def worst_element(self) -> Element | None:
-        """The element of largest ATB-scaled error, None when nothing was checked."""
-        if self.worst_token < 0:
-            return None
-        return Element(
-            self.worst_batch,
-            self.worst_row_in_batch,
-            self.worst_token,
-            self.worst_head,
-            self.worst_column,
-            self.worst_expected,
-            self.worst_actual,
-            "metric:atb_max_scaled_err",
-        )
-
-    def worst_text(self) -> str:
-        """A one-line description of the worst element, for failure messages."""
-        worst = self.worst_element()
-        return worst.text() if worst is not None else "no element checked"
-
     def to_dict(self) -> dict[str, float | int | bool | str]:
-        """JSON- and HDF5-attribute-friendly copy (plain Python scalars only)."""
-        return dict(asdict(self))
+        """JSON- and HDF5-attribute-friendly copy (plain Python scalars only; the element is not a metric)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "worst"}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Metrics:
         """Inverse of :meth:`to_dict`; accepts numpy scalars (as read back from HDF5 attributes)."""
         kwargs: dict[str, Any] = {}
         for f in fields(cls):
-            if f.name not in data:
+            if f.name not in data or f.name == "worst":
                 continue
             value = data[f.name]
             value = value.item() if isinstance(value, np.generic) else value
@@ -439,15 +437,12 @@ def _cosine(total: _ChunkSums) -> float:
     return float(total.dot / denom)
 
 
-def _worst_fields(worst: WorstElement, q_seqlen: Sequence[int]) -> dict[str, Any]:
-    """The metrics' ``worst_*`` fields of the element of largest scaled error (none when nothing was checked)."""
+def _worst_of(worst: WorstElement, q_seqlen: Sequence[int]) -> Element | None:
+    """The element of largest scaled error (None when nothing was checked)."""
     if worst.token < 0:
-        return {}
-    at = Element.at(
-        worst.token, worst.head, worst.column, q_seqlen, worst.expected, worst.actual, "metric:atb_max_scaled_err"
-    )
-    fields_ = {f"worst_{name}": getattr(at, name) for name in ("batch", "row_in_batch", "token", "head", "column")}
-    return {**fields_, "worst_expected": at.expected, "worst_actual": at.actual}
+        return None
+    values = (worst.expected, worst.actual)
+    return Element.at(worst.token, worst.head, worst.column, q_seqlen, values, "metric:atb_max_scaled_err")
 
 
 def _metrics_of(total: _ChunkSums, dtype: str, n_rows: int, q_seqlen: Sequence[int]) -> Metrics:
@@ -476,5 +471,5 @@ def _metrics_of(total: _ChunkSums, dtype: str, n_rows: int, q_seqlen: Sequence[i
         expected_inf_count=total.e_inf,
         nan_positions_match=total.nan_match,
         inf_positions_match=total.inf_match,
-        **_worst_fields(total.worst, q_seqlen),
+        worst=_worst_of(total.worst, q_seqlen),
     )

@@ -256,10 +256,10 @@ def model_rule(given: RuleInputs) -> list[Measured]:
     if r is None:
         return [Measured("max_err_over_bound", math.nan, 1.0, "no stored magnitudes to bound with")]
     note = (
-        f"worst |err| {r.error:.3g} vs bound {r.bound:.3g} "
+        f"worst |err| {r.element.error:.3g} vs bound {r.element.bound:.3g} "
         f"(largest term {max(r.terms, key=r.terms.__getitem__)}; "
         f"{r.n_over} of {r.n_elements} elements over, lam {r.lam:.2f})"
-        if r.terms
+        if r.terms and r.element is not None
         else r.where
     )
     return [Measured("max_err_over_bound", r.max_ratio, 1.0, note, True, r.element)]
@@ -272,7 +272,12 @@ def atb_rule(given: RuleInputs) -> list[Measured]:
     small = size < p["size_limit"]
     note = f"e for heads*max_seq+4 = {size} {'<' if small else '>='} {p['size_limit']:g}"
     eps = p["eps_small"] if small else p["eps_large"]
-    return [Measured("atb_max_scaled_err", given.metrics.atb_max_scaled_err, eps, note)]
+    worst = given.metrics.worst  # |err| <= e max(1, |g|) elementwise: its own bound, the rule's slack
+    element = None
+    if worst is not None:
+        bound = eps * max(1.0, abs(worst.expected)) if math.isfinite(worst.expected) else math.nan
+        element = dataclasses.replace(worst, located_by="atb:atb_max_scaled_err", bound=bound)
+    return [Measured("atb_max_scaled_err", given.metrics.atb_max_scaled_err, eps, note, True, element)]
 
 
 def benchmark_rule(given: RuleInputs) -> list[Measured]:
@@ -399,8 +404,9 @@ class Policy:
     def evaluate(self, metrics: Metrics, baseline: ErrorStats | None, context: VerdictContext) -> Verdict:
         """Judge ``metrics`` (backend vs golden) given the baseline's error statistics (baseline vs golden).
 
-        The verdict names one worst element: the one the worst deciding check located (the error model's
-        largest error/bound ratio), else the largest scaled error of the metrics."""
+        The verdict names one worst element: the one furthest beyond its own bound by the worst deciding check
+        that bounds single elements (model: the largest error/bound ratio; atb: the largest scaled error), else
+        the metrics' largest scaled error, without a bound (the policy bounds no single element)."""
         if context.dtype not in DTYPES:
             raise ValueError(f"context dtype must be one of {DTYPES}, got {context.dtype!r}")
         checks = [
@@ -410,9 +416,7 @@ class Policy:
         ]
         passed = all(c.passed for c in checks if c.decisive)
         named = _located_element(checks)
-        return Verdict(
-            self.name, passed, checks, self.overrides, named if named is not None else metrics.worst_element()
-        )
+        return Verdict(self.name, passed, checks, self.overrides, named if named is not None else metrics.worst)
 
     def _checks(self, rule: str, metrics: Metrics, baseline: ErrorStats | None, context: VerdictContext) -> list[Check]:
         """What ``rule`` measured, as checks: evidence-only unless the policy decides by it (the implicit rules

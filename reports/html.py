@@ -393,11 +393,21 @@ def case_details(r: Record, open_: bool = False, run: Mapping[str, Any] | None =
         + f"<p>policy {escape(str(r.get('policy', '-')))}, "
         f"node <code>{escape(str(r.get('test') or r.get('nodeid') or ''))}</code></p>"
         f"<pre>{escape(str(r.get('message') or ''))}</pre>"
+        + worst_element_line(r)
         + table(["rule", "metric", "value", "bound", "slack", "", "role"], check_rows, "checks")
-        + table(["metric", "value"], [[k, stat(v)] for k, v in sorted(metrics.items())])
+        + table(["metric", "value"], [[k, stat(v)] for k, v in sorted(metrics.items()) if not k.startswith("worst_")])
         + _evidence(r)
         + f"<pre>{escape(json.dumps(r.get('spec'), indent=1, sort_keys=True, default=str))}</pre></details>"
     )
+
+
+def worst_element_line(r: Record) -> str:
+    """The element the verdict names, in the judge's words as the record keeps them (``worst_element.text``:
+    the failure text's and the repro's line); the metric table shows no other element (a record from before
+    this line kept the metrics' own worst element as ``worst_*`` metrics, left out there)."""
+    named = r.get("worst_element")
+    text = named.get("text") if isinstance(named, Mapping) else None
+    return f'<p class="worst"><b>worst element:</b> {escape(text)}</p>' if isinstance(text, str) else ""
 
 
 def repro_commands(r: Record, run: Mapping[str, Any] | None = None) -> list[str]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from mlaconf.reports import html, safeio
 from mlaconf.reports.aggregate import verdict
-from mlaconf.reports.records import VERDICTS, Record, dumps, record_key, sort_records, without_volatile
+from mlaconf.reports.records import VERDICTS, Record, dumps, goldens_rebuilt, record_key, sort_records, without_volatile
 from mlaconf.reports.rundir import RESULTS_FILE, RUN_FILE, RunState, load_run_dir, write_json, write_results
 
 
@@ -86,6 +86,7 @@ def merge_dirs(dirs: Sequence[Path], *, allow_incomplete: bool = False) -> Merge
             "finished": max(finished, default=None),
             "records": len(merged),
             "verdicts": {v: sum(verdict(r) == v for r in merged) for v in VERDICTS},
+            "goldens_rebuilt": goldens_rebuilt(merged),
             "policies": sorted({p for r in runs for p in r.get("policies") or []}),
             "devices_seen": sorted({d for r in runs for d in r.get("devices_seen") or []}),
             "shards": [

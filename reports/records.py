@@ -41,8 +41,9 @@ VERDICTS = ("passed", "failed", "xfailed", "xpassed", "skipped", "error")
 PASSING = frozenset({"passed", "xpassed"})
 #: Kinds of :class:`Failure`.
 FAILURE_KINDS = ("exception", "crash", "timeout", "not_run")
-#: Keys that depend on the machine's speed or on which run wrote the record, never on the computation.
-VOLATILE_KEYS = ("timing", "run_id")
+#: Keys that depend on the machine's speed or on which run wrote the record (and what its store held), never
+#: on the computation.
+VOLATILE_KEYS = ("timing", "run_id", "golden_rebuilt")
 
 #: user_properties name under which a record travels from xdist workers to the controller.
 PROPERTY_NAME = "mla_result"
@@ -85,6 +86,8 @@ class Failure:
     message: str = ""
     where: str = ""
     timeout_s: float | None = None
+    #: A crashed worker's exit status (negative: the signal that killed it), None where unknown.
+    exit_status: int | None = None
 
     def text(self) -> str:
         if self.kind == "timeout":
@@ -153,6 +156,8 @@ class ResultRecord:
     not_applicable: str | None = None
     #: The run that wrote the record (run.json's ``run_id``): ``--mla-resume`` keeps only its own run's records.
     run_id: str | None = None
+    #: Goldens the test found damaged or stale in the store and rebuilt: case id -> why (the store's words).
+    golden_rebuilt: Mapping[str, str] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
@@ -207,6 +212,7 @@ class ResultRecord:
             "output_sha256",
             "not_applicable",
             "run_id",
+            "golden_rebuilt",
         ):
             args.setdefault(name, None)
         args["error"] = _sub(ErrorEvidence, args.get("error"), "error")
@@ -259,6 +265,7 @@ _OBJECT_FIELDS = (
     "likely_cause",
     "failure",
     "timing",
+    "golden_rebuilt",
 )
 _LIST_FIELDS = ("checks", "failing", "overrides")
 
@@ -374,6 +381,20 @@ def record_id(record: Mapping[str, Any]) -> str:
 def record_key(record: Mapping[str, Any]) -> tuple[str, str]:
     """Identity of a record across runs: one record per subject (:func:`record_id`) and backend."""
     return record_id(record), str(record.get("backend", ""))
+
+
+def goldens_rebuilt(records: Iterable[Record]) -> list[dict[str, str]]:
+    """Every golden a run found damaged or stale and rebuilt, with why and the test that found it (run.json's
+    ``goldens_rebuilt``, the terminal summary's lines), in the records' order."""
+    found = []
+    for record in records:
+        rebuilt = record.get("golden_rebuilt")
+        if isinstance(rebuilt, Mapping):
+            found += [
+                {"case_id": str(case), "why": str(why), "test": str(record.get("test"))}
+                for case, why in rebuilt.items()
+            ]
+    return found
 
 
 def sort_records(records: Iterable[Record]) -> list[Record]:

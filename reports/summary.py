@@ -30,7 +30,7 @@ from mlaconf.reports.aggregate import (
     verdict,
     worst_cases,
 )
-from mlaconf.reports.records import Record
+from mlaconf.reports.records import Record, goldens_rebuilt
 
 Markup = dict[str, bool]
 Cell = tuple[str, Markup]
@@ -259,6 +259,11 @@ def write_terminal(tr: Any, records: Sequence[Record], report_dir: Path) -> None
     unknown = release_unknown_line(str(r.get("message") or "") for r in records)
     if unknown:
         tr.write_line(unknown, yellow=True)
+    rebuilt = goldens_rebuilt(records)
+    if rebuilt:
+        tr.write_sep("-", f"goldens rebuilt during this run ({len(rebuilt)}): damaged or stale in the store")
+        for entry in rebuilt:
+            tr.write_line(rebuilt_line(entry), yellow=True)
     failed = sum(verdict(r) == "failed" for r in records)
     errors = sum(verdict(r) == "error" for r in records)  # an interrupted or crashed test is an error, not a failure
     suites = sorted({str(r.get("suite") or "conformance") for r in records})
@@ -276,6 +281,11 @@ def write_terminal(tr: Any, records: Sequence[Record], report_dir: Path) -> None
         red=bool(failed or errors),
         green=not (failed or errors),
     )
+
+
+def rebuilt_line(entry: Mapping[str, str]) -> str:
+    """One golden the run rebuilt, in one line: the case, why, and the test that found it."""
+    return f"golden rebuilt: {entry['case_id']}: {entry['why']} (found by {entry['test']})"
 
 
 def run_verdict(passed: bool, directory: Path) -> str:

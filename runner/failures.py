@@ -3,6 +3,10 @@ a record's :class:`mlaconf.reports.records.Failure` (where it happened, how long
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import subprocess
+
 import pytest
 
 from mlaconf import ROOMS
@@ -66,13 +70,46 @@ def failure_of(item: pytest.Item, excinfo: pytest.ExceptionInfo[BaseException]) 
     return Failure("exception", excinfo.typename, short_text(message), _where(excinfo))
 
 
+#: pytest-timeout's thread method ends a hung test's process with this exit status (``os._exit(1)``).
+TIMEOUT_EXIT_STATUS = 1
+#: How long the controller waits for a worker whose connection closed to be reaped (it is exiting then).
+REAP_S = 10.0
+
+
+def worker_exit_status(worker: object) -> int | None:
+    """The exit status of a crashed xdist worker's process (negative: the signal that killed it), None where it
+    cannot be read: xdist hands the crash report its worker, whose execnet gateway started the process
+    (``gateway._io.popen``: execnet's own handle, which its ``Group.terminate`` waits on and kills too)."""
+    popen = getattr(getattr(getattr(worker, "gateway", None), "_io", None), "popen", None)
+    if not isinstance(popen, subprocess.Popen):
+        return None
+    try:
+        return popen.wait(timeout=REAP_S)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def exit_text(status: int) -> str:
+    """How a process ended, in words: ``exited with status 3``, ``was killed by SIGKILL``."""
+    if status < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-status).name}"
+        return f"was killed by signal {-status}"
+    return f"exited with status {status}"
+
+
 def crash_failure(
-    report: pytest.TestReport, elapsed: float | None, timeout: float | None, method: str
+    report: pytest.TestReport, elapsed: float | None, timeout: float | None, method: str, exit_status: int | None
 ) -> tuple[str, Failure]:
-    """The message and failure of a test whose xdist worker died under it (a thread-method timeout kills it too)."""
+    """The message and failure of a test whose xdist worker died under it.  A worker pytest-timeout's thread
+    method ended (its exit status 1, or an unknown one, at the test's time limit) timed out; any other death
+    is a crash with its exit status, whatever other tests did."""
     text = str(report.longrepr or "worker crashed")
-    if timeout and method == "thread" and elapsed is not None and elapsed >= 0.9 * timeout:
-        failure = Failure("timeout", "Timeout", text, "", timeout)
+    killed_by_timeout = exit_status in (None, TIMEOUT_EXIT_STATUS)
+    if killed_by_timeout and timeout and method == "thread" and elapsed is not None and elapsed >= 0.9 * timeout:
+        failure = Failure("timeout", "Timeout", text, "", timeout, exit_status)
         return f"{failure.text()} (pytest-timeout's thread method killed the worker)", failure
-    failure = Failure("crash", "WorkerCrash", text, "")
+    if exit_status is not None:
+        text = f"{text}: it {exit_text(exit_status)}"
+    failure = Failure("crash", "WorkerCrash", text, "", None, exit_status)
     return failure.text(), failure

@@ -23,6 +23,7 @@ resume, run.json's status, the last writes).  Which tests are MLA tests is
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import os
 import time
@@ -37,7 +38,7 @@ from mlaconf.reports import records
 from mlaconf.reports.records import PROPERTY_NAME, Failure, Record, RecordError, ResultRecord
 from mlaconf.runner.applicability import declared_reason
 from mlaconf.runner.ending import RecordOutcome, failure_ending, never_ran_record
-from mlaconf.runner.failures import crash_failure, failure_of, short_text
+from mlaconf.runner.failures import crash_failure, failure_of, short_text, worker_exit_status
 from mlaconf.runner.identity import BACKEND_LABELS, identity, identity_from_nodeid, is_mla_test, is_mla_test_id
 from mlaconf.runner.run_directory import ReportState, Run, is_never_ran
 
@@ -56,6 +57,9 @@ IDENTITY_NAME = "mla_identity"
 PENDING = pytest.StashKey[ResultRecord]()
 #: The record a test attached, kept as the object until its phase ends (then serialised once).
 ATTACHED = pytest.StashKey[ResultRecord]()
+#: Goldens this process's store rebuilt (damaged or stale) since the last test's record took them: case id -> why
+#: (:class:`mlaconf.runner.run_store.RunStore`).
+REBUILT = pytest.StashKey[dict[str, str]]()
 
 
 def has_record(item: pytest.Item) -> bool:
@@ -116,6 +120,10 @@ def complete_report(item: pytest.Item, call: pytest.CallInfo[None], report: pyte
     else:
         record = _from_outcome(ident, outcome, report, item, excinfo)
     changes: dict[str, Any] = {}
+    rebuilt = item.config.stash.get(REBUILT, None)
+    if rebuilt and report.when != "teardown":  # the goldens this test rebuilt: its record says so
+        changes["golden_rebuilt"] = {**(record.golden_rebuilt or {}), **rebuilt}
+        rebuilt.clear()
     if outcome == "skipped" and (reason := declared_reason(excinfo)):
         changes["not_applicable"] = reason  # the backend's own declaration rules the test out
     if record.verdict != agreed_verdict(record.verdict, outcome):
@@ -223,6 +231,17 @@ class UnexpectedPassWarning(UserWarning):
     """A known deviation did not reproduce: confirm it and update judge/known_deviations.toml."""
 
 
+def end_workers(config: pytest.Config) -> None:
+    """End the session's xdist workers at once (execnet's own ``Group.terminate``, with no grace before its
+    kill).  After a stop a worker finishes the test it is running (``LeaveToTheController``) and xdist's
+    teardown waits up to 10 s for it, while the controller records nothing after the stop: that wait only
+    delayed the interrupted report (docs/reports.md, "Stopping and resuming", has the seconds)."""
+    nodes = getattr(config.pluginmanager.getplugin("dsession"), "nodemanager", None)
+    group = getattr(nodes, "group", None)
+    if group is not None:
+        group.terminate(timeout=0)
+
+
 class RecordGatherer:
     """Controller-only hooks: gather every MLA test's record from pytest's reports (making one for a test
     whose worker crashed or that never ran) and hand each to the run, which owns the report directory
@@ -274,9 +293,9 @@ class RecordGatherer:
         if str(report.when) == "???":  # xdist: the worker died while running this test
             ident = ident or identity_from_nodeid(report.nodeid, self._backend_labels())
             seen = state.setup_seen.get(report.nodeid)
-            message, failure = crash_failure(
-                report, None if seen is None else time.time() - seen, self._timeout(), self._timeout_method()
-            )
+            elapsed = None if seen is None else time.time() - seen
+            status = worker_exit_status(getattr(report, "node", None))
+            message, failure = crash_failure(report, elapsed, self._timeout(), self._timeout_method(), status)
             made = failure_ending("failed", message, failure).record(ident)
         elif ident is not None:  # an MLA test whose record got lost on the way: never silently
             failure = Failure("exception", "", short_text(str(report.longrepr or "")), "")
@@ -366,6 +385,15 @@ class RecordGatherer:
             state.records.append(never_ran_record(ident, why).to_dict())
         state.problems.append(f"{len(unrun)} of {len(state.selected)} selected MLA tests never ran: {why}")
         return status
+
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+        """A stopped run's xdist workers are ended now, before its report is written, not waited for; and the
+        objects the session made so far are frozen out of the garbage collector: pytest's five full collections
+        at its end (for unraisable exceptions) would walk everything torch's import made again (a second on 2
+        cores), while the stopped run has only its report left to write."""
+        if excinfo.errisinstance(KeyboardInterrupt):
+            end_workers(self.config)
+            gc.freeze()
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         from mlaconf.reports import summary

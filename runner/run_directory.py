@@ -220,8 +220,10 @@ class Run:
         if state.collection_errors:
             state.problems.append(f"{state.collection_errors} error(s) during collection: the selection is not whole")
             return "collection_error"
+        # a run stopped short without a crashed worker (status interrupted) whose tests timed out; a crashed
+        # worker (status crashed) stays a crash whatever other tests did
         timed_out = any((record.get("failure") or {}).get("kind") == "timeout" for record in state.records)
-        return "timed_out" if status in ("crashed", "interrupted") and timed_out else status
+        return "timed_out" if status == "interrupted" and timed_out else status
 
     def run_document(self, finished: float | None, status: str) -> dict[str, Any]:
         """run.json: the lead's run info, then run facts, status and the environment (these win);
@@ -266,6 +268,7 @@ class Run:
                 ),
                 "environment": env.collect(Path(__file__).resolve().parent.parent),
                 "goldens": goldens_facts(),
+                "goldens_rebuilt": records.goldens_rebuilt(state.records),
                 "invocation_dir": str(config.invocation_params.dir),
             }
             | run_state.to_dict()

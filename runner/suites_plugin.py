@@ -26,7 +26,7 @@ from mlaconf.harness import registry
 from mlaconf.runner import hypothesis_profiles
 from mlaconf.runner.front_door import check_front_door, report_state
 from mlaconf.runner.identity import BACKEND_LABELS, MLA_PARAMETER, is_mla_test
-from mlaconf.runner.recording import MlaReport, RecordGatherer, complete_report, has_record
+from mlaconf.runner.recording import REBUILT, MlaReport, RecordGatherer, complete_report, has_record
 from mlaconf.runner.run_directory import STATE, deselect_recorded
 from mlaconf.runner.selection import (
     ALL_SUITES,
@@ -280,31 +280,33 @@ def mla_backend(mla_backend_name: str, mla_backend_cache: dict[str, Backend]) ->
 
 @pytest.fixture(scope="session")
 def mla_golden_store(pytestconfig: pytest.Config) -> Iterator[GoldenStore]:
+    """The run's store (:class:`mlaconf.runner.run_store.RunStore`): what it rebuilds goes into the records."""
     from mlaconf.golden.building import progress
     from mlaconf.golden.building.generate import build_golden
-    from mlaconf.golden.store.directory import GoldenStore
+    from mlaconf.runner.run_store import RunStore
 
-    store = GoldenStore(pytestconfig.getoption("mla_golden_dir") or None)
+    store = RunStore(pytestconfig.getoption("mla_golden_dir") or None, pytestconfig.stash.setdefault(REBUILT, {}))
     write = progress.fd_writer(pytestconfig.stash[TERMINAL_FD])
-    store.builder = on_demand_builder(write, store.root, build_golden)
+    store.builder = on_demand_builder(write, store, build_golden)
     remove = progress.add_listener(progress.Announcer(write))
     yield store
     remove()
 
 
-def on_demand_builder(write: Callable[[str], None], root: Path, build: Builder) -> Builder:
-    """The store's builder, with one line the first time this process's store builds a golden: a run that
-    generates them says so (they may take minutes and hundreds of MB), and how to build them ahead.  Only
-    the store's builds: a golden made outside the store on purpose (the property suite's) says nothing."""
+def on_demand_builder(write: Callable[[str], None], store: GoldenStore, build: Builder) -> Builder:
+    """The store's builder, with one line the first time this process's store builds a missing golden: a run
+    that generates them says so (they may take minutes and hundreds of MB), and how to build them ahead.  Only
+    the store's builds of missing goldens: a damaged or stale one it rebuilds is said in the run's summary, and
+    a golden made outside the store on purpose (the property suite's) says nothing."""
     told = False
 
     def build_missing(spec: CaseSpec) -> GoldenCase:
         nonlocal told
-        if not told:
+        if not told and not store.path_for(spec).exists():
             told = True
             write(
-                f"golden: {spec.case_id} is not in the store {root}: generating missing goldens on demand "
-                f"('mlaconf regen SUITE --out {root}' builds them ahead)"
+                f"golden: {spec.case_id} is not in the store {store.root}: generating missing goldens on demand "
+                f"('mlaconf regen SUITE --out {store.root}' builds them ahead)"
             )
         return build(spec)
 

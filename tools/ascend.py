@@ -1,7 +1,7 @@
 """``mlaconf ascend``: the one command to run on an Ascend box (``native/run_on_ascend.sh`` calls it).
 
 Build the extension (and check ``atb_abi.h`` against the installed headers), probe the chip, the
-ATB/CANN releases and the driver, regenerate the smoke goldens, run smoke on every available NPU
+ATB/CANN releases and the driver, regenerate the smoke and metamorphic goldens, run them on every available NPU
 backend and on torch-cpu over the same goldens, diff ATB against each of the others, and pack the
 run directories, the probe and the environment into one archive to send back.  Every step's
 command and output go to ``<out>/logs/``; ``--dry-run`` prints the plan and runs only the probe.
@@ -32,7 +32,9 @@ from mlaconf.tools.facts_report import write_facts_report
 
 #: The reference every NPU backend is also compared with, on the same goldens.
 CPU_REFERENCE = "torch-cpu"
-SUITE = "smoke"
+#: What the device runs: smoke's conformance (and its error contract) and the metamorphic relations
+#: (determinism, batch order, padding contents: what a tolerance cannot see on a real kernel).
+SUITES = ("smoke", "metamorphic")
 #: Exit status when nothing could run: a build prerequisite is missing, or no NPU backend is available.
 STOPPED_AT_PROBE = 3
 #: What the build (``pip install -e . --no-build-isolation``) imports from the venv itself, by module name
@@ -151,14 +153,14 @@ def missing_build_requirements(root: Path | None = SOURCE_ROOT) -> list[str]:
 def run_steps(
     available: Sequence[str], out: Path, golden_dir: Path, jobs: str, root: Path | None = SOURCE_ROOT
 ) -> list[Step]:
-    """The harness's own NPU tests (with ATB, in a checkout), regenerate the goldens, run smoke on each
-    available NPU backend and torch-cpu, diff ATB (else the first NPU backend) against the others."""
+    """The harness's own NPU tests (with ATB, in a checkout), regenerate the goldens, run smoke and the
+    metamorphic relations on each available NPU backend and torch-cpu, diff ATB (else the first NPU backend) against the others."""
     mlaconf = [sys.executable, "-m", "mlaconf"]
     steps = []
     if "atb" in available and root is not None and (root / "tests").is_dir():
         tests = [sys.executable, "-m", "pytest", "-m", "npu", "-q", "-p", "no:cacheprovider", str(root / "tests")]
         steps.append(Step("npu-tests", tests))
-    steps.append(Step("regen", [*mlaconf, "regen", SUITE, "--out", str(golden_dir)]))
+    steps.append(Step("regen", [*mlaconf, "regen", *SUITES, "--out", str(golden_dir)]))
     backends = [*available, CPU_REFERENCE]
     for name in backends:
         steps.append(
@@ -167,8 +169,7 @@ def run_steps(
                 [
                     *mlaconf,
                     "run",
-                    "--suite",
-                    SUITE,
+                    *(arg for suite in SUITES for arg in ("--suite", suite)),
                     "--backend",
                     name,
                     "--golden-dir",

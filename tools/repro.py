@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import importlib
 import json
+import math
 import platform
 import re
 import sys
@@ -25,7 +26,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from mlaconf.facts.operator import V_DIM
 from mlaconf.facts.processes import INTERRUPTED
 from mlaconf.golden.building.generate import build_golden
 from mlaconf.golden.specs.layout import kv_starts
@@ -290,36 +290,9 @@ def _bits(array: np.ndarray) -> np.ndarray:
     return array.view(np.uint16) if array.dtype.itemsize == 2 and array.dtype != np.float16 else array
 
 
-def element_numbers(
-    out: np.ndarray, golden: np.ndarray, valid: np.ndarray, named: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """``out`` and the golden at one element: the one the verdict ``named`` (the record's ``worst_element``,
-    where the failure text points), else the element of largest ``|out - g|`` over the valid rows (NaN/Inf
-    first); the script prints both the same way."""
-    rows = valid.shape[0]
-    got = np.asarray(out, dtype=np.float64).reshape(rows, -1)
-    want = np.asarray(golden, dtype=np.float64).reshape(rows, -1)
-    with np.errstate(invalid="ignore"):
-        err = np.where(valid[:, None], np.abs(got - want), -1.0)
-    err = np.where(np.isnan(err), np.inf, err)
-    if named is not None:
-        token, column = int(named["token"]), int(named["head"]) * V_DIM + int(named["column"])
-    else:
-        token, column = divmod(int(np.argmax(err)), got.shape[1])
-    return {
-        "token": token,
-        "head": column // V_DIM,
-        "column": column % V_DIM,
-        "actual": float(got[token, column]),
-        "expected": float(want[token, column]),
-        "abs_error": float(err[token, column]),
-        "located_by": str(named["located_by"]) if named is not None else "largest_abs_error",
-    }
-
-
-def _element_text(named: Mapping[str, Any]) -> str:
-    """The element the verdict names, as the failure text says it (judge.metrics.Element.text)."""
-    return Element(**{f.name: named[f.name] for f in dataclasses.fields(Element)}).text()
+def element_text(named: Mapping[str, Any] | None) -> str:
+    """The element the verdict names, in the failure text's words (:meth:`judge.metrics.Element.text`)."""
+    return Element.from_dict(named).text() if named is not None else "none named (no numeric verdict)"
 
 
 def backend_kind(name: str) -> str:
@@ -350,8 +323,9 @@ def write_atb_inputs(
     reference = np.ascontiguousarray(golden.out, dtype=np.float64).reshape(rows, -1)
     data.update(golden=reference.tobytes(), row_valid=golden.row_valid.astype(np.uint8).tobytes())
     lines.append(f"golden {rows} {reference.shape[1]}")
-    if named is not None:
-        lines.append(f"named {named['token']} {named['head']} {named['column']} {named['located_by']}")
+    if named is not None:  # the element's place in the case and its bound, to print it in the failure text's words
+        at = " ".join(str(named[key]) for key in ("batch", "row_in_batch", "token", "head", "column"))
+        lines.append(f"named {at} {float(named.get('bound', math.nan))!r} {named['located_by']}")
     inputs = out_dir / "atb_inputs"
     inputs.mkdir(exist_ok=True)
     for name, payload in data.items():
@@ -444,12 +418,7 @@ def write_repro(first: Attempt, name: str, out_dir: Path) -> list[str]:
     }
     numbers: dict[str, Any] = {}
     if first.result.output is not None:
-        out, valid = first.result.output, golden.row_valid
-        numbers = {
-            "relative_error": relative_error(out, golden.out, valid),
-            "worst_element": element_numbers(out, golden.out, valid, record.worst_element),
-            "largest_abs_error": element_numbers(out, golden.out, valid),
-        }
+        numbers = {"relative_error": relative_error(first.result.output, golden.out, golden.row_valid)}
     verdict = {
         "test": f"test_conformance[{spec.case_id}-{name}]",
         "verdict": record.verdict,
@@ -492,10 +461,10 @@ def write_repro(first: Attempt, name: str, out_dir: Path) -> list[str]:
     }[kind]
     status = "FAILS" if first.failed else f"does not fail ({record.verdict})"
     cause = f"; likely cause: {record.likely_cause['text']}" if record.likely_cause else ""
-    named = f"; worst element {_element_text(record.worst_element)}" if record.worst_element else ""
     (out_dir / "README").write_text(
-        f"MLA prefill case {spec.case_id} on {name} {status}: {first.check or 'no failing check'}{cause}{named}.\n"
-        f"Run: {run_line}; it prints the relative error and worst element recorded in verdict.json.\n"
+        f"MLA prefill case {spec.case_id} on {name} {status}: {first.check or 'no failing check'}{cause}.\n"
+        f"Worst element: {element_text(record.worst_element)}.\n"
+        f"Run: {run_line}; it prints the relative error and the worst element recorded in verdict.json.\n"
         "Files: case.npz (inputs, golden; layout in call.json), call.json (arguments), verdict.json, env.json.\n"
     )
     return ["README", "case.npz", "call.json", "verdict.json", "env.json", script, *extra]
@@ -514,4 +483,5 @@ def run_repro(args: argparse.Namespace) -> int:
         print(f"{first.spec.case_id} fails on {name} by {first.check}: wrote {', '.join(files)} to {args.out}")
         if first.record.likely_cause:
             print(f"likely cause: {first.record.likely_cause['text']}")
+    print(f"worst element: {element_text(first.record.worst_element)}")
     return 0

@@ -187,7 +187,7 @@ def test_emulated_atb_path_is_inside_and_one_planted_error_is_not(spec: CaseSpec
     bad[tok, head, col] = bound_probe + 1.0  # far beyond any bound: the probe is the worst element
     probe = model_ratio(bad, golden.out, golden.row_valid, golden.magnitudes, spec, false_alarm=1e-6, safety=2.0)
     bound = 1.0 / probe.max_ratio
-    assert probe.bound == pytest.approx(bound)
+    assert probe.element is not None and probe.element.bound == pytest.approx(bound)
     bad[tok, head, col] = bound_probe + 1.5 * bound
     result = model_ratio(bad, golden.out, golden.row_valid, golden.magnitudes, spec, false_alarm=1e-6, safety=2.0)
     assert result.max_ratio == pytest.approx(1.5, rel=1e-6) and result.n_over == 1 + clean.n_over

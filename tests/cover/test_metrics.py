@@ -18,7 +18,8 @@ BF16 = ml_dtypes.bfloat16
 
 def _worst(m: Metrics) -> tuple[int, int, int, int, int]:
     """(batch, row in batch, token, head, column) of the worst element."""
-    return m.worst_batch, m.worst_row_in_batch, m.worst_token, m.worst_head, m.worst_column
+    assert m.worst is not None
+    return m.worst.batch, m.worst.row_in_batch, m.worst.token, m.worst.head, m.worst.column
 
 
 def _hand_case() -> tuple[np.ndarray, np.ndarray, np.ndarray, list[int]]:
@@ -59,8 +60,9 @@ def test_hand_computed_example_fp16() -> None:
     assert m.nan_positions_match and m.inf_positions_match and m.finite
     # worst ATB-scaled element: token 2 = batch 1, row 1; head 0, column 1
     assert _worst(m) == (1, 1, 2, 0, 1)
-    assert (m.worst_expected, m.worst_actual) == (1.5, 1.5 - 2**-9)
-    assert "batch 1 row 1 (token 2) head 0 col 1" in m.worst_text()
+    assert m.worst is not None and (m.worst.expected, m.worst.actual, m.worst.error) == (1.5, 1.5 - 2**-9, 2**-9)
+    assert m.worst.text().startswith("batch 1 row 1 (token 2) head 0 col 1: golden 1.5, got 1.49805, error 0.00195312")
+    assert "worst" not in m.to_dict()  # a record names one element: the verdict's, not the metrics' own
 
 
 def test_bf16_floor_and_thousandth_threshold() -> None:
@@ -175,7 +177,7 @@ def test_to_dict_is_plain_and_round_trips() -> None:
 
 def test_nothing_valid_gives_empty_metrics() -> None:
     m = compute_metrics(np.zeros((2, 1, 1), np.float16), np.zeros((2, 1, 1)), np.zeros(2, bool), "fp16", [2])
-    assert m.n_elements == 0 and m.worst_token == -1 and m.worst_text() == "no element checked"
+    assert m.n_elements == 0 and m.worst is None
 
 
 @pytest.mark.parametrize(

@@ -25,9 +25,7 @@ def _model(ratio: float) -> ModelResult:
         100,
         int(ratio > 1),
         7.0,
-        Element(0, 1, 1, 0, 2, 0.5, 0.5, "model:max_err_over_bound"),
-        1e-4,
-        1e-4 / ratio if ratio else 1.0,
+        Element(0, 1, 1, 0, 2, 0.5, 0.5, "model:max_err_over_bound", 1e-4, 1e-4 / ratio if ratio else 1.0),
         {"p_round": 1e-4},
     )
 

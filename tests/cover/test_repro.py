@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -17,8 +18,9 @@ from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.suites import load_suites
 from mlaconf.harness import registry
 from mlaconf.judge.causes import relative_error
+from mlaconf.judge.metrics import Element
 from mlaconf.reports.records import ResultRecord
-from mlaconf.tools.repro import attempt, element_numbers, resolve, score_elements, shrink, write_repro
+from mlaconf.tools.repro import attempt, resolve, score_elements, shrink, write_repro
 from tests import fake_torch_npu
 from tests.fake_torch_npu import CpuFusedInferAttention, CpuRingMla
 
@@ -54,7 +56,7 @@ def test_a_correct_backend_has_nothing_to_shrink(capsys: pytest.CaptureFixture[s
 def test_repro_of_a_passing_test_says_so_and_reruns_standalone(tmp_path: Path) -> None:
     assert main(["repro", CASE, "--backend", "torch-cpu", "--out", str(tmp_path)]) == 0
     assert "does not fail (passed)" in (tmp_path / "README").read_text()
-    assert len((tmp_path / "README").read_text().splitlines()) == 3
+    assert len((tmp_path / "README").read_text().splitlines()) == 4
     verdict = json.loads((tmp_path / "verdict.json").read_text())
     printed = subprocess.run(
         [sys.executable, "repro.py"], cwd=tmp_path, capture_output=True, text=True, check=True
@@ -68,29 +70,32 @@ def test_repro_of_a_passing_test_says_so_and_reruns_standalone(tmp_path: Path) -
 TINY = "fp16-causal-krope_ctkv-b1-s1-kv2-h14-g2-q2d-padded-sinks-871437f8"
 
 
-def test_the_failure_text_and_the_repro_name_one_worst_element(tmp_path: Path) -> None:
-    """The element the failure text names is the record's ``worst_element``, and the one verdict.json, the
-    README and the standalone repro.py name as the worst; the largest |out - g| is printed apart."""
+def test_the_failure_text_and_the_repro_name_one_worst_element(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The element the failure text names is the record's ``worst_element``, in the same words as verdict.json's,
+    the README's, ``mlaconf repro``'s and the standalone repro.py's (which prints its own run's value there):
+    the error model's, not the element of largest |out - g|."""
     assert main(["repro", f"{TINY}-tests.standalone_defect:top_left", "--out", str(tmp_path)]) == 0
     verdict = json.loads((tmp_path / "verdict.json").read_text())
     named = verdict["worst_element"]
     assert verdict["verdict"] == "failed" and named["located_by"] == "model:max_err_over_bound"
-    where = f"batch {named['batch']} row {named['row_in_batch']} (token {named['token']}) "
-    where += f"head {named['head']} col {named['column']}: expected {named['expected']:.6g}, "
-    where += f"actual {named['actual']:.6g}"
-    assert verdict["message"].split("Worst element: ")[1].startswith(where), verdict["message"]
-    assert f"worst element {where}." in (tmp_path / "README").read_text()
-    numbers = verdict["repro_numbers"]["worst_element"]
-    assert [numbers[k] for k in ("token", "head", "column")] == [named[k] for k in ("token", "head", "column")]
+    line = named["text"]
+    assert line == Element.from_dict(named).text() and f"error {named['error']:.6g}, bound {named['bound']:.6g}" in line
+    assert verdict["message"].endswith(f"Worst element: {line}."), verdict["message"]
+    assert f"Worst element: {line}.\n" in (tmp_path / "README").read_text()
+    assert f"worst element: {line}\n" in capsys.readouterr().out
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # the plug-in backend is this checkout's tests.standalone_defect
     printed = subprocess.run(
         [sys.executable, "repro.py"], cwd=tmp_path, env=env, capture_output=True, text=True, check=True
-    ).stdout.splitlines()
-    worst = next(line for line in printed if line.startswith("worst_element "))
-    at = f"token {named['token']} head {named['head']} column {named['column']} "
-    assert worst.startswith(f"worst_element {at}actual {named['actual']:.6g} expected {named['expected']:.6g} ")
-    largest = next(line for line in printed if line.startswith("largest_abs_error "))
-    assert not largest.startswith(f"largest_abs_error {at}")  # a largest-|diff| repro would name another element
+    ).stdout
+    assert f"worst element: {line}\n" in printed
+    spec, name = resolve(f"{TINY}-tests.standalone_defect:top_left", None, None)
+    again = attempt(spec, registry.create(name), "default")
+    assert again.result.output is not None
+    err = np.abs(again.result.output.astype(np.float64) - again.golden.out).reshape(spec.total_q, -1)
+    token, column = divmod(int(np.argmax(err)), err.shape[1])
+    assert (token, column) != (named["token"], named["head"] * 128 + named["column"])  # not the largest |out - g|
 
 
 def test_an_unknown_case_is_one_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -127,7 +132,7 @@ def test_atb_repro_builds_and_makes_the_harness_call(tmp_path: Path, atb_double_
     env = {**os.environ, "MLA_ATB_DOUBLE_RECORD": str(tmp_path / "record.json")}
     printed = subprocess.run(["./repro"], cwd=out, env=env, capture_output=True, text=True, check=True).stdout
     assert "AtbMLAPreFillGetWorkspaceSize status 0" in printed and "AtbMLAPreFill status 0" in printed
-    assert "relative_error inf" in printed and "largest_abs_error token 0 head 0 column 0 actual nan" in printed
+    assert "relative_error inf" in printed and ", got nan, error inf, bound " in printed
     record = json.loads((tmp_path / "record.json").read_text())
     call = record["workspace_calls"][0]
     spec, _ = resolve(CASE, "torch-cpu", None)
@@ -142,20 +147,18 @@ def test_atb_repro_builds_and_makes_the_harness_call(tmp_path: Path, atb_double_
     # verdict.json's, fp16 decoding, relative error and worst element alike.
     first = attempt(spec, registry.create("torch-cpu"), "default")
     answer = np.asarray(first.result.output, dtype=np.float16)
-    answer.flat[12345] = 7.0  # one element far off, so the worst element is a real one
+    answer.flat[12345] = 7.0  # one element far off: the program still names the verdict's element, not this one
     (tmp_path / "answer.bin").write_bytes(answer.tobytes())
     env["MLA_ACL_DOUBLE_ANSWER"] = str(tmp_path / "answer.bin")
     printed = subprocess.run(["./repro"], cwd=out, env=env, capture_output=True, text=True, check=True).stdout
     golden, valid = first.golden.out, first.golden.row_valid
     value = float(printed.split("relative_error ")[1].split()[0])
     assert value == pytest.approx(relative_error(answer, golden, valid), rel=1e-5)
-    largest = element_numbers(answer, golden, valid)
-    assert f"largest_abs_error token {largest['token']} head {largest['head']} column {largest['column']} " in printed
-    named = first.record.worst_element  # the element the verdict named, wherever the answer's largest error is
+    named = first.record.worst_element  # the element the verdict named, in its words, with the answer's value there
     assert named is not None and named["located_by"] == "model:max_err_over_bound"
-    at = f"worst_element token {named['token']} head {named['head']} column {named['column']} "
-    value = answer.reshape(len(valid), -1)[named["token"], named["head"] * 128 + named["column"]]
-    assert at in printed and printed.split(at)[1].startswith(f"actual {value:.6g} ")
+    value = float(answer.reshape(len(valid), -1)[named["token"], named["head"] * 128 + named["column"]])
+    there = dataclasses.replace(Element.from_dict(named), actual=value, error=abs(value - named["expected"]))
+    assert f"worst element: {there.text()}\n" in printed
 
 
 def _bf16_causal_with_prefix() -> CaseSpec:

@@ -3,7 +3,9 @@
 A ``sitecustomize`` on PYTHONPATH installs ``tests.fake_torch_npu`` and points the torch_npu backends
 at the CPU in each Python process the command starts, so the probe admits ring-mla and npu-fia (ATB
 has no libatb here), then regen, three smoke runs over the same goldens, two diffs and the archive
-all run for real.  The goldens are the session's shared store's (``--golden-dir``): regen finds smoke's
+all run for real.  The same rehearsal shows that ring-mla and npu-fia pass the whole smoke suite
+(conformance and metamorphic; the error contract skips: neither has one) through the plugin: its runs'
+records are read.  The goldens are the session's shared store's (``--golden-dir``): regen finds smoke's
 there, or builds it once for every test that runs smoke; that the archive leaves a box's own store
 behind is tests/cover/test_ascend_command.py's.
 """
@@ -15,8 +17,14 @@ import os
 import subprocess
 import sys
 import tarfile
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from mlaconf.golden.specs.suites import load_suites
+from mlaconf.harness.npu_ops import FIA_MAX_GROUP
 from tests.machine import HANG_S
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,35 +38,25 @@ npu_ops._TorchNpuOpBackend.device_type = "cpu"
 """
 
 
-def test_the_device_command_runs_through_on_the_fake(tmp_path: Path, shared_golden: Path) -> None:
-    site = tmp_path / "site"
+@pytest.fixture(scope="module")
+def rehearsal(tmp_path_factory: pytest.TempPathFactory, shared_golden: Path) -> tuple[Path, str]:
+    """The folder ``mlaconf ascend --out box`` ran in, and its exit status and output (asserted by the tests)."""
+    work = tmp_path_factory.mktemp("ascend")
+    site = work / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITE.format(root=str(ROOT)))
-    env = {**os.environ, "PYTHONPATH": f"{site}:{ROOT}", "MLA_ATB_LIB": str(tmp_path / "no-libatb.so")}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mlaconf",
-            "ascend",
-            "--no-build",
-            "--out",
-            "box",
-            "-n",
-            "2",
-            "--golden-dir",
-            str(shared_golden),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=HANG_S,
-        check=False,
-    )
+    env = {**os.environ, "PYTHONPATH": f"{site}:{ROOT}", "MLA_ATB_LIB": str(work / "no-libatb.so")}
+    argv = [sys.executable, "-m", "mlaconf", "ascend", "--no-build", "--out", "box", "-n", "2"]
+    argv += ["--golden-dir", str(shared_golden)]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=work, env=env, timeout=HANG_S, check=False)
     text = done.stdout + done.stderr
     assert done.returncode == 0, text[-4000:]
-    summary = json.loads((tmp_path / "box" / "summary.json").read_text())
+    return work, text
+
+
+def test_the_device_command_runs_through_on_the_fake(rehearsal: tuple[Path, str]) -> None:
+    work, _ = rehearsal
+    summary = json.loads((work / "box" / "summary.json").read_text())
     assert [(s["name"], s["exit"]) for s in summary["steps"]] == [
         ("regen", 0),
         ("smoke-ring-mla", 0),
@@ -68,9 +66,33 @@ def test_the_device_command_runs_through_on_the_fake(tmp_path: Path, shared_gold
         ("diff-ring-mla-vs-torch-cpu", 0),
     ]
     for backend in ("ring-mla", "npu-fia", "torch-cpu"):
-        run = json.loads((tmp_path / "box" / "runs" / backend / "run.json").read_text())
+        run = json.loads((work / "box" / "runs" / backend / "run.json").read_text())
         assert run["status"] == "complete", run
-    with tarfile.open(tmp_path / "box.tar.gz") as tar:
+    with tarfile.open(work / "box.tar.gz") as tar:
         names = tar.getnames()
     assert "box/runs/npu-fia/results.jsonl" in names and "box/diffs/ring-mla-vs-torch-cpu/diff.json" in names
     assert "box/facts_report.md" in names and "box/facts_report.json" in names  # what settles each unconfirmed fact
+
+
+def _records(work: Path, backend: str) -> list[dict[str, Any]]:
+    lines = (work / "box" / "runs" / backend / "results.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def test_smoke_passes_through_the_fake_on_both_backends(rehearsal: tuple[Path, str]) -> None:
+    work, _ = rehearsal
+    records = _records(work, "ring-mla") + _records(work, "npu-fia")
+    verdicts = Counter((r["backend"], r["suite"], r["verdict"]) for r in records)
+    smoke = len(load_suites(["smoke"]))
+    assert verdicts[("ring-mla", "conformance", "passed")] == smoke, verdicts
+    # npu-fia takes TND in bf16 only and GQA groups up to FIA_MAX_GROUP: those cases skip as Unsupported
+    # (not applicable), every other case passes
+    fia_skips = [
+        r for r in records if r["backend"] == "npu-fia" and r["suite"] == "conformance" and r["verdict"] == "skipped"
+    ]
+    over_group = [r for r in fia_skips if r["dtype"] == "bf16" and f"> {FIA_MAX_GROUP}" in r.get("not_applicable", "")]
+    assert fia_skips and all(r["dtype"] == "fp16" or r in over_group for r in fia_skips), fia_skips[:3]
+    assert verdicts[("npu-fia", "conformance", "passed")] + len(fia_skips) == smoke, verdicts
+    for backend in ("ring-mla", "npu-fia"):
+        assert verdicts[(backend, "metamorphic", "passed")] > 0, verdicts
+    assert not [r for r in records if r["verdict"] in ("failed", "error")]

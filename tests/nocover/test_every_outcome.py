@@ -115,3 +115,24 @@ def test_thread_method_timeout_kills_the_worker_and_says_so(tmp_path: Path) -> N
 
 
 #: Fails every bf16 case by a wide margin (fp16 is computed right): hypothesis must shrink to bf16.
+
+
+@pytest.mark.timeout(4 * HANG_S)
+def test_a_worker_that_exits_is_a_crash_with_its_status_beside_a_timeout(tmp_path: Path) -> None:
+    """Two workers: one gets the hang and then h7 (three tests on two workers go round-robin), the other the
+    backend's ``os._exit(3)``: a crash, with its exit status, and the run, out of restarts, stops; the hang runs
+    on until pytest-timeout's thread method kills its worker (a timeout), h7 never runs, and the run ends
+    ``crashed``: the exit is never taken for a timeout because another test timed out."""
+    extra = ("-n", "2", "--max-worker-restart", "0", "--timeout-method", "thread", "--mla-timeout", "5")
+    result = run_misbehaving(tmp_path, *extra, "-k", "h5 or h6 or h7")
+    assert result.returncode == 1, result.output
+    records = {
+        int(r["case_id"].split("-h")[1].split("-")[0]): r for r in read_results(tmp_path / "report" / "results.jsonl")
+    }
+    hung, exited = ResultRecord.from_dict(records[5]), ResultRecord.from_dict(records[6])
+    assert hung.failure is not None and hung.failure.kind == "timeout", hung
+    assert exited.failure is not None and exited.failure.kind == "crash" and exited.failure.exit_status == 3, exited
+    assert "exited with status 3" in exited.message and "timed out" not in exited.message, exited.message
+    assert (records[7].get("failure") or {}).get("kind") == "not_run", records[7]
+    run = json.loads((tmp_path / "report" / "run.json").read_text())
+    assert run["status"] == "crashed", run

@@ -73,4 +73,4 @@ def test_repro_reruns_in_a_venv_without_mlaconf(tmp_path: Path) -> None:
     assert verdict["verdict"] == "failed"
     value = float(run.stdout.split("relative_error ")[1].split()[0])
     assert value == pytest.approx(verdict["repro_numbers"]["relative_error"], rel=1e-5)
-    assert f"token {verdict['repro_numbers']['worst_element']['token']} " in run.stdout
+    assert f"worst element: {verdict['worst_element']['text']}\n" in run.stdout

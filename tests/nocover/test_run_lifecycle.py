@@ -56,7 +56,10 @@ def command(work: Path, report: Path, *extra: str) -> list[str]:
 
 
 def environment(work: Path, **extra: str) -> dict[str, str]:
-    return child_env(paths=[work], extra=extra)
+    """The child's environment; pytest's numbered temporary folders under the test's own folder, so that a
+    stopped run's exit is never spent removing other sessions' old ones from a shared ``/tmp/pytest-of-USER``
+    (pytest does at exit, keeping 3: up to the grace on a machine whose test runs left gigabytes there)."""
+    return child_env(paths=[work], extra={"PYTEST_DEBUG_TEMPROOT": str(work), **extra})
 
 
 @pytest.fixture
@@ -250,7 +253,10 @@ def test_a_stop_signal_to_a_background_mlaconf_run_stops_it_keeping_every_finish
         sent, stopped_at = time.monotonic(), time.time()
         os.kill(pid, stop)
         out, _ = shell.communicate(timeout=HANG_S)
-        assert time.monotonic() - sent < within(30), "the run took more than seconds to stop"
+        took = time.monotonic() - sent
+        # about a second on a quiet 2-core machine: its workers are ended at once, not waited for (12.7-15.6 s when
+        # xdist's teardown waited for the tests in flight, near mlaconf run's 15 s grace)
+        assert took < within(4), f"the run took {took:.1f} s to stop"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(shell.pid, signal.SIGKILL)
