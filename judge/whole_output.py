@@ -19,6 +19,7 @@ shows no false alarm, tests/cover/test_sampled_judging.py).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -126,7 +127,7 @@ class _Found:
     def _element(self, token: int, head: int, column: int, actual: float, metric: str) -> Element:
         """An element the checks located; no golden value is known there (expected NaN)."""
         q_seqlen = self.spec.q_seqlen
-        return Element.at(int(token), head, column, q_seqlen, float("nan"), float(actual), f"whole_output:{metric}")
+        return Element.at(int(token), head, column, q_seqlen, (math.nan, float(actual)), f"whole_output:{metric}")
 
     def result(self) -> WholeOutput:
         return WholeOutput(self.elements, self.nonfinite, self.first_nonfinite, self.outside, self.excess, self.worst)
