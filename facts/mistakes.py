@@ -1,8 +1,9 @@
 """Kernel mistakes: the known ways an MLA prefill kernel gets the operator wrong, catalogued once.
 
 Each is planted as a defect (:mod:`mlaconf.harness.defects`: the torch backend made to compute it, so a
-power run measures whether a suite fails it) and recognised as a likely cause
-(:mod:`mlaconf.judge.causes`: the float64 golden recomputed with it, so a failing output is named by it).
+power run measures whether a suite fails it) and, where a float64 rewrite of the inputs reproduces it,
+recognised as a likely cause (:mod:`mlaconf.judge.causes`: the float64 golden recomputed with it, so a
+failing output is named by it; :data:`KERNEL_MISTAKES`).
 Both sides key on this catalogue: the name, what the planted kernel does wrong (the defect's description,
 the power tables' "what is wrong"), the words that complete a failure's "output matches the golden with
 ...", and the mistake's rule itself where it is a rule on the operator's scalars or indices (the scale a
@@ -62,6 +63,20 @@ STRIDED_AS_PACKED = KernelMistake(
     "the 3-D ragged kv form [B*max kv, Hkv, 128] read at packed offsets sum(kvSeqLen[:b]) instead of b * max kv",
     "the strided kv form read as packed (batch b's keys from row sum(kvSeqLen[:b]), not b * max kv)",
 )
+#: Mistakes planted only: they leave rows of attenOut unwritten or written at another row, which no float64
+#: rewrite of the inputs reproduces; the judge's whole-output checks (judge/whole_output.py) and a sampled
+#: golden's chosen rows catch them, so their ``explains`` words what those checks see.
+OUT_OFFSET_WRAP = KernelMistake(
+    "out_offset_wrap",
+    "attenOut's element offset of each (row, head) computed modulo 2^12 (a 32-bit offset wrapping, at a size a CPU "
+    "reaches): blocks past the first 4096 elements overwrite the first rows, the rest stay unwritten",
+    "attenOut written at offsets wrapped modulo a power of two",
+)
+TILE_ROWS_UNWRITTEN = KernelMistake(
+    "tile_rows_unwritten",
+    "rows 64-79 of every 128-row query tile never written (one 16-row fractal in the middle of the tile skipped)",
+    "rows in the middle of each query tile never written",
+)
 
 #: Every mistake both planted and diagnosed, by name.
 KERNEL_MISTAKES: dict[str, KernelMistake] = {
@@ -118,3 +133,14 @@ def packed_rows(kv_seqlen: Sequence[int]) -> list[tuple[int, int]]:
     batch b is read from row ``sum(kvSeqLen[:b])``, as if the padded or strided buffer were packed."""
     starts = [0, *itertools.accumulate(int(n) for n in kv_seqlen)]
     return list(itertools.pairwise(starts))
+
+
+def wrapped_offset(offset: int, bits: int) -> int:
+    """out_offset_wrap: where an element offset lands when it is computed modulo ``2**bits``."""
+    return offset % (1 << bits)
+
+
+def tile_rows_skipped(q_len: int, tile: int, first: int, count: int) -> list[int]:
+    """tile_rows_unwritten: the rows of a batch of ``q_len`` query rows that a kernel skipping rows
+    ``[first, first + count)`` of every ``tile``-row query tile never writes."""
+    return [row for row in range(q_len) if first <= row % tile < first + count]

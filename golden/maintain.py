@@ -120,7 +120,7 @@ def cmd_regen(args: argparse.Namespace) -> int:
     _warn_fit(fit, "regen")
     print(
         f"regen: {len(specs)} cases -> {store.root} (jobs {args.jobs}); all of them: "
-        f"{flops_text(sum(s.useful_flops for s in todo))} useful, "
+        f"{flops_text(sum(cost.golden_flops(s) for s in todo))} useful, "
         f"~{cost.human_bytes(sum(cost.stored_bytes(s) for s in todo))} on disk, "
         f"peak ~{cost.human_bytes(max((cost.peak_bytes(s) for s in todo), default=0))} per worker",
         file=sys.stderr,
@@ -150,7 +150,7 @@ def regen_on_cluster(ray: Any, args: argparse.Namespace, specs: Sequence[CaseSpe
     cpus = sum(float(n.get("CPU", 0.0)) for n in node_resources(ray))
     print(
         f"regen: {len(specs)} cases -> {store.root} on Ray ({cpus:g} CPUs, store {args.ray_store}); "
-        f"{flops_text(sum(s.useful_flops for s in todo))} useful, "
+        f"{flops_text(sum(cost.golden_flops(s) for s in todo))} useful, "
         f"~{cost.human_bytes(sum(cost.stored_bytes(s) for s in todo))} on disk",
         file=sys.stderr,
     )
@@ -177,6 +177,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1 if report.problems or not report.checked else 0
 
 
+def _sampled_text(spec: CaseSpec, full: CaseSpec) -> str:
+    """A sampled case's sample beside what its golden of every row would cost (nothing for a full case)."""
+    if not spec.sampled or spec.expect_error is not None:
+        return ""
+    return (
+        f"sampled {cost.golden_rows(spec)} of {spec.total_q} rows (every row: {flops_text(full.useful_flops)}, "
+        f"~{cost.human_bytes(cost.stored_bytes(full))}, peak ~{cost.human_bytes(cost.peak_bytes(full))})  "
+    )
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     try:
         specs = _select(args, default_all=True) or []
@@ -189,7 +199,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         return _fail(problem)
     fit = fit_here(store, [s for s in specs if s.expect_error is None], args.jobs)
     valid = 0
-    flops = disk = peak = 0
+    flops = disk = peak = full_flops = full_disk = 0
     for spec in specs:
         state = "error-case" if spec.expect_error else _state(store, spec)
         if spec.case_id in fit.refused:
@@ -198,15 +208,24 @@ def cmd_list(args: argparse.Namespace) -> int:
         path = store.path_for(spec)
         size = path.stat().st_size if path.exists() else cost.stored_bytes(spec)
         size_text = ("" if path.exists() else "~") + cost.human_bytes(size)
-        flops, disk, peak = flops + spec.useful_flops, disk + size, max(peak, cost.peak_bytes(spec))
+        work = cost.golden_flops(spec)
+        flops, disk, peak = flops + work, disk + size, max(peak, cost.peak_bytes(spec))
+        full = cost.full_case(spec)
+        full_flops, full_disk = full_flops + full.useful_flops, full_disk + cost.stored_bytes(full)
         print(
             f"{spec.case_id}  q{list(out_shape(spec))} kv{list(kv_shape(spec))}  "
-            f"{flops_text(spec.useful_flops)}  {size_text}  peak ~{cost.human_bytes(cost.peak_bytes(spec))}  "
-            f"{state}"
+            f"{flops_text(work)}  {size_text}  peak ~{cost.human_bytes(cost.peak_bytes(spec))}  "
+            f"{_sampled_text(spec, full)}{state}"
         )
+    sampled = sum(spec.sampled for spec in specs)
+    full_text = (
+        f" ({sampled} sampled; every row of every case: {flops_text(full_flops)}, ~{cost.human_bytes(full_disk)})"
+        if sampled
+        else ""
+    )
     print(
         f"total: {len(specs)} cases, {flops_text(flops)} useful, {cost.human_bytes(disk)} on disk, "
-        f"peak ~{cost.human_bytes(peak)} per worker (largest case)"
+        f"peak ~{cost.human_bytes(peak)} per worker (largest case){full_text}"
     )
     if args.suites:  # each named suite's t-way coverage of the factor model (mlaconf coverage lists the gaps)
         from mlaconf.golden.coverage.report import suite_coverage_lines
@@ -338,6 +357,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(_describe("golden/out", golden.out, golden.spec))
     print(_describe("baseline/out", golden.baseline_out, golden.spec))
     print(f"row_valid: {int(golden.row_valid.sum())} of {golden.row_valid.size} rows")
+    if golden.sample is not None:
+        reasons = ", ".join(f"{name} {count}" for name, count in golden.sample.counts().items())
+        print(f"sample: {golden.sample.rows.size} of {golden.spec.total_q} token rows ({reasons})")
     print("baseline stats:")
     for key, value in sorted(golden.baseline_stats.items()):
         print(f"  {key} = {value}")

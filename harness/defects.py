@@ -30,75 +30,47 @@ from mlaconf.facts.factors import load_model
 from mlaconf.facts.mistakes import (
     CAUSAL_TOP_LEFT,
     GQA_MODULO,
+    OUT_OFFSET_WRAP,
     PADDED_AS_PACKED,
     ROPE_DROPPED,
     SCALE_IGNORED,
     SCALE_IN_INPUT_DTYPE,
     SCALE_TWICE,
     STRIDED_AS_PACKED,
+    TILE_ROWS_UNWRITTEN,
     ignored_scale,
     modulo_kv_heads,
     scale_in_input_dtype,
     squared_scale,
+    tile_rows_skipped,
     top_left_mask,
+    wrapped_offset,
 )
-from mlaconf.facts.operator import MASK_NAMES, SUPPORTED_MASKS, causal_offset, kv_layout_of, scores_in_fp16
+from mlaconf.facts.operator import MASK_NAMES, SUPPORTED_MASKS, kv_layout_of, scores_in_fp16
+from mlaconf.harness.atb import output_buffer
 from mlaconf.harness.backend import MlaPrefillCall
 from mlaconf.harness.contract import ContractBackend
+from mlaconf.harness.defect_math import (
+    FLASH_BLOCK,
+    HEALTHY_BLOCKS,
+    allowed_keys,
+    causal_attend,
+    flash_attend,
+    math_attend,
+    round_significand,
+)
 from mlaconf.harness.torch_backend import NOPE, ROPE, VDIM, TorchSdpaBackend, head_chunk
-from mlaconf.harness.zoo import blockwise, first_seeing_row, fp32_heads, visible_keys
+from mlaconf.harness.zoo import blockwise, fp32_heads, visible_keys
 
+TILE_ROWS = 128  # one_row_tile_p_reuse, tile_rows_unwritten: query rows per tile (ATB mla_prefill's split_m)
 LONG_ROW_KEYS = 128  # nan_long_rows: rows that may see more keys than this get NaN
 ACC_FLUSH_KEYS = 64  # bf16_acc_64: the accumulator is rounded to bf16 after every block of this many keys
 LONG_SEQUENCE = 1000  # last_key_long: sequences with more keys than this never read their last key
-FLASH_BLOCK = 128  # frozen_max, late_rescale_missing: keys per block of their online softmax
-HEALTHY_BLOCKS = 2  # frozen_max, late_rescale_missing: blocks handled correctly before the bug sets in
 PREFIX_BLOCK = 128  # prefix_tail_dropped: the prefix is read in whole blocks of this many keys
 
 
 def _replace(call: MlaPrefillCall, **changes: object) -> MlaPrefillCall:
     return dataclasses.replace(call, **changes)  # type: ignore[arg-type]
-
-
-def allowed_keys(q_len: int, kv_len: int, width: int, mask_type: int) -> torch.Tensor:
-    """``[q_len, width]``: key j is visible to row i (keys at or beyond ``kv_len`` never are)."""
-    rows, cols = torch.arange(q_len)[:, None], torch.arange(width)[None, :]
-    allowed = (cols < kv_len).expand(q_len, width)
-    offset = causal_offset(mask_type, q_len, kv_len)
-    return allowed if offset is None else allowed & (cols <= rows + offset)
-
-
-def round_significand(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """Round to ``bits`` significant bits (4 = fp8 e4m3's precision), exponent unbounded."""
-    mantissa, exponent = torch.frexp(x)
-    return torch.ldexp(torch.round(mantissa * 2.0**bits) / 2.0**bits, exponent)
-
-
-def math_attend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    group: int,
-    scale: float,
-    mask_type: int,
-    kv_len: int | None = None,
-    p_round: Callable[[torch.Tensor], torch.Tensor] | None = None,
-) -> torch.Tensor:
-    """Plain float32 attention for one sequence: q ``[q, H, 192]``, k ``[S, Hkv, 192]``, v ``[S, Hkv, 128]``.
-
-    Keys at or beyond ``kv_len`` (default: all of k) are masked with -inf *after* Q.K, which is
-    how ``padding_nan_unsafe`` can still be hurt by NaN values there.
-    """
-    kv_len = k.shape[0] if kv_len is None else kv_len
-    qh = q.transpose(0, 1).float()
-    kh = k.transpose(0, 1).float().repeat_interleave(group, dim=0)
-    vh = v.transpose(0, 1).float().repeat_interleave(group, dim=0)
-    scores = (qh @ kh.transpose(1, 2)) * scale
-    scores = scores.masked_fill(~allowed_keys(q.shape[0], kv_len, k.shape[0], mask_type), float("-inf"))
-    p = torch.softmax(scores, dim=-1)
-    if p_round is not None:
-        p = p_round(p)
-    return (p @ vh).transpose(0, 1).to(q.dtype)
 
 
 class Defect(TorchSdpaBackend):
@@ -344,43 +316,6 @@ class LastKeyLong(Defect):
         return (torch.softmax(scores, dim=-1) @ vh).transpose(0, 1).to(q.dtype)
 
 
-def flash_attend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    group: int,
-    scale: float,
-    mask_type: int,
-    *,
-    frozen_max: bool = False,
-    skip_rescale: bool = False,
-) -> torch.Tensor:
-    """Online softmax over :data:`FLASH_BLOCK`-key blocks, P in the input dtype; after :data:`HEALTHY_BLOCKS` the
-    max stops moving (``frozen_max``) or the accumulator is not rescaled (``skip_rescale``; the sum still is)."""
-    qh, kh, vh = fp32_heads(q, k, v, group)
-    allowed = visible_keys(q.shape[0], k.shape[0], mask_type)
-    heads, rows, kv = qh.shape[0], qh.shape[1], kh.shape[1]
-    acc, total = torch.zeros(heads, rows, vh.shape[2]), torch.zeros(heads, rows, 1)
-    m = torch.full((heads, rows, 1), float("-inf"))
-    for index, j0 in enumerate(range(0, kv, FLASH_BLOCK)):
-        j1 = min(j0 + FLASH_BLOCK, kv)
-        r0 = first_seeing_row(allowed, j0, j1)  # the rows above see none of the block's keys
-        s = (qh[:, r0:] @ kh[:, j0:j1].transpose(1, 2)) * torch.tensor(scale, dtype=torch.float32)
-        if allowed is not None:
-            s = s.masked_fill(~allowed[r0:, j0:j1], float("-inf"))
-        late = index >= HEALTHY_BLOCKS
-        m_old = m[:, r0:]
-        m_new = m_old if frozen_max and late else torch.maximum(m_old, s.amax(dim=-1, keepdim=True))
-        safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
-        p = torch.exp(s - safe)
-        alpha = torch.exp(m_old - safe)
-        total[:, r0:] = total[:, r0:] * alpha + p.sum(dim=-1, keepdim=True)
-        kept = acc[:, r0:] if skip_rescale and late else acc[:, r0:] * alpha
-        acc[:, r0:] = kept + p.to(q.dtype).float() @ vh[:, j0:j1]
-        m[:, r0:] = m_new
-    return (acc / total).transpose(0, 1).to(q.dtype)
-
-
 class FrozenMax(Defect):
     description = (
         f"online softmax whose running max stops being updated after {HEALTHY_BLOCKS} blocks of {FLASH_BLOCK} keys"
@@ -402,24 +337,6 @@ class LateRescaleMissing(Defect):
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
     ) -> torch.Tensor:
         return flash_attend(q, k, v, group, scale, mask_type, skip_rescale=True)
-
-
-def causal_attend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    group: int,
-    scale: float,
-    allowed: torch.Tensor,
-) -> torch.Tensor:
-    """float32 attention of one sequence over an explicit ``[q, kv]`` key mask (every row keeps a key)."""
-    allowed = allowed.clone()
-    allowed[allowed.sum(dim=1) == 0, 0] = True
-    qh = q.transpose(0, 1).float()
-    kh = k.transpose(0, 1).float().repeat_interleave(group, dim=0)
-    vh = v.transpose(0, 1).float().repeat_interleave(group, dim=0)
-    scores = ((qh @ kh.transpose(1, 2)) * scale).masked_fill(~allowed, float("-inf"))
-    return (torch.softmax(scores, dim=-1) @ vh).transpose(0, 1).to(q.dtype)
 
 
 class CausalOffsetBatch0(ControlMath):
@@ -505,9 +422,44 @@ class TailRowUnwritten(Defect):
         return out
 
 
+# -- rows of attenOut never written or written elsewhere (the harness's attenOut is NaN until written) --
+
+WRAP_BITS = 12  # out_offset_wrap: attenOut's element offsets wrap modulo 2^12
+SKIPPED_FIRST, SKIPPED_ROWS = 64, 16  # tile_rows_unwritten: rows 64-79 of every query tile
+
+
+class OutOffsetWrap(Defect):
+    description = OUT_OFFSET_WRAP.planted
+
+    def after(self, call: MlaPrefillCall, out: torch.Tensor) -> torch.Tensor:
+        blocks = out.reshape(-1, VDIM)  # one (row, head) block of 128 elements each, in memory order
+        written = output_buffer(call).reshape(-1, VDIM)
+        landed: set[int] = set()
+        for block in range(blocks.shape[0] - 1, -1, -1):  # where offsets wrap, the last block written stays
+            target = wrapped_offset(block * VDIM, WRAP_BITS) // VDIM
+            if target not in landed:
+                landed.add(target)
+                written[target] = blocks[block]
+            if len(landed) == (1 << WRAP_BITS) // VDIM:
+                break
+        return written.reshape(out.shape)
+
+
+class TileRowsUnwritten(Defect):
+    description = TILE_ROWS_UNWRITTEN.planted
+
+    def after(self, call: MlaPrefillCall, out: torch.Tensor) -> torch.Tensor:
+        written, start = output_buffer(call), 0
+        for q_len in call.q_seqlen.tolist():
+            skipped = set(tile_rows_skipped(q_len, TILE_ROWS, SKIPPED_FIRST, SKIPPED_ROWS))
+            rows = [start + row for row in range(q_len) if row not in skipped]
+            written[rows] = out[rows]
+            start += q_len
+        return written
+
+
 # -- real bugs of the public record (docs/real-bugs.md) ------------------------------------------
 
-TILE_ROWS = 128  # one_row_tile_p_reuse: query rows per tile (ATB mla_prefill's split_m)
 STACK_KEYS = 512  # one_row_tile_p_reuse: keys per stacked block (pp_n_scalar 128 x S_BLOCK_STACK 4)
 SLICE_KEYS = 256  # one_row_tile_p_reuse: keys per L1 slice of a block's P.V (n_slice)
 
@@ -661,6 +613,10 @@ _ENTRIES = (
     DefectEntry(SCALE_IN_INPUT_DTYPE.name, ScaleInInputDtype),
     DefectEntry("half_heads_bf16", HalfHeadsBf16, {"dtype": ("fp16",)}),
     DefectEntry("tail_row_unwritten", TailRowUnwritten),
+    DefectEntry(OUT_OFFSET_WRAP.name, OutOffsetWrap),
+    DefectEntry(
+        TILE_ROWS_UNWRITTEN.name, TileRowsUnwritten, {"q_len": ("mod128_1", "mod128_0", "mod128_mid", "gt512")}
+    ),
     DefectEntry(
         "gqa_shift_group",
         GqaShiftGroup,

@@ -38,7 +38,7 @@ import numpy as np
 from mlaconf.facts.operator import SCORE_DIM, U16, U32, UNIT_ROUNDOFF, V_DIM, scores_in_fp16
 from mlaconf.facts.processes import map_for
 from mlaconf.golden.building.chunks import RowChunk, row_chunks
-from mlaconf.golden.building.magnitudes import allowed_keys
+from mlaconf.golden.specs.layout import visible_keys
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.types import ROW_MAGNITUDES, element_magnitudes
 from mlaconf.judge.metrics import Element
@@ -91,18 +91,20 @@ def model_ratio(
     false_alarm: float,
     safety: float,
     cells: np.ndarray | None = None,
+    token_rows: np.ndarray | None = None,
 ) -> ModelResult:
     """max |actual - golden| / bound over valid rows; ``actual``/``golden`` in any layout of [T, H*128].
     ``cells`` (a [T, H] float array), when given, receives each valid (token, head)'s largest
-    ratio: the rule's slack per cell, for the report's error map."""
-    t, h = spec.total_q, spec.head_num
+    ratio: the rule's slack per cell, for the report's error map.  ``token_rows``: the token of each row
+    when the arrays (magnitudes included) hold a sample of rows."""
+    t, h = row_valid.shape[0], spec.head_num
     shape = (t, h, V_DIM)
     a_all = actual.reshape(shape)
     g_all = golden.reshape(shape)
     elem = {n: magnitudes[n].reshape(shape) for n in element_magnitudes(spec)}
     rows = {n: magnitudes[n].reshape(t, h) for n in ROW_MAGNITUDES}
-    keys = allowed_keys(spec)
-    chunks = row_chunks(row_valid, h * V_DIM)
+    keys = visible_keys(spec)
+    chunks = row_chunks(row_valid, h * V_DIM, token_rows)
     n_elements = sum(chunk.tokens.size for chunk in chunks) * h * V_DIM
     # lam with 2 exp(-lam^2 / 2) * RANDOM_TERMS * n_elements = false_alarm (Hoeffding + union bound)
     lam = math.sqrt(2.0 * math.log(2.0 * RANDOM_TERMS * max(n_elements, 1) / false_alarm))

@@ -388,21 +388,28 @@ def compute_metrics(
     row_valid: np.ndarray,
     dtype: str,
     q_seqlen: Sequence[int],
+    token_rows: np.ndarray | None = None,
 ) -> Metrics:
     """Compare ``actual`` (any float dtype, ``[T, H, D]``) with the float64 golden on valid rows.
 
     ``row_valid`` (bool ``[T]``) drops rows of zero-length batches; ``q_seqlen`` locates the worst
-    element.  Rows are processed in chunks (:func:`mlaconf.golden.building.chunks.row_chunks`)."""
-    row_valid = _checked_rows(actual, expected, row_valid, dtype, q_seqlen)
+    element; ``token_rows``: the token of each row when the arrays hold a sample of rows ``[n, H, D]``.
+    Rows are processed in chunks (:func:`mlaconf.golden.building.chunks.row_chunks`)."""
+    row_valid = _checked_rows(actual, expected, row_valid, dtype, q_seqlen, token_rows)
     total = _ChunkSums()
-    chunks = row_chunks(row_valid, actual.shape[1] * actual.shape[2])
+    chunks = row_chunks(row_valid, actual.shape[1] * actual.shape[2], token_rows)
     for part in map_for(len(chunks))(_Comparison(actual, expected, dtype).chunk_sums, chunks):
         total.fold(part)
     return _metrics_of(total, dtype, int(np.count_nonzero(row_valid)), q_seqlen)
 
 
 def _checked_rows(
-    actual: np.ndarray, expected: np.ndarray, row_valid: np.ndarray, dtype: str, q_seqlen: Sequence[int]
+    actual: np.ndarray,
+    expected: np.ndarray,
+    row_valid: np.ndarray,
+    dtype: str,
+    q_seqlen: Sequence[int],
+    token_rows: np.ndarray | None,
 ) -> np.ndarray:
     """``row_valid`` as booleans, once the dtype and every shape agree (else ValueError)."""
     if dtype not in REL_FLOOR:
@@ -412,7 +419,10 @@ def _checked_rows(
     row_valid = np.asarray(row_valid, dtype=bool)
     if row_valid.shape != (actual.shape[0],):
         raise ValueError(f"row_valid has shape {row_valid.shape}, expected ({actual.shape[0]},)")
-    if sum(q_seqlen) != actual.shape[0]:
+    if token_rows is not None:
+        if token_rows.shape != (actual.shape[0],) or (token_rows.size and token_rows.max() >= sum(q_seqlen)):
+            raise ValueError(f"token_rows must name a token of the {sum(q_seqlen)} for each of {actual.shape[0]} rows")
+    elif sum(q_seqlen) != actual.shape[0]:
         raise ValueError(f"sum(q_seqlen) = {sum(q_seqlen)} differs from the {actual.shape[0]} output rows")
     return row_valid
 

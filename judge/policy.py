@@ -3,7 +3,9 @@
 A policy is a list of rules; each rule turns :class:`~mlaconf.judge.metrics.Metrics` (and, for the
 baseline-relative rules, the emulated same-dtype baseline's :class:`~mlaconf.golden.building.stats.ErrorStats`)
 into :class:`Check` records with a measured value, its bound and ``slack = value / bound``.  Every policy
-also runs the implicit ``finite`` rule, so a NaN/Inf in the output fails whatever policy is chosen.  A
+also runs the implicit ``finite`` rule, so a NaN/Inf in the output fails whatever policy is chosen, and, where
+the golden holds a row sample, the implicit ``whole_output`` rule (every element finite and within its
+visible V range).  A
 check whose inputs are missing (no baseline) fails rather than passes: a verdict must never be vacuous.
 """
 
@@ -24,6 +26,7 @@ from mlaconf.judge.error_model import ModelResult
 from mlaconf.judge.metrics import Element, Metrics
 from mlaconf.judge.msprobe import DECIDING, BenchmarkMetrics, ratio
 from mlaconf.judge.systematic import Significance
+from mlaconf.judge.whole_output import WholeOutput
 
 DEFAULT_PATH = Path(__file__).resolve().parent / "tolerances.toml"
 
@@ -76,6 +79,8 @@ class VerdictContext:
     systematic: tuple[Significance, ...] | None = None
     #: msprobe's benchmark metrics of the output and of the emulated baseline against the golden (judge.msprobe).
     msprobe: tuple[BenchmarkMetrics, BenchmarkMetrics] | None = None
+    #: The checks of every output element (judge.whole_output): made where the golden holds a row sample.
+    whole_output: WholeOutput | None = None
 
 
 @dataclass(frozen=True)
@@ -233,6 +238,18 @@ def finite_rule(given: RuleInputs) -> list[Measured]:
     ]
 
 
+def whole_output_rule(given: RuleInputs) -> list[Measured]:
+    """Implicit in every policy where the golden holds a row sample: every element of every valid row finite,
+    and within the range of its visible V column widened by rounding (judge.whole_output); nothing otherwise."""
+    w = given.context.whole_output
+    if w is None:
+        return []
+    return [
+        Measured("nonfinite_elements", w.nonfinite, 0, w.nonfinite_note(), True, w.first_nonfinite),
+        Measured("v_range_excess", w.excess, 1.0, w.range_note(), True, w.worst),
+    ]
+
+
 def model_rule(given: RuleInputs) -> list[Measured]:
     """Every element within the error bound of the documented precision path (judge.error_model)."""
     r = given.context.model
@@ -348,6 +365,7 @@ def msprobe_rule(given: RuleInputs) -> list[Measured]:
 #: context has nothing for the rule to measure (:meth:`Policy.evaluate` decides what that means).
 RULES: dict[str, Callable[[RuleInputs], list[Measured]]] = {
     "finite": finite_rule,
+    "whole_output": whole_output_rule,
     "model": model_rule,
     "atb": atb_rule,
     "benchmark": benchmark_rule,
@@ -361,7 +379,9 @@ RULES: dict[str, Callable[[RuleInputs], list[Measured]]] = {
 
 #: Rules that can only fail a verdict, so measuring nothing passes nothing; any other deciding rule that
 #: measures nothing (a context without the output) fails: a verdict is never vacuous.
-ONLY_FAILS = frozenset({"systematic"})
+ONLY_FAILS = frozenset({"systematic", "whole_output"})
+#: Rules every policy runs, first, and that always decide.
+IMPLICIT = ("finite", "whole_output")
 
 
 @dataclass(frozen=True)
@@ -391,7 +411,7 @@ class Policy:
             raise ValueError(f"context dtype must be one of {DTYPES}, got {context.dtype!r}")
         checks = [
             check
-            for rule in ("finite", *self.rules, *self.evidence)
+            for rule in (*IMPLICIT, *self.rules, *self.evidence)
             for check in self._checks(rule, metrics, baseline, context)
         ]
         passed = all(c.passed for c in checks if c.decisive)
@@ -399,12 +419,13 @@ class Policy:
         return Verdict(self.name, passed, checks, self.overrides, named if named is not None else metrics.worst)
 
     def _checks(self, rule: str, metrics: Metrics, baseline: ErrorStats | None, context: VerdictContext) -> list[Check]:
-        """What ``rule`` measured, as checks: evidence-only unless the policy decides by it (``finite`` always
-        does); a deciding rule that measured nothing fails, unless it can only fail (a verdict is never vacuous)."""
+        """What ``rule`` measured, as checks: evidence-only unless the policy decides by it (the implicit rules
+        always do); a deciding rule that measured nothing fails, unless it can only fail (a verdict is never
+        vacuous)."""
         if rule not in RULES:
             raise ValueError(f"unknown rule {rule!r}; known rules: {sorted(RULE_PARAMS)}")
         params = {name: self.param(rule, name, context.dtype) for name in self.params.get(rule, {})}
-        deciding = rule == "finite" or rule in self.rules
+        deciding = rule in IMPLICIT or rule in self.rules
         measured = RULES[rule](RuleInputs(params, metrics, baseline, context))
         if not measured and deciding and rule not in ONLY_FAILS:
             measured = [Measured("measured", math.nan, 1.0, "the context has no output to measure")]

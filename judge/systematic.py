@@ -96,7 +96,7 @@ def _projections(
 ) -> tuple[np.ndarray, np.ndarray, float] | None:
     """Per valid (row, head): sum_c T^2 and sum_c T (actual - golden), and sum g^2 over them; None
     when ``actual`` is not finite."""
-    shape = (spec.total_q, spec.head_num, V_DIM)
+    shape = (row_valid.shape[0], spec.head_num, V_DIM)  # every token row, or a sample's
     a_all, g_all, d_all = actual.reshape(shape), golden.reshape(shape), direction.reshape(shape)
 
     def chunk_sums(chunk: RowChunk) -> tuple[np.ndarray, np.ndarray, float] | None:
@@ -183,7 +183,7 @@ def format_check(
     """Whether the output's low mantissa bits are zero more often than chance, per head and overall."""
     h = spec.head_num
     critical = critical_value(alpha, h + 1)
-    shape = (spec.total_q, h, V_DIM)
+    shape = (row_valid.shape[0], h, V_DIM)
     a_all, g_all = actual.reshape(shape), golden.reshape(shape)
 
     def chunk_counts(chunk: RowChunk) -> np.ndarray:

@@ -12,6 +12,7 @@ from mlaconf.facts.operator import V_DIM
 from mlaconf.facts.processes import map_for
 from mlaconf.golden.building.chunks import RowChunk, row_chunks
 from mlaconf.golden.building.stats import ErrorStats
+from mlaconf.golden.specs.layout import out_shape
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.types import GoldenCase
 from mlaconf.judge.deviations import Deviation
@@ -20,6 +21,7 @@ from mlaconf.judge.metrics import Metrics, compute_metrics
 from mlaconf.judge.msprobe import BenchmarkMetrics, benchmark_metrics
 from mlaconf.judge.policy import Check, Policy, PolicySet, Verdict, VerdictContext
 from mlaconf.judge.systematic import format_check, temperature_check
+from mlaconf.judge.whole_output import WholeOutput, check_whole_output
 
 #: An error map has at most this many token rows x heads (each cell the largest error it covers).
 MAP_ROWS, MAP_HEADS = 256, 128
@@ -43,16 +45,34 @@ def judge_output(
 
 def judge_resolved(golden: GoldenCase, out: np.ndarray, resolved: Policy) -> tuple[Metrics, Verdict]:
     """:func:`judge_output` under a policy already resolved for the case (a caller that needs the
-    resolved policy again resolves it once)."""
+    resolved policy again resolves it once).  A sampled golden judges the output's sampled rows against
+    it, and every row by the whole-output checks (judge.whole_output)."""
     spec = golden.spec
     shape = (spec.total_q, spec.head_num, V_DIM)
     if out.size != int(np.prod(shape)):
-        raise ValueError(f"{spec.case_id}: backend output has shape {out.shape}, expected {golden.out.shape}")
+        raise ValueError(f"{spec.case_id}: backend output has shape {out.shape}, expected {out_shape(spec)}")
+    judged, whole = judged_rows(golden, out), None
+    if golden.sample is not None:
+        whole = check_whole_output(out, golden.inputs, spec)
     metrics = compute_metrics(
-        out.reshape(shape), golden.out.reshape(shape), golden.row_valid, spec.dtype, spec.q_seqlen
+        judged.reshape(-1, spec.head_num, V_DIM),
+        golden.out.reshape(-1, spec.head_num, V_DIM),
+        golden.row_valid,
+        spec.dtype,
+        spec.q_seqlen,
+        golden.token_rows,
     )
     baseline = ErrorStats.from_dict(golden.baseline_stats) if golden.baseline_stats else None
-    return metrics, resolved.evaluate(metrics, baseline, verdict_context(golden, out, resolved))
+    return metrics, resolved.evaluate(metrics, baseline, verdict_context(golden, judged, resolved, whole))
+
+
+def judged_rows(golden: GoldenCase, out: np.ndarray) -> np.ndarray:
+    """The rows of ``out`` (attenOut) that the golden holds, in its layout: all of them, or its sample's."""
+    if golden.sample is None:
+        return out
+    spec = golden.spec
+    rows: np.ndarray = out.reshape(spec.total_q, -1)[golden.sample.rows]
+    return rows.reshape(golden.sample.rows.size, *out_shape(spec)[1:])
 
 
 def outcome_of(conforms: bool, observed_status: str | None, deviation: Deviation | None) -> Outcome:
@@ -97,6 +117,7 @@ def error_map(
     row_stride, head_stride = -(-rows // MAP_ROWS), -(-heads // MAP_HEADS)
     grid = np.full((-(-rows // row_stride) * row_stride, -(-heads // head_stride) * head_stride), np.nan)
     rule = f"{deciding.rule}:{deciding.metric}" if deciding is not None else ""
+    out = judged_rows(golden, out)  # a sampled golden's map shows its sampled rows, the others None
     if deciding is not None and deciding.rule == "model" and model is not None and golden.magnitudes:
         cells = np.full((rows, heads), np.nan)
         model_ratio(
@@ -108,6 +129,7 @@ def error_map(
             false_alarm=model[0],
             safety=model[1],
             cells=cells,
+            token_rows=golden.token_rows,
         )
         grid[:rows, :heads] = cells
         bound, scale, quantity = 1.0, 1.0, "max_v |out - g| / bound_e (the error model's per-element bound)"
@@ -139,8 +161,8 @@ def error_map(
 
 def _scaled_error(golden: GoldenCase, out: np.ndarray, grid: np.ndarray) -> None:
     """``max_v |out - g| / max(1, |g|)`` per valid (token, head) into ``grid`` (inf for NaN/Inf)."""
-    spec = golden.spec
-    rows, heads = spec.total_q, spec.head_num
+    heads = golden.spec.head_num
+    rows = golden.row_valid.shape[0]  # every token row, or a sample's
     a, g = out.reshape(rows, heads, V_DIM), golden.out.reshape(rows, heads, V_DIM)
 
     def chunk_error(chunk: RowChunk) -> None:
@@ -148,9 +170,9 @@ def _scaled_error(golden: GoldenCase, out: np.ndarray, grid: np.ndarray) -> None
         with np.errstate(invalid="ignore", over="ignore"):
             err = np.abs(got - want) / np.maximum(np.abs(want), 1.0)
         err = np.where(np.isfinite(err), err, np.inf).max(axis=2)
-        grid[chunk.pick, :heads] = np.where(golden.row_valid[chunk.pick, None], err, np.nan)  # disjoint rows
+        grid[chunk.tokens, :heads] = np.where(golden.row_valid[chunk.pick, None], err, np.nan)  # disjoint rows
 
-    chunks = row_chunks(np.ones(rows, dtype=bool), heads * V_DIM)
+    chunks = row_chunks(np.ones(rows, dtype=bool), heads * V_DIM, golden.token_rows)
     list(map_for(len(chunks))(chunk_error, chunks))
 
 
@@ -160,16 +182,26 @@ BASELINE_SCORES_KEPT = 16
 _BASELINE_SCORES: dict[tuple[int, float, float, float], tuple[weakref.ref[np.ndarray], BenchmarkMetrics]] = {}
 
 
-def verdict_context(golden: GoldenCase, out: np.ndarray, policy: Policy) -> VerdictContext:
-    """The case's context with what ``policy``'s rules measure on ``out`` against the golden, each with
-    the rule's parameters: the error model over the golden's magnitudes (none when the golden carries
-    none: that rule then fails rather than pass vacuously), the systematic tests, msprobe's scores."""
+def verdict_context(
+    golden: GoldenCase, out: np.ndarray, policy: Policy, whole_output: WholeOutput | None = None
+) -> VerdictContext:
+    """The case's context with what ``policy``'s rules measure on ``out`` (the rows the golden holds) against
+    the golden, each with the rule's parameters: the error model over the golden's magnitudes (none when the
+    golden carries none: that rule then fails rather than pass vacuously), the systematic tests, msprobe's
+    scores; and the whole-output checks made on the whole output (a sampled golden's)."""
     spec, wanted = golden.spec, {*policy.rules, *policy.evidence}
     model = systematic = msprobe = None
     if "model" in wanted and golden.magnitudes:
         false_alarm, safety = (policy.param("model", name, spec.dtype) for name in ("false_alarm", "safety"))
         model = model_ratio(
-            out, golden.out, golden.row_valid, golden.magnitudes, spec, false_alarm=false_alarm, safety=safety
+            out,
+            golden.out,
+            golden.row_valid,
+            golden.magnitudes,
+            spec,
+            false_alarm=false_alarm,
+            safety=safety,
+            token_rows=golden.token_rows,
         )
     if "systematic" in wanted:
         each = policy.param("systematic", "false_alarm", spec.dtype) / 2.0  # two tests share the case's rate
@@ -193,4 +225,4 @@ def verdict_context(golden: GoldenCase, out: np.ndarray, policy: Policy) -> Verd
             while len(_BASELINE_SCORES) > BASELINE_SCORES_KEPT:
                 del _BASELINE_SCORES[next(iter(_BASELINE_SCORES))]
         msprobe = (benchmark_metrics(out, golden.out, golden.row_valid, **scoring), kept[1])
-    return VerdictContext(spec.dtype, spec.head_num, spec.max_q, model, systematic, msprobe)
+    return VerdictContext(spec.dtype, spec.head_num, spec.max_q, model, systematic, msprobe, whole_output)

@@ -10,6 +10,7 @@ import h5py
 import numpy as np
 
 from mlaconf.golden.building.inputs import numpy_dtype
+from mlaconf.golden.specs.layout import out_shape
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.types import GoldenCase
 from mlaconf.harness.backend import Backend, BackendError, BackendInfo
@@ -56,8 +57,8 @@ def contract_violations(golden: GoldenCase, out: np.ndarray, before: dict[str, s
     problems = []
     if out.dtype != numpy_dtype(spec.dtype):
         problems.append(f"attenOut dtype is {out.dtype}, expected {spec.dtype} (qRope's dtype)")
-    if out.shape != golden.out.shape:
-        problems.append(f"attenOut shape is {list(out.shape)}, expected {list(golden.out.shape)} (q's layout)")
+    if out.shape != out_shape(spec):
+        problems.append(f"attenOut shape is {list(out.shape)}, expected {list(out_shape(spec))} (q's layout)")
     after = input_digests(golden)
     problems += [f"the backend modified its input {name}" for name in before if after[name] != before[name]]
     return problems

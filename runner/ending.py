@@ -83,7 +83,8 @@ def verdict_evidence(
     """The evidence of ``out`` judged under ``resolved``: every check, the worst slack, the metrics,
     the failing checks, the overrides that applied, the element the verdict names and, when the test
     fails, where the error sits (an error map: only failing records carry one, records stay small)
-    and the likely ``cause`` a caller found."""
+    and the likely ``cause`` a caller found; for a sampled golden, which rows were judged and why
+    (``judged_rows``: how many of how many, and how many per reason)."""
     metrics, verdict = judged
     emap = None
     if failed:
@@ -92,7 +93,8 @@ def verdict_evidence(
             dtype = golden.spec.dtype
             model = (resolved.param("model", "false_alarm", dtype), resolved.param("model", "safety", dtype))
         emap = error_map(golden, out, verdict.worst_check(), model)
-    return {
+    sampled = {} if golden.sample is None else {"judged_rows": golden.sample.summary(golden.spec.total_q)}
+    return sampled | {
         "checks": tuple(c.to_dict() for c in verdict.checks),
         "worst_slack": float(verdict.worst_slack),
         "metrics": metrics.to_dict(),

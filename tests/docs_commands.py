@@ -1,7 +1,8 @@
 """Every command the README and docs/usage.md show, with what running it must give.
 
-A run is narrowed so it stays cheap, never reworded: the documented arguments all go through, and
-after them (``mlaconf run``: after ``--``) a one-case suite file (the README's smoke case 0d4a17eb, so
+A command is narrowed so it stays cheap, never reworded: the documented arguments all go through, and
+after them ``verify --recompute`` gets a quarter of its goldens (``--shard 1/4``), a run (``mlaconf run``:
+after ``--``) a one-case suite file (the README's smoke case 0d4a17eb, so
 ``mlaconf show 0d4a17eb`` finds the golden a run made), no property test, no xdist, and paths in the
 test's folder.  tests/cover/test_docs.py checks that every command has a plan here;
 tests/nocover/test_docs_commands.py runs them (minutes: ``mlaconf regen smoke -j 2`` is among them).
@@ -42,6 +43,8 @@ seed = 1
 """
 #: After a run's documented arguments: the tiny suite, no hypothesis examples, no xdist.
 NARROW = ("--mla-cases", "tiny.toml", "--ignore-glob=/*test_properties.py", "-n", "0")
+#: After ``verify --recompute``'s documented arguments: one shard of the selected goldens.
+RECOMPUTE_SHARD = ("--shard", "1/4")
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,8 @@ def narrowed(command: str, work: Path) -> list[str]:
     if argv[0] == "run":
         after = argv.index("--") if "--" in argv else len(argv)
         argv = [*argv[:after], "--", *argv[after + 1 :], *NARROW]
+    if argv[0] == "verify" and "--recompute" in argv:  # a quarter of the goldens rebuilt shows the same
+        argv = [*argv, *RECOMPUTE_SHARD]
     return [sys.executable, "-m", "mlaconf", *argv]
 
 

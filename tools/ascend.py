@@ -154,7 +154,8 @@ def run_steps(
     available: Sequence[str], out: Path, golden_dir: Path, jobs: str, root: Path | None = SOURCE_ROOT
 ) -> list[Step]:
     """The harness's own NPU tests (with ATB, in a checkout), regenerate the goldens, run smoke and the
-    metamorphic relations on each available NPU backend and torch-cpu, diff ATB (else the first NPU backend) against the others."""
+    metamorphic relations on each available NPU backend and torch-cpu, diff ATB (else the first NPU backend)
+    against the others."""
     mlaconf = [sys.executable, "-m", "mlaconf"]
     steps = []
     if "atb" in available and root is not None and (root / "tests").is_dir():

@@ -20,24 +20,25 @@ CHUNK_ELEMENTS = 128 * 1024
 
 @dataclass(frozen=True)
 class RowChunk:
-    """Consecutive valid rows: ``tokens`` their indices, ``start`` the first one's position among the
-    valid rows, ``pick`` what indexes them in a ``[T, ...]`` array (a slice when every row is valid,
-    so that no chunk is a gathered copy)."""
+    """Consecutive valid rows: ``tokens`` their token indices, ``start`` the first one's position among the
+    valid rows, ``pick`` what indexes them in the ``[rows, ...]`` arrays (a slice when every row is valid,
+    so that no chunk is a gathered copy).  The arrays' rows are the tokens, or a sample of them."""
 
     start: int
     tokens: np.ndarray
     pick: slice | np.ndarray
 
 
-def row_chunks(row_valid: np.ndarray, per_row: int) -> list[RowChunk]:
-    """The valid rows of ``row_valid`` (bool ``[T]``) in chunks of about CHUNK_ELEMENTS elements of
-    ``per_row`` each."""
+def row_chunks(row_valid: np.ndarray, per_row: int, token_rows: np.ndarray | None = None) -> list[RowChunk]:
+    """The valid rows of ``row_valid`` (bool, one per array row) in chunks of about CHUNK_ELEMENTS elements of
+    ``per_row`` each; ``token_rows`` (a sampled golden's) is the token of each array row, else the row itself."""
     valid = np.asarray(row_valid, dtype=bool)
     rows = np.flatnonzero(valid)
     step = max(CHUNK_ELEMENTS // max(per_row, 1), 1)
     contiguous = rows.size == valid.size
     chunks = []
     for start in range(0, rows.size, step):
-        tokens = rows[start : start + step]
-        chunks.append(RowChunk(start, tokens, slice(start, start + tokens.size) if contiguous else tokens))
+        picked = rows[start : start + step]
+        tokens = picked if token_rows is None else token_rows[picked]
+        chunks.append(RowChunk(start, tokens, slice(start, start + picked.size) if contiguous else picked))
     return chunks

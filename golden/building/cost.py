@@ -1,6 +1,8 @@
 """What a case costs before it is generated: useful FLOPs, bytes on disk, peak memory.
 
-``mlaconf list`` prints these per case and in total, so a suite announces its cost up front.
+``mlaconf list`` prints these per case and in total, so a suite announces its cost up front.  A sampled
+case (``rows`` set) costs its sample: the FLOPs of its rows over the keys each sees, its outputs' bytes for
+those rows (inputs stay whole); :func:`full_case` is the same case with every row, for comparison.
 
 - bytes: exactly the datasets the store writes (inputs in the device dtype, 2 bytes a value; the
   float64 golden; the error-model magnitudes, bf16 per element and float32 per row; the baseline in
@@ -15,16 +17,23 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import os
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mlaconf.facts.operator import NOPE_DIM, ROPE_DIM, V_DIM
+import numpy as np
+
+from mlaconf.facts.operator import NOPE_DIM, ROPE_DIM, SCORE_DIM, V_DIM
 from mlaconf.golden.building.reference import FUSED_TILE
+from mlaconf.golden.building.rows import ROW_CHUNK
+from mlaconf.golden.specs.layout import visible_keys
+from mlaconf.golden.specs.sample import choose_rows
 from mlaconf.golden.specs.spec import CaseSpec
-from mlaconf.golden.specs.types import ROW_MAGNITUDES, element_magnitudes
+from mlaconf.golden.specs.types import ROW_MAGNITUDES, RowSample, element_magnitudes
 
 #: HDF5 superblock, object headers and the root attributes (JSON spec, provenance, checksums).
 FILE_OVERHEAD = 64 * 1024
@@ -35,6 +44,32 @@ MASK_BYTES = 512 * 512 * 2
 CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
 
 
+@functools.lru_cache(maxsize=256)
+def sample_of(spec: CaseSpec) -> RowSample:
+    """A sampled case's rows (computed once per spec; callers only read it)."""
+    return choose_rows(spec)
+
+
+def sampled_flops(spec: CaseSpec, rows: np.ndarray) -> int:
+    """Useful FLOPs of the attention of token rows ``rows`` over every head (the keys each row sees)."""
+    return 2 * (SCORE_DIM + V_DIM) * spec.head_num * int(visible_keys(spec)[rows].sum())
+
+
+def golden_flops(spec: CaseSpec) -> int:
+    """The useful FLOPs the case's golden computes: every row's, or its sample's."""
+    return sampled_flops(spec, sample_of(spec).rows) if spec.sampled else spec.useful_flops
+
+
+def golden_rows(spec: CaseSpec) -> int:
+    """Token rows the case's golden holds: every row, or its sample's."""
+    return sample_of(spec).rows.size if spec.sampled else spec.total_q
+
+
+def full_case(spec: CaseSpec) -> CaseSpec:
+    """The same case with a golden of every row (what sampling saves is measured against it)."""
+    return dataclasses.replace(spec, rows=None)
+
+
 def input_elements(spec: CaseSpec) -> int:
     """Values in q, qRope, k, kRope and v as stored (padded and strided kv include their padding)."""
     q = spec.total_q * spec.head_num * (NOPE_DIM + ROPE_DIM)
@@ -42,20 +77,24 @@ def input_elements(spec: CaseSpec) -> int:
 
 
 def output_elements(spec: CaseSpec) -> int:
-    return spec.total_q * spec.head_num * V_DIM
+    """Elements of the golden's attenOut: of every row, or of the sample's (every head of each)."""
+    return golden_rows(spec) * spec.head_num * V_DIM
 
 
 def magnitude_bytes(spec: CaseSpec) -> int:
-    """The error model's magnitudes: bf16 per output element, float32 per token row and head."""
-    per_row_head = len(ROW_MAGNITUDES) * spec.total_q * spec.head_num
+    """The error model's magnitudes: bf16 per output element, float32 per golden row and head."""
+    per_row_head = len(ROW_MAGNITUDES) * golden_rows(spec) * spec.head_num
     return 2 * len(element_magnitudes(spec)) * output_elements(spec) + 4 * per_row_head
 
 
 def stored_bytes(spec: CaseSpec) -> int:
-    """Bytes of the case's golden file (16-bit inputs, baseline and element magnitudes, float64 golden)."""
+    """Bytes of the case's golden file (16-bit inputs, baseline and element magnitudes, float64 golden; a
+    sample's rows, int64, and their reasons, a byte each)."""
     if spec.expect_error is not None:
         return 0
-    data = 2 * input_elements(spec) + (8 + 2) * output_elements(spec) + spec.total_q + magnitude_bytes(spec)
+    rows = golden_rows(spec)
+    data = 2 * input_elements(spec) + (8 + 2) * output_elements(spec) + rows + magnitude_bytes(spec)
+    data += 9 * rows if spec.sampled else 0
     return data + 8 * spec.batch + (MASK_BYTES if spec.mask_type == 2 else 0) + FILE_OVERHEAD
 
 
@@ -67,6 +106,9 @@ def peak_bytes(spec: CaseSpec, threads: int = 1) -> int:
     resident = 2 * input_elements(spec) + 8 * out + (4 + 2) * out  # inputs, golden, baseline f32 + f16
     resident += magnitude_bytes(spec)
     max_kv = max(spec.max_kv, 1)
+    if spec.sampled:  # per thread: a kv head's operands (K^T, V, |V|, V^2, running maxima) and a row chunk's buffers
+        operands = 8 * max_kv * (NOPE_DIM + ROPE_DIM + 4 * V_DIM + 9)
+        return resident + max(threads, 1) * (operands + 8 * 6 * ROW_CHUNK * max_kv) + PROCESS_BASE
     # per thread: the fused tile's workspace (float64 scores, float32 P and P^2; raw scores on the fp16 path) and
     # the window of 4 tasks in flight, each with its float64 k and v
     workspace = FUSED_TILE * max_kv * (8 + 4 + 4 + 8)

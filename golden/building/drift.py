@@ -27,8 +27,8 @@ import numpy as np
 from mlaconf.facts.operator import SCORE_DIM, U16, U32, UNIT_ROUNDOFF, V_DIM, scores_in_fp16
 from mlaconf.facts.processes import map_for
 from mlaconf.golden.building.chunks import RowChunk, row_chunks
-from mlaconf.golden.building.magnitudes import allowed_keys
 from mlaconf.golden.building.stats import REL_FLOOR, error_stats
+from mlaconf.golden.specs.layout import visible_keys
 from mlaconf.golden.specs.types import GoldenCase
 
 #: Two float64 evaluations of the reference agree within this fraction of ``|g| + A`` per element.
@@ -62,17 +62,22 @@ def _pick(arr: np.ndarray, spec_rows: int, chunk: RowChunk) -> np.ndarray:
     return np.asarray(arr.reshape(spec_rows, -1)[chunk.pick], dtype=np.float64)
 
 
+def held_rows(golden: GoldenCase) -> int:
+    """Rows the golden's arrays hold: every token row, or its sample's."""
+    return int(golden.row_valid.shape[0])
+
+
 def all_rows(golden: GoldenCase) -> list[RowChunk]:
-    """Every row of the case (valid or not), in the statistics' chunks."""
-    rows = golden.spec.total_q
-    return row_chunks(np.ones(rows, dtype=bool), golden.out.size // max(rows, 1))
+    """Every row the golden holds (valid or not), in the statistics' chunks (``tokens`` the token rows)."""
+    rows = held_rows(golden)
+    return row_chunks(np.ones(rows, dtype=bool), golden.out.size // max(rows, 1), golden.token_rows)
 
 
 def reference_drift(stored: GoldenCase, fresh: GoldenCase) -> ReferenceDrift:
     """Every element of the recomputed reference against the stored one, in units of ``|g| + A``
     (A the smaller of the two ``pv_abs``, both upper bounds of the float64 value); rows of zero-length
     batches included (both 0: any difference is a drift)."""
-    t = stored.spec.total_q
+    t = held_rows(stored)
     a_old, a_new = stored.magnitudes.get("pv_abs"), fresh.magnitudes.get("pv_abs")
 
     def chunk(part: RowChunk) -> tuple[float, int]:
@@ -114,14 +119,14 @@ def baseline_bound(golden: GoldenCase, rows: RowChunk) -> np.ndarray:
     (a rounding that goes the other way moves a value by one step, 2u of it: hence the factor 2 for
     two evaluations), times :data:`BASELINE_SAFETY`; on fp16 also D (``pv_sub``, keys whose P may be
     flushed to zero in one and not the other) and |g| below 2^-13 (an output flushed in one)."""
-    spec, t = golden.spec, golden.spec.total_q
+    spec, t = golden.spec, held_rows(golden)
     h = spec.head_num
     mags = golden.magnitudes
     g = np.abs(_pick(golden.out, t, rows)).reshape(-1, h, V_DIM)
     total = _pick(mags["pv_abs"], t, rows).reshape(g.shape) + g
     m = _pick(mags["score_absmax"], t, rows)[:, :, None]
     c = _pick(mags["score_dot"], t, rows)[:, :, None]
-    n = allowed_keys(spec)[rows.tokens].astype(np.float64)[:, None, None]
+    n = visible_keys(spec)[rows.tokens].astype(np.float64)[:, None, None]
     u = UNIT_ROUNDOFF[spec.dtype]
     u_s = U16 if scores_in_fp16(spec.dtype, spec.mask_type) else U32
     per_run = (u + U32) * g + (u + 4.0 * u_s * m + SCORE_DIM * U32 * c + (n + 1.0) * U32) * total
@@ -193,7 +198,7 @@ def baseline_drift(stored: GoldenCase, fresh: GoldenCase) -> BaselineDrift:
     whose magnitudes the recompute checks separately) and their statistics against
     :func:`stats_allowance`."""
     spec = stored.spec
-    t = spec.total_q
+    t = held_rows(stored)
     floor = REL_FLOOR[spec.dtype]
 
     def chunk(part: RowChunk) -> tuple[int, float, float, np.ndarray, int]:
@@ -211,7 +216,7 @@ def baseline_drift(stored: GoldenCase, fresh: GoldenCase) -> BaselineDrift:
             den_old, den_new = np.maximum(np.abs(g_old), floor), np.maximum(np.abs(g_new), floor)
             rel_old = np.abs(b_old - g_old) / den_old
             d_rel = (d + rel_old * dg) / den_new
-        valid = stored.row_valid[part.tokens]
+        valid = stored.row_valid[part.pick]
         sums = np.array([np.square(d[valid]).sum(), d_rel[valid].sum(), d[valid].max(initial=0.0)])
         sums = np.append(sums, d_rel[valid].max(initial=0.0))
         moved = int(np.count_nonzero(move))

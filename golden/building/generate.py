@@ -11,13 +11,15 @@ import numpy as np
 from mlaconf.facts.versions import package_version
 from mlaconf.golden.building import progress
 from mlaconf.golden.building.baseline import emulate_baseline
+from mlaconf.golden.building.cost import sample_of, sampled_flops
 from mlaconf.golden.building.inputs import generate_inputs
 from mlaconf.golden.building.magnitudes import reference_and_magnitudes, torch_magnitudes
 from mlaconf.golden.building.reference import DEVICE_ENV, gemm_library, reference_attention
+from mlaconf.golden.building.rows import SAMPLED_REFERENCE, sampled_baseline, sampled_reference
 from mlaconf.golden.building.stats import error_stats
 from mlaconf.golden.specs.layout import row_valid
 from mlaconf.golden.specs.spec import CaseSpec
-from mlaconf.golden.specs.types import GoldenCase
+from mlaconf.golden.specs.types import GoldenCase, RowSample
 from mlaconf.golden.store.integrity import GENERATOR_VERSION
 
 
@@ -57,6 +59,8 @@ def provenance() -> dict[str, str]:
 def build_golden(spec: CaseSpec, *, threads: int = 1) -> GoldenCase:
     """Everything the store keeps for a case; deterministic in (spec, seed) (a metamorphic relation's
     transformed inputs are a case of their own, with explicit inputs: golden/building/relations.py)."""
+    if spec.sampled:
+        return build_sampled(spec, sample_of(spec), threads=threads)
     device = os.environ.get(DEVICE_ENV, "cpu")  # MLA_GOLDEN_DEVICE=cuda: float64 reference on a GPU
     passes = 2.0 if device == "cpu" else 3.0  # tiles of the reference (+ magnitudes), baseline[, magnitudes]
     with progress.case_work(spec.case_id, passes * spec.useful_flops):
@@ -83,4 +87,31 @@ def build_golden(spec: CaseSpec, *, threads: int = 1) -> GoldenCase:
         baseline_stats=stats.to_dict(),
         provenance=provenance(),
         magnitudes=magnitudes,
+    )
+
+
+def build_sampled(spec: CaseSpec, sample: RowSample, *, threads: int = 1) -> GoldenCase:
+    """The golden of ``sample``'s rows of ``spec`` (every head of each; golden/building/rows.py): whole inputs, the
+    float64 reference and magnitudes of the row kernels on the CPU, the baseline of those rows, its statistics over
+    them.  Deterministic in (spec, sample); a row's reference and magnitudes do not depend on the other rows."""
+    rows = sample.rows
+    with progress.case_work(spec.case_id, 2.0 * sampled_flops(spec, rows)):
+        inputs = generate_inputs(spec, threads=threads)
+        progress.set_stage("reference + magnitudes (sampled rows)")
+        out, magnitudes = sampled_reference(inputs, spec, rows, threads=threads)
+        valid = row_valid(spec)[rows]
+        progress.set_stage("baseline (sampled rows)")
+        baseline = sampled_baseline(inputs, spec, rows, threads=threads)
+        progress.set_stage("statistics")
+        stats = error_stats(baseline.reshape(out.shape), out, valid, spec.dtype)
+    return GoldenCase(
+        spec=spec,
+        inputs=inputs,
+        out=out,
+        row_valid=valid,
+        baseline_out=baseline,
+        baseline_stats=stats.to_dict(),
+        provenance=provenance() | {"reference_computed_by": SAMPLED_REFERENCE, "reference_device": "cpu"},
+        magnitudes=magnitudes,
+        sample=sample,
     )

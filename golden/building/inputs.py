@@ -66,7 +66,7 @@ def round_to(values: np.ndarray, dtype: str) -> np.ndarray:
 
 def case_rng(spec: CaseSpec) -> np.random.Generator:
     """A generator seeded by the spec's seed and content, so equal specs give equal data."""
-    return np.random.default_rng(np.random.SeedSequence([spec.seed, int(spec.content_hash[:16], 16)]))
+    return np.random.default_rng(np.random.SeedSequence([spec.seed, int(spec.inputs_key[:16], 16)]))
 
 
 def build_mask(dtype: str) -> np.ndarray:
@@ -94,7 +94,7 @@ STREAMS = ("q", "q_rope", "k", "k_rope", "v", "v_hits", "v_signs", "tie_base", "
 
 def case_streams(spec: CaseSpec) -> dict[str, np.random.Generator]:
     """The case's random streams by role, deterministic in (spec content, seed)."""
-    children = np.random.SeedSequence([spec.seed, int(spec.content_hash[:16], 16)]).spawn(len(STREAMS))
+    children = np.random.SeedSequence([spec.seed, int(spec.inputs_key[:16], 16)]).spawn(len(STREAMS))
     return {name: np.random.default_rng(child) for name, child in zip(STREAMS, children, strict=True)}
 
 

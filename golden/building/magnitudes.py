@@ -69,7 +69,7 @@ from mlaconf.golden.building.reference import (
     tile_kernel,
     value_gemm,
 )
-from mlaconf.golden.specs.layout import out_shape
+from mlaconf.golden.specs.layout import out_shape, visible_keys
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.types import (
     ELEMENT_MAGNITUDES,
@@ -123,34 +123,25 @@ def round_up_float32(values: np.ndarray) -> np.ndarray:
     return result
 
 
-def allowed_keys(spec: CaseSpec) -> np.ndarray:
-    """int64 ``[T]``: how many keys each output token row attends to (0 for zero-length batches)."""
-    counts = np.zeros(spec.total_q, dtype=np.int64)
-    start = 0
-    for q_len, kv_len in zip(spec.q_seqlen, spec.kv_seqlen, strict=True):
-        if q_len and kv_len:
-            rows = np.arange(q_len)
-            if spec.mask_type in (2, 3):
-                counts[start : start + q_len] = np.minimum(kv_len, rows + 1 + (kv_len - q_len))
-            else:
-                counts[start : start + q_len] = kv_len
-        start += q_len
-    return counts
-
-
 def cancellation_noise(
-    spec: CaseSpec, magnitudes: dict[str, np.ndarray], golden: np.ndarray, tokens: slice
+    spec: CaseSpec,
+    magnitudes: dict[str, np.ndarray],
+    golden: np.ndarray,
+    tokens: slice,
+    token_rows: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """How far two correct float64 evaluations of S and T may lie apart at the elements of rows
-    ``tokens`` (their expanded sums cancel), bounded from stored magnitudes that do not cancel.
+    ``tokens`` of the arrays (their expanded sums cancel), bounded from stored magnitudes that do not cancel;
+    ``token_rows``: the token of each array row when the golden holds a sample of rows.
 
     With gamma = (n_i + 4) eps64: S's float64 error is at most sqrt(gamma) (sqrt(sum w^2 V^2) +
     |g| sqrt(sum w^2)) <= sqrt(gamma) 4 M (R + rho |g|), since w <= 4 M P; T's at most
     gamma (sum |P s V| + |g sum P s|) <= gamma M (A + |g|).  Each evaluation adds its guard of the
     same size, hence the factor 2 (S) and 2 x 2 (T)."""
-    t, h = spec.total_q, spec.head_num
+    keys = visible_keys(spec) if token_rows is None else visible_keys(spec)[token_rows]
+    t, h = keys.size, spec.head_num
     shape = (t, h, V_DIM)
-    gamma = ((allowed_keys(spec)[tokens] + 4) * EPS64)[:, None, None]
+    gamma = ((keys[tokens] + 4) * EPS64)[:, None, None]
     score = magnitudes["score_absmax"].reshape(t, h)[tokens].astype(np.float64)[:, :, None]
     rho = magnitudes["p_rss"].reshape(t, h)[tokens].astype(np.float64)[:, :, None]
     g = np.abs(golden.reshape(shape)[tokens])
@@ -282,10 +273,10 @@ def fused_tile(
     psv = value_gemm(ps, vt)
     vmax = operands.abs_peak[k.shape[0] - 1].astype(np.float64)  # max |V| over the tile's keys
     if finished is None:
-        out["pv_scale"] = _scale_derivative(psv, *ps_sums, golden, vmax, k.shape[0])
+        out["pv_scale"] = scale_derivative(psv, *ps_sums, golden, vmax, k.shape[0])
     else:
         add, factor = lift_terms(k.shape[0])
-        gamma = (k.shape[0] + 4) * EPS64  # _scale_derivative's
+        gamma = (k.shape[0] + 4) * EPS64  # scale_derivative's
         tile_kernel().finish_magnitudes(
             abs_sum,
             sq_sum,
@@ -306,11 +297,13 @@ def fused_tile(
         probs = np.divide(p, denom, out=work.take("probs", shape, np.float64))
         weight = probs * (2.0 * np.abs(raw) + np.abs(raw - m))
         w2 = weight * weight
-        out["pvs_rss"] = _score_rss(golden, w2 @ (v * v), w2 @ v, w2.sum(axis=1, keepdims=True), keys=k.shape[0])
+        out["pvs_rss"] = score_rss(golden, w2 @ (v * v), w2 @ v, w2.sum(axis=1, keepdims=True), keys=k.shape[0])
     return out
 
 
-def _score_rss(g: np.ndarray, w2v2: np.ndarray, w2v: np.ndarray, w2sum: np.ndarray, *, keys: int) -> np.ndarray:
+def score_rss(
+    g: np.ndarray, w2v2: np.ndarray, w2v: np.ndarray, w2sum: np.ndarray, *, keys: int | np.ndarray
+) -> np.ndarray:
     """S from its expanded sum, moved away from zero by a bound on its float64 error.
 
     S^2 = sum w^2 V^2 - 2 g sum w^2 V + g^2 sum w^2 cancels where V is nearly constant; without the
@@ -323,11 +316,12 @@ def _score_rss(g: np.ndarray, w2v2: np.ndarray, w2v: np.ndarray, w2sum: np.ndarr
     return rss
 
 
-def _scale_derivative(
-    psv: np.ndarray, ps_abs: np.ndarray, ps_sum: np.ndarray, g: np.ndarray, vmax: np.ndarray, keys: int
+def scale_derivative(
+    psv: np.ndarray, ps_abs: np.ndarray, ps_sum: np.ndarray, g: np.ndarray, vmax: np.ndarray, keys: int | np.ndarray
 ) -> np.ndarray:
     """T = sum (P s) V - g sum P s, moved away from zero by gamma (sum |P s| max|V| + |g sum P s|),
-    a bound on the float64 error of the cancelling expanded sum (gamma = (keys + 4) eps64)."""
+        a bound on the float64 error of the cancelling expanded sum (gamma = (keys + 4) eps64; ``keys`` per row
+    as a column where the rows see different keys)."""
     gamma = (keys + 4) * EPS64
     t = psv - ps_sum * g
     guarded: np.ndarray = t + np.copysign(gamma * (ps_abs * vmax + np.abs(g * ps_sum)), t)
@@ -374,12 +368,12 @@ def torch_tile(
         x.cpu().numpy()
         for x in (ps @ v, ps.abs().sum(dim=1, keepdim=True), ps.sum(dim=1, keepdim=True), g, v.abs().amax(dim=0))
     )
-    extra = {"pv_scale": _scale_derivative(psv, ps_abs, ps_sum, g64, vmax, k.shape[0])}
+    extra = {"pv_scale": scale_derivative(psv, ps_abs, ps_sum, g64, vmax, k.shape[0])}
     if score_terms:
         weight = p * (2.0 * s0.abs() + (s0 - m).abs())
         w2 = weight * weight
         w2v2, w2v, w2sum = (x.cpu().numpy() for x in (w2 @ (v * v), w2 @ v, w2.sum(dim=1, keepdim=True)))
-        extra["pvs_rss"] = _score_rss(g64, w2v2, w2v, w2sum, keys=k.shape[0])
+        extra["pvs_rss"] = score_rss(g64, w2v2, w2v, w2sum, keys=k.shape[0])
     p2 = p * p
     out["pv_rss"] = (p2 @ (v * v)).sqrt()
     out["p_rss"] = p2.sum(dim=1).sqrt()

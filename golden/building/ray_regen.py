@@ -175,7 +175,7 @@ def regen_on_ray(
         for spec in [s for s in todo if _current(store, s)]:
             summary.outcomes.append(CaseOutcome(spec.case_id, "up-to-date"))
             todo.remove(spec)
-    flops = {s.case_id: float(s.useful_flops) for s in todo}
+    flops = {s.case_id: float(cost.golden_flops(s)) for s in todo}
     progress = Progress(len(todo) + len(summary.outcomes), "regen", stream, work=sum(flops.values()) or None)
     for outcome in summary.outcomes:
         progress.advance(f"up-to-date {outcome.case_id}", skipped=True)

@@ -31,7 +31,7 @@ import numpy as np
 
 from mlaconf.facts.processes import THREAD_ENV, kill_with_parent, usable_cpus
 from mlaconf.facts.shard import in_shard
-from mlaconf.golden.building import drift
+from mlaconf.golden.building import cost, drift
 from mlaconf.golden.building import progress as work_progress
 from mlaconf.golden.building.magnitudes import CANCELLING_MAGNITUDES, cancellation_noise
 from mlaconf.golden.building.progress import CaseWork, Progress, flops_text
@@ -219,7 +219,7 @@ def regen(
     jobs = max(1, min(jobs, len(todo)))
     threads = max(1, cpu_count() // jobs)
     tasks = [RegenTask(s, str(store.root), store.generator_version, builder, threads, force) for s in todo]
-    flops = {s.case_id: float(s.useful_flops) for s in todo}
+    flops = {s.case_id: float(cost.golden_flops(s)) for s in todo}
     to_build = {s.case_id for s in todo if force or not store.looks_fresh(s)}  # what the progress counts
     work = sum(flops[c] for c in to_build)
     if len(to_build) < len(todo):
@@ -458,6 +458,9 @@ def compare_recomputed(path: Path, stored: GoldenCase, fresh: GoldenCase) -> Rec
             )
     if not np.array_equal(stored.row_valid, fresh.row_valid):
         problems.append(Problem(path, "recomputed row_valid differs", "golden/row_valid"))
+    sampled = [(g.sample.rows, g.sample.reasons) for g in (stored, fresh) if g.sample is not None]
+    if len(sampled) == 1 or (sampled and not all(map(np.array_equal, *sampled))):
+        problems.append(Problem(path, "recomputed row sample differs", "golden/sample_rows"))
     same_shapes = stored.out.shape == fresh.out.shape and stored.baseline_out.shape == fresh.baseline_out.shape
     if not same_shapes:
         message = f"recomputed shape {fresh.out.shape} vs stored {stored.out.shape}"
@@ -515,24 +518,21 @@ def _within_one_step(stored: GoldenCase, name: str, fresh: np.ndarray) -> bool:
     kept = stored.magnitudes[name]
     if kept.dtype != fresh.dtype:
         return False
-    spec = stored.spec
+    spec, held = stored.spec, drift.held_rows(stored)
     step = MAGNITUDE_STEP.get(kept.dtype.name, 0.0)
-    per_row = kept.size // max(spec.total_q, 1)
+    per_row = kept.size // max(held, 1)
     rows = max(COMPARE_CHUNK // max(per_row, 1), 1)
-    a_all, b_all = kept.reshape(spec.total_q, -1), fresh.reshape(spec.total_q, -1)
+    a_all, b_all = kept.reshape(held, -1), fresh.reshape(held, -1)
     floor = MAGNITUDE_FLOOR * max(
-        (
-            float(np.max(np.abs(a_all[i : i + rows].astype(np.float64)), initial=0.0))
-            for i in range(0, spec.total_q, rows)
-        ),
+        (float(np.max(np.abs(a_all[i : i + rows].astype(np.float64)), initial=0.0)) for i in range(0, held, rows)),
         default=0.0,
     )
-    for start in range(0, spec.total_q, rows):
+    for start in range(0, held, rows):
         tokens = slice(start, start + rows)
         a, b = a_all[tokens].astype(np.float64), b_all[tokens].astype(np.float64)
         allowed = step * np.minimum(np.abs(a), np.abs(b)) + floor
         if name in CANCELLING_MAGNITUDES:
-            noise = cancellation_noise(spec, stored.magnitudes, stored.out, tokens)[name]
+            noise = cancellation_noise(spec, stored.magnitudes, stored.out, tokens, stored.token_rows)[name]
             allowed = allowed + noise.reshape(a.shape)
         if not np.all(np.abs(a - b) <= allowed):
             return False

@@ -18,12 +18,12 @@ if TYPE_CHECKING:
 
 
 def _selections(args: argparse.Namespace) -> list[tuple[str, list[CaseSpec]]]:
-    from mlaconf.golden.specs.suites import available_suites, load_suite, load_suites
+    from mlaconf.golden.specs.suites import load_suite, load_suites, suites_in_all
 
     names = list(args.suites) or ([] if args.cases else ["smoke"])
     expanded: list[str] = []
     for name in names:
-        expanded += [n for n in available_suites() if n != "errors"] if name == "all" else [name]
+        expanded += suites_in_all() if name == "all" else [name]
     chosen = [(name, load_suites([name])) for name in dict.fromkeys(expanded)]
     return chosen + [(str(path), load_suite(path)) for path in args.cases]
 
@@ -119,9 +119,9 @@ def cmd_coverage(args: argparse.Namespace) -> int:
 def suite_coverage_lines(suites: Sequence[str]) -> list[str]:
     """One line per named suite for ``mlaconf list``: its 1/2/3-way coverage."""
     from mlaconf.golden.coverage.levels import coverage
-    from mlaconf.golden.specs.suites import available_suites, load_suites
+    from mlaconf.golden.specs.suites import load_suites, suites_in_all
 
     names: list[str] = []
     for name in suites:
-        names += [n for n in available_suites() if n != "errors"] if name == "all" else [name]
+        names += suites_in_all() if name == "all" else [name]
     return [f"coverage {name}: {summary(coverage(load_suites([name])))}" for name in dict.fromkeys(names)]

@@ -75,6 +75,20 @@ def row_valid(spec: CaseSpec) -> np.ndarray:
     return valid
 
 
+def visible_keys(spec: CaseSpec) -> np.ndarray:
+    """int64 ``[T]``: how many keys each output token row attends to, always a prefix of its batch's keys
+    (0 for zero-length batches)."""
+    counts = np.zeros(spec.total_q, dtype=np.int64)
+    start = 0
+    for b, (q_len, kv_len) in enumerate(zip(spec.q_seqlen, spec.kv_seqlen, strict=True)):
+        if q_len and kv_len:
+            offset = causal_offset(spec, b)
+            rows = np.arange(q_len, dtype=np.int64)
+            counts[start : start + q_len] = kv_len if offset is None else np.clip(rows + offset + 1, 0, kv_len)
+        start += q_len
+    return counts
+
+
 def out_shape(spec: CaseSpec) -> tuple[int, ...]:
     """attenOut's shape: q's layout with the value head dim."""
     if spec.q_layout == "2d":

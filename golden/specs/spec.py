@@ -19,6 +19,8 @@ from mlaconf.facts.operator import CACHE_NAMES, DEFAULT_QK_SCALE, MASK_NAMES, us
 from mlaconf.facts.releases import in_range, parse_range
 
 DISTRIBUTIONS = ("uniform", "normal", "large_logits", "near_tie", "v_outliers")
+#: ``rows = "sample"``: the seeded random rows a sampled golden adds to its chosen ones (golden/specs/sample.py).
+DEFAULT_RANDOM_ROWS = 64
 #: Trends of the logits along the key position (:class:`Structure`; docs/conformance.md "Structured inputs").
 LOGIT_TRENDS = ("recency", "sinks", "late_max")
 
@@ -106,6 +108,10 @@ class CaseSpec:
     #: store's ``inputs/`` folder (golden/store/bundles.py) that replaces the seeded draws; absent from the
     #: content when None, so the hashes of generated cases did not change when it was added.
     inputs: str | None = None
+    #: Which rows the golden holds: None every row; an int, a row sample (golden/specs/sample.py: the chosen
+    #: rows plus that many seeded random ones).  Absent from the content when None, so the hashes of full
+    #: cases did not change when it was added; never part of the inputs' seed (:attr:`inputs_key`).
+    rows: int | None = None
     expect_error: str | None = None
     expect_stage: str | None = None
     perturb: str | None = None
@@ -164,6 +170,11 @@ class CaseSpec:
         return useful_flops(self.mask_type, self.q_seqlen, self.kv_seqlen, self.head_num)
 
     @property
+    def sampled(self) -> bool:
+        """Whether the golden holds a row sample rather than every row."""
+        return self.rows is not None
+
+    @property
     def mask_name(self) -> str:
         return MASK_NAMES.get(self.mask_type, f"mask{self.mask_type}")
 
@@ -181,6 +192,8 @@ class CaseSpec:
             skip.add("structure")
         if self.inputs is None:
             skip.add("inputs")
+        if self.rows is None:
+            skip.add("rows")
         data = {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in skip}
         if self.expect_by_release:
             data["expect_by_release"] = [
@@ -215,6 +228,13 @@ class CaseSpec:
         return hashlib.sha256(blob).hexdigest()
 
     @property
+    def inputs_key(self) -> str:
+        """What seeds the inputs: the content hash without ``rows``, so a case and its sampled twin draw the
+        same tensors (and a full case's key is its content hash, as before)."""
+        content = {key: value for key, value in self.content().items() if key != "rows"}
+        return hashlib.sha256(json.dumps(content, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+    @property
     def short_hash(self) -> str:
         return self.content_hash[:8]
 
@@ -235,6 +255,8 @@ class CaseSpec:
             parts.append(self.structure.label)
         if self.inputs is not None:
             parts.append("dump")
+        if self.rows is not None:
+            parts.append("sampled")
         if self.expect_error:
             parts.append(f"err-{self.perturb or 'param'}")
         return "-".join(parts)

@@ -32,12 +32,21 @@ from mlaconf.facts.operator import (
 )
 from mlaconf.facts.releases import parse_range
 from mlaconf.facts.status import STAGES
-from mlaconf.golden.specs.spec import DISTRIBUTIONS, LOGIT_TRENDS, CaseSpec, SpecError, Structure
+from mlaconf.golden.specs.spec import (
+    DEFAULT_RANDOM_ROWS,
+    DISTRIBUTIONS,
+    LOGIT_TRENDS,
+    CaseSpec,
+    SpecError,
+    Structure,
+)
 
 #: Seeds are in [0, SEED_LIMIT): stored as an int64 attribute; numpy's SeedSequence needs them >= 0.
 SEED_LIMIT = 2**63
 #: Most entries of a length list in any case: error cases may exceed B <= MAX_BATCH to test it.
 MAX_LIST = 2 * MAX_BATCH
+#: Most seeded random rows a sampled golden may add (``rows = N``).
+MAX_RANDOM_ROWS = 1 << 20
 #: Names (case, suite) and perturbation names: no path separators, no leading dot, bounded length.
 #: ``inputs``: the sha256 of an explicit input bundle (golden/store/bundles.py).
 INPUTS_HASH = re.compile(r"[0-9a-f]{64}")
@@ -215,6 +224,21 @@ def _check_fields(raw: Mapping[str, Any], fail: Fail) -> None:
         raise fail("qk_scale", f"must be a number within float64 range, got {show_value(scale)}")
 
 
+def parse_rows(value: Any, fail: Fail) -> int | None:
+    """``rows``: ``"all"`` (None: every row), ``"sample"`` (the chosen rows and DEFAULT_RANDOM_ROWS random ones)
+    or a number N of random rows beside the chosen ones (a sample too)."""
+    if value is None or value == "all":
+        return None
+    if value == "sample":
+        return DEFAULT_RANDOM_ROWS
+    if _is_int(value) and 0 <= value <= MAX_RANDOM_ROWS:
+        return int(value)
+    raise fail(
+        "rows",
+        f"must be 'all', 'sample' or a number of random rows in [0, {MAX_RANDOM_ROWS}], got {show_value(value)}",
+    )
+
+
 def _by_release(value: Any, expect_error: Any, fail: Fail) -> tuple[tuple[str, str, str | None], ...]:
     """``expect_by_release``: a list of ``{versions, expect_error, expect_stage}`` tables (error cases only)."""
     if not isinstance(value, (list, tuple)):
@@ -280,6 +304,7 @@ def build_case(
     kwargs["cache_mode"] = _coerce_enum(raw.get("cache_mode", 1), CACHE_CODES, fail, "cache_mode")
     if kwargs.get("structure") is not None:
         kwargs["structure"] = build_structure(kwargs["structure"], fail)
+    kwargs["rows"] = parse_rows(raw.get("rows"), fail)
     scale = float(kwargs.get("qk_scale", DEFAULT_QK_SCALE))
     commit = kwargs.get("source_commit", "")
     if not isinstance(commit, str) or (commit and not _is_commit(commit)):

@@ -1,12 +1,13 @@
 """Suite files: TOML suites, matrix expansion, the shipped suites and loading them by name.
 
-A suite file holds ``[suite]`` (name, description), optional ``[defaults]``, any number of
-``[[case]]`` tables and ``[[matrix]]`` tables, and optional ``[relations.NAME]`` tables.  A matrix
-expands the product of its list-valued fields; an axis whose alternatives are tables sets several
-fields at once (e.g. a batch's q and kv lengths together).  Each case is built and validated by
-:func:`mlaconf.golden.specs.spec_build.build_case`; a file's sizes are checked here, before anything is
-expanded.  A relation table names a metamorphic relation (the metamorphic suite's test ``test_NAME``), its
-kind and the file's cases it runs on (:class:`RelationTable`), so the relations' cases are a suite's cases
+A suite file holds ``[suite]`` (name, description, the cost above which goldens are sampled), optional
+``[defaults]``, any number of ``[[case]]`` tables and ``[[matrix]]`` tables, and optional
+``[relations.NAME]`` tables.  A matrix expands the product of its list-valued fields; an axis whose
+alternatives are tables sets several fields at once (e.g. a batch's q and kv lengths together).  Each
+case is built and validated by :func:`mlaconf.golden.specs.spec_build.build_case`; a file's sizes are
+checked here, before anything is expanded.  A relation table names a metamorphic relation (the
+metamorphic suite's test ``test_NAME``), its kind and the file's cases it runs on
+(:class:`RelationTable`), so the relations' cases are a suite's cases
 like any other: listed, built ahead and covered by the same verbs.
 """
 
@@ -42,6 +43,9 @@ SUITES_PACKAGE = "mlaconf.cases"
 #: passes its own float64 golden under the run's policy).
 RELATION_KINDS = ("exact", "tolerance")
 RELATION_KEYS = ("cases", "kind")
+#: A ``[suite]`` table's keys: ``sample_above`` is the useful FLOPs above which a case that does not say
+#: ``rows`` gets a sampled golden (``rows = "sample"``; docs/usage.md "Sampled goldens").
+SUITE_KEYS = frozenset({"name", "description", "sample_above"})
 
 
 @dataclass(frozen=True)
@@ -185,7 +189,7 @@ def read_suite(path: str | Path, *, validate: bool = True) -> Suite:
     for what, table in (("suite", meta), ("defaults", defaults)):
         if not isinstance(table, Mapping):
             raise file_fail(what, f"must be a table ([{what}]), got {show_value(table)}")
-    for what, table, known in (("suite", meta, {"name", "description"}), ("defaults", defaults, FIELD_NAMES)):
+    for what, table, known in (("suite", meta, SUITE_KEYS), ("defaults", defaults, FIELD_NAMES)):
         extra = set(table) - known
         if extra:
             raise file_fail(f"{what}.{sorted(extra)[0]}", f"unknown key in table [{what}]; known keys: {sorted(known)}")
@@ -196,6 +200,11 @@ def read_suite(path: str | Path, *, validate: bool = True) -> Suite:
         )
     if not isinstance(meta.get("description", ""), str):
         raise file_fail("suite.description", f"must be a string, got {show_value(meta['description'])}")
+    sample_above = meta.get("sample_above")
+    if sample_above is not None and not (
+        isinstance(sample_above, (int, float)) and not isinstance(sample_above, bool) and sample_above >= 0
+    ):
+        raise file_fail("suite.sample_above", f"must be a number of FLOPs >= 0, got {show_value(sample_above)}")
     tables = _tables(data.get("case", []), file_fail, "case")
     if len(tables) > MAX_CASES:
         raise file_fail("case", f"the file defines {len(tables)} cases; at most {MAX_CASES}")
@@ -219,6 +228,8 @@ def read_suite(path: str | Path, *, validate: bool = True) -> Suite:
     entries = 0
     for index, raw in enumerate(raws):
         spec = build_case(raw, source=source, suite=suite, index=index, validate=validate)
+        if sample_above is not None and "rows" not in raw and spec.useful_flops > sample_above:
+            spec = build_case({**raw, "rows": "sample"}, source=source, suite=suite, index=index, validate=validate)
         entries += spec.batch + len(spec.kv_seqlen)
         if entries > MAX_FILE_ENTRIES:
             raise SpecError(
@@ -251,12 +262,22 @@ def available_suites() -> list[str]:
     return names
 
 
+#: Shipped suites ``all`` leaves out: ``errors`` has no goldens (its cases are rejected), ``long`` is
+#: device-scale (its sampled goldens still take a golden host: name it to build or run it).
+NOT_IN_ALL = ("errors", "long")
+
+
+def suites_in_all() -> list[str]:
+    """The shipped suites ``all`` stands for."""
+    return [name for name in available_suites() if name not in NOT_IN_ALL]
+
+
 def suite_paths(names: Iterable[str]) -> list[Path]:
-    """The files of suites named (``all`` expands to every shipped suite except ``errors``), each once."""
+    """The files of suites named (``all`` expands to :func:`suites_in_all`), each once."""
     wanted: list[str] = []
     for name in names:
         if name == "all":
-            wanted.extend(n for n in available_suites() if n != "errors")
+            wanted.extend(suites_in_all())
         else:
             wanted.append(name)
     paths: list[Path] = []

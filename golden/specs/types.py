@@ -9,6 +9,31 @@ import numpy as np
 from mlaconf.facts.operator import scores_in_fp16
 from mlaconf.golden.specs.spec import CaseSpec
 
+#: Why a sampled golden's row was chosen, one bit each (bit i is ``1 << i``; golden/specs/sample.py explains them).
+REASONS = ("batch_edge", "tile_edge", "q_offset", "kv_offset", "diagonal", "random")
+
+
+def reason_bit(name: str) -> int:
+    """The bit of one reason in :data:`REASONS`."""
+    return 1 << REASONS.index(name)
+
+
+@dataclass(frozen=True)
+class RowSample:
+    """Token rows (sorted, distinct, int64) and, per row, the bits of the reasons it was chosen for (uint8)."""
+
+    rows: np.ndarray
+    reasons: np.ndarray
+
+    def counts(self) -> dict[str, int]:
+        """Rows chosen for each reason (a row chosen for two counts in both)."""
+        return {name: int(np.count_nonzero(self.reasons & reason_bit(name))) for name in REASONS}
+
+    def summary(self, total_rows: int) -> dict[str, object]:
+        """What a record says about the rows judged: how many of how many, and how many per reason."""
+        return {"rows": int(self.rows.size), "of": int(total_rows), "reasons": self.counts()}
+
+
 INPUT_NAMES = ("q", "q_rope", "k", "k_rope", "v", "q_seqlen", "kv_seqlen", "mask")
 #: The float64-computed magnitudes a golden stores (golden.building.magnitudes computes them, the judge reads them).
 ELEMENT_MAGNITUDES = ("pv_abs", "pv_rss", "pvs_rss", "pv_scale", "pv_sub")
@@ -47,7 +72,8 @@ class OpInputs:
 
 @dataclass(frozen=True)
 class GoldenCase:
-    """A case's inputs with its float64 reference and the emulated same-dtype baseline."""
+    """A case's inputs with its float64 reference and the emulated same-dtype baseline (of every row, or of a
+    row sample)."""
 
     spec: CaseSpec
     inputs: OpInputs
@@ -59,6 +85,14 @@ class GoldenCase:
     #: float64-computed magnitudes of the attention sums (golden.building.magnitudes), name -> float32 array:
     #: element ones in attenOut's layout, row ones [T, H].  The error-model rule needs them.
     magnitudes: dict[str, np.ndarray] = field(default_factory=dict)
+    #: A sampled golden's rows (spec.rows set): ``out``, ``row_valid``, ``baseline_out`` and the magnitudes then
+    #: hold one row per sampled token row, in the sample's order; the inputs stay whole.  None: every row.
+    sample: RowSample | None = None
+
+    @property
+    def token_rows(self) -> np.ndarray | None:
+        """The token row of each row of ``out`` when sampled, None when ``out`` holds every row."""
+        return None if self.sample is None else self.sample.rows
 
 
 def element_magnitudes(spec: CaseSpec) -> tuple[str, ...]:

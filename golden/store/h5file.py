@@ -40,7 +40,7 @@ import numpy as np
 from mlaconf.golden.specs.layout import out_shape
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.spec_build import spec_from_json
-from mlaconf.golden.specs.types import INPUT_NAMES, ROW_MAGNITUDES, GoldenCase, OpInputs, magnitude_names
+from mlaconf.golden.specs.types import INPUT_NAMES, ROW_MAGNITUDES, GoldenCase, OpInputs, RowSample, magnitude_names
 from mlaconf.golden.store.integrity import (
     DIGEST_NAME,
     SCHEMA_VERSION,
@@ -71,6 +71,9 @@ def blas_info() -> str:
     return json.dumps(info, sort_keys=True, default=str)
 
 
+#: A sampled golden's datasets: its token rows (int64, sorted) and the bits of why each was chosen (uint8,
+#: golden/specs/sample.py REASONS); the golden's arrays then hold one row per sampled row.
+SAMPLE_ROWS, SAMPLE_REASONS = "golden/sample_rows", "golden/sample_reasons"
 #: How a device dtype is stored: bf16 as its 16-bit patterns (HDF5 has no bfloat16 type).
 STORED_AS = {"bf16": "uint16", "fp16": "float16"}
 
@@ -112,24 +115,30 @@ def dataset_arrays(golden: GoldenCase) -> dict[str, np.ndarray]:
         raise TypeError(f"{golden.spec.case_id}: golden out must be float64, got {golden.out.dtype}")
     if golden.row_valid.dtype != np.bool_:
         raise TypeError(f"{golden.spec.case_id}: row_valid must be bool, got {golden.row_valid.dtype}")
+    if (golden.sample is None) == golden.spec.sampled:
+        raise TypeError(f"{golden.spec.case_id}: a sampled spec needs a row sample, and only it has one")
     out = {f"inputs/{name}": arr for name, arr in golden.inputs.arrays().items()}
     out["golden/out"], out["golden/row_valid"] = golden.out, golden.row_valid
+    if golden.sample is not None:
+        out[SAMPLE_ROWS], out[SAMPLE_REASONS] = golden.sample.rows, golden.sample.reasons
     needed = magnitude_names(golden.spec)
     missing = [name for name in needed if name not in golden.magnitudes]
     if missing:
         raise TypeError(f"{golden.spec.case_id}: golden lacks the magnitudes {missing}")
+    rows = golden.out.shape[0]
     for name in needed:
-        _check_magnitude(golden.magnitudes[name], name, golden.spec, golden.spec.case_id)
+        _check_magnitude(golden.magnitudes[name], name, golden.spec, golden.spec.case_id, rows)
     out.update({f"golden/{name}": golden.magnitudes[name] for name in needed})
     out["baseline/out"] = golden.baseline_out
     return out
 
 
-def _check_magnitude(arr: np.ndarray, name: str, spec: CaseSpec, where: str) -> None:
-    """Element magnitudes are bf16 in attenOut's shape, row magnitudes float32 ``[T, H]``."""
+def _check_magnitude(arr: np.ndarray, name: str, spec: CaseSpec, where: str, rows: int) -> None:
+    """Element magnitudes are bf16 in attenOut's shape, row magnitudes float32 ``[T, H]`` (``rows`` rows: T, or
+    a sample's)."""
     row = name in ROW_MAGNITUDES
     dtype = np.dtype(np.float32 if row else ml_dtypes.bfloat16)
-    shape = (spec.total_q, spec.head_num) if row else tuple(out_shape(spec))
+    shape = (rows, spec.head_num) if row else (rows, *out_shape(spec)[1:])
     if arr.dtype != dtype or arr.shape != shape:
         raise TypeError(f"{where}: magnitude {name} is {arr.dtype}{list(arr.shape)}, must be {dtype}{list(shape)}")
 
@@ -351,6 +360,25 @@ def _read_verified(opened: _Opened, path: Path, block: ReadBlock | None) -> dict
     return arrays
 
 
+def _sample(arrays: dict[str, np.ndarray], spec: CaseSpec, path: Path) -> RowSample | None:
+    """A sampled golden's rows and reasons, checked against its spec (sorted, distinct, within the tokens, one
+    per golden row); None for a golden of every row."""
+    if not spec.sampled:
+        if SAMPLE_ROWS in arrays or SAMPLE_REASONS in arrays:
+            raise GoldenCorruptError(path, "a golden of every row holds a row sample", SAMPLE_ROWS)
+        return None
+    rows, reasons = arrays.get(SAMPLE_ROWS), arrays.get(SAMPLE_REASONS)
+    if rows is None or reasons is None:
+        raise GoldenCorruptError(path, "a sampled spec's golden lacks its rows or their reasons", SAMPLE_ROWS)
+    out = arrays.get("golden/out")
+    fits = rows.dtype == np.int64 and reasons.dtype == np.uint8 and rows.ndim == 1 and reasons.shape == rows.shape
+    if not fits or (out is not None and out.shape[0] != rows.size):
+        raise GoldenCorruptError(path, "sample rows, their reasons and the golden's rows disagree", SAMPLE_ROWS)
+    if rows.size and (rows[0] < 0 or rows[-1] >= spec.total_q or (np.diff(rows) <= 0).any()):
+        raise GoldenCorruptError(path, "sample rows are not sorted distinct token rows of the case", SAMPLE_ROWS)
+    return RowSample(rows, reasons)
+
+
 def read_golden(
     path: Path, spec: CaseSpec | None = None, block: ReadBlock | None = None
 ) -> tuple[GoldenCase, FileMeta]:
@@ -375,6 +403,8 @@ def read_golden(
         raise GoldenCorruptError(
             path, "baseline statistics do not match baseline_stats_xxh3_128", "baseline (attributes)"
         )
+    sample = _sample(arrays, stored_spec, path)
+    rows = stored_spec.total_q if sample is None else sample.rows.size
     try:
         inputs = OpInputs(**{n: arrays.get(f"inputs/{n}") for n in INPUT_NAMES})  # type: ignore[arg-type]
         golden = GoldenCase(
@@ -386,12 +416,13 @@ def read_golden(
             baseline_stats=stats,
             provenance=provenance,
             magnitudes={name: arrays[f"golden/{name}"] for name in magnitude_names(stored_spec)},
+            sample=sample,
         )
     except (KeyError, TypeError) as exc:
         raise GoldenCorruptError(path, f"required dataset missing: {exc}") from exc
     for name, values in golden.magnitudes.items():
         try:
-            _check_magnitude(values, name, stored_spec, "stored")
+            _check_magnitude(values, name, stored_spec, "stored", rows)
         except TypeError as exc:
             raise GoldenCorruptError(path, str(exc), f"golden/{name}") from exc
     return golden, meta

@@ -14,7 +14,6 @@ from mlaconf.golden.building.generate import build_golden
 from mlaconf.golden.building.inputs import generate_inputs
 from mlaconf.golden.building.magnitudes import (
     CANCELLING_MAGNITUDES,
-    allowed_keys,
     cancellation_noise,
     reference_and_magnitudes,
     round_up_bf16,
@@ -22,7 +21,7 @@ from mlaconf.golden.building.magnitudes import (
 )
 from mlaconf.golden.building.reference import effective_scale, reference_attention
 from mlaconf.golden.building.stats import ErrorStats
-from mlaconf.golden.specs.layout import causal_offset, kv_views, offsets, q_views
+from mlaconf.golden.specs.layout import causal_offset, kv_views, offsets, q_views, visible_keys
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.spec_build import build_case
 from mlaconf.golden.specs.types import ELEMENT_MAGNITUDES, ROW_MAGNITUDES, GoldenCase, magnitude_names
@@ -156,11 +155,11 @@ def test_torch_magnitudes_agree_with_numpy(spec: CaseSpec) -> None:
         np.testing.assert_array_less(np.abs(a - b), allowed, err_msg=name)
 
 
-def test_allowed_keys_per_mask() -> None:
-    assert allowed_keys(CAUSAL).tolist() == [17, 18, 19, 20, 21, *range(1, 10)]
+def test_visible_keys_per_mask() -> None:
+    assert visible_keys(CAUSAL).tolist() == [17, 18, 19, 20, 21, *range(1, 10)]
     spec = _spec(dtype="fp16", mask_type="mask_free", q_seqlen=[3, 2], head_num=1)
-    assert allowed_keys(spec).tolist() == [1, 2, 3, 1, 2]
-    assert allowed_keys(FP16).tolist() == [33] * 33 + [7] * 7
+    assert visible_keys(spec).tolist() == [1, 2, 3, 1, 2]
+    assert visible_keys(FP16).tolist() == [33] * 33 + [7] * 7
 
 
 def test_scale_cast_only_on_the_fp16_score_path() -> None:

@@ -2,7 +2,7 @@
 the documents show them (a run makes the golden ``mlaconf show`` reads, the two CANN runs are what
 ``report diff`` compares); how each is narrowed and what it must give: tests/docs_commands.py.  The store the
 commands name (``$MLA_GOLDEN_DIR``) is the session's shared one: ``regen smoke`` builds or finds the goldens
-every smoke run of the session reads, ``verify smoke --recompute`` recomputes them all either way."""
+every smoke run of the session reads, ``verify smoke --recompute`` recomputes a quarter of them."""
 
 from __future__ import annotations
 

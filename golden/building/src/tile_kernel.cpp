@@ -368,7 +368,8 @@ __attribute__((noinline)) void scaled_row(const double *p, double denom, const d
 // (P / sum P) s and their row sums of |.| and of them (scaled_row), made while the row is in cache: the raw
 // scores then need no tile-sized copy unless raw is asked for too.
 void softmax_tile(py::array_t<double> scores, py::array_t<double> stats, py::object causal, py::object p32_obj,
-                  py::object p2_obj, float floor, py::object raw_obj, py::object ps_obj, py::object ps_sums_obj) {
+                  py::object p2_obj, float floor, py::object raw_obj, py::object ps_obj, py::object ps_sums_obj,
+                  py::object counts_obj) {
     if (!(floor > 0.0f) || !std::isnormal(floor)) {
         throw std::invalid_argument("floor must be a positive normal float32");
     }
@@ -415,11 +416,28 @@ void softmax_tile(py::array_t<double> scores, py::array_t<double> stats, py::obj
         }
         ps_sums = ps_sums_arr.mutable_data();
     }
+    const int64_t *counts = nullptr;
+    py::array_t<int64_t, py::array::c_style> counts_arr;
+    if (!counts_obj.is_none()) {
+        if (is_causal) {
+            throw std::invalid_argument("counts replace the causal offset: give one of them");
+        }
+        counts_arr = counts_obj.cast<py::array_t<int64_t, py::array::c_style>>();
+        if (counts_arr.ndim() != 1 || counts_arr.shape(0) != rows) {
+            throw std::invalid_argument("counts must be an int64 [rows] array");
+        }
+        counts = counts_arr.data();
+        for (int64_t r = 0; r < rows; ++r) {
+            if (counts[r] < 0 || counts[r] > cols) {
+                throw std::invalid_argument("counts must lie in [0, cols]");
+            }
+        }
+    }
     {
         py::gil_scoped_release release;
         std::vector<double> row_raw(raw == nullptr && ps != nullptr ? static_cast<size_t>(cols) : 0);
         for (int64_t r = 0; r < rows; ++r) {
-            const int64_t allowed = allowed_keys(is_causal, first, r, cols);
+            const int64_t allowed = counts != nullptr ? counts[r] : allowed_keys(is_causal, first, r, cols);
             double *raw_r = raw != nullptr ? raw + r * cols : (ps != nullptr ? row_raw.data() : nullptr);
             const RowStats row = softmax_row(s + r * cols, allowed, cols, p32 ? p32 + r * cols : nullptr,
                                              p2 ? p2 + r * cols : nullptr, floor, raw_r);
@@ -427,7 +445,10 @@ void softmax_tile(py::array_t<double> scores, py::array_t<double> stats, py::obj
             st[rows + r] = row.min;
             st[2 * rows + r] = row.sum;
             st[3 * rows + r] = row.sumsq;
-            if (ps != nullptr) {
+            if (ps != nullptr && counts != nullptr) {  // a row's own keys only: its sums never see the width
+                scaled_row(s + r * cols, row.sum, raw_r, ps + r * cols, allowed, ps_sums + r, ps_sums + rows + r);
+                std::fill(ps + r * cols + allowed, ps + (r + 1) * cols, 0.0);
+            } else if (ps != nullptr) {
                 scaled_row(s + r * cols, row.sum, raw_r, ps + r * cols, cols, ps_sums + r, ps_sums + rows + r);
             }
         }
@@ -494,7 +515,7 @@ Strided<T> strided(py::array_t<T, Flags> &a, const char *name, int64_t rows, int
 // The magnitudes' element finish of one tile (mlaconf.golden.building.magnitudes.fused_tile), straight into the stored
 // bf16 bits: pv_abs and pv_rss from the float32 GEMM sums lifted ((sum + add) * factor, lift_float32_sum), times
 // the column scale, over the row sum, capped; pv_scale = T moved away from zero by its guard
-// (_scale_derivative).  Each value rounds as numpy's separate operations round it (no contraction: the
+// (scale_derivative).  Each value rounds as numpy's separate operations round it (no contraction: the
 // build's bits must not depend on which path computed them), then rounds up to bf16 (round_up_bf16).
 __attribute__((optimize("fp-contract=off"))) void finish_magnitudes(
     py::array_t<float> abs_sum, py::array_t<float> sq_sum, py::array_t<double> psv, py::array_t<double> golden,
@@ -534,6 +555,167 @@ __attribute__((optimize("fp-contract=off"))) void finish_magnitudes(
             os.at(r, c) = round_up_bf16_bits(value + std::copysign(guard, value));
         }
     }
+}
+
+// Row-independent products for sampled goldens (mlaconf.golden.building.rows): every output element is one
+// sum in one fixed order, ascending over the reduced index, one multiply-add per term (contracted to FMA
+// where the target has it), computed by the same code whichever rows share the call.  BLAS decides its
+// summation by the matrix shapes (a row of a 3-row GEMM differs from the same row in a 512-row one), so
+// a row of a sample would not equal the row of a full golden; these kernels make it equal by construction.
+// Rows come in blocks of kRowBlock (the callers pad), scores in blocks of 16 keys, weighted columns in vectors of 8.
+constexpr int64_t kRowBlock = 4;
+constexpr int64_t kKeyBlock = 256;  // keys per pass: a [192, 256] block of kt (384 kB) stays in L2
+
+// kp holds K in panels of 16 keys, [panel][d][16] (contiguous along d): the micro-kernel streams one panel.
+MLA_INLINE void row_scores_body(const double *q, int64_t rows, int64_t dim, const double *kp, int64_t cols,
+                                double *out) {
+    for (int64_t j0 = 0; j0 < cols; j0 += kKeyBlock) {
+        const int64_t j1 = std::min(cols, j0 + kKeyBlock);
+        for (int64_t r = 0; r < rows; r += kRowBlock) {
+            const double *qr = q + r * dim;
+            for (int64_t j = j0; j < j1; j += 16) {  // 4 rows x 16 keys in registers; d ascending for each
+                const double *panel = kp + (j / 16) * dim * 16;
+                v8d lo[kRowBlock] = {}, hi[kRowBlock] = {};
+                for (int64_t d = 0; d < dim; ++d) {
+                    v8d k[2];
+                    std::memcpy(k, panel + d * 16, sizeof k);
+                    for (int64_t i = 0; i < kRowBlock; ++i) {
+                        lo[i] += qr[i * dim + d] * k[0];
+                        hi[i] += qr[i * dim + d] * k[1];
+                    }
+                }
+                for (int64_t i = 0; i < kRowBlock; ++i) {
+                    std::memcpy(out + (r + i) * cols + j, &lo[i], sizeof lo[i]);
+                    std::memcpy(out + (r + i) * cols + j + 8, &hi[i], sizeof hi[i]);
+                }
+            }
+        }
+    }
+}
+
+// out[r, c] += sum over keys [j0, j1) of w[r, j] m[j, c]; a block of keys at a time (its m rows stay in L2),
+// the running sums kept in out between blocks: the same additions in the same order as one pass.
+MLA_INLINE void weighted_rows_body(const double *w, int64_t rows, int64_t cols, const double *m, int64_t width,
+                                   double *out) {
+    for (int64_t j0 = 0; j0 < cols; j0 += kKeyBlock) {
+        const int64_t j1 = std::min(cols, j0 + kKeyBlock);
+        for (int64_t r = 0; r < rows; r += kRowBlock) {
+            for (int64_t c = 0; c < width; c += 8) {
+                v8d acc[kRowBlock];
+                std::memcpy(acc, out + r * width + c, sizeof acc[0]);
+                for (int64_t i = 1; i < kRowBlock; ++i) {
+                    std::memcpy(&acc[i], out + (r + i) * width + c, sizeof acc[i]);
+                }
+                for (int64_t j = j0; j < j1; ++j) {
+                    v8d mv;
+                    std::memcpy(&mv, m + j * width + c, sizeof mv);
+                    for (int64_t i = 0; i < kRowBlock; ++i) {
+                        acc[i] += w[(r + i) * cols + j] * mv;
+                    }
+                }
+                for (int64_t i = 0; i < kRowBlock; ++i) {
+                    std::memcpy(out + (r + i) * width + c, &acc[i], sizeof acc[i]);
+                }
+            }
+        }
+    }
+    for (int64_t e = 0; e < rows * width; ++e) {
+        out[e] += 0.0;  // -0 -> +0: a row's zero terms past its own keys may only flip the sign of a zero
+    }
+}
+
+using ScoresKernel = void (*)(const double *, int64_t, int64_t, const double *, int64_t, double *);
+using WeightedKernel = void (*)(const double *, int64_t, int64_t, const double *, int64_t, double *);
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma"))) void row_scores_avx512(
+    const double *q, int64_t rows, int64_t dim, const double *kp, int64_t cols, double *out) {
+    row_scores_body(q, rows, dim, kp, cols, out);
+}
+__attribute__((target("avx2,fma"))) void row_scores_avx2(const double *q, int64_t rows, int64_t dim,
+                                                          const double *kp, int64_t cols, double *out) {
+    row_scores_body(q, rows, dim, kp, cols, out);
+}
+__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,avx2,fma"))) void weighted_rows_avx512(
+    const double *w, int64_t rows, int64_t cols, const double *m, int64_t width, double *out) {
+    weighted_rows_body(w, rows, cols, m, width, out);
+}
+__attribute__((target("avx2,fma"))) void weighted_rows_avx2(const double *w, int64_t rows, int64_t cols,
+                                                             const double *m, int64_t width, double *out) {
+    weighted_rows_body(w, rows, cols, m, width, out);
+}
+#endif
+void row_scores_baseline(const double *q, int64_t rows, int64_t dim, const double *kp, int64_t cols, double *out) {
+    row_scores_body(q, rows, dim, kp, cols, out);
+}
+void weighted_rows_baseline(const double *w, int64_t rows, int64_t cols, const double *m, int64_t width,
+                            double *out) {
+    weighted_rows_body(w, rows, cols, m, width, out);
+}
+
+ScoresKernel pick_scores_kernel() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    switch (widest_isa()) {
+    case Isa::avx512: return row_scores_avx512;
+    case Isa::avx2: return row_scores_avx2;
+    case Isa::baseline: break;
+    }
+#endif
+    return row_scores_baseline;
+}
+
+WeightedKernel pick_weighted_kernel() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    switch (widest_isa()) {
+    case Isa::avx512: return weighted_rows_avx512;
+    case Isa::avx2: return weighted_rows_avx2;
+    case Isa::baseline: break;
+    }
+#endif
+    return weighted_rows_baseline;
+}
+
+const ScoresKernel row_scores_kernel = pick_scores_kernel();
+const WeightedKernel weighted_rows_kernel = pick_weighted_kernel();
+
+using Matrix = py::array_t<double, py::array::c_style>;
+
+void check_blocks(int64_t rows, int64_t width, int64_t columns, const char *what) {
+    if (rows % kRowBlock != 0 || width % columns != 0) {
+        throw std::invalid_argument(std::string(what) + ": rows must be a multiple of 4 and the width of " +
+                                    std::to_string(columns));
+    }
+}
+
+// out [rows, cols] = q [rows, dim] @ K^T for K's first cols keys, K in panels kp [panels, dim, 16].
+void row_scores(Matrix q, Matrix kp, py::array_t<double> out) {
+    if (q.ndim() != 2 || kp.ndim() != 3 || out.ndim() != 2 || kp.shape(1) != q.shape(1) || kp.shape(2) != 16) {
+        throw std::invalid_argument("row_scores: q [rows, dim], kp [panels, dim, 16], out [rows, cols]");
+    }
+    const int64_t rows = q.shape(0), dim = q.shape(1), cols = out.shape(1);
+    if (out.shape(0) != rows || cols > 16 * kp.shape(0)) {
+        throw std::invalid_argument("row_scores: out must be [rows, cols] with cols <= the panels' keys");
+    }
+    check_blocks(rows, cols, 16, "row_scores");
+    double *o = writable(out, "out", rows, cols);
+    py::gil_scoped_release release;
+    row_scores_kernel(q.data(), rows, dim, kp.data(), cols, o);
+}
+
+// out [rows, width] = w [rows, cols] @ m [>= cols, width] (m's first cols rows).
+void weighted_rows(Matrix w, Matrix m, py::array_t<double> out) {
+    if (w.ndim() != 2 || m.ndim() != 2 || out.ndim() != 2) {
+        throw std::invalid_argument("weighted_rows: w [rows, cols], m [keys, width], out [rows, width]");
+    }
+    const int64_t rows = w.shape(0), cols = w.shape(1), width = m.shape(1);
+    if (m.shape(0) < cols || out.shape(0) != rows || out.shape(1) != width) {
+        throw std::invalid_argument("weighted_rows: m needs at least w's columns as rows; out is [rows, width]");
+    }
+    check_blocks(rows, width, 8, "weighted_rows");
+    double *o = writable(out, "out", rows, width);
+    std::fill(o, o + rows * width, 0.0);
+    py::gil_scoped_release release;
+    weighted_rows_kernel(w.data(), rows, cols, m.data(), width, o);
 }
 
 // float64 -> bfloat16 bits, round to nearest even in one step (as ml_dtypes rounds, not through float32):
@@ -584,11 +766,18 @@ PYBIND11_MODULE(_tile_kernel, m) {
     m.doc() = "Fused softmax passes of the golden generator's float64 attention tiles";
     m.def("softmax_tile", &softmax_tile, py::arg("scores"), py::arg("stats"), py::arg("causal_first"),
           py::arg("p32"), py::arg("p2_32"), py::arg("floor"), py::arg("raw") = py::none(), py::arg("ps") = py::none(),
-          py::arg("ps_sums") = py::none(),
+          py::arg("ps_sums") = py::none(), py::arg("counts") = py::none(),
           "In place: scores -> e^(s - row max) on allowed keys (0 on masked ones); stats[4, rows] = max, "
           "min, sum P, sum P^2; optionally P and P^2 rounded up to float32 and floored at floor (0 on masked keys) "
           "and raw = the scores before, masked keys 0; optionally ps = (P / sum P) * raw and ps_sums[2, rows] = its "
-          "row sums of |.| and of it.");
+          "row sums of |.| and of it.  counts[rows] (instead of causal_first): row r sees keys j < counts[r], "
+          "and its ps sums run over those keys alone.");
+    m.def("row_scores", &row_scores, py::arg("q"), py::arg("kp"), py::arg("out"),
+          "out[r, j] = sum_d q[r, d] K[j, d], d ascending (K in panels kp[j / 16, d, j % 16]), for a row count a multiple of 4 and a width a multiple "
+          "of 16 (the callers pad): each element in one fixed order, whatever the other rows.");
+    m.def("weighted_rows", &weighted_rows, py::arg("w"), py::arg("m"), py::arg("out"),
+          "out[r, c] = sum_j w[r, j] m[j, c], j ascending (zeros signless), for a row count a multiple of 4 and "
+          "m's width a multiple of 8: each element in one fixed order, whatever the other rows.");
     m.def("baseline_softmax_tile", &baseline_softmax_tile, py::arg("scores"), py::arg("denom"), py::arg("scale"),
           py::arg("causal_first"), py::arg("dtype"),
           "In place: float32 scores -> P = e^(s scale - row max) rounded to dtype (fp16: subnormals flushed), 0 on "
