@@ -33,8 +33,9 @@ def test_levels_of_a_case_batch_by_batch() -> None:
     spec = case(mask_type="causal", kv_layout="padded", q_seqlen=[1, 0, 513], kv_seqlen=[608, 16, 1025], head_num=6,
                 kv_head_num=2, structure={"v_mean": 4.0})  # fmt: skip
     levels = case_levels(spec)
-    assert levels["q_len"] == {"one", "mod128_1", "gt512"}
-    assert levels["kv_len"] == {"mult16_not64", "not_mult16"}  # 608 and 1025 (the empty batch has no row)
+    assert levels["q_len"] == {"one", "mod128_1", "gt512", "single_tile", "mod16_tail", "mod128_1_long"}
+    # 608 and 1025 (the empty batch has no row); 1025 ends on a one-key stack
+    assert levels["kv_len"] == {"mult16_not64", "not_mult16", "several_blocks", "stack_tail_short"}
     assert levels["prefix"] == {"long", "mult128"}  # 607 and 512
     assert levels["batch"] == {"many", "empty_row"}
     assert levels["group"] == {"3"} and levels["kv_heads"] == {"two"}
@@ -57,6 +58,7 @@ def test_constraints_are_the_validators(tmp_path: Path) -> None:
         ("mask", "prefix"): dict(mask_type="mask_free", kv_seqlen=[65]),
         ("mask", "kv_layout"): dict(mask_type="causal", kv_layout="packed"),
         ("group", "kv_heads"): dict(mask_type="causal", kv_layout="padded", head_num=256, kv_head_num=2),
+        ("mask", "mask_fill"): dict(mask_type="undefined", mask_fill="neg_inf"),
     }
     declared = {(c.when[0], f) for c in MODEL.constraints for f, _ in c.then}
     assert declared == set(refused)
