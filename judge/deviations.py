@@ -168,6 +168,12 @@ class DeviationSet:
         """The first entry (file order) covering this case."""
         return next((d for d in self.entries if d.selects(backend, version, spec)), None)
 
+    def unanswered(self, backend: str, spec: CaseSpec) -> Deviation | None:
+        """The first entry by which ``backend`` gives this case no verdict of the contract at some release the entry
+        names (a refusal, or a numeric failure it predicts), None when the backend is expected to answer it and be
+        judged: what ``mlaconf coverage --backend`` counts."""
+        return next(iter(self.candidates(backend, None, spec)), None)
+
     def candidates(self, backend: str, version: str | None, spec: CaseSpec) -> list[Deviation]:
         """The entries that may cover this case, in file order: every match at a known version (two may
         predict different misbehaviours of one call, e.g. an early rejection that hides a later
