@@ -43,6 +43,9 @@ MAX_Q = 48
 MAX_PREFIX = 80
 #: The kv layouts drawn: those the settled factor model holds (a pending layout joins with its covering sets).
 DRAWN_KV_LAYOUTS = tuple(name for name in KV_LAYOUTS if name in load_model().settled().factor("kv_layout").level_names)
+#: The distributions drawn: large_raw_scores is the draw of a pending level (inputs raw_overflow, with a tiny qkScale;
+#: facts/factors.toml) and joins with its covering sets.
+DRAWN_DISTRIBUTIONS = tuple(name for name in DISTRIBUTIONS if name != "large_raw_scores")
 #: The passing examples so far: a running digest of (case id, output digest) and their count.
 EXAMPLES = pytest.StashKey[tuple[Any, int]]()
 
@@ -69,7 +72,7 @@ def case_specs(draw: st.DrawFn) -> CaseSpec:
         q_seqlen=q,
         kv_seqlen=kv,
         q_layout=draw(st.sampled_from(Q_LAYOUTS)),
-        distribution=draw(st.sampled_from(DISTRIBUTIONS)),
+        distribution=draw(st.sampled_from(DRAWN_DISTRIBUTIONS)),
         seed=draw(st.integers(0, 2**31 - 1)),
         qk_scale=draw(st.one_of(st.just(DEFAULT_QK_SCALE), st.floats(0.01, 1.0))),
     )

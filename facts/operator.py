@@ -23,6 +23,15 @@ MASK_SIZE = 512
 #: The value above the diagonal of that mask (0 on and below): fp16 kernels add it, bf16 kernels
 #: multiply it by -3e38 (docs/operator.md §4; ATB's RingMLA kernels read their triu mask the same way).
 MASKED_VALUE = {"fp16": -10000.0, "bf16": 1.0}
+#: What callers put above that diagonal (a case's ``mask_fill``): the documented values and the ones real callers
+#: pass (sglang's fp16 mask from float32's min is -inf, vllm-ascend hands ring MLA triu(ones) in the query dtype).
+#: The fp16 kernel adds the mask, the high-precision kernel multiplies it by -3e38 (facts/branches.toml
+#: mask-free-additive, mask-free-multiplied): which fills mean "masked" depends on the kernel.
+MASK_FILLS = {"neg10000": -10000.0, "neg_inf": -math.inf, "one": 1.0}
+#: The documented fill per dtype (the names of :data:`MASKED_VALUE`'s values).
+DOCUMENTED_FILL = {dtype: next(k for k, v in MASK_FILLS.items() if v == value) for dtype, value in MASKED_VALUE.items()}
+#: The largest finite fp16 value: the fp16 kernel's raw Q.K store overflows beyond it.
+FP16_MAX = 65504.0
 
 DTYPES = ("fp16", "bf16")
 #: Unit roundoff (half the spacing at 1.0) of each output dtype.

@@ -10,6 +10,10 @@ whose ``description`` says what is wrong, and one :class:`DefectEntry` line in `
 the likely-cause diagnosis also knows (:mod:`mlaconf.judge.causes`) is catalogued once, in
 :mod:`mlaconf.facts.mistakes`: its name, its words and its rule come from there.
 
+What every defect is built from (:class:`Defect`, the float32 path, :class:`DefectEntry`) is
+:mod:`mlaconf.harness.defect_kit`; the defects of ATB's branches that only pending levels reach are
+:mod:`mlaconf.harness.branch_defects`, whose entries join :data:`ENTRIES`.
+
 ``control_math`` is the defects' own float32 attention path without a bug: it must pass, so failures of
 ``p_fp8`` and ``padding_nan_unsafe`` come from their bug, not from the path.  Zero-length batches' rows
 are "don't care", so writing garbage there would not be a defect and none of these does only that.
@@ -19,14 +23,10 @@ are "don't care", so writing garbage there would not be a defect and none of the
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Callable
 
 import torch
 
-from mlaconf.facts.factors import load_model
 from mlaconf.facts.mistakes import (
     CAUSAL_TOP_LEFT,
     GQA_MODULO,
@@ -49,7 +49,14 @@ from mlaconf.facts.mistakes import (
 from mlaconf.facts.operator import MASK_NAMES, SUPPORTED_MASKS, kv_layout_of, scores_in_fp16
 from mlaconf.harness.atb import output_buffer
 from mlaconf.harness.backend import MlaPrefillCall
+from mlaconf.harness.branch_defects import BRANCH_ENTRIES
 from mlaconf.harness.contract import ContractBackend
+from mlaconf.harness.defect_kit import PROBES as PROBES
+from mlaconf.harness.defect_kit import ControlMath as ControlMath
+from mlaconf.harness.defect_kit import Defect as Defect
+from mlaconf.harness.defect_kit import DefectEntry as DefectEntry
+from mlaconf.harness.defect_kit import RealBug
+from mlaconf.harness.defect_kit import replace_call as _replace
 from mlaconf.harness.defect_math import (
     FLASH_BLOCK,
     HEALTHY_BLOCKS,
@@ -67,38 +74,6 @@ LONG_ROW_KEYS = 128  # nan_long_rows: rows that may see more keys than this get 
 ACC_FLUSH_KEYS = 64  # bf16_acc_64: the accumulator is rounded to bf16 after every block of this many keys
 LONG_SEQUENCE = 1000  # last_key_long: sequences with more keys than this never read their last key
 PREFIX_BLOCK = 128  # prefix_tail_dropped: the prefix is read in whole blocks of this many keys
-
-
-def _replace(call: MlaPrefillCall, **changes: object) -> MlaPrefillCall:
-    return dataclasses.replace(call, **changes)  # type: ignore[arg-type]
-
-
-class Defect(TorchSdpaBackend):
-    """The torch CPU backend with hooks before the call, inside attention and after the output."""
-
-    description = "no defect"
-
-    def __init__(self, name: str) -> None:
-        super().__init__("cpu")
-        self.name = f"torch-cpu-defect-{name}"
-
-    def before(self, call: MlaPrefillCall) -> MlaPrefillCall:
-        return call
-
-    def after(self, call: MlaPrefillCall, out: torch.Tensor) -> torch.Tensor:
-        return out
-
-    def run(self, call: MlaPrefillCall) -> torch.Tensor:
-        return self.after(call, super().run(self.before(call)))
-
-
-class ControlMath(Defect):
-    description = "control: the float32 math path of the defects below, without a bug (must pass)"
-
-    def _attend(  # type: ignore[override]  # an instance method (the base's is static)
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
-    ) -> torch.Tensor:
-        return math_attend(q, k, v, group, scale, mask_type)
 
 
 class ScaleIgnored(Defect):
@@ -494,13 +469,6 @@ class OneRowTilePReuse(ControlMath):
 
 # -- the catalogue --------------------------------------------------------------------------------
 
-#: How a run must treat a case for a defect to show (beside judging the plain output against its golden).
-Probe = Literal["rerun", "nan_padding"]
-#: Probe -> what it does to a conformance case, and the suite option or relation that does it in a pytest run.
-PROBES: dict[str, str] = {
-    "rerun": "every case called twice and the outputs compared bitwise (--mla-repeat 2)",
-    "nan_padding": "padded kv's rows beyond kvSeqLen filled with NaN (the metamorphic relation padding_contents)",
-}
 #: The masks the operator's goldens cover, by name.
 OPERATOR_MASKS = tuple(MASK_NAMES[code] for code in SUPPORTED_MASKS)
 #: Trigger levels (the factor model's names, docs/conformance.md "Coverage"): a prefix kv - q > 0.
@@ -550,42 +518,6 @@ class Fp16RunningDenominator(ControlMath):
             block = p[..., j0 : j0 + DENOMINATOR_BLOCK].sum(dim=-1, keepdim=True)
             total = (total.float() + block).to(torch.float16)
         return ((p @ vh) / total.float()).transpose(0, 1).to(q.dtype)
-
-
-@dataclass(frozen=True)
-class RealBug:
-    """An upstream bug a defect reproduces: where it is in the public record and which releases carried it."""
-
-    source: str
-    releases: str
-
-
-@dataclass(frozen=True)
-class DefectEntry:
-    """One planted defect: its backend class, and the cases that can reach it.
-
-    ``trigger`` is a necessary condition in the factor model's terms (``{factor: levels}``): a case reaches
-    the defect only if, for every factor named, its levels meet the listed ones; off the trigger the defect
-    computes exactly what its correct path does, so a power run skips those cases."""
-
-    name: str
-    backend: type[Defect]
-    trigger: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    probe: Probe | None = None
-    real_bug: RealBug | None = None
-
-    @property
-    def description(self) -> str:
-        return self.backend.description
-
-    @property
-    def pending(self) -> bool:
-        """Whether the trigger needs a pending level of the factor model (no shipped covering set holds it yet)."""
-        pending = set(load_model().pending)
-        return any(all((factor, level) in pending for level in wanted) for factor, wanted in self.trigger.items())
-
-    def make(self) -> Defect:
-        return self.backend(self.name)
 
 
 _ENTRIES = (
@@ -638,7 +570,7 @@ _ENTRIES = (
     ),
 )
 #: Every planted defect by name (its factory in this module: ``--mla-backend mlaconf.harness.defects:<name>``).
-ENTRIES: dict[str, DefectEntry] = {entry.name: entry for entry in _ENTRIES}
+ENTRIES: dict[str, DefectEntry] = {entry.name: entry for entry in (*_ENTRIES, *BRANCH_ENTRIES)}
 #: The defects a suite's power is judged on (``mlaconf power``): those the settled factor model can reach.
 CATALOGUE: dict[str, DefectEntry] = {name: entry for name, entry in ENTRIES.items() if not entry.pending}
 #: Defects whose trigger needs a pending level (no shipped covering set holds it yet): run by name only.

@@ -14,7 +14,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Literal
 
-from mlaconf.facts.operator import padded_kv_misread
+from mlaconf.facts.operator import padded_kv_misread, scores_in_fp16
 from mlaconf.facts.releases import in_range, parse_range
 from mlaconf.facts.status import STATUS_CODES
 from mlaconf.facts.versions import RELEASE_UNKNOWN
@@ -28,8 +28,8 @@ DEFAULT_PATH = Path(__file__).resolve().parent / "known_deviations.toml"
 Misbehaviour = Literal["error", "fail"]
 Classification = Literal["expected", "unexpected_pass", "different"]
 
-_PATTERN_SELECTORS = ("dtype", "mask", "kv_layout", "case")
-_BOOL_SELECTORS = ("ragged", "causal_prefix_mod128", "over_capacity", "padded_kv_misread")
+_PATTERN_SELECTORS = ("dtype", "mask", "kv_layout", "case", "mask_fill")
+_BOOL_SELECTORS = ("ragged", "causal_prefix_mod128", "over_capacity", "padded_kv_misread", "fp16_raw_overflow")
 _FIELDS = (
     "id",
     "backend",
@@ -66,6 +66,12 @@ def has_prefix_not_mod128(spec: CaseSpec) -> bool:
     return any(q > 0 and (kv - q) % 128 != 0 for q, kv in zip(spec.q_seqlen, spec.kv_seqlen, strict=False))
 
 
+def fp16_raw_overflow(spec: CaseSpec) -> bool:
+    """The case's raw products q.k are aimed past fp16's largest value on the fp16 score path (fp16, maskType 0/2),
+    which stores them as fp16 before scaling (facts/branches.toml scores-fp16)."""
+    return scores_in_fp16(spec.dtype, spec.mask_type) and spec.raw_scores_past_fp16
+
+
 def _case_fields(spec: CaseSpec) -> dict[str, str | bool]:
     return dict(
         dtype=spec.dtype,
@@ -77,6 +83,8 @@ def _case_fields(spec: CaseSpec) -> dict[str, str | bool]:
         over_capacity=spec.kv_layout == "padded" and spec.padded_rows > spec.max_kv,
         padded_kv_misread=spec.kv_layout == "padded"
         and padded_kv_misread(spec.q_seqlen, spec.kv_seqlen, spec.padded_rows),
+        mask_fill=spec.mask_fill_name or "none",
+        fp16_raw_overflow=fp16_raw_overflow(spec),
     )
 
 
@@ -159,6 +167,12 @@ class DeviationSet:
     def match(self, backend: str, version: str | None, spec: CaseSpec) -> Deviation | None:
         """The first entry (file order) covering this case."""
         return next((d for d in self.entries if d.selects(backend, version, spec)), None)
+
+    def unanswered(self, backend: str, spec: CaseSpec) -> Deviation | None:
+        """The first entry by which ``backend`` gives this case no verdict of the contract at some release the entry
+        names (a refusal, or a numeric failure it predicts), None when the backend is expected to answer it and be
+        judged: what ``mlaconf coverage --backend`` counts."""
+        return next(iter(self.candidates(backend, None, spec)), None)
 
     def candidates(self, backend: str, version: str | None, spec: CaseSpec) -> list[Deviation]:
         """The entries that may cover this case, in file order: every match at a known version (two may

@@ -29,7 +29,6 @@ ROOMS = ("facts", "golden", "harness", "native", "judge", "runner", "tools", "ca
 VERB_MODULES = (
     "mlaconf.golden.verbs",
     "mlaconf.golden.bench.verbs",
-    "mlaconf.golden.coverage.verbs",
     "mlaconf.reports.verbs",
     "mlaconf.tools.verbs",
 )

@@ -99,6 +99,7 @@ PLANS: dict[str, Plan] = {
     "pytest cases --mla-seeds 1,2,3,4,5": Plan(0, "5 passed"),
     "pytest cases --mla-cases my_cases.toml": Plan(0, "1 passed"),
     "mlaconf coverage smoke": Plan(0, "2-way 100.0 %"),
+    "mlaconf coverage smoke --backend atb": Plan(0, "atb runs 32 of 108 valid cases to a numeric verdict"),
     "mlaconf power --suite smoke -j 2": Plan(
         not_run="about 2,000 backend runs, tens of minutes on 2 cores: tests/nocover/test_power_smoke.py runs it"
     ),

@@ -141,8 +141,16 @@ class SubjectResult:
     def failures(self) -> list[CaseOutcome]:
         return [v for v in self.outcomes if v.outcome == "failed"]
 
+    @property
+    def known_deviations(self) -> list[CaseOutcome]:
+        """The cases a known deviation covers for this subject and that went as it predicts (xfailed)."""
+        return [v for v in self.outcomes if v.outcome == "xfailed"]
+
     def largest(self, only_failing: bool = False) -> CaseOutcome | None:
-        pool = self.failures if only_failing else [v for v in self.outcomes if v.slack is not None]
+        """The largest slack of a failing case, or of any case judged by the contract (a known deviation's is its
+        prediction's, not a margin)."""
+        judged = [v for v in self.outcomes if v.slack is not None and v.outcome != "xfailed"]
+        pool = self.failures if only_failing else judged
         return max(pool, key=lambda v: v.slack or 0.0, default=None)
 
     def smallest_failing(self) -> CaseOutcome | None:
@@ -412,6 +420,7 @@ def zoo_row(result: SubjectResult) -> dict[str, Any]:
         "check": None if largest is None else largest.check,
         "case": None if largest is None else largest.case,
         "false_alarms": [dataclasses.asdict(v) for v in result.failures],
+        "known_deviations": [v.case for v in result.known_deviations],
     }
 
 
@@ -464,8 +473,10 @@ def text_report(run: PowerRun) -> str:
                 f"{len(result.failures)} case(s): {cases}"
             )
         else:
+            expected = len(row["known_deviations"])
             lines.append(
                 f"  zoo       {result.subject.name}: largest slack {_fmt(row['largest_slack'])} ({row['check']})"
+                + (f"; {expected} case(s) a known deviation covers, as it predicts" if expected else "")
             )
     return "\n".join(lines)
 

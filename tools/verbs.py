@@ -1,7 +1,8 @@
-"""The tools' command lines (``run``, ``shrink``, ``repro``, ``ascend``, ``import-dump``, ``power``), light to import
-(no torch): every help and usage error builds them; each verb's work is its own module's (:mod:`mlaconf.tools.run`,
-:mod:`mlaconf.tools.repro`, :mod:`mlaconf.tools.ascend`, :mod:`mlaconf.tools.import_dump`,
-:mod:`mlaconf.tools.power_report`), imported when the verb runs (docs/architecture.md, "A CLI that starts at once")."""
+"""The tools' command lines (``run``, ``shrink``, ``repro``, ``ascend``, ``import-dump``, ``power``,
+``coverage``), light to import (no torch): every help and usage error builds them; each verb's work is its own
+module's (:mod:`mlaconf.tools.run`, :mod:`mlaconf.tools.repro`, :mod:`mlaconf.tools.ascend`,
+:mod:`mlaconf.tools.import_dump`, :mod:`mlaconf.tools.power_report`, :mod:`mlaconf.tools.coverage_report`),
+imported when the verb runs (docs/architecture.md, "A CLI that starts at once")."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from mlaconf.tools.power_report import DEFAULT_OUT
 
 #: Default wall-clock budget of ``shrink``, in seconds.
 DEFAULT_BUDGET_S = 300.0
+#: Uncovered tuples ``coverage`` prints per strength unless --show says otherwise.
+DEFAULT_SHOW = 10
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -173,7 +176,43 @@ def _power(subparsers: Any) -> None:
     parser.set_defaults(func="mlaconf.tools.power_report:run_power")
 
 
+def _coverage(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "coverage",
+        help="t-way coverage of the factor model by suites, and what no case covers",
+        description="For each selection (a suite or a --cases file), the share of the factor model's valid "
+        "tuples of levels (facts/factors.toml) some case holds, for t = 1 .. --t, and the kernel-structure "
+        "triples; then the uncovered tuples in words ('no case with group 6 and mask causal'). With --backend, "
+        "only the cases that backend runs to a numeric verdict count (no known deviation for it refuses or fails "
+        "them, judge/known_deviations.toml, at any release an entry names).",
+    )
+    p.add_argument("suites", nargs="*", metavar="SUITE", help="suite names or 'all' (default: smoke)")
+    p.add_argument("--cases", action="append", default=[], metavar="FILE", help="a TOML suite file")
+    p.add_argument("--t", type=int, default=3, choices=(1, 2, 3), help="highest strength t (default 3)")
+    p.add_argument(
+        "--show",
+        type=int,
+        default=DEFAULT_SHOW,
+        metavar="N",
+        help=f"uncovered tuples per t (default {DEFAULT_SHOW}; 0: all)",
+    )
+    p.add_argument(
+        "--backend",
+        default=None,
+        metavar="NAME",
+        help="count only the cases NAME (a built-in backend or pkg.module:factory) answers numerically",
+    )
+    p.add_argument(
+        "--complete",
+        action="store_true",
+        help="with --backend: the cases NAME answers that hold the pairs (at --t 3 also the structure triples) "
+        "its cases leave open, as [[case]] tables, and the tuples no such case holds",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    p.set_defaults(func="mlaconf.tools.coverage_report:cmd_coverage")
+
+
 def register(subparsers: Any) -> None:
     """The tools' verbs, in ``mlaconf --help``'s order."""
-    for add in (_run, _shrink_repro, _ascend, _import_dump, _power):
+    for add in (_run, _shrink_repro, _ascend, _import_dump, _power, _coverage):
         add(subparsers)

@@ -8,6 +8,7 @@ reads them gets visibly wrong answers instead of accidentally right ones (zeros 
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 from collections.abc import Callable
@@ -17,9 +18,9 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from mlaconf.facts.operator import MASK_SIZE, MASKED_VALUE, NOPE_DIM, ROPE_DIM, SCORE_DIM, V_DIM
+from mlaconf.facts.operator import MASK_FILLS, MASK_SIZE, NOPE_DIM, ROPE_DIM, SCORE_DIM, V_DIM
 from mlaconf.facts.processes import shared_pool
-from mlaconf.golden.specs.spec import CaseSpec, Structure
+from mlaconf.golden.specs.spec import RAW_SCORE_LOGIT, CaseSpec, Structure
 from mlaconf.golden.specs.types import OpInputs
 
 _tile_kernel: ModuleType | None
@@ -36,6 +37,10 @@ LARGE_LOGIT_STD = {"fp16": 2.5, "bf16": 8.0}
 V_OUTLIER_FRACTION = 0.002
 V_OUTLIER_MAGNITUDE = 64.0
 NEAR_TIE_NOISE = 0.01
+#: ``large_raw_scores``: every element of q, qRope, k and kRope is +-a (1 + RAW_NOISE u), u in [-1, 1); each key
+#: row is scaled by its own c in [-1, 1) (the first key of a sequence by 1: its raw product, the largest, reaches
+#: every row under every mask), so the scaled logits spread over +-RAW_SCORE_LOGIT.
+RAW_NOISE = 0.05
 
 
 def numpy_dtype(dtype: str) -> np.dtype[Any]:
@@ -69,11 +74,13 @@ def case_rng(spec: CaseSpec) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([spec.seed, int(spec.inputs_key[:16], 16)]))
 
 
-def build_mask(dtype: str) -> np.ndarray:
-    """The 512x512 MASK_FREE mask encoded for the dtype's kernels (docs/operator.md §4)."""
+def build_mask(spec: CaseSpec) -> np.ndarray:
+    """The 512x512 MASK_FREE mask: 0 on and below the diagonal, the case's fill above it (the dtype's documented
+    encoding, docs/operator.md §4, unless ``mask_fill`` names another)."""
     upper = np.triu(np.ones((MASK_SIZE, MASK_SIZE), dtype=bool), k=1)
-    value = MASKED_VALUE[dtype]
-    return round_to(np.where(upper, value, 0.0), dtype)
+    fill = spec.mask_fill_name
+    assert fill is not None, "a mask only for MASK_FREE"
+    return round_to(np.where(upper, MASK_FILLS[fill], 0.0), spec.dtype)
 
 
 def _uniform_amplitude_for_logit_std(target_std: float, qk_scale: float) -> float:
@@ -89,7 +96,10 @@ CHUNK_ELEMENTS = 1 << 20
 #: One independent random stream per role, spawned from the case's seed sequence, so each tensor
 #: can be drawn chunk by chunk without interleaving another tensor's draws.
 #: New roles go at the end: a stream is the spawned child at its index, so earlier streams keep their values.
-STREAMS = ("q", "q_rope", "k", "k_rope", "v", "v_hits", "v_signs", "tie_base", "pad_k", "pad_k_rope", "pad_v", "v_mean")
+STREAMS = (
+    *("q", "q_rope", "k", "k_rope", "v", "v_hits", "v_signs", "tie_base", "pad_k", "pad_k_rope", "pad_v", "v_mean"),
+    "raw_keys",
+)
 
 
 def case_streams(spec: CaseSpec) -> dict[str, np.random.Generator]:
@@ -103,6 +113,13 @@ def trend_amplitude(spec: CaseSpec) -> float:
     scaled logit gains qkScale * a^2 * f = rise * f (a^2 = rise / qkScale splits the product evenly)."""
     assert spec.structure is not None and spec.structure.rise is not None
     return math.sqrt(spec.structure.rise / spec.qk_scale)
+
+
+def shift_amplitude(spec: CaseSpec) -> float:
+    """The value a of the reserved score dimension for a logit shift: q carries a, k carries +-a, so every scaled
+    logit gains qkScale * a^2 = |logit_shift| with the shift's sign."""
+    assert spec.structure is not None and spec.structure.logit_shift is not None
+    return math.sqrt(abs(spec.structure.logit_shift) / spec.qk_scale)
 
 
 def key_trend(structure: Structure, positions: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -146,6 +163,9 @@ class _Source:
         self.row = 0
         self.starts = np.cumsum([0, *spec.kv_seqlen])
         structure = spec.structure
+        self.key_scales = None  # k and kRope each draw the same per-key scales from a copy of one stream
+        if spec.distribution == "large_raw_scores" and role in ("k", "k_rope"):
+            self.key_scales = copy.deepcopy(streams["raw_keys"])
         self.offsets = None
         if structure is not None and structure.v_mean is not None and role == "v":
             signs = np.where(streams["v_mean"].random((heads, dim)) < 0.5, -1.0, 1.0)
@@ -154,10 +174,20 @@ class _Source:
     def draw(self, rows: int) -> np.ndarray:
         """The next ``rows`` rows as float64 ``[rows, heads * dim]``."""
         values = self._random(rows)
+        if self.key_scales is not None:
+            scales = self.key_scales.uniform(-1.0, 1.0, rows)
+            scales[self._positions(rows)[0] == 0] = 1.0
+            values *= scales[:, None]
         if self.spec.structure is not None:
             self._shape(values)
         self.row += rows
         return values
+
+    def _positions(self, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """The next ``rows`` kv rows' positions in their sequences, and those sequences' lengths."""
+        index = np.arange(self.row, self.row + rows)
+        batch = np.searchsorted(self.starts, index, side="right") - 1
+        return (index - self.starts[batch]).astype(np.float64), np.asarray(self.spec.kv_seqlen, np.float64)[batch]
 
     def _shape(self, values: np.ndarray) -> None:
         """Apply the structure to drawn rows in place (``values`` is ``[rows, heads * dim]``)."""
@@ -168,11 +198,12 @@ class _Source:
             per_head *= head_temperatures(structure, self.heads)[None, :, None]
             if self.role == "q_rope" and structure.logits is not None:
                 per_head[:, :, 0] = trend_amplitude(spec)
+            if self.role == "q_rope" and structure.logit_shift is not None:
+                per_head[:, :, 0] = shift_amplitude(spec)
             return
-        index = np.arange(self.row, self.row + values.shape[0])
-        batch = np.searchsorted(self.starts, index, side="right") - 1
-        positions = (index - self.starts[batch]).astype(np.float64)
-        lengths = np.asarray(spec.kv_seqlen, dtype=np.float64)[batch]
+        positions, lengths = self._positions(values.shape[0])
+        if self.role == "k_rope" and structure.logit_shift is not None:
+            per_head[:, :, 0] = math.copysign(shift_amplitude(spec), structure.logit_shift)
         if self.role == "k_rope" and structure.logits is not None:
             per_head[:, :, 0] = (key_trend(structure, positions, lengths) * trend_amplitude(spec))[:, None]
         if self.role == "v":
@@ -188,6 +219,9 @@ class _Source:
         if dist == "large_logits" and kind in ("q", "k"):
             amp = _uniform_amplitude_for_logit_std(LARGE_LOGIT_STD[self.spec.dtype], self.spec.qk_scale)
             return rng.uniform(-amp, amp, shape)
+        if dist == "large_raw_scores" and kind in ("q", "k"):
+            amp = math.sqrt(RAW_SCORE_LOGIT / (self.spec.qk_scale * SCORE_DIM))
+            return amp * (1.0 + RAW_NOISE * rng.uniform(-1.0, 1.0, shape))
         values = rng.uniform(-1.0, 1.0, shape)
         if dist == "v_outliers" and self.role == "v":
             hits = self.streams["v_hits"].random(shape) < V_OUTLIER_FRACTION
@@ -224,8 +258,15 @@ def _fill_packed(dests: list[np.ndarray], draw: Any, rows: int, dtype: str) -> N
             dest[r0:r1] = round_to(part, dtype)
 
 
-def _fill_garbage(dests: list[np.ndarray], garbage: list[np.random.Generator], dtype: str) -> None:
-    """Fill ``[rows, width]`` views with padding garbage: one draw per value, +-[2, 4)."""
+def _fill_garbage(
+    dests: list[np.ndarray], garbage: list[np.random.Generator], dtype: str, kind: str | None = None
+) -> None:
+    """Fill ``[rows, width]`` views with padding: garbage, one draw per value, +-[2, 4); NaN for ``kind`` 'nan'
+    (the rows no batch reads: a kernel that reads them, even to multiply by a zero weight, leaks it)."""
+    if kind == "nan":
+        for dest in dests:
+            dest[...] = np.nan
+        return
     width = sum(d.shape[1] for d in dests)
     for dest, rng in zip(dests, garbage, strict=True):
         for r0, r1 in _chunks(dest.shape[0], width):
@@ -239,13 +280,13 @@ def _fill_padded(dests: list[np.ndarray], draw: Any, spec: CaseSpec, garbage: li
     """Fill padded ``[B, S, width]`` tensors: each batch's valid rows from ``draw``, the rest garbage."""
     for b, length in enumerate(spec.kv_seqlen):
         _fill_packed([d[b] for d in dests], draw, length, spec.dtype)
-        _fill_garbage([d[b, length:] for d in dests], garbage, spec.dtype)
+        _fill_garbage([d[b, length:] for d in dests], garbage, spec.dtype, spec.padding)
 
 
 def _fill_spare(dests: list[np.ndarray], draw: Any, spec: CaseSpec, garbage: list[np.random.Generator]) -> None:
     """Fill packed ``[rows, width]`` tensors: the kv rows from ``draw``, spare rows after them garbage."""
     _fill_packed(dests, draw, spec.total_kv, spec.dtype)
-    _fill_garbage([d[spec.total_kv :] for d in dests], garbage, spec.dtype)
+    _fill_garbage([d[spec.total_kv :] for d in dests], garbage, spec.dtype, spec.padding)
 
 
 def generate_inputs(spec: CaseSpec, *, threads: int = 1) -> OpInputs:
@@ -303,7 +344,7 @@ def generate_inputs(spec: CaseSpec, *, threads: int = 1) -> OpInputs:
         v=v,
         q_seqlen=np.asarray(spec.q_seqlen, dtype=np.int32),
         kv_seqlen=np.asarray(spec.kv_seqlen, dtype=np.int32),
-        mask=build_mask(spec.dtype) if spec.mask_type == 2 else None,
+        mask=build_mask(spec) if spec.mask_type == 2 else None,
     )
 
 
@@ -351,7 +392,7 @@ def explicit_inputs(spec: CaseSpec) -> OpInputs:
         v=kv[2],
         q_seqlen=np.asarray(spec.q_seqlen, dtype=np.int32),
         kv_seqlen=np.asarray(spec.kv_seqlen, dtype=np.int32),
-        mask=build_mask(spec.dtype) if spec.mask_type == 2 else None,
+        mask=build_mask(spec) if spec.mask_type == 2 else None,
     )
 
 

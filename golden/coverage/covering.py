@@ -108,10 +108,12 @@ class Length:
     levels: Levels
 
 
-def length_menu() -> list[Length]:
-    """For each realizable (q_len, kv_len, prefix), the cheapest (q_b, kv_b) that holds it; cheapest first."""
+def length_menu(model: FactorModel | None = None) -> list[Length]:
+    """For each realizable (q_len, kv_len, prefix) of ``model`` (default: the settled one), the cheapest (q_b, kv_b)
+    that holds it; cheapest first."""
     menu = {}
-    for q, kv in sorted(set(cheapest_lengths().values()), key=lambda pair: (pair[0] * pair[1] + pair[0], *pair)):
+    pairs = set(cheapest_lengths(model).values())
+    for q, kv in sorted(pairs, key=lambda pair: (pair[0] * pair[1] + pair[0], *pair)):
         row = {
             f: frozenset(n for n, rule in PER_BATCH[f].items() if rule(v))
             for f, v in zip(PER_BATCH, (q, kv, kv - q), strict=True)
@@ -150,17 +152,30 @@ def _fields(case: Levels, lengths: Sequence[Length]) -> dict[str, Any]:
 
 
 class Generator:
-    """Greedy covering-set construction over the target tuples the existing cases leave open."""
+    """Greedy covering-set construction over the target tuples the existing cases leave open.
 
-    def __init__(self, model: FactorModel, targets: Sequence[Tuple], existing: Sequence[CaseSpec], suite: str) -> None:
+    ``accept`` (None: every valid case) keeps only the candidates it accepts, e.g. those one backend runs to a
+    numeric verdict (``mlaconf coverage --backend NAME --complete``); then a tuple no accepted candidate holds is
+    set aside in :attr:`unreachable` instead of failing the run."""
+
+    def __init__(
+        self,
+        model: FactorModel,
+        targets: Sequence[Tuple],
+        existing: Sequence[CaseSpec],
+        suite: str,
+        accept: Callable[[CaseSpec], bool] | None = None,
+    ) -> None:
         self.model = model
         self.suite = suite
+        self.accept = accept
+        self.unreachable: list[Tuple] = []
         self.valid = validity(model)
         self.factor_sets = sorted({tuple(f for f, _ in items) for items in targets})
         covered = set().union(*(row_tuples(row, self.factor_sets) for row in distinct_rows(existing)))
         self.open: dict[Tuple, None] = {items: None for items in targets if items not in covered}
         self.targets = set(self.open)
-        self.menu = length_menu()
+        self.menu = length_menu(model)
         self.options: dict[str, list[frozenset[str]]] = {
             f: [frozenset({lv}) for lv in model.factor(f).level_names] for f in CASE_FACTORS
         }
@@ -183,10 +198,27 @@ class Generator:
         return score
 
     def _candidate(self, seed: Tuple) -> tuple[CaseSpec, set[Tuple]] | None:
+        """The best case for a seed tuple; one ``accept`` refuses is built again without one of its case-level
+        choices at a time (each factor the seed leaves free, in order), the first accepted one kept."""
+        built = self._build(seed, frozenset())
+        if built is None or self.accept is None or self.accept(built[0]):
+            return None if built is None else (built[0], self._gain(batch_rows(built[0])))
+        fixed = {f for f, _ in seed}
+        for factor in (f for f in CASE_FACTORS if f not in fixed):
+            again = self._build(seed, frozenset({(factor, built[1][factor])}))
+            if again is not None and self.accept(again[0]):
+                return again[0], self._gain(batch_rows(again[0]))
+        return None
+
+    def _build(self, seed: Tuple, banned: frozenset[tuple[str, frozenset[str]]]) -> tuple[CaseSpec, Levels] | None:
         want = dict(seed)
         case: Levels = {}
         for factor in CASE_FACTORS:
-            choices = [o for o in self.options[factor] if factor not in want or want[factor] in o]
+            choices = [
+                o
+                for o in self.options[factor]
+                if (factor not in want or want[factor] in o) and (factor, o) not in banned
+            ]
             best: tuple[int, int] | None = None
             for rank, option in enumerate(choices):
                 trial = {**case, factor: option}
@@ -206,7 +238,7 @@ class Generator:
             spec = build_case(raw, source=f"{self.suite} (generated)", suite=self.suite)
         except ValueError:
             return None  # a level combination the validator refuses beyond the model's constraints
-        return spec, self._gain(batch_rows(spec))
+        return spec, case
 
     def _choose_lengths(self, case: Levels, want: dict[str, str]) -> list[Length] | None:
         causal = "causal" in case["mask"]
@@ -250,7 +282,8 @@ class Generator:
         made: list[CaseSpec] = []
         while self.open:
             best: tuple[float, CaseSpec, set[Tuple]] | None = None
-            for seed in list(self.open)[:seeds]:
+            tried = list(self.open)[:seeds]
+            for seed in tried:
                 found = self._candidate(seed)
                 if found is None or not found[1]:
                     continue
@@ -258,8 +291,13 @@ class Generator:
                 score = len(gain) / cost(spec)
                 if best is None or score > best[0]:
                     best = (score, spec, gain)
+            if best is None and self.accept is not None:
+                for items in tried:  # no accepted candidate holds these: set aside, go on with the rest
+                    self.unreachable.append(items)
+                    self.open.pop(items)
+                continue
             if best is None:
-                raise RuntimeError(f"{self.suite}: no valid case covers {list(self.open)[:seeds]}")
+                raise RuntimeError(f"{self.suite}: no valid case covers {tried}")
             made.append(best[1])
             for items in best[2]:
                 self.open.pop(items, None)

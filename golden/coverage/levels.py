@@ -19,7 +19,7 @@ from functools import cache
 from typing import Any
 
 from mlaconf.facts.factors import FactorModel, load_model
-from mlaconf.facts.operator import padded_kv_misread
+from mlaconf.facts.operator import DEFAULT_QK_SCALE, padded_kv_misread
 from mlaconf.golden.specs.spec import CaseSpec
 
 #: One level per factor, as (factor, level) pairs in the model's factor order.
@@ -27,9 +27,12 @@ Tuple = tuple[tuple[str, str], ...]
 Levels = dict[str, frozenset[str]]
 Rule = Callable[[Any], Any]
 
-#: ATB's query tile (rows) and key stack (keys): facts/branches.toml q-tile-rows, stack-of-four-blocks.
+#: ATB's query tile (rows) and key stack (keys): facts/branches.toml q-tile-rows, stack-of-four-blocks; a stack's
+#: P.V slice (pv-slices) and the rows of a vector core's slice (q-rows-not-mult16).
 Q_TILE = 128
 K_SLICE = 512
+PV_SLICE = 256
+ROW_SLICE = 16
 
 #: Per-batch level rules; each takes an int or an int numpy array and returns a bool (array).
 Q_LEN_RULES: dict[str, Rule] = {
@@ -39,6 +42,9 @@ Q_LEN_RULES: dict[str, Rule] = {
     "mod128_0": lambda q: (q > 0) & (q % Q_TILE == 0),
     "mod128_mid": lambda q: (q >= 16) & (q % Q_TILE > 1),
     "gt512": lambda q: q > K_SLICE,
+    "single_tile": lambda q: (q > 0) & (q <= Q_TILE),
+    "mod16_tail": lambda q: (q > ROW_SLICE) & (q % ROW_SLICE != 0),
+    "mod128_1_long": lambda q: (q > PV_SLICE) & (q % Q_TILE == 1),
 }
 KV_LEN_RULES: dict[str, Rule] = {
     "not_mult16": lambda kv: (kv > 0) & (kv % 16 != 0),
@@ -47,6 +53,11 @@ KV_LEN_RULES: dict[str, Rule] = {
     "mult128_not512": lambda kv: (kv > 0) & (kv % 128 == 0) & (kv % K_SLICE != 0),
     "mult512": lambda kv: (kv > 0) & (kv % K_SLICE == 0),
     "ge4096": lambda kv: kv >= 4096,
+    "single_block": lambda kv: (kv > 0) & (kv <= Q_TILE),
+    "several_blocks": lambda kv: kv > Q_TILE,
+    "stack256": lambda kv: (kv > 0) & (kv % K_SLICE == PV_SLICE),
+    "stack_over256": lambda kv: kv % K_SLICE > PV_SLICE,
+    "stack_tail_short": lambda kv: (kv % K_SLICE > 0) & (kv % K_SLICE < 64),
 }
 PREFIX_RULES: dict[str, Rule] = {
     "zero": lambda p: p == 0,
@@ -59,6 +70,19 @@ BATCH_RULES: dict[str, Rule] = {"q_len": lambda s: s[0], "kv_len": lambda s: s[1
 PER_BATCH: dict[str, dict[str, Rule]] = {"q_len": Q_LEN_RULES, "kv_len": KV_LEN_RULES, "prefix": PREFIX_RULES}
 #: Smallest key position a late maximum may start at to count as late: after the first 128-key block.
 LATE_FROM_MIN = 128
+#: logits negative / positive: every visible logit below -LOGIT_LEVEL (above it), P = exp(s) underflowing
+#: (overflowing) the dtype it is kept in unless the running maximum is right: fp16's P below about -14, fp32's exp
+#: below -87.  A shift counts with SPREAD_MARGIN to spare for the random part of the logits.
+LOGIT_LEVEL = {"fp16": 14.0, "bf16": 87.0}
+SPREAD_MARGIN = 6.0
+#: Distributions whose random logits stay within SPREAD_MARGIN of their shift.
+NARROW = ("uniform", "normal", "near_tie", "v_outliers")
+#: qkScale tiny: below 2^-10 (the fp16 kernel's scale keeps 11 bits there, the raw scores need 2^10 times the
+#: logits' size).
+TINY_SCALE = 2.0**-10
+#: Cube cores of the MLA chips (20 to 24): tasks few leave some idle on every chip, rounds give each several.
+FEW_TASKS = 20
+ROUNDS_TASKS = 48
 
 
 def _levels_of(rules: Mapping[str, Rule], value: int) -> frozenset[str]:
@@ -77,6 +101,77 @@ def kv_heads_level(kv_head_num: int) -> str:
     return "one" if kv_head_num == 1 else "two" if kv_head_num == 2 else "many"
 
 
+def checked_batches(spec: CaseSpec) -> list[tuple[int, int, int]]:
+    """``(index, q_b, kv_b)`` of the batches with query and key rows (the others get no query tile)."""
+    pairs = zip(spec.q_seqlen, spec.kv_seqlen, strict=True)
+    return [(b, q, kv) for b, (q, kv) in enumerate(pairs) if q > 0 and kv > 0]
+
+
+def batch_levels(spec: CaseSpec) -> frozenset[str]:
+    """How many batches, an empty one between others or at an end (facts/branches.toml empty-batch-ends)."""
+    levels = set(batch_count_levels(spec.q_seqlen))
+    if spec.batch > 1 and spec.q_seqlen[0] == 0:
+        levels.add("empty_first")
+    if spec.batch > 1 and spec.q_seqlen[-1] == 0:
+        levels.add("empty_last")
+    return frozenset(levels)
+
+
+def heads_level(head_num: int) -> str:
+    """H = 1, a few, DeepSeek's 128 / TP for TP 2..16 (8 .. 64) and what lies between, or all 128."""
+    return "one" if head_num == 1 else "few" if head_num < 8 else "all" if head_num == 128 else "tp"
+
+
+def batch_order_levels(spec: CaseSpec) -> frozenset[str]:
+    """Whether a checked batch holds more (fewer) keys than a later one: offsets that grow unevenly."""
+    kv = [n for _, _, n in checked_batches(spec)]
+    pairs = list(itertools.combinations(kv, 2))
+    return frozenset(
+        name
+        for name, held in (
+            ("longer_first", any(a > b for a, b in pairs)),
+            ("shorter_first", any(a < b for a, b in pairs)),
+        )
+        if held
+    )
+
+
+def tasks_levels(spec: CaseSpec) -> frozenset[str]:
+    """Tasks (query heads x query tiles) against the cube cores (facts/branches.toml tasks-vs-cores)."""
+    tasks = spec.head_num * sum(-(-q // Q_TILE) for _, q, _ in checked_batches(spec))
+    return frozenset({"few"} if tasks < FEW_TASKS else {"rounds"} if tasks >= ROUNDS_TASKS else set())
+
+
+def qk_scale_levels(spec: CaseSpec) -> frozenset[str]:
+    """1.0 (the documented default), 1/sqrt(192) (the usual one, inexact in fp16), another value exact in fp16,
+    or a tiny one; any other value has no level."""
+    import numpy as np
+
+    scale = spec.qk_scale
+    if scale == 1.0:
+        return frozenset({"one"})
+    if scale == DEFAULT_QK_SCALE:
+        return frozenset({"default"})
+    if 0.0 < scale < TINY_SCALE:
+        return frozenset({"tiny"})
+    return frozenset({"fp16_exact"} if float(np.float16(scale)) == scale else set())
+
+
+def logits_levels(spec: CaseSpec) -> frozenset[str]:
+    """Where every visible logit lies: centred (no shift), or all far below (above) zero (:data:`LOGIT_LEVEL`)."""
+    shift = spec.structure.logit_shift if spec.structure is not None else None
+    if shift is None:
+        return frozenset({"centred"})
+    if spec.distribution not in NARROW or abs(shift) < LOGIT_LEVEL[spec.dtype] + SPREAD_MARGIN:
+        return frozenset()
+    return frozenset({"negative" if shift < 0 else "positive"})
+
+
+def padding_level(spec: CaseSpec) -> str:
+    """What the kv rows no batch reads hold: none such, finite garbage, or NaN."""
+    return "none" if spec.kv_rows == spec.total_kv else spec.padding or "garbage"
+
+
 def inputs_levels(spec: CaseSpec) -> frozenset[str]:
     """The input structure levels of a case (golden/building/inputs.py draws them)."""
     structure = spec.structure
@@ -91,6 +186,8 @@ def inputs_levels(spec: CaseSpec) -> frozenset[str]:
         levels.add(trend)
     if structure is not None and structure.v_mean is not None:
         levels.add("v_mean")
+    if spec.raw_scores_past_fp16:
+        levels.add("raw_overflow")
     return frozenset(levels)
 
 
@@ -114,10 +211,17 @@ def _case_level_sets(spec: CaseSpec) -> Levels:
         "mask": frozenset({spec.mask_name}),
         "q_layout": frozenset({spec.q_layout}),
         "kv_layout": kv_layout_levels(spec),
-        "batch": batch_count_levels(spec.q_seqlen),
+        "batch": batch_levels(spec),
         "group": frozenset({str(group)}),
         "kv_heads": frozenset({kv_heads_level(spec.kv_head_num)}),
         "inputs": inputs_levels(spec),
+        "heads": frozenset({heads_level(spec.head_num)}),
+        "batch_order": batch_order_levels(spec),
+        "tasks": tasks_levels(spec),
+        "qk_scale": qk_scale_levels(spec),
+        "logits": logits_levels(spec),
+        "mask_fill": frozenset({spec.mask_fill_name or "none"}),
+        "padding": frozenset({padding_level(spec)}),
     }
 
 
@@ -142,11 +246,16 @@ def case_levels(spec: CaseSpec) -> Levels:
     return levels
 
 
-@cache
-def cheapest_lengths() -> dict[tuple[str, str, str], tuple[int, int]]:
+def cheapest_lengths(model: FactorModel | None = None) -> dict[tuple[str, str, str], tuple[int, int]]:
     """For every (q_len, kv_len, prefix) one batch can hold, the cheapest (q_b, kv_b) holding it (fewest
-    q_b * kv_b, then q_b): the level rules applied to a grid of lengths that reaches every residue class
-    and threshold (q_b and the prefix up to 700 and around 4096)."""
+    q_b * kv_b, then q_b): the level rules of ``model`` (default: the settled model) applied to a grid of lengths
+    that reaches every residue class and threshold (q_b and the prefix up to 700 and around 4096)."""
+    model = model or load_model().settled()
+    return _cheapest_lengths(tuple(tuple(model.factor(f).level_names) for f in PER_BATCH))
+
+
+@cache
+def _cheapest_lengths(names_per_factor: tuple[tuple[str, ...], ...]) -> dict[tuple[str, str, str], tuple[int, int]]:
     import numpy as np
 
     span = np.concatenate([np.arange(0, 700), np.arange(3968, 4736)])
@@ -156,9 +265,11 @@ def cheapest_lengths() -> dict[tuple[str, str, str], tuple[int, int]]:
     code = np.zeros(len(q), dtype=np.int64)
     bit = 0
     names: list[tuple[str, str]] = []
-    for factor, values in (("q_len", q), ("kv_len", kv), ("prefix", prefix)):
-        for level, rule in PER_BATCH[factor].items():
-            code |= np.asarray(rule(values), dtype=np.int64) << bit
+    for (factor, values), wanted in zip(
+        (("q_len", q), ("kv_len", kv), ("prefix", prefix)), names_per_factor, strict=True
+    ):
+        for level in wanted:
+            code |= np.asarray(PER_BATCH[factor][level](values), dtype=np.int64) << bit
             names.append((factor, level))
             bit += 1
     order = np.lexsort((q, q * kv))
@@ -175,9 +286,9 @@ def cheapest_lengths() -> dict[tuple[str, str, str], tuple[int, int]]:
     return cheapest
 
 
-def realizable_rows() -> frozenset[tuple[str, str, str]]:
-    """Every (q_len, kv_len, prefix) that one batch can hold."""
-    return frozenset(cheapest_lengths())
+def realizable_rows(model: FactorModel | None = None) -> frozenset[tuple[str, str, str]]:
+    """Every (q_len, kv_len, prefix) that one batch can hold (levels of ``model``, default the settled one)."""
+    return frozenset(cheapest_lengths(model))
 
 
 @dataclass
@@ -203,7 +314,7 @@ class Validity:
             base = dict(zip(free, levels, strict=True))
             if not self.model.allows(base):
                 continue
-            for row in realizable_rows():
+            for row in realizable_rows(self.model):
                 full = {**base, **dict(zip(PER_BATCH, row, strict=True))}
                 if self.model.allows(full):
                     found.append(full)

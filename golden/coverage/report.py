@@ -1,14 +1,13 @@
-"""``mlaconf coverage``: how much of the factor model (facts/factors.toml) the selected cases cover, per
-strength t, and the tuples of levels no case covers, in words or as JSON.
+"""What ``mlaconf coverage`` says of a selection of cases: how much of the factor model (facts/factors.toml) they
+cover, per strength t, the tuples of levels no case covers, the pending levels and the branch backlog, in words
+or as JSON.
 
-The verb's work (its command line: :mod:`mlaconf.golden.coverage.verbs`); the suites and the model load
-when it runs."""
+The verb itself (its command line and the ``--backend`` filter, which needs the known deviations) is
+:mod:`mlaconf.tools.coverage_report`'s; the suites and the model load when it runs."""
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +16,8 @@ if TYPE_CHECKING:
     from mlaconf.golden.specs.spec import CaseSpec
 
 
-def _selections(args: argparse.Namespace) -> list[tuple[str, list[CaseSpec]]]:
+def selections(args: argparse.Namespace) -> list[tuple[str, list[CaseSpec]]]:
+    """The suites (``all``: every value suite) and ``--cases`` files ``mlaconf coverage`` names, by name."""
     from mlaconf.golden.specs.suites import load_suite, load_suites, suites_in_all
 
     names = list(args.suites) or ([] if args.cases else ["smoke"])
@@ -73,47 +73,32 @@ def summary(results: Sequence[Coverage]) -> str:
     return ", ".join(f"{r.label} {r.percent:.1f} %" for r in results)
 
 
-def cmd_coverage(args: argparse.Namespace) -> int:
-    from mlaconf.facts.factors import FactorModelError
-    from mlaconf.golden.coverage.levels import coverage, describe
-    from mlaconf.golden.specs.spec import SpecError
+def selection_document(name: str, cases: Sequence[CaseSpec], found: Sequence[Coverage], show: int) -> dict[str, Any]:
+    """One selection's coverage as ``mlaconf coverage --json`` writes it."""
+    return {
+        "selection": name,
+        "cases": len(cases),
+        "coverage": [_jsonable(r, show) for r in found],
+        "pending": [{"factor": f, "level": lv, "cases": n} for f, lv, n in pending_held(cases)],
+    }
 
-    if args.show < 0:
-        print("error: --show must be >= 0", file=sys.stderr)
-        return 2
-    try:
-        selections = _selections(args)
-        results = [(name, cases, coverage(cases, range(1, args.t + 1))) for name, cases in selections]
-    except (SpecError, FactorModelError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        document = [
-            {
-                "selection": name,
-                "cases": len(cases),
-                "coverage": [_jsonable(r, args.show) for r in found],
-                "pending": [{"factor": f, "level": lv, "cases": n} for f, lv, n in pending_held(cases)],
-            }
-            for name, cases, found in results
-        ]
-        json.dump(document, sys.stdout, indent=2)
-        print()
-        return 0
-    for name, cases, found in results:
-        print(f"{name}: {len(cases)} cases; {summary(found)}")
-        for result in found:
-            covered = result.total - len(result.uncovered)
-            print(f"  {result.label}: {result.percent:.1f} % ({covered} of {result.total} valid tuples)")
-            listed = result.uncovered if args.show == 0 else result.uncovered[: args.show]
-            for items in listed:
-                print(f"    {describe(items)}")
-            if len(listed) < len(result.uncovered):
-                print(f"    ... and {len(result.uncovered) - len(listed)} more (--show 0 lists all)")
-        held = ", ".join(f"{f} {lv} ({n})" for f, lv, n in pending_held(cases))
-        print(f"  pending levels, not in the percentages (cases holding each): {held}")
-    print("\n".join(backlog_lines(args.show)))
-    return 0
+
+def selection_lines(name: str, cases: Sequence[CaseSpec], found: Sequence[Coverage], show: int) -> list[str]:
+    """One selection's coverage in words: the percentages, the first ``show`` uncovered tuples (0: all), the
+    pending levels with the cases holding each."""
+    from mlaconf.golden.coverage.levels import describe
+
+    lines = [f"{name}: {len(cases)} cases; {summary(found)}"]
+    for result in found:
+        covered = result.total - len(result.uncovered)
+        lines.append(f"  {result.label}: {result.percent:.1f} % ({covered} of {result.total} valid tuples)")
+        listed = result.uncovered if show == 0 else result.uncovered[:show]
+        lines += [f"    {describe(items)}" for items in listed]
+        if len(listed) < len(result.uncovered):
+            lines.append(f"    ... and {len(result.uncovered) - len(listed)} more (--show 0 lists all)")
+    held = ", ".join(f"{f} {lv} ({n})" for f, lv, n in pending_held(cases))
+    lines.append(f"  pending levels, not in the percentages (cases holding each): {held}")
+    return lines
 
 
 def suite_coverage_lines(suites: Sequence[str]) -> list[str]:

@@ -15,10 +15,18 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from mlaconf.facts.operator import CACHE_NAMES, DEFAULT_QK_SCALE, MASK_NAMES, useful_flops
+from mlaconf.facts.operator import CACHE_NAMES, DEFAULT_QK_SCALE, DOCUMENTED_FILL, FP16_MAX, MASK_NAMES, useful_flops
 from mlaconf.facts.releases import in_range, parse_range
 
-DISTRIBUTIONS = ("uniform", "normal", "large_logits", "near_tie", "v_outliers")
+DISTRIBUTIONS = ("uniform", "normal", "large_logits", "near_tie", "v_outliers", "large_raw_scores")
+#: ``large_raw_scores``: the scaled logits span +-RAW_SCORE_LOGIT, so the raw products q.k reach
+#: RAW_SCORE_LOGIT / qkScale (70,000 at qkScale 1e-4: past fp16's 65504 while the answer stays moderate).
+RAW_SCORE_LOGIT = 7.0
+#: How far that aim must stay from fp16's largest value (relative), so the drawn products, within a few tenths of a
+#: percent of it, fall on one side: past it (every one of the first keys overflows fp16) or below it.
+RAW_PEAK_CLEARANCE = 0.05
+#: What the kv rows no batch reads hold (``padding``; None: the generator's finite garbage).
+PADDINGS = ("garbage", "nan")
 #: ``rows = "sample"``: the seeded random rows a sampled golden adds to its chosen ones (golden/specs/sample.py).
 DEFAULT_RANDOM_ROWS = 64
 #: Trends of the logits along the key position (:class:`Structure`; docs/conformance.md "Structured inputs").
@@ -42,7 +50,9 @@ class Structure:
     ``recency`` rises linearly by ``rise`` from the first to the last key (ALiBi-like: for a softmax,
     a bias on j equals one on j - i), ``sinks`` lifts the first ``sink_keys`` keys by ``rise``,
     ``late_max`` lifts every key from position ``late_from`` on by ``rise`` (a maximum that appears
-    only after several key blocks).  ``head_temperature`` multiplies the random part of q of head 0
+    only after several key blocks).  ``logit_shift`` adds one constant to every scaled logit through the
+    same dimension (no trend beside it): the logits' level, which softmax ignores and an exp without the
+    right running maximum does not.  ``head_temperature`` multiplies the random part of q of head 0
     by the first value and of the last head by the second (geometric in between).  ``v_scale``
     multiplies V at the first and the last key of a sequence (geometric in between); ``v_mean``
     adds ``+-v_mean`` (one sign per kv head and column) to V.  golden/building/inputs.py draws them.
@@ -55,6 +65,7 @@ class Structure:
     head_temperature: tuple[float, float] | None = None
     v_scale: tuple[float, float] | None = None
     v_mean: float | None = None
+    logit_shift: float | None = None
 
     def content(self) -> dict[str, Any]:
         """The fields that are set (what the case hash covers)."""
@@ -73,6 +84,8 @@ class Structure:
             for tag, value in (("temp", self.head_temperature), ("vpos", self.v_scale), ("vmean", self.v_mean))
             if value is not None
         ]
+        if self.logit_shift is not None:
+            parts.append(f"shift{self.logit_shift:+g}")
         return "-".join(p for p in parts if p)
 
     def toml(self) -> str:
@@ -103,6 +116,11 @@ class CaseSpec:
     #: Structured inputs (None: i.i.d. draws only); absent from the content when None, so the hashes of
     #: unstructured cases did not change when it was added.
     structure: Structure | None = None
+    #: MASK_FREE only: the value above the mask's diagonal by name (facts/operator.py MASK_FILLS; None: the
+    #: documented one for the dtype); absent from the content when None, like the two fields below.
+    mask_fill: str | None = None
+    #: What the kv rows no batch reads hold (:data:`PADDINGS`; None: finite garbage).
+    padding: str | None = None
     seed: int = 0
     #: Explicit inputs (an imported dump's call): the content hash of the tensor bundle in the golden
     #: store's ``inputs/`` folder (golden/store/bundles.py) that replaces the seeded draws; absent from the
@@ -175,6 +193,25 @@ class CaseSpec:
         return self.rows is not None
 
     @property
+    def mask_fill_name(self) -> str | None:
+        """The MASK_FREE mask's fill by name (the dtype's documented one unless ``mask_fill`` says); None without
+        a mask."""
+        if self.mask_type != 2:
+            return None
+        return self.mask_fill or DOCUMENTED_FILL.get(self.dtype)
+
+    @property
+    def raw_score_peak(self) -> float | None:
+        """The largest |q.k| (unscaled) the draws aim at: ``large_raw_scores`` only (None: far below fp16's range)."""
+        return RAW_SCORE_LOGIT / self.qk_scale if self.distribution == "large_raw_scores" else None
+
+    @property
+    def raw_scores_past_fp16(self) -> bool:
+        """Whether the raw products aimed at lie beyond fp16's largest value (an fp16 score store overflows)."""
+        peak = self.raw_score_peak
+        return peak is not None and peak > FP16_MAX
+
+    @property
     def mask_name(self) -> str:
         return MASK_NAMES.get(self.mask_type, f"mask{self.mask_type}")
 
@@ -185,15 +222,12 @@ class CaseSpec:
     def content(self) -> dict[str, Any]:
         """The fields that determine inputs and outputs (what the hash covers).
 
-        ``expect_by_release``, ``structure`` and ``inputs`` count only when given, so the cases without them keep
-        their hashes."""
+        ``expect_by_release``, ``structure``, ``inputs``, ``mask_fill``, ``padding`` and ``rows`` count only when
+        given, so the cases without them keep their hashes."""
         skip = {"name", "suite", "source", "source_commit", "expect_by_release", "unconfirmed_at"}
-        if self.structure is None:
-            skip.add("structure")
-        if self.inputs is None:
-            skip.add("inputs")
-        if self.rows is None:
-            skip.add("rows")
+        skip |= {
+            name for name in ("structure", "inputs", "mask_fill", "padding", "rows") if getattr(self, name) is None
+        }
         data = {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name not in skip}
         if self.expect_by_release:
             data["expect_by_release"] = [
@@ -253,6 +287,10 @@ class CaseSpec:
             parts.append(self.distribution)
         if self.structure is not None:
             parts.append(self.structure.label)
+        if self.mask_fill is not None:
+            parts.append(f"fill_{self.mask_fill}")
+        if self.padding is not None:
+            parts.append(f"pad_{self.padding}")
         if self.inputs is not None:
             parts.append("dump")
         if self.rows is not None:

@@ -20,10 +20,12 @@ from mlaconf.facts.operator import (
     CACHE_CODES,
     DEFAULT_QK_SCALE,
     DTYPES,
+    FP16_MAX,
     INT32_MAX,
     INT32_MIN,
     KV_LAYOUTS,
     MASK_CODES,
+    MASK_FILLS,
     MAX_BATCH,
     MAX_HEADS,
     Q_LAYOUTS,
@@ -36,6 +38,8 @@ from mlaconf.golden.specs.spec import (
     DEFAULT_RANDOM_ROWS,
     DISTRIBUTIONS,
     LOGIT_TRENDS,
+    PADDINGS,
+    RAW_PEAK_CLEARANCE,
     CaseSpec,
     SpecError,
     Structure,
@@ -65,8 +69,12 @@ FP16_RAW_SCORE_LIMIT = 8192.0
 _STRUCTURE_FIELDS = {f.name for f in dataclasses.fields(Structure)}
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _positive(value: Any, limit: float) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 < value <= limit
+    return _number(value) and 0.0 < value <= limit
 
 
 def _pair(value: Any, low: float, high: float) -> bool:
@@ -96,6 +104,15 @@ def build_structure(raw: Any, fail: Fail) -> Structure:
             raise fail(f"structure.{key}", f"only allowed with {what}")
     if "rise" in raw and not _positive(raw["rise"], MAX_RISE):
         raise fail("structure.rise", f"must be a number in (0, {MAX_RISE:g}], got {show_value(raw['rise'])}")
+    shift = raw.get("logit_shift")
+    if shift is not None:
+        if logits is not None:
+            raise fail("structure.logit_shift", "not with a logits trend: both ride the one reserved score dimension")
+        if not (_number(shift) and 0.0 < abs(shift) <= MAX_RISE):
+            raise fail(
+                "structure.logit_shift",
+                f"must be a nonzero number in [-{MAX_RISE:g}, {MAX_RISE:g}], got {show_value(shift)}",
+            )
     for key in ("sink_keys", "late_from"):
         if key in raw and not (_is_int(raw[key]) and 1 <= raw[key] <= INT32_MAX):
             raise fail(f"structure.{key}", f"must be a positive integer, got {show_value(raw[key])}")
@@ -115,6 +132,7 @@ def build_structure(raw: Any, fail: Fail) -> Structure:
         head_temperature=tuple(float(v) for v in raw["head_temperature"]) if "head_temperature" in raw else None,  # type: ignore[arg-type]
         v_scale=tuple(float(v) for v in raw["v_scale"]) if "v_scale" in raw else None,  # type: ignore[arg-type]
         v_mean=float(raw["v_mean"]) if "v_mean" in raw else None,
+        logit_shift=float(shift) if shift is not None else None,
     )
 
 
@@ -198,9 +216,12 @@ def _check_fields(raw: Mapping[str, Any], fail: Fail) -> None:
         "kv_layout": KV_LAYOUTS,
         "distribution": DISTRIBUTIONS,
         "expect_stage": STAGES,
+        "mask_fill": tuple(MASK_FILLS),
+        "padding": PADDINGS,
     }
+    optional = ("expect_stage", "mask_fill", "padding")
     for name, allowed in choices.items():
-        if name in raw and not (raw[name] is None and name == "expect_stage") and raw[name] not in allowed:
+        if name in raw and not (raw[name] is None and name in optional) and raw[name] not in allowed:
             raise fail(name, f"must be one of {list(allowed)}, got {show_value(raw[name])}")
     patterns = {"name": SAFE_NAME, "suite": SAFE_NAME, "perturb": SAFE_PERTURB, "expect_error": SAFE_STATUS}
     for name, pattern in patterns.items():
@@ -377,6 +398,17 @@ def validate_case(spec: CaseSpec) -> None:
                 f"packed with {strided_rows} = B * max kv_seqlen rows is read as the strided layout "
                 "(batch b at row b * max kv): use kv_layout = 'strided', or another capacity",
             )
+    peak = spec.raw_score_peak
+    if peak is not None and abs(peak / FP16_MAX - 1.0) < RAW_PEAK_CLEARANCE:
+        fail(
+            "qk_scale",
+            f"large_raw_scores aims its raw products at {peak:.0f}, within {RAW_PEAK_CLEARANCE:.0%} of fp16's 65504: "
+            "the drawn ones would straddle it (pick a qk_scale whose 7 / qk_scale is clear of it)",
+        )
+    if spec.padding is not None and spec.kv_rows == spec.total_kv:
+        fail("padding", f"{spec.kv_layout} kv with these lengths leaves no row unread: there is nothing to fill")
+    if spec.mask_fill is not None and spec.mask_type != 2:
+        fail("mask_fill", f"only with mask_type 2 (mask_free), the one mask that takes a tensor, got {spec.mask_type}")
     if spec.kv_layout == "strided" and spec.batch * spec.max_kv == spec.total_kv:
         fail(
             "kv_layout",
@@ -419,6 +451,15 @@ def _validate_structure(spec: CaseSpec, fail: Callable[[str, str], None]) -> Non
     correct kernel can still compute (raw Q.K far below fp16's 65504)."""
     structure = spec.structure
     assert structure is not None
+    if spec.distribution == "large_raw_scores" and (structure.logits or structure.logit_shift):
+        fail("structure", "large_raw_scores sets the logits through q and k themselves: no trend or shift beside it")
+    shift = structure.logit_shift
+    if shift is not None and spec.dtype == "fp16" and abs(shift) / spec.qk_scale > FP16_RAW_SCORE_LIMIT:
+        fail(
+            "structure.logit_shift",
+            f"|logit_shift| / qk_scale = {abs(shift) / spec.qk_scale:.0f} > {FP16_RAW_SCORE_LIMIT:g}: fp16 "
+            "kernels store raw Q.K in fp16 (max 65504), keep it far from overflow",
+        )
     if structure.logits is not None and structure.rise is not None:
         if spec.distribution == "near_tie":
             fail("structure", "a logits trend would undo near_tie's nearly equal logits")

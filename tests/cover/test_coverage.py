@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -33,8 +34,9 @@ def test_levels_of_a_case_batch_by_batch() -> None:
     spec = case(mask_type="causal", kv_layout="padded", q_seqlen=[1, 0, 513], kv_seqlen=[608, 16, 1025], head_num=6,
                 kv_head_num=2, structure={"v_mean": 4.0})  # fmt: skip
     levels = case_levels(spec)
-    assert levels["q_len"] == {"one", "mod128_1", "gt512"}
-    assert levels["kv_len"] == {"mult16_not64", "not_mult16"}  # 608 and 1025 (the empty batch has no row)
+    assert levels["q_len"] == {"one", "mod128_1", "gt512", "single_tile", "mod16_tail", "mod128_1_long"}
+    # 608 and 1025 (the empty batch has no row); 1025 ends on a one-key stack
+    assert levels["kv_len"] == {"mult16_not64", "not_mult16", "several_blocks", "stack_tail_short"}
     assert levels["prefix"] == {"long", "mult128"}  # 607 and 512
     assert levels["batch"] == {"many", "empty_row"}
     assert levels["group"] == {"3"} and levels["kv_heads"] == {"two"}
@@ -57,6 +59,7 @@ def test_constraints_are_the_validators(tmp_path: Path) -> None:
         ("mask", "prefix"): dict(mask_type="mask_free", kv_seqlen=[65]),
         ("mask", "kv_layout"): dict(mask_type="causal", kv_layout="packed"),
         ("group", "kv_heads"): dict(mask_type="causal", kv_layout="padded", head_num=256, kv_head_num=2),
+        ("mask", "mask_fill"): dict(mask_type="undefined", mask_fill="neg_inf"),
     }
     declared = {(c.when[0], f) for c in MODEL.constraints for f, _ in c.then}
     assert declared == set(refused)
@@ -107,6 +110,71 @@ def test_coverage_verb_refuses_a_missing_file_in_one_line(tmp_path: Path) -> Non
 
 
 def test_coverage_verb_module_imports_light() -> None:
-    code = "import sys, mlaconf.golden.coverage.verbs; print(sorted({'torch', 'h5py', 'ml_dtypes'} & set(sys.modules)))"
+    code = "import sys, mlaconf.tools.verbs; print(sorted({'torch', 'h5py', 'ml_dtypes'} & set(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert done.stdout.strip() == "[]"
+
+
+def _coverage_json(*args: str) -> list[dict[str, Any]]:
+    done = subprocess.run(
+        [sys.executable, "-m", "mlaconf", "coverage", "--json", "--show", "0", *args],
+        capture_output=True, text=True, check=True, cwd=ROOT,
+    )  # fmt: skip
+    document: list[dict[str, Any]] = json.loads(done.stdout)
+    return document
+
+
+def test_coverage_per_backend_counts_only_the_cases_it_answers() -> None:
+    """--backend drops the cases a known deviation for that backend refuses or fails (at any release): on atb every
+    CAUSAL case (the C interface's slot count) and the padded kv it misreads; torch-cpu answers every case; a
+    backend named by import path is matched by the name its records carry."""
+    from mlaconf.golden.specs.suites import load_suites
+    from mlaconf.judge.deviations import load_deviations
+
+    edge = [s for s in load_suites(["edge"]) if s.expect_error is None]
+    (plain,) = _coverage_json("edge", "--t", "1")
+    (atb,) = _coverage_json("edge", "--t", "1", "--backend", "atb")
+    (cpu,) = _coverage_json("edge", "--t", "1", "--backend", "torch-cpu")
+    assert cpu["cases"] == plain["cases"] == atb["valid_cases"] == len(edge) and cpu["not_answered"] == {}
+    deviations = load_deviations()
+    expected: dict[str, int] = {}
+    for spec in edge:
+        entry = deviations.unanswered("atb", spec)
+        if entry is not None:
+            expected[entry.id] = expected.get(entry.id, 0) + 1
+    assert atb["not_answered"] == expected and expected["atb-c-causal-in-tensor-num"] == sum(
+        s.mask_type == 3 for s in edge
+    )
+    assert atb["cases"] == len(edge) - sum(expected.values()) and atb["selection"] == "edge on atb"
+    one_way = {c["label"]: c for c in atb["coverage"]}["1-way"]
+    assert {"mask": "causal"} in [u["levels"] for u in one_way["uncovered"]]
+    (zoo,) = _coverage_json("branches", "--t", "1", "--backend", "mlaconf.harness.zoo:atb_fp16")
+    assert zoo["backend"] == "zoo-atb_fp16" and zoo["not_answered"] == {"zoo-fp16-score-path-raw-overflow": 2}
+
+
+def test_coverage_per_backend_refuses_what_names_no_backend() -> None:
+    for args, words in ((["--backend", "atbb"], "unknown backend 'atbb'"), (["--complete"], "needs --backend")):
+        done = subprocess.run(
+            [sys.executable, "-m", "mlaconf", "coverage", "edge", *args], capture_output=True, text=True, cwd=ROOT
+        )
+        assert done.returncode == 2 and words in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_the_covering_generator_can_target_what_one_backend_answers() -> None:
+    """With ``accept``, the generator builds only accepted cases (a refused one is rebuilt without one choice at a
+    time) and sets aside the tuples no accepted case holds instead of failing."""
+    from mlaconf.golden.coverage.covering import Generator
+
+    model = MODEL.settled()
+    wanted = [
+        (("dtype", "bf16"), ("kv_layout", "padded")),
+        (("mask", "causal"), ("kv_layout", "padded")),
+        (("mask", "undefined"), ("kv_layout", "padded")),
+    ]
+    padded_not_causal = lambda spec: spec.kv_layout == "padded" and spec.mask_type != 3  # noqa: E731
+    generator = Generator(model, wanted, [], "t", accept=padded_not_causal)
+    made = generator.run()
+    assert made and all(padded_not_causal(spec) for spec in made)
+    assert generator.unreachable == [(("mask", "causal"), ("kv_layout", "padded"))]
+    with pytest.raises(RuntimeError, match="no valid case covers"):  # without accept, a tuple no case holds fails
+        Generator(model, [(("mask", "causal"), ("kv_layout", "packed"))], [], "t").run()

@@ -38,18 +38,22 @@ def test_seeded_entries() -> None:
         "atb-nan-qk-scale-accepted",
         "atb-padded-kv-capacity",
         "atb-causal-kv-below-q-accepted",
+        "atb-fp16-raw-scores-overflow",
+        "zoo-fp16-score-path-raw-overflow",
+        "atb-mask-free-fill-one-added",
+        "atb-mask-free-fill-negative-multiplied",
     ]
-    assert all(d.backend == "atb" and d.status == "unconfirmed" and d.reference for d in devs.entries)
+    atb = [d for d in devs.entries if d.backend == "atb"]
+    assert all(d.status == "unconfirmed" and d.reference for d in atb)
+    # the zoo members on ATB's fp16 score path share its raw-score overflow, seen on the CPU
+    (zoo,) = [d for d in devs.entries if d.backend != "atb"]
+    assert zoo.backend == "zoo-*fp16*" and zoo.status == "confirmed" and not zoo.versions
     outcomes = [(d.outcome, d.error_status) for d in devs.entries]
     assert outcomes == [
         ("error", "ERROR_INVALID_IN_TENSOR_NUM"),
         ("error", "ERROR_INVALID_PARAM"),
         ("error", "ERROR_INVALID_PARAM"),
-        ("fail", None),
-        ("fail", None),
-        ("fail", None),
-        ("fail", None),
-        ("fail", None),
+        *[("fail", None)] * 9,
     ]
     assert [d.stage for d in devs.entries[:3]] == ["setup", "create", "create"]
     # every entry was reviewed against ATB's source at one pinned commit
@@ -146,6 +150,18 @@ def _one(tmp_path: Path, select: str, backend: str = "*") -> Path:
         ("causal_prefix_mod128 = true", _spec((4,), (104,), mask_type=3), _spec((4,), (132,), mask_type=3)),
         ("causal_prefix_mod128 = false", _spec((4, 0), (260, 7)), _spec((4,), (5,))),  # q=0 batch ignored
         ('case = "*-h8-*"', _spec((4,), head_num=8, kv_head_num=8), _spec((4,))),
+        ('mask_fill = "neg*"', _spec((4,), mask_type=2, mask_fill="neg_inf"), _spec((4,), mask_type=2, dtype="bf16")),
+        ('mask_fill = "neg10000"', _spec((4,), mask_type=2), _spec((4,))),  # fp16's documented fill; no mask
+        (
+            "fp16_raw_overflow = true",
+            _spec((4,), distribution="large_raw_scores", qk_scale=1e-4),
+            _spec((4,), distribution="large_raw_scores", qk_scale=1e-4, mask_type=3),  # fp32 scores under CAUSAL
+        ),
+        (
+            "fp16_raw_overflow = true",
+            _spec((4,), distribution="large_raw_scores", qk_scale=1e-4),
+            _spec((4,), distribution="large_raw_scores", qk_scale=5e-4),  # raw products near 14,000
+        ),
     ],
 )
 def test_each_selector(tmp_path: Path, select: str, hit: CaseSpec, miss: CaseSpec) -> None:

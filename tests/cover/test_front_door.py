@@ -193,7 +193,7 @@ def test_a_misspelt_suite_is_our_usage_error(tmp_path: Path) -> None:
     assert run.returncode == 2 and "invalid choice: 'smok'" in run.stderr and "Traceback" not in run.stderr
     result = pytest_run(tmp_path, "--mla-suite", "smok", paths=("cases/test_conformance.py",))
     assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
-    choices = "deepseek, edge, long, smoke, standard, metamorphic, all"
+    choices = "branches, deepseek, edge, long, smoke, standard, metamorphic, all"
     assert f"--mla-suite 'smok': no such suite (did you mean 'smoke'?); choose from {choices}" in result.stderr
 
 

@@ -62,13 +62,25 @@ def test_padding_holds_large_finite_garbage() -> None:
     assert np.abs(v.astype(np.float64)).max() <= 1.0
 
 
-@pytest.mark.parametrize(("dtype", "masked_value"), [("fp16", -10000.0), ("bf16", 1.0)])
-def test_mask_free_mask_encoding(dtype: str, masked_value: float) -> None:
-    mask = build_mask(dtype).astype(np.float64)
+@pytest.mark.parametrize(
+    ("dtype", "fill", "masked_value"),
+    [
+        ("fp16", None, -10000.0),
+        ("bf16", None, 1.0),
+        ("fp16", "neg_inf", -np.inf),
+        ("fp16", "one", 1.0),
+        ("bf16", "neg10000", -9984.0),  # -10000 rounded to bf16
+        ("bf16", "neg_inf", -np.inf),
+    ],
+)
+def test_mask_free_mask_encoding(dtype: str, fill: str | None, masked_value: float) -> None:
+    """The mask holds the dtype's documented fill above its diagonal unless the case names another, 0 elsewhere."""
+    spec = spec_of(dtype=dtype, mask_type=2, mask_fill=fill)
+    mask = build_mask(spec).astype(np.float64)
     assert mask.shape == (512, 512)
     upper = np.triu(np.ones((512, 512), dtype=bool), k=1)
     assert (mask[upper] == masked_value).all() and (mask[~upper] == 0.0).all()
-    assert generate_inputs(spec_of(dtype=dtype, mask_type=2)).mask is not None
+    assert (generate_inputs(spec).mask.astype(np.float64) == mask).all()
 
 
 def test_large_logits_reach_their_target_spread() -> None:

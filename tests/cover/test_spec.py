@@ -110,6 +110,21 @@ q_seqlen = { pattern = [1, 2], times = 3 }
         ({"kv_layout": "strided", "q_seqlen": [4, 8], "kv_capacity": 9}, "kv_capacity", "no capacity"),
         ({"kv_layout": "strided"}, "kv_layout", "needs ragged kv_seqlen"),
         ({"kv_capacity": 3, "kv_layout": "padded"}, "kv_capacity", ">= max kv_seqlen"),
+        ({"mask_fill": "neg_inf"}, "mask_fill", "only with mask_type 2"),
+        ({"mask_type": 2, "mask_fill": "zero"}, "mask_fill", "one of"),
+        ({"padding": "nan"}, "padding", "leaves no row unread"),  # packed without spare rows
+        ({"padding": "nan", "kv_layout": "padded", "q_seqlen": [4, 4]}, "padding", "leaves no row unread"),
+        ({"padding": "inf", "kv_capacity": 9}, "padding", "one of"),
+        ({"structure": {"logit_shift": 0.0}}, "structure.logit_shift", "nonzero number"),
+        ({"structure": {"logit_shift": -200.0}}, "structure.logit_shift", "[-128, 128]"),
+        (
+            {"structure": {"logit_shift": 5.0, "logits": "sinks", "rise": 2.0, "sink_keys": 1}},
+            "structure.logit_shift",
+            "not with a logits trend",
+        ),
+        ({"qk_scale": 0.01, "structure": {"logit_shift": -100.0}}, "structure.logit_shift", "store raw Q.K"),
+        ({"distribution": "large_raw_scores", "qk_scale": 1.07e-4}, "qk_scale", "within 5%"),
+        ({"distribution": "large_raw_scores", "structure": {"logit_shift": 2.0}}, "structure", "no trend or shift"),
     ],
 )
 def test_validation_names_file_case_and_field(
@@ -218,6 +233,25 @@ def test_toml_snippet_round_trips(tmp_path: Path) -> None:
     assert loaded.content_hash == spec.content_hash
     # printed as a suite file writes it: the mask and cache by name, not the C enum's codes
     assert 'mask_type = "causal"' in spec.to_toml() and 'cache_mode = "krope_ctkv"' in spec.to_toml()
+
+
+def test_fields_of_the_branch_levels_keep_old_hashes_and_name_the_case(tmp_path: Path) -> None:
+    """mask_fill, padding and a logit shift count in the content hash only when given (every older case keeps its
+    hash and golden), show in the case id, and round-trip through a printed snippet."""
+    base = {"head_num": 2, "q_seqlen": [4, 8], "mask_type": 2, "kv_layout": "strided", "dtype": "bf16"}
+    plain = build_case(base, source="x")
+    assert not {"mask_fill", "padding"} & set(plain.content())
+    shaped = build_case(
+        {**base, "mask_fill": "neg_inf", "padding": "nan", "structure": {"logit_shift": -110.0}}, source="x"
+    )
+    assert shaped.content_hash != plain.content_hash
+    assert "-shift-110-fill_neg_inf-pad_nan-" in shaped.case_id
+    (loaded,) = load_suite(write_suite(tmp_path, shaped.to_toml()))
+    assert loaded.content_hash == shaped.content_hash and loaded.structure == shaped.structure
+    assert build_case({**base, "mask_fill": "one"}, source="x").mask_fill_name == "one"
+    assert plain.mask_fill_name == "one" and build_case({**base, "dtype": "fp16"}, source="x").mask_fill_name == (
+        "neg10000"
+    )
 
 
 def test_qk_scale_is_held_as_the_fp32_the_operator_receives() -> None:
