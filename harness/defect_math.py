@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 
 from mlaconf.facts.operator import causal_offset
-from mlaconf.harness.zoo import first_seeing_row, fp32_heads, visible_keys
+from mlaconf.harness.zoo import fp32_heads, visible_keys
 
 FLASH_BLOCK = 128  # frozen_max, late_rescale_missing: keys per block of their online softmax
 HEALTHY_BLOCKS = 2  # frozen_max, late_rescale_missing: blocks handled correctly before the bug sets in
@@ -79,20 +79,17 @@ def flash_attend(
     total = torch.zeros(heads, rows, 1)
     for index, j0 in enumerate(range(0, kv, FLASH_BLOCK)):
         j1 = min(j0 + FLASH_BLOCK, kv)
-        r0 = first_seeing_row(allowed, j0, j1)  # the rows above see none of the block's keys
-        s = (qh[:, r0:] @ kh[:, j0:j1].transpose(1, 2)) * torch.tensor(scale, dtype=torch.float32)
+        s = (qh @ kh[:, j0:j1].transpose(1, 2)) * torch.tensor(scale, dtype=torch.float32)
         if allowed is not None:
-            s = s.masked_fill(~allowed[r0:, j0:j1], float("-inf"))
+            s = s.masked_fill(~allowed[:, j0:j1], float("-inf"))
         late = index >= HEALTHY_BLOCKS
-        m_old = m[:, r0:]
-        m_new = m_old if frozen_max and late else torch.maximum(m_old, s.amax(dim=-1, keepdim=True))
+        m_new = m if frozen_max and late else torch.maximum(m, s.amax(dim=-1, keepdim=True))
         safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
         p = torch.exp(s - safe)
-        alpha = torch.exp(m_old - safe)
-        total[:, r0:] = total[:, r0:] * alpha + p.sum(dim=-1, keepdim=True)
-        kept = acc[:, r0:] if skip_rescale and late else acc[:, r0:] * alpha
-        acc[:, r0:] = kept + p.to(q.dtype).float() @ vh[:, j0:j1]
-        m[:, r0:] = m_new
+        alpha = torch.exp(m - safe)
+        total = total * alpha + p.sum(dim=-1, keepdim=True)
+        acc = (acc if skip_rescale and late else acc * alpha) + p.to(q.dtype).float() @ vh[:, j0:j1]
+        m = m_new
     return (acc / total).transpose(0, 1).to(q.dtype)
 
 

@@ -53,21 +53,6 @@ def visible_keys(q_len: int, kv_len: int, mask_type: int) -> torch.Tensor | None
     return torch.arange(kv_len)[None, :] <= rows + offset
 
 
-def first_seeing_row(allowed: torch.Tensor | None, j0: int, j1: int) -> int:
-    """The first query row that sees a key of the block ``[j0, j1)`` when every later row sees one too
-    (a causal mask), else 0; the number of rows when none does.  The rows above it would add exact zeros
-    and rescale by exactly 1, so an online softmax may leave them out of the block, bit for bit (empty
-    slices when no row sees it)."""
-    if allowed is None:
-        return 0
-    seen = allowed[:, j0:j1].any(dim=1)
-    found = torch.nonzero(seen)
-    if found.numel() == 0:
-        return int(seen.shape[0])
-    first = int(found[0, 0])
-    return first if bool(seen[first:].all()) else 0
-
-
 def fp32_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int) -> tuple[torch.Tensor, ...]:
     """q ``[H, q, 192]``, k ``[H, kv, 192]``, v ``[H, kv, 128]`` in fp32 (GQA heads repeated)."""
     qh = q.transpose(0, 1).float()
@@ -352,18 +337,18 @@ def blockwise(
     total = torch.zeros(h, q_len, 1)
     for j0 in starts:
         j1 = min(j0 + block, kh.shape[1])
-        r0 = first_seeing_row(allowed, j0, j1)  # the rows above see none of the block's keys
-        s = (qh[:, r0:] @ kh[:, j0:j1].transpose(1, 2)) * torch.tensor(scale, dtype=torch.float32)
+        s = (qh @ kh[:, j0:j1].transpose(1, 2)) * torch.tensor(scale, dtype=torch.float32)
         if allowed is not None:
-            s = s.masked_fill(~allowed[r0:, j0:j1], float("-inf"))
-        m_new = torch.maximum(m[:, r0:], s.amax(dim=-1, keepdim=True))
+            s = s.masked_fill(~allowed[:, j0:j1], float("-inf"))
+        m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
         safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # rows with no key yet
         p = torch.exp(s - safe)
-        alpha = torch.exp(m[:, r0:] - safe)
-        total[:, r0:] = total[:, r0:] * alpha + p.sum(dim=-1, keepdim=True)
-        block_acc = acc[:, r0:] * alpha + p.to(dtype).float() @ vh[:, j0:j1]
-        acc[:, r0:] = block_acc if acc_dtype == torch.float32 else block_acc.to(acc_dtype).float()
-        m[:, r0:] = m_new
+        alpha = torch.exp(m - safe)
+        total = total * alpha + p.sum(dim=-1, keepdim=True)
+        acc = acc * alpha + p.to(dtype).float() @ vh[:, j0:j1]
+        if acc_dtype != torch.float32:
+            acc = acc.to(acc_dtype).float()
+        m = m_new
     return acc, m, total
 
 
