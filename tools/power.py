@@ -314,14 +314,16 @@ class PowerRunner:
         own = {s.case_id for s in self.run.cases}
         seen = {(f, level) for levels in self.run.levels.values() for f, names in levels.items() for level in names}
 
+        affordable = [s for s in candidates if s.case_id not in own and s.useful_flops <= SUGGESTION_FLOPS]
+        levels = {s.case_id: case_levels(s) for s in affordable}  # once per case, not once per survivor
+
         def rank(spec: CaseSpec) -> tuple[int, int]:
-            new = {(f, level) for f, names in case_levels(spec).items() for level in names} - seen
+            new = {(f, level) for f, names in levels[spec.case_id].items() for level in names} - seen
             return -len(new), spec.useful_flops
 
-        affordable = [s for s in candidates if s.case_id not in own and s.useful_flops <= SUGGESTION_FLOPS]
         for result in self.run.survivors():
             subject = result.subject
-            reaching = [s for s in affordable if reaches(subject.trigger, case_levels(s))]
+            reaching = [s for s in affordable if reaches(subject.trigger, levels[s.case_id])]
             found: list[dict[str, Any]] = []
             for spec in sorted(reaching, key=rank)[:SUGGESTIONS_TRIED]:
                 if self._stop.is_set():
