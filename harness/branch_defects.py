@@ -17,6 +17,7 @@ from mlaconf.harness.backend import MlaPrefillCall
 from mlaconf.harness.defect_kit import ControlMath, DefectEntry, replace_call
 from mlaconf.harness.defect_math import allowed_keys, math_attend
 from mlaconf.harness.torch_backend import head_chunk
+from mlaconf.harness.zoo import fp32_heads
 
 STACK_KEYS = 512  # ATB's key stack: four 128-key blocks (facts/branches.toml stack-of-four-blocks)
 VECTOR_KEYS = 128  # stack256_sum_doubled: the 256 path sums two vectors of this many keys
@@ -27,9 +28,7 @@ UNDERFLOW = {torch.float16: 14.0, torch.bfloat16: 87.0}
 
 def _scores(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int) -> tuple[torch.Tensor, ...]:
     """Raw fp32 Q.K ``[H, q, kv]`` and V ``[H, kv, 128]`` (GQA heads repeated), as math_attend forms them."""
-    qh = q.transpose(0, 1).float()
-    kh = k.transpose(0, 1).float().repeat_interleave(group, dim=0)
-    vh = v.transpose(0, 1).float().repeat_interleave(group, dim=0)
+    qh, kh, vh = fp32_heads(q, k, v, group)
     return qh @ kh.transpose(1, 2), vh
 
 
