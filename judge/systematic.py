@@ -18,7 +18,11 @@ statistic ``z`` on the Gaussian-tail scale and the critical value at the case's 
   and symmetric, so z = sum u_c / sqrt(sum u_c^2) exceeds x with probability at most exp(-x^2 / 2)
   (Hoeffding over the signs, whatever the clusters' variances).  z grows like sqrt(rows), so it
   decides only beside a materiality floor: the effect |eps_hat - eps0| rms(T) / (u rms(g)) must
-  reach TEMPERATURE_FLOOR (rounding-sized biases of legitimate paths stay below it).
+  reach TEMPERATURE_FLOOR (rounding-sized biases of legitimate paths stay below it).  A row whose
+  scaled logits span less than NEAR_TIE_ULPS rounding steps of the dtype is a near tie: a legitimate
+  kernel that rounds P to the dtype rounds its P values alike, which moves the row along T by up to its
+  whole temperature (every P equal: eps = -1), so such rows are set aside and the test decides on the
+  others (docs/conformance.md, "Near-tie rows").
 * **Format signature.**  The low LOW_BITS mantissa bits of a correctly rounded fp16 (or bf16) value
   of a continuous quantity are all zero about once in 2^LOW_BITS; an output rounded through bf16 (or
   fp8) on the way has them zero always (normal values only: a subnormal keeps no coarser format's
@@ -32,7 +36,7 @@ statistic ``z`` on the Gaussian-tail scale and the critical value at the case's 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -41,7 +45,9 @@ import numpy as np
 from mlaconf.facts.operator import U32, UNIT_ROUNDOFF, V_DIM
 from mlaconf.facts.processes import map_for
 from mlaconf.golden.building.chunks import RowChunk, row_chunks
+from mlaconf.golden.specs.layout import kv_views, offsets, q_views, visible_keys
 from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.specs.types import OpInputs
 from mlaconf.judge.error_model import scale_cast_error
 from mlaconf.judge.metrics import EXPONENT_BITS, bits16_finite
 
@@ -59,6 +65,12 @@ BASELINE_NOISE = 3.0
 #: documented legitimate paths reach 0.004-0.019 on their most exposed cases, the target defects
 #: 0.09-0.25 (docs/conformance.md, "Materiality floor").
 TEMPERATURE_FLOOR = 0.05
+#: A row's scaled logits must span this many rounding steps 2u of the dtype for its P values, rounded to the
+#: dtype, to round independently of the logits (a sawtooth over many steps projects on T by at most ~3 /
+#: NEAR_TIE_ULPS of the row's temperature, and with no common sign across rows); narrower rows are near ties.
+NEAR_TIE_ULPS = 16
+#: Score elements per pass when the logit spans are computed (float32: a few of these arrays).
+SPAN_ELEMENTS = 1 << 22
 #: Materiality floor of the format signature: the zero-low-bits rate over its chance rate (a
 #: correct output reached 0.79; an output rounded through a coarser format 1 / (3/16) = 5.3).
 FORMAT_FLOOR = 2.0
@@ -93,20 +105,20 @@ def critical_value(alpha: float, tests: int = 1) -> float:
 
 def _projections(
     actual: np.ndarray, golden: np.ndarray, row_valid: np.ndarray, direction: np.ndarray, spec: CaseSpec
-) -> tuple[np.ndarray, np.ndarray, float] | None:
-    """Per valid (row, head): sum_c T^2 and sum_c T (actual - golden), and sum g^2 over them; None
-    when ``actual`` is not finite."""
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Per valid (row, head): sum_c T^2, sum_c T (actual - golden) and sum_c g^2; None when ``actual`` is
+    not finite."""
     shape = (row_valid.shape[0], spec.head_num, V_DIM)  # every token row, or a sample's
     a_all, g_all, d_all = actual.reshape(shape), golden.reshape(shape), direction.reshape(shape)
 
-    def chunk_sums(chunk: RowChunk) -> tuple[np.ndarray, np.ndarray, float] | None:
+    def chunk_sums(chunk: RowChunk) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         g = np.asarray(g_all[chunk.pick], dtype=np.float64)
         with np.errstate(invalid="ignore", over="ignore"):  # a NaN/Inf output: None
             err = a_all[chunk.pick].astype(np.float64) - g
         if not np.isfinite(err).all():
             return None
         d = d_all[chunk.pick].astype(np.float64)
-        return np.einsum("rhc,rhc->rh", d, d), np.einsum("rhc,rhc->rh", d, err), float(np.square(g).sum())
+        return np.einsum("rhc,rhc->rh", d, d), np.einsum("rhc,rhc->rh", d, err), np.einsum("rhc,rhc->rh", g, g)
 
     chunks = row_chunks(row_valid, spec.head_num * V_DIM)
     parts = list(map_for(len(chunks))(chunk_sums, chunks))
@@ -114,12 +126,42 @@ def _projections(
         return None
     done = [part for part in parts if part is not None]
     empty = np.zeros((0, spec.head_num))
-    tt = np.concatenate([part[0] for part in done]) if done else empty
-    te = np.concatenate([part[1] for part in done]) if done else empty
-    gg = 0.0
-    for part in done:
-        gg += part[2]
+    tt, te, gg = (np.concatenate([part[i] for part in done]) if done else empty for i in range(3))
     return tt, te, gg
+
+
+def logit_spans(inputs: OpInputs, spec: CaseSpec, row_valid: np.ndarray, token_rows: np.ndarray | None) -> np.ndarray:
+    """float32 ``[valid rows, H]``: max - min of each judged row's scaled logits qkScale q.k over the keys it
+    sees (0 for a row that sees none), in the judged rows' order (``row_valid``'s true entries; ``token_rows``
+    the token of each array row when sampled); float32 products are far finer than the steps spans are held to."""
+    q_nope, q_rope = q_views(inputs, spec)
+    keys, starts = visible_keys(spec), offsets(spec.q_seqlen)
+    tokens = np.flatnonzero(row_valid) if token_rows is None else np.asarray(token_rows)[np.asarray(row_valid, bool)]
+    spans = np.zeros((tokens.size, spec.head_num), dtype=np.float32)
+    group = spec.head_num // spec.kv_head_num
+    for b in range(spec.batch):
+        picked = np.flatnonzero((tokens >= starts[b]) & (tokens < starts[b + 1]))
+        if picked.size == 0 or spec.kv_seqlen[b] == 0:
+            continue
+        k, k_rope, _ = kv_views(inputs, spec, b)
+        step = max(1, SPAN_ELEMENTS // max(1, spec.kv_seqlen[b]))
+        for head in range(spec.head_num):
+            kv = np.concatenate([k[:, head // group], k_rope[:, head // group]], axis=1).astype(np.float32)
+            for first in range(0, picked.size, step):
+                at = picked[first : first + step]
+                rows = tokens[at]
+                q = np.concatenate([q_nope[rows, head], q_rope[rows, head]], axis=1).astype(np.float32)
+                scores = (q @ kv.T) * np.float32(spec.qk_scale)
+                seen = np.arange(kv.shape[0])[None, :] < keys[rows][:, None]
+                top, bottom = np.where(seen, scores, -np.inf).max(axis=1), np.where(seen, scores, np.inf).min(axis=1)
+                spans[at, head] = np.where(keys[rows] > 0, top - bottom, 0.0)
+    return spans
+
+
+def near_tie_rows(inputs: OpInputs, spec: CaseSpec, row_valid: np.ndarray, token_rows: np.ndarray | None) -> np.ndarray:
+    """bool ``[valid rows, H]``: the judged (row, head) whose logits span under NEAR_TIE_ULPS rounding steps
+    of the dtype (:func:`logit_spans`)."""
+    return logit_spans(inputs, spec, row_valid, token_rows) < NEAR_TIE_ULPS * 2.0 * UNIT_ROUNDOFF[spec.dtype]
 
 
 def variant_spread(documented: float, residuals: np.ndarray, total: float) -> float:
@@ -138,29 +180,54 @@ def temperature_check(
     spec: CaseSpec,
     alpha: float,
     baseline: np.ndarray | None = None,
+    near_ties: Callable[[], np.ndarray] | None = None,
 ) -> Significance:
     """The temperature error's estimate, its standard error and significance (two-sided, ``alpha``).
 
     ``baseline`` (the golden's emulation of ATB's documented path) widens the legitimate interval to
     its own estimate: where the inputs make the documented roundings project on T (scores within a
-    few fp16 ulps of each other round alike: a flatter softmax), a kernel on that path does too."""
+    few fp16 ulps of each other round alike: a flatter softmax), a kernel on that path does too.
+    ``near_ties`` (the judged rows' near-tie mask, :func:`near_tie_rows`; computed only when the test
+    decides on every row) sets those rows aside: the test decides only if it still decides without them."""
     critical = critical_value(alpha, 2)
     if "pv_scale" not in magnitudes:
         return Significance("temperature", math.nan, math.nan, math.nan, critical, "no stored T (pv_scale)")
     sums = _projections(actual, golden, row_valid, magnitudes["pv_scale"], spec)
     if sums is None:
         return Significance("temperature", math.nan, math.nan, math.nan, critical, "output not finite")
-    tt, te, gg = sums
+    documented = None if baseline is None else _projections(baseline, golden, row_valid, magnitudes["pv_scale"], spec)
+    result = _temperature(*sums, None if documented is None else documented[1], spec, critical, "")
+    if result.significant and near_ties is not None:
+        keep = ~near_ties()
+        if not keep.any():
+            text = f"each of {keep.size} rows x heads a near tie (logits under {NEAR_TIE_ULPS} steps): no evidence"
+            return Significance("temperature", math.nan, math.nan, 0.0, critical, text)
+        if not keep.all():
+            note = f"; {int(keep.size - np.count_nonzero(keep))} near-tie rows x heads set aside"
+            tt, te, gg = (a[keep] for a in sums)
+            result = _temperature(tt, te, gg, None if documented is None else documented[1][keep], spec, critical, note)
+    return result
+
+
+def _temperature(
+    tt: np.ndarray,
+    te: np.ndarray,
+    gg: np.ndarray,
+    documented: np.ndarray | None,
+    spec: CaseSpec,
+    critical: float,
+    note: str,
+) -> Significance:
+    """The test on per-(row, head) sums: T^2, T e, g^2 and the baseline's T e (``documented``)."""
     total = float(tt.sum())
     if total == 0.0:
-        return Significance("temperature", math.nan, math.nan, 0.0, critical, "T is 0 on every element")
+        return Significance("temperature", math.nan, math.nan, 0.0, critical, "T is 0 on every element" + note)
     estimate = float(te.sum()) / total
     ends = [0.0, scale_cast_error(spec)]
     spread = 0.0
-    documented = None if baseline is None else _projections(baseline, golden, row_valid, magnitudes["pv_scale"], spec)
     if documented is not None:
-        ends.append(float(documented[1].sum()) / total)
-        spread = variant_spread(ends[-1], documented[1] - ends[-1] * tt, total)
+        ends.append(float(documented.sum()) / total)
+        spread = variant_spread(ends[-1], documented - ends[-1] * tt, total)
     low, high = min(ends) - SCALE_SLACK - spread, max(ends) + SCALE_SLACK + spread
     nearest = min(max(estimate, low), high)
     fitted = te - estimate * tt
@@ -168,11 +235,14 @@ def temperature_check(
     u = te - nearest * tt
     norm = math.sqrt(float(np.square(u).sum()))
     z = abs(float(u.sum())) / norm if norm > 0.0 and nearest != estimate else 0.0  # inside: no evidence
-    # rms(T) / rms(g) = sqrt(total / gg): the element count cancels
-    effect = abs(estimate - nearest) * math.sqrt(total / gg) / UNIT_ROUNDOFF[spec.dtype] if gg > 0.0 else math.inf
+    # rms(T) / rms(g) = sqrt(total / sum g^2): the element count cancels
+    squares = float(gg.sum())
+    effect = (
+        abs(estimate - nearest) * math.sqrt(total / squares) / UNIT_ROUNDOFF[spec.dtype] if squares > 0.0 else math.inf
+    )
     text = (
         f"qkScale error estimate {estimate:.3g} +- {standard_error:.2g} (legitimate [{low:.3g}, {high:.3g}]), "
-        f"z {z:.3g} over {tt.size} rows x heads, effect {effect:.3g} u rms(g) (floor {TEMPERATURE_FLOOR:g})"
+        f"z {z:.3g} over {tt.size} rows x heads, effect {effect:.3g} u rms(g) (floor {TEMPERATURE_FLOOR:g}){note}"
     )
     return Significance("temperature", estimate, standard_error, z, critical, text, effect, TEMPERATURE_FLOOR)
 

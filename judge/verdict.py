@@ -20,7 +20,7 @@ from mlaconf.judge.error_model import model_ratio
 from mlaconf.judge.metrics import Metrics, compute_metrics
 from mlaconf.judge.msprobe import BenchmarkMetrics, benchmark_metrics
 from mlaconf.judge.policy import Check, Policy, PolicySet, Verdict, VerdictContext
-from mlaconf.judge.systematic import format_check, temperature_check
+from mlaconf.judge.systematic import format_check, near_tie_rows, temperature_check
 from mlaconf.judge.whole_output import WholeOutput, check_whole_output
 
 #: An error map has at most this many token rows x heads (each cell the largest error it covers).
@@ -206,7 +206,16 @@ def verdict_context(
     if "systematic" in wanted:
         each = policy.param("systematic", "false_alarm", spec.dtype) / 2.0  # two tests share the case's rate
         systematic = (
-            temperature_check(out, golden.out, golden.row_valid, golden.magnitudes, spec, each, golden.baseline_out),
+            temperature_check(
+                out,
+                golden.out,
+                golden.row_valid,
+                golden.magnitudes,
+                spec,
+                each,
+                golden.baseline_out,
+                near_ties=lambda: near_tie_rows(golden.inputs, spec, golden.row_valid, golden.token_rows),
+            ),
             format_check(out, golden.out, golden.row_valid, spec, each),
         )
     if "msprobe" in wanted:

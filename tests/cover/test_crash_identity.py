@@ -1,4 +1,4 @@
-"""Issue 30 item 3: under xdist a test whose setup errs, or whose worker dies in its setup before
+"""Under xdist a test whose setup errs, or whose worker dies in its setup before
 reporting it, gets a record with the suite its markers declare: the worker reads them from the item,
 the controller, which knows the dead worker's test by its id alone, from the test's code."""
 

@@ -86,7 +86,7 @@ def test_a_flushing_device_passes(spec: CaseSpec) -> None:
 
 
 def test_the_flush_term_is_what_lets_it_pass() -> None:
-    """Issue 21: the gradual-underflow bound (pv_sub = 0) failed the flushing kernel on this case."""
+    """The gradual-underflow bound (pv_sub = 0) failed the flushing kernel on this case."""
     golden = build_golden(CAUSAL)
     member = zoo.ftz_fp16()
     out = execute(member, make_call(golden.inputs, CAUSAL), CAUSAL).out

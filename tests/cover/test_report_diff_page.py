@@ -1,4 +1,4 @@
-"""Issue 32 item 4 on the diff page: each failing candidate case shows its likely cause and the
+"""The diff page: each failing candidate case shows its likely cause and the
 commands that shrink it and write its repro; a class with many pairs keeps its heading and first
 rows and collapses the rest; the chart's legend counts what the table counts."""
 

@@ -273,7 +273,7 @@ def test_qk_scale_is_held_as_the_fp32_the_operator_receives() -> None:
     ],
 )
 def test_unknown_keys_are_rejected_in_every_table(tmp_path: Path, body: str, field_name: str) -> None:
-    """Issue 19: a key no table knows (``[suite]`` holding ``case = 5``) fails, naming file, table and key."""
+    """A key no table knows (``[suite]`` holding ``case = 5``) fails, naming file, table and key."""
     path = write_suite(tmp_path, body)
     with pytest.raises(SpecError) as info:
         load_suite(path)

@@ -12,6 +12,7 @@ import pytest
 from mlaconf.facts.operator import UNIT_ROUNDOFF
 from mlaconf.golden.building.generate import build_golden
 from mlaconf.golden.building.reference import reference_attention
+from mlaconf.golden.specs.layout import kv_views, offsets, out_shape, q_views, visible_keys
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.spec_build import build_case
 from mlaconf.golden.specs.suites import load_suites
@@ -21,9 +22,12 @@ from mlaconf.judge.policy import load_policies
 from mlaconf.judge.systematic import (
     BASELINE_NOISE,
     FORMAT_FLOOR,
+    NEAR_TIE_ULPS,
     TEMPERATURE_FLOOR,
     critical_value,
     format_check,
+    logit_spans,
+    near_tie_rows,
     temperature_check,
     variant_spread,
 )
@@ -128,6 +132,70 @@ def test_the_fp16_score_path_may_cast_the_scale(fp16_golden: GoldenCase) -> None
     assert beyond.significant, beyond.text
 
 
+def _every_p_alike(golden: GoldenCase) -> np.ndarray:
+    """The output of a kernel whose rounded P is one value across each row: the mean of the visible V
+    (rows that see every key of their batch), rounded to the dtype."""
+    spec = golden.spec
+    out = np.zeros(out_shape(spec)).reshape(spec.total_q, spec.head_num, -1)
+    starts, group = offsets(spec.q_seqlen), spec.head_num // spec.kv_head_num
+    for b in range(spec.batch):
+        v = kv_views(golden.inputs, spec, b)[2].astype(np.float64)
+        for head in range(spec.head_num):
+            out[starts[b] : starts[b + 1], head] = v[:, head // group].mean(axis=0)
+    return round_to_dtype(out.reshape(out_shape(spec)), spec.dtype)
+
+
+def test_near_tie_rows_are_set_aside_by_the_temperature_test() -> None:
+    """A tiny qkScale over uniform inputs makes every row a near tie: P rounded to bf16 is one value per
+    row, which reads as the whole temperature lost (eps -1) though the kernel is correct; set aside, such
+    rows carry no evidence, while an ordinary case sets none aside and still finds a wrong temperature."""
+    g = build_golden(_case(dtype="bf16", mask_type=0, qk_scale=1e-4, head_num=2))
+    collapsed = _every_p_alike(g)
+    blind = temperature_check(collapsed, g.out, g.row_valid, g.magnitudes, g.spec, ALPHA, g.baseline_out)
+    assert blind.significant and blind.estimate == pytest.approx(-1.0, abs=0.15), blind.text
+    ties = near_tie_rows(g.inputs, g.spec, g.row_valid, g.token_rows)
+    assert ties.all()
+    guarded = temperature_check(
+        collapsed, g.out, g.row_valid, g.magnitudes, g.spec, ALPHA, g.baseline_out, near_ties=lambda: ties
+    )
+    assert not guarded.significant and "near tie" in guarded.text, guarded.text
+    ordinary = build_golden(BF16)
+    none = near_tie_rows(ordinary.inputs, BF16, ordinary.row_valid, None)
+    assert none.shape == (int(ordinary.row_valid.sum()), BF16.head_num) and not none.any()
+    wrong = _at_temperature(ordinary, 1 + 2e-3)
+    found = temperature_check(
+        wrong, ordinary.out, ordinary.row_valid, ordinary.magnitudes, BF16, ALPHA, near_ties=lambda: none
+    )
+    assert found.significant, found.text
+
+
+def test_logit_spans_follow_each_rows_visible_keys() -> None:
+    """The spans equal float64 max - min of qkScale q.k over the keys a (causal, padded, GQA) row sees, for
+    every row or a sample of token rows, and the near-tie threshold is NEAR_TIE_ULPS steps of the dtype."""
+    spec = _case(
+        dtype="fp16", mask_type=3, kv_layout="padded", q_seqlen=[5, 40], kv_seqlen=[37, 40], head_num=4, kv_head_num=2
+    )
+    g = build_golden(spec)
+    q_nope, q_rope = q_views(g.inputs, spec)
+    keys, starts = visible_keys(spec), offsets(spec.q_seqlen)
+    expected = np.zeros((spec.total_q, spec.head_num))
+    for b in range(spec.batch):
+        k, k_rope, _ = kv_views(g.inputs, spec, b)
+        for row in range(starts[b], starts[b + 1]):
+            for head in range(spec.head_num):
+                q = np.concatenate([q_nope[row, head], q_rope[row, head]]).astype(np.float64)
+                kv = np.concatenate([k[:, head // 2], k_rope[:, head // 2]], axis=1).astype(np.float64)
+                s = spec.qk_scale * (kv[: keys[row]] @ q)
+                expected[row, head] = s.max() - s.min()
+    every = logit_spans(g.inputs, spec, g.row_valid, None)
+    assert np.allclose(every, expected, rtol=1e-5, atol=1e-6)
+    picked = np.array([44, 0, 7, 3])
+    assert np.allclose(logit_spans(g.inputs, spec, np.ones(4, bool), picked), expected[picked], rtol=1e-5, atol=1e-6)
+    step = NEAR_TIE_ULPS * 2 * UNIT_ROUNDOFF["fp16"]
+    assert (near_tie_rows(g.inputs, spec, g.row_valid, None) == (every < step)).all()
+    assert (every[starts[1]] == 0).all() == (keys[starts[1]] == 1)
+
+
 def test_temperature_needs_a_finite_output_and_t(bf16_golden: GoldenCase) -> None:
     g = bf16_golden
     bad = g.baseline_out.copy()
@@ -175,7 +243,7 @@ def test_the_default_verdict_carries_both_tests(bf16_golden: GoldenCase, fp16_go
 
 
 def test_the_suites_expose_the_rounding_paths_on_long_rows() -> None:
-    """Issue 27: near-tie rows of 4096 keys and more (both dtypes, bidirectional and CAUSAL) and large-logit
+    """Near-tie rows of 4096 keys and more (both dtypes, bidirectional and CAUSAL) and large-logit
     rows long enough to split, where the legitimate paths' roundings are least symmetric."""
     cases = load_suites(["standard", "edge"])
     ties = {(c.dtype, c.mask_type == 3) for c in cases if c.distribution == "near_tie" and c.max_kv >= 2048}

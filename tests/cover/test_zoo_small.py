@@ -1,4 +1,4 @@
-"""Issue 9's small matrix: correct paths on short sequences pass the default policy.
+"""A small matrix: correct paths on short sequences pass the default policy.
 
 fp16/bf16 x maskType 0/2 x q_seqlen 1, 2, 3, 5, 8 x seeds 1-5, one head: under the former default
 (atb + benchmark deciding on any sample) a correct path with P rounded to the input dtype failed 6 of

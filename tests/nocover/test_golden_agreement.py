@@ -1,4 +1,4 @@
-"""Issue 23's acceptance check: on every shipped case the fused golden agrees with the unfused
+"""On every shipped case the fused golden agrees with the unfused
 float64 formula to 1e-12 relative (tests/agreement.py defines the scale).  smoke, edge and standard
 run with the slow tests (about a minute on 2 cores); deepseek (19 TFLOP, twice) is a soak test:
 ``pytest -m soak tests/nocover/test_golden_agreement.py``."""
