@@ -46,9 +46,7 @@ def math_attend(
     how ``padding_nan_unsafe`` can still be hurt by NaN values there.
     """
     kv_len = k.shape[0] if kv_len is None else kv_len
-    qh = q.transpose(0, 1).float()
-    kh = k.transpose(0, 1).float().repeat_interleave(group, dim=0)
-    vh = v.transpose(0, 1).float().repeat_interleave(group, dim=0)
+    qh, kh, vh = fp32_heads(q, k, v, group)
     scores = (qh @ kh.transpose(1, 2)) * scale
     scores = scores.masked_fill(~allowed_keys(q.shape[0], kv_len, k.shape[0], mask_type), float("-inf"))
     p = torch.softmax(scores, dim=-1)
@@ -104,8 +102,6 @@ def causal_attend(
     """float32 attention of one sequence over an explicit ``[q, kv]`` key mask (every row keeps a key)."""
     allowed = allowed.clone()
     allowed[allowed.sum(dim=1) == 0, 0] = True
-    qh = q.transpose(0, 1).float()
-    kh = k.transpose(0, 1).float().repeat_interleave(group, dim=0)
-    vh = v.transpose(0, 1).float().repeat_interleave(group, dim=0)
+    qh, kh, vh = fp32_heads(q, k, v, group)
     scores = ((qh @ kh.transpose(1, 2)) * scale).masked_fill(~allowed, float("-inf"))
     return (torch.softmax(scores, dim=-1) @ vh).transpose(0, 1).to(q.dtype)

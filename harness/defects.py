@@ -281,9 +281,7 @@ class LastKeyLong(Defect):
         kv_len = k.shape[0]
         if kv_len <= LONG_SEQUENCE:
             return math_attend(q, k, v, group, scale, mask_type)
-        qh = q.transpose(0, 1).float()
-        kh = k.transpose(0, 1).float().repeat_interleave(group, dim=0)
-        vh = v.transpose(0, 1).float().repeat_interleave(group, dim=0)
+        qh, kh, vh = fp32_heads(q, k, v, group)
         allowed = allowed_keys(q.shape[0], kv_len, kv_len, mask_type).clone()
         allowed[:, kv_len - 1] = False
         allowed[allowed.sum(dim=1) == 0, 0] = True  # a row left without keys still reads key 0 (not NaN)
@@ -454,9 +452,7 @@ class OneRowTilePReuse(ControlMath):
         keys = int(allowed_keys(q_len, kv_len, kv_len, mask_type)[-1].sum()) if q_len else 0
         if q_len % TILE_ROWS != 1 or keys <= SLICE_KEYS:
             return out
-        qh = q[-1:].transpose(0, 1).float()
-        kh = k[:keys].transpose(0, 1).float().repeat_interleave(group, dim=0)
-        vh = v[:keys].transpose(0, 1).float().repeat_interleave(group, dim=0)
+        qh, kh, vh = fp32_heads(q[-1:], k[:keys], v[:keys], group)
         p = torch.softmax((qh @ kh.transpose(1, 2)) * scale, dim=-1)  # the row sum stays right: only P.V is wrong
         wrong = p.clone()
         for block in range(0, keys, STACK_KEYS):
@@ -507,9 +503,7 @@ class Fp16RunningDenominator(ControlMath):
     def _attend(  # type: ignore[override]  # an instance method (the base's is static)
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, scale: float, mask_type: int
     ) -> torch.Tensor:
-        qh = q.transpose(0, 1).float()
-        kh = k.transpose(0, 1).float().repeat_interleave(group, dim=0)
-        vh = v.transpose(0, 1).float().repeat_interleave(group, dim=0)
+        qh, kh, vh = fp32_heads(q, k, v, group)
         scores = (qh @ kh.transpose(1, 2)) * scale
         scores = scores.masked_fill(~allowed_keys(q.shape[0], k.shape[0], k.shape[0], mask_type), float("-inf"))
         p = torch.exp(scores - scores.amax(dim=-1, keepdim=True))

@@ -27,6 +27,13 @@ def head_chunk(q_len: int, kv_len: int, heads: int, group: int) -> int:
     return max(1, min(heads, SCORE_BUDGET // (q_len * kv_len))) // group * group or group
 
 
+def query_heads(x: torch.Tensor, group: int) -> torch.Tensor:
+    """``x`` ``[Hkv, kv, D]`` repeated for each query head of its GQA group: a contiguous ``[Hkv * group, kv, D]``,
+    the tensor ``repeat_interleave(group, dim=0)`` makes, without its index gather (a tenth of a power run)."""
+    hkv, kv, d = x.shape
+    return x.unsqueeze(1).expand(hkv, group, kv, d).reshape(hkv * group, kv, d).contiguous()
+
+
 class TorchSdpaBackend:
     """MLA prefill via ``F.scaled_dot_product_attention`` on one torch device."""
 
@@ -87,8 +94,7 @@ class TorchSdpaBackend:
     ) -> torch.Tensor:
         """One sequence: q ``[q, H, 192]``, k ``[kv, Hkv, 192]``, v ``[kv, Hkv, 128]``."""
         qh = q.transpose(0, 1)
-        kh = k.transpose(0, 1).repeat_interleave(group, dim=0)
-        vh = v.transpose(0, 1).repeat_interleave(group, dim=0)
+        kh, vh = query_heads(k.transpose(0, 1), group), query_heads(v.transpose(0, 1), group)
         q_len, kv_len, heads = q.shape[0], k.shape[0], q.shape[1]
         offset = causal_offset(mask_type, q_len, kv_len)  # key j visible to row i iff j <= i + offset
         if q_len * kv_len * heads <= SCORE_BUDGET:

@@ -41,7 +41,7 @@ import math
 import torch
 
 from mlaconf.facts.operator import causal_offset
-from mlaconf.harness.torch_backend import TorchSdpaBackend
+from mlaconf.harness.torch_backend import TorchSdpaBackend, query_heads
 
 
 def visible_keys(q_len: int, kv_len: int, mask_type: int) -> torch.Tensor | None:
@@ -55,10 +55,11 @@ def visible_keys(q_len: int, kv_len: int, mask_type: int) -> torch.Tensor | None
 
 def fp32_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int) -> tuple[torch.Tensor, ...]:
     """q ``[H, q, 192]``, k ``[H, kv, 192]``, v ``[H, kv, 128]`` in fp32 (GQA heads repeated)."""
-    qh = q.transpose(0, 1).float()
-    kh = k.transpose(0, 1).float().repeat_interleave(group, dim=0)
-    vh = v.transpose(0, 1).float().repeat_interleave(group, dim=0)
-    return qh, kh, vh
+    return (
+        q.transpose(0, 1).float(),
+        query_heads(k.transpose(0, 1).float(), group),
+        query_heads(v.transpose(0, 1).float(), group),
+    )
 
 
 def _scores32(qh: torch.Tensor, kh: torch.Tensor, scale: float, allowed: torch.Tensor | None) -> torch.Tensor:

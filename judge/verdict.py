@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import weakref
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any, Generic, Literal, TypeVar
 
 import numpy as np
 
@@ -176,10 +177,33 @@ def _scaled_error(golden: GoldenCase, out: np.ndarray, grid: np.ndarray) -> None
     list(map_for(len(chunks))(chunk_error, chunks))
 
 
-#: msprobe's scores of the baselines of the goldens judged last (every record of a golden shares its
-#: baseline's): keyed by the array's id and the parameters, held by a weak reference to the array.
-BASELINE_SCORES_KEPT = 16
-_BASELINE_SCORES: dict[tuple[int, float, float, float], tuple[weakref.ref[np.ndarray], BenchmarkMetrics]] = {}
+T = TypeVar("T")
+
+
+class PerGolden(Generic[T]):
+    """Values computed once from one golden's array and shared by every verdict on that golden (power judges
+    every subject against one): keyed by the array's id and parameters, held by a weak reference to the array
+    (an id reused by another array computes again); the ``kept`` latest stay."""
+
+    def __init__(self, kept: int) -> None:
+        self.kept = kept
+        self._values: dict[tuple[Any, ...], tuple[weakref.ref[np.ndarray], T]] = {}
+
+    def get(self, array: np.ndarray, parameters: tuple[Any, ...], compute: Callable[[], T]) -> T:
+        key = (id(array), *parameters)
+        found = self._values.get(key)
+        if found is None or found[0]() is not array:
+            found = (weakref.ref(array), compute())
+            self._values[key] = found
+            while len(self._values) > self.kept:
+                del self._values[next(iter(self._values))]
+        return found[1]
+
+
+#: msprobe's scores of the baselines of the goldens judged last (every record of a golden shares its baseline's).
+BASELINE_SCORES = PerGolden[BenchmarkMetrics](16)
+#: The near-tie rows of the goldens judged last (the temperature test asks once per golden, not per subject).
+NEAR_TIES = PerGolden[np.ndarray](16)
 
 
 def verdict_context(
@@ -214,7 +238,9 @@ def verdict_context(
                 spec,
                 each,
                 golden.baseline_out,
-                near_ties=lambda: near_tie_rows(golden.inputs, spec, golden.row_valid, golden.token_rows),
+                near_ties=lambda: NEAR_TIES.get(
+                    golden.out, (), lambda: near_tie_rows(golden.inputs, spec, golden.row_valid, golden.token_rows)
+                ),
             ),
             format_check(out, golden.out, golden.row_valid, spec, each),
         )
@@ -223,15 +249,10 @@ def verdict_context(
             policy.param("msprobe", n, spec.dtype) for n in ("small_value", "small_value_atol", "bench_eps")
         )
         scoring = dict(small_value=small, small_value_atol=atol, bench_eps=eps)
-        key = (id(golden.baseline_out), small, atol, eps)
-        kept = _BASELINE_SCORES.get(key)
-        if kept is None or kept[0]() is not golden.baseline_out:  # an id reused by another array: score again
-            kept = (
-                weakref.ref(golden.baseline_out),
-                benchmark_metrics(golden.baseline_out, golden.out, golden.row_valid, **scoring),
-            )
-            _BASELINE_SCORES[key] = kept
-            while len(_BASELINE_SCORES) > BASELINE_SCORES_KEPT:
-                del _BASELINE_SCORES[next(iter(_BASELINE_SCORES))]
-        msprobe = (benchmark_metrics(out, golden.out, golden.row_valid, **scoring), kept[1])
+        documented = BASELINE_SCORES.get(
+            golden.baseline_out,
+            (small, atol, eps),
+            lambda: benchmark_metrics(golden.baseline_out, golden.out, golden.row_valid, **scoring),
+        )
+        msprobe = (benchmark_metrics(out, golden.out, golden.row_valid, **scoring), documented)
     return VerdictContext(spec.dtype, spec.head_num, spec.max_q, model, systematic, msprobe, whole_output)
