@@ -125,12 +125,12 @@ def heads_level(head_num: int) -> str:
 def batch_order_levels(spec: CaseSpec) -> frozenset[str]:
     """Whether a checked batch holds more (fewer) keys than a later one: offsets that grow unevenly."""
     kv = [n for _, _, n in checked_batches(spec)]
-    pairs = list(itertools.combinations(kv, 2))
+    steps = list(itertools.pairwise(kv))  # an earlier batch is longer iff some batch is longer than the next
     return frozenset(
         name
         for name, held in (
-            ("longer_first", any(a > b for a, b in pairs)),
-            ("shorter_first", any(a < b for a, b in pairs)),
+            ("longer_first", any(a > b for a, b in steps)),
+            ("shorter_first", any(a < b for a, b in steps)),
         )
         if held
     )
@@ -225,9 +225,10 @@ def _case_level_sets(spec: CaseSpec) -> Levels:
     }
 
 
-def batch_rows(spec: CaseSpec) -> list[Levels]:
-    """One level set per factor for each batch with query rows (case-level factors repeated)."""
-    common = _case_level_sets(spec)
+def batch_rows(spec: CaseSpec, common: Levels | None = None) -> list[Levels]:
+    """One level set per factor for each batch with query rows (case-level factors repeated: ``common``, the
+    case's own level sets when the caller has them)."""
+    common = _case_level_sets(spec) if common is None else common
     rows = []
     for q, kv in zip(spec.q_seqlen, spec.kv_seqlen, strict=True):
         if q > 0:
@@ -241,8 +242,9 @@ def batch_rows(spec: CaseSpec) -> list[Levels]:
 def case_levels(spec: CaseSpec) -> Levels:
     """Every level a case hits, per factor (the union over its batches for q_len, kv_len and prefix)."""
     levels = _case_level_sets(spec)
+    rows = batch_rows(spec, levels)
     for factor in PER_BATCH:
-        levels[factor] = frozenset().union(*(row[factor] for row in batch_rows(spec)))
+        levels[factor] = frozenset().union(*(row[factor] for row in rows))
     return levels
 
 
