@@ -309,11 +309,14 @@ def input_digests(spec: CaseSpec, *, threads: int = 1) -> dict[str, str]:
     hashed step by step: the tensors are drawn whole but never held."""
     source = BlockInputs(spec)
     digests = {}
+    total, done = sum(len(source.steps(name)) for name in TENSORS), 0
     for name in TENSORS:
         hasher = xxhash.xxh3_128()
         draw: Callable[[tuple[int, int]], np.ndarray] = functools.partial(_step, source, name)
         for part in _in_order(draw, source.steps(name), threads):
             hasher.update(np.ascontiguousarray(part).view(np.uint8).data)
+            done += 1
+            progress.set_stage(f"input digests, {name}: step {done} of {total}")  # the build's work is done
         digests[name] = hasher.hexdigest()
     return digests
 

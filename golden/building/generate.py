@@ -110,7 +110,6 @@ def build_sampled(spec: CaseSpec, sample: RowSample, *, threads: int = 1) -> Gol
         baseline = sampled_baseline(queries, source.keys, spec, rows, threads=threads)
         progress.set_stage("statistics")
         stats = error_stats(baseline.reshape(out.shape), out, valid, spec.dtype)
-        progress.set_stage("input digests (whole tensors, by steps)")
         record = inputs_record(spec, threads=threads)
     return GoldenCase(
         spec=spec,
