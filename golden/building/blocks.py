@@ -12,7 +12,7 @@ rows ``a..b`` drawn alone equal the same rows of the whole tensor.
 
 The distributions and structures of golden/building/inputs.py are drawn alike (the same amplitudes and shapes,
 other random numbers): a sampled case's inputs are not its full twin's.  Explicit inputs (an imported dump)
-cannot be regenerated: a sampled case with them is refused (:class:`BlockInputsError`).
+cannot be drawn again: a sampled case with them is refused when its spec is read (golden/specs/spec_build.py).
 """
 
 from __future__ import annotations
@@ -70,28 +70,11 @@ ROLES = (
 BLOCK_STREAM = 0x424C4B53  # "BLKS"
 
 
-class BlockInputsError(ValueError):
-    """A sampled case whose inputs cannot be drawn by blocks (one line naming the case and the field)."""
-
-
-def check_blockable(spec: CaseSpec) -> None:
-    """Refuse what the block generator cannot draw: explicit inputs (a dump's tensors are data, not a seed)."""
-    name = spec.name or spec.case_id
-    if spec.inputs is not None:
-        raise BlockInputsError(
-            f"case {name!r}: field 'inputs': a sampled case's inputs are drawn by blocks from its seed, an imported "
-            'dump\'s tensors cannot be (sample it with rows = "all")'
-        )
-    if spec.kv_head_num < 1:
-        raise BlockInputsError(f"case {name!r}: field 'kv_head_num': {spec.kv_head_num} has no kv rows to draw")
-
-
 class BlockInputs:
     """Draws any rows of a sampled case's q, qRope (``[rows, H, D]``) and, per kv head, k, kRope and v
     (``[rows, D]`` in k's rows viewed ``[rows, Hkv, D]``, padding included), rounded to the case dtype."""
 
     def __init__(self, spec: CaseSpec) -> None:
-        check_blockable(spec)
         self.spec = spec
         self.heads, self.kv_heads = spec.head_num, spec.kv_head_num
         self.kv_rows = spec.kv_rows
@@ -326,37 +309,26 @@ def inputs_record(spec: CaseSpec, *, threads: int = 1) -> InputsRecord:
     return InputsRecord(BLOCK_GENERATOR, spec.seed, input_digests(spec, threads=threads))
 
 
-def input_elements(spec: CaseSpec) -> int:
-    """Values of q, qRope, k, kRope and v together (the work of drawing them whole)."""
-    source = BlockInputs(spec)
-    width = {n: TENSORS[n] * (source.heads if n in QUERY_TENSORS else source.kv_heads) for n in TENSORS}
-    return sum(source.rows(n) * width[n] for n in TENSORS)
-
-
 def regenerate_inputs(spec: CaseSpec, record: InputsRecord, *, threads: int = 1) -> OpInputs:
     """The whole inputs of a sampled case, drawn step by step into preallocated tensors in its layouts; each
     tensor's digest must be the record's (else :class:`GoldenStaleError` naming ``record.origin`` and the tensor:
     this host draws other values than the one that built the golden)."""
     where = Path(record.origin or f"<golden of {spec.case_id} built here>")
-    if record.generator != BLOCK_GENERATOR:
-        raise GoldenStaleError(
-            where, f"inputs drawn by generator {record.generator!r}, this one is {BLOCK_GENERATOR!r}"
-        )
     source, dtype = BlockInputs(spec), numpy_dtype(spec.dtype)
-    arrays: dict[str, np.ndarray] = {}
-    with progress.case_work(spec.case_id, float(input_elements(spec))):
+    arrays = {  # untouched until filled: memory is taken step by step
+        name: np.empty((source.rows(name), source.heads if name in QUERY_TENSORS else source.kv_heads, width), dtype)
+        for name, width in TENSORS.items()
+    }
+    with progress.case_work(spec.case_id, float(sum(a.size for a in arrays.values()))):
         progress.set_stage("regenerating inputs")
-        for name in TENSORS:
-            heads = source.heads if name in QUERY_TENSORS else source.kv_heads
-            whole = np.empty((source.rows(name), heads, TENSORS[name]), dtype=dtype)
-            steps = source.steps(name)
+        for name, whole in arrays.items():
 
             def fill(step: tuple[int, int], whole: np.ndarray = whole, name: str = name) -> np.ndarray:
                 whole[step[0] : step[1]] = source.step_rows(name, *step)
                 return whole[step[0] : step[1]]
 
             hasher = xxhash.xxh3_128()
-            for part in _in_order(fill, steps, threads):
+            for part in _in_order(fill, source.steps(name), threads):
                 hasher.update(part.view(np.uint8).data)
                 progress.add_work(part.size)
             if hasher.hexdigest() != record.digests.get(name):
@@ -367,7 +339,6 @@ def regenerate_inputs(spec: CaseSpec, record: InputsRecord, *, threads: int = 1)
                     "these inputs are not the ones the golden was built from",
                     f"inputs/{name}",
                 )
-            arrays[name] = whole
     return recorded_inputs(spec, arrays)
 
 

@@ -116,11 +116,11 @@ def peak_bytes(spec: CaseSpec, threads: int = 1) -> int:
     out = output_elements(spec)
     resident = 8 * out + (4 + 2) * out + magnitude_bytes(spec)  # golden, baseline f32 + f16, magnitudes
     max_kv, workers = max(spec.max_kv, 1), max(threads, 1)
-    if spec.sampled:  # the sampled q rows; per thread a kv head's keys (the dtype's, and the float64 draws of one
-        # tensor before rounding), its operands (K^T, V, |V|, V^2, running maxima) and a row chunk's buffers; or
+    if spec.sampled:  # the sampled q rows; per thread a kv head's keys in the dtype (their float64 draws are gone
+        # before the operands exist), its operands (K^T, V, |V|, V^2, running maxima) and a row chunk's buffers; or
         # the digest pass: a window of steps in flight, each float64 draws, their concatenation and the rounding
         queries = 2 * golden_rows(spec) * spec.head_num * SCORE_DIM
-        keys = max_kv * (2 * (SCORE_DIM + V_DIM) + 2 * 8 * NOPE_DIM)
+        keys = 2 * max_kv * (SCORE_DIM + V_DIM)
         operands = 8 * max_kv * (NOPE_DIM + ROPE_DIM + 4 * V_DIM + 9)
         build = workers * (keys + operands + 8 * 6 * ROW_CHUNK * max_kv)
         digest = (workers + 1) * STEP_ELEMENTS * (8 + 8 + 2)

@@ -14,7 +14,6 @@ import pytest
 from mlaconf import main
 from mlaconf.golden.building.blocks import (
     BlockInputs,
-    BlockInputsError,
     input_digests,
     inputs_record,
     regenerate_inputs,
@@ -23,8 +22,9 @@ from mlaconf.golden.building.blocks import (
 from mlaconf.golden.building.generate import build_golden
 from mlaconf.golden.building.inputs import generate_inputs
 from mlaconf.golden.specs.layout import kv_views, q_views
-from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.specs.spec import CaseSpec, SpecError
 from mlaconf.golden.specs.spec_build import build_case
+from mlaconf.golden.specs.suites import load_suite
 from mlaconf.golden.specs.types import TENSOR_NAMES
 from mlaconf.golden.store.directory import GoldenStore, write_golden
 from mlaconf.golden.store.h5file import INPUTS_RECORD, read_golden
@@ -137,10 +137,15 @@ PINNED = {
 }
 
 
-def test_a_sampled_case_with_explicit_inputs_is_refused_naming_the_field() -> None:
-    spec = dataclasses.replace(spec_of("packed-near-tie"), inputs="ab" * 32, name="dumped")
-    with pytest.raises(BlockInputsError, match=r"case 'dumped': field 'inputs': "):
-        BlockInputs(spec)
+def test_a_sampled_case_with_explicit_inputs_is_refused_naming_the_field(tmp_path: Path) -> None:
+    """Explicit inputs cannot be drawn again: ``rows`` beside them is refused; a suite's ``sample_above`` leaves
+    such a case whole."""
+    dumped = {"q_seqlen": [64], "head_num": 1, "inputs": "ab" * 32, "name": "dumped"}
+    with pytest.raises(SpecError, match=r"f\.toml: case 'dumped': field 'inputs': a sampled case \(rows\) draws"):
+        build_case({**dumped, "rows": 8}, source="f.toml")
+    suite = tmp_path / "s.toml"
+    suite.write_text(f'[suite]\nsample_above = 0\n\n[[case]]\nq_seqlen = [64]\nhead_num = 1\ninputs = "{"ab" * 32}"\n')
+    assert load_suite(suite, validate=True)[0].rows is None
 
 
 def test_the_store_keeps_the_record_not_the_tensors_and_draws_them_again(tmp_path: Path) -> None:
