@@ -61,12 +61,13 @@ STEP_ELEMENTS = 1 << 23
 #: The tensors drawn by blocks, with their head width.
 TENSORS = {"q": NOPE_DIM, "q_rope": ROPE_DIM, "k": NOPE_DIM, "k_rope": ROPE_DIM, "v": V_DIM}
 QUERY_TENSORS = ("q", "q_rope")
-#: One key per role; new roles go at the end (a role's key is its index: earlier ones keep their values).
+#: One seed sequence per role; new roles go at the end (a role's entropy ends in its index: earlier ones keep
+#: their values).
 ROLES = (
     *("q", "q_rope", "k", "k_rope", "v", "pad_k", "pad_k_rope", "pad_v", "v_hits", "v_signs", "tie_base", "v_mean"),
     "raw_keys",
 )
-#: Mixed into every role's key, so no block stream repeats the whole-tensor generator's seed sequence.
+#: Mixed into every role's entropy, so no block stream repeats the whole-tensor generator's seed sequence.
 BLOCK_STREAM = 0x424C4B53  # "BLKS"
 
 
@@ -106,6 +107,7 @@ class BlockInputs:
         return max(1, BLOCK_ELEMENTS // width)
 
     def rows(self, name: str) -> int:
+        """Rows of tensor ``name``: tokens for q and qRope, k's rows viewed ``[rows, Hkv, D]`` for the others."""
         return self.spec.total_q if name in QUERY_TENSORS else self.kv_rows
 
     # -- one block ---------------------------------------------------------------------------------
@@ -269,7 +271,7 @@ class BlockInputs:
 def _in_order(
     work: Callable[[tuple[int, int]], np.ndarray], steps: list[tuple[int, int]], threads: int
 ) -> Iterator[np.ndarray]:
-    """``work(step)`` of each step, in order, at most ``threads`` in flight (bounded memory)."""
+    """``work(step)`` of each step, in order, at most ``threads + 1`` steps in flight (bounded memory)."""
     pool = shared_pool() if threads > 1 else None
     if pool is None:
         yield from map(work, steps)

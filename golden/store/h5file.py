@@ -90,8 +90,6 @@ SAMPLE_ROWS, SAMPLE_REASONS = "golden/sample_rows", "golden/sample_reasons"
 INPUTS_RECORD = "inputs_record_json"
 #: How a device dtype is stored: bf16 as its 16-bit patterns (HDF5 has no bfloat16 type).
 STORED_AS = {"bf16": "uint16", "fp16": "float16"}
-#: The numpy dtype of a case dtype's values (a record's empty tensors).
-DEVICE_DTYPES: dict[str, Any] = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16}
 
 
 def _encode(arr: np.ndarray) -> tuple[np.ndarray, str]:
@@ -469,9 +467,9 @@ def read_golden(
     record = _record(meta, stored_spec)
     rows = stored_spec.total_q if sample is None else sample.rows.size
     try:
-        if record is not None:  # the tensors' placeholders: drawn again by golden/building/blocks.py
-            empty = np.empty((0,), dtype=DEVICE_DTYPES[stored_spec.dtype])
-            arrays.update({f"inputs/{n}": empty for n in TENSOR_NAMES})
+        if record is not None:  # the tensors' placeholders, empty: drawn again by golden/building/blocks.py
+            stored = np.empty((0,), dtype=STORED_AS[stored_spec.dtype])
+            arrays.update({f"inputs/{n}": _decode(stored, stored_spec.dtype, path, n) for n in TENSOR_NAMES})
         inputs = OpInputs(**{n: arrays.get(f"inputs/{n}") for n in INPUT_NAMES})  # type: ignore[arg-type]
         golden = GoldenCase(
             spec=spec or stored_spec,
