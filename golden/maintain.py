@@ -183,7 +183,8 @@ def _sampled_text(spec: CaseSpec, full: CaseSpec) -> str:
         return ""
     return (
         f"sampled {cost.golden_rows(spec)} of {spec.total_q} rows (every row: {flops_text(full.useful_flops)}, "
-        f"~{cost.human_bytes(cost.stored_bytes(full))}, peak ~{cost.human_bytes(cost.peak_bytes(full))})  "
+        f"~{cost.human_bytes(cost.stored_bytes(full))}, peak ~{cost.human_bytes(cost.peak_bytes(full))}; inputs "
+        f"drawn by blocks, {cost.human_bytes(2 * cost.input_elements(spec))} whole on a run's host)  "
     )
 
 
@@ -352,8 +353,15 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"content_hash: {meta.content_hash}")
     print("spec:\n  " + golden.spec.to_toml().strip().replace("\n", "\n  "))
     print("datasets:")
+    record = golden.inputs_record
     for name, arr in golden.inputs.arrays().items():
-        print(_describe(f"inputs/{name}", arr, golden.spec))
+        if record is not None and name in record.digests:  # drawn again by blocks, not stored
+            print(
+                f"  inputs/{name:11s} not stored: drawn by {record.generator} from seed {record.seed}, xxh3-128 "
+                f"{record.digests[name]}"
+            )
+        else:
+            print(_describe(f"inputs/{name}", arr, golden.spec))
     print(_describe("golden/out", golden.out, golden.spec))
     print(_describe("baseline/out", golden.baseline_out, golden.spec))
     print(f"row_valid: {int(golden.row_valid.sum())} of {golden.row_valid.size} rows")

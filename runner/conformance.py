@@ -9,6 +9,8 @@ from typing import Any
 import h5py
 import numpy as np
 
+from mlaconf.facts.processes import thread_share
+from mlaconf.golden.building.blocks import with_inputs
 from mlaconf.golden.building.inputs import numpy_dtype
 from mlaconf.golden.specs.layout import out_shape
 from mlaconf.golden.specs.spec import CaseSpec
@@ -81,7 +83,9 @@ def run_case(
     With ``reruns`` > 1 the backend is called that many times and every output must be bitwise the first.
     A failing output is also judged against the likely-cause catalogue (:mod:`mlaconf.judge.causes`)
     as ``causes_for`` says (by default when the case is small).  The test's identity is the caller's
-    (:mod:`mlaconf.runner.ending`)."""
+    (:mod:`mlaconf.runner.ending`).  A sampled golden that records its inputs gets them drawn again first
+    (golden/building/blocks.py; a digest that differs is a :class:`GoldenStaleError`)."""
+    golden = with_inputs(golden, threads=thread_share())
     spec = golden.spec
     info = backend.info()
     candidates = deviations.candidates(backend.name, info.version, spec)

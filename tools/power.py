@@ -17,6 +17,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlaconf.golden.building.blocks import with_inputs
 from mlaconf.golden.building.generate import build_golden
 from mlaconf.golden.building.progress import Progress
 from mlaconf.golden.coverage.levels import case_levels
@@ -255,7 +256,7 @@ class PowerRunner:
         reaching = [r for r in self.run.results.values() if reaches(r.subject.trigger, levels)]
         outcomes: list[tuple[SubjectResult, CaseOutcome]] = []
         if reaching:
-            golden = self._store().ensure(spec)
+            golden = with_inputs(self._store().ensure(spec))  # a sampled golden's inputs drawn once for every subject
             for result in reaching:
                 if self._stop.is_set():
                     return  # the case is not counted: a partial case would skew the report
@@ -330,7 +331,9 @@ class PowerRunner:
                     return
                 key = (subject.name, spec.case_id)
                 if key not in tried:
-                    golden = self._store().ensure(spec)
+                    golden = with_inputs(
+                        self._store().ensure(spec)
+                    )  # a sampled golden's inputs drawn once for every subject
                     tried[key] = _run_one(golden, subject, subject.make(), self.policy_set, self.deviations)
                 outcome = tried[key]
                 found.append(

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from mlaconf.facts.processes import INTERRUPTED
+from mlaconf.golden.building.blocks import with_inputs
 from mlaconf.golden.building.generate import build_golden
 from mlaconf.golden.specs.layout import kv_starts
 from mlaconf.golden.specs.spec import CaseSpec, SpecError
@@ -129,8 +130,9 @@ def resolve(test_id: str, backend: str | None, cases: Path | None) -> tuple[Case
 
 
 def attempt(spec: CaseSpec, backend: Backend, policy: str, *, repeat: int = 1) -> Attempt:
-    """Build the golden on the fly and judge ``backend`` on it ``repeat`` times; the last failure is kept."""
-    golden = build_golden(spec)
+    """Build the golden on the fly and judge ``backend`` on it ``repeat`` times; the last failure is kept (a
+    sampled golden with its inputs drawn again: the repro writes them)."""
+    golden = with_inputs(build_golden(spec))
     policies, deviations = load_policies(), load_deviations()
     result = run_case(golden, backend, policy_set=policies, policy=policy, deviations=deviations, causes_for="all")
     for _ in range(repeat - 1):
@@ -322,6 +324,7 @@ def write_atb_inputs(
     rows = golden.row_valid.shape[0]
     reference = np.ascontiguousarray(golden.out, dtype=np.float64).reshape(rows, -1)
     data.update(golden=reference.tobytes(), row_valid=golden.row_valid.astype(np.uint8).tobytes())
+    data.update(golden_rows=golden_rows(golden).tobytes())
     lines.append(f"golden {rows} {reference.shape[1]}")
     if named is not None:  # the element's place in the case and its bound, to print it in the failure text's words
         at = " ".join(str(named[key]) for key in ("batch", "row_in_batch", "token", "head", "column"))
@@ -392,12 +395,18 @@ def write_npu_calls(backend: Backend, op_name: str, golden: GoldenCase, spec: Ca
     return ["npu_calls.pt"]
 
 
+def golden_rows(golden: GoldenCase) -> np.ndarray:
+    """The token row of each row of the golden (int64): every row, or a sampled golden's rows."""
+    rows = golden.token_rows
+    return np.arange(golden.spec.total_q, dtype=np.int64) if rows is None else rows.astype(np.int64)
+
+
 def write_repro(first: Attempt, name: str, out_dir: Path) -> list[str]:
     """Write the repro directory; returns the names of the files written."""
     golden, record, spec = first.golden, first.record, first.spec
     out_dir.mkdir(parents=True, exist_ok=True)
     arrays = {key: _bits(value) for key, value in golden.inputs.arrays().items()}
-    arrays.update(golden=golden.out, row_valid=golden.row_valid)
+    arrays.update(golden=golden.out, row_valid=golden.row_valid, golden_rows=golden_rows(golden))
     np.savez(out_dir / "case.npz", allow_pickle=False, **arrays)
     call = {
         "dtype": spec.dtype,
@@ -414,11 +423,14 @@ def write_repro(first: Attempt, name: str, out_dir: Path) -> list[str]:
         "backend": name,
         "shapes": {key: list(value.shape) for key, value in arrays.items()},
         "layout": "case.npz: the inputs in the C interface's layout (bf16 as uint16 bit patterns), "
-        "golden (float64, attenOut's layout), row_valid (bool per token: rows the operator promises)",
+        "golden (float64, attenOut's layout, one row per golden_rows entry), golden_rows (int64: the token row of "
+        "each golden row: every row, or a sampled golden's), row_valid (bool per golden row: rows the operator "
+        "promises)",
     }
     numbers: dict[str, Any] = {}
     if first.result.output is not None:
-        numbers = {"relative_error": relative_error(first.result.output, golden.out, golden.row_valid)}
+        output = first.result.output.reshape(spec.total_q, -1)[golden_rows(golden)]
+        numbers = {"relative_error": relative_error(output, golden.out, golden.row_valid)}
     verdict = {
         "test": f"test_conformance[{spec.case_id}-{name}]",
         "verdict": record.verdict,

@@ -2,7 +2,9 @@
 
 ``mlaconf list`` prints these per case and in total, so a suite announces its cost up front.  A sampled
 case (``rows`` set) costs its sample: the FLOPs of its rows over the keys each sees, its outputs' bytes for
-those rows (inputs stay whole); :func:`full_case` is the same case with every row, for comparison.
+those rows; its inputs are drawn by blocks (golden/building/blocks.py), never stored, and its build holds the
+sampled q rows and, per thread, one kv head's keys, or a few steps of the digest pass over the whole tensors;
+:func:`full_case` is the same case with every row, for comparison.
 
 - bytes: exactly the datasets the store writes (inputs in the device dtype, 2 bytes a value; the
   float64 golden; the error-model magnitudes, bf16 per element and float32 per row; the baseline in
@@ -28,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from mlaconf.facts.operator import NOPE_DIM, ROPE_DIM, SCORE_DIM, V_DIM
+from mlaconf.golden.building.blocks import STEP_ELEMENTS
 from mlaconf.golden.building.reference import FUSED_TILE
 from mlaconf.golden.building.rows import ROW_CHUNK
 from mlaconf.golden.specs.layout import visible_keys
@@ -37,6 +40,8 @@ from mlaconf.golden.specs.types import ROW_MAGNITUDES, RowSample, element_magnit
 
 #: HDF5 superblock, object headers and the root attributes (JSON spec, provenance, checksums).
 FILE_OVERHEAD = 64 * 1024
+#: The same for a sampled golden, without the five input tensors' datasets (measured: 23 kB on a small case).
+SAMPLED_FILE_OVERHEAD = 24 * 1024
 #: The interpreter with numpy, h5py, ml_dtypes and torch imported (VmRSS, measured).
 PROCESS_BASE = 300 * 1024 * 1024
 MASK_BYTES = 512 * 512 * 2
@@ -76,6 +81,11 @@ def input_elements(spec: CaseSpec) -> int:
     return q + spec.kv_rows * spec.kv_head_num * (NOPE_DIM + ROPE_DIM + V_DIM)
 
 
+def stored_input_elements(spec: CaseSpec) -> int:
+    """Input values the golden file holds: every one, or none for a sampled case (it records their digests)."""
+    return 0 if spec.sampled else input_elements(spec)
+
+
 def output_elements(spec: CaseSpec) -> int:
     """Elements of the golden's attenOut: of every row, or of the sample's (every head of each)."""
     return golden_rows(spec) * spec.head_num * V_DIM
@@ -93,9 +103,10 @@ def stored_bytes(spec: CaseSpec) -> int:
     if spec.expect_error is not None:
         return 0
     rows = golden_rows(spec)
-    data = 2 * input_elements(spec) + (8 + 2) * output_elements(spec) + rows + magnitude_bytes(spec)
+    data = 2 * stored_input_elements(spec) + (8 + 2) * output_elements(spec) + rows + magnitude_bytes(spec)
     data += 9 * rows if spec.sampled else 0
-    return data + 8 * spec.batch + (MASK_BYTES if spec.mask_type == 2 else 0) + FILE_OVERHEAD
+    overhead = SAMPLED_FILE_OVERHEAD if spec.sampled else FILE_OVERHEAD
+    return data + 8 * spec.batch + (MASK_BYTES if spec.mask_type == 2 else 0) + overhead
 
 
 def peak_bytes(spec: CaseSpec, threads: int = 1) -> int:
@@ -103,17 +114,23 @@ def peak_bytes(spec: CaseSpec, threads: int = 1) -> int:
     if spec.expect_error is not None:
         return 0
     out = output_elements(spec)
-    resident = 2 * input_elements(spec) + 8 * out + (4 + 2) * out  # inputs, golden, baseline f32 + f16
-    resident += magnitude_bytes(spec)
-    max_kv = max(spec.max_kv, 1)
-    if spec.sampled:  # per thread: a kv head's operands (K^T, V, |V|, V^2, running maxima) and a row chunk's buffers
+    resident = 8 * out + (4 + 2) * out + magnitude_bytes(spec)  # golden, baseline f32 + f16, magnitudes
+    max_kv, workers = max(spec.max_kv, 1), max(threads, 1)
+    if spec.sampled:  # the sampled q rows; per thread a kv head's keys in the dtype (their float64 draws are gone
+        # before the operands exist), its operands (K^T, V, |V|, V^2, running maxima) and a row chunk's buffers; or
+        # the digest pass: a window of steps in flight, each float64 draws, their concatenation and the rounding
+        queries = 2 * golden_rows(spec) * spec.head_num * SCORE_DIM
+        keys = 2 * max_kv * (SCORE_DIM + V_DIM)
         operands = 8 * max_kv * (NOPE_DIM + ROPE_DIM + 4 * V_DIM + 9)
-        return resident + max(threads, 1) * (operands + 8 * 6 * ROW_CHUNK * max_kv) + PROCESS_BASE
+        build = workers * (keys + operands + 8 * 6 * ROW_CHUNK * max_kv)
+        digest = (workers + 1) * STEP_ELEMENTS * (8 + 8 + 2)
+        return resident + queries + max(build, digest) + PROCESS_BASE
+    resident += 2 * input_elements(spec)
     # per thread: the fused tile's workspace (float64 scores, float32 P and P^2; raw scores on the fp16 path) and
     # the window of 4 tasks in flight, each with its float64 k and v
     workspace = FUSED_TILE * max_kv * (8 + 4 + 4 + 8)
     tasks = 4 * 8 * max_kv * (NOPE_DIM + ROPE_DIM + V_DIM) * 2
-    return resident + max(threads, 1) * (workspace + tasks) + PROCESS_BASE
+    return resident + workers * (workspace + tasks) + PROCESS_BASE
 
 
 def human_bytes(count: float) -> str:

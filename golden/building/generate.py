@@ -11,6 +11,7 @@ import numpy as np
 from mlaconf.facts.versions import package_version
 from mlaconf.golden.building import progress
 from mlaconf.golden.building.baseline import emulate_baseline
+from mlaconf.golden.building.blocks import BlockInputs, inputs_record, recorded_inputs
 from mlaconf.golden.building.cost import sample_of, sampled_flops
 from mlaconf.golden.building.inputs import generate_inputs
 from mlaconf.golden.building.magnitudes import reference_and_magnitudes, torch_magnitudes
@@ -20,7 +21,7 @@ from mlaconf.golden.building.stats import error_stats
 from mlaconf.golden.specs.layout import row_valid
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.types import GoldenCase, RowSample
-from mlaconf.golden.store.integrity import GENERATOR_VERSION
+from mlaconf.golden.store.integrity import BLOCK_GENERATOR, GENERATOR_VERSION
 
 
 def _version(package: str) -> str:
@@ -91,27 +92,41 @@ def build_golden(spec: CaseSpec, *, threads: int = 1) -> GoldenCase:
 
 
 def build_sampled(spec: CaseSpec, sample: RowSample, *, threads: int = 1) -> GoldenCase:
-    """The golden of ``sample``'s rows of ``spec`` (every head of each; golden/building/rows.py): whole inputs, the
-    float64 reference and magnitudes of the row kernels on the CPU, the baseline of those rows, its statistics over
-    them.  Deterministic in (spec, sample); a row's reference and magnitudes do not depend on the other rows."""
+    """The golden of ``sample``'s rows of ``spec`` (every head of each; golden/building/rows.py): the float64
+    reference and magnitudes of the row kernels on the CPU, the baseline of those rows, its statistics over them.
+    Its inputs are drawn by blocks (golden/building/blocks.py): the sampled q rows and, per (batch, kv head), that
+    head's keys; the golden keeps their record (seed, generator, digests, hashed over the whole tensors drawn step
+    by step), not the tensors.  Deterministic in (spec, sample); a row's reference and magnitudes do not depend
+    on the other rows."""
     rows = sample.rows
+    source = BlockInputs(spec)
     with progress.case_work(spec.case_id, 2.0 * sampled_flops(spec, rows)):
-        inputs = generate_inputs(spec, threads=threads)
+        progress.set_stage("inputs (sampled rows)")
+        queries = (source.gather_queries("q", rows), source.gather_queries("q_rope", rows))
         progress.set_stage("reference + magnitudes (sampled rows)")
-        out, magnitudes = sampled_reference(inputs, spec, rows, threads=threads)
+        out, magnitudes = sampled_reference(queries, source.keys, spec, rows, threads=threads)
         valid = row_valid(spec)[rows]
         progress.set_stage("baseline (sampled rows)")
-        baseline = sampled_baseline(inputs, spec, rows, threads=threads)
+        baseline = sampled_baseline(queries, source.keys, spec, rows, threads=threads)
         progress.set_stage("statistics")
         stats = error_stats(baseline.reshape(out.shape), out, valid, spec.dtype)
+        record = inputs_record(spec, threads=threads)
     return GoldenCase(
         spec=spec,
-        inputs=inputs,
+        inputs=recorded_inputs(spec),
         out=out,
         row_valid=valid,
         baseline_out=baseline,
         baseline_stats=stats.to_dict(),
-        provenance=provenance() | {"reference_computed_by": SAMPLED_REFERENCE, "reference_device": "cpu"},
+        provenance=provenance()
+        | {
+            "reference_computed_by": SAMPLED_REFERENCE,
+            "reference_device": "cpu",
+            "inputs_computed_by": f"numpy {np.__version__} PCG64 streams by blocks ({BLOCK_GENERATOR}), rounded "
+            f"by ml_dtypes {_version('ml_dtypes')}",
+            "inputs_generator": BLOCK_GENERATOR,
+        },
         magnitudes=magnitudes,
         sample=sample,
+        inputs_record=record,
     )

@@ -456,6 +456,10 @@ def compare_recomputed(path: Path, stored: GoldenCase, fresh: GoldenCase) -> Rec
                     f"inputs/{name}",
                 )
             )
+    records = [g.inputs_record.digests if g.inputs_record else {} for g in (stored, fresh)]
+    for name in sorted(set(records[0]) | set(records[1])):  # a sampled golden's inputs: their digests
+        if records[0].get(name) != records[1].get(name):
+            problems.append(Problem(path, "recomputed inputs' digest differs from the recorded one", f"inputs/{name}"))
     if not np.array_equal(stored.row_valid, fresh.row_valid):
         problems.append(Problem(path, "recomputed row_valid differs", "golden/row_valid"))
     sampled = [(g.sample.rows, g.sample.reasons) for g in (stored, fresh) if g.sample is not None]

@@ -16,7 +16,7 @@ build's)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -41,9 +41,9 @@ from mlaconf.golden.building.reference import (
     tile_flops,
     tile_kernel,
 )
-from mlaconf.golden.specs.layout import causal_offset, kv_views, offsets, out_shape, q_views, visible_keys
+from mlaconf.golden.specs.layout import causal_offset, offsets, out_shape, visible_keys
 from mlaconf.golden.specs.spec import CaseSpec
-from mlaconf.golden.specs.types import ELEMENT_MAGNITUDES, ROW_MAGNITUDES, OpInputs, element_magnitudes
+from mlaconf.golden.specs.types import ELEMENT_MAGNITUDES, ROW_MAGNITUDES, element_magnitudes
 
 #: The kernels take rows in blocks of ROW_BLOCK, scores in blocks of KEYS keys and weighted columns in vectors of
 #: COLUMNS (callers pad).
@@ -152,16 +152,22 @@ def _batch_rows(spec: CaseSpec, rows: np.ndarray) -> Iterator[tuple[int, np.ndar
             yield b, np.arange(first, last), rows[first:last] - starts[b]
 
 
+#: Batch ``b``'s keys of kv head ``h``: k and kRope side by side ``[kv_b, 192]`` and v ``[kv_b, 128]`` (any float
+#: dtype): drawn per head by golden/building/blocks.py, so no whole kv tensor is ever held.
+Keys = Callable[[int, int], tuple[np.ndarray, np.ndarray]]
+
+
 def sampled_reference(
-    inputs: OpInputs, spec: CaseSpec, rows: np.ndarray, *, threads: int = 1
+    queries: tuple[np.ndarray, np.ndarray], keys: Keys, spec: CaseSpec, rows: np.ndarray, *, threads: int = 1
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The float64 golden of token rows ``rows`` (sorted, valid) in attenOut's layout with one row per sampled
-    row, and the magnitudes of ``spec`` for them (element ones bf16, row ones float32 ``[n, H]``)."""
+    row, and the magnitudes of ``spec`` for them (element ones bf16, row ones float32 ``[n, H]``).  ``queries``:
+    q ``[n, H, 128]`` and qRope ``[n, H, 64]`` of those rows, in their order; ``keys``: each (batch, kv head)'s."""
     n, h, g = rows.size, spec.head_num, spec.head_num // spec.kv_head_num
     golden = np.zeros((n, h, V_DIM))
     stored = {name: np.zeros((n, h, V_DIM), dtype=ml_dtypes.bfloat16) for name in element_magnitudes(spec)}
     stored.update({name: np.zeros((n, h), dtype=np.float32) for name in ROW_MAGNITUDES})
-    qn, qr = q_views(inputs, spec)
+    qn, qr = queries
     counts = visible_keys(spec)[rows]
     scale = effective_scale(spec)
     score_terms, subnormal_terms = scores_in_fp16(spec.dtype, spec.mask_type), spec.dtype == "fp16"
@@ -170,21 +176,18 @@ def sampled_reference(
     def task(item: tuple[int, np.ndarray, int]) -> None:
         pin_worker_threads()
         b, where, kv_head = item
-        kn, kr, vv = kv_views(inputs, spec, b)
-        ops = KeyOperands.of(np.concatenate([kn[:, kv_head], kr[:, kv_head]], axis=1), vv[:, kv_head])
-        tokens = rows[where]
+        ops = KeyOperands.of(*keys(b, kv_head))
         for head in range(kv_head * g, (kv_head + 1) * g):
             for start in range(0, where.size, ROW_CHUNK):
-                part = slice(start, start + ROW_CHUNK)
-                size = tokens[part].size
+                at = where[start : start + ROW_CHUNK]
+                size = at.size
                 padded = _padded(size, ROW_BLOCK)
                 qs = np.zeros((padded, SCORE_DIM))
-                qs[:size] = np.concatenate([qn[tokens[part], head], qr[tokens[part], head]], axis=1)
+                qs[:size] = np.concatenate([qn[at, head], qr[at, head]], axis=1)
                 qs *= scale  # exact: dtype values times the fp32 scale (as the tile path scales its queries)
                 chunk_counts = np.ones(padded, dtype=np.int64)  # the padding rows see one key
-                chunk_counts[:size] = counts[where[part]]
+                chunk_counts[:size] = counts[at]
                 values = row_block(qs, chunk_counts, ops, score_terms, subnormal_terms)
-                at = where[part]
                 golden[at, head] = values["out"][:size]
                 for name, target in stored.items():
                     rounded = round_up_bf16 if name in ELEMENT_MAGNITUDES else round_up_float32
@@ -209,13 +212,16 @@ def _runs(positions: np.ndarray) -> Iterator[tuple[int, int]]:
         yield int(run[0]), int(run[-1]) + 1
 
 
-def sampled_baseline(inputs: OpInputs, spec: CaseSpec, rows: np.ndarray, *, threads: int = 1) -> np.ndarray:
+def sampled_baseline(
+    queries: tuple[np.ndarray, np.ndarray], keys: Keys, spec: CaseSpec, rows: np.ndarray, *, threads: int = 1
+) -> np.ndarray:
     """attenOut's sampled rows as a kernel with ATB's rounding points computes them, in the case dtype: the
-    full path's tile kernel (golden/building/baseline.py) on each run of consecutive sampled rows."""
+    full path's tile kernel (golden/building/baseline.py) on each run of consecutive sampled rows (``queries``
+    and ``keys`` as :func:`sampled_reference` takes them)."""
     kernel = baseline_kernel(spec)
     scale = effective_scale(spec)
     out = np.zeros((rows.size, spec.head_num, V_DIM), dtype=np.float32)
-    qn, qr = q_views(inputs, spec)
+    qn, qr = queries
     group = spec.head_num // spec.kv_head_num
     tasks = [
         (b, where, local, kv_head) for b, where, local in _batch_rows(spec, rows) for kv_head in range(spec.kv_head_num)
@@ -224,17 +230,16 @@ def sampled_baseline(inputs: OpInputs, spec: CaseSpec, rows: np.ndarray, *, thre
     def task(item: tuple[int, np.ndarray, np.ndarray, int]) -> None:
         pin_worker_threads()
         b, where, local, kv_head = item
-        kn, kr, vv = kv_views(inputs, spec, b)
         kv_len, offset = spec.kv_seqlen[b], causal_offset(spec, b)
-        start = int(offsets(spec.q_seqlen)[b])
-        k = np.asfortranarray(np.concatenate([kn[:, kv_head], kr[:, kv_head]], axis=1), dtype=np.float32)
-        v = np.ascontiguousarray(vv[:, kv_head], dtype=np.float32)
+        k_both, v_head = keys(b, kv_head)
+        k = np.asfortranarray(k_both, dtype=np.float32)
+        v = np.ascontiguousarray(v_head, dtype=np.float32)
         for head in range(kv_head * group, (kv_head + 1) * group):
             for i0, i1 in _runs(local):
-                q = np.concatenate([qn[start + i0 : start + i1, head], qr[start + i0 : start + i1, head]], axis=1)
+                at = where[np.searchsorted(local, i0) : np.searchsorted(local, i1)]  # consecutive: one run
+                q = np.concatenate([qn[at, head], qr[at, head]], axis=1)
                 k_end = kv_len if offset is None else max(0, min(kv_len, i1 + offset))
                 diag = None if offset is None else (i0, offset)
-                at = where[np.searchsorted(local, i0) : np.searchsorted(local, i1)]
                 out[at, head] = kernel(q.astype(np.float32), k[:k_end], v[:k_end], scale, diag)
                 progress.add_work(tile_flops(i1 - i0, k_end, diag))
 

@@ -428,6 +428,11 @@ def validate_case(spec: CaseSpec) -> None:
         fail("cache_mode", f"prefill accepts only KROPE_CTKV (1), got {spec.cache_mode}")
     if not (math.isfinite(spec.qk_scale) and 0.0 < spec.qk_scale <= 1.0):
         fail("qk_scale", f"must be in (0, 1], got {spec.qk_scale}")
+    if spec.rows is not None and spec.inputs is not None:
+        fail(
+            "inputs",
+            "a sampled case (rows) draws its inputs by blocks from its seed, explicit ones cannot be (rows = 'all')",
+        )
     if spec.structure is not None:
         if spec.inputs is not None:
             fail("structure", "the inputs are explicit (inputs = ...): there are no draws to shape")

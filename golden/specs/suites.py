@@ -228,7 +228,8 @@ def read_suite(path: str | Path, *, validate: bool = True) -> Suite:
     entries = 0
     for index, raw in enumerate(raws):
         spec = build_case(raw, source=source, suite=suite, index=index, validate=validate)
-        if sample_above is not None and "rows" not in raw and spec.useful_flops > sample_above:
+        explicit = "rows" in raw or "inputs" in raw  # explicit inputs are never sampled (their rows are data)
+        if sample_above is not None and not explicit and spec.useful_flops > sample_above:
             spec = build_case({**raw, "rows": "sample"}, source=source, suite=suite, index=index, validate=validate)
         entries += spec.batch + len(spec.kv_seqlen)
         if entries > MAX_FILE_ENTRIES:

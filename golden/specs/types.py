@@ -35,6 +35,8 @@ class RowSample:
 
 
 INPUT_NAMES = ("q", "q_rope", "k", "k_rope", "v", "q_seqlen", "kv_seqlen", "mask")
+#: The inputs a sampled golden draws again rather than stores (:class:`InputsRecord`).
+TENSOR_NAMES = INPUT_NAMES[:5]
 #: The float64-computed magnitudes a golden stores (golden.building.magnitudes computes them, the judge reads them).
 ELEMENT_MAGNITUDES = ("pv_abs", "pv_rss", "pvs_rss", "pv_scale", "pv_sub")
 #: Element magnitudes only the fp16 score path needs (T is stored on every case: the judge projects
@@ -71,6 +73,18 @@ class OpInputs:
 
 
 @dataclass(frozen=True)
+class InputsRecord:
+    """What a sampled golden keeps of its inputs instead of them (golden/building/blocks.py draws them again):
+    the generator's version, the seed and the xxh3-128 of each tensor's bytes as a golden would store them;
+    ``origin`` is the file it was read from ("" when built in this process)."""
+
+    generator: str
+    seed: int
+    digests: dict[str, str]
+    origin: str = ""
+
+
+@dataclass(frozen=True)
 class GoldenCase:
     """A case's inputs with its float64 reference and the emulated same-dtype baseline (of every row, or of a
     row sample)."""
@@ -86,8 +100,16 @@ class GoldenCase:
     #: element ones in attenOut's layout, row ones [T, H].  The error-model rule needs them.
     magnitudes: dict[str, np.ndarray] = field(default_factory=dict)
     #: A sampled golden's rows (spec.rows set): ``out``, ``row_valid``, ``baseline_out`` and the magnitudes then
-    #: hold one row per sampled token row, in the sample's order; the inputs stay whole.  None: every row.
+    #: hold one row per sampled token row, in the sample's order.  None: every row.
     sample: RowSample | None = None
+    #: A sampled golden's inputs as the store keeps them (seed, generator, digests); until they are drawn again
+    #: (golden/building/blocks.py ``with_inputs``) ``inputs`` holds only the lengths and the mask.
+    inputs_record: InputsRecord | None = None
+
+    @property
+    def holds_inputs(self) -> bool:
+        """Whether ``inputs`` holds q, qRope, k, kRope and v (not only a record of them)."""
+        return self.inputs_record is None or self.inputs.q.size > 0
 
     @property
     def token_rows(self) -> np.ndarray | None:

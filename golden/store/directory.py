@@ -35,6 +35,7 @@ from mlaconf.golden.specs.types import GoldenCase
 from mlaconf.golden.store.bundles import inputs_from
 from mlaconf.golden.store.h5file import FileMeta, ReadBlock, dataset_arrays, read_golden, read_meta, write_hdf5
 from mlaconf.golden.store.integrity import (
+    BLOCK_GENERATOR,
     GENERATOR_VERSION,
     SCHEMA_VERSION,
     GoldenMissingError,
@@ -180,6 +181,9 @@ class GoldenStore:
             raise GoldenStaleError(
                 meta.path, f"generator_version {meta.generator_version!r}, current is {self.generator_version!r}"
             )
+        inputs = meta.inputs_generator()
+        if spec.sampled and inputs != BLOCK_GENERATOR:
+            raise GoldenStaleError(meta.path, f"inputs generator {inputs!r}, a sampled case's is {BLOCK_GENERATOR!r}")
 
     def looks_fresh(self, spec: CaseSpec) -> bool:
         """Whether the store holds a sealed, current golden for ``spec`` by its header alone (cheap: no array is

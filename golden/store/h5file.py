@@ -40,12 +40,23 @@ import numpy as np
 from mlaconf.golden.specs.layout import out_shape
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.spec_build import spec_from_json
-from mlaconf.golden.specs.types import INPUT_NAMES, ROW_MAGNITUDES, GoldenCase, OpInputs, RowSample, magnitude_names
+from mlaconf.golden.specs.types import (
+    INPUT_NAMES,
+    ROW_MAGNITUDES,
+    TENSOR_NAMES,
+    GoldenCase,
+    InputsRecord,
+    OpInputs,
+    RowSample,
+    magnitude_names,
+)
 from mlaconf.golden.store.integrity import (
+    BLOCK_GENERATOR,
     DIGEST_NAME,
     SCHEMA_VERSION,
     GoldenCorruptError,
     GoldenMissingError,
+    GoldenStaleError,
     check_whole_file,
     dataset_checksum,
     stats_digest,
@@ -74,6 +85,9 @@ def blas_info() -> str:
 #: A sampled golden's datasets: its token rows (int64, sorted) and the bits of why each was chosen (uint8,
 #: golden/specs/sample.py REASONS); the golden's arrays then hold one row per sampled row.
 SAMPLE_ROWS, SAMPLE_REASONS = "golden/sample_rows", "golden/sample_reasons"
+#: A sampled golden's root attribute in place of its input tensors: JSON of its :class:`InputsRecord` (generator,
+#: seed, each tensor's digest).
+INPUTS_RECORD = "inputs_record_json"
 #: How a device dtype is stored: bf16 as its 16-bit patterns (HDF5 has no bfloat16 type).
 STORED_AS = {"bf16": "uint16", "fp16": "float16"}
 
@@ -99,6 +113,37 @@ def _decode(stored: np.ndarray, tag: str, path: Path, name: str) -> np.ndarray:
     return device
 
 
+def record_json(record: InputsRecord) -> str:
+    """The :data:`INPUTS_RECORD` attribute of ``record`` (its origin is where it is read from, not stored)."""
+    return json.dumps({"generator": record.generator, "seed": record.seed, "digests": record.digests}, sort_keys=True)
+
+
+def _record(meta: FileMeta, spec: CaseSpec) -> InputsRecord | None:
+    """The file's record of its inputs (a sampled golden's), None for a golden that stores them; checked
+    against the spec: a sampled golden must have one and its seed, a golden of every row none."""
+    path, text = meta.path, meta.attrs.get(INPUTS_RECORD)
+    if text is None:
+        if spec.sampled:
+            raise GoldenStaleError(path, "a sampled golden without an inputs record (built before inputs by blocks)")
+        return None
+    try:
+        data = json.loads(str(text))
+        record = InputsRecord(
+            str(data["generator"]), int(data["seed"]), {str(k): str(v) for k, v in data["digests"].items()}, str(path)
+        )
+    except (KeyError, ValueError, TypeError, AttributeError) as exc:
+        raise GoldenCorruptError(path, f"root attribute {INPUTS_RECORD!r} unusable: {exc}") from exc
+    if not spec.sampled or record.seed != spec.seed or sorted(record.digests) != sorted(TENSOR_NAMES):
+        raise GoldenCorruptError(
+            path, f"root attribute {INPUTS_RECORD!r} does not fit the spec (sampled, seed, tensors)"
+        )
+    if record.generator != BLOCK_GENERATOR:
+        raise GoldenStaleError(
+            path, f"inputs drawn by {record.generator!r}, the block generator is {BLOCK_GENERATOR!r}"
+        )
+    return record
+
+
 def _scalar(value: Any) -> float | int | bool | str:
     """An HDF5 attribute back to the Python type the builder gave it."""
     if isinstance(value, (str, bytes)):
@@ -117,7 +162,12 @@ def dataset_arrays(golden: GoldenCase) -> dict[str, np.ndarray]:
         raise TypeError(f"{golden.spec.case_id}: row_valid must be bool, got {golden.row_valid.dtype}")
     if (golden.sample is None) == golden.spec.sampled:
         raise TypeError(f"{golden.spec.case_id}: a sampled spec needs a row sample, and only it has one")
-    out = {f"inputs/{name}": arr for name, arr in golden.inputs.arrays().items()}
+    if (golden.inputs_record is not None) != golden.spec.sampled:
+        raise TypeError(f"{golden.spec.case_id}: a sampled spec records its inputs, and only it does")
+    kept = golden.inputs.arrays()
+    if golden.inputs_record is not None:  # the tensors are drawn again from the record, never stored
+        kept = {name: arr for name, arr in kept.items() if name not in TENSOR_NAMES}
+    out = {f"inputs/{name}": arr for name, arr in kept.items()}
     out["golden/out"], out["golden/row_valid"] = golden.out, golden.row_valid
     if golden.sample is not None:
         out[SAMPLE_ROWS], out[SAMPLE_REASONS] = golden.sample.rows, golden.sample.reasons
@@ -183,6 +233,8 @@ def write_hdf5(
                 "baseline_stats_xxh3_128": stats_digest(dict(golden.baseline_stats)),
             }
         )
+        if golden.inputs_record is not None:
+            f.attrs[INPUTS_RECORD] = record_json(golden.inputs_record)
     return checksums
 
 
@@ -200,6 +252,14 @@ class FileMeta:
     @property
     def generator_version(self) -> str:
         return str(self.attrs.get("generator_version", ""))
+
+    def inputs_generator(self) -> str | None:
+        """The generator a sampled golden's inputs record names (None: the file stores its inputs)."""
+        text = self.attrs.get(INPUTS_RECORD)
+        try:
+            return None if text is None else str(json.loads(str(text))["generator"])
+        except (ValueError, KeyError, TypeError):
+            return "unreadable"
 
     def spec(self) -> CaseSpec:
         return spec_from_json(str(self.attrs["spec_json"]))
@@ -404,8 +464,12 @@ def read_golden(
             path, "baseline statistics do not match baseline_stats_xxh3_128", "baseline (attributes)"
         )
     sample = _sample(arrays, stored_spec, path)
+    record = _record(meta, stored_spec)
     rows = stored_spec.total_q if sample is None else sample.rows.size
     try:
+        if record is not None:  # the tensors' placeholders, empty: drawn again by golden/building/blocks.py
+            stored = np.empty((0,), dtype=STORED_AS[stored_spec.dtype])
+            arrays.update({f"inputs/{n}": _decode(stored, stored_spec.dtype, path, n) for n in TENSOR_NAMES})
         inputs = OpInputs(**{n: arrays.get(f"inputs/{n}") for n in INPUT_NAMES})  # type: ignore[arg-type]
         golden = GoldenCase(
             spec=spec or stored_spec,
@@ -417,6 +481,7 @@ def read_golden(
             provenance=provenance,
             magnitudes={name: arrays[f"golden/{name}"] for name in magnitude_names(stored_spec)},
             sample=sample,
+            inputs_record=record,
         )
     except (KeyError, TypeError) as exc:
         raise GoldenCorruptError(path, f"required dataset missing: {exc}") from exc

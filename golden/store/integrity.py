@@ -52,6 +52,10 @@ SCHEMA_VERSION = 7
 #: 2.6: P V and (P s) V as transposed GEMMs (their summation order); the baseline's fp32 score path in the
 #: compiled kernel (its exp and row sum).
 GENERATOR_VERSION = "2.6"
+#: The generator of a sampled case's inputs by blocks of rows (golden/building/blocks.py), which a sampled golden
+#: records instead of storing its inputs; a sampled golden recording another is stale.  Bump when a change
+#: alters the values it draws.  blocks-1: Philox streams per (role, kv head, block).
+BLOCK_GENERATOR = "blocks-1"
 #: The digest of every integrity check (header lines, datasets, statistics): 128-bit XXH3.
 DIGEST_NAME = "xxh3_128"
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from mlaconf import main
+from mlaconf.golden.specs.sample import choose_rows
 from mlaconf.golden.specs.spec import CaseSpec
-from mlaconf.golden.specs.suites import load_suites
+from mlaconf.golden.specs.suites import load_suite, load_suites
 from mlaconf.harness import registry
 from mlaconf.judge.causes import relative_error
 from mlaconf.judge.metrics import Element
@@ -195,3 +196,21 @@ def test_torch_npu_repro_replays_the_op_calls_standalone(
     value = float(done.stdout.split("relative_error ")[1].split()[0])
     verdict = json.loads((out / "verdict.json").read_text())
     assert value == pytest.approx(verdict["repro_numbers"]["relative_error"], rel=1e-5)
+
+
+def test_repro_of_a_sampled_case_compares_the_sampled_rows_and_reruns_standalone(tmp_path: Path) -> None:
+    """A sampled golden holds a row sample: case.npz carries the inputs drawn whole and, beside the golden's rows,
+    the token row of each, and the standalone repro.py prints the recorded relative error over those rows."""
+    suite = tmp_path / "sampled.toml"
+    suite.write_text('[suite]\nname = "s"\n\n[[case]]\nq_seqlen = [300, 40]\nhead_num = 2\nrows = 8\n')
+    spec = load_suite(suite)[0]
+    out = tmp_path / "repro"
+    assert main(["repro", f"{spec.case_id}-torch-cpu", "--cases", str(suite), "--out", str(out)]) == 0
+    data = np.load(out / "case.npz")
+    rows = choose_rows(spec).rows
+    assert np.array_equal(data["golden_rows"], rows) and data["golden"].shape == (rows.size, 2, 128)
+    assert data["q"].shape == (340, 2, 128) and data["row_valid"].shape == rows.shape
+    verdict = json.loads((out / "verdict.json").read_text())
+    printed = subprocess.run([sys.executable, "repro.py"], cwd=out, capture_output=True, text=True, check=True).stdout
+    value = float(printed.split("relative_error ")[1].split()[0])
+    assert 0 < value == pytest.approx(verdict["repro_numbers"]["relative_error"], rel=1e-5)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from mlaconf.facts.mistakes import tile_rows_skipped
+from mlaconf.golden.building.blocks import with_inputs
 from mlaconf.golden.building.generate import build_golden
 from mlaconf.golden.specs.layout import row_valid
 from mlaconf.golden.specs.spec import CaseSpec
@@ -52,7 +53,7 @@ CASES = {
 
 @functools.cache
 def golden_of(name: str, rows: object = "sample") -> GoldenCase:
-    return build_golden(build_case({**CASES[name], "rows": rows}, source="test_sampled_judging", index=0))
+    return with_inputs(build_golden(build_case({**CASES[name], "rows": rows}, source="test_sampled_judging", index=0)))
 
 
 def judged(golden: GoldenCase, backend: Backend) -> Verdict:
