@@ -29,7 +29,7 @@ def head_chunk(q_len: int, kv_len: int, heads: int, group: int) -> int:
 
 def query_heads(x: torch.Tensor, group: int) -> torch.Tensor:
     """``x`` ``[Hkv, kv, D]`` repeated for each query head of its GQA group: a contiguous ``[Hkv * group, kv, D]``,
-    the tensor ``repeat_interleave(group, dim=0)`` makes, without its index gather (a tenth of a power run)."""
+    the tensor ``repeat_interleave(group, dim=0)`` makes, without its index gather (6 % of a profiled power run)."""
     hkv, kv, d = x.shape
     return x.unsqueeze(1).expand(hkv, group, kv, d).reshape(hkv * group, kv, d).contiguous()
 
