@@ -4,37 +4,47 @@
 an output that cancels to near zero has float64 rounding of the size of its terms, not of itself, so
 an element-wise |g|-relative comparison would measure cancellation, not agreement (it reaches ~4e-9
 on shipped cases between any two float64 summation orders).  A is computed here with the unfused
-formula too (``float64_tile`` applied to |V|), so nothing of the code under test scales its own check.
+formula too (``float64_tile`` applied to |V|, beside V), so nothing of the code under test scales its own check.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from mlaconf.facts.operator import V_DIM
 from mlaconf.golden.building.inputs import generate_inputs
 from mlaconf.golden.building.magnitudes import reference_and_magnitudes
-from mlaconf.golden.building.reference import attention, float64_tile
+from mlaconf.golden.building.reference import HeadTask, effective_scale, float64_tile, for_each_tile
 from mlaconf.golden.specs.layout import row_valid
 from mlaconf.golden.specs.spec import CaseSpec
+from mlaconf.golden.specs.types import OpInputs
 
 AGREEMENT = 1e-12
 
 
-def unfused(spec: CaseSpec, inputs: object, *, absolute_values: bool = False) -> np.ndarray:
-    """The golden before the fused tile kernel (numpy tiles, float64), or with |V| its pv_abs; ``[T, H, 128]``."""
+def unfused(spec: CaseSpec, inputs: OpInputs) -> tuple[np.ndarray, np.ndarray]:
+    """The golden before the fused tile kernel (numpy tiles, float64) and its pv_abs, ``[T, H, 128]`` each:
+    one ``float64_tile`` pass per tile with V and |V| side by side, the scores made once for both."""
+    out = np.zeros((spec.total_q, spec.head_num, 2 * V_DIM))
+    scale = effective_scale(spec)
+    both: list[np.ndarray] = []  # [v, [v | |v|]] of the kv head the last tile read
 
-    def kernel(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, diag: tuple[int, int] | None) -> np.ndarray:
-        return float64_tile(q, k, np.abs(v) if absolute_values else v, scale, diag)
+    def visit(task: HeadTask, i0: int, i1: int, k_end: int, diag: tuple[int, int] | None) -> None:
+        if not both or both[0] is not task.v:
+            both[:] = [task.v, np.concatenate([task.v, np.abs(task.v)], axis=1)]
+        rows = slice(task.q_start + i0, task.q_start + i1)
+        out[rows, task.head] = float64_tile(task.q[i0:i1], task.k[:k_end], both[1][:k_end], scale, diag)
 
-    return attention(inputs, spec, kernel, np.float64)  # type: ignore[arg-type]
+    for_each_tile(inputs, spec, visit, np.float64)
+    return out[..., :V_DIM], out[..., V_DIM:]
 
 
 def worst_disagreement(spec: CaseSpec) -> float:
     """max |fused - unfused| / (|unfused| + A) over the valid rows of ``spec``'s golden."""
     inputs = generate_inputs(spec)
     fused, _ = reference_and_magnitudes(inputs, spec, threads=2)
-    old = unfused(spec, inputs)
-    scale = np.abs(old) + unfused(spec, inputs, absolute_values=True)
+    old, pv_abs = unfused(spec, inputs)
+    scale = np.abs(old) + pv_abs
     fused = fused.reshape(old.shape)
     valid = row_valid(spec)
     assert np.isfinite(fused[valid]).all(), f"{spec.case_id}: non-finite golden"

@@ -81,6 +81,34 @@ class AtbDouble:
         return result
 
 
+#: Set by the xdist controller in each worker's input when it schedules by tests/scheduling.py.
+SLOWEST_FIRST = "mla_tests_slowest_first"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's ``load`` mode for our tests: slowest first, a module with a module fixture on one worker."""
+    if config.getvalue("dist") != "load":
+        return None
+    from tests.scheduling import SharedSetupScheduling
+
+    return SharedSetupScheduling(config, log)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller: tell the workers to collect slowest first when the scheduler above is in use."""
+    node.workerinput[SLOWEST_FIRST] = node.config.getvalue("dist") == "load"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker scheduled by tests/scheduling.py, the slowest modules first (every worker alike)."""
+    if getattr(config, "workerinput", {}).get(SLOWEST_FIRST):
+        from tests.scheduling import slowest_first
+
+        slowest_first(items)
+
+
 @pytest.fixture(scope="session")
 def shared_golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One golden store for every test of the session that runs cases of the shipped suites (or their

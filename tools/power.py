@@ -17,9 +17,11 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlaconf.facts.processes import thread_share
 from mlaconf.golden.building.blocks import with_inputs
 from mlaconf.golden.building.generate import build_golden
 from mlaconf.golden.building.progress import Progress
+from mlaconf.golden.building.reference import blas_threads
 from mlaconf.golden.coverage.levels import case_levels
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.types import GoldenCase
@@ -272,6 +274,14 @@ class PowerRunner:
                 result.outcomes.append(outcome)
             self.run.done += 1
 
+    def _job_threads(self) -> None:
+        """A job's torch calls on its share of the process's threads (torch counts them per calling thread;
+        BLAS is shared by :meth:`execute`): ``-j 2`` on 2 cores with each job fanning out over both ran
+        15 % longer (docs/benchmarks.md)."""
+        import torch
+
+        torch.set_num_threads(max(1, thread_share() // self.jobs))
+
     def execute(self) -> None:
         """Every case; returns early (``run.complete`` False) after :meth:`stop`, a KeyboardInterrupt or a
         case that raised (``run.error`` says which and why; the cases done stay in the report)."""
@@ -279,7 +289,8 @@ class PowerRunner:
         triggers = [r.subject.trigger for r in self.run.results.values()]
         work = {s.case_id: float(s.useful_flops) * sum(reaches(t, case_levels(s)) for t in triggers) for s in cases}
         bar = Progress(len(cases), "power", work=sum(work.values())) if self.progress else None
-        with ThreadPoolExecutor(self.jobs) as pool:
+        share = max(1, thread_share() // self.jobs)
+        with blas_threads(share), ThreadPoolExecutor(self.jobs, initializer=self._job_threads) as pool:
             pending: dict[Future[None], CaseSpec] = {}
             queue = list(cases)
             try:

@@ -120,6 +120,15 @@ def test_a_case_that_raises_ends_the_run_with_a_partial_report(
     assert "No space left on device" in capsys.readouterr().err
 
 
+def test_each_job_computes_on_its_share_of_the_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``-j 2`` with eight threads to share: each job's torch calls fan out over four, not all of them."""
+    seen: list[int] = []
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")
+    monkeypatch.setattr(power.PowerRunner, "case", lambda self, spec: seen.append(torch.get_num_threads()))
+    _power(tmp_path, "--defects", "scale_twice", "-j", "2")  # the stand-in case does no work: a partial run
+    assert seen == [4]
+
+
 def _spec(**fields: Any) -> CaseSpec:
     return build_case({"head_num": 2, "seed": 1, **fields}, source="test_power")
 
