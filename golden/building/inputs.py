@@ -1,6 +1,6 @@
 """Deterministic operator inputs from (spec, seed), rounded to the case dtype.
 
-Values are drawn in float64 with numpy's Generator and rounded once to fp16 or bf16 (ml_dtypes,
+Values are drawn in float64 with numpy's Generator and rounded once to fp16 or bf16 (one
 round-to-nearest-even), so every backend and the reference see exactly the same numbers.  The
 padded kv layout fills rows beyond each kvSeqLen with large finite garbage: an implementation that
 reads them gets visibly wrong answers instead of accidentally right ones (zeros would hide it).
@@ -24,7 +24,7 @@ from mlaconf.golden.specs.spec import RAW_SCORE_LOGIT, CaseSpec, Structure
 from mlaconf.golden.specs.types import OpInputs
 
 _tile_kernel: ModuleType | None
-try:  # the compiled kernel rounds to bf16 fast; without it (a source tree not built) ml_dtypes does
+try:  # the compiled kernel rounds to bf16 fast; without it (a source tree not built) bf16_bits does
     from mlaconf.golden.building import _tile_kernel
 except ImportError:  # pragma: no cover - the package builds it
     _tile_kernel = None
@@ -56,17 +56,31 @@ def numpy_dtype(dtype: str) -> np.dtype[Any]:
 def round_to(values: np.ndarray, dtype: str) -> np.ndarray:
     """Round float64 values to the case dtype (round-to-nearest-even, one rounding).
 
-    bf16 goes through the compiled kernel where every value stays in bf16's normal range (the same
-    bits as ml_dtypes' cast, which is scalar and cost most of generating the inputs); elsewhere, and
-    for other dtypes, numpy's cast."""
+    bf16 goes through the compiled kernel where every value stays in bf16's normal range, else through
+    :func:`bf16_bits`: the same bits, whichever ml_dtypes is installed. fp16 and other inputs take numpy's
+    cast."""
     contiguous = np.ascontiguousarray(values)
-    if dtype == "bf16" and contiguous.dtype == np.float64 and _tile_kernel is not None:
+    if dtype == "bf16" and contiguous.dtype == np.float64:
         bits = np.empty(contiguous.shape, dtype=np.uint16)
-        if _tile_kernel.round_to_bf16(contiguous, bits):
-            fast: np.ndarray = bits.view(numpy_dtype(dtype))
-            return fast
+        if _tile_kernel is None or not _tile_kernel.round_to_bf16(contiguous, bits):
+            bits = bf16_bits(contiguous)
+        fast: np.ndarray = bits.view(numpy_dtype(dtype))
+        return fast
     rounded: np.ndarray = contiguous.astype(numpy_dtype(dtype))
     return rounded
+
+
+def bf16_bits(values: np.ndarray) -> np.ndarray:
+    """float64 values as bf16 bit patterns, rounded once to nearest-even: subnormals, overflow to inf, zeros'
+    signs, inf and NaN included. ml_dtypes before 0.7 casts float64 through float32, two roundings that differ
+    on values near a bf16 tie (1,921 of the 180,020 values tests/cover/test_fused_kernel.py checks)."""
+    x = np.asarray(values, dtype=np.float64)
+    _, exponent = np.frexp(x)  # x = m 2^exponent, 0.5 <= |m| < 1 (exponent 0 for 0, inf, NaN)
+    spacing = np.ldexp(1.0, np.maximum(exponent - 1, -126) - 7)  # 8 significant bits; subnormals 2^-133 apart
+    with np.errstate(over="ignore", invalid="ignore"):
+        rounded = (np.round(x / spacing) * spacing).astype(np.float32)  # exact: at most 8 significant bits
+    bits: np.ndarray = (rounded.view(np.uint32) >> 16).astype(np.uint16)
+    return bits
 
 
 def case_rng(spec: CaseSpec) -> np.random.Generator:

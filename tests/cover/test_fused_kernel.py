@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from mlaconf.golden.building import _tile_kernel as kernel
+from mlaconf.golden.building.inputs import bf16_bits, round_to
 from mlaconf.golden.building.reference import ROUNDED_UP_FLOOR
 from mlaconf.golden.specs.suites import load_suites
 from tests.agreement import AGREEMENT, worst_disagreement
@@ -166,8 +167,9 @@ def test_baseline_softmax_tile_refuses_bad_arguments() -> None:
         kernel.baseline_softmax_tile(scores.T, np.empty(5, dtype=np.float32), 1.0, None, "bf16")
 
 
-def test_round_to_bf16_matches_ml_dtypes_bit_for_bit() -> None:
-    """One rounding from float64 (not through float32): ties, near-ties, binade carries, signed zeros."""
+def test_the_kernel_and_the_fallback_round_to_bf16_alike_and_once() -> None:
+    """One rounding from float64 (not through float32) in both the compiled kernel and numpy's fallback
+    (inputs.bf16_bits): ties, near-ties, binade carries, signed zeros."""
     import ml_dtypes
 
     ties = np.arange(-2000, 2000) * 2.0**-7 + 2.0**-8
@@ -178,22 +180,34 @@ def test_round_to_bf16_matches_ml_dtypes_bit_for_bit() -> None:
     values = np.concatenate([values, np.random.default_rng(2).standard_normal(100_000)])
     bits = np.empty(values.shape, dtype=np.uint16)
     assert kernel.round_to_bf16(values, bits)
-    assert np.array_equal(bits, values.astype(ml_dtypes.bfloat16).view(np.uint16))
+    assert np.array_equal(bits, bf16_bits(values))
+    twice = values.astype(np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)  # float32 -> bf16: one rounding
+    assert (bits != twice).sum() > 1000  # the values hold the near-ties a second rounding gets wrong
 
 
-@pytest.mark.parametrize("value", [2.0**-127, 2.0**-126 - 2.0**-134, 3.4e38, np.inf, np.nan, 1e-300])
-def test_round_to_bf16_declines_values_outside_the_normal_range(value: float) -> None:
-    bits = np.empty(2, dtype=np.uint16)
-    assert not kernel.round_to_bf16(np.array([1.0, value]), bits)
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (2.0**-133, 0x0001),  # bf16's smallest subnormal
+        (2.0**-134, 0x0000),  # half of it: a tie, to even (zero)
+        (2.0**-134 * 1.0001, 0x0001),
+        (-(2.0**-128) * 1.3, 0x802A),  # a negative subnormal, 41.6 steps of 2^-133 -> 42
+        (1e-300, 0x0000),
+        (-0.0, 0x8000),
+        (3.3895313892515355e38, 0x7F7F),  # bf16's largest
+        (3.4e38, 0x7F80),  # past it by more than half a step: inf
+        (-np.inf, 0xFF80),
+        (np.nan, 0x7FC0),
+    ],
+)
+def test_the_fallback_rounds_every_bf16_range(value: float, expected: int) -> None:
+    assert int(bf16_bits(np.array([value]))[0]) == expected
 
 
 def test_inputs_round_to_falls_back_for_subnormal_bf16() -> None:
-    import ml_dtypes
-
-    from mlaconf.golden.building.inputs import round_to
-
     values = np.array([1.5, 2.0**-130, -(2.0**-128) * 1.3])
-    assert np.array_equal(round_to(values, "bf16").view(np.uint16), values.astype(ml_dtypes.bfloat16).view(np.uint16))
+    assert not kernel.round_to_bf16(values, np.empty(3, dtype=np.uint16))
+    assert np.array_equal(round_to(values, "bf16").view(np.uint16), bf16_bits(values))
 
 
 def _finish_operands(rng: np.random.Generator, rows: int) -> dict[str, object]:
