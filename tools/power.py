@@ -274,13 +274,14 @@ class PowerRunner:
                 result.outcomes.append(outcome)
             self.run.done += 1
 
-    def _job_threads(self) -> None:
-        """A job's torch calls on its share of the process's threads (torch counts them per calling thread;
-        BLAS is shared by :meth:`execute`): ``-j 2`` on 2 cores with each job fanning out over both ran
+    @staticmethod
+    def _job_threads(share: int) -> None:
+        """A job's torch calls on ``share`` threads (torch counts them per calling thread; BLAS's are set for
+        the whole pool by :meth:`execute`): ``-j 2`` on 2 cores with each job fanning out over both ran
         15 % longer (docs/benchmarks.md)."""
         import torch
 
-        torch.set_num_threads(max(1, thread_share() // self.jobs))
+        torch.set_num_threads(share)
 
     def execute(self) -> None:
         """Every case; returns early (``run.complete`` False) after :meth:`stop`, a KeyboardInterrupt or a
@@ -290,7 +291,8 @@ class PowerRunner:
         work = {s.case_id: float(s.useful_flops) * sum(reaches(t, case_levels(s)) for t in triggers) for s in cases}
         bar = Progress(len(cases), "power", work=sum(work.values())) if self.progress else None
         share = max(1, thread_share() // self.jobs)
-        with blas_threads(share), ThreadPoolExecutor(self.jobs, initializer=self._job_threads) as pool:
+        jobs = ThreadPoolExecutor(self.jobs, initializer=self._job_threads, initargs=(share,))
+        with blas_threads(share), jobs as pool:
             pending: dict[Future[None], CaseSpec] = {}
             queue = list(cases)
             try:
