@@ -82,7 +82,7 @@ class AtbDouble:
 
 
 #: Set by the xdist controller in each worker's input when it schedules by tests/scheduling.py.
-SLOWEST_FIRST = "mla_tests_slowest_first"
+ORDER_KEY = "mla_tests_slowest_first"
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -98,12 +98,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
     """xdist controller: tell the workers to collect slowest first when the scheduler above is in use."""
-    node.workerinput[SLOWEST_FIRST] = node.config.getvalue("dist") == "load"
+    node.workerinput[ORDER_KEY] = node.config.getvalue("dist") == "load"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """On an xdist worker scheduled by tests/scheduling.py, the slowest modules first (every worker alike)."""
-    if getattr(config, "workerinput", {}).get(SLOWEST_FIRST):
+    if getattr(config, "workerinput", {}).get(ORDER_KEY):
         from tests.scheduling import slowest_first
 
         slowest_first(items)

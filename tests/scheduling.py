@@ -19,7 +19,7 @@ from xdist.remote import Producer
 from xdist.scheduler import LoadScopeScheduling
 
 #: The modules measured slowest in worker-seconds (a quiet 2-core ``pytest -n auto``, docs/benchmarks.md
-#: "The framework's own tests"), slowest first. A stale entry costs wall time, never a result.
+#: "The framework's own runs"), slowest first. A stale entry costs wall time, never a result.
 SLOWEST_FIRST = (
     "tests/nocover/test_power_smoke.py",
     "tests/nocover/test_defects.py",

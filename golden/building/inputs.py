@@ -64,8 +64,8 @@ def round_to(values: np.ndarray, dtype: str) -> np.ndarray:
         bits = np.empty(contiguous.shape, dtype=np.uint16)
         if _tile_kernel is None or not _tile_kernel.round_to_bf16(contiguous, bits):
             bits = bf16_bits(contiguous)
-        fast: np.ndarray = bits.view(numpy_dtype(dtype))
-        return fast
+        as_bf16: np.ndarray = bits.view(numpy_dtype(dtype))
+        return as_bf16
     rounded: np.ndarray = contiguous.astype(numpy_dtype(dtype))
     return rounded
 
