@@ -4,13 +4,19 @@ section at the end of the suite file.
 
 Deterministic: no randomness, ties broken by the model's level order and then by cost, so the same model
 and the same hand-written cases give the same file.  ``python -m mlaconf.golden.coverage.covering`` rewrites the
-sections; ``--check`` exits 1 when a checked-in section differs (tests/cover/test_covering.py runs it).
+sections (minutes on the grown model); ``--check`` exits 1 when a checked-in section differs from a fresh one.
+Each section records a digest of what made it (:func:`inputs_digest`: the suite's hand-written part, the model
+and the generator's sources), so that a section is known current without running the generator again
+(``--check-inputs``, tests/nocover/test_covering.py).
 
 Smoke holds every valid pair; standard every valid pair and every triple of the kernel-structure sets."""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import importlib
+import inspect
 import json
 import os
 import sys
@@ -20,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlaconf.facts.factors import FactorModel, load_model
+from mlaconf.facts.factors import DEFAULT_PATH, FactorModel, load_model
 from mlaconf.facts.operator import DEFAULT_QK_SCALE, DOCUMENTED_FILL, SCORE_DIM, V_DIM
 from mlaconf.golden.coverage.levels import (
     FEW_TASKS,
@@ -501,6 +507,38 @@ def split_suite(text: str) -> tuple[str, str]:
     return head.rstrip("\n") + "\n", (marker + tail if marker else "")
 
 
+#: The modules whose text decides a section beside the suite's hand-written part: the model, the generator and
+#: what it builds cases with.  A change elsewhere that alters the cases would go unseen until the next rewrite;
+#: what the sections reach is checked directly either way (``mlaconf coverage``).
+GENERATOR_MODULES = (
+    "mlaconf.facts.factors",
+    "mlaconf.facts.operator",
+    "mlaconf.golden.coverage.covering",
+    "mlaconf.golden.coverage.levels",
+    "mlaconf.golden.specs.spec",
+    "mlaconf.golden.specs.spec_build",
+)
+#: The section's line that records :func:`inputs_digest`.
+DIGEST_LINE = "# made from inputs "
+
+
+def inputs_digest(head: str, model_path: Path = DEFAULT_PATH) -> str:
+    """sha256 (16 hex digits) of a suite's hand-written part ``head``, the model file and GENERATOR_MODULES."""
+    digest = hashlib.sha256(head.encode("utf-8"))
+    digest.update(model_path.read_bytes())
+    for name in GENERATOR_MODULES:
+        digest.update(Path(inspect.getfile(importlib.import_module(name))).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def recorded_digest(section: str) -> str | None:
+    """The inputs digest a checked-in section records (None: written before sections recorded one)."""
+    for line in section.splitlines():
+        if line.startswith(DIGEST_LINE):
+            return line[len(DIGEST_LINE) :].split()[0]
+    return None
+
+
 def generated_section(suite: str, model: FactorModel | None = None) -> str:
     """The section the generator writes for a shipped suite, given the suite's hand-written part: it targets the
     settled model (pending levels join when the sections are regenerated without their mark)."""
@@ -517,6 +555,7 @@ def generated_section(suite: str, model: FactorModel | None = None) -> str:
         f"{MARKER}\n# The cheapest cases (golden/coverage/covering.py) that, with the cases above, "
         f"hold every valid {what}\n"
         "# of the factor model (facts/factors.toml); `mlaconf coverage` reports what they reach.\n"
+        f"{DIGEST_LINE}{inputs_digest(head)} (the hand-written part, the model, the generator's sources)\n"
     )
     return intro + "".join("\n" + case_toml(spec) for spec in made)
 
@@ -540,6 +579,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mlaconf.golden.coverage.covering", description=__doc__)
     parser.add_argument("suites", nargs="*", default=list(TARGETS), help=f"suites to rewrite (default {list(TARGETS)})")
     parser.add_argument("--check", action="store_true", help="exit 1 when a checked-in section differs")
+    parser.add_argument(
+        "--check-inputs",
+        action="store_true",
+        help="exit 1 when what made a section (its recorded digest) differs from today's inputs (seconds, not minutes)",
+    )
     args = parser.parse_args(argv)
     stale = []
     for suite in args.suites:
@@ -548,15 +592,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = suite_path(suite)
         text = path.read_text(encoding="utf-8")
         head, current = split_suite(text)
+        if args.check_inputs:
+            if recorded_digest(current) != inputs_digest(head):
+                stale.append(suite)
+            continue
         fresh = generated_section(suite)
         if current != fresh:
             stale.append(suite)
             if not args.check:
                 write_atomic(path, head + "\n" + fresh)
     if stale:
-        verb = "differs from what the generator writes" if args.check else "rewritten"
+        verb = (
+            "was made from other inputs than today's"
+            if args.check_inputs
+            else "differs from what the generator writes"
+            if args.check
+            else "rewritten"
+        )
         print(f"generated section {verb}: {', '.join(stale)}", file=sys.stderr)
-    return 1 if stale and args.check else 0
+    return 1 if stale and (args.check or args.check_inputs) else 0
 
 
 if __name__ == "__main__":
