@@ -4,7 +4,7 @@ section at the end of the suite file.
 
 Deterministic: no randomness, ties broken by the model's level order and then by cost, so the same model
 and the same hand-written cases give the same file.  ``python -m mlaconf.golden.coverage.covering`` rewrites the
-sections; ``--check`` exits 1 when a checked-in section differs from a fresh one.
+sections (minutes on the grown model); ``--check`` exits 1 when a checked-in section differs from a fresh one.
 Each section records a digest of what made it (:func:`inputs_digest`: the suite's hand-written part, the model
 and the generator's sources), so that a section is known current without running the generator again
 (``--check-inputs``, tests/nocover/test_covering.py).
@@ -27,13 +27,17 @@ from pathlib import Path
 from typing import Any
 
 from mlaconf.facts.factors import DEFAULT_PATH, FactorModel, load_model
-from mlaconf.facts.operator import SCORE_DIM, V_DIM
+from mlaconf.facts.operator import DEFAULT_QK_SCALE, DOCUMENTED_FILL, SCORE_DIM, V_DIM
 from mlaconf.golden.coverage.levels import (
+    FEW_TASKS,
     PER_BATCH,
+    Q_TILE,
+    ROUNDS_TASKS,
     Levels,
     Tuple,
     all_factor_sets,
     batch_rows,
+    cheapest_heads,
     cheapest_lengths,
     distinct_rows,
     row_tuples,
@@ -57,6 +61,9 @@ MAX_ROWS = 6
 CASE_SECONDS = 0.2
 RUN_FLOPS = 2e9
 RUN_BYTES = 2e8
+#: Estimated seconds from which a candidate is built again without each of its free choices in turn, the one
+#: covering most per second kept (heads 128 or a long batch chosen for a tuple a cheaper case holds as well).
+EXPENSIVE = 1.0
 #: Rough seconds one more batch adds to a case beyond its FLOPs.
 ROW_SECONDS = 0.01
 #: Input structure options (levels a case holds together) and the fields that produce them.
@@ -78,6 +85,8 @@ INPUTS: dict[frozenset[str], dict[str, Any]] = {
         "distribution": "large_logits",
         "structure": {"logits": "sinks", "rise": 7.0, "sink_keys": 1},
     },
+    frozenset({"raw_overflow"}): {"distribution": "large_raw_scores"},
+    frozenset({"raw_overflow", "v_mean"}): {"distribution": "large_raw_scores", "structure": {"v_mean": 4.0}},
 }
 #: late_max's rise per dtype: above ln of the largest finite P accumulator (fp16 11.1, fp32 88.7).
 LATE_RISE = {"fp16": 16.0, "bf16": 96.0}
@@ -88,9 +97,44 @@ BATCH_OPTIONS = (
     frozenset({"one"}),
     frozenset({"two", "empty_row"}),
     frozenset({"many", "empty_row"}),
+    frozenset({"two", "empty_row", "empty_first"}),
+    frozenset({"many", "empty_row", "empty_first"}),
+    frozenset({"many", "empty_row", "empty_last"}),
 )
-KV_HEADS = {"one": 1, "two": 2, "many": 3}
-CASE_FACTORS = ("dtype", "mask", "q_layout", "kv_layout", "batch", "group", "kv_heads", "inputs")
+#: The case-level factors in the order the generator chooses them (heads after group and kv heads, tasks after
+#: heads: each choice narrows the next).
+CASE_FACTORS = (
+    "dtype",
+    "mask",
+    "q_layout",
+    "kv_layout",
+    "batch_order",
+    "padding",
+    "batch",
+    "group",
+    "kv_heads",
+    "heads",
+    "tasks",
+    "inputs",
+    "qk_scale",
+    "logits",
+    "mask_fill",
+)
+#: Levels the generator tries first where open tuples tie: CAUSAL reads fewer keys than a full row (and needs no
+#: q_b = kv_b), MASK_FREE half a row; a padded cache with unread rows keeps batches of different lengths.
+PREFERRED = {"mask": ("causal", "mask_free", "undefined"), "padding": ("garbage", "none", "nan")}
+#: Factors a case may also leave without a level (no demand: neither order, a task count between the levels).
+OPTIONAL = ("batch_order", "tasks")
+#: qkScale per level (default: the field left out); tiny is 1e-4 where the raw scores must pass fp16's 65504.
+QK_SCALES = {"one": 1.0, "fp16_exact": 0.125, "tiny": 5e-4}
+RAW_OVERFLOW_SCALE = 1e-4
+#: logit_shift per dtype for logits negative / positive: past LOGIT_LEVEL + SPREAD_MARGIN (levels.py).
+LOGIT_SHIFT = {"fp16": 20.0, "bf16": 110.0}
+#: Extra kv rows of a padded cache past max kv (padded_over_capacity) or a packed k past the sum (packed_spare).
+SPARE_ROWS = 16
+#: The kv layout field each kv_layout level is written with.
+KV_LAYOUT_FIELD = {"padded_full": "padded", "padded_short_before_last": "padded", "padded_over_capacity": "padded"}
+KV_LAYOUT_FIELD["packed_spare"] = "packed"
 
 
 def case_cost(spec: CaseSpec) -> float:
@@ -128,32 +172,95 @@ def length_menu(model: FactorModel | None = None) -> list[Length]:
     return list(menu.values())
 
 
-def _fields(case: Levels, lengths: Sequence[Length]) -> dict[str, Any]:
-    """The suite fields of a candidate: case-level options and concrete batches."""
-    (mask,) = case["mask"]
+def _one(case: Levels, factor: str) -> str | None:
+    """The single level a case option names for a factor (None: no demand)."""
+    return next(iter(case[factor])) if len(case[factor]) == 1 else None
+
+
+def head_counts(case: Levels) -> tuple[int, int]:
+    """``(head_num, kv_head_num)``: the fewest heads with the case's group, kv heads and heads levels."""
     (group,) = case["group"]
     (kv_heads,) = case["kv_heads"]
-    (dtype,) = case["dtype"]
-    kv_head_num = KV_HEADS[kv_heads]
-    q = [item.q for item in lengths]
-    kv = [item.kv for item in lengths]
+    (heads,) = case["heads"]
+    return cheapest_heads()[(group, kv_heads, heads)]
+
+
+def tiles(lengths: Sequence[Length]) -> int:
+    return sum(-(-item.q // Q_TILE) for item in lengths)
+
+
+def _order(case: Levels, lengths: list[Length]) -> list[Length]:
+    """The batches in the order the case's batch order (or a misread padded cache) asks for."""
+    order = _one(case, "batch_order")
+    layout = _one(case, "kv_layout")
+    if order == "longer_first" or layout == "padded_full":
+        return sorted(lengths, key=lambda item: -item.kv)
+    if order == "shorter_first" or layout == "padded_short_before_last":
+        return sorted(lengths, key=lambda item: item.kv)
+    return lengths
+
+
+def _fits(case: Levels, factor: str, option: frozenset[str]) -> bool:
+    """What the model's constraints cannot say: a batch order needs two checked batches (B = 2 with an empty one
+    has one) of different lengths (a padded cache without unread rows has every kv_b = S)."""
+    if factor == "batch":
+        return not ({"two", "empty_row"} <= option and case["batch_order"])
+    if factor == "padding" and "none" in option:
+        return not (case["batch_order"] and next(iter(case["kv_layout"])).startswith("padded"))
+    return True
+
+
+def _fields(case: Levels, lengths: Sequence[Length]) -> dict[str, Any]:
+    """The suite fields of a candidate: case-level options and concrete batches."""
+    mask = _one(case, "mask")
+    dtype = _one(case, "dtype")
+    layout = _one(case, "kv_layout")
+    assert mask is not None and dtype is not None and layout is not None
+    head_num, kv_head_num = head_counts(case)
+    ordered = _order(case, list(lengths))
+    q = [item.q for item in ordered]
+    kv = [item.kv for item in ordered]
+    if "rounds" in case["tasks"]:  # one-row batches until every core of the largest chip takes several tasks
+        extra = max(0, -(-ROUNDS_TASKS // head_num) - tiles(ordered))
+        q, kv = q + [1] * extra, kv + [1] * extra
     if "empty_row" in case["batch"]:
-        q.insert(1, 0)
-        kv.insert(1, 0 if mask != "causal" else 16)
+        full = layout == "padded_full" or (layout == "padded" and "none" in case["padding"])
+        at = 0 if "empty_first" in case["batch"] else len(q) if "empty_last" in case["batch"] else 1
+        if full and mask != "causal":
+            at = len(q)  # an empty batch holds 0 keys there: only after the last checked one is every start b * S
+        q.insert(at, 0)
+        kv.insert(at, 0 if mask != "causal" else max(kv) if full else 16)
     raw: dict[str, Any] = {
         "dtype": dtype,
         "mask_type": mask,
-        "q_layout": next(iter(case["q_layout"])),
-        "kv_layout": next(iter(case["kv_layout"])),
-        "head_num": int(group) * kv_head_num,
+        "q_layout": _one(case, "q_layout"),
+        "kv_layout": KV_LAYOUT_FIELD.get(layout, layout),
+        "head_num": head_num,
         "kv_head_num": kv_head_num,
         "q_seqlen": q,
         "kv_seqlen": kv,
         **json.loads(json.dumps(INPUTS[case["inputs"]])),
     }
+    if layout == "padded_over_capacity":
+        raw["kv_capacity"] = max(kv) + SPARE_ROWS
+    if layout == "packed_spare":
+        spare = sum(kv) + SPARE_ROWS
+        raw["kv_capacity"] = spare + SPARE_ROWS if spare == len(kv) * max(kv) else spare
+    if "nan" in case["padding"]:
+        raw["padding"] = "nan"
+    scale = _one(case, "qk_scale")
+    if scale in QK_SCALES:
+        raw["qk_scale"] = RAW_OVERFLOW_SCALE if "raw_overflow" in case["inputs"] else QK_SCALES[scale]
+    fill = _one(case, "mask_fill")
+    if fill is not None and fill != "none" and fill != DOCUMENTED_FILL[dtype]:
+        raw["mask_fill"] = fill
     structure = raw.get("structure")
     if structure and structure.get("logits") == "late_max":
         structure["rise"] = LATE_RISE[dtype]
+    logits = _one(case, "logits")
+    if logits in ("negative", "positive"):
+        shift = LOGIT_SHIFT[dtype] * (-1.0 if logits == "negative" else 1.0)
+        raw["structure"] = {**(structure or {}), "logit_shift": shift}
     return raw
 
 
@@ -181,49 +288,72 @@ class Generator:
         covered = set().union(*(row_tuples(row, self.factor_sets) for row in distinct_rows(existing)))
         self.open: dict[Tuple, None] = {items: None for items in targets if items not in covered}
         self.targets = set(self.open)
+        self._case_items = {items: frozenset(i for i in items if i[0] not in PER_BATCH) for items in self.targets}
         self.menu = length_menu(model)
         self.options: dict[str, list[frozenset[str]]] = {
             f: [frozenset({lv}) for lv in model.factor(f).level_names] for f in CASE_FACTORS
         }
+        for factor, order in PREFERRED.items():  # on a tie the cheaper level wins
+            self.options[factor] = [frozenset({lv}) for lv in order]
         self.options["batch"] = list(BATCH_OPTIONS)
         self.options["inputs"] = list(INPUTS)
+        for factor in OPTIONAL:  # no demand first: on a tie a case keeps its lengths and heads free
+            self.options[factor].insert(0, frozenset())
 
     def _gain(self, rows: Sequence[Levels]) -> set[Tuple]:
         return {t for row in rows for t in row_tuples(row, self.factor_sets) if t in self.open}
 
     def _consistent(self, case: Levels) -> bool:
-        items = tuple((f, lv) for f in case for lv in sorted(case[f]) if len(case[f]) == 1)
-        return self.valid.valid(tuple(sorted(items, key=lambda i: self.model.names.index(i[0]))))
+        """Whether the single-level choices meet in a valid case, and each level of a several-level one with them."""
+        order = self.model.names.index
+        items = [(f, next(iter(levels))) for f, levels in case.items() if len(levels) == 1]
+        several = [(f, lv) for f, levels in case.items() if len(levels) > 1 for lv in sorted(levels)]
+        return all(
+            self.valid.valid(tuple(sorted(items + extra, key=lambda i: order(i[0]))))
+            for extra in ([[]] if not several else [[item] for item in several])
+        )
 
     def _partial_score(self, case: Levels) -> int:
         """Open tuples whose case-level factors are all chosen and held (per-batch ones still free)."""
-        score = 0
-        for items in self.open:
-            if all(f in PER_BATCH or (f in case and lv in case[f]) for f, lv in items):
-                score += 1
-        return score
+        chosen = {(f, lv) for f, levels in case.items() for lv in levels}
+        return sum(1 for items in self.open if self._case_items[items] <= chosen)
 
     def _candidate(self, seed: Tuple) -> tuple[CaseSpec, set[Tuple]] | None:
-        """The best case for a seed tuple; one ``accept`` refuses is built again without one of its case-level
-        choices at a time (each factor the seed leaves free, in order), the first accepted one kept."""
+        """The best case for a seed tuple; one the validator or ``accept`` refuses is built again without one of
+        its case-level choices at a time (each factor the seed leaves free, in order), the first kept."""
         built = self._build(seed, frozenset())
-        if built is None or self.accept is None or self.accept(built[0]):
-            return None if built is None else (built[0], self._gain(batch_rows(built[0])))
+        if built is None:
+            return None
+        spec, case = built
         fixed = {f for f, _ in seed}
+        if spec is not None and (self.accept is None or self.accept(spec)):
+            found = spec, self._gain(batch_rows(spec))
+            if case_cost(spec) < EXPENSIVE:
+                return found
+            for factor in (f for f in CASE_FACTORS if f not in fixed):  # a costly case: is one choice less worth?
+                again = self._build(seed, frozenset({(factor, case[factor])}))
+                if again is not None and again[0] is not None and (self.accept is None or self.accept(again[0])):
+                    other = again[0], self._gain(batch_rows(again[0]))
+                    if seed in other[1] and len(other[1]) / case_cost(other[0]) > len(found[1]) / case_cost(found[0]):
+                        found = other
+            return found
         for factor in (f for f in CASE_FACTORS if f not in fixed):
-            again = self._build(seed, frozenset({(factor, built[1][factor])}))
-            if again is not None and self.accept(again[0]):
+            again = self._build(seed, frozenset({(factor, case[factor])}))
+            if again is not None and again[0] is not None and (self.accept is None or self.accept(again[0])):
                 return again[0], self._gain(batch_rows(again[0]))
         return None
 
-    def _build(self, seed: Tuple, banned: frozenset[tuple[str, frozenset[str]]]) -> tuple[CaseSpec, Levels] | None:
+    def _build(
+        self, seed: Tuple, banned: frozenset[tuple[str, frozenset[str]]]
+    ) -> tuple[CaseSpec | None, Levels] | None:
+        """The case-level choices for a seed and the case they give (None where the validator refuses it)."""
         want = dict(seed)
         case: Levels = {}
         for factor in CASE_FACTORS:
             choices = [
                 o
                 for o in self.options[factor]
-                if (factor not in want or want[factor] in o) and (factor, o) not in banned
+                if (factor not in want or want[factor] in o) and (factor, o) not in banned and _fits(case, factor, o)
             ]
             best: tuple[int, int] | None = None
             for rank, option in enumerate(choices):
@@ -243,7 +373,7 @@ class Generator:
         try:
             spec = build_case(raw, source=f"{self.suite} (generated)", suite=self.suite)
         except ValueError:
-            return None  # a level combination the validator refuses beyond the model's constraints
+            return None, case  # a level combination the validator refuses beyond the model's constraints
         return spec, case
 
     def _choose_lengths(self, case: Levels, want: dict[str, str]) -> list[Length] | None:
@@ -252,7 +382,10 @@ class Generator:
         count = 1 if "one" in case["batch"] else 2 if "two" in case["batch"] else MAX_ROWS
         if "empty_row" in case["batch"]:
             count -= 1
-        heads = int(next(iter(case["group"]))) * KV_HEADS[next(iter(case["kv_heads"]))]
+        heads, _ = head_counts(case)
+        few = "few" in case["tasks"]
+        layout = _one(case, "kv_layout") or ""
+        uniform = layout == "padded_full" or (layout == "padded" and "none" in case["padding"])
         need_kv = 129 if "late_max" in case["inputs"] else 2 if "sinks" in case["inputs"] else 1
         relevant = [t for t in self.open if all(f in PER_BATCH or lv in case[f] for f, lv in t)]
         held = {
@@ -265,6 +398,10 @@ class Generator:
             pool = menu
             if slot == 0:
                 pool = [m for m in menu if all(lv in m.levels[f] for f, lv in want.items() if f in PER_BATCH)]
+            if few:  # fewer tasks than cores: heads x query tiles stays under FEW_TASKS
+                pool = [m for m in pool if heads * (tiles(chosen) + tiles([m])) < FEW_TASKS]
+            if uniform and chosen:  # every batch holds S keys (but a last one, below)
+                pool = [m for m in pool if m.kv == chosen[0].kv]
             unmet = max((c.kv for c in chosen), default=0) < need_kv
             if unmet and (slot > 0 or any(m.kv >= need_kv for m in pool)):
                 pool = [m for m in pool if m.kv >= need_kv]
@@ -276,12 +413,22 @@ class Generator:
                 if best is None or score > best:
                     best, pick = score, item
             if pick is None:
-                return None
+                return chosen or None
             if slot >= 3 and not unmet and best is not None and best[1] == 0:
                 break  # "many" holds at least three batches; more only while they add tuples
             chosen.append(pick)
             gained |= held[(pick.q, pick.kv)]
-        return chosen
+        if count == 1 or not chosen:
+            return chosen
+        room = [m for m in menu if not few or heads * (tiles(chosen) + tiles([m])) < FEW_TASKS]
+        unread = "none" not in case["padding"]
+        if uniform and ("longer_first" in case["batch_order"] or unread):
+            room = [m for m in room if m.kv < chosen[0].kv]  # padded_full with unread rows or an order: a shorter last
+        elif layout == "strided" or case["batch_order"] or (layout.startswith("padded") and unread):
+            room = [m for m in room if len({c.kv for c in chosen}) == 1 and m.kv != chosen[0].kv]  # ragged kv
+        else:
+            room = []
+        return chosen + room[:1]
 
     def run(self, cost: Callable[[CaseSpec], float] = case_cost, seeds: int = 24) -> list[CaseSpec]:
         """Cases until every open tuple is covered (or no candidate covers one: an error naming it)."""
@@ -341,8 +488,13 @@ def case_toml(spec: CaseSpec) -> str:
         ("q_seqlen", list(spec.q_seqlen)),
         ("kv_seqlen", list(spec.kv_seqlen)),
     ]
+    if spec.kv_capacity is not None:
+        fields.append(("kv_capacity", spec.kv_capacity))
+    if spec.qk_scale != DEFAULT_QK_SCALE:
+        fields.append(("qk_scale", spec.qk_scale))
     if spec.distribution != "uniform":
         fields.append(("distribution", spec.distribution))
+    fields += [(key, getattr(spec, key)) for key in ("mask_fill", "padding") if getattr(spec, key) is not None]
     lines += [f"{key} = {json.dumps(value)}" for key, value in fields]
     if spec.structure is not None:
         lines.append(f"structure = {spec.structure.toml()}")

@@ -15,11 +15,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from typing import Any
 
-from mlaconf.facts.factors import FactorModel, load_model
-from mlaconf.facts.operator import DEFAULT_QK_SCALE, padded_kv_misread
+from mlaconf.facts.factors import Constraint, FactorModel, load_model
+from mlaconf.facts.operator import DEFAULT_QK_SCALE, MAX_HEADS, padded_kv_misread
 from mlaconf.golden.specs.spec import CaseSpec
 
 #: One level per factor, as (factor, level) pairs in the model's factor order.
@@ -251,7 +251,7 @@ def case_levels(spec: CaseSpec) -> Levels:
 def cheapest_lengths(model: FactorModel | None = None) -> dict[tuple[str, str, str], tuple[int, int]]:
     """For every (q_len, kv_len, prefix) one batch can hold, the cheapest (q_b, kv_b) holding it (fewest
     q_b * kv_b, then q_b): the level rules of ``model`` (default: the settled model) applied to a grid of lengths
-    that reaches every residue class and threshold (q_b and the prefix up to 700 and around 4096)."""
+    that reaches every residue class and threshold (q_b up to 700 and around 4096, the prefix up to 4736)."""
     model = model or load_model().settled()
     return _cheapest_lengths(tuple(tuple(model.factor(f).level_names) for f in PER_BATCH))
 
@@ -260,9 +260,10 @@ def cheapest_lengths(model: FactorModel | None = None) -> dict[tuple[str, str, s
 def _cheapest_lengths(names_per_factor: tuple[tuple[str, ...], ...]) -> dict[tuple[str, str, str], tuple[int, int]]:
     import numpy as np
 
-    span = np.concatenate([np.arange(0, 700), np.arange(3968, 4736)])
-    q = np.repeat(span[span > 0], len(span))
-    prefix = np.tile(span, len(span) - 1)
+    span = np.concatenate([np.arange(1, 700), np.arange(3968, 4736)])
+    prefixes = np.arange(0, 4736)
+    q = np.repeat(span, len(prefixes))
+    prefix = np.tile(prefixes, len(span))
     kv = q + prefix
     code = np.zeros(len(q), dtype=np.int64)
     bit = 0
@@ -293,46 +294,119 @@ def realizable_rows(model: FactorModel | None = None) -> frozenset[tuple[str, st
     return frozenset(cheapest_lengths(model))
 
 
+def cheapest_heads(model: FactorModel | None = None) -> dict[tuple[str, str, str], tuple[int, int]]:
+    """For every (group, kv_heads, heads) some headNum / kvHeadNum holds, the fewest heads holding it:
+    ``(head_num, kv_head_num)`` (the heads block's levels derive from these two numbers, as a batch's from its
+    lengths)."""
+    return _cheapest_heads(frozenset((model or load_model().settled()).factor("group").level_names))
+
+
+@cache
+def _cheapest_heads(groups: frozenset[str]) -> dict[tuple[str, str, str], tuple[int, int]]:
+    found: dict[tuple[str, str, str], tuple[int, int]] = {}
+    for head_num in range(1, MAX_HEADS + 1):
+        for kv_head_num in range(1, head_num + 1):
+            group = str(head_num // kv_head_num)
+            if head_num % kv_head_num or group not in groups:
+                continue
+            found.setdefault((group, kv_heads_level(kv_head_num), heads_level(head_num)), (head_num, kv_head_num))
+    return found
+
+
+#: Factors whose levels derive together from a few numbers: a batch's lengths (q_len, kv_len, prefix) and the head
+#: counts (group, kv_heads, heads); which level tuples exist is computed from the rules, not listed as constraints.
+BLOCKS = (tuple(PER_BATCH), ("group", "kv_heads", "heads"))
+
+
 @dataclass
 class Validity:
-    """Which tuples of levels some valid case can hold (constraints and per-batch arithmetic)."""
+    """Which tuples of levels some valid case can hold: a partial assignment is valid when it extends to one level
+    of every constrained factor and one realizable tuple of every block (:data:`BLOCKS`) that no constraint
+    forbids (a backtracking search, smallest domain first, each answer kept)."""
 
     model: FactorModel
-    _projections: dict[tuple[str, ...], frozenset[tuple[str, ...]]] = field(default_factory=dict)
-    _found: list[dict[str, str]] = field(default_factory=list)
+    _memo: dict[tuple[tuple[str, str], ...], bool] = field(default_factory=dict)
 
-    @property
+    @cached_property
     def constrained(self) -> tuple[str, ...]:
         named = {c.when[0] for c in self.model.constraints} | {f for c in self.model.constraints for f, _ in c.then}
-        return tuple(f for f in self.model.names if f in named or f in PER_BATCH)
+        named |= {f for block in self._blocks for f in block}
+        return tuple(f for f in self.model.names if f in named)
 
-    def _assignments(self) -> list[dict[str, str]]:
-        """Every valid assignment of one level to each constrained factor."""
-        if self._found:
-            return self._found
-        free = [f for f in self.constrained if f not in PER_BATCH]
-        found = []
-        for levels in itertools.product(*(self.model.factor(f).level_names for f in free)):
-            base = dict(zip(free, levels, strict=True))
-            if not self.model.allows(base):
-                continue
-            for row in realizable_rows(self.model):
-                full = {**base, **dict(zip(PER_BATCH, row, strict=True))}
-                if self.model.allows(full):
-                    found.append(full)
-        self._found = found
-        return found
+    @cached_property
+    def _blocks(self) -> dict[tuple[str, ...], tuple[tuple[str, ...], ...]]:
+        names = set(self.model.names)
+        tables: dict[tuple[str, ...], tuple[tuple[str, ...], ...]] = {}
+        for block in BLOCKS:
+            if set(block) <= names:
+                table = realizable_rows(self.model) if block == BLOCKS[0] else frozenset(cheapest_heads(self.model))
+                tables[block] = tuple(sorted(table))
+        return tables
 
     def valid(self, items: Tuple) -> bool:
         assignment = dict(items)
         if not self.model.allows(assignment):
             return False
-        key = tuple(f for f in self.constrained if f in assignment)
-        if not key:
+        constrained = set(self.constrained)
+        key = tuple((f, lv) for f, lv in items if f in constrained)
+        if key not in self._memo:
+            self._memo[key] = self._extends(dict(key))
+        return self._memo[key]
+
+    def _extends(self, fixed: dict[str, str]) -> bool:
+        named = {c.when[0] for c in self.model.constraints} | {f for c in self.model.constraints for f, _ in c.then}
+        domains: list[Domain] = []
+        in_block = set()
+        for block, table in self._blocks.items():
+            in_block |= set(block)
+            kept = [i for i, f in enumerate(block) if f in named]  # the block's factors a constraint names
+            rows = {
+                tuple(t[i] for i in kept)
+                for t in table
+                if all(fixed.get(f, lv) == lv for f, lv in zip(block, t, strict=True))
+            }
+            if not rows:
+                return False
+            domains.append(self._domain(tuple(block[i] for i in kept), sorted(rows)))
+        for name in self.constrained:
+            if name not in in_block and name not in fixed:
+                domains.append(self._domain((name,), [(lv,) for lv in self.model.factor(name).level_names]))
+        return self._search({f: lv for f, lv in fixed.items() if f not in in_block or f in named}, domains)
+
+    def _domain(self, names: tuple[str, ...], values: list[tuple[str, ...]]) -> Domain:
+        relevant = tuple(c for c in self.model.constraints if c.when[0] in names or any(f in names for f, _ in c.then))
+        return names, values, relevant
+
+    def _search(self, assignment: dict[str, str], domains: list[Domain]) -> bool:
+        if not domains:
             return True
-        if key not in self._projections:
-            self._projections[key] = frozenset(tuple(a[f] for f in key) for a in self._assignments())
-        return tuple(assignment[f] for f in key) in self._projections[key]
+        narrowed = []
+        for names, values, relevant in domains:
+            kept = [v for v in values if _fits(assignment, dict(zip(names, v, strict=True)), relevant)]
+            if not kept:
+                return False
+            narrowed.append((names, kept, relevant))
+        narrowed.sort(key=lambda d: len(d[1]))
+        (names, values, _), rest = narrowed[0], narrowed[1:]
+        return any(self._search({**assignment, **dict(zip(names, v, strict=True))}, rest) for v in values)
+
+
+#: A search variable: its factors, the level tuples left, the constraints that name one of its factors.
+Domain = tuple[tuple[str, ...], list[tuple[str, ...]], tuple[Constraint, ...]]
+
+
+def _fits(assignment: Mapping[str, str], local: Mapping[str, str], relevant: Iterable[Constraint]) -> bool:
+    """Whether new levels (``local``) break none of the constraints naming them, given the levels assigned."""
+    for constraint in relevant:
+        factor, levels = constraint.when
+        level = local.get(factor, assignment.get(factor))
+        if level is None or level not in levels:
+            continue
+        for name, allowed in constraint.then:
+            value = local.get(name, assignment.get(name))
+            if value is not None and value not in allowed:
+                return False
+    return True
 
 
 @cache

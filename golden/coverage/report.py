@@ -97,7 +97,8 @@ def selection_lines(name: str, cases: Sequence[CaseSpec], found: Sequence[Covera
         if len(listed) < len(result.uncovered):
             lines.append(f"    ... and {len(result.uncovered) - len(listed)} more (--show 0 lists all)")
     held = ", ".join(f"{f} {lv} ({n})" for f, lv, n in pending_held(cases))
-    lines.append(f"  pending levels, not in the percentages (cases holding each): {held}")
+    if held:
+        lines.append(f"  pending levels, not in the percentages (cases holding each): {held}")
     return lines
 
 

@@ -1,6 +1,6 @@
-"""The pending levels read from ATB's branches (facts/factors.toml ``pending``): each classified by its rule, left
-out of the settled model the shipped covering sets target, drawn as its level promises (NaN padding, shifted
-logits, raw products past fp16), held by the branches suite, and given the outcome on ATB the suite file states."""
+"""The levels read from ATB's branches (facts/factors.toml): each classified by its rule, settled (the shipped covering
+sets target them), drawn as its level promises (NaN padding, shifted logits, raw products past fp16), held by the
+branches suite, and given the outcome on ATB the suite file states."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ import pytest
 from mlaconf.facts.factors import load_model
 from mlaconf.facts.operator import FP16_MAX
 from mlaconf.golden.building.inputs import generate_inputs
-from mlaconf.golden.coverage.levels import PER_BATCH, batch_rows, case_levels, cheapest_lengths
-from mlaconf.golden.coverage.report import pending_held
+from mlaconf.golden.coverage.levels import batch_rows, case_levels, cheapest_lengths
 from mlaconf.golden.specs.layout import causal_offset, kv_starts, kv_views, q_views
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.spec_build import build_case
@@ -79,22 +78,32 @@ def test_case_levels_of_the_grown_factors(fields: dict[str, Any], factor: str, l
     assert case_levels(case(**fields))[factor] == levels
 
 
-def test_pending_levels_stay_out_of_what_the_shipped_covering_sets_target() -> None:
-    """Every new level is pending: the settled model, the lengths the covering generator picks from and the valid
-    tuples it counts are those of the model without them."""
-    settled = MODEL.settled()
-    new = {"heads", "batch_order", "tasks", "qk_scale", "logits", "mask_fill", "padding"}
-    assert not new & set(settled.names) and new <= set(MODEL.names)
-    assert "stack256" in MODEL.factor("kv_len").level_names and "stack256" not in settled.factor("kv_len").level_names
-    pending = set(MODEL.pending)
-    assert not any(set(zip(PER_BATCH, atom, strict=True)) & pending for atom in cheapest_lengths())
-    assert any("stack256" in atom for atom in cheapest_lengths(MODEL))
+#: The levels read from ATB's branches beside the factors that came with them (heads, batch_order, tasks, qk_scale,
+#: logits, mask_fill, padding).
+GROWN_FACTORS = ("heads", "batch_order", "tasks", "qk_scale", "logits", "mask_fill", "padding")
+GROWN_LEVELS = {
+    "kv_layout": ("strided", "padded_full", "padded_short_before_last", "padded_over_capacity", "packed_spare"),
+    "batch": ("empty_first", "empty_last"),
+    "q_len": ("single_tile", "mod16_tail", "mod128_1_long"),
+    "kv_len": ("single_block", "several_blocks", "stack256", "stack_over256", "stack_tail_short"),
+    "inputs": ("raw_overflow",),
+}
 
 
-def test_the_branches_suite_holds_every_pending_level() -> None:
-    held = {(f, lv): n for f, lv, n in pending_held(BRANCHES)}
-    assert set(held) == set(MODEL.pending)
-    assert [pair for pair, n in held.items() if not n] == []
+def test_the_grown_levels_are_settled_and_targeted() -> None:
+    """No level waits: the settled model is the model, and the lengths the covering generator picks from hold the
+    grown per-batch levels."""
+    assert MODEL.pending == () and MODEL.settled() == MODEL
+    atoms = cheapest_lengths()
+    for factor, index in (("q_len", 0), ("kv_len", 1)):
+        assert set(GROWN_LEVELS[factor]) <= {atom[index] for atom in atoms}
+
+
+def test_the_branches_suite_holds_every_grown_level() -> None:
+    held = [case_levels(spec) for spec in BRANCHES if spec.expect_error is None]
+    wanted = [(f, lv) for f in GROWN_FACTORS for lv in MODEL.factor(f).level_names]
+    wanted += [(f, lv) for f, levels in GROWN_LEVELS.items() for lv in levels]
+    assert [(f, lv) for f, lv in wanted if not any(lv in levels[f] for levels in held)] == []
 
 
 def test_nan_padding_fills_only_the_rows_no_batch_reads() -> None:

@@ -91,12 +91,8 @@ def test_a_level_citing_neither_a_branch_nor_a_contract_line_is_a_problem() -> N
 
 def test_pending_levels_stay_out_of_the_settled_model() -> None:
     """A pending level is in the model (branches may name it) but not in what coverage and the covering sets
-    target; a constraint keeps only its settled levels."""
-    assert ("kv_layout", "strided") in MODEL.pending
-    settled = MODEL.settled()
-    assert settled.factor("kv_layout").level_names == ("padded", "packed") and not settled.pending
-    causal = [c for c in settled.constraints if c.when == ("mask", frozenset({"causal"}))]
-    assert [dict(c.then)["kv_layout"] for c in causal] == [frozenset({"padded"})]
+    target; a constraint keeps only its settled levels.  The shipped model has none left."""
+    assert MODEL.pending == () and MODEL.settled() == MODEL
     raw = {
         "factor": [
             {
@@ -108,6 +104,7 @@ def test_pending_levels_stay_out_of_the_settled_model() -> None:
             {"name": "b", "scope": "case", "why": "w", "levels": [{"name": "p", "why": "w", "pending": True}]},
         ]
     }
+    constraint = {"when": {"a": ["x"]}, "then": {"b": ["p", "q"]}, "why": "w"}
     with pytest.raises(ValueError, match="at least two levels"):
         parse_model(raw, "m.toml")  # a factor needs two levels, pending or not
     raw["factor"][1]["levels"].append({"name": "q", "why": "w", "pending": "yes"})
@@ -115,6 +112,10 @@ def test_pending_levels_stay_out_of_the_settled_model() -> None:
         parse_model(raw, "m.toml")
     raw["factor"][1]["levels"][1]["pending"] = True
     assert [f.name for f in parse_model(raw, "m.toml").settled().factors] == ["a"]
+    raw["factor"][1]["levels"][1]["pending"] = False
+    raw["constraint"] = [constraint]
+    settled = parse_model(raw, "m.toml").settled()
+    assert settled.pending == () and [dict(c.then)["b"] for c in settled.constraints] == [frozenset({"q"})]
 
 
 def test_coverage_shows_the_backlog_and_the_pending_levels() -> None:
@@ -127,4 +128,4 @@ def test_coverage_shows_the_backlog_and_the_pending_levels() -> None:
     )
     assert head in done.stdout
     assert all(f"  {b.id}: {b.note}" in done.stdout for b in INVENTORY.missing)
-    assert "kv_layout strided (4)" in done.stdout  # edge's strided cases, counted apart from the percentages
+    assert "pending levels" not in done.stdout  # every level is settled: all counted in the percentages

@@ -171,8 +171,8 @@ def test_torch_cpu_passes_a_packed_golden_with_spare_rows() -> None:
 
 
 def test_the_strided_misread_waits_for_its_pending_level_before_power_counts_it() -> None:
-    """Its trigger (kv_layout strided) is a pending level: smoke's power is not judged on it yet, but it runs
-    by name (``mlaconf power --defects strided_as_packed --suite edge``)."""
+    """The defect stays pending (its level kv_layout strided is settled, the defect not yet catalogued): smoke's
+    power does not judge it, but it runs by name (``mlaconf power --defects strided_as_packed --suite edge``)."""
     entry = defects.ENTRIES["strided_as_packed"]
     assert entry.pending and "strided_as_packed" in defects.PENDING and "strided_as_packed" not in defects.CATALOGUE
     assert not any(e.pending for e in defects.CATALOGUE.values())

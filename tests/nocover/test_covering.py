@@ -1,6 +1,6 @@
 """The generated covering sections of smoke and standard (golden/coverage/covering.py) were made from today's inputs
-(the digest each records: the hand-written part, the model, the generator's sources; ``python -m
-mlaconf.golden.coverage.covering --check`` runs the generator again), and they reach what they
+(the digest each records: the hand-written part, the model, the generator's sources; running the generator again
+takes minutes on the grown model: ``python -m mlaconf.golden.coverage.covering --check``), and they reach what they
 promise: every valid pair, and standard every kernel-structure triple."""
 
 from __future__ import annotations
