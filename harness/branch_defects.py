@@ -1,12 +1,12 @@
-"""Defects of ATB's own branches (facts/branches.toml) that only pending levels of the factor model reach: a last
-stack of 256 keys, raw scores past fp16's range, MASK_FREE fills read the other kernel's way, logits far below
-zero, NaN in the kv rows no batch reads.
+"""Defects of ATB's own branches (facts/branches.toml) that the grown factor model's levels reach: a last stack
+of 256 keys, raw scores past fp16's range, MASK_FREE fills read the other kernel's way, logits far below zero,
+NaN in the kv rows no batch reads.
 
 Each is a :class:`~mlaconf.harness.defect_kit.ControlMath` (the defects' float32 path) with one bug, computing
 exactly that path off its trigger; :data:`BRANCH_ENTRIES` joins the catalogue (:mod:`mlaconf.harness.defects`
-``ENTRIES``, so ``--mla-backend mlaconf.harness.defects:<name>`` builds them), and since every trigger names a
-pending level they are ``PENDING``: run by name (``mlaconf power --cases cases/branches.toml --defects ...``),
-outside a shipped suite's power verdict until the level is settled."""
+``ENTRIES``, so ``--mla-backend mlaconf.harness.defects:<name>`` builds them).  Their levels are settled and
+smoke's covering set holds them, so smoke's power is judged on them like any defect; ``cases/branches.toml``
+holds each branch's cases (``mlaconf power --suite branches``)."""
 
 from __future__ import annotations
 

@@ -3,8 +3,8 @@ float32 attention path as a backend (:class:`ControlMath`, over :mod:`mlaconf.ha
 catalogue entry (:class:`DefectEntry`: the trigger in the factor model's terms, the probe a run needs, the upstream
 bug it reproduces).
 
-The catalogue itself is :mod:`mlaconf.harness.defects` (its ``ENTRIES``); the defects of ATB's branches that only
-pending levels of the factor model reach are :mod:`mlaconf.harness.branch_defects`.  Both build on this module,
+The catalogue itself is :mod:`mlaconf.harness.defects` (its ``ENTRIES``); the defects of ATB's own branches
+(facts/branches.toml) are :mod:`mlaconf.harness.branch_defects`.  Both build on this module,
 so neither imports the other's defects."""
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ the likely-cause diagnosis also knows (:mod:`mlaconf.judge.causes`) is catalogue
 :mod:`mlaconf.facts.mistakes`: its name, its words and its rule come from there.
 
 What every defect is built from (:class:`Defect`, the float32 path, :class:`DefectEntry`) is
-:mod:`mlaconf.harness.defect_kit`; the defects of ATB's branches that only pending levels reach are
+:mod:`mlaconf.harness.defect_kit`; the defects of ATB's own branches are
 :mod:`mlaconf.harness.branch_defects`, whose entries join :data:`ENTRIES`.
 
 ``control_math`` is the defects' own float32 attention path without a bug: it must pass, so failures of

@@ -18,6 +18,7 @@ from mlaconf.golden.specs.sample import choose_rows
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.suites import load_suite, load_suites
 from mlaconf.harness import registry
+from mlaconf.harness.npu_ops import FIA_MAX_GROUP
 from mlaconf.judge.causes import relative_error
 from mlaconf.judge.metrics import Element
 from mlaconf.reports.records import ResultRecord
@@ -66,9 +67,10 @@ def test_repro_of_a_passing_test_says_so_and_reruns_standalone(tmp_path: Path) -
     assert value == pytest.approx(verdict["repro_numbers"]["relative_error"], rel=1e-5)
 
 
-#: A 28-score-element case a top-left causal mask fails by the error model, whose worst element (the
-#: largest error over its bound) is not the element of largest |out - g|.
-TINY = "fp16-causal-krope_ctkv-b1-s1-kv2-h14-g2-q2d-padded-sinks-871437f8"
+#: A tiny smoke case (one query row over 16 keys after an empty batch, 18 heads) a top-left causal mask
+#: fails by the error model, whose worst element (the largest error over its bound) is not the element of
+#: largest |out - g|.
+TINY = "fp16-causal-krope_ctkv-b2-s1-kv16-h18-g3-q3d-padded-near_tie-shift+20-ce1a22bc"
 
 
 def test_the_failure_text_and_the_repro_name_one_worst_element(
@@ -83,7 +85,7 @@ def test_the_failure_text_and_the_repro_name_one_worst_element(
     assert verdict["verdict"] == "failed" and named["located_by"] == "model:max_err_over_bound"
     line = named["text"]
     assert line == Element.from_dict(named).text() and f"error {named['error']:.6g}, bound {named['bound']:.6g}" in line
-    assert verdict["message"].endswith(f"Worst element: {line}."), verdict["message"]
+    assert f". Worst element: {line}." in verdict["message"], verdict["message"]  # a likely cause may follow
     assert f"Worst element: {line}.\n" in (tmp_path / "README").read_text()
     assert f"worst element: {line}\n" in capsys.readouterr().out
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # the plug-in backend is this checkout's tests.standalone_defect
@@ -163,8 +165,12 @@ def test_atb_repro_builds_and_makes_the_harness_call(tmp_path: Path, atb_double_
 
 
 def _bf16_causal_with_prefix() -> CaseSpec:
-    """A shipped bf16 CAUSAL case with a cached prefix: npu-fia takes bf16 only in TND."""
-    specs = [s for s in load_suites(["smoke"]) if s.dtype == "bf16" and s.mask_type == 3]
+    """A shipped bf16 CAUSAL case with a cached prefix: npu-fia takes bf16 only in TND, GQA groups up to 64."""
+    specs = [
+        s
+        for s in load_suites(["smoke"])
+        if s.dtype == "bf16" and s.mask_type == 3 and s.head_num // s.kv_head_num <= FIA_MAX_GROUP
+    ]
     with_prefix = [s for s in specs if any(kv > q for q, kv in zip(s.q_seqlen, s.kv_seqlen, strict=True))]
     return min(with_prefix, key=score_elements)
 
