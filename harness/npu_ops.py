@@ -22,8 +22,9 @@ Availability makes one tiny real call of the op (``tiny_call``): ``npu_ring_mla`
 
 Both map an :class:`MlaPrefillCall` (the C interface's arguments) onto the op: the padded kv layout is
 packed (batch b's rows ``b*S .. b*S + kv_b``, as documented), batches without query or key rows are left
-out (their rows are never checked) and what the op cannot express raises :class:`Unsupported`, so the
-case is skipped with the reason.  Neither has the C interface's error contract.
+out (their rows are never checked), MASK_FREE's causal mask is passed in the op's own encoding whatever the
+case's fill, and what the op cannot express raises :class:`Unsupported`, so the case is skipped with the
+reason.  Neither has the C interface's error contract.
 """
 
 from __future__ import annotations
@@ -321,13 +322,9 @@ class RingMlaBackend(_TorchNpuOpBackend):
             raise Unsupported("a batch with fewer keys than queries: RingMLA needs kvSeqLen >= qSeqLen")
         device = self._device()
         dtype = call.q.dtype
-        if call.mask_type == MASK_FREE:
-            if call.mask is None:
-                raise Unsupported("MASK_FREE without its mask")
-            mask = call.mask
-        else:
-            mask = compressed_causal_mask(dtype)
-        mask = mask.to(device).contiguous()
+        # MASK_FREE's mask is the C interface's input, whose fill (facts/branches.toml) is a question for ATB's MLA
+        # prefill kernels: RingMLA gets the same causal mask in its own documented encoding.
+        mask = compressed_causal_mask(dtype).to(device).contiguous()
         # 1. each batch's own (newest) q_b keys against its q_b query rows, causal for masks 2 and 3
         prefix, starts = _prefix_and_starts(packed)
         new_rows = torch.cat(

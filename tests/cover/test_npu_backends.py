@@ -55,6 +55,7 @@ def path_golden(path: str) -> GoldenCase:
 PATHS = {
     "undefined-2d-padded": dict(q_seqlen=[9, 5], head_num=2, q_layout="2d", kv_layout="padded"),
     "mask_free-bf16-packed": dict(q_seqlen=[12, 7], head_num=2, mask_type=2, dtype="bf16"),
+    "mask_free-fp16-fill-inf": dict(q_seqlen=[12, 7], head_num=2, mask_type=2, mask_fill="neg_inf"),
     "causal-gqa-prefix": dict(
         q_seqlen=[6, 10], kv_seqlen=[20, 13], head_num=4, kv_head_num=2, mask_type=3, kv_layout="padded"
     ),
@@ -102,7 +103,7 @@ def test_ring_mla_arguments_one_call_per_mask(monkeypatch: pytest.MonkeyPatch) -
         "kernel_type_high_precision",
         "type_bsnd",
     )
-    assert only["mask"] is not call.mask and torch.equal(only["mask"], call.mask)  # the case's own mask
+    assert torch.equal(only["mask"], call.mask)  # the documented fill: the case's mask
     assert only["seqlen"].tolist() == [[12, 7], [12, 7]] and only["seqlen"].dtype == torch.int32
     assert (only["head_num"], only["kv_head_num"], only["qk_scale"]) == (2, 2, golden.spec.qk_scale)
     assert only["pre_out"] is None and only["prev_lse"] is None
@@ -110,6 +111,18 @@ def test_ring_mla_arguments_one_call_per_mask(monkeypatch: pytest.MonkeyPatch) -
     undefined = path_golden("undefined-2d-padded")
     ready(CpuRingMla(), fake).run(make_call(undefined.inputs, undefined.spec))
     assert [c["mask_type"] for c in fake.ring_calls] == ["no_mask"]
+
+
+def test_ring_mla_takes_mask_free_in_its_own_encoding_whatever_the_fill(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A MASK_FREE fill other than the documented one is a question for ATB's MLA prefill kernels: RingMLA gets
+    the causal mask in its own encoding (the fake refuses any other) and the case passes."""
+    fake = fake_torch_npu.install(monkeypatch)
+    golden = path_golden("mask_free-fp16-fill-inf")
+    call = make_call(golden.inputs, golden.spec)
+    assert call.mask is not None and torch.isinf(call.mask).any()
+    run(ready(CpuRingMla(), fake), golden)
+    (only,) = fake.ring_calls
+    assert torch.equal(only["mask"], compressed_causal_mask(torch.float16))
 
 
 def test_ring_mla_merges_a_cached_prefix_by_lse(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -171,13 +184,6 @@ def test_the_fake_refuses_what_the_op_would(monkeypatch: pytest.MonkeyPatch) -> 
     golden = path_golden("causal-gqa-prefix")
     call = make_call(golden.inputs, golden.spec)
 
-    class WrongEncoding(CpuRingMla):
-        def run(self, call: MlaPrefillCall) -> torch.Tensor:  # a bf16-encoded mask with fp16 inputs
-            return super().run(dataclasses.replace(call, mask_type=2, mask=torch.zeros(512, 512).half()))
-
-    uniform = golden_of(q_seqlen=[8, 8], head_num=2, mask_type=2)
-    with pytest.raises(FakeOpError, match=r"triu mask is not the torch\.float16 encoding"):
-        WrongEncoding().run(make_call(uniform.inputs, uniform.spec))
     ring = fake.module().atb.npu_ring_mla  # type: ignore[attr-defined]
     q = call.q[:6].reshape(6, 4, 128).contiguous()
     qr = call.q_rope[:6].reshape(6, 4, 64).contiguous()
@@ -187,6 +193,9 @@ def test_the_fake_refuses_what_the_op_would(monkeypatch: pytest.MonkeyPatch) -> 
     seqlen = torch.tensor([[6], [6]], dtype=torch.int32)
     args = (q, qr, kv, kr, kv, mask, seqlen, 4, 2)
     common = dict(qk_scale=0.1, kernel_type="kernel_type_high_precision", input_layout="type_bsnd")
+    wrong = (*args[:5], torch.ones(512, 512).triu(1).half(), *args[6:])  # the bf16 encoding with fp16 inputs
+    with pytest.raises(FakeOpError, match=r"triu mask is not the torch\.float16 encoding"):
+        ring(*wrong, mask_type="mask_type_triu", calc_type="calc_type_first_ring", **common)
     with pytest.raises(FakeOpError, match="seqlen must be a host"):
         ring(*args[:6], seqlen.to("meta"), 4, 2, mask_type="no_mask", calc_type="calc_type_first_ring", **common)
     with pytest.raises(FakeOpError, match="mask_type 'causal'"):

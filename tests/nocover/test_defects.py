@@ -9,10 +9,11 @@ through real pytest children (goldens from the session's shared store):
   never fails by chance: five draws of every case's inputs, the relations included);
 - a defect conformance catches (``scale_ignored``) fails the conformance tests in the JUnit XML and in the
   records alike, clearly (worst slack >= NEAR_MISS), with no test in error;
-- the defects no tolerance sees, which only metamorphic relations kill in a pytest run
-  (``padding_nan_unsafe``: NaN in padded kv rows leaks, the ``padding_contents`` relation;
-  ``nondeterministic``: reruns differ, the ``determinism`` relation), pass every conformance test and fail
-  those relations (power kills them through its probes instead);
+- a defect no tolerance sees, which only a metamorphic relation kills in a pytest run (``nondeterministic``:
+  reruns differ, the ``determinism`` relation), passes every conformance test and fails that relation (power
+  kills it through its probe instead);
+- NaN in padded kv rows leaking (``padding_nan_unsafe``) fails exactly smoke's NaN-padding cases
+  (``padding = "nan"``) in conformance, and the ``padding_contents`` relation;
 - a contract model that forgets the seqlen-values check fails exactly the error suite's seqlen cases.
 """
 
@@ -35,7 +36,9 @@ CLEAN_SEEDS = ("1", "2", "3", "4", "5")
 NEAR_MISS = 2.0
 #: A defect conformance catches, and those only metamorphic relations catch -> the relation's test function.
 CONFORMANCE_DEFECT = "scale_ignored"
-METAMORPHIC_ONLY = {"padding_nan_unsafe": "test_padding_contents", "nondeterministic": "test_determinism"}
+METAMORPHIC_ONLY = {"nondeterministic": "test_determinism"}
+#: A defect only NaN in the padding shows: smoke's NaN-padding cases and the padding_contents relation.
+PADDING_DEFECT = "padding_nan_unsafe"
 #: One thread per process: the children run under xdist, beside the outer session's workers.
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
@@ -121,9 +124,11 @@ def clean(tmp_path_factory: pytest.TempPathFactory, shared_golden: Path) -> Run:
 
 @pytest.fixture(scope="module")
 def defects(tmp_path_factory: pytest.TempPathFactory, shared_golden: Path) -> Run:
-    """The conformance defect and the metamorphic-only ones side by side in one run, two xdist workers."""
+    """The conformance defect, the padding one and the metamorphic-only ones side by side in one run, two xdist
+    workers."""
     work = tmp_path_factory.mktemp("defects")
-    return run(work, shared_golden, [defect(n) for n in (CONFORMANCE_DEFECT, *METAMORPHIC_ONLY)], "-n", "2")
+    chosen = [defect(n) for n in (CONFORMANCE_DEFECT, PADDING_DEFECT, *METAMORPHIC_ONLY)]
+    return run(work, shared_golden, chosen, "-n", "2")
 
 
 def test_clean_backend_passes_on_five_seeds(clean: Run) -> None:
@@ -170,6 +175,20 @@ def test_a_defect_no_tolerance_sees_is_killed_by_its_metamorphic_relation(name: 
     relation = relation_name(METAMORPHIC_ONLY[name])
     broken = {r.get("relation") for r in defects.records if r["backend"] == backend and r["verdict"] == "failed"}
     assert relation in broken, (relation, broken)
+
+
+def test_nan_padding_leaks_fail_the_nan_padding_cases_and_the_padding_relation(defects: Run) -> None:
+    """Every padded-kv case of smoke with NaN in its padding fails, and only NaN-padding cases fail."""
+    backend = _backend_name(defects, PADDING_DEFECT)
+    records = [r for r in defects.records if r["backend"] == backend and r["suite"] == "conformance"]
+    failing = {r["case_id"] for r in records if r["verdict"] == "failed"}
+    nan_padded = {r["case_id"] for r in records if "-pad_nan-" in r["case_id"]}
+    padded = {case for case in nan_padded if "-padded-" in case}
+    assert padded and padded <= failing <= nan_padded, (sorted(failing), sorted(nan_padded))
+    slacks = [float(r.get("worst_slack") or 0.0) for r in records if r["verdict"] == "failed"]
+    assert min(slacks) >= NEAR_MISS, slacks
+    broken = {r.get("relation") for r in defects.records if r["backend"] == backend and r["verdict"] == "failed"}
+    assert "padding_contents" in broken, broken
 
 
 def test_forgetful_contract_model_fails_the_error_suite(tmp_path: Path, shared_golden: Path) -> None:
