@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from mlaconf.facts.factors import FactorModelError, load_model, parse_model
-from mlaconf.golden.coverage.levels import PER_BATCH, case_levels, coverage, describe, realizable_rows
+from mlaconf.golden.coverage.levels import PER_BATCH, Validity, case_levels, coverage, describe, realizable_rows
 from mlaconf.golden.specs.spec import SpecError
 from mlaconf.golden.specs.spec_build import build_case
 
@@ -101,6 +102,31 @@ def test_a_broken_model_file_is_one_clear_error() -> None:
             },
             "m.toml",
         )
+
+
+def test_validity_is_exactly_what_some_full_assignment_holds() -> None:
+    """Witnesses and refutation by an invalid part are shortcuts: a tuple is valid exactly when a full assignment
+    that breaks no constraint holds it, whichever strength is asked first (the constraints chain x -> p -> u -> m ->
+    not x, so a = x is invalid though no constraint forbids it alone)."""
+    names = {"a": "xyz", "b": "pqr", "c": "uv", "d": "mn"}
+    factors = [
+        {"name": n, "scope": "case", "why": "w", "levels": [{"name": lv, "why": "w"} for lv in levels]}
+        for n, levels in names.items()
+    ]
+    chain = [("a", "x", "b", ["p"]), ("b", "p", "c", ["u"]), ("c", "u", "d", ["m"]), ("d", "m", "a", ["y", "z"])]
+    rules = [{"when": {w: [lv]}, "then": {f: allowed}, "why": "w"} for w, lv, f, allowed in chain]
+    model = parse_model({"factor": factors, "constraint": rules}, "m.toml")
+    every = [dict(zip(names, levels, strict=True)) for levels in itertools.product(*names.values())]
+    full = [a for a in every if model.allows(a)]
+    for strengths in ((1, 2, 3), (3, 2, 1)):
+        check = Validity(model)
+        for t in strengths:
+            for chosen in itertools.combinations(names, t):
+                for levels in itertools.product(*(names[f] for f in chosen)):
+                    items = tuple(zip(chosen, levels, strict=True))
+                    held = any(all(a[f] == lv for f, lv in items) for a in full)
+                    assert check.valid(items) == held, items
+    assert not Validity(model).valid((("a", "x"),)) and Validity(model).valid((("a", "y"), ("b", "p")))
 
 
 def test_coverage_counts_valid_tuples_and_names_the_missing_ones() -> None:
