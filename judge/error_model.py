@@ -32,12 +32,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from mlaconf.facts.operator import SCORE_DIM, U16, U32, UNIT_ROUNDOFF, V_DIM, scores_in_fp16
 from mlaconf.facts.processes import map_for
-from mlaconf.golden.building.chunks import RowChunk, row_chunks
+from mlaconf.golden.building.chunks import row_chunks
 from mlaconf.golden.specs.layout import visible_keys
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.types import ROW_MAGNITUDES, element_magnitudes
@@ -81,6 +82,95 @@ class ModelResult:
 _Worst = tuple[float, int, int, int, float, float, float, dict[str, float]]
 
 
+class ModelBound:
+    """The golden's side of the rule, the same for every output judged against it: the checked row chunks,
+    ``lam`` and each chunk's per-element bound.  ``keep``: hold each chunk's golden rows and bound once made
+    (memory as large as the golden, for a golden judged many times: power's subjects); else each is made when
+    asked, one chunk at a time."""
+
+    def __init__(
+        self,
+        golden: np.ndarray,
+        row_valid: np.ndarray,
+        magnitudes: Mapping[str, np.ndarray],
+        spec: CaseSpec,
+        *,
+        false_alarm: float,
+        safety: float,
+        token_rows: np.ndarray | None = None,
+        keep: bool = False,
+    ) -> None:
+        self.rows, self.heads = row_valid.shape[0], spec.head_num
+        shape = (self.rows, self.heads, V_DIM)
+        self.spec, self.safety, self.keep = spec, safety, keep
+        self._golden = golden.reshape(shape)
+        self._element = {n: magnitudes[n].reshape(shape) for n in element_magnitudes(spec)}
+        self._row = {n: magnitudes[n].reshape(self.rows, self.heads) for n in ROW_MAGNITUDES}
+        self._keys = visible_keys(spec)
+        self.chunks = row_chunks(row_valid, self.heads * V_DIM, token_rows)
+        self.n_elements = sum(chunk.tokens.size for chunk in self.chunks) * self.heads * V_DIM
+        # lam with 2 exp(-lam^2 / 2) * RANDOM_TERMS * n_elements = false_alarm (Hoeffding + union bound)
+        self.lam = math.sqrt(2.0 * math.log(2.0 * RANDOM_TERMS * max(self.n_elements, 1) / false_alarm))
+        self._made: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def _terms(self, pick: slice | np.ndarray, tok: np.ndarray, heads: slice, cols: slice) -> dict[str, Any]:
+        """The bound's terms (before ``safety``) of rows ``pick`` (tokens ``tok``), ``heads`` and ``cols``."""
+        spec, lam, elem = self.spec, self.lam, self._element
+
+        def element(name: str) -> np.ndarray:
+            return elem[name][pick][:, heads, cols].astype(np.float64)
+
+        def row(name: str) -> np.ndarray:  # a row's quantity, broadcast over its columns
+            return self._row[name][pick][:, heads].astype(np.float64)[:, :, None]
+
+        u = UNIT_ROUNDOFF[spec.dtype]
+        u_s = U16 if scores_in_fp16(spec.dtype, spec.mask_type) else U32
+        eps = abs(scale_cast_error(spec))
+        ag = np.abs(np.asarray(self._golden[pick][:, heads, cols], dtype=np.float64))
+        spread = element("pv_rss") + row("p_rss") * ag  # >= ||P o (V - g)||_2
+        total = element("pv_abs") + ag  # >= sum_j P |V - g|: the worst case
+        # a random term never exceeds its worst case (all roundings aligned): min(lam * 2-norm, 1-norm)
+        p_terms = np.minimum(lam * spread, total)
+        dot = (lam * math.sqrt(SCORE_DIM) * U32) * row("score_dot")
+        n = self._keys[tok].astype(np.float64)[:, None, None]
+        score_cap = 4.0 * row("score_absmax") * total
+        found: dict[str, Any] = {
+            "output": u * ag,
+            "p_round": u * p_terms,
+            "score_round": u_s
+            * (score_cap if "pvs_rss" not in elem else np.minimum(lam * element("pvs_rss"), score_cap)),
+            "qk_accum": dot * p_terms,
+            "scale_cast": eps * np.abs(element("pv_scale")) if eps else 0.0,
+            "pv_accum": U32 * np.minimum(lam * np.sqrt(n), n) * total + U32 * ag,
+        }
+        if "pv_sub" in elem:  # exact; inside F too, so a flushing device uses at most half the bound
+            found["flush_to_zero"] = element("pv_sub") + np.where(ag < FTZ_OUTPUT_LIMIT, ag, 0.0)
+        return found
+
+    def chunk(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """Chunk ``index``'s golden rows (float64, ``[rows, H, 128]``) and the bound of each element."""
+        made = self._made.get(index)
+        if made is None:
+            chunk = self.chunks[index]
+            golden = np.asarray(self._golden[chunk.pick], dtype=np.float64)
+            bound = np.zeros_like(golden)
+            for term in self._terms(chunk.pick, chunk.tokens, slice(None), slice(None)).values():
+                bound += term
+            bound *= self.safety
+            made = (golden, bound)
+            if self.keep:
+                self._made[index] = made
+        return made
+
+    def terms_at(self, index: int, where: tuple[int, int, int]) -> dict[str, float]:
+        """The terms (times ``safety``) of one element of chunk ``index``, by the same operations on it alone:
+        the same values as in the chunk's bound."""
+        chunk, (r, h, c) = self.chunks[index], where
+        pick = np.arange(self.rows)[chunk.pick][r : r + 1]
+        found = self._terms(pick, chunk.tokens[r : r + 1], slice(h, h + 1), slice(c, c + 1))
+        return {k: self.safety * float(np.broadcast_to(v, (1, 1, 1))[0, 0, 0]) for k, v in found.items()}
+
+
 def model_ratio(
     actual: np.ndarray,
     golden: np.ndarray,
@@ -92,82 +182,54 @@ def model_ratio(
     safety: float,
     cells: np.ndarray | None = None,
     token_rows: np.ndarray | None = None,
+    bound: ModelBound | None = None,
 ) -> ModelResult:
     """max |actual - golden| / bound over valid rows; ``actual``/``golden`` in any layout of [T, H*128].
     ``cells`` (a [T, H] float array), when given, receives each valid (token, head)'s largest
     ratio: the rule's slack per cell, for the report's error map.  ``token_rows``: the token of each row
-    when the arrays (magnitudes included) hold a sample of rows."""
-    t, h = row_valid.shape[0], spec.head_num
-    shape = (t, h, V_DIM)
-    a_all = actual.reshape(shape)
-    g_all = golden.reshape(shape)
-    elem = {n: magnitudes[n].reshape(shape) for n in element_magnitudes(spec)}
-    rows = {n: magnitudes[n].reshape(t, h) for n in ROW_MAGNITUDES}
-    keys = visible_keys(spec)
-    chunks = row_chunks(row_valid, h * V_DIM, token_rows)
-    n_elements = sum(chunk.tokens.size for chunk in chunks) * h * V_DIM
-    # lam with 2 exp(-lam^2 / 2) * RANDOM_TERMS * n_elements = false_alarm (Hoeffding + union bound)
-    lam = math.sqrt(2.0 * math.log(2.0 * RANDOM_TERMS * max(n_elements, 1) / false_alarm))
-    u = UNIT_ROUNDOFF[spec.dtype]
-    u_s = U16 if scores_in_fp16(spec.dtype, spec.mask_type) else U32
-    eps = abs(scale_cast_error(spec))
+    when the arrays (magnitudes included) hold a sample of rows.  ``bound``: the :class:`ModelBound` of these
+    arguments, made once for several outputs."""
+    if bound is None:
+        bound = ModelBound(
+            golden, row_valid, magnitudes, spec, false_alarm=false_alarm, safety=safety, token_rows=token_rows
+        )
+    a_all = actual.reshape(row_valid.shape[0], spec.head_num, V_DIM)
 
-    def chunk_ratio(chunk: RowChunk) -> tuple[int, _Worst]:
+    def chunk_ratio(index: int) -> tuple[int, _Worst]:
         """The chunk's count over 1 and its largest ratio (the first of equal ones), with its terms."""
-        tok, pick = chunk.tokens, chunk.pick
-        a = a_all[pick].astype(np.float64)
-        g = np.asarray(g_all[pick], dtype=np.float64)
-        ag = np.abs(g)
-        rho = rows["p_rss"][pick].astype(np.float64)[:, :, None]
-        absmax = rows["score_absmax"][pick].astype(np.float64)[:, :, None]
-        spread = elem["pv_rss"][pick].astype(np.float64) + rho * ag  # >= ||P o (V - g)||_2
-        total = elem["pv_abs"][pick].astype(np.float64) + ag  # >= sum_j P |V - g|: the worst case
-        # a random term never exceeds its worst case (all roundings aligned): min(lam * 2-norm, 1-norm)
-        p_terms = np.minimum(lam * spread, total)
-        dot = (lam * math.sqrt(SCORE_DIM) * U32) * rows["score_dot"][pick].astype(np.float64)[:, :, None]
-        n = keys[tok].astype(np.float64)[:, None, None]
-        score_cap = 4.0 * absmax * total
-        terms: dict[str, np.ndarray | float] = {
-            "output": u * ag,
-            "p_round": u * p_terms,
-            "score_round": u_s
-            * (
-                score_cap
-                if "pvs_rss" not in elem
-                else np.minimum(lam * elem["pvs_rss"][pick].astype(np.float64), score_cap)
-            ),
-            "qk_accum": dot * p_terms,
-            "scale_cast": eps * np.abs(elem["pv_scale"][pick].astype(np.float64)) if eps else 0.0,
-            "pv_accum": U32 * np.minimum(lam * np.sqrt(n), n) * total + U32 * ag,
-        }
-        if "pv_sub" in elem:  # exact; inside F too, so a flushing device uses at most half the bound
-            terms["flush_to_zero"] = elem["pv_sub"][pick].astype(np.float64) + np.where(ag < FTZ_OUTPUT_LIMIT, ag, 0.0)
-        bound = np.zeros_like(ag)
-        for term in terms.values():
-            bound += term
-        bound *= safety
+        chunk, (g, limit) = bound.chunks[index], bound.chunk(index)
+        a = a_all[chunk.pick].astype(np.float64)
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             err = np.abs(a - g)  # NaN for a NaN output, inf for an infinite one
-            ratio = err / bound  # err > 0 over a zero bound: inf
+            ratio = err / limit  # err > 0 over a zero bound: inf
         ratio[err == 0.0] = 0.0  # including 0 / 0
         ratio[np.isnan(ratio)] = np.inf
         if cells is not None:  # the chunks' rows are disjoint
-            cells[tok] = ratio.max(axis=2)
+            cells[chunk.tokens] = ratio.max(axis=2)
         flat = int(np.argmax(ratio))
         r, hh, c = (int(i) for i in np.unravel_index(flat, ratio.shape))
-        parts = {k: safety * float(np.broadcast_to(v, ratio.shape)[r, hh, c]) for k, v in terms.items()}
+        parts = bound.terms_at(index, (r, hh, c))
         value = float(ratio.flat[flat])
-        worst = (value, int(tok[r]), hh, c, float(g[r, hh, c]), float(a[r, hh, c]), float(bound[r, hh, c]), parts)
+        worst = (
+            value,
+            int(chunk.tokens[r]),
+            hh,
+            c,
+            float(g[r, hh, c]),
+            float(a[r, hh, c]),
+            float(limit[r, hh, c]),
+            parts,
+        )
         return int(np.count_nonzero(ratio > 1.0)), worst
 
     n_over = 0
     worst: _Worst | None = None
-    for over, candidate in map_for(len(chunks))(chunk_ratio, chunks):
+    for over, candidate in map_for(len(bound.chunks))(chunk_ratio, range(len(bound.chunks))):
         n_over += over
         if worst is None or candidate[0] > worst[0]:
             worst = candidate
     if worst is None:
-        return ModelResult(0.0, 0, 0, lam, None, {})
+        return ModelResult(0.0, 0, 0, bound.lam, None, {})
     best, token, head, col, g0, a0, b0, parts = worst
     element = Element.at(token, head, col, spec.q_seqlen, (g0, a0), "model:max_err_over_bound", b0)
-    return ModelResult(best, n_elements, n_over, lam, element, parts)
+    return ModelResult(best, bound.n_elements, n_over, bound.lam, element, parts)

@@ -17,7 +17,7 @@ from mlaconf.golden.specs.layout import out_shape
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.types import GoldenCase
 from mlaconf.judge.deviations import Deviation
-from mlaconf.judge.error_model import model_ratio
+from mlaconf.judge.error_model import ModelBound, model_ratio
 from mlaconf.judge.metrics import Metrics, compute_metrics
 from mlaconf.judge.msprobe import BenchmarkMetrics, benchmark_metrics
 from mlaconf.judge.policy import Check, Policy, PolicySet, Verdict, VerdictContext
@@ -131,6 +131,7 @@ def error_map(
             safety=model[1],
             cells=cells,
             token_rows=golden.token_rows,
+            bound=golden_bound(golden, *model),
         )
         grid[:rows, :heads] = cells
         bound, scale, quantity = 1.0, 1.0, "max_v |out - g| / bound_e (the error model's per-element bound)"
@@ -181,29 +182,58 @@ T = TypeVar("T")
 
 
 class PerGolden(Generic[T]):
-    """Values computed once from one golden's array and shared by every verdict on that golden (power judges
-    every subject against one): keyed by the array's id and parameters, held by a weak reference to the array
-    (an id reused by another array computes again); the ``kept`` latest stay."""
+    """Values computed once from a golden (or one of its arrays) and shared by every verdict on it (power judges
+    every subject against one golden): keyed by the owner's id and parameters, held while the owner lives (an
+    entry goes with its owner, so a value as large as the golden is never kept past it); the ``kept`` latest
+    stay.  A golden is never edited in place once judged: an edit is a new golden (``dataclasses.replace``)."""
 
     def __init__(self, kept: int) -> None:
         self.kept = kept
-        self._values: dict[tuple[Any, ...], tuple[weakref.ref[np.ndarray], T]] = {}
+        self._values: dict[tuple[Any, ...], tuple[weakref.ref[Any], T]] = {}
 
-    def get(self, array: np.ndarray, parameters: tuple[Any, ...], compute: Callable[[], T]) -> T:
-        key = (id(array), *parameters)
+    def get(self, owner: Any, parameters: tuple[Any, ...], compute: Callable[[], T]) -> T:
+        key = (id(owner), *parameters)
         found = self._values.get(key)
-        if found is None or found[0]() is not array:
-            found = (weakref.ref(array), compute())
+        if found is None or found[0]() is not owner:
+            found = (weakref.ref(owner, lambda _: self._values.pop(key, None)), compute())
             self._values[key] = found
             while len(self._values) > self.kept:
-                del self._values[next(iter(self._values))]
+                self._values.pop(next(iter(self._values)), None)
         return found[1]
+
+    def __len__(self) -> int:
+        return len(self._values)
 
 
 #: msprobe's scores of the baselines of the goldens judged last (every record of a golden shares its baseline's).
 BASELINE_SCORES = PerGolden[BenchmarkMetrics](16)
 #: The near-tie rows of the goldens judged last (the temperature test asks once per golden, not per subject).
 NEAR_TIES = PerGolden[np.ndarray](16)
+#: The error model's bound of the goldens being judged (as large as a golden: one per power job).
+MODEL_BOUNDS = PerGolden[ModelBound](4)
+#: Largest golden whose bound is kept for the next verdict on it (the bound is as large as the golden).
+KEPT_BOUND_BYTES = 128 << 20
+
+
+def golden_bound(golden: GoldenCase, false_alarm: float, safety: float) -> ModelBound:
+    """The error model's bound of ``golden`` under these parameters: made once per golden and kept up to
+    :data:`KEPT_BOUND_BYTES`, else made chunk by chunk for each verdict (memory over time)."""
+
+    def make(keep: bool) -> ModelBound:
+        return ModelBound(
+            golden.out,
+            golden.row_valid,
+            golden.magnitudes,
+            golden.spec,
+            false_alarm=false_alarm,
+            safety=safety,
+            token_rows=golden.token_rows,
+            keep=keep,
+        )
+
+    if golden.out.nbytes > KEPT_BOUND_BYTES:
+        return make(False)
+    return MODEL_BOUNDS.get(golden, (false_alarm, safety), lambda: make(True))
 
 
 def verdict_context(
@@ -226,6 +256,7 @@ def verdict_context(
             false_alarm=false_alarm,
             safety=safety,
             token_rows=golden.token_rows,
+            bound=golden_bound(golden, false_alarm, safety),
         )
     if "systematic" in wanted:
         each = policy.param("systematic", "false_alarm", spec.dtype) / 2.0  # two tests share the case's rate

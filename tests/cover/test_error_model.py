@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 from typing import Any
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 
 from mlaconf.facts.operator import scores_in_fp16
+from mlaconf.golden.building import chunks
 from mlaconf.golden.building.generate import build_golden
 from mlaconf.golden.building.inputs import generate_inputs
 from mlaconf.golden.building.magnitudes import (
@@ -27,9 +29,9 @@ from mlaconf.golden.specs.spec_build import build_case
 from mlaconf.golden.specs.types import ELEMENT_MAGNITUDES, ROW_MAGNITUDES, GoldenCase, magnitude_names
 from mlaconf.golden.store.directory import GoldenStore
 from mlaconf.golden.store.integrity import SCHEMA_VERSION
-from mlaconf.judge.error_model import model_ratio, scale_cast_error
+from mlaconf.judge.error_model import ModelBound, model_ratio, scale_cast_error
 from mlaconf.judge.policy import load_policies
-from mlaconf.judge.verdict import verdict_context
+from mlaconf.judge.verdict import PerGolden, verdict_context
 from tests.goldens import baseline_metrics, reseal
 
 
@@ -167,6 +169,43 @@ def test_scale_cast_only_on_the_fp16_score_path() -> None:
     assert scale_cast_error(CAUSAL) == 0.0
     eps = scale_cast_error(FP16)
     assert eps != 0.0 and abs(eps) <= 2.0**-11
+
+
+@pytest.mark.parametrize("spec", [CAUSAL, FP16, FP16_MASK_FREE], ids=["bf16-causal", "fp16-logits", "fp16-mask-free"])
+def test_a_bound_made_once_judges_each_output_as_one_made_for_it(
+    spec: CaseSpec, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Power judges every subject against one kept bound: each verdict is the one a fresh bound gives, and
+    the terms reported at the worst element are that element's (they add up to its bound).  Rows in chunks
+    of three, so that each chunk keeps its own."""
+    golden = build_golden(spec)
+    monkeypatch.setattr(chunks, "CHUNK_ELEMENTS", 3 * spec.head_num * 128)
+    args = (golden.out, golden.row_valid, golden.magnitudes, spec)
+    kept = ModelBound(*args, false_alarm=1e-6, safety=2.0, keep=True)
+    assert len(kept.chunks) > 2
+    base = golden.baseline_out.astype(np.float64).reshape(golden.out.shape)
+    noisy = base + np.random.default_rng(0).normal(0.0, 1e-2, base.shape) * np.abs(base)
+    for out in (base, noisy, base):
+        fresh = model_ratio(out, *args, false_alarm=1e-6, safety=2.0)
+        assert model_ratio(out, *args, false_alarm=1e-6, safety=2.0, bound=kept) == fresh
+        assert fresh.element is not None and fresh.element.bound is not None
+        assert sum(fresh.terms.values()) == pytest.approx(fresh.element.bound, rel=1e-12)
+    assert model_ratio(noisy, *args, false_alarm=1e-6, safety=2.0).max_ratio > 1.0  # the two outputs differ
+
+
+def test_a_value_kept_per_golden_goes_with_its_golden() -> None:
+    class Owner:
+        pass
+
+    kept, made = PerGolden[int](4), []
+    owner = Owner()
+    assert kept.get(owner, (1,), lambda: len(made)) == 0
+    made.append(owner)
+    assert kept.get(owner, (1,), lambda: len(made)) == 0 and len(kept) == 1  # the kept value
+    assert kept.get(owner, (2,), lambda: len(made)) == 1 and len(kept) == 2  # other parameters
+    del owner, made[:]
+    gc.collect()
+    assert len(kept) == 0
 
 
 @pytest.mark.parametrize("spec", [CAUSAL, FP16], ids=["bf16-causal-gqa-ragged", "fp16-large-logits"])
