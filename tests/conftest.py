@@ -86,15 +86,6 @@ ORDER_KEY = "mla_tests_slowest_first"
 
 
 @pytest.hookimpl(optionalhook=True)
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto`` for the framework's own tests: one worker more than the usable cores.  Many of our tests
-    wait on child processes (a pytest run, Ray, a backend that sleeps on purpose), holding their worker with
-    its core idle; the extra worker fills those waits (docs/benchmarks.md, "The framework's own runs").  A
-    run of ``cases/`` alone never loads this file: a user's conformance run keeps xdist's count."""
-    return len(os.sched_getaffinity(0)) + 1 if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1) + 1
-
-
-@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """xdist's ``load`` mode for our tests: slowest first, a module with a module fixture on one worker."""
     if config.getvalue("dist") != "load":

@@ -261,26 +261,33 @@ def cheapest_lengths(model: FactorModel | None = None) -> dict[tuple[str, str, s
 def _cheapest_lengths(names_per_factor: tuple[tuple[str, ...], ...]) -> dict[tuple[str, str, str], tuple[int, int]]:
     import numpy as np
 
-    span = np.concatenate([np.arange(1, 700), np.arange(3968, 4736)])
-    prefixes = np.arange(0, 4736)
+    span = np.concatenate([np.arange(1, 700, dtype=np.int32), np.arange(3968, 4736, dtype=np.int32)])
+    prefixes = np.arange(0, 4736, dtype=np.int32)
     q = np.repeat(span, len(prefixes))
     prefix = np.tile(prefixes, len(span))
     kv = q + prefix
-    code = np.zeros(len(q), dtype=np.int64)
+    width = np.int32 if sum(len(wanted) for wanted in names_per_factor) < 32 else np.int64  # a bit per level
+    code = np.zeros(len(q), dtype=width)
     bit = 0
     names: list[tuple[str, str]] = []
     for (factor, values), wanted in zip(
         (("q_len", q), ("kv_len", kv), ("prefix", prefix)), names_per_factor, strict=True
     ):
         for level in wanted:
-            code |= np.asarray(PER_BATCH[factor][level](values), dtype=np.int64) << bit
+            code |= np.asarray(PER_BATCH[factor][level](values), dtype=width) << bit
             names.append((factor, level))
             bit += 1
-    order = np.lexsort((q, q * kv))
-    codes, first = np.unique(code[order], return_index=True)
+    # the cheapest length pair of each code: the smallest (q * kv, q), packed in one integer (q < 2^13), taken
+    # per run of equal codes after one sort (q and q * kv name the pair: no ties, so no order inside a run matters)
+    key = (q.astype(np.int64) * kv) << 13 | q
+    by_code = np.argsort(code, kind="stable")  # a radix sort for these integers
+    sorted_codes = code[by_code]
+    starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]])
+    smallest = np.minimum.reduceat(key[by_code], starts)
+    codes, best_q = sorted_codes[starts], smallest & (1 << 13) - 1
+    best_kv = (smallest >> 13) // best_q
     cheapest: dict[tuple[str, str, str], tuple[int, int]] = {}
-    for value, index in zip(codes.tolist(), first.tolist(), strict=True):
-        pair = (int(q[order[index]]), int(kv[order[index]]))
+    for value, pair in zip(codes.tolist(), zip(best_q.tolist(), best_kv.tolist(), strict=True), strict=True):
         hit = [names[i] for i in range(bit) if value >> i & 1]
         q_levels, kv_levels, prefix_levels = ([lv for f, lv in hit if f == factor] for factor in PER_BATCH)
         for atom in itertools.product(q_levels, kv_levels, prefix_levels):
