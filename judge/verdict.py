@@ -216,8 +216,9 @@ KEPT_BOUND_BYTES = 128 << 20
 
 
 def golden_bound(golden: GoldenCase, false_alarm: float, safety: float) -> ModelBound:
-    """The error model's bound of ``golden`` under these parameters: made once per golden and kept up to
-    :data:`KEPT_BOUND_BYTES`, else made chunk by chunk for each verdict (memory over time)."""
+    """The error model's bound of ``golden`` under these parameters: made once per golden and kept while the
+    golden lives, up to :data:`KEPT_BOUND_BYTES`; a larger golden's is made chunk by chunk in each verdict, so
+    judging a production-sized golden takes no more memory than before."""
 
     def make(keep: bool) -> ModelBound:
         return ModelBound(
