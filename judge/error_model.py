@@ -170,6 +170,39 @@ class ModelBound:
         found = self._terms(pick, chunk.tokens[r : r + 1], slice(h, h + 1), slice(c, c + 1))
         return {k: self.safety * float(np.broadcast_to(v, (1, 1, 1))[0, 0, 0]) for k, v in found.items()}
 
+    def ratio(self, actual: np.ndarray, cells: np.ndarray | None = None) -> ModelResult:
+        """The rule on ``actual`` (any layout of [T, H*128]): :func:`model_ratio` with this bound."""
+        a_all = actual.reshape(self.rows, self.heads, V_DIM)
+
+        def chunk_ratio(index: int) -> tuple[int, _Worst]:
+            """The chunk's count over 1 and its largest ratio (the first of equal ones), with its terms."""
+            chunk, (g, limit) = self.chunks[index], self.chunk(index)
+            a = a_all[chunk.pick].astype(np.float64)
+            with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+                err = np.abs(a - g)  # NaN for a NaN output, inf for an infinite one
+                ratio = err / limit  # err > 0 over a zero bound: inf
+            ratio[err == 0.0] = 0.0  # including 0 / 0
+            ratio[np.isnan(ratio)] = np.inf
+            if cells is not None:  # the chunks' rows are disjoint
+                cells[chunk.tokens] = ratio.max(axis=2)
+            flat = int(np.argmax(ratio))
+            r, h, c = (int(i) for i in np.unravel_index(flat, ratio.shape))
+            at = (float(g[r, h, c]), float(a[r, h, c]), float(limit[r, h, c]))
+            worst = (float(ratio.flat[flat]), int(chunk.tokens[r]), h, c, *at, self.terms_at(index, (r, h, c)))
+            return int(np.count_nonzero(ratio > 1.0)), worst
+
+        n_over = 0
+        worst: _Worst | None = None
+        for over, candidate in map_for(len(self.chunks))(chunk_ratio, range(len(self.chunks))):
+            n_over += over
+            if worst is None or candidate[0] > worst[0]:
+                worst = candidate
+        if worst is None:
+            return ModelResult(0.0, 0, 0, self.lam, None, {})
+        best, token, head, col, g0, a0, b0, parts = worst
+        element = Element.at(token, head, col, self.spec.q_seqlen, (g0, a0), "model:max_err_over_bound", b0)
+        return ModelResult(best, self.n_elements, n_over, self.lam, element, parts)
+
 
 def model_ratio(
     actual: np.ndarray,
@@ -182,54 +215,13 @@ def model_ratio(
     safety: float,
     cells: np.ndarray | None = None,
     token_rows: np.ndarray | None = None,
-    bound: ModelBound | None = None,
 ) -> ModelResult:
     """max |actual - golden| / bound over valid rows; ``actual``/``golden`` in any layout of [T, H*128].
     ``cells`` (a [T, H] float array), when given, receives each valid (token, head)'s largest
     ratio: the rule's slack per cell, for the report's error map.  ``token_rows``: the token of each row
-    when the arrays (magnitudes included) hold a sample of rows.  ``bound``: the :class:`ModelBound` of these
-    arguments, made once for several outputs."""
-    if bound is None:
-        bound = ModelBound(
-            golden, row_valid, magnitudes, spec, false_alarm=false_alarm, safety=safety, token_rows=token_rows
-        )
-    a_all = actual.reshape(row_valid.shape[0], spec.head_num, V_DIM)
-
-    def chunk_ratio(index: int) -> tuple[int, _Worst]:
-        """The chunk's count over 1 and its largest ratio (the first of equal ones), with its terms."""
-        chunk, (g, limit) = bound.chunks[index], bound.chunk(index)
-        a = a_all[chunk.pick].astype(np.float64)
-        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            err = np.abs(a - g)  # NaN for a NaN output, inf for an infinite one
-            ratio = err / limit  # err > 0 over a zero bound: inf
-        ratio[err == 0.0] = 0.0  # including 0 / 0
-        ratio[np.isnan(ratio)] = np.inf
-        if cells is not None:  # the chunks' rows are disjoint
-            cells[chunk.tokens] = ratio.max(axis=2)
-        flat = int(np.argmax(ratio))
-        r, hh, c = (int(i) for i in np.unravel_index(flat, ratio.shape))
-        parts = bound.terms_at(index, (r, hh, c))
-        value = float(ratio.flat[flat])
-        worst = (
-            value,
-            int(chunk.tokens[r]),
-            hh,
-            c,
-            float(g[r, hh, c]),
-            float(a[r, hh, c]),
-            float(limit[r, hh, c]),
-            parts,
-        )
-        return int(np.count_nonzero(ratio > 1.0)), worst
-
-    n_over = 0
-    worst: _Worst | None = None
-    for over, candidate in map_for(len(bound.chunks))(chunk_ratio, range(len(bound.chunks))):
-        n_over += over
-        if worst is None or candidate[0] > worst[0]:
-            worst = candidate
-    if worst is None:
-        return ModelResult(0.0, 0, 0, bound.lam, None, {})
-    best, token, head, col, g0, a0, b0, parts = worst
-    element = Element.at(token, head, col, spec.q_seqlen, (g0, a0), "model:max_err_over_bound", b0)
-    return ModelResult(best, bound.n_elements, n_over, bound.lam, element, parts)
+    when the arrays (magnitudes included) hold a sample of rows.  A caller judging several outputs against one
+    golden makes its :class:`ModelBound` once and asks :meth:`ModelBound.ratio` for each."""
+    bound = ModelBound(
+        golden, row_valid, magnitudes, spec, false_alarm=false_alarm, safety=safety, token_rows=token_rows
+    )
+    return bound.ratio(actual, cells)

@@ -17,7 +17,7 @@ from mlaconf.golden.specs.layout import out_shape
 from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.types import GoldenCase
 from mlaconf.judge.deviations import Deviation
-from mlaconf.judge.error_model import ModelBound, model_ratio
+from mlaconf.judge.error_model import ModelBound
 from mlaconf.judge.metrics import Metrics, compute_metrics
 from mlaconf.judge.msprobe import BenchmarkMetrics, benchmark_metrics
 from mlaconf.judge.policy import Check, Policy, PolicySet, Verdict, VerdictContext
@@ -121,18 +121,7 @@ def error_map(
     out = judged_rows(golden, out)  # a sampled golden's map shows its sampled rows, the others None
     if deciding is not None and deciding.rule == "model" and model is not None and golden.magnitudes:
         cells = np.full((rows, heads), np.nan)
-        model_ratio(
-            out,
-            golden.out,
-            golden.row_valid,
-            golden.magnitudes,
-            spec,
-            false_alarm=model[0],
-            safety=model[1],
-            cells=cells,
-            token_rows=golden.token_rows,
-            bound=golden_bound(golden, *model),
-        )
+        golden_bound(golden, *model).ratio(out, cells)
         grid[:rows, :heads] = cells
         bound, scale, quantity = 1.0, 1.0, "max_v |out - g| / bound_e (the error model's per-element bound)"
     else:
@@ -248,17 +237,7 @@ def verdict_context(
     model = systematic = msprobe = None
     if "model" in wanted and golden.magnitudes:
         false_alarm, safety = (policy.param("model", name, spec.dtype) for name in ("false_alarm", "safety"))
-        model = model_ratio(
-            out,
-            golden.out,
-            golden.row_valid,
-            golden.magnitudes,
-            spec,
-            false_alarm=false_alarm,
-            safety=safety,
-            token_rows=golden.token_rows,
-            bound=golden_bound(golden, false_alarm, safety),
-        )
+        model = golden_bound(golden, false_alarm, safety).ratio(out)
     if "systematic" in wanted:
         each = policy.param("systematic", "false_alarm", spec.dtype) / 2.0  # two tests share the case's rate
         systematic = (

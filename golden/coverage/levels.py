@@ -277,15 +277,16 @@ def _cheapest_lengths(names_per_factor: tuple[tuple[str, ...], ...]) -> dict[tup
             code |= np.asarray(PER_BATCH[factor][level](values), dtype=width) << bit
             names.append((factor, level))
             bit += 1
-    # the cheapest length pair of each code: the smallest (q * kv, q), packed in one integer (q < 2^13), taken
-    # per run of equal codes after one sort (q and q * kv name the pair: no ties, so no order inside a run matters)
-    key = (q.astype(np.int64) * kv) << 13 | q
+    # the cheapest length pair of each code: the smallest (q * kv, q), packed in one integer (q below 2^q_bits),
+    # taken per run of equal codes after one sort (q and q * kv name the pair: no ties, no order inside a run)
+    q_bits = 13
+    key = (q.astype(np.int64) * kv) << q_bits | q
     by_code = np.argsort(code, kind="stable")  # a radix sort for these integers
     sorted_codes = code[by_code]
     starts = np.flatnonzero(np.r_[True, sorted_codes[1:] != sorted_codes[:-1]])
     smallest = np.minimum.reduceat(key[by_code], starts)
-    codes, best_q = sorted_codes[starts], smallest & (1 << 13) - 1
-    best_kv = (smallest >> 13) // best_q
+    codes, best_q = sorted_codes[starts], smallest & (1 << q_bits) - 1
+    best_kv = (smallest >> q_bits) // best_q
     cheapest: dict[tuple[str, str, str], tuple[int, int]] = {}
     for value, pair in zip(codes.tolist(), zip(best_q.tolist(), best_kv.tolist(), strict=True), strict=True):
         hit = [names[i] for i in range(bit) if value >> i & 1]

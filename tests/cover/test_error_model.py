@@ -187,7 +187,7 @@ def test_a_bound_made_once_judges_each_output_as_one_made_for_it(
     noisy = base + np.random.default_rng(0).normal(0.0, 1e-2, base.shape) * np.abs(base)
     for out in (base, noisy, base):
         fresh = model_ratio(out, *args, false_alarm=1e-6, safety=2.0)
-        assert model_ratio(out, *args, false_alarm=1e-6, safety=2.0, bound=kept) == fresh
+        assert kept.ratio(out) == fresh
         assert fresh.element is not None and fresh.element.bound is not None
         assert sum(fresh.terms.values()) == pytest.approx(fresh.element.bound, rel=1e-12)
     assert model_ratio(noisy, *args, false_alarm=1e-6, safety=2.0).max_ratio > 1.0  # the two outputs differ
