@@ -1,5 +1,6 @@
 """The factor model of the contract (``facts/factors.toml``): factors, levels with why each is there,
-constraints between levels, and the kernel-structure factor sets whose triples matter.
+constraints between levels, the kernel-structure factor sets whose triples matter and the kernels that must
+each meet every tiling level pair.
 
 A level marked ``pending`` is part of the grown model (read from a kernel branch, facts/branches.toml) that
 the shipped suites' covering sections do not target yet: :meth:`FactorModel.settled` is the model without
@@ -84,10 +85,24 @@ class StructureSet:
 
 
 @dataclass(frozen=True)
+class KernelSet:
+    """The factors that pick a kernel (``kernel``) and those it tiles by (``factors``): a covering suite holds every
+    valid tuple of one level per kernel factor with a level pair of the tiled factors, but a level of ``once``
+    (``(factor, level)``) with the kernel alone, not in every pair."""
+
+    name: str
+    kernel: tuple[str, ...]
+    factors: tuple[str, ...]
+    why: str
+    once: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
 class FactorModel:
     factors: tuple[Factor, ...]
     constraints: tuple[Constraint, ...]
     structures: tuple[StructureSet, ...]
+    kernels: tuple[KernelSet, ...] = ()
 
     def factor(self, name: str) -> Factor:
         for factor in self.factors:
@@ -134,7 +149,13 @@ def _settled(model: FactorModel) -> FactorModel:
         names = tuple(f for f in structure.factors if f in kept)
         if len(names) >= 3:
             structures.append(dataclasses.replace(structure, factors=names))
-    return FactorModel(tuple(factors), tuple(constraints), tuple(structures))
+    kernels = []
+    for kernel in model.kernels:
+        names = tuple(f for f in kernel.factors if f in kept)
+        once = tuple((f, lv) for f, lv in kernel.once if lv in kept.get(f, set()))
+        if len(names) >= 2 and set(kernel.kernel) <= set(kept):
+            kernels.append(dataclasses.replace(kernel, factors=names, once=once))
+    return FactorModel(tuple(factors), tuple(constraints), tuple(structures), tuple(kernels))
 
 
 def _text(entry: Mapping[str, Any], key: str, where: str, *, required: bool = True) -> str:
@@ -197,9 +218,27 @@ def parse_model(data: Mapping[str, Any], source: str) -> FactorModel:
         if not isinstance(names, list) or len(names) < 3 or not set(names) <= set(factors):
             raise FactorModelError(f"{where}: factors must list three or more of {sorted(factors)}, got {names!r}")
         structures.append(StructureSet(_text(entry, "name", where), tuple(names), _text(entry, "why", where)))
+    kernels = []
+    for index, entry in enumerate(data.get("kernel", [])):
+        where = f"{source}: kernel #{index}"
+        picking, tiled = entry.get("kernel"), entry.get("factors")
+        for key, names, least in (("kernel", picking, 1), ("factors", tiled, 2)):
+            if not isinstance(names, list) or len(names) < least or not set(names) <= set(factors):
+                raise FactorModelError(f"{where}: {key} must list {least} or more of {sorted(factors)}, got {names!r}")
+        both = sorted(set(picking) & set(tiled))
+        if both:
+            raise FactorModelError(f"{where}: {both} both pick the kernel and are tiled by")
+        once = []
+        for item in entry.get("once", []):
+            factor, _, level = str(item).partition(".")
+            if factor not in tiled or level not in factors[factor].level_names:
+                raise FactorModelError(f"{where}: once names 'factor.level' of a tiled factor, got {item!r}")
+            once.append((factor, level))
+        name, why = _text(entry, "name", where), _text(entry, "why", where)
+        kernels.append(KernelSet(name, tuple(picking), tuple(tiled), why, tuple(once)))
     if not factors:
         raise FactorModelError(f"{source}: no [[factor]] tables")
-    return FactorModel(tuple(factors.values()), tuple(constraints), tuple(structures))
+    return FactorModel(tuple(factors.values()), tuple(constraints), tuple(structures), tuple(kernels))
 
 
 @cache

@@ -68,8 +68,8 @@ PLANS: dict[str, Plan] = {
     "mlaconf run --backend atb --backend torch-cpu": Plan(1, "backend atb was named explicitly but is unavailable"),
     "mlaconf run --backend my_kernels:factory": Plan(0, "1 passed"),
     "mlaconf run -- -k 'bf16 and causal' --lf": Plan(0, "1 passed"),
-    "mlaconf list smoke": Plan(0, "list: 168 cases"),
-    "mlaconf regen smoke -j 2": Plan(0, "regen: 168 cases"),
+    "mlaconf list smoke": Plan(0, "list: 169 cases"),
+    "mlaconf regen smoke -j 2": Plan(0, "regen: 169 cases"),
     "mlaconf regen all --shard 2/4": Plan(not_run=ALL_GOLDENS),
     "mlaconf regen --cases my.toml --out /data/golden --force": Plan(0, "regen: 1 generated"),
     "mlaconf verify": Plan(0, "0 bad, 0 problems"),
@@ -99,7 +99,7 @@ PLANS: dict[str, Plan] = {
     "pytest cases --mla-seeds 1,2,3,4,5": Plan(0, "5 passed"),
     "pytest cases --mla-cases my_cases.toml": Plan(0, "1 passed"),
     "mlaconf coverage smoke": Plan(0, "2-way 100.0 %"),
-    "mlaconf coverage smoke --backend atb": Plan(0, "atb runs 46 of 168 valid cases to a numeric verdict"),
+    "mlaconf coverage smoke --backend atb": Plan(0, "atb runs 49 of 169 valid cases to a numeric verdict"),
     "mlaconf power --suite smoke -j 2": Plan(
         not_run="about 2,000 backend runs, tens of minutes on 2 cores: tests/nocover/test_power_smoke.py runs it"
     ),

@@ -9,7 +9,8 @@ Each section records a digest of what made it (:func:`inputs_digest`: the suite'
 and the generator's sources), so that a section is known current without running the generator again
 (``--check-inputs``, tests/nocover/test_covering.py).
 
-Smoke holds every valid pair; standard every valid pair and every triple of the kernel-structure sets."""
+Smoke holds every valid pair and every kernel's tiling pairs (facts/factors.toml ``[[kernel]]``); standard these
+and every triple of the kernel-structure sets."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from mlaconf.facts.factors import DEFAULT_PATH, FactorModel, load_model
 from mlaconf.facts.operator import DEFAULT_QK_SCALE, DOCUMENTED_FILL, SCORE_DIM, V_DIM
 from mlaconf.golden.coverage.levels import (
     FEW_TASKS,
+    LENGTH_FACTORS,
     PER_BATCH,
     Q_TILE,
     ROUNDS_TASKS,
@@ -40,6 +42,8 @@ from mlaconf.golden.coverage.levels import (
     cheapest_heads,
     cheapest_lengths,
     distinct_rows,
+    kernel_tuples,
+    length_levels,
     row_tuples,
     structure_factor_sets,
     valid_tuples,
@@ -52,7 +56,8 @@ from mlaconf.golden.store.directory import create_temp, temp_path
 
 #: The line that opens a suite file's generated section; everything after it is the generator's.
 MARKER = "# -- generated covering set: do not edit below; rewrite with `python -m mlaconf.golden.coverage.covering`"
-#: Which tuples each suite's generated section completes: (suite, strengths, with structure triples).
+#: Which tuples each suite's generated section completes beyond every pair and each kernel's tiling pairs: with the
+#: kernel-structure triples (True) or not.
 TARGETS = {"smoke": False, "standard": True}
 #: Most query rows per candidate batch list and most batches one generated case holds.
 MAX_ROWS = 6
@@ -151,7 +156,7 @@ def row_flops(q: int, kv: int) -> int:
 
 @dataclass(frozen=True)
 class Length:
-    """A concrete batch (q_b, kv_b) and the per-batch levels it holds."""
+    """A concrete batch (q_b, kv_b) and the per-batch levels it can hold (inputs: those its keys can show)."""
 
     q: int
     kv: int
@@ -161,15 +166,8 @@ class Length:
 def length_menu(model: FactorModel | None = None) -> list[Length]:
     """For each realizable (q_len, kv_len, prefix) of ``model`` (default: the settled one), the cheapest (q_b, kv_b)
     that holds it; cheapest first."""
-    menu = {}
     pairs = set(cheapest_lengths(model).values())
-    for q, kv in sorted(pairs, key=lambda pair: (pair[0] * pair[1] + pair[0], *pair)):
-        row = {
-            f: frozenset(n for n, rule in PER_BATCH[f].items() if rule(v))
-            for f, v in zip(PER_BATCH, (q, kv, kv - q), strict=True)
-        }
-        menu[(q, kv)] = Length(q, kv, row)
-    return list(menu.values())
+    return [Length(q, kv, length_levels(q, kv)) for q, kv in sorted(pairs, key=lambda p: (p[0] * p[1] + p[0], *p))]
 
 
 def _one(case: Levels, factor: str) -> str | None:
@@ -201,13 +199,19 @@ def _order(case: Levels, lengths: list[Length]) -> list[Length]:
 
 
 def _fits(case: Levels, factor: str, option: frozenset[str]) -> bool:
-    """What the model's constraints cannot say: a batch order needs two checked batches (B = 2 with an empty one
-    has one) of different lengths (a padded cache without unread rows has every kv_b = S)."""
-    if factor == "batch":
-        return not ({"two", "empty_row"} <= option and case["batch_order"])
-    if factor == "padding" and "none" in option:
-        return not (case["batch_order"] and next(iter(case["kv_layout"])).startswith("padded"))
-    return True
+    """What the model's constraints cannot say, given the levels known so far (``case``, the seed's among them): a
+    batch order needs two checked batches (B = 2 with an empty one has one) of different lengths (a padded cache
+    without unread rows has every kv_b = S); in fp16 a logits trend's rise or a logit shift over a tiny qkScale
+    passes the raw score fp16 keeps (the spec validator's FP16_RAW_SCORE_LIMIT)."""
+    ordered = bool(case.get("batch_order"))
+    if factor == "batch" and {"two", "empty_row"} <= option and ordered:
+        return False
+    if factor == "padding" and "none" in option and ordered and next(iter(case["kv_layout"])).startswith("padded"):
+        return False
+    trial = {**case, factor: option}
+    none: frozenset[str] = frozenset()
+    lifted = trial.get("inputs", none) & {"late_max", "sinks"} or trial.get("logits", none) & {"negative", "positive"}
+    return not (trial.get("dtype") == frozenset({"fp16"}) and "tiny" in trial.get("qk_scale", none) and lifted)
 
 
 def _fields(case: Levels, lengths: Sequence[Length]) -> dict[str, Any]:
@@ -288,7 +292,7 @@ class Generator:
         covered = set().union(*(row_tuples(row, self.factor_sets) for row in distinct_rows(existing)))
         self.open: dict[Tuple, None] = {items: None for items in targets if items not in covered}
         self.targets = set(self.open)
-        self._case_items = {items: frozenset(i for i in items if i[0] not in PER_BATCH) for items in self.targets}
+        self._case_items = {items: frozenset(i for i in items if i[0] not in LENGTH_FACTORS) for items in self.targets}
         self.menu = length_menu(model)
         self.options: dict[str, list[frozenset[str]]] = {
             f: [frozenset({lv}) for lv in model.factor(f).level_names] for f in CASE_FACTORS
@@ -346,19 +350,22 @@ class Generator:
     def _build(
         self, seed: Tuple, banned: frozenset[tuple[str, frozenset[str]]]
     ) -> tuple[CaseSpec | None, Levels] | None:
-        """The case-level choices for a seed and the case they give (None where the validator refuses it)."""
+        """The case-level choices for a seed and the case they give (None where no batches fit the choices or the
+        validator refuses the case; None alone where no choice is consistent)."""
         want = dict(seed)
+        seeded = {f: frozenset({lv}) for f, lv in want.items()}
         case: Levels = {}
         for factor in CASE_FACTORS:
             choices = [
                 o
                 for o in self.options[factor]
-                if (factor not in want or want[factor] in o) and (factor, o) not in banned and _fits(case, factor, o)
+                if (factor not in want or want[factor] in o)
+                and (factor, o) not in banned
+                and _fits({**seeded, **case}, factor, o)
             ]
             best: tuple[int, int] | None = None
             for rank, option in enumerate(choices):
                 trial = {**case, factor: option}
-                seeded = {f: frozenset({lv}) for f, lv in want.items()}
                 if not self._consistent({**seeded, **trial}):
                     continue
                 score = (self._partial_score(trial), -rank)
@@ -368,7 +375,7 @@ class Generator:
                 return None
         rows = self._choose_lengths(case, want)
         if rows is None:
-            return None
+            return None, case  # no batch fits the choices (few tasks under 32 heads): rebuilt without one of them
         raw = _fields(case, rows)
         try:
             spec = build_case(raw, source=f"{self.suite} (generated)", suite=self.suite)
@@ -386,8 +393,9 @@ class Generator:
         few = "few" in case["tasks"]
         layout = _one(case, "kv_layout") or ""
         uniform = layout == "padded_full" or (layout == "padded" and "none" in case["padding"])
-        need_kv = 129 if "late_max" in case["inputs"] else 2 if "sinks" in case["inputs"] else 1
-        relevant = [t for t in self.open if all(f in PER_BATCH or lv in case[f] for f, lv in t)]
+        # a batch holds a tuple's case-level levels (inputs: chosen) through the case, its per-batch ones (inputs:
+        # shown by its keys) itself
+        relevant = [t for t in self.open if all(f in LENGTH_FACTORS or lv in case[f] for f, lv in t)]
         held = {
             (m.q, m.kv): {t for t in relevant if all(f not in PER_BATCH or lv in m.levels[f] for f, lv in t)}
             for m in menu
@@ -402,9 +410,6 @@ class Generator:
                 pool = [m for m in pool if heads * (tiles(chosen) + tiles([m])) < FEW_TASKS]
             if uniform and chosen:  # every batch holds S keys (but a last one, below)
                 pool = [m for m in pool if m.kv == chosen[0].kv]
-            unmet = max((c.kv for c in chosen), default=0) < need_kv
-            if unmet and (slot > 0 or any(m.kv >= need_kv for m in pool)):
-                pool = [m for m in pool if m.kv >= need_kv]
             best: tuple[float, int] | None = None
             pick = None
             for item in pool:  # cheapest first: a later item must add more per second to win
@@ -414,7 +419,7 @@ class Generator:
                     best, pick = score, item
             if pick is None:
                 return chosen or None
-            if slot >= 3 and not unmet and best is not None and best[1] == 0:
+            if slot >= 3 and best is not None and best[1] == 0:
                 break  # "many" holds at least three batches; more only while they add tuples
             chosen.append(pick)
             gained |= held[(pick.q, pick.kv)]
@@ -471,8 +476,8 @@ class Generator:
 
 
 def targets(model: FactorModel, structure: bool) -> list[Tuple]:
-    sets = all_factor_sets(model, 2) + (structure_factor_sets(model) if structure else [])
-    return valid_tuples(model, sets)
+    structures = valid_tuples(model, structure_factor_sets(model)) if structure else []
+    return list(dict.fromkeys([*valid_tuples(model, all_factor_sets(model, 2)), *kernel_tuples(model), *structures]))
 
 
 def case_toml(spec: CaseSpec) -> str:
@@ -550,7 +555,7 @@ def generated_section(suite: str, model: FactorModel | None = None) -> str:
         hand.write_text(head, encoding="utf-8")
         existing = load_suite(hand)
     made = Generator(model, targets(model, TARGETS[suite]), existing, suite).run()
-    what = "pair and every kernel-structure triple" if TARGETS[suite] else "pair"
+    what = "pair, each kernel's tiling pairs" + (" and every kernel-structure triple" if TARGETS[suite] else "")
     intro = (
         f"{MARKER}\n# The cheapest cases (golden/coverage/covering.py) that, with the cases above, "
         f"hold every valid {what}\n"

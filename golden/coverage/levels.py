@@ -2,10 +2,11 @@
 t-tuples of levels, and which of them no case covers.
 
 A case is classified batch by batch (:func:`batch_rows`): case-level factors (dtype, mask, layouts, batch,
-group, kv heads, inputs) are the same for every batch, the per-batch ones (q_len, kv_len, prefix) come from
-that batch's lengths; a batch with q_b = 0 has no checked rows and no row.  A case covers a tuple of levels
-when one of its rows holds every level of it.  A tuple is valid when no constraint of the model forbids it
-and its per-batch levels can meet in one batch (kv_b = q_b + prefix; :func:`realizable_rows`).
+group, kv heads, ...) are the same for every batch, the per-batch ones come from that batch's lengths (q_len,
+kv_len, prefix) or from what the case chooses and the batch's keys can show (inputs: a tie needs two keys); a
+batch with q_b = 0 has no checked rows and no row.  A case covers a tuple of levels when one of its rows holds
+every level of it.  A tuple is valid when no constraint of the model forbids it and its per-batch levels can meet
+in one batch (kv_b = q_b + prefix; :func:`realizable_rows`).
 
 Level rules are written once, as functions of an integer or a numpy array alike, so the realizable rows are
 computed from the same rules that classify a case."""
@@ -67,10 +68,36 @@ PREFIX_RULES: dict[str, Rule] = {
     "mid": lambda p: (p > Q_TILE) & (p < K_SLICE) & (p % Q_TILE != 0),
     "long": lambda p: (p > K_SLICE) & (p % Q_TILE != 0),
 }
-BATCH_RULES: dict[str, Rule] = {"q_len": lambda s: s[0], "kv_len": lambda s: s[1], "prefix": lambda s: s[1] - s[0]}
-PER_BATCH: dict[str, dict[str, Rule]] = {"q_len": Q_LEN_RULES, "kv_len": KV_LEN_RULES, "prefix": PREFIX_RULES}
 #: Smallest key position a late maximum may start at to count as late: after the first 128-key block.
 LATE_FROM_MIN = 128
+#: Which input structures a batch of kv_b keys can show (its last query row sees every key, whatever the mask): a
+#: tie needs two keys, a sink a key beside it, a late maximum a key past the first block; the case chooses the
+#: structure (:func:`inputs_levels`), a batch shows it or not (:func:`shown_inputs`, with the case's own sink count
+#: and late start).
+INPUTS_RULES: dict[str, Rule] = {
+    "random": lambda kv: kv > 0,
+    "near_tie": lambda kv: kv >= 2,
+    "late_max": lambda kv: kv > LATE_FROM_MIN,
+    "sinks": lambda kv: kv >= 2,
+    "large_logits": lambda kv: kv > 0,
+    "v_mean": lambda kv: kv > 0,
+    "raw_overflow": lambda kv: kv > 0,
+}
+#: The per-batch factors, each with the number of a batch's (q_b, kv_b) its rules read.
+BATCH_RULES: dict[str, Rule] = {
+    "q_len": lambda s: s[0],
+    "kv_len": lambda s: s[1],
+    "prefix": lambda s: s[1] - s[0],
+    "inputs": lambda s: s[1],
+}
+PER_BATCH: dict[str, dict[str, Rule]] = {
+    "q_len": Q_LEN_RULES,
+    "kv_len": KV_LEN_RULES,
+    "prefix": PREFIX_RULES,
+    "inputs": INPUTS_RULES,
+}
+#: The per-batch factors a batch's lengths decide alone (inputs: the case chooses, the batch shows).
+LENGTH_FACTORS = ("q_len", "kv_len", "prefix")
 #: logits negative / positive: every visible logit below -LOGIT_LEVEL (above it), P = exp(s) underflowing
 #: (overflowing) the dtype it is kept in unless the running maximum is right: fp16's P below about -14, fp32's exp
 #: below -87.  A shift counts with SPREAD_MARGIN to spare for the random part of the logits.
@@ -174,7 +201,8 @@ def padding_level(spec: CaseSpec) -> str:
 
 
 def inputs_levels(spec: CaseSpec) -> frozenset[str]:
-    """The input structure levels of a case (golden/building/inputs.py draws them)."""
+    """The input structure levels a case chooses (golden/building/inputs.py draws them); a batch holds those it
+    can show (:func:`shown_inputs`)."""
     structure = spec.structure
     trend = structure.logits if structure is not None else None
     levels = set()
@@ -190,6 +218,23 @@ def inputs_levels(spec: CaseSpec) -> frozenset[str]:
     if spec.raw_scores_past_fp16:
         levels.add("raw_overflow")
     return frozenset(levels)
+
+
+def shown_inputs(spec: CaseSpec, kv: int) -> frozenset[str]:
+    """The input structures a batch of ``kv`` keys can show (:data:`INPUTS_RULES`), with the case's own sink count
+    and late start: a late maximum from key 200 needs 201 keys."""
+    shown = set(_levels_of(INPUTS_RULES, kv))
+    structure = spec.structure
+    if structure is not None and kv <= (structure.late_from or 0):
+        shown.discard("late_max")
+    if structure is not None and kv <= (structure.sink_keys or 0):
+        shown.discard("sinks")
+    return frozenset(shown)
+
+
+def length_levels(q: int, kv: int) -> Levels:
+    """The per-batch levels a batch of ``q`` query rows over ``kv`` keys can hold (inputs: those it can show)."""
+    return {factor: _levels_of(rules, BATCH_RULES[factor]((q, kv))) for factor, rules in PER_BATCH.items()}
 
 
 def kv_layout_levels(spec: CaseSpec) -> frozenset[str]:
@@ -228,20 +273,21 @@ def _case_level_sets(spec: CaseSpec) -> Levels:
 
 def batch_rows(spec: CaseSpec, common: Levels | None = None) -> list[Levels]:
     """One level set per factor for each batch with query rows (case-level factors repeated: ``common``, the
-    case's own level sets when the caller has them)."""
+    case's own level sets when the caller has them; inputs: the case's that the batch can show)."""
     common = _case_level_sets(spec) if common is None else common
     rows = []
     for q, kv in zip(spec.q_seqlen, spec.kv_seqlen, strict=True):
         if q > 0:
             row = dict(common)
-            for factor, rules in PER_BATCH.items():
-                row[factor] = _levels_of(rules, BATCH_RULES[factor]((q, kv)))
+            for factor in LENGTH_FACTORS:
+                row[factor] = _levels_of(PER_BATCH[factor], BATCH_RULES[factor]((q, kv)))
+            row["inputs"] = common["inputs"] & shown_inputs(spec, kv)
             rows.append(row)
     return rows
 
 
 def case_levels(spec: CaseSpec) -> Levels:
-    """Every level a case hits, per factor (the union over its batches for q_len, kv_len and prefix)."""
+    """Every level a case hits, per factor (the union over its batches for the per-batch factors)."""
     levels = _case_level_sets(spec)
     rows = batch_rows(spec, levels)
     for factor in PER_BATCH:
@@ -249,30 +295,31 @@ def case_levels(spec: CaseSpec) -> Levels:
     return levels
 
 
-def cheapest_lengths(model: FactorModel | None = None) -> dict[tuple[str, str, str], tuple[int, int]]:
-    """For every (q_len, kv_len, prefix) one batch can hold, the cheapest (q_b, kv_b) holding it (fewest
+def cheapest_lengths(model: FactorModel | None = None) -> dict[tuple[str, ...], tuple[int, int]]:
+    """For every (q_len, kv_len, prefix, inputs) one batch can hold, the cheapest (q_b, kv_b) holding it (fewest
     q_b * kv_b, then q_b): the level rules of ``model`` (default: the settled model) applied to a grid of lengths
-    that reaches every residue class and threshold (q_b up to 700 and around 4096, the prefix up to 4736)."""
+    that reaches every residue class and threshold (q_b up to 700 and around 4096, the prefix up to 4736; without
+    a prefix q_b up to 1100 too, every residue of a 512-key stack past 512 rows: the masks with q_b = kv_b)."""
     model = model or load_model().settled()
     return _cheapest_lengths(tuple(tuple(model.factor(f).level_names) for f in PER_BATCH))
 
 
 @cache
-def _cheapest_lengths(names_per_factor: tuple[tuple[str, ...], ...]) -> dict[tuple[str, str, str], tuple[int, int]]:
+def _cheapest_lengths(names_per_factor: tuple[tuple[str, ...], ...]) -> dict[tuple[str, ...], tuple[int, int]]:
     import numpy as np
 
     span = np.concatenate([np.arange(1, 700, dtype=np.int32), np.arange(3968, 4736, dtype=np.int32)])
     prefixes = np.arange(0, 4736, dtype=np.int32)
-    q = np.repeat(span, len(prefixes))
-    prefix = np.tile(prefixes, len(span))
+    square = np.arange(700, 1100, dtype=np.int32)  # q_b = kv_b between the spans
+    q = np.concatenate([np.repeat(span, len(prefixes)), square])
+    prefix = np.concatenate([np.tile(prefixes, len(span)), np.zeros_like(square)])
     kv = q + prefix
     width = np.int32 if sum(len(wanted) for wanted in names_per_factor) < 32 else np.int64  # a bit per level
     code = np.zeros(len(q), dtype=width)
     bit = 0
     names: list[tuple[str, str]] = []
-    for (factor, values), wanted in zip(
-        (("q_len", q), ("kv_len", kv), ("prefix", prefix)), names_per_factor, strict=True
-    ):
+    for factor, wanted in zip(PER_BATCH, names_per_factor, strict=True):
+        values = BATCH_RULES[factor]((q, kv))
         for level in wanted:
             code |= np.asarray(PER_BATCH[factor][level](values), dtype=width) << bit
             names.append((factor, level))
@@ -287,19 +334,19 @@ def _cheapest_lengths(names_per_factor: tuple[tuple[str, ...], ...]) -> dict[tup
     smallest = np.minimum.reduceat(key[by_code], starts)
     codes, best_q = sorted_codes[starts], smallest & (1 << q_bits) - 1
     best_kv = (smallest >> q_bits) // best_q
-    cheapest: dict[tuple[str, str, str], tuple[int, int]] = {}
+    cheapest: dict[tuple[str, ...], tuple[int, int]] = {}
     for value, pair in zip(codes.tolist(), zip(best_q.tolist(), best_kv.tolist(), strict=True), strict=True):
         hit = [names[i] for i in range(bit) if value >> i & 1]
-        q_levels, kv_levels, prefix_levels = ([lv for f, lv in hit if f == factor] for factor in PER_BATCH)
-        for atom in itertools.product(q_levels, kv_levels, prefix_levels):
+        for atom in itertools.product(*([lv for f, lv in hit if f == factor] for factor in PER_BATCH)):
             best = cheapest.get(atom)
             if best is None or (pair[0] * pair[1], pair[0]) < (best[0] * best[1], best[0]):
                 cheapest[atom] = pair
     return cheapest
 
 
-def realizable_rows(model: FactorModel | None = None) -> frozenset[tuple[str, str, str]]:
-    """Every (q_len, kv_len, prefix) that one batch can hold (levels of ``model``, default the settled one)."""
+def realizable_rows(model: FactorModel | None = None) -> frozenset[tuple[str, ...]]:
+    """Every (q_len, kv_len, prefix, inputs) that one batch can hold (levels of ``model``, default the settled
+    one)."""
     return frozenset(cheapest_lengths(model))
 
 
@@ -322,8 +369,9 @@ def _cheapest_heads(groups: frozenset[str]) -> dict[tuple[str, str, str], tuple[
     return found
 
 
-#: Factors whose levels derive together from a few numbers: a batch's lengths (q_len, kv_len, prefix) and the head
-#: counts (group, kv_heads, heads); which level tuples exist is computed from the rules, not listed as constraints.
+#: Factors whose levels derive together from a few numbers: a batch's lengths (q_len, kv_len, prefix, and the inputs
+#: its keys can show) and the head counts (group, kv_heads, heads); which level tuples exist is computed from the
+#: rules, not listed as constraints.
 BLOCKS = (tuple(PER_BATCH), ("group", "kv_heads", "heads"))
 
 
@@ -514,6 +562,32 @@ def structure_factor_sets(model: FactorModel) -> list[tuple[str, ...]]:
     return list(sets)
 
 
+def kernel_factor_sets(model: FactorModel) -> list[tuple[str, ...]]:
+    """Every kernel's factors with each pair of the factors it tiles by, and with each factor of a level it meets
+    once (model order; facts/factors.toml ``[[kernel]]``)."""
+    order = {name: i for i, name in enumerate(model.names)}
+    sets: dict[tuple[str, ...], None] = {}
+    for kernel in model.kernels:
+        for tiled in [*itertools.combinations(kernel.factors, 2), *((f,) for f, _ in kernel.once)]:
+            sets[tuple(sorted((*kernel.kernel, *tiled), key=order.__getitem__))] = None
+    return list(sets)
+
+
+def kernel_tuples(model: FactorModel) -> list[Tuple]:
+    """The valid tuples a kernel must meet: one level of each kernel factor with a level pair of the factors it
+    tiles by (a pair holding a level of ``once`` left out), and with each level of ``once`` alone."""
+    wanted: dict[Tuple, None] = {}
+    for kernel in model.kernels:
+        once = set(kernel.once)
+        single = {f for f, _ in once}
+        for items in valid_tuples(model, kernel_factor_sets(model)):
+            tiled = [item for item in items if item[0] in kernel.factors]
+            alone = len(tiled) == 1 and tiled[0][0] in single
+            if alone == any(item in once for item in tiled):
+                wanted[items] = None
+    return list(wanted)
+
+
 def row_tuples(row: Levels, factor_sets: Iterable[Sequence[str]]) -> set[Tuple]:
     """Every tuple one row holds over the given factor sets (factor names in model order)."""
     held: set[Tuple] = set()
@@ -531,6 +605,10 @@ def distinct_rows(cases: Iterable[CaseSpec]) -> list[Levels]:
             for row in batch_rows(spec):
                 seen.setdefault(tuple(sorted(row.items())), row)
     return list(seen.values())
+
+
+#: The label of the kernel tiling pairs' coverage.
+KERNEL_PAIRS = "2-way per kernel"
 
 
 @dataclass(frozen=True)
@@ -554,16 +632,20 @@ def describe(items: Tuple) -> str:
 def coverage(
     cases: Sequence[CaseSpec], strengths: Sequence[int] = (1, 2, 3), model: FactorModel | None = None
 ) -> list[Coverage]:
-    """t-way coverage for each strength over all factors, and the triples of the kernel-structure sets, of the
-    settled model (without its pending levels: :meth:`FactorModel.settled`)."""
+    """t-way coverage for each strength over all factors, each kernel's tiling pairs (with strength 2) and the
+    triples of the kernel-structure sets (with strength 3), of the settled model (without its pending levels:
+    :meth:`FactorModel.settled`)."""
     model = (model or load_model()).settled()
     rows = distinct_rows(cases)
-    plans = [(f"{t}-way", all_factor_sets(model, t)) for t in strengths]
+    plans: list[tuple[str, list[tuple[str, ...]], list[Tuple] | None]]
+    plans = [(f"{t}-way", all_factor_sets(model, t), None) for t in strengths]
+    if 2 in strengths and model.kernels:
+        plans.append((KERNEL_PAIRS, kernel_factor_sets(model), kernel_tuples(model)))
     if 3 in strengths and model.structures:
-        plans.append(("3-way structure", structure_factor_sets(model)))
+        plans.append(("3-way structure", structure_factor_sets(model), None))
     results = []
-    for label, sets in plans:
-        wanted = valid_tuples(model, sets)
+    for label, sets, chosen in plans:
+        wanted = valid_tuples(model, sets) if chosen is None else chosen
         hit = set().union(*(row_tuples(row, sets) for row in rows))
         results.append(Coverage(label, len(wanted), tuple(t for t in wanted if t not in hit)))
     return results

@@ -13,7 +13,18 @@ from typing import Any
 import pytest
 
 from mlaconf.facts.factors import FactorModelError, load_model, parse_model
-from mlaconf.golden.coverage.levels import PER_BATCH, Validity, case_levels, coverage, describe, realizable_rows
+from mlaconf.golden.coverage.levels import (
+    KERNEL_PAIRS,
+    PER_BATCH,
+    Validity,
+    batch_rows,
+    case_levels,
+    coverage,
+    describe,
+    kernel_factor_sets,
+    kernel_tuples,
+    realizable_rows,
+)
 from mlaconf.golden.specs.spec import SpecError
 from mlaconf.golden.specs.spec_build import build_case
 
@@ -46,11 +57,76 @@ def test_levels_of_a_case_batch_by_batch() -> None:
 
 
 def test_realizable_rows_follow_kv_equals_q_plus_prefix() -> None:
-    rows = realizable_rows()
+    rows = {row[:3] for row in realizable_rows()}
     assert ("one", "mult512", "zero") not in rows  # kv = q = 1
     assert ("one", "mult512", "long") in rows  # q 1 over 511 cached keys
     assert ("mod128_0", "mult128_not512", "zero") in rows
     assert ("lt16", "ge4096", "zero") not in rows
+
+
+def test_a_batch_holds_the_input_structure_only_when_its_keys_can_show_it() -> None:
+    """A tie needs two keys, a sink a key beside it, a late maximum a key past its start: a batch of one key (or of
+    keys all before the late start) holds no such level, and nor does a tuple pairing it with that batch's lengths."""
+    ties = case(distribution="near_tie", q_seqlen=[1, 5], kv_seqlen=[1, 5], kv_layout="padded")
+    assert [row["inputs"] for row in batch_rows(ties)] == [frozenset(), {"near_tie"}]
+    assert case_levels(case(distribution="near_tie", q_seqlen=[1]))["inputs"] == frozenset()
+    late = {"logits": "late_max", "rise": 16.0, "late_from": 200}
+    spec = case(mask_type="causal", kv_layout="padded", q_seqlen=[8, 8], kv_seqlen=[200, 201], structure=late)
+    assert [row["inputs"] for row in batch_rows(spec)] == [frozenset(), {"late_max"}]
+    sinks = {"logits": "sinks", "rise": 7.0, "sink_keys": 1}
+    spec = case(q_seqlen=[1, 2], kv_layout="padded", structure=sinks)
+    assert [row["inputs"] for row in batch_rows(spec)] == [frozenset(), {"sinks"}]
+    check = Validity(MODEL)
+    assert not check.valid((("inputs", "late_max"), ("kv_len", "single_block")))  # at most 128 keys
+    assert not check.valid((("mask", "undefined"), ("q_len", "one"), ("inputs", "near_tie")))  # q = kv = 1
+    assert check.valid((("mask", "causal"), ("q_len", "one"), ("inputs", "near_tie")))  # one row over a prefix
+
+
+def test_each_kernel_meets_every_tiling_pair() -> None:
+    """facts/factors.toml's kernel table: dtype x mask with each pair of q_len, kv_len and prefix, counted apart;
+    long rows (kv_len ge4096) with each kernel once, in no pair."""
+    assert kernel_factor_sets(MODEL) == [
+        ("dtype", "mask", "q_len", "kv_len"),
+        ("dtype", "mask", "q_len", "prefix"),
+        ("dtype", "mask", "kv_len", "prefix"),
+        ("dtype", "mask", "kv_len"),
+    ]
+    wanted = kernel_tuples(MODEL)
+    long_rows = [t for t in wanted if ("kv_len", "ge4096") in t]
+    assert sorted(long_rows) == sorted(
+        (("dtype", d), ("mask", m), ("kv_len", "ge4096"))
+        for d in ("fp16", "bf16")
+        for m in ("undefined", "mask_free", "causal")
+    )
+    assert all(len(t) == 4 for t in wanted if t not in long_rows) and len(set(wanted)) == len(wanted)
+    fp16 = [case(mask_type="causal", kv_layout="padded", q_seqlen=[129], kv_seqlen=[300])]
+    found = {c.label: c for c in coverage(fp16, (2,))}
+    missing = {describe(t) for t in found[KERNEL_PAIRS].uncovered}
+    assert "no case with dtype bf16 and mask causal and q_len mod128_1 and kv_len not_mult16" in missing
+    assert "no case with dtype fp16 and mask causal and q_len mod128_1 and kv_len not_mult16" not in missing
+    bf16 = case(dtype="bf16", mask_type="causal", kv_layout="padded", q_seqlen=[129], kv_seqlen=[300])
+    more = {c.label: c for c in coverage([*fp16, bf16], (2,))}[KERNEL_PAIRS]
+    assert "no case with dtype bf16 and mask causal and q_len mod128_1 and kv_len not_mult16" not in {
+        describe(t) for t in more.uncovered
+    }
+    assert more.total == found[KERNEL_PAIRS].total and len(more.uncovered) < len(found[KERNEL_PAIRS].uncovered)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "message"),
+    [
+        ({"kernel": ["color"], "factors": ["mask", "dtype"]}, "kernel #0: kernel must list 1 or more of"),
+        ({"kernel": ["mask"], "factors": ["dtype"]}, "kernel #0: factors must list 2 or more of"),
+        ({"kernel": ["mask"], "factors": ["mask", "dtype"]}, r"\['mask'\] both pick the kernel and are tiled by"),
+        ({"kernel": ["mask"], "factors": ["dtype", "q"], "once": ["mask.a"]}, "once names 'factor.level' of a tiled"),
+        ({"kernel": ["mask"], "factors": ["dtype", "q"], "once": ["q.c"]}, "once names 'factor.level' of a tiled"),
+    ],
+)
+def test_a_broken_kernel_table_is_one_clear_error(kernel: dict[str, Any], message: str) -> None:
+    levels = [{"name": "a", "why": "w"}, {"name": "b", "why": "w"}]
+    factors = [{"name": n, "scope": "case", "why": "w", "levels": levels} for n in ("mask", "dtype", "q")]
+    with pytest.raises(FactorModelError, match=message):
+        parse_model({"factor": factors, "kernel": [{"name": "k", "why": "w", **kernel}]}, "m.toml")
 
 
 def test_constraints_are_the_validators(tmp_path: Path) -> None:
@@ -131,7 +207,7 @@ def test_validity_is_exactly_what_some_full_assignment_holds() -> None:
 
 def test_coverage_counts_valid_tuples_and_names_the_missing_ones() -> None:
     cases = [case(mask_type="causal", kv_layout="padded", head_num=6, kv_head_num=1, kv_seqlen=[200])]
-    one_way, two_way = coverage(cases, (1, 2))
+    one_way, two_way, _ = coverage(cases, (1, 2))
     assert ("group", "6") not in {t[0] for t in one_way.uncovered}
     missing = {describe(t) for t in two_way.uncovered}
     assert "no case with mask causal and group 7" in missing

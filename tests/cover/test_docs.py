@@ -120,7 +120,7 @@ def test_the_cheap_commands_run_as_documented(tmp_path: Path) -> None:
     cases = [line.split()[0] for line in listed.stdout.splitlines() if line.startswith(("bf16-", "fp16-"))]
     shown = [argv[1] for _, argv in documented_commands("mlaconf") if argv[0] == "show"]
     assert shown and all(any(case.endswith("-" + h) for case in cases) for h in shown), shown
-    assert "list: 168 cases" in listed.stdout + listed.stderr  # the count docs/ quote for smoke
+    assert "list: 169 cases" in listed.stdout + listed.stderr  # the count docs/ quote for smoke
     store = run_mlaconf(["store", "--prune"], tmp_path)
     assert store.returncode == 0 and "unreferenced: 0 files" in store.stdout, store.stderr[-1000:]
     nothing = run_mlaconf(["verify"], tmp_path)

@@ -172,13 +172,13 @@ def test_agrees_with_msprobes_own_comparator(dtype: str) -> None:
 
 
 def test_a_temperature_error_passes_msprobe_but_not_ours(golden: GoldenCase) -> None:
-    """The systematic class: qkScale 0.2 % off, correctly rounded otherwise.  msprobe's ratios of average
+    """The systematic class: qkScale 0.7 % off, correctly rounded otherwise.  msprobe's ratios of average
     errors stay within bounds; the default policy's systematic-error tests fail it."""
     import dataclasses
 
     from mlaconf.golden.building.reference import reference_attention
 
-    spec = dataclasses.replace(golden.spec, qk_scale=golden.spec.qk_scale * 1.002)
+    spec = dataclasses.replace(golden.spec, qk_scale=golden.spec.qk_scale * 1.007)
     out, _ = reference_attention(golden.inputs, spec)
     warm = round_to_dtype(out, "bf16")
     assert all(_msprobe_checks(golden, warm).values())

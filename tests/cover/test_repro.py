@@ -67,10 +67,10 @@ def test_repro_of_a_passing_test_says_so_and_reruns_standalone(tmp_path: Path) -
     assert value == pytest.approx(verdict["repro_numbers"]["relative_error"], rel=1e-5)
 
 
-#: A tiny smoke case (one query row over 16 keys after an empty batch, 18 heads) a top-left causal mask
+#: A tiny smoke case (one query row over 128 keys after an empty batch, 14 heads) a top-left causal mask
 #: fails by the error model, whose worst element (the largest error over its bound) is not the element of
 #: largest |out - g|.
-TINY = "fp16-causal-krope_ctkv-b2-s1-kv16-h18-g3-q3d-padded-near_tie-shift+20-ce1a22bc"
+TINY = "fp16-causal-krope_ctkv-b2-s1-kv128-h14-g2-q3d-padded-near_tie-vmean-49163822"
 
 
 def test_the_failure_text_and_the_repro_name_one_worst_element(

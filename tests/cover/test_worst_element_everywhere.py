@@ -14,10 +14,10 @@ from mlaconf import main
 from mlaconf.reports.html import repro_commands
 from tests.pytest_runs import run_pytest
 
-#: A tiny smoke case (one query row over 16 keys after an empty batch, 18 heads) a top-left causal mask
+#: A tiny smoke case (one query row over 128 keys after an empty batch, 14 heads) a top-left causal mask
 #: fails by the error model; its worst element (the largest error over its bound) is not the one of largest
 #: |out - g| nor of largest scaled error.
-CASE = "fp16-causal-krope_ctkv-b2-s1-kv16-h18-g3-q3d-padded-near_tie-shift+20-ce1a22bc"
+CASE = "fp16-causal-krope_ctkv-b2-s1-kv128-h14-g2-q3d-padded-near_tie-vmean-49163822"
 DEFECT = "mlaconf.harness.defects:causal_top_left"
 
 

@@ -16,6 +16,7 @@ from mlaconf.golden.specs.spec import CaseSpec
 from mlaconf.golden.specs.spec_build import build_case
 from mlaconf.harness import zoo
 from mlaconf.judge.policy import load_policies
+from mlaconf.judge.systematic import TEMPERATURE_FLOOR
 from mlaconf.judge.verdict import judge_output
 from mlaconf.runner.execution import execute, make_call
 
@@ -54,3 +55,22 @@ def test_a_few_rounding_steps_in_one_element_still_fail(dtype: str) -> None:
     _, verdict = judge_output(golden, bad.reshape(out.shape), POLICIES, "default", "planted")
     assert not verdict.passed, verdict.summary()
     assert [c.rule for c in verdict.failing] == ["model"]
+
+
+def test_split_kv_partials_snapped_to_one_key_are_not_a_temperature_error() -> None:
+    """Four or five keys per split part with logits within +-7 and raw scores past fp16's range: each part's
+    softmax is dominated by one key, so ``split_rounded``'s fp16 partials snap to that key's V, a sharper softmax
+    on every row (z far over its critical value).  Its effect along T stays under the materiality floor, while
+    that bias is above the former floor 0.05 (a false alarm on a correct split-KV path)."""
+    spec = build_case(
+        dict(dtype="fp16", mask_type="causal", q_layout="3d", kv_layout="padded", head_num=128, kv_head_num=1, seed=1,
+             q_seqlen=[1, 17], kv_seqlen=[16, 17], kv_capacity=33, distribution="large_raw_scores", qk_scale=1e-4),
+        source="test_zoo_small",
+    )  # fmt: skip
+    golden = build_golden(spec)
+    out = execute(zoo.split_rounded(), make_call(golden.inputs, spec), spec).out
+    _, verdict = judge_output(golden, out, POLICIES, "default", "split_rounded")
+    assert verdict.passed, verdict.summary()
+    found = {c.metric: c for c in verdict.checks if c.rule == "systematic"}
+    effect, z = found["temperature_effect"], found["temperature_z"]
+    assert z.value > z.bound and 0.05 < effect.value < TEMPERATURE_FLOOR / 2, verdict.summary()

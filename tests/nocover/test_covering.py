@@ -1,7 +1,7 @@
 """The generated covering sections of smoke and standard (golden/coverage/covering.py) were made from today's inputs
 (the digest each records: the hand-written part, the model, the generator's sources; running the generator again
 takes minutes on the grown model: ``python -m mlaconf.golden.coverage.covering --check``), and they reach what they
-promise: every valid pair, and standard every kernel-structure triple."""
+promise: every valid pair and each kernel's tiling pairs, and standard every kernel-structure triple."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from mlaconf.golden.coverage import covering
+from mlaconf.golden.coverage.levels import KERNEL_PAIRS
 from mlaconf.golden.specs.suites import suite_path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,12 +38,13 @@ def test_a_changed_input_is_seen(tmp_path: Path) -> None:
     assert covering.recorded_digest(section.replace(covering.DIGEST_LINE, "# ")) is None
 
 
-def test_smoke_is_pairwise_and_standard_holds_the_structure_triples() -> None:
+def test_smoke_is_pairwise_each_kernel_meets_every_tiling_pair_and_standard_holds_the_structure_triples() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "mlaconf", "coverage", "smoke", "standard", "--t", "3", "--json", "--show", "0"],
         capture_output=True, text=True, check=True, cwd=ROOT,
     )  # fmt: skip
     found = {entry["selection"]: {c["label"]: c for c in entry["coverage"]} for entry in json.loads(done.stdout)}
     for suite in ("smoke", "standard"):
-        assert found[suite]["2-way"]["percent"] == 100.0, found[suite]["2-way"]["uncovered"][:5]
+        for label in ("2-way", KERNEL_PAIRS):
+            assert found[suite][label]["percent"] == 100.0, (suite, label, found[suite][label]["uncovered"][:5])
     assert found["standard"]["3-way structure"]["uncovered_count"] == 0
