@@ -164,8 +164,8 @@ class Length:
 
 
 def length_menu(model: FactorModel | None = None) -> list[Length]:
-    """For each realizable (q_len, kv_len, prefix) of ``model`` (default: the settled one), the cheapest (q_b, kv_b)
-    that holds it; cheapest first."""
+    """For each realizable (q_len, kv_len, prefix, inputs) of ``model`` (default: the settled one), the cheapest
+    (q_b, kv_b) that holds it; cheapest first."""
     pairs = set(cheapest_lengths(model).values())
     return [Length(q, kv, length_levels(q, kv)) for q, kv in sorted(pairs, key=lambda p: (p[0] * p[1] + p[0], *p))]
 

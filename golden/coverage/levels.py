@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from functools import cache, cached_property
 from typing import Any
 
-from mlaconf.facts.factors import Constraint, FactorModel, load_model
+from mlaconf.facts.factors import Constraint, FactorModel, KernelSet, load_model
 from mlaconf.facts.operator import DEFAULT_QK_SCALE, MAX_HEADS, padded_kv_misread
 from mlaconf.golden.specs.spec import CaseSpec
 
@@ -565,12 +565,13 @@ def structure_factor_sets(model: FactorModel) -> list[tuple[str, ...]]:
 def kernel_factor_sets(model: FactorModel) -> list[tuple[str, ...]]:
     """Every kernel's factors with each pair of the factors it tiles by, and with each factor of a level it meets
     once (model order; facts/factors.toml ``[[kernel]]``)."""
+    return list(dict.fromkeys(s for kernel in model.kernels for s in _kernel_sets(model, kernel)))
+
+
+def _kernel_sets(model: FactorModel, kernel: KernelSet) -> list[tuple[str, ...]]:
     order = {name: i for i, name in enumerate(model.names)}
-    sets: dict[tuple[str, ...], None] = {}
-    for kernel in model.kernels:
-        for tiled in [*itertools.combinations(kernel.factors, 2), *((f,) for f, _ in kernel.once)]:
-            sets[tuple(sorted((*kernel.kernel, *tiled), key=order.__getitem__))] = None
-    return list(sets)
+    tiled = [*itertools.combinations(kernel.factors, 2), *dict.fromkeys((f,) for f, _ in kernel.once)]
+    return [tuple(sorted((*kernel.kernel, *names), key=order.__getitem__)) for names in tiled]
 
 
 def kernel_tuples(model: FactorModel) -> list[Tuple]:
@@ -579,11 +580,9 @@ def kernel_tuples(model: FactorModel) -> list[Tuple]:
     wanted: dict[Tuple, None] = {}
     for kernel in model.kernels:
         once = set(kernel.once)
-        single = {f for f, _ in once}
-        for items in valid_tuples(model, kernel_factor_sets(model)):
+        for items in valid_tuples(model, _kernel_sets(model, kernel)):
             tiled = [item for item in items if item[0] in kernel.factors]
-            alone = len(tiled) == 1 and tiled[0][0] in single
-            if alone == any(item in once for item in tiled):
+            if (len(tiled) == 1) == any(item in once for item in tiled):  # alone exactly when a level of once
                 wanted[items] = None
     return list(wanted)
 

@@ -150,7 +150,7 @@ def test_near_tie_rows_are_set_aside_by_the_temperature_test(monkeypatch: pytest
     """A tiny qkScale over uniform inputs makes every row a near tie: P rounded to bf16 is one value per
     row, which reads as the whole temperature lost (eps -1) though the kernel is correct; set aside, such
     rows carry no evidence, while an ordinary case sets none aside and still finds a wrong temperature.  (Its
-    effect, 0.05, is under today's materiality floor: the former floor shows the set-aside deciding alone.)"""
+    effect, 0.05, is under the materiality floor: a floor of 0.04 shows the set-aside deciding alone.)"""
     monkeypatch.setattr(systematic, "TEMPERATURE_FLOOR", 0.04)
     g = build_golden(_case(dtype="bf16", mask_type=0, qk_scale=1e-4, head_num=2))
     collapsed = _every_p_alike(g)
