@@ -86,7 +86,8 @@ class ModelBound:
     """The golden's side of the rule, the same for every output judged against it: the checked row chunks,
     ``lam`` and each chunk's per-element bound.  ``keep``: hold each chunk's golden rows and bound once made
     (memory as large as the golden, for a golden judged many times: power's subjects); else each is made when
-    asked, one chunk at a time."""
+    asked, one chunk at a time.  ``token_rows``: the token of each row when the arrays (magnitudes included) hold a
+    sample of rows.  :meth:`ratio` judges one output."""
 
     def __init__(
         self,
@@ -171,7 +172,9 @@ class ModelBound:
         return {k: self.safety * float(np.broadcast_to(v, (1, 1, 1))[0, 0, 0]) for k, v in found.items()}
 
     def ratio(self, actual: np.ndarray, cells: np.ndarray | None = None) -> ModelResult:
-        """The rule on ``actual`` (any layout of [T, H*128]): :func:`model_ratio` with this bound."""
+        """max |actual - golden| / bound over the valid rows, ``actual`` in any layout of [T, H*128].  ``cells`` (a
+        [T, H] float array), when given, receives each valid (token, head)'s largest ratio: the rule's slack per
+        cell, for the report's error map."""
         a_all = actual.reshape(self.rows, self.heads, V_DIM)
 
         def chunk_ratio(index: int) -> tuple[int, _Worst]:
@@ -202,26 +205,3 @@ class ModelBound:
         best, token, head, col, g0, a0, b0, parts = worst
         element = Element.at(token, head, col, self.spec.q_seqlen, (g0, a0), "model:max_err_over_bound", b0)
         return ModelResult(best, self.n_elements, n_over, self.lam, element, parts)
-
-
-def model_ratio(
-    actual: np.ndarray,
-    golden: np.ndarray,
-    row_valid: np.ndarray,
-    magnitudes: Mapping[str, np.ndarray],
-    spec: CaseSpec,
-    *,
-    false_alarm: float,
-    safety: float,
-    cells: np.ndarray | None = None,
-    token_rows: np.ndarray | None = None,
-) -> ModelResult:
-    """max |actual - golden| / bound over valid rows; ``actual``/``golden`` in any layout of [T, H*128].
-    ``cells`` (a [T, H] float array), when given, receives each valid (token, head)'s largest
-    ratio: the rule's slack per cell, for the report's error map.  ``token_rows``: the token of each row
-    when the arrays (magnitudes included) hold a sample of rows.  A caller judging several outputs against one
-    golden makes its :class:`ModelBound` once and asks :meth:`ModelBound.ratio` for each."""
-    bound = ModelBound(
-        golden, row_valid, magnitudes, spec, false_alarm=false_alarm, safety=safety, token_rows=token_rows
-    )
-    return bound.ratio(actual, cells)

@@ -21,7 +21,7 @@ from mlaconf.golden.building.inputs import generate_inputs
 from mlaconf.golden.building.reference import for_each_tile, reference_attention
 from mlaconf.golden.specs.spec_build import build_case
 from mlaconf.golden.specs.types import GoldenCase
-from mlaconf.judge.error_model import ModelResult, model_ratio
+from mlaconf.judge.error_model import ModelBound, ModelResult
 from mlaconf.judge.metrics import Metrics, compute_metrics
 from mlaconf.judge.systematic import Significance, format_check, temperature_check
 
@@ -91,8 +91,8 @@ def _judge(golden: GoldenCase, out: np.ndarray) -> tuple[Metrics, ModelResult, n
     shape = (spec.total_q, spec.head_num, 128)
     metrics = compute_metrics(out.reshape(shape), golden.out.reshape(shape), golden.row_valid, "bf16", spec.q_seqlen)
     cells = np.full((spec.total_q, spec.head_num), np.nan)
-    model = model_ratio(
-        out, golden.out, golden.row_valid, golden.magnitudes, spec, false_alarm=1e-3, safety=2.0, cells=cells
+    model = ModelBound(golden.out, golden.row_valid, golden.magnitudes, spec, false_alarm=1e-3, safety=2.0).ratio(
+        out, cells
     )
     temperature = temperature_check(
         out, golden.out, golden.row_valid, golden.magnitudes, spec, 1e-3, golden.baseline_out

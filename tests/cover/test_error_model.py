@@ -29,7 +29,7 @@ from mlaconf.golden.specs.spec_build import build_case
 from mlaconf.golden.specs.types import ELEMENT_MAGNITUDES, ROW_MAGNITUDES, GoldenCase, magnitude_names
 from mlaconf.golden.store.directory import GoldenStore
 from mlaconf.golden.store.integrity import SCHEMA_VERSION
-from mlaconf.judge.error_model import ModelBound, model_ratio, scale_cast_error
+from mlaconf.judge.error_model import ModelBound, scale_cast_error
 from mlaconf.judge.policy import load_policies
 from mlaconf.judge.verdict import PerGolden, verdict_context
 from tests.goldens import baseline_metrics, reseal
@@ -186,11 +186,11 @@ def test_a_bound_made_once_judges_each_output_as_one_made_for_it(
     base = golden.baseline_out.astype(np.float64).reshape(golden.out.shape)
     noisy = base + np.random.default_rng(0).normal(0.0, 1e-2, base.shape) * np.abs(base)
     for out in (base, noisy, base):
-        fresh = model_ratio(out, *args, false_alarm=1e-6, safety=2.0)
+        fresh = ModelBound(*args, false_alarm=1e-6, safety=2.0).ratio(out)
         assert kept.ratio(out) == fresh
         assert fresh.element is not None and fresh.element.bound is not None
         assert sum(fresh.terms.values()) == pytest.approx(fresh.element.bound, rel=1e-12)
-    assert model_ratio(noisy, *args, false_alarm=1e-6, safety=2.0).max_ratio > 1.0  # the two outputs differ
+    assert kept.ratio(noisy).max_ratio > 1.0  # the two outputs differ
 
 
 def test_a_value_kept_per_golden_goes_with_its_golden() -> None:
@@ -212,7 +212,8 @@ def test_a_value_kept_per_golden_goes_with_its_golden() -> None:
 def test_emulated_atb_path_is_inside_and_one_planted_error_is_not(spec: CaseSpec) -> None:
     golden = build_golden(spec)
     base = golden.baseline_out
-    result = model_ratio(base, golden.out, golden.row_valid, golden.magnitudes, spec, false_alarm=1e-6, safety=2.0)
+    model = ModelBound(golden.out, golden.row_valid, golden.magnitudes, spec, false_alarm=1e-6, safety=2.0)
+    result = model.ratio(base)
     assert 0.0 < result.max_ratio < 0.5, result.where
     # lam: 2 exp(-lam^2 / 2) * 4 random terms * N elements = false_alarm
     assert result.lam == pytest.approx(math.sqrt(2 * math.log(8 * result.n_elements / 1e-6)))
@@ -221,21 +222,18 @@ def test_emulated_atb_path_is_inside_and_one_planted_error_is_not(spec: CaseSpec
     shape = (spec.total_q, spec.head_num, 128)
     bad = base.astype(np.float64).reshape(shape).copy()
     tok, head, col = spec.total_q - 2, spec.head_num - 1, 77
-    clean = model_ratio(bad, golden.out, golden.row_valid, golden.magnitudes, spec, false_alarm=1e-6, safety=2.0)
+    clean = model.ratio(bad)
     bound_probe = golden.out.reshape(shape)[tok, head, col]
     bad[tok, head, col] = bound_probe + 1.0  # far beyond any bound: the probe is the worst element
-    probe = model_ratio(bad, golden.out, golden.row_valid, golden.magnitudes, spec, false_alarm=1e-6, safety=2.0)
+    probe = model.ratio(bad)
     bound = 1.0 / probe.max_ratio
     assert probe.element is not None and probe.element.bound == pytest.approx(bound)
     bad[tok, head, col] = bound_probe + 1.5 * bound
-    result = model_ratio(bad, golden.out, golden.row_valid, golden.magnitudes, spec, false_alarm=1e-6, safety=2.0)
+    result = model.ratio(bad)
     assert result.max_ratio == pytest.approx(1.5, rel=1e-6) and result.n_over == 1 + clean.n_over
     assert f"(token {tok}) head {head} col {col}" in result.where
     bad[tok, head, col] = np.nan
-    assert (
-        model_ratio(bad, golden.out, golden.row_valid, golden.magnitudes, spec, false_alarm=1e-6, safety=2.0).max_ratio
-        == math.inf
-    )
+    assert model.ratio(bad).max_ratio == math.inf
 
 
 def test_default_policy_on_a_real_golden_and_baseline() -> None:
