@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.sessions import session_root
+from mlaconf.golden.store.locations import chosen_root
 
 ROOT = Path(__file__).resolve().parents[1]
 DOUBLE_SOURCE = ROOT / "native" / "testing" / "libatb_double.cpp"
@@ -110,14 +110,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session")
-def shared_golden(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One golden store for every test of the session that runs cases of the shipped suites (or their
-    metamorphic relations) as a user would: each golden is the same file whichever test needs it, so it is
-    built once, on demand, under the store's lock per case (xdist workers and their child runs share the
-    folder safely).  ``$MLA_GOLDEN_DIR`` when set (goldens built ahead).  A test whose point is building,
-    finding missing or damaging goldens keeps a store of its own."""
-    named = os.environ.get("MLA_GOLDEN_DIR")
-    path = Path(named) if named else session_root(tmp_path_factory) / "golden-shared"
+def shared_golden(pytestconfig: pytest.Config) -> Path:
+    """The golden store of every test of the session that runs cases of the shipped suites (or their
+    metamorphic relations) as a user would: the store this session's own ``cases/`` run uses
+    (``--mla-golden-dir``, else ``$MLA_GOLDEN_DIR``, else ``.golden`` where pytest was started), which is also
+    the main job's (``mlaconf run``).  So each golden is built once whichever test or run needs it, on demand,
+    under the store's lock per case (xdist workers and their child runs share the folder safely), and a
+    checkout whose main job ran already builds none.  A test whose point is building, finding missing or
+    damaging goldens, or inputs of other seeds, keeps a store of its own."""
+    named = pytestconfig.getoption("mla_golden_dir")
+    path = pytestconfig.invocation_params.dir / chosen_root(named)
     path.mkdir(parents=True, exist_ok=True)
     return path
 

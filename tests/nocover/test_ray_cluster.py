@@ -20,7 +20,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,9 @@ ray = pytest.importorskip("ray", reason="needs the optional 'ray' extra: pip ins
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 DIE_ONCE = "MLA_TEST_DIE_ONCE_DIR"
+#: regen --ray builds two of smoke's shards this size (14 cases each): the Ray path, not smoke's bulk, is on trial.
+SHARDS = 12
+DRIVER_STORE = ["--ray", "--ray-store", "driver"]
 SUBSET = "fp16 and causal or test_properties"
 #: pytest arguments of both runs: the subset, and hypothesis derandomized (the same examples in every run).
 PYTEST_ARGS = ["-k", SUBSET, "--hypothesis-profile", "mla-ci"]
@@ -86,10 +89,11 @@ def napping_builder(spec: CaseSpec, *, threads: int = 1) -> GoldenCase:
     return build_golden(spec, threads=threads)
 
 
-def _digests(store: Path) -> dict[str, tuple[str, str]]:
-    """Per file: every dataset's SHA-256 and the baseline statistics' (what the content is)."""
+def _digests(store: Path, names: Iterable[str] | None = None) -> dict[str, tuple[str, str]]:
+    """Per file (every one, or those ``names``): every dataset's SHA-256 and the baseline statistics' (what the
+    content is)."""
     out = {}
-    for path in sorted(store.glob("*.h5")):
+    for path in sorted(store.glob("*.h5")) if names is None else [store / name for name in names]:
         attrs = read_meta(path).attrs
         out[path.name] = (str(attrs["checksums_json"]), str(attrs["baseline_stats_xxh3_128"]))
     return out
@@ -99,29 +103,24 @@ def test_regen_through_ray_equals_local_regen(
     cluster: Any, tmp_path: Path, shared_golden: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Each golden Ray builds is the file local regen builds: the session's shared store (regen builds there
-    what no test built yet) is the local side."""
+    what no test built yet) is the local side; two of smoke's :data:`SHARDS` shards, one per store mode."""
     shared, driver = tmp_path / "shared", tmp_path / "driver"
     assert maintain.main(["regen", "smoke", "--out", str(shared_golden)]) == 0
-    assert maintain.main(["regen", "smoke", "--shard", "1/3", "--out", str(shared), "--ray"]) == 0
-    assert (
-        maintain.main(["regen", "smoke", "--shard", "2/3", "--out", str(driver), "--ray", "--ray-store", "driver"]) == 0
-    )
+    assert maintain.main(["regen", "smoke", "--shard", f"1/{SHARDS}", "--out", str(shared), "--ray"]) == 0
+    assert maintain.main(["regen", "smoke", "--shard", f"2/{SHARDS}", "--out", str(driver), *DRIVER_STORE]) == 0
     capsys.readouterr()
-    expected = _digests(shared_golden)
-    for store, shard in ((shared, (1, 3)), (driver, (2, 3))):
+    for store, shard in ((shared, (1, SHARDS)), (driver, (2, SHARDS))):
         specs = rg.select_cases(["smoke"], shard=shard)
         report = rg.verify(GoldenStore(store), specs)
         assert report.checked == len([s for s in specs if s.expect_error is None]) > 5
         assert not report.problems, report.format()
         built = _digests(store)
-        assert len(built) == report.checked and built == {name: expected[name] for name in built}
+        assert len(built) == report.checked and built == _digests(shared_golden, built)
         assert not list(store.glob(".*.tmp")) and not list(store.glob(".ray-store-*"))
     # incremental, like local regen: nothing to do the second time, in either mode
-    assert maintain.main(["regen", "smoke", "--shard", "1/3", "--out", str(shared), "--ray"]) == 0
+    assert maintain.main(["regen", "smoke", "--shard", f"1/{SHARDS}", "--out", str(shared), "--ray"]) == 0
     assert " 0 generated, " in capsys.readouterr().out
-    assert (
-        maintain.main(["regen", "smoke", "--shard", "2/3", "--out", str(driver), "--ray", "--ray-store", "driver"]) == 0
-    )
+    assert maintain.main(["regen", "smoke", "--shard", f"2/{SHARDS}", "--out", str(driver), *DRIVER_STORE]) == 0
     assert " 0 generated, " in capsys.readouterr().out
     # a case no node can hold is refused before any task
     huge = tmp_path / "huge.toml"
