@@ -14,7 +14,7 @@ over the same cases.  Every proof about what smoke kills and what it lets pass r
 The run (about 4 minutes quiet on 2 cores at ``-j 2``, goldens from the session's shared store) is made by
 the first test of the session that asks for it and kept under the session's shared folder, behind a file
 lock, so under xdist the other worker reads it instead of measuring again.  What only a pytest run shows
-(the clean backend on five seeds, defects through JUnit and records, the kills only metamorphic relations
+(the clean backend on seeds 2-5, defects through JUnit and records, the kills only metamorphic relations
 make, the error suite) is tests/nocover/test_defects.py.
 """
 
