@@ -47,6 +47,7 @@ REPO = HERE.parents[1]
 DIE_ONCE = "MLA_TEST_DIE_ONCE_DIR"
 #: regen --ray builds two of smoke's shards this size (14 cases each): the Ray path, not smoke's bulk, is on trial.
 SHARDS = 12
+#: regen --ray in its other store mode: the goldens come back through the driver, which writes them.
 DRIVER_STORE = ["--ray", "--ray-store", "driver"]
 SUBSET = "fp16 and causal or test_properties"
 #: pytest arguments of both runs: the subset, and hypothesis derandomized (the same examples in every run).
