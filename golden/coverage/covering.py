@@ -7,7 +7,8 @@ and the same hand-written cases give the same file.  ``python -m mlaconf.golden.
 sections (minutes on the grown model); ``--check`` exits 1 when a checked-in section differs from a fresh one.
 Each section records a digest of what made it (:func:`inputs_digest`: the suite's hand-written part, the model
 and the generator's sources), so that a section is known current without running the generator again
-(``--check-inputs``, tests/nocover/test_covering.py).
+(``--check-inputs``, tests/nocover/test_covering.py).  The same command rewrites (and checks) the shipped model's
+valid tuples counted ahead, golden/coverage/valid_tuples.json (:mod:`.valid_table`).
 
 Smoke holds every valid pair and every kernel's tiling pairs (facts/factors.toml ``[[kernel]]``); standard these
 and every triple of the kernel-structure sets."""
@@ -29,6 +30,7 @@ from typing import Any
 
 from mlaconf.facts.factors import DEFAULT_PATH, FactorModel, load_model
 from mlaconf.facts.operator import DEFAULT_QK_SCALE, DOCUMENTED_FILL, SCORE_DIM, V_DIM
+from mlaconf.golden.coverage import valid_table
 from mlaconf.golden.coverage.levels import (
     FEW_TASKS,
     LENGTH_FACTORS,
@@ -42,9 +44,11 @@ from mlaconf.golden.coverage.levels import (
     cheapest_heads,
     cheapest_lengths,
     distinct_rows,
+    kernel_factor_sets,
     kernel_tuples,
     length_levels,
     row_tuples,
+    searched_bits,
     structure_factor_sets,
     valid_tuples,
     validity,
@@ -565,6 +569,15 @@ def generated_section(suite: str, model: FactorModel | None = None) -> str:
     return intro + "".join("\n" + case_toml(spec) for spec in made)
 
 
+def valid_table_text(model: FactorModel | None = None) -> str:
+    """golden/coverage/valid_tuples.json as the search makes it today (:mod:`.valid_table`): every factor set that
+    coverage reports and the targets ask about (1-, 2- and 3-way, each kernel's, the structure triples)."""
+    model = (model or load_model()).settled()
+    sets = [*(s for t in (1, 2, 3) for s in all_factor_sets(model, t))]
+    sets += [*kernel_factor_sets(model), *structure_factor_sets(model)]
+    return valid_table.table_text({",".join(s): format(searched_bits(model, s), "x") for s in dict.fromkeys(sets)})
+
+
 def write_atomic(path: Path, text: str) -> None:
     """A temp file beside the target (created exclusively, mode 0644, never through a link), synced, then
     renamed over it: a suite file is never half-written."""
@@ -606,6 +619,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             stale.append(suite)
             if not args.check:
                 write_atomic(path, head + "\n" + fresh)
+    table = valid_table.TABLE
+    if args.check_inputs:
+        if valid_table.recorded_sources(table) != valid_table.sources_digest():
+            stale.append(table.name)
+    else:
+        fresh_table = valid_table_text()
+        if (table.read_text(encoding="ascii") if table.exists() else "") != fresh_table:
+            stale.append(table.name)
+            if not args.check:
+                write_atomic(table, fresh_table)
     if stale:
         verb = (
             "was made from other inputs than today's"

@@ -22,6 +22,7 @@ from typing import Any
 
 from mlaconf.facts.factors import Constraint, FactorModel, KernelSet, load_model
 from mlaconf.facts.operator import DEFAULT_QK_SCALE, MAX_HEADS, padded_kv_misread
+from mlaconf.golden.coverage import valid_table
 from mlaconf.golden.specs.spec import CaseSpec
 
 #: One level per factor, as (factor, level) pairs in the model's factor order.
@@ -530,22 +531,41 @@ def validity(model: FactorModel) -> Validity:
 
 
 def valid_tuples(model: FactorModel, factor_sets: Iterable[Sequence[str]]) -> list[Tuple]:
-    """The valid tuples with one level of each factor of each set, in model order, without repeats."""
+    """The valid tuples with one level of each factor of each set, in model order, without repeats (the shipped
+    model's from golden/coverage/valid_tuples.json while it is current: :mod:`.valid_table`)."""
     return list(_valid_tuples(model, tuple(tuple(names) for names in factor_sets)))
 
 
 @cache
 def _valid_tuples(model: FactorModel, factor_sets: tuple[tuple[str, ...], ...]) -> tuple[Tuple, ...]:
-    check = validity(model)
+    shipped = model == _shipped_model()
     seen: dict[Tuple, None] = {}
     order = {name: i for i, name in enumerate(model.names)}
     for names in factor_sets:
-        ordered = sorted(names, key=order.__getitem__)
-        for levels in itertools.product(*(model.factor(f).level_names for f in ordered)):
-            items = tuple(zip(ordered, levels, strict=True))
-            if items not in seen and check.valid(items):
-                seen[items] = None
+        ordered = tuple(sorted(names, key=order.__getitem__))
+        bits = valid_table.valid_bits(ordered) if shipped else None
+        if bits is None:
+            bits = searched_bits(model, ordered)
+        for i, levels in enumerate(itertools.product(*(model.factor(f).level_names for f in ordered))):
+            if bits >> i & 1:
+                seen.setdefault(tuple(zip(ordered, levels, strict=True)), None)
     return tuple(seen)
+
+
+@cache
+def _shipped_model() -> FactorModel:
+    return load_model().settled()
+
+
+def searched_bits(model: FactorModel, names: tuple[str, ...]) -> int:
+    """Bit i set when the i-th level tuple of ``names`` (the levels' product, names in model order) is valid: by
+    the search, whatever golden/coverage/valid_tuples.json says."""
+    check = validity(model)
+    bits = 0
+    for i, levels in enumerate(itertools.product(*(model.factor(f).level_names for f in names))):
+        if check.valid(tuple(zip(names, levels, strict=True))):
+            bits |= 1 << i
+    return bits
 
 
 def all_factor_sets(model: FactorModel, t: int) -> list[tuple[str, ...]]:

@@ -1,4 +1,5 @@
-"""The generated covering sections of smoke and standard (golden/coverage/covering.py) were made from today's inputs
+"""The generated covering sections of smoke and standard (golden/coverage/covering.py), and the valid tuples counted
+ahead (golden/coverage/valid_tuples.json), were made from today's inputs
 (the digest each records: the hand-written part, the model, the generator's sources; running the generator again
 takes minutes on the grown model: ``python -m mlaconf.golden.coverage.covering --check``), and they reach what they
 promise: every valid pair and each kernel's tiling pairs, and standard every kernel-structure triple."""
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mlaconf.golden.coverage import covering
+from mlaconf.golden.coverage import covering, valid_table
 from mlaconf.golden.coverage.levels import KERNEL_PAIRS
 from mlaconf.golden.specs.suites import suite_path
 
@@ -26,6 +27,16 @@ def test_checked_in_covering_section_was_made_from_todays_inputs(suite: str) -> 
     assert covering.recorded_digest(section) == covering.inputs_digest(head), (
         f"rewrite with python -m mlaconf.golden.coverage.covering {suite}"
     )
+
+
+def test_the_valid_tuples_table_was_made_from_todays_sources() -> None:
+    """golden/coverage/valid_tuples.json records the digest of the model and the search's sources it was made from
+    (tests/cover/test_valid_table.py: its pairs are the search's; a stale or damaged table is not used)."""
+    assert valid_table.recorded_sources() == valid_table.sources_digest(), (
+        "rewrite with python -m mlaconf.golden.coverage.covering"
+    )
+    valid_table.shipped_sets.cache_clear()
+    assert valid_table.shipped_sets(), "the table's checksum does not hold"
 
 
 def test_a_changed_input_is_seen(tmp_path: Path) -> None:
