@@ -573,8 +573,8 @@ def valid_table_text(model: FactorModel | None = None) -> str:
     """golden/coverage/valid_tuples.json as the search makes it today (:mod:`.valid_table`): every factor set that
     coverage reports and the targets ask about (1-, 2- and 3-way, each kernel's, the structure triples)."""
     model = (model or load_model()).settled()
-    sets = [*(s for t in (1, 2, 3) for s in all_factor_sets(model, t))]
-    sets += [*kernel_factor_sets(model), *structure_factor_sets(model)]
+    sets = [s for t in (1, 2, 3) for s in all_factor_sets(model, t)]
+    sets += kernel_factor_sets(model) + structure_factor_sets(model)
     return valid_table.table_text({",".join(s): format(searched_bits(model, s), "x") for s in dict.fromkeys(sets)})
 
 

@@ -17,6 +17,7 @@ import json
 from functools import cache
 from importlib.util import find_spec
 from pathlib import Path
+from typing import Any
 
 from mlaconf.facts.factors import DEFAULT_PATH
 
@@ -46,25 +47,29 @@ def table_text(sets: dict[str, str], model_path: Path = DEFAULT_PATH) -> str:
     return json.dumps(doc, indent=0, sort_keys=True) + "\n"
 
 
+def _document(path: Path) -> dict[str, Any] | None:
+    """The table file as JSON, None when it cannot be read as an object."""
+    try:
+        doc = json.loads(path.read_text(encoding="ascii"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def recorded_sources(path: Path = TABLE) -> str | None:
     """The sources digest the table records (None: no readable table)."""
-    try:
-        found = json.loads(path.read_text(encoding="ascii")).get("sources")
-    except (OSError, ValueError, AttributeError):
-        return None
+    found = (_document(path) or {}).get("sources")
     return found if isinstance(found, str) else None
 
 
 @cache
 def shipped_sets() -> dict[str, str]:
     """The table's sets while it is current and whole; empty otherwise (every set is then searched)."""
-    try:
-        doc = json.loads(TABLE.read_text(encoding="ascii"))
-        sets, current = doc["sets"], doc["sources"] == sources_digest()
-        whole = isinstance(sets, dict) and doc["checksum"] == _checksum(sets)
-    except (OSError, ValueError, KeyError, TypeError):
+    doc = _document(TABLE) or {}
+    sets = doc.get("sets")
+    if not isinstance(sets, dict) or doc.get("sources") != sources_digest() or doc.get("checksum") != _checksum(sets):
         return {}
-    return sets if current and whole else {}
+    return sets
 
 
 def valid_bits(names: tuple[str, ...]) -> int | None:
